@@ -1,0 +1,57 @@
+"""Thin ``nn.Module`` layers over pcops' functional ops."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import _validate
+from .ops import radius_aggregate
+
+
+class _Sigma(nn.Module):
+    """Holds sigma as a constant, or as a learnable parameter kept > 0 by a log parametrisation."""
+
+    def __init__(self, sigma: float, learnable: bool):
+        super().__init__()
+        _validate.positive_number("sigma", sigma)
+        self.learnable_sigma = bool(learnable)
+        if self.learnable_sigma:
+            self.log_sigma = nn.Parameter(torch.tensor(math.log(sigma)))
+        else:
+            self._sigma = float(sigma)
+
+    @property
+    def sigma(self):
+        """The current sigma: a tensor when learnable, else a float."""
+        return self.log_sigma.exp() if self.learnable_sigma else self._sigma
+
+
+class RadiusAggregation(_Sigma):
+    """Aggregates reference features onto query points over all neighbours within ``radius``.
+
+    ``out_i = sum_j exp(-d_ij/sigma) f_j / sum_j exp(-d_ij/sigma)`` over ``d_ij <= radius``;
+    see :func:`pcops.radius_aggregate`.
+
+    Args:
+        radius: neighbourhood radius (> 0).
+        sigma: length scale of the weights (> 0).
+        learnable_sigma: make sigma a parameter (stored as ``log_sigma``).
+        validate: check point values for NaN/inf on every call.
+
+    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``.
+    """
+
+    def __init__(self, radius: float, sigma: float = 0.1, learnable_sigma: bool = False, validate: bool = True):
+        super().__init__(sigma, learnable_sigma)
+        _validate.positive_number("radius", radius)
+        self.radius = float(radius)
+        self.validate = bool(validate)
+
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return radius_aggregate(query, ref, features, self.radius, self.sigma, validate=self.validate)
+
+    def extra_repr(self) -> str:
+        return f"radius={self.radius}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}"

@@ -1,0 +1,309 @@
+"""Radius aggregation: exp(-d/sigma)-weighted mean of the features of all neighbours within a radius.
+
+For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - p_j||:
+
+    N(i)  = { j : d_ij <= r }
+    w_ij  = exp(-(d_ij - m_i) / sigma),   m_i = min_{j in N(i)} d_ij
+    out_i = sum_{j in N(i)} w_ij f_j / sum_{j in N(i)} w_ij       (0 when N(i) is empty)
+
+Neighbours are found with a Warp ``HashGrid`` (cells of width r); no neighbour list and no
+(M, N) matrix is ever built. The forward kernel keeps a running minimum m_i and rescales its
+accumulators when it drops (an online softmax), so one pass over the neighbours suffices and
+any sigma > 0 stays finite. The backward pass is a hand-written Warp kernel (Warp's automatic
+adjoint of a kernel that normalises after a dynamic neighbour loop is wrong: see
+docs/ops/radius_aggregate.md). With a_ij = (w_ij / W_i) * g_i . (f_j - out_i):
+
+    dL/df_j     = sum_i (w_ij / W_i) g_i
+    dL/dd_ij    = -a_ij / sigma            -> dL/dq_i, dL/dp_j through (q_i - p_j) / d_ij
+    dL/dsigma   = sum_ij a_ij (d_ij - m_i) / sigma^2
+
+The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held constant.
+"""
+
+
+import functools
+from typing import Optional
+
+import torch
+import warp as wp
+
+from .. import _validate, _warp
+
+
+@functools.cache
+def _kernels(dtype: torch.dtype, grouped: bool):
+    """Forward and backward kernels for one float dtype, with or without per-point groups."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+
+    @wp.func
+    def point(x: wp.array2d(dtype=s), i: int):
+        return v(x[i, 0], x[i, 1], x[i, 2])
+
+    @wp.func
+    def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
+        if wp.static(grouped):
+            return wp.hash_grid_query(grid, q, radius, groups[i])
+        return wp.hash_grid_query(grid, q, radius)
+
+    @wp.kernel(enable_backward=False)
+    def forward(
+        start: int,
+        grid: wp.uint64,
+        query: wp.array2d(dtype=s),
+        ref: wp.array2d(dtype=s),
+        feats: wp.array2d(dtype=s),
+        sigma: wp.array(dtype=s),
+        radius: s,
+        query_group: wp.array(dtype=wp.int32),
+        out: wp.array2d(dtype=s),
+        wsum: wp.array(dtype=s),
+        dmin: wp.array(dtype=s),
+    ):
+        i = wp.tid() + start
+        q = point(query, i)
+        inv_s = s(1.0) / sigma[0]
+        nf = feats.shape[1]
+        it = neighbours(grid, q, radius, query_group, i)
+        j = int(0)
+        count = int(0)
+        m = s(0.0)
+        w_total = s(0.0)
+        while wp.hash_grid_query_next(it, j):
+            d = wp.length(q - point(ref, j))
+            if d <= radius:
+                if count == 0:
+                    m = d
+                if d < m:  # new nearest neighbour: shift what was accumulated so far
+                    scale = wp.exp((d - m) * inv_s)
+                    w_total = w_total * scale
+                    for c in range(nf):
+                        out[i, c] = out[i, c] * scale
+                    m = d
+                w = wp.exp((m - d) * inv_s)
+                w_total = w_total + w
+                for c in range(nf):
+                    out[i, c] = out[i, c] + w * feats[j, c]
+                count = count + 1
+        if count > 0:
+            inv_w = s(1.0) / w_total
+            for c in range(nf):
+                out[i, c] = out[i, c] * inv_w
+        wsum[i] = w_total
+        dmin[i] = m
+
+    @wp.kernel(enable_backward=False)
+    def backward(
+        start: int,
+        grid: wp.uint64,
+        grad_out: wp.array2d(dtype=s),
+        query: wp.array2d(dtype=s),
+        ref: wp.array2d(dtype=s),
+        feats: wp.array2d(dtype=s),
+        sigma: wp.array(dtype=s),
+        radius: s,
+        query_group: wp.array(dtype=wp.int32),
+        out: wp.array2d(dtype=s),
+        wsum: wp.array(dtype=s),
+        dmin: wp.array(dtype=s),
+        grad_query: wp.array2d(dtype=s),
+        grad_ref: wp.array2d(dtype=s),
+        grad_feats: wp.array2d(dtype=s),
+        grad_sigma: wp.array(dtype=s),
+    ):
+        i = wp.tid() + start
+        if wsum[i] == s(0.0):
+            return
+        q = point(query, i)
+        inv_s = s(1.0) / sigma[0]
+        inv_w = s(1.0) / wsum[i]
+        m = dmin[i]
+        nf = feats.shape[1]
+        g_out = s(0.0)  # g_i . out_i
+        for c in range(nf):
+            g_out = g_out + grad_out[i, c] * out[i, c]
+        g_q = v(s(0.0), s(0.0), s(0.0))
+        g_s = s(0.0)
+        it = neighbours(grid, q, radius, query_group, i)
+        j = int(0)
+        while wp.hash_grid_query_next(it, j):
+            diff = q - point(ref, j)
+            d = wp.length(diff)
+            if d <= radius:
+                w = wp.exp((m - d) * inv_s) * inv_w
+                g_f = s(0.0)  # g_i . f_j
+                for c in range(nf):
+                    g_f = g_f + grad_out[i, c] * feats[j, c]
+                    wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
+                a = w * (g_f - g_out)
+                g_s = g_s + a * (d - m)
+                if d > s(0.0):
+                    g_d = -a * inv_s / d * diff  # dL/dd_ij * (q_i - p_j) / d_ij
+                    g_q = g_q + g_d
+                    wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                    wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                    wp.atomic_add(grad_ref, j, 2, -g_d[2])
+        grad_query[i, 0] = g_q[0]
+        grad_query[i, 1] = g_q[1]
+        grad_query[i, 2] = g_q[2]
+        grad_sigma[i] = g_s * inv_s * inv_s
+
+    return forward, backward
+
+
+def _groups(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """int32 group ids for a kernel (a one-element dummy when the op is ungrouped)."""
+    if t is None:
+        return torch.zeros(1, dtype=torch.int32, device=like.device)
+    return t.to(torch.int32).contiguous()
+
+
+def _grid(ref: torch.Tensor, radius: float, ref_group: Optional[torch.Tensor]):
+    return _warp.hash_grid(ref, radius, None if ref_group is None else ref_group.to(torch.int32).contiguous())
+
+
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
+def _radius_aggregate(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    features: torch.Tensor,
+    sigma: torch.Tensor,
+    radius: float,
+    validate: bool,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
+    _validate.positive_number("radius", radius)
+    if validate:
+        _validate.finite(query=query, ref=ref)
+        _validate.positive_values("sigma", sigma)
+    m, f = query.shape[0], features.shape[1]
+    out = query.new_zeros((m, f))
+    wsum = query.new_zeros((m,))
+    dmin = query.new_zeros((m,))
+    if m == 0 or ref.shape[0] == 0 or f == 0:
+        return out, wsum, dmin
+    _warp.init()
+    query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
+    forward, _ = _kernels(query.dtype, query_group is not None)
+    with _warp.stream(query):
+        grid = _grid(ref, radius, ref_group)
+        args = [wp.uint64(grid.id), query, ref, features, sigma.reshape(1).contiguous(), radius]
+        args += [_groups(query_group, query), out, wsum, dmin]
+        _warp.launch(forward, m, args, like=query)
+    return out, wsum, dmin
+
+
+@_radius_aggregate.register_fake
+def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
+    m = query.shape[0]
+    return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
+
+
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
+def _radius_aggregate_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    features: torch.Tensor,
+    sigma: torch.Tensor,
+    radius: float,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+    out: torch.Tensor,
+    wsum: torch.Tensor,
+    dmin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns the gradients of (query, ref, features, sigma)."""
+    m = query.shape[0]
+    grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
+    grad_sigma = query.new_zeros((m,))
+    if m and ref.shape[0] and features.shape[1]:
+        _warp.init()
+        query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
+        _, backward = _kernels(query.dtype, query_group is not None)
+        with _warp.stream(query):
+            grid = _grid(ref, radius, ref_group)
+            args = [wp.uint64(grid.id), grad_out.contiguous(), query, ref, features, sigma.reshape(1).contiguous()]
+            args += [radius, _groups(query_group, query), out, wsum, dmin]
+            args += [grad_query, grad_ref, grad_feats, grad_sigma]
+            _warp.launch(backward, m, args, like=query, scatter=(len(args) - 3, len(args) - 2))
+    return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
+
+
+@_radius_aggregate_backward.register_fake
+def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin):
+    return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
+
+
+def _setup_context(ctx, inputs, output):
+    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group = inputs
+    out, wsum, dmin = output
+    ctx.radius = radius
+    ctx.mark_non_differentiable(wsum, dmin)
+    ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin)
+
+
+def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
+    query, ref, features, sigma, query_group, ref_group, out, wsum, dmin = ctx.saved_tensors
+    grads = torch.ops.pcops.radius_aggregate_backward(
+        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin
+    )
+    return *grads, None, None, None, None
+
+
+_radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
+
+
+def radius_aggregate(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    features: torch.Tensor,
+    radius: float,
+    sigma,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Distance-weighted mean of the features of all reference points within ``radius``.
+
+    For each query point q_i, with d_ij = ||q_i - p_j|| and N(i) = {j : d_ij <= radius}::
+
+        out_i = sum_{j in N(i)} exp(-d_ij / sigma) f_j / sum_{j in N(i)} exp(-d_ij / sigma)
+
+    and out_i = 0 when N(i) is empty. Computed stably for any sigma > 0 (the exponent is
+    shifted by each query's nearest distance). Memory is O((M + N) * F): no neighbour list
+    and no (M, N) matrix is built.
+
+    Args:
+        query: Tensor of shape (M, 3), the points to aggregate onto.
+        ref: Tensor of shape (N, 3), the points carrying features.
+        features: Tensor of shape (N, F), one row per reference point.
+        radius: Python number > 0, the neighbourhood radius (inclusive: d_ij <= radius).
+        sigma: number > 0 or one-element tensor (e.g. a learnable parameter), the length
+            scale of the weights.
+        validate: check values (NaN/inf in points, sigma > 0); on CUDA this costs a
+            device synchronisation. Shape, dtype and device checks always run.
+
+    Returns:
+        Tensor of shape (M, F) in the promoted dtype of the inputs. float32 and float64 are
+        computed natively, float16 and bfloat16 in float32.
+
+    Gradients flow to ``query``, ``ref``, ``features`` and ``sigma`` (when it is a tensor).
+    """
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    _validate.tensor("features", features, ndim=2, shape_doc="(N, F)")
+    _validate.rows_match("features", features, "ref", ref)
+    _validate.positive_number("radius", radius)
+    _validate.scale("sigma", sigma)
+    _validate.same_device(query=query, ref=ref, features=features, sigma=sigma)
+    dtype, out_dtype = _validate.compute_dtype(query, ref, features)
+    if isinstance(sigma, torch.Tensor):
+        sigma = sigma.to(dtype).reshape(())
+    else:
+        sigma = torch.tensor(float(sigma), dtype=dtype, device=query.device)
+    out, _, _ = torch.ops.pcops.radius_aggregate(
+        query.to(dtype), ref.to(dtype), features.to(dtype), sigma, float(radius), validate, None, None
+    )
+    return out.to(out_dtype)

@@ -1,0 +1,17 @@
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible to torch here (run `pytest -m cuda` on a GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    """A seeded generator: every test draws its own reproducible data."""
+    return torch.Generator().manual_seed(0)

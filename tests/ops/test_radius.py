@@ -1,0 +1,299 @@
+"""pcops.radius_aggregate and RadiusAggregation against a dense float64 reference."""
+
+import math
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.reference import CLOUDS, cloud, safe_radius
+
+F64 = torch.float64
+
+
+def features(gen, n, f=5, dtype=F64):
+    return torch.randn(n, f, generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_forward_matches_dense_reference_float64(gen, kind):
+    q, p, r = cloud(kind, gen)
+    f = features(gen, p.shape[0])
+    for sigma in (0.05 * r, r, 10.0 * r):
+        out = pcops.radius_aggregate(q, p, f, r, sigma)
+        torch.testing.assert_close(out, reference.radius_aggregate(q, p, f, r, sigma), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_forward_matches_dense_reference_float32(gen, kind):
+    q, p, r = cloud(kind, gen)
+    q, p = q.float(), p.float()
+    r = safe_radius(q, p, r)  # float32 distances must not flip pairs at the boundary
+    f = features(gen, p.shape[0], dtype=torch.float32)
+    out = pcops.radius_aggregate(q, p, f, r, 0.3 * r)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), reference.radius_aggregate(q, p, f, r, 0.3 * r), rtol=2e-5, atol=2e-5)
+
+
+def test_queries_without_neighbours_get_zeros(gen):
+    q, p, r = cloud("isolated", gen)
+    out = pcops.radius_aggregate(q, p, features(gen, p.shape[0]), r, 0.1)
+    has_neighbour = (reference.distances(q, p) <= r).any(1)
+    assert (~has_neighbour).sum() >= q.shape[0] // 2
+    assert torch.all(out[~has_neighbour] == 0)
+    assert torch.all(out[has_neighbour].abs().sum(1) > 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_tiny_sigma_is_finite_and_picks_the_nearest_neighbour(gen, dtype):
+    q, p, r = cloud("uniform", gen)
+    q, p = q.to(dtype), p.to(dtype)
+    r = safe_radius(q, p, r)
+    f = features(gen, p.shape[0], dtype=dtype)
+    out = pcops.radius_aggregate(q, p, f, r, 1e-4)
+    assert torch.isfinite(out).all()
+    d = reference.distances(q, p)
+    d[d > r] = math.inf
+    two = d.topk(2, dim=1, largest=False).values
+    clear = torch.isfinite(two[:, 0]) & (two[:, 1] - two[:, 0] > 0.01)  # one neighbour clearly nearest
+    assert clear.sum() > q.shape[0] // 2
+    torch.testing.assert_close(out[clear].double(), f[d.argmin(1)[clear]].double(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.double(), reference.radius_aggregate(q, p, f, r, 1e-4), rtol=1e-4, atol=1e-4)
+
+
+def _grad_inputs(gen):
+    """Small float64 clouds with every pair well away from the radius boundary and no d == 0."""
+    q, p = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(16, 3, generator=gen, dtype=F64)
+    r = safe_radius(q, p, 0.45, gap=1e-2)
+    return q, p, features(gen, 16, 3), r
+
+
+@pytest.mark.parametrize("wrt", ["query", "ref", "features", "sigma"])
+def test_gradcheck(gen, wrt):
+    q, p, f, r = _grad_inputs(gen)
+    inputs = {"query": q, "ref": p, "features": f, "sigma": torch.tensor(0.2, dtype=F64)}
+    inputs[wrt] = inputs[wrt].clone().requires_grad_()
+
+    def fn(x):
+        args = dict(inputs, **{wrt: x})
+        return pcops.radius_aggregate(args["query"], args["ref"], args["features"], r, args["sigma"])
+
+    assert torch.autograd.gradcheck(fn, (inputs[wrt],))
+
+
+def test_gradients_match_autograd_through_dense_reference(gen):
+    """Same gradients as autograd through a dense masked softmax (an independent derivation)."""
+    q, p, f, r = _grad_inputs(gen)
+    leaves = [t.clone().requires_grad_() for t in (q, p, f, torch.tensor(0.2, dtype=F64))]
+    g = torch.randn(12, 3, generator=gen, dtype=F64)
+    ours = torch.autograd.grad((pcops.radius_aggregate(*leaves[:3], r, leaves[3]) * g).sum(), leaves)
+    qq, pp, ff, ss = leaves
+    d = (qq[:, None] - pp[None]).pow(2).sum(-1).sqrt()
+    mask = d <= r
+    w = torch.where(mask, torch.exp(-d / ss), 0)
+    dense = (w @ ff) / w.sum(1, keepdim=True).clamp_min(1e-300)
+    theirs = torch.autograd.grad((dense * g).sum(), leaves)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_gradients_of_queries_without_neighbours_are_zero(gen):
+    q, p, r = cloud("isolated", gen)
+    q = q.clone().requires_grad_()
+    pcops.radius_aggregate(q, p, features(gen, p.shape[0]), r, 0.1).sum().backward()
+    lonely = ~(reference.distances(q.detach(), p) <= r).any(1)
+    assert torch.all(q.grad[lonely] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_opcheck(gen, dtype):
+    q, p, f, r = _grad_inputs(gen)
+    q, p, f = (t.to(dtype).requires_grad_() for t in (q, p, f))
+    sigma = torch.tensor(0.2, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(torch.ops.pcops.radius_aggregate.default, (q, p, f, sigma, r, True, None, None))
+    out, wsum, dmin = torch.ops.pcops.radius_aggregate(q, p, f, sigma, r, True, None, None)
+    grad = torch.randn_like(out)
+    args = (grad, q.detach(), p.detach(), f.detach(), sigma.detach(), r, None, None, out.detach(), wsum, dmin)
+    torch.library.opcheck(torch.ops.pcops.radius_aggregate_backward.default, args)
+
+
+def test_multithreaded_cpu_path_equals_single_thread(gen):
+    """Large enough to split across threads: private scatter buffers must add up exactly."""
+    q, p = torch.rand(6000, 3, generator=gen, dtype=F64), torch.rand(5000, 3, generator=gen, dtype=F64)
+    f = features(gen, 5000, 4)
+    leaves = [t.clone().requires_grad_() for t in (q, p, f)]
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 4):
+            torch.set_num_threads(n)
+            for t in leaves:
+                t.grad = None
+            out = pcops.radius_aggregate(*leaves, 0.08, 0.05)
+            (out * out).sum().backward()
+            results.append([out.detach()] + [t.grad.clone() for t in leaves])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_run_in_float32_and_return_input_dtype(gen, dtype):
+    q, p, r = cloud("uniform", gen)
+    q, p = q.to(dtype), p.to(dtype)
+    r = safe_radius(q.float(), p.float(), r)
+    f = features(gen, p.shape[0], dtype=dtype).requires_grad_()
+    out = pcops.radius_aggregate(q, p, f, r, 0.2)
+    assert out.dtype == dtype
+    expected = reference.radius_aggregate(q.float(), p.float(), f.detach().float(), r, 0.2)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)
+    out.sum().backward()
+    assert f.grad.dtype == dtype
+
+
+def test_mixed_dtypes_promote(gen):
+    q, p, r = cloud("uniform", gen)
+    f = features(gen, p.shape[0], dtype=torch.float32)
+    out = pcops.radius_aggregate(q, p, f, r, 0.2)  # float64 points, float32 features
+    assert out.dtype == F64
+    torch.testing.assert_close(out, reference.radius_aggregate(q, p, f, r, 0.2), rtol=1e-6, atol=1e-6)
+
+
+def test_empty_query_or_ref_gives_zeros(gen):
+    p, f = torch.rand(7, 3, dtype=F64), features(gen, 7, 4)
+    assert pcops.radius_aggregate(torch.zeros(0, 3, dtype=F64), p, f, 0.5, 0.1).shape == (0, 4)
+    q = torch.rand(5, 3, dtype=F64, requires_grad=True)
+    out = pcops.radius_aggregate(q, torch.zeros(0, 3, dtype=F64), torch.zeros(0, 4, dtype=F64), 0.5, 0.1)
+    assert out.shape == (5, 4) and torch.all(out == 0)
+    out.sum().backward()
+    assert torch.all(q.grad == 0)
+
+
+def test_non_contiguous_inputs(gen):
+    q, p, r = cloud("uniform", gen)
+    f = features(gen, p.shape[0], 6)
+    out = pcops.radius_aggregate(q.t().contiguous().t(), p[::1].T.contiguous().T, f[:, ::2], r, 0.2)
+    assert not f[:, ::2].is_contiguous()
+    torch.testing.assert_close(out, reference.radius_aggregate(q, p, f[:, ::2], r, 0.2))
+
+
+def test_sigma_tensor_of_shape_one_gets_gradient_of_same_shape(gen):
+    q, p, f, r = _grad_inputs(gen)
+    sigma = torch.tensor([0.2], dtype=F64, requires_grad=True)
+    pcops.radius_aggregate(q, p, f, r, sigma).pow(2).sum().backward()
+    assert sigma.grad.shape == (1,) and sigma.grad.abs().item() > 0
+
+
+def _bad_inputs():
+    q, p, f = torch.rand(4, 3), torch.rand(6, 3), torch.rand(6, 2)
+    nan = p.clone()
+    nan[2, 1] = float("nan")
+    inf = q.clone()
+    inf[0, 0] = float("inf")
+    return [
+        ((q[:, :2], p, f, 0.5, 0.1), ValueError, "query"),
+        ((q[None], p, f, 0.5, 0.1), ValueError, "query"),
+        ((q, p[:, :2], f, 0.5, 0.1), ValueError, "ref"),
+        ((q, p, f[:5], 0.5, 0.1), ValueError, "features"),
+        ((q, p, f[:, 0], 0.5, 0.1), ValueError, "features"),
+        ((q.long(), p, f, 0.5, 0.1), TypeError, "query"),
+        ((q, p.to(torch.complex64), f, 0.5, 0.1), TypeError, "ref"),
+        ((q, p, f.int(), 0.5, 0.1), TypeError, "features"),
+        ((q.numpy(), p, f, 0.5, 0.1), TypeError, "query"),
+        ((q, p, f, 0.0, 0.1), ValueError, "radius"),
+        ((q, p, f, -1.0, 0.1), ValueError, "radius"),
+        ((q, p, f, float("inf"), 0.1), ValueError, "radius"),
+        ((q, p, f, "0.5", 0.1), TypeError, "radius"),
+        ((q, p, f, 0.5, 0.0), ValueError, "sigma"),
+        ((q, p, f, 0.5, float("nan")), ValueError, "sigma"),
+        ((q, p, f, 0.5, torch.tensor(-0.1)), ValueError, "sigma"),
+        ((q, p, f, 0.5, torch.tensor([0.1, 0.2])), ValueError, "sigma"),
+        ((q, nan, f, 0.5, 0.1), ValueError, "ref contains NaN"),
+        ((inf, p, f, 0.5, 0.1), ValueError, "query contains NaN or inf"),
+        ((q, p.to("meta"), f, 0.5, 0.1), ValueError, "same device"),
+    ]
+
+
+@pytest.mark.parametrize("args,error,match", _bad_inputs())
+def test_bad_input_raises_clear_error(args, error, match):
+    with pytest.raises(error, match=match):
+        pcops.radius_aggregate(*args)
+
+
+def test_validate_false_skips_value_checks():
+    p = torch.rand(6, 3)
+    p[0, 0] = float("nan")
+    out = pcops.radius_aggregate(torch.rand(4, 3), p, torch.rand(6, 2), 0.5, 0.1, validate=False)
+    assert out.shape == (4, 2)
+
+
+def test_module_matches_functional_and_learns_sigma(gen):
+    q, p, f, r = _grad_inputs(gen)
+    layer = pcops.RadiusAggregation(r, sigma=0.2, learnable_sigma=True).double()
+    out = layer(q, p, f)
+    torch.testing.assert_close(out, pcops.radius_aggregate(q, p, f, r, 0.2))
+    out.pow(2).sum().backward()
+    assert layer.log_sigma.grad is not None and layer.log_sigma.grad.abs() > 0
+    fixed = pcops.RadiusAggregation(r, sigma=0.2)
+    assert list(fixed.parameters()) == []
+    torch.testing.assert_close(fixed(q, p, f), out.detach())
+
+
+@pytest.mark.parametrize("kwargs,match", [({"radius": 0.0}, "radius"), ({"radius": 1.0, "sigma": -1.0}, "sigma")])
+def test_module_rejects_bad_hyperparameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pcops.RadiusAggregation(**kwargs)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, radius):
+        super().__init__()
+        self.lift = torch.nn.Linear(3, 8)
+        self.agg = pcops.RadiusAggregation(radius, sigma=0.1, learnable_sigma=True)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, query, ref):
+        return self.head(self.agg(query, ref, torch.relu(self.lift(ref))))
+
+
+def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = _Model(0.3)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    frames = []
+    for m, n in ((40, 70), (55, 90)):
+        q, p = torch.rand(m, 3, generator=gen), torch.rand(n, 3, generator=gen)
+        q = q.requires_grad_()
+        eager = model(q, p)
+        (g_eager,) = torch.autograd.grad(eager.sum(), q)
+        out = compiled(q, p)
+        (g_comp,) = torch.autograd.grad(out.sum(), q)
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_comp, g_eager, rtol=1e-5, atol=1e-6)
+        frames.append(counter.frame_count)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert frames[0] >= 1 and frames[1] == frames[0]  # the second size reuses the compiled graph
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_cuda_matches_cpu_on_a_side_stream(gen, dtype):
+    q, p, f, r = _grad_inputs(gen)
+    cpu = [t.to(dtype).requires_grad_() for t in (q, p, f)]
+    out_cpu = pcops.radius_aggregate(*cpu, r, 0.2)
+    out_cpu.pow(2).sum().backward()
+    gpu = [t.detach().cuda().requires_grad_() for t in cpu]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out_gpu = pcops.radius_aggregate(*gpu, r, 0.2)
+        out_gpu.pow(2).sum().backward()
+    torch.cuda.synchronize()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out_gpu.cpu(), out_cpu.detach(), **tol)
+    for a, b in zip(gpu, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, **tol)

@@ -1,0 +1,69 @@
+"""Independent references for the tests: dense float64 computations with direct differences."""
+
+import torch
+
+
+def distances(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """(M, N) Euclidean distances in float64 from direct differences (never cdist's matmul form)."""
+    q, p = q.double(), p.double()
+    return (q[:, None, :] - p[None, :, :]).pow(2).sum(-1).sqrt()
+
+
+def softmax_mean(d: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, sigma: float) -> torch.Tensor:
+    """sum_j w_ij f_j / sum_j w_ij with w_ij = exp(-d_ij / sigma) over mask, 0 for an empty row."""
+    inf = torch.tensor(float("inf"), dtype=d.dtype)
+    m = torch.where(mask, d, inf).min(1, keepdim=True).values
+    w = torch.where(mask, torch.exp(-(d - torch.where(torch.isinf(m), 0, m)) / sigma), 0)
+    total = w.sum(1, keepdim=True)
+    return torch.where(total > 0, (w @ f.double()) / torch.where(total > 0, total, 1), 0)
+
+
+def radius_aggregate(q, p, f, radius, sigma):
+    """Dense float64 reference of pcops.radius_aggregate."""
+    d = distances(q, p)
+    return softmax_mean(d, d <= radius, f, float(sigma))
+
+
+def safe_radius(q, p, radius, gap=1e-4):
+    """A radius near ``radius`` with no pair distance within ``gap * radius`` of it.
+
+    Keeps float32 rounding and finite differences away from the discontinuity at d == r.
+    """
+    d = distances(q, p).reshape(-1)
+    for k in range(200):
+        r = radius * (1 + 0.0031 * k)
+        if d.numel() == 0 or (d - r).abs().min() > gap * r:
+            return r
+    raise AssertionError("no boundary-safe radius found")
+
+
+def cloud(kind: str, gen: torch.Generator, m: int = 60, n: int = 90):
+    """Adversarial (query, ref, radius) clouds in float64."""
+    rand = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    if kind == "uniform":
+        q, p, r = rand(m, 3) * 2 - 1, rand(n, 3) * 2 - 1, 0.5
+    elif kind == "far_negative":  # far outside [-1, 1], all coordinates negative
+        q, p, r = rand(m, 3) * 40 - 250, rand(n, 3) * 40 - 250, 12.0
+    elif kind == "clustered":  # a few tight clusters and a sparse background
+        centres = rand(4, 3) * 2 - 1
+        p = centres[torch.randint(0, 4, (n,), generator=gen)] + 0.02 * (rand(n, 3) - 0.5)
+        p[: n // 6] = rand(n // 6, 3) * 2 - 1
+        q = centres[torch.randint(0, 4, (m,), generator=gen)] + 0.05 * (rand(m, 3) - 0.5)
+        r = 0.04
+    elif kind == "duplicates":  # repeated reference points, queries exactly on reference points
+        base = rand(n // 3, 3)
+        p = base.repeat(3, 1)
+        q = torch.cat([base[: m // 2], rand(m - m // 2, 3)])
+        r = 0.3
+    elif kind == "isolated":  # half the queries have no neighbour
+        p = rand(n, 3)
+        q = torch.cat([rand(m // 2, 3), rand(m - m // 2, 3) + 10])
+        r = 0.25
+    elif kind == "huge_radius":  # every reference point is a neighbour of every query
+        q, p, r = rand(m, 3) * 2 - 1, rand(n, 3) * 2 - 1, 100.0
+    else:
+        raise ValueError(kind)
+    return q, p, r
+
+
+CLOUDS = ["uniform", "far_negative", "clustered", "duplicates", "isolated", "huge_radius"]
