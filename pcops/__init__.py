@@ -1,8 +1,8 @@
 """pcops: differentiable point-cloud layers for PyTorch, compile-safe custom ops over Warp and cuML."""
 
-from .nn import RadiusAggregation
-from .ops import radius_aggregate
+from .nn import KNNAggregation, RadiusAggregation
+from .ops import KNN, knn, knn_aggregate, radius_aggregate
 
 __version__ = "0.1.0"
 
-__all__ = ["RadiusAggregation", "radius_aggregate", "__version__"]
+__all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import _validate
-from .ops import radius_aggregate
+from .ops import knn_aggregate, radius_aggregate
 
 
 class _Sigma(nn.Module):
@@ -55,3 +55,38 @@ class RadiusAggregation(_Sigma):
 
     def extra_repr(self) -> str:
         return f"radius={self.radius}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}"
+
+
+class KNNAggregation(_Sigma):
+    """Aggregates reference features onto query points over their k nearest neighbours.
+
+    ``out_i = sum_j softmax_j(-d_ij/sigma) f_j`` over the k nearest reference points; see
+    :func:`pcops.knn_aggregate`.
+
+    Args:
+        k: number of neighbours (>= 1, <= number of reference points at call time).
+        sigma: length scale of the weights (> 0).
+        learnable_sigma: make sigma a parameter (stored as ``log_sigma``).
+        backend: kNN search backend: "auto", "cuml", "warp", "scipy" or "torch".
+        validate: check point values for NaN/inf on every call.
+
+    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``.
+    """
+
+    def __init__(
+        self, k: int, sigma: float = 0.1, learnable_sigma: bool = False, backend: str = "auto", validate: bool = True
+    ):
+        super().__init__(sigma, learnable_sigma)
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"k must be an int, got {type(k).__name__}")
+        if k <= 0:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.k = k
+        self.backend = backend
+        self.validate = bool(validate)
+
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return knn_aggregate(query, ref, features, self.k, self.sigma, self.backend, validate=self.validate)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"

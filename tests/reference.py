@@ -67,3 +67,17 @@ def cloud(kind: str, gen: torch.Generator, m: int = 60, n: int = 90):
 
 
 CLOUDS = ["uniform", "far_negative", "clustered", "duplicates", "isolated", "huge_radius"]
+
+
+def knn(q, p, k):
+    """Dense float64 kNN: (dists, idx) sorted by distance, ties by the smaller index."""
+    d = distances(q, p)
+    order = d.argsort(dim=1, stable=True)[:, :k]
+    return d.gather(1, order), order
+
+
+def knn_aggregate(q, p, f, k, sigma):
+    """Dense float64 reference of pcops.knn_aggregate (softmax(-d/sigma) over the k nearest)."""
+    d, idx = knn(q, p, k)
+    w = torch.softmax(-d / float(sigma), dim=1)
+    return (w[..., None] * f.double()[idx]).sum(1)

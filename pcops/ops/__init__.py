@@ -1,5 +1,6 @@
 """pcops ops: one module per op family (Warp kernels, custom op, fake, autograd, public function)."""
 
+from .nearest import KNN, knn, knn_aggregate
 from .radius import radius_aggregate
 
-__all__ = ["radius_aggregate"]
+__all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]

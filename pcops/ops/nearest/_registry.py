@@ -1,0 +1,59 @@
+"""One mechanism for kNN search backends: each is a ``pcops::knn_<name>`` custom op with one fake.
+
+A backend implements ``search(query (M, 3), ref (N, 3), k) -> (dists (M, k), idx (M, k) int64)``
+on float32/float64 inputs of one dtype, sorted by distance ascending. Search results are not
+differentiable (distances for gradients are recomputed in torch by the public functions).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from ... import _validate
+
+BACKENDS: dict[str, "Backend"] = {}
+
+
+class Backend:
+    """A registered search backend: its custom op, the devices it runs on and what it needs."""
+
+    def __init__(self, name: str, op, devices: tuple[str, ...], requires: tuple[str, ...], install: str):
+        self.name, self.op, self.devices, self.requires, self.install = name, op, devices, requires, install
+
+    def available(self) -> bool:
+        """All the modules it needs import."""
+        try:
+            for module in self.requires:
+                importlib.import_module(module)
+        except ImportError:
+            return False
+        return True
+
+
+def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (), install: str = ""):
+    """Register ``fn(query, ref, k)`` as the custom op ``pcops::knn_<name>(query, ref, k, validate)``.
+
+    All backends share the fake and the value check (NaN/inf in the points), which runs in the
+    op's real implementation so that it never breaks a ``torch.compile`` graph.
+    """
+
+    def register(fn: Callable) -> Callable:
+        def search(query: torch.Tensor, ref: torch.Tensor, k: int, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            if validate:
+                _validate.finite(query=query, ref=ref)
+            return fn(query, ref, k)
+
+        op = torch.library.custom_op(f"pcops::knn_{name}", search, mutates_args=())
+        op.register_fake(_fake)
+        BACKENDS[name] = Backend(name, op, devices, requires, install)
+        return op
+
+    return register
+
+
+def _fake(query: torch.Tensor, ref: torch.Tensor, k: int, validate: bool):
+    shape = (query.shape[0], k)
+    return query.new_empty(shape), query.new_empty(shape, dtype=torch.int64)

@@ -1,0 +1,44 @@
+"""kNN with ``scipy.spatial.cKDTree`` on all cores (CPU only).
+
+cKDTree leaves the order of equal distances open; pcops breaks ties by the smaller index:
+rows are sorted by (distance, index), and where the k-th neighbour is tied with the next one a
+ball query at that distance collects every tied candidate.
+"""
+
+import numpy as np
+import torch
+
+from ._registry import backend
+
+
+def _fix_boundary_ties(tree, q, ref, k, dist, idx, rows):
+    """Rows whose k-th distance is shared with an unreturned point: take all at that distance."""
+    balls = tree.query_ball_point(q[rows], dist[rows, k - 1] * (1 + 1e-9), workers=-1)  # margin: rounding
+    for row, cand in zip(rows, balls):
+        cand = np.asarray(cand, dtype=np.int64)
+        d = np.sqrt(((ref[cand] - q[row]) ** 2).sum(1))
+        order = np.lexsort((cand, d))[:k]
+        dist[row, :k], idx[row, :k] = d[order], cand[order]
+
+
+@backend("scipy", devices=("cpu",), requires=("scipy",), install="pip install scipy")
+def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from scipy.spatial import cKDTree
+
+    m, n = query.shape[0], ref.shape[0]
+    if m == 0:
+        return query.new_empty((0, k)), torch.empty((0, k), dtype=torch.int64)
+    q = query.detach().numpy().astype(np.float64)
+    p = ref.detach().numpy().astype(np.float64)
+    tree = cKDTree(p)
+    kq = min(k + 1, n)  # one more, to see whether the k-th is tied with the next
+    dist, idx = tree.query(q, k=list(range(1, kq + 1)), workers=-1)
+    dist, idx = dist.reshape(m, kq), idx.reshape(m, kq).astype(np.int64)
+    order = np.lexsort((idx, dist), axis=-1)
+    dist, idx = np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
+    if kq > k:
+        rows = np.flatnonzero(dist[:, k] == dist[:, k - 1])
+        if rows.size:
+            _fix_boundary_ties(tree, q, p, k, dist, idx, rows)
+    dist, idx = np.ascontiguousarray(dist[:, :k]), np.ascontiguousarray(idx[:, :k])
+    return torch.from_numpy(dist).to(query.dtype), torch.from_numpy(idx)

@@ -1,0 +1,241 @@
+"""pcops.knn, pcops.knn_aggregate and KNNAggregation against dense float64 references."""
+
+import warnings
+
+import pytest
+import torch
+
+import pcops
+from pcops.ops import nearest as knn_module
+from tests import reference
+from tests.reference import CLOUDS, cloud
+
+F64 = torch.float64
+CPU_BACKENDS = ["warp", "scipy", "torch"]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_knn_matches_float64_brute_force(gen, backend, kind):
+    q, p, _ = cloud(kind, gen)
+    for k in (1, 5, p.shape[0]):
+        dists, idx = pcops.knn(q, p, k, backend=backend)
+        ref_d, ref_idx = reference.knn(q, p, k)
+        assert idx.dtype == torch.int64 and idx.shape == (q.shape[0], k)
+        torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+        torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_cpu_backends_agree_in_float32(gen, kind):
+    q, p, _ = cloud(kind, gen)
+    q, p = q.float(), p.float()
+    results = {b: pcops.knn(q, p, 6, backend=b) for b in CPU_BACKENDS}
+    ref_d, _ = reference.knn(q, p, 6)
+    for b, (d, idx) in results.items():
+        assert d.dtype == torch.float32
+        torch.testing.assert_close(d.double(), ref_d, rtol=1e-5, atol=1e-5)
+        same = (idx == results["torch"].idx).float().mean()
+        assert same > 0.99, f"{b} and torch disagree on {1 - same:.1%} of neighbours"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_ties_are_broken_by_the_smaller_index(backend):
+    # Twelve points at distance 1 from the origin, in shuffled index order, with duplicates.
+    axes = torch.cat([torch.eye(3), -torch.eye(3)]).double()
+    p = torch.cat([axes, axes, torch.full((2, 3), 5.0, dtype=F64)])[torch.tensor([13, 3, 7, 0, 12, 9, 1, 5, 10, 2, 11, 4, 8, 6])]
+    q = torch.zeros(1, 3, dtype=F64)
+    dists, idx = pcops.knn(q, p, 5, backend=backend)
+    tied = (reference.distances(q, p)[0] == 1).nonzero().flatten()
+    assert idx[0].tolist() == tied[:5].tolist()
+    assert torch.all(dists == 1)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_opcheck_search_ops(gen, backend):
+    op = knn_module.BACKENDS[backend].op
+    for dtype in (torch.float32, F64):
+        q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+        torch.library.opcheck(op._opoverload, (q, p, 4, True))
+
+
+def _grad_inputs(gen):
+    return (
+        torch.rand(10, 3, generator=gen, dtype=F64),
+        torch.rand(25, 3, generator=gen, dtype=F64),
+        torch.randn(25, 4, generator=gen, dtype=F64),
+    )
+
+
+@pytest.mark.parametrize("wrt", ["query", "ref"])
+def test_knn_distances_gradcheck(gen, wrt):
+    q, p, _ = _grad_inputs(gen)
+    x = (q if wrt == "query" else p).clone().requires_grad_()
+    fn = (lambda x: pcops.knn(x, p, 4).dists) if wrt == "query" else (lambda x: pcops.knn(q, x, 4).dists)
+    assert torch.autograd.gradcheck(fn, (x,))
+
+
+@pytest.mark.parametrize("wrt", ["query", "ref", "features", "sigma"])
+def test_knn_aggregate_gradcheck(gen, wrt):
+    q, p, f = _grad_inputs(gen)
+    inputs = {"query": q, "ref": p, "features": f, "sigma": torch.tensor(0.1, dtype=F64)}
+    inputs[wrt] = inputs[wrt].clone().requires_grad_()
+
+    def fn(x):
+        a = dict(inputs, **{wrt: x})
+        return pcops.knn_aggregate(a["query"], a["ref"], a["features"], 5, a["sigma"])
+
+    assert torch.autograd.gradcheck(fn, (inputs[wrt],))
+
+
+def test_gradient_at_zero_distance_is_finite():
+    p = torch.rand(8, 3, dtype=F64)
+    q = p[:3].clone().requires_grad_()  # each query sits on a reference point
+    pcops.knn(q, p, 3).dists.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "duplicates", "far_negative"])
+def test_knn_aggregate_matches_reference(gen, backend, kind):
+    q, p, _ = cloud(kind, gen)
+    f = torch.randn(p.shape[0], 3, generator=gen, dtype=F64)
+    scale = reference.knn(q, p, 1)[0].mean().item() + 1e-3
+    for sigma in (0.1 * scale, scale, 10 * scale):
+        out = pcops.knn_aggregate(q, p, f, 7, sigma, backend=backend)
+        torch.testing.assert_close(out, reference.knn_aggregate(q, p, f, 7, sigma), rtol=1e-10, atol=1e-12)
+
+
+def test_knn_aggregate_tiny_sigma_is_finite_and_picks_the_nearest(gen):
+    q, p, f = _grad_inputs(gen)
+    out = pcops.knn_aggregate(q.float(), p.float(), f.float(), 4, 1e-6)
+    assert torch.isfinite(out).all()
+    nearest = reference.knn(q, p, 1)[1][:, 0]
+    torch.testing.assert_close(out, f.float()[nearest])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_points_are_searched_in_float32(gen, dtype):
+    q, p, f = _grad_inputs(gen)
+    q, p, f = q.to(dtype), p.to(dtype), f.to(dtype)
+    dists, idx = pcops.knn(q, p, 3)
+    assert dists.dtype == dtype
+    ref_d, ref_idx = reference.knn(q.float(), p.float(), 3)
+    torch.testing.assert_close(dists.double(), ref_d, rtol=1e-2, atol=1e-2)
+    out = pcops.knn_aggregate(q, p, f, 3, 0.2)
+    assert out.dtype == dtype
+
+
+def test_empty_query_set(gen):
+    _, p, f = _grad_inputs(gen)
+    for backend in CPU_BACKENDS:
+        dists, idx = pcops.knn(torch.zeros(0, 3, dtype=F64), p, 3, backend=backend)
+        assert dists.shape == (0, 3) and idx.shape == (0, 3)
+    assert pcops.knn_aggregate(torch.zeros(0, 3, dtype=F64), p, f, 3, 0.1).shape == (0, 4)
+
+
+def _bad():
+    q, p, f = torch.rand(4, 3), torch.rand(6, 3), torch.rand(6, 2)
+    nan = p.clone()
+    nan[1, 1] = float("nan")
+    return [
+        (lambda: pcops.knn(q, p, 7), ValueError, "k must be <= the number of ref points"),
+        (lambda: pcops.knn(q, p, 0), ValueError, "k must be >= 1"),
+        (lambda: pcops.knn(q, p, 2.0), TypeError, "k must be an int"),
+        (lambda: pcops.knn(q[:, :2], p, 2), ValueError, "query"),
+        (lambda: pcops.knn(q, p.long(), 2), TypeError, "ref"),
+        (lambda: pcops.knn(q, p.to("meta"), 2), ValueError, "same device"),
+        (lambda: pcops.knn(q, nan, 2), ValueError, "ref contains NaN"),
+        (lambda: pcops.knn(q, p, 2, backend="faiss"), ValueError, "backend must be"),
+        (lambda: pcops.knn(q, p, 2, backend="cuml"), ValueError, "runs on cuda tensors"),
+        (lambda: pcops.knn_aggregate(q, p, f[:5], 2, 0.1), ValueError, "features"),
+        (lambda: pcops.knn_aggregate(q, p, f, 2, -0.1), ValueError, "sigma"),
+        (lambda: pcops.knn_aggregate(q, p, f, 2, torch.tensor(0.0)), ValueError, "sigma"),
+        (lambda: pcops.KNNAggregation(0), ValueError, "k must be >= 1"),
+        (lambda: pcops.KNNAggregation(3, sigma=0), ValueError, "sigma"),
+    ]
+
+
+@pytest.mark.parametrize("call,error,match", _bad())
+def test_bad_input_raises_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_forcing_a_missing_backend_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(knn_module.BACKENDS["scipy"], "requires", ("a_module_that_is_not_installed",))
+    with pytest.raises(ImportError, match="pip install scipy"):
+        pcops.knn(torch.rand(3, 3), torch.rand(5, 3), 2, backend="scipy")
+
+
+def test_auto_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(knn_module.BACKENDS["warp"], "requires", ("a_module_that_is_not_installed",))
+    knn_module._warn_fallback.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert knn_module.resolve_backend("auto", torch.device("cpu")) == "scipy"
+        assert knn_module.resolve_backend("auto", torch.device("cpu")) == "scipy"
+    assert len([w for w in caught if "pip install warp-lang" in str(w.message)]) == 1
+    knn_module._warn_fallback.cache_clear()
+
+
+def test_auto_picks_the_measured_cpu_default():
+    assert knn_module.resolve_backend("auto", torch.device("cpu")) == knn_module.AUTO["cpu"][0] == "warp"
+
+
+def test_module_matches_functional_and_learns_sigma(gen):
+    q, p, f = _grad_inputs(gen)
+    layer = pcops.KNNAggregation(5, sigma=0.1, learnable_sigma=True).double()
+    out = layer(q, p, f)
+    torch.testing.assert_close(out, pcops.knn_aggregate(q, p, f, 5, 0.1))
+    out.pow(2).sum().backward()
+    assert layer.log_sigma.grad.abs() > 0
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lift = torch.nn.Linear(3, 8)
+        self.agg = pcops.KNNAggregation(4, sigma=0.1, learnable_sigma=True)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, query, ref):
+        return self.head(self.agg(query, ref, torch.relu(self.lift(ref))))
+
+
+def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = _Model()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    frames = []
+    for m, n in ((30, 50), (45, 80)):
+        q = torch.rand(m, 3, generator=gen).requires_grad_()
+        p = torch.rand(n, 3, generator=gen)
+        eager = model(q, p)
+        (g_eager,) = torch.autograd.grad(eager.sum(), q)
+        out = compiled(q, p)
+        (g_comp,) = torch.autograd.grad(out.sum(), q)
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_comp, g_eager, rtol=1e-5, atol=1e-6)
+        frames.append(counter.frame_count)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert frames[0] >= 1 and frames[1] == frames[0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["cuml", "warp", "torch"])
+def test_cuda_backends_match_reference_on_a_side_stream(gen, backend):
+    if not knn_module.BACKENDS[backend].available():
+        pytest.skip(f"{backend} is not installed: {knn_module.BACKENDS[backend].install}")
+    q, p, _ = cloud("uniform", gen, m=500, n=800)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        qc, pc = q.float().cuda(), p.float().cuda()
+        dists, idx = pcops.knn(qc, pc, 8, backend=backend)
+    torch.cuda.synchronize()
+    ref_d, ref_idx = reference.knn(q.float(), p.float(), 8)
+    torch.testing.assert_close(dists.cpu().double(), ref_d, rtol=1e-4, atol=1e-4)
+    assert (idx.cpu() == ref_idx).float().mean() > 0.99
