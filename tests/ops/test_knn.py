@@ -8,6 +8,7 @@ import torch
 import pcops
 from pcops.ops import nearest as knn_module
 from tests import reference
+from tests.compile_check import assert_compiles_like_eager
 from tests.reference import CLOUDS, cloud
 
 F64 = torch.float64
@@ -204,25 +205,7 @@ class _Model(torch.nn.Module):
 
 
 def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    model = _Model()
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
-    frames = []
-    for m, n in ((30, 50), (45, 80)):
-        q = torch.rand(m, 3, generator=gen).requires_grad_()
-        p = torch.rand(n, 3, generator=gen)
-        eager = model(q, p)
-        (g_eager,) = torch.autograd.grad(eager.sum(), q)
-        out = compiled(q, p)
-        (g_comp,) = torch.autograd.grad(out.sum(), q)
-        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(g_comp, g_eager, rtol=1e-5, atol=1e-6)
-        frames.append(counter.frame_count)
-    assert not torch._dynamo.utils.counters["graph_break"]
-    assert frames[0] >= 1 and frames[1] == frames[0]
+    assert_compiles_like_eager(_Model(), [(30, 50), (45, 80)], gen)
 
 
 @pytest.mark.cuda
