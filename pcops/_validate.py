@@ -88,3 +88,24 @@ def positive_values(name: str, t: torch.Tensor) -> None:
     """All values finite and > 0. Reads values: call it from a custom op's real implementation."""
     if t.numel() and not bool((torch.isfinite(t) & (t > 0)).all()):
         raise ValueError(f"{name} must be finite and > 0, got {t.detach().cpu().reshape(-1)[:4].tolist()}")
+
+
+def ids(name: str, t, size: int, shape_doc: str) -> None:
+    """``t`` is None or an integer tensor of shape (size,): batch ids or lengths."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != size:
+        raise ValueError(f"{name} must be a tensor of shape {shape_doc} = ({size},), got shape {tuple(t.shape)}")
+
+
+def ids_in_range(name: str, t, low: int, high) -> None:
+    """All values of ``t`` (if given) in [low, high] (no upper bound if high is None). Reads values."""
+    if t is None or not t.numel():
+        return
+    if bool((t < low).any()) or (high is not None and bool((t > high).any())):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")

@@ -41,7 +41,8 @@ class RadiusAggregation(_Sigma):
         learnable_sigma: make sigma a parameter (stored as ``log_sigma``).
         validate: check point values for NaN/inf on every call.
 
-    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``.
+    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
+    docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
     """
 
     def __init__(self, radius: float, sigma: float = 0.1, learnable_sigma: bool = False, validate: bool = True):
@@ -50,8 +51,9 @@ class RadiusAggregation(_Sigma):
         self.radius = float(radius)
         self.validate = bool(validate)
 
-    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return radius_aggregate(query, ref, features, self.radius, self.sigma, validate=self.validate)
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
+        """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
+        return radius_aggregate(query, ref, features, self.radius, self.sigma, validate=self.validate, **batch)
 
     def extra_repr(self) -> str:
         return f"radius={self.radius}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}"
@@ -70,7 +72,8 @@ class KNNAggregation(_Sigma):
         backend: kNN search backend: "auto", "cuml", "warp", "scipy" or "torch".
         validate: check point values for NaN/inf on every call.
 
-    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``.
+    Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
+    docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
     """
 
     def __init__(
@@ -85,8 +88,9 @@ class KNNAggregation(_Sigma):
         self.backend = backend
         self.validate = bool(validate)
 
-    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return knn_aggregate(query, ref, features, self.k, self.sigma, self.backend, validate=self.validate)
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
+        """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
+        return knn_aggregate(query, ref, features, self.k, self.sigma, self.backend, validate=self.validate, **batch)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"

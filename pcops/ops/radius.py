@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from .. import _validate, _warp
+from .. import _batch, _validate, _warp
 
 
 @functools.cache
@@ -175,6 +175,8 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
+    if (query_group is None) != (ref_group is None):
+        raise ValueError("query_group and ref_group must be given together")
     if validate:
         _validate.finite(query=query, ref=ref)
         _validate.positive_values("sigma", sigma)
@@ -263,6 +265,10 @@ def radius_aggregate(
     radius: float,
     sigma,
     *,
+    query_lengths: Optional[torch.Tensor] = None,
+    ref_lengths: Optional[torch.Tensor] = None,
+    query_batch: Optional[torch.Tensor] = None,
+    ref_batch: Optional[torch.Tensor] = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """Distance-weighted mean of the features of all reference points within ``radius``.
@@ -276,34 +282,44 @@ def radius_aggregate(
     and no (M, N) matrix is built.
 
     Args:
-        query: Tensor of shape (M, 3), the points to aggregate onto.
-        ref: Tensor of shape (N, 3), the points carrying features.
-        features: Tensor of shape (N, F), one row per reference point.
+        query: Tensor of shape (M, 3), the points to aggregate onto; or (B, M, 3) padded,
+            or (M_total, 3) packed with ``query_batch``.
+        ref: Tensor of shape (N, 3) (or (B, N, 3), or (N_total, 3) with ``ref_batch``),
+            the points carrying features.
+        features: Tensor of shape (N, F) (or (B, N, F), or (N_total, F)), one row per
+            reference point.
         radius: Python number > 0, the neighbourhood radius (inclusive: d_ij <= radius).
         sigma: number > 0 or one-element tensor (e.g. a learnable parameter), the length
             scale of the weights.
-        validate: check values (NaN/inf in points, sigma > 0); on CUDA this costs a
-            device synchronisation. Shape, dtype and device checks always run.
+        query_lengths, ref_lengths: optional int tensors of shape (B,) for padded inputs:
+            rows past a sample's length are padding (never neighbours, zero outputs).
+        query_batch, ref_batch: int tensors of shapes (M_total,) and (N_total,), the sample
+            id of each point of packed inputs (sorted or not). Points never find neighbours
+            in another sample.
+        validate: check values (NaN/inf in points, sigma > 0, lengths and ids in range);
+            on CUDA this costs a device synchronisation. Shape, dtype and device checks
+            always run.
 
     Returns:
-        Tensor of shape (M, F) in the promoted dtype of the inputs. float32 and float64 are
-        computed natively, float16 and bfloat16 in float32.
+        Tensor of shape (M, F) (or (B, M, F), or (M_total, F)) in the promoted dtype of the
+        inputs. float32 and float64 are computed natively, float16 and bfloat16 in float32.
 
     Gradients flow to ``query``, ``ref``, ``features`` and ``sigma`` (when it is a tensor).
     """
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    _validate.tensor("features", features, ndim=2, shape_doc="(N, F)")
-    _validate.rows_match("features", features, "ref", ref)
+    flat = _batch.flatten(
+        query, ref, features, query_lengths=query_lengths, ref_lengths=ref_lengths,
+        query_batch=query_batch, ref_batch=ref_batch, validate=validate,
+    )
     _validate.positive_number("radius", radius)
     _validate.scale("sigma", sigma)
-    _validate.same_device(query=query, ref=ref, features=features, sigma=sigma)
+    _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     if isinstance(sigma, torch.Tensor):
         sigma = sigma.to(dtype).reshape(())
     else:
         sigma = torch.tensor(float(sigma), dtype=dtype, device=query.device)
     out, _, _ = torch.ops.pcops.radius_aggregate(
-        query.to(dtype), ref.to(dtype), features.to(dtype), sigma, float(radius), validate, None, None
+        flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype), sigma, float(radius), validate,
+        flat.query_group, flat.ref_group,
     )
-    return out.to(out_dtype)
+    return _batch.unflatten(flat, out.to(out_dtype))

@@ -195,7 +195,8 @@ def _bad_inputs():
     inf[0, 0] = float("inf")
     return [
         ((q[:, :2], p, f, 0.5, 0.1), ValueError, "query"),
-        ((q[None], p, f, 0.5, 0.1), ValueError, "query"),
+        ((q[None, None], p, f, 0.5, 0.1), ValueError, "query"),
+        ((q[None], p, f, 0.5, 0.1), ValueError, r"ref must be a tensor of shape \(B, N, 3\)"),
         ((q, p[:, :2], f, 0.5, 0.1), ValueError, "ref"),
         ((q, p, f[:5], 0.5, 0.1), ValueError, "features"),
         ((q, p, f[:, 0], 0.5, 0.1), ValueError, "features"),

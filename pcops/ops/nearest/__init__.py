@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _validate
+from ... import _batch, _validate
 from . import _cuml, _scipy, _torch, _warp  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
 
@@ -70,22 +70,26 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _check(query, ref, k) -> None:
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    _validate.same_device(query=query, ref=ref)
+def _flatten(query, ref, features, k, batch: dict, validate: bool) -> _batch.Flat:
+    """Shape checks of any layout (see pcops._batch) and of k, then the flat inputs."""
+    flat = _batch.flatten(query, ref, features, validate=validate, **batch)
     if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if k <= 0:
         raise ValueError(f"k must be >= 1, got {k}")
-    if k > ref.shape[0]:
-        raise ValueError(f"k must be <= the number of ref points, got k={k} for {ref.shape[0]} ref points")
+    if k > ref.shape[-2]:
+        raise ValueError(f"k must be <= the number of ref points, got k={k} for {ref.shape[-2]} ref points")
+    return flat
 
 
-def _search(query, ref, k, backend, validate, dtype):
-    """Indices of the k nearest (no gradient), from the chosen backend's custom op."""
-    name = resolve_backend(backend, query.device)
-    return BACKENDS[name].op(query.detach().to(dtype), ref.detach().to(dtype), k, validate)
+def _neighbours(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+    """(indices into the flat ref with -1 replaced by 0, validity mask, differentiable distances)."""
+    name = resolve_backend(backend, flat.query.device)
+    query, ref = flat.query.to(dtype), flat.ref.to(dtype)
+    _, idx = BACKENDS[name].op(query.detach(), ref.detach(), k, validate, flat.query_group, flat.ref_group)
+    valid = idx >= 0
+    safe = idx.clamp_min(0)
+    return safe, valid, _distances(query, ref[safe])
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
@@ -95,27 +99,47 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
 
 
-def knn(query: torch.Tensor, ref: torch.Tensor, k: int, backend: str = "auto", *, validate: bool = True) -> KNN:
+def knn(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    k: int,
+    backend: str = "auto",
+    *,
+    query_lengths: Optional[torch.Tensor] = None,
+    ref_lengths: Optional[torch.Tensor] = None,
+    query_batch: Optional[torch.Tensor] = None,
+    ref_batch: Optional[torch.Tensor] = None,
+    validate: bool = True,
+) -> KNN:
     """The k nearest reference points of each query point.
 
     Args:
-        query: Tensor of shape (M, 3).
-        ref: Tensor of shape (N, 3), N >= k.
+        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
+        ref: Tensor of shape (N, 3) with N >= k; (B, N, 3) padded; or (N_total, 3) packed.
         k: number of neighbours, 1 <= k <= N.
         backend: "auto", "cuml", "warp", "scipy" or "torch" (see the module docs).
-        validate: check the points for NaN/inf (one device sync on CUDA).
+        query_lengths, ref_lengths: optional int tensors (B,) for padded inputs; rows past
+            a sample's length are padding (never neighbours; their own rows are -1 / inf).
+        query_batch, ref_batch: int sample ids (M_total,) / (N_total,) of packed inputs.
+        validate: check the points for NaN/inf and lengths/ids for range (one device sync
+            on CUDA).
 
     Returns:
-        KNN(dists, idx): ``idx`` (M, k) int64 indices into ``ref``, sorted by distance
-        ascending, ties by the smaller index; ``dists`` (M, k) Euclidean distances (not
-        squared) in the promoted dtype of the points, differentiable with respect to
-        ``query`` and ``ref``. float16/bfloat16 points are searched in float32.
+        KNN(dists, idx) of shapes (M, k), (B, M, k) or (M_total, k): ``idx`` int64 indices
+        into ``ref`` (per sample for padded inputs, into the packed ref for packed inputs),
+        sorted by distance ascending, ties by the smaller index; ``dists`` Euclidean
+        distances (not squared) in the promoted dtype of the points, differentiable with
+        respect to ``query`` and ``ref``. A query whose sample has fewer than k reference
+        points gets idx -1 and dist inf in the missing columns. float16/bfloat16 points are
+        searched in float32.
     """
-    _check(query, ref, k)
+    batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
+    flat = _flatten(query, ref, None, k, batch, validate)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    _, idx = _search(query, ref, k, backend, validate, dtype)
-    dists = _distances(query.to(dtype), ref.to(dtype)[idx])
-    return KNN(dists.to(out_dtype), idx)
+    idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
+    dists = torch.where(valid, dists, float("inf")).to(out_dtype)
+    idx = _batch.local_index(flat, torch.where(valid, idx, -1))
+    return KNN(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx))
 
 
 def knn_aggregate(
@@ -126,6 +150,10 @@ def knn_aggregate(
     sigma,
     backend: str = "auto",
     *,
+    query_lengths: Optional[torch.Tensor] = None,
+    ref_lengths: Optional[torch.Tensor] = None,
+    query_batch: Optional[torch.Tensor] = None,
+    ref_batch: Optional[torch.Tensor] = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """Softmax(-d / sigma)-weighted sum of the features of the k nearest reference points.
@@ -134,34 +162,38 @@ def knn_aggregate(
     over the k neighbours (computed stably for any sigma > 0; no radius cut).
 
     Args:
-        query: Tensor of shape (M, 3).
-        ref: Tensor of shape (N, 3), N >= k.
-        features: Tensor of shape (N, F).
+        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
+        ref: Tensor of shape (N, 3) with N >= k; (B, N, 3) padded; or (N_total, 3) packed.
+        features: Tensor of shape (N, F); (B, N, F); or (N_total, F).
         k: number of neighbours, 1 <= k <= N.
         sigma: number > 0 or one-element tensor (e.g. a learnable parameter).
         backend: search backend, as for :func:`knn`.
-        validate: check points for NaN/inf and a tensor sigma for > 0.
+        query_lengths, ref_lengths, query_batch, ref_batch: batch layouts, as for :func:`knn`.
+            Missing neighbours (a sample with fewer than k points) are left out of the
+            softmax; a query with none gets zeros.
+        validate: check points for NaN/inf, lengths/ids for range, a tensor sigma for > 0.
 
     Returns:
-        Tensor of shape (M, F) in the promoted dtype of the inputs. Differentiable with
-        respect to ``features``, ``query``, ``ref`` and ``sigma``: the search returns indices
-        only, the distances are recomputed in torch from the gathered points.
+        Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
+        inputs. Differentiable with respect to ``features``, ``query``, ``ref`` and
+        ``sigma``: the search returns indices only, the distances are recomputed in torch
+        from the gathered points.
     """
-    _check(query, ref, k)
-    _validate.tensor("features", features, ndim=2, shape_doc="(N, F)")
-    _validate.rows_match("features", features, "ref", ref)
+    batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
+    flat = _flatten(query, ref, features, k, batch, validate)
     _validate.scale("sigma", sigma)
-    _validate.same_device(query=query, ref=ref, features=features, sigma=sigma)
+    _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     if isinstance(sigma, torch.Tensor):
         sigma = sigma.to(dtype).reshape(())
         if validate and not torch.compiler.is_compiling():  # a value check; skipped inside compiled graphs
             _validate.positive_values("sigma", sigma)
-    _, idx = _search(query, ref, k, backend, validate, dtype)
-    dists = _distances(query.to(dtype), ref.to(dtype)[idx])
-    weights = torch.softmax(-dists / sigma, dim=1)  # softmax subtracts the row max: stable for small sigma
-    out = (weights[..., None] * features.to(dtype)[idx]).sum(1)
-    return out.to(out_dtype)
+    idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
+    logits = torch.where(valid, -dists / sigma, float("-inf"))
+    logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
+    weights = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
+    out = (weights[..., None] * flat.features.to(dtype)[idx]).sum(1)
+    return _batch.unflatten(flat, out.to(out_dtype))
 
 
 __all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]

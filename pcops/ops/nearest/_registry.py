@@ -1,14 +1,17 @@
 """One mechanism for kNN search backends: each is a ``pcops::knn_<name>`` custom op with one fake.
 
-A backend implements ``search(query (M, 3), ref (N, 3), k) -> (dists (M, k), idx (M, k) int64)``
-on float32/float64 inputs of one dtype, sorted by distance ascending. Search results are not
-differentiable (distances for gradients are recomputed in torch by the public functions).
+A backend implements ``search(query (M, 3), ref (N, 3), k, query_group, ref_group)
+-> (dists (M, k), idx (M, k) int64)`` on float32/float64 inputs of one dtype, sorted by distance
+ascending, ties by the smaller index. With groups ((M,) and (N,) int32, or both None) a query
+only sees reference points of its own group; a query with fewer than k such points gets
+idx -1 and dist inf in the remaining columns. Search results are not differentiable
+(distances for gradients are recomputed in torch by the public functions).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -34,17 +37,26 @@ class Backend:
 
 
 def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (), install: str = ""):
-    """Register ``fn(query, ref, k)`` as the custom op ``pcops::knn_<name>(query, ref, k, validate)``.
+    """Register ``fn(query, ref, k, query_group, ref_group)`` as the op ``pcops::knn_<name>``.
 
     All backends share the fake and the value check (NaN/inf in the points), which runs in the
     op's real implementation so that it never breaks a ``torch.compile`` graph.
     """
 
     def register(fn: Callable) -> Callable:
-        def search(query: torch.Tensor, ref: torch.Tensor, k: int, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        def search(
+            query: torch.Tensor,
+            ref: torch.Tensor,
+            k: int,
+            validate: bool,
+            query_group: Optional[torch.Tensor] = None,
+            ref_group: Optional[torch.Tensor] = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if (query_group is None) != (ref_group is None):
+                raise ValueError("query_group and ref_group must be given together")
             if validate:
                 _validate.finite(query=query, ref=ref)
-            return fn(query, ref, k)
+            return fn(query, ref, k, query_group, ref_group)
 
         op = torch.library.custom_op(f"pcops::knn_{name}", search, mutates_args=())
         op.register_fake(_fake)
@@ -54,6 +66,6 @@ def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (),
     return register
 
 
-def _fake(query: torch.Tensor, ref: torch.Tensor, k: int, validate: bool):
+def _fake(query, ref, k, validate, query_group=None, ref_group=None):
     shape = (query.shape[0], k)
     return query.new_empty(shape), query.new_empty(shape, dtype=torch.int64)

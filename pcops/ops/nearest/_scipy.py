@@ -2,7 +2,10 @@
 
 cKDTree leaves the order of equal distances open; pcops breaks ties by the smaller index:
 rows are sorted by (distance, index), and where the k-th neighbour is tied with the next one a
-ball query at that distance collects every tied candidate.
+ball query at that distance collects every tied candidate. Groups (batches) share one tree: each sample is shifted along x
+by a multiple of more than the cloud's extent, so a sample's own points are always nearer than
+any other sample's; neighbours from another sample (a sample with fewer than k points) are
+then replaced by -1 / inf.
 """
 
 import numpy as np
@@ -21,8 +24,18 @@ def _fix_boundary_ties(tree, q, ref, k, dist, idx, rows):
         dist[row, :k], idx[row, :k] = d[order], cand[order]
 
 
+def _separate(q, p, query_group, ref_group):
+    """Shift each group along x so that groups are farther apart than any two points of one group."""
+    qg, pg = query_group.numpy(), ref_group.numpy()
+    _, rank = np.unique(np.concatenate([qg, pg]), return_inverse=True)
+    both = np.concatenate([q, p])
+    offset = 4.0 * float((both.max(0) - both.min(0)).max()) + 1.0
+    q[:, 0] += rank[: len(qg)] * offset
+    p[:, 0] += rank[len(qg) :] * offset
+
+
 @backend("scipy", devices=("cpu",), requires=("scipy",), install="pip install scipy")
-def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def search(query, ref, k, query_group, ref_group):
     from scipy.spatial import cKDTree
 
     m, n = query.shape[0], ref.shape[0]
@@ -30,6 +43,8 @@ def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor
         return query.new_empty((0, k)), torch.empty((0, k), dtype=torch.int64)
     q = query.detach().numpy().astype(np.float64)
     p = ref.detach().numpy().astype(np.float64)
+    if query_group is not None:
+        _separate(q, p, query_group, ref_group)
     tree = cKDTree(p)
     kq = min(k + 1, n)  # one more, to see whether the k-th is tied with the next
     dist, idx = tree.query(q, k=list(range(1, kq + 1)), workers=-1)
@@ -41,4 +56,7 @@ def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor
         if rows.size:
             _fix_boundary_ties(tree, q, p, k, dist, idx, rows)
     dist, idx = np.ascontiguousarray(dist[:, :k]), np.ascontiguousarray(idx[:, :k])
+    if query_group is not None:
+        other = ref_group.numpy()[idx] != query_group.numpy()[:, None]
+        dist[other], idx[other] = np.inf, -1
     return torch.from_numpy(dist).to(query.dtype), torch.from_numpy(idx)

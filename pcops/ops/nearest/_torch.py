@@ -2,7 +2,7 @@
 
 Distances use direct coordinate differences (never the matmul form of ``torch.cdist``), in
 query chunks that bound memory to about ``_ENTRIES`` distances at a time; no (M, N, 3) tensor.
-Ties are broken by the smaller index, exactly.
+Ties are broken by the smaller index, exactly. Groups mask other samples' points to +inf.
 """
 
 import torch
@@ -22,11 +22,12 @@ def _smallest(d2: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     idx = take.nonzero()[:, 1].view(-1, k)  # ascending column order per row
     dist = d2.gather(1, idx)
     order = dist.argsort(dim=1, stable=True)
-    return dist.gather(1, order), idx.gather(1, order)
+    dist, idx = dist.gather(1, order), idx.gather(1, order)
+    return dist, torch.where(torch.isinf(dist), -1, idx)  # inf: a masked point, not a neighbour
 
 
 @backend("torch", devices=("cpu", "cuda"))
-def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def search(query, ref, k, query_group, ref_group):
     m = query.shape[0]
     dists = query.new_empty((m, k))
     idx = torch.empty((m, k), dtype=torch.int64, device=query.device)
@@ -36,6 +37,8 @@ def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor
         d2 = (q[:, None, 0] - ref[None, :, 0]).square()
         d2 += (q[:, None, 1] - ref[None, :, 1]).square()
         d2 += (q[:, None, 2] - ref[None, :, 2]).square()
+        if query_group is not None:
+            d2.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
         sq, idx[s : s + chunk] = _smallest(d2, k)
         dists[s : s + chunk] = sq.sqrt()
     return dists, idx

@@ -3,7 +3,9 @@
 Each query keeps its k best (distance, index) pairs in its output row by insertion, so the
 order is exact, ties by the smaller index. A query that found k points within radius R has
 its exact k nearest (every point with d <= R is a candidate of the grid query); the others
-are searched again with 2R, until R exceeds the diameter of all points.
+are searched again with 2R, until R exceeds the diameter of all points. Groups (batches) use
+Warp's grouped ``HashGrid``: a query only visits its own sample's points, and needs
+min(k, size of its sample) of them; missing neighbours are -1 / inf.
 """
 
 import functools
@@ -16,7 +18,7 @@ from ._registry import backend
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype):
+def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
 
@@ -29,6 +31,7 @@ def _kernel(dtype: torch.dtype):
         start: int,
         grid: wp.uint64,
         rows: wp.array(dtype=wp.int64),
+        query_group: wp.array(dtype=wp.int32),
         query: wp.array2d(dtype=s),
         ref: wp.array2d(dtype=s),
         radius: s,
@@ -41,7 +44,10 @@ def _kernel(dtype: torch.dtype):
         k = dists.shape[1]
         q = point(query, i)
         n = int(0)
-        it = wp.hash_grid_query(grid, q, radius)
+        if wp.static(grouped):
+            it = wp.hash_grid_query(grid, q, radius, query_group[i])
+        else:
+            it = wp.hash_grid_query(grid, q, radius)
         j = int(0)
         while wp.hash_grid_query_next(it, j):
             d = wp.length(q - point(ref, j))
@@ -65,33 +71,46 @@ def _kernel(dtype: torch.dtype):
     return search
 
 
-def _initial_radius(ref: torch.Tensor, k: int) -> float:
-    """A radius expected to hold about k points if ``ref`` filled its bounding box uniformly."""
+def _initial_radius(ref: torch.Tensor, k: int, ref_group) -> float:
+    """A radius expected to hold about 3k points if each sample filled the bounding box uniformly."""
     side = float((ref.amax(0) - ref.amin(0)).max())
-    return max(side * 0.9 * (k / ref.shape[0]) ** (1.0 / 3.0), 1e-12)
+    samples = 1 if ref_group is None else torch.unique(ref_group).numel()
+    return max(side * 0.9 * (k * samples / ref.shape[0]) ** (1.0 / 3.0), 1e-12)
+
+
+def _targets(k: int, query_group, ref_group, m: int, device) -> torch.Tensor:
+    """How many neighbours each query can have: k, or the size of its group if smaller."""
+    if query_group is None:
+        return torch.full((m,), k, dtype=torch.int32, device=device)
+    sizes = torch.sort(ref_group).values
+    count = torch.searchsorted(sizes, query_group, right=True) - torch.searchsorted(sizes, query_group)
+    return count.clamp(max=k).to(torch.int32)
 
 
 @backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")
-def search(query: torch.Tensor, ref: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def search(query, ref, k, query_group, ref_group):
     m = query.shape[0]
-    dists = query.new_empty((m, k))
-    idx = torch.empty((m, k), dtype=torch.int64, device=query.device)
+    dists = query.new_full((m, k), float("inf"))
+    idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
     if m == 0:
         return dists, idx
     _warp.init()
     query, ref = query.contiguous(), ref.contiguous()
-    kernel = _kernel(query.dtype)
-    radius = _initial_radius(ref, k)
+    grouped = query_group is not None
+    kernel = _kernel(query.dtype, grouped)
+    target = _targets(k, query_group, ref_group, m, query.device)
+    groups = query_group.contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
+    radius = _initial_radius(ref, k, ref_group)
     corners = torch.stack([query.amin(0), query.amax(0), ref.amin(0), ref.amax(0)])
     reach = float((corners.amax(0) - corners.amin(0)).double().norm())  # no pair is farther apart
-    rows = torch.arange(m, device=query.device)
+    rows = torch.arange(m, device=query.device)[target > 0]
     with _warp.stream(query):
         while rows.numel():
-            grid = _warp.hash_grid(ref, radius)
+            grid = _warp.hash_grid(ref, radius, ref_group.contiguous() if grouped else None)
             found = torch.empty(rows.numel(), dtype=torch.int32, device=query.device)
-            args = [wp.uint64(grid.id), rows, query, ref, radius, dists, idx, found]
+            args = [wp.uint64(grid.id), rows, groups, query, ref, radius, dists, idx, found]
             _warp.launch(kernel, rows.numel(), args, like=query)
-            rows = rows[found < k]
+            rows = rows[found < target[rows]]
             if radius > reach:
                 break
             radius *= 2.0

@@ -1,0 +1,114 @@
+"""Batch layouts: every op runs on flat point sets with per-point sample ids ("groups").
+
+Three layouts reach the ops:
+
+* single:  query (M, 3), ref (N, 3), features (N, F)
+* padded:  query (B, M, 3), ref (B, N, 3), features (B, N, F), optional ``query_lengths`` and
+  ``ref_lengths`` (B,) (PyTorch3D's convention); rows past a sample's length are padding
+* packed:  query (M_total, 3) with ``query_batch`` (M_total,) and ref (N_total, 3) with
+  ``ref_batch`` (N_total,) int sample ids, sorted or not (PyTorch Geometric's convention)
+
+:func:`flatten` turns any of them into flat (P, 3) points plus int32 groups (``None`` for a
+single cloud). A padded layout gets group b for the valid rows of sample b, ``B`` for query
+padding and ``B + 1`` for reference padding, so padding never meets anything. All of it is
+static-shape torch code: no host synchronisation, nothing that breaks ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _validate
+
+
+class Flat(NamedTuple):
+    """Flat inputs of an op and how to give its results the caller's layout back."""
+
+    query: torch.Tensor  # (P, 3)
+    ref: torch.Tensor  # (R, 3)
+    features: Optional[torch.Tensor]  # (R, F)
+    query_group: Optional[torch.Tensor]  # (P,) int32, None for a single cloud
+    ref_group: Optional[torch.Tensor]  # (R,) int32
+    batch_shape: tuple  # (B, M) for padded inputs, () otherwise
+    ref_rows: int  # N of a padded layout (to make neighbour indices local), else 0
+
+
+def _padded_groups(b: int, size: int, lengths: Optional[torch.Tensor], pad_id: int, device) -> torch.Tensor:
+    sample = torch.arange(b, dtype=torch.int32, device=device)[:, None].expand(b, size)
+    if lengths is None:
+        return sample.reshape(-1)
+    valid = torch.arange(size, device=device)[None, :] < lengths[:, None]
+    return torch.where(valid, sample, pad_id).reshape(-1)
+
+
+def flatten(
+    query,
+    ref,
+    features=None,
+    *,
+    query_lengths=None,
+    ref_lengths=None,
+    query_batch=None,
+    ref_batch=None,
+    validate: bool = True,
+) -> Flat:
+    """Check shapes of any layout and flatten it (see the module docs)."""
+    _validate.tensor("query", query)
+    padded = query.dim() == 3
+    if padded:
+        _validate.tensor("query", query, ndim=3, last=3, shape_doc="(B, M, 3)")
+        _validate.tensor("ref", ref, ndim=3, last=3, shape_doc="(B, N, 3)")
+        if ref.shape[0] != query.shape[0]:
+            raise ValueError(f"query and ref must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
+        if query_batch is not None or ref_batch is not None:
+            raise ValueError("query_batch/ref_batch describe packed (P, 3) inputs; padded (B, P, 3) inputs take *_lengths")
+    else:
+        _validate.points("query", query)
+        _validate.points("ref", ref)
+        if query_lengths is not None or ref_lengths is not None:
+            raise ValueError("query_lengths/ref_lengths describe padded (B, P, 3) inputs; packed inputs take *_batch")
+        if (query_batch is None) != (ref_batch is None):
+            raise ValueError("packed inputs need both query_batch and ref_batch")
+    if features is not None:
+        shape = "(B, N, F)" if padded else "(N, F)"
+        _validate.tensor("features", features, ndim=ref.dim(), shape_doc=shape)
+        if features.shape[:-1] != ref.shape[:-1]:
+            raise ValueError(f"features must have one row per point of ref: got shape {tuple(features.shape)} for ref {tuple(ref.shape)}")
+    b = query.shape[0] if padded else 0
+    for name, t, size in (("query_lengths", query_lengths, b), ("ref_lengths", ref_lengths, b)):
+        _validate.ids(name, t, size, "(B,)")
+    _validate.ids("query_batch", query_batch, query.shape[0], "(M_total,)")
+    _validate.ids("ref_batch", ref_batch, ref.shape[0], "(N_total,)")
+    _validate.same_device(
+        query=query, ref=ref, features=features, query_lengths=query_lengths, ref_lengths=ref_lengths,
+        query_batch=query_batch, ref_batch=ref_batch,
+    )
+    if validate and not torch.compiler.is_compiling():  # value checks: eager only (see docs/batching.md)
+        _validate.ids_in_range("query_lengths", query_lengths, 0, query.shape[1] if padded else 0)
+        _validate.ids_in_range("ref_lengths", ref_lengths, 0, ref.shape[1] if padded else 0)
+        _validate.ids_in_range("query_batch", query_batch, 0, None)
+        _validate.ids_in_range("ref_batch", ref_batch, 0, None)
+
+    if not padded:
+        qg = None if query_batch is None else query_batch.to(torch.int32)
+        rg = None if ref_batch is None else ref_batch.to(torch.int32)
+        return Flat(query, ref, features, qg, rg, (), 0)
+    m, n = query.shape[1], ref.shape[1]
+    qg = _padded_groups(b, m, query_lengths, b, query.device)
+    rg = _padded_groups(b, n, ref_lengths, b + 1, query.device)
+    flat_features = None if features is None else features.reshape(b * n, features.shape[-1])
+    return Flat(query.reshape(b * m, 3), ref.reshape(b * n, 3), flat_features, qg, rg, (b, m), n)
+
+
+def unflatten(flat: Flat, out: torch.Tensor) -> torch.Tensor:
+    """A per-query result (P, ...) in the caller's layout: (B, M, ...) for padded inputs."""
+    return out.reshape(*flat.batch_shape, *out.shape[1:]) if flat.batch_shape else out
+
+
+def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
+    """Neighbour indices into the flat ref as the caller indexes ref: per sample for padded inputs."""
+    if not flat.batch_shape:
+        return idx
+    return torch.where(idx >= 0, torch.remainder(idx, flat.ref_rows), -1)
