@@ -1,0 +1,213 @@
+"""Lightning data modules. Every batch is a dict of padded tensors:
+
+    points  (B, N, 3)  input cloud (surface samples, or the tutorial's random cloud)
+    normals (B, N, 3)  unit normals of the cloud (zeros when the source has none)
+    queries (B, M, 3)  where the field is predicted
+    target  (B, M)     the field there (signed distance, negative inside, for the SDF tasks)
+
+* :class:`ShapesSDFDataModule` - the default task, procedural and offline: random shapes with
+  exact signed distance (models/shapes.py), deterministic from a seed.
+* :class:`FileSDFDataModule` - the same task from files (meshes, point clouds, HDF5; see
+  models/files.py).
+* :class:`TutorialCloudDataModule` - PhysicsNeMo tutorial's synthetic set-up: a random cloud
+  and a 30^3 grid, for the projector models and benchmarks.
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .shapes import PRIMITIVES, Shape, grid
+
+
+class TensorDictDataset(Dataset):
+    """Samples stored as stacked tensors: item i is {key: tensor[i]}."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+        self.size = len(next(iter(tensors.values())))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {key: value[i] for key, value in self.tensors.items()}
+
+
+class EpochShuffleSampler(Sampler):
+    """A shuffle that depends only on (seed, epoch): resuming from a checkpoint replays it exactly.
+
+    Lightning calls ``set_epoch`` on samplers that have it at the start of every epoch.
+    """
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.size, generator=gen).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def sdf_queries(shape_sdf, surface: torch.Tensor, n: int, gen: torch.Generator, near_std: float, grid_resolution: int):
+    """n query points: half near the surface, a quarter uniform in [-1, 1]^3, a quarter on a grid."""
+    near = n // 2
+    uniform = n // 4
+    on_grid = n - near - uniform
+    pick = torch.randint(surface.shape[0], (near,), generator=gen)
+    q_near = surface[pick] + near_std * torch.randn(near, 3, generator=gen, dtype=surface.dtype)
+    q_uniform = torch.rand(uniform, 3, generator=gen, dtype=surface.dtype) * 2 - 1
+    g = grid(grid_resolution, dtype=surface.dtype)
+    q_grid = g[torch.randperm(g.shape[0], generator=gen)[:on_grid]]
+    queries = torch.cat([q_near, q_uniform, q_grid])
+    return queries, shape_sdf(queries)
+
+
+class _Module(LightningDataModule):
+    """Shared loaders: a seeded epoch shuffle for training, fixed order for validation and test."""
+
+    def __init__(self, batch_size: int, seed: int, num_workers: int):
+        super().__init__()
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.splits: dict[str, TensorDictDataset] = {}
+
+    @property
+    def target_mean(self) -> float:
+        """Mean target over the training split (the constant predictor's value)."""
+        return float(self.splits["train"].tensors["target"].mean())
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        data = self.splits[split]
+        sampler = EpochShuffleSampler(len(data), self.seed) if shuffle else None
+        return DataLoader(data, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
+
+    def train_dataloader(self):
+        return self._loader("train", True)
+
+    def val_dataloader(self):
+        return self._loader("val", False)
+
+    def test_dataloader(self):
+        return self._loader("test", False)
+
+
+class ShapesSDFDataModule(_Module):
+    """Random shapes -> signed distance. Surface clouds in, SDF at query points out.
+
+    Args:
+        train_size, val_size, test_size: number of shapes per split.
+        n_points: surface points per shape. n_queries: query points per shape.
+        noise: std of Gaussian noise added to the surface points (not to the targets).
+        normals: give the model unit normals (else zeros).
+        near_std: spread of the near-surface queries.
+        grid_resolution: grid the grid-queries are drawn from (and the figure's slice).
+        primitives: which shape families to draw from.
+        seed: everything is a function of it.
+    """
+
+    def __init__(
+        self,
+        train_size: int = 512,
+        val_size: int = 64,
+        test_size: int = 64,
+        n_points: int = 1024,
+        n_queries: int = 1024,
+        noise: float = 0.0,
+        normals: bool = True,
+        near_std: float = 0.05,
+        grid_resolution: int = 24,
+        primitives: tuple[str, ...] = PRIMITIVES,
+        batch_size: int = 16,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__(batch_size, seed, num_workers)
+        unknown = set(primitives) - set(PRIMITIVES)
+        if unknown:
+            raise ValueError(f"primitives must be among {PRIMITIVES}, got {sorted(unknown)}")
+        self.save_hyperparameters()
+
+    def make_shape(self, split: str, i: int) -> tuple[Shape, torch.Generator]:
+        offset = {"train": 0, "val": 1, "test": 2}[split]
+        gen = torch.Generator().manual_seed((self.hparams.seed * 3 + offset) * 1_000_003 + i)
+        return Shape.random(gen, tuple(self.hparams.primitives)), gen
+
+    def _sample(self, split: str, i: int) -> dict[str, torch.Tensor]:
+        h = self.hparams
+        shape, gen = self.make_shape(split, i)
+        points, normals = shape.sample_surface(h.n_points, gen)
+        queries, target = sdf_queries(shape.sdf, points, h.n_queries, gen, h.near_std, h.grid_resolution)
+        if h.noise:
+            points = points + h.noise * torch.randn(points.shape, generator=gen, dtype=points.dtype)
+        if not h.normals:
+            normals = torch.zeros_like(normals)
+        return {"points": points, "normals": normals, "queries": queries, "target": target}
+
+    def setup(self, stage: str | None = None) -> None:
+        h = self.hparams
+        for split, size in (("train", h.train_size), ("val", h.val_size), ("test", h.test_size)):
+            if split not in self.splits:
+                samples = [self._sample(split, i) for i in range(size)]
+                self.splits[split] = TensorDictDataset(
+                    {key: torch.stack([s[key] for s in samples]).float() for key in samples[0]}
+                )
+
+    def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
+        """The first test shape with queries on the z = 0 slice (resolution^2) and their true SDF."""
+        shape, gen = self.make_shape("test", 0)
+        points, normals = shape.sample_surface(self.hparams.n_points, gen)
+        axis = torch.linspace(-1, 1, resolution, dtype=torch.float64)
+        xy = torch.cartesian_prod(axis, axis)
+        queries = torch.cat([xy, torch.zeros(xy.shape[0], 1, dtype=torch.float64)], 1)
+        if not self.hparams.normals:
+            normals = torch.zeros_like(normals)
+        sample = {"points": points, "normals": normals, "queries": queries, "target": shape.sdf(queries)}
+        return {key: value[None].float() for key, value in sample.items()}
+
+
+class TutorialCloudDataModule(_Module):
+    """The tutorial's set-up: a random cloud in [-1, 1]^3 and a grid^3 query grid.
+
+    The target on the grid is the smooth field sin(pi x) sin(pi y) sin(pi z), so that
+    training has something to learn; the cloud carries no features beyond its coordinates.
+    """
+
+    def __init__(self, n_points: int = 100_000, grid_resolution: int = 30, samples: int = 4, batch_size: int = 1, seed: int = 0, num_workers: int = 0):
+        super().__init__(batch_size, seed, num_workers)
+        self.save_hyperparameters()
+
+    def setup(self, stage: str | None = None) -> None:
+        h = self.hparams
+        gen = torch.Generator().manual_seed(h.seed)
+        queries = grid(h.grid_resolution)
+        target = torch.sin(torch.pi * queries).prod(-1)
+        for split in ("train", "val", "test"):
+            points = torch.rand(h.samples, h.n_points, 3, generator=gen) * 2 - 1
+            self.splits[split] = TensorDictDataset(
+                {
+                    "points": points,
+                    "normals": torch.zeros_like(points),
+                    "queries": queries.expand(h.samples, -1, -1).contiguous(),
+                    "target": target.expand(h.samples, -1).contiguous(),
+                }
+            )
+
+    def figure_sample(self, resolution: int | None = None) -> dict[str, torch.Tensor]:
+        """The first test cloud with the grid's middle z slice as queries."""
+        self.setup()
+        sample = self.splits["test"][0]
+        r = self.hparams.grid_resolution
+        middle = torch.arange(r * r) * r + r // 2  # x-major cartesian product: z varies fastest
+        return {
+            "points": sample["points"][None],
+            "normals": sample["normals"][None],
+            "queries": sample["queries"][middle][None],
+            "target": sample["target"][middle][None],
+        }

@@ -1,0 +1,200 @@
+"""The signed-distance task from files: meshes, point clouds and ModelNet-style HDF5.
+
+* meshes (.ply, .off, .obj, .stl; ModelNet's .off included), read with trimesh: surface
+  points and face normals sampled area-uniformly; targets from the mesh
+  (``trimesh.proximity.signed_distance``, sign flipped to negative inside; a mesh that is
+  not watertight gets a warning, its sign is unreliable);
+* point clouds: .npy (P, 3) or (P, 6) with normals, .npz with ``points`` (and ``normals``),
+  .xyz text with 3 or 6 columns;
+* HDF5 (.h5, .hdf5), read with h5py: ``data`` (S, P, 3), optional ``normal`` (S, P, 3) and
+  ``label`` (S,): each row is one cloud.
+
+Clouds without normals get PCA normals from their 16 nearest neighbours (``pcops.knn``),
+oriented away from the centroid (right for star-shaped objects). A cloud's targets are
+``sign((q - p) . n) * ||q - p||`` for its nearest point p with normal n.
+
+Everything is centred and scaled into [-0.9, 0.9]^3 before sampling.
+"""
+
+from __future__ import annotations
+
+import glob
+import pathlib
+import warnings
+
+import numpy as np
+import torch
+
+import pcops
+
+from .data import TensorDictDataset, _Module, sdf_queries
+
+MESH = {".ply", ".off", ".obj", ".stl"}
+CLOUD = {".npy", ".npz", ".xyz"}
+HDF5 = {".h5", ".hdf5"}
+
+
+def expand(paths: list[str]) -> list[pathlib.Path]:
+    """Files named by paths or glob patterns; a clear error for a pattern matching nothing."""
+    if isinstance(paths, str):
+        paths = [paths]
+    files: list[pathlib.Path] = []
+    for pattern in paths:
+        matches = sorted(glob.glob(str(pathlib.Path(pattern).expanduser()), recursive=True))
+        if not matches:
+            raise FileNotFoundError(f"data.paths: no file matches {pattern!r}")
+        for match in matches:
+            path = pathlib.Path(match)
+            if path.suffix.lower() not in MESH | CLOUD | HDF5:
+                raise ValueError(f"data.paths: {path} has an unsupported suffix; use one of {sorted(MESH | CLOUD | HDF5)}")
+            files.append(path)
+    return files
+
+
+def _normalise(points: np.ndarray) -> tuple[np.ndarray, float]:
+    lo, hi = points.min(0), points.max(0)
+    centre, scale = (lo + hi) / 2, max(float((hi - lo).max()) / 1.8, 1e-12)
+    return centre, scale
+
+
+def read_clouds(path: pathlib.Path) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(points, normals or None) of every cloud in a point-cloud or HDF5 file."""
+    suffix = path.suffix.lower()
+    if suffix in HDF5:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            if "data" not in f:
+                raise ValueError(f"{path}: an HDF5 file needs a 'data' dataset of shape (S, P, 3)")
+            data = np.asarray(f["data"], dtype=np.float64)
+            normals = np.asarray(f["normal"], dtype=np.float64) if "normal" in f else None
+        return [(data[i], None if normals is None else normals[i]) for i in range(data.shape[0])]
+    if suffix == ".npz":
+        with np.load(path) as f:
+            if "points" not in f:
+                raise ValueError(f"{path}: an .npz cloud needs a 'points' array of shape (P, 3)")
+            return [(f["points"].astype(np.float64), f["normals"].astype(np.float64) if "normals" in f else None)]
+    array = np.load(path) if suffix == ".npy" else np.loadtxt(path, ndmin=2)
+    if array.ndim != 2 or array.shape[1] not in (3, 6):
+        raise ValueError(f"{path}: a point cloud must have 3 (xyz) or 6 (xyz + normal) columns, got shape {array.shape}")
+    array = array.astype(np.float64)
+    return [(array[:, :3], array[:, 3:] if array.shape[1] == 6 else None)]
+
+
+def estimate_normals(points: torch.Tensor, k: int = 16) -> torch.Tensor:
+    """Unit normals by PCA over each point's k nearest neighbours, oriented away from the centroid."""
+    _, idx = pcops.knn(points, points, min(k, points.shape[0]))
+    nb = points[idx] - points[idx].mean(1, keepdim=True)
+    _, vectors = torch.linalg.eigh(nb.transpose(1, 2) @ nb)
+    normals = vectors[..., 0]  # smallest eigenvalue
+    outward = ((points - points.mean(0)) * normals).sum(-1, keepdim=True) < 0
+    return torch.where(outward, -normals, normals)
+
+
+def cloud_sdf(points: torch.Tensor, normals: torch.Tensor):
+    """Signed distance to an oriented cloud, from the nearest point and its normal."""
+
+    def sdf(queries: torch.Tensor) -> torch.Tensor:
+        dists, idx = pcops.knn(queries, points, 1)
+        side = ((queries - points[idx[:, 0]]) * normals[idx[:, 0]]).sum(-1)
+        return torch.where(side < 0, -dists[:, 0], dists[:, 0])
+
+    return sdf
+
+
+class FileSDFDataModule(_Module):
+    """Surface clouds and signed distances from files (see the module docs).
+
+    Args:
+        paths: files or glob patterns (``**`` allowed), e.g. ["data/ModelNet10/*/train/*.off"].
+        n_points, n_queries, near_std, grid_resolution: as in ShapesSDFDataModule.
+        val_fraction, test_fraction: share of the items held out (at least one each when
+            there are 3 or more items; with fewer, every split uses all items, with a warning).
+    """
+
+    def __init__(
+        self,
+        paths: list[str],
+        n_points: int = 1024,
+        n_queries: int = 1024,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        near_std: float = 0.05,
+        grid_resolution: int = 24,
+        batch_size: int = 8,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__(batch_size, seed, num_workers)
+        self.files = expand(paths)  # fail before any work on a missing file
+        self.save_hyperparameters()
+
+    def _items(self):
+        """(kind, payload) per item: ("mesh", path) or ("cloud", (points, normals))."""
+        items = []
+        for path in self.files:
+            if path.suffix.lower() in MESH:
+                items.append(("mesh", path))
+            else:
+                items.extend(("cloud", cloud) for cloud in read_clouds(path))
+        return items
+
+    def _sample(self, kind, payload, i: int) -> dict[str, torch.Tensor]:
+        h = self.hparams
+        gen = torch.Generator().manual_seed(h.seed * 1_000_003 + i)
+        if kind == "mesh":
+            import trimesh
+
+            mesh = trimesh.load(payload, force="mesh")
+            if not mesh.is_watertight:
+                warnings.warn(f"{payload} is not watertight: the sign of its distances is unreliable")
+            centre, scale = _normalise(np.asarray(mesh.vertices))
+            mesh.apply_translation(-centre)
+            mesh.apply_scale(1.0 / scale)
+            points, faces = trimesh.sample.sample_surface(mesh, h.n_points, seed=h.seed * 1_000_003 + i)
+            points = torch.from_numpy(np.asarray(points, dtype=np.float64))
+            normals = torch.from_numpy(np.asarray(mesh.face_normals[faces], dtype=np.float64))
+
+            def sdf(q: torch.Tensor) -> torch.Tensor:
+                return -torch.from_numpy(trimesh.proximity.signed_distance(mesh, q.numpy()))
+
+        else:
+            cloud, cloud_normals = payload
+            centre, scale = _normalise(cloud)
+            all_points = torch.from_numpy((cloud - centre) / scale)
+            if cloud_normals is None:
+                all_normals = estimate_normals(all_points)
+            else:
+                all_normals = torch.nn.functional.normalize(torch.from_numpy(cloud_normals), dim=-1)
+            pick = torch.randint(all_points.shape[0], (h.n_points,), generator=gen)
+            points, normals = all_points[pick], all_normals[pick]
+            sdf = cloud_sdf(all_points, all_normals)
+        queries, target = sdf_queries(sdf, points, h.n_queries, gen, h.near_std, h.grid_resolution)
+        return {"points": points, "normals": normals, "queries": queries, "target": target}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        items = self._items()
+        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+        samples = [self._sample(*items[j], j) for j in order]
+        n = len(samples)
+        if n < 3:
+            warnings.warn(f"only {n} item(s) in data.paths: train, val and test all use them")
+            parts = {"train": samples, "val": samples, "test": samples}
+        else:
+            n_val = max(1, round(self.hparams.val_fraction * n))
+            n_test = max(1, round(self.hparams.test_fraction * n))
+            parts = {"val": samples[:n_val], "test": samples[n_val : n_val + n_test], "train": samples[n_val + n_test :]}
+        for split, part in parts.items():
+            self.splits[split] = TensorDictDataset({key: torch.stack([s[key] for s in part]).float() for key in part[0]})
+
+    def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
+        """The first test item's cloud with queries on the z = 0 slice (targets: nearest-point SDF)."""
+        self.setup()
+        sample = self.splits["test"][0]
+        axis = torch.linspace(-1, 1, resolution)
+        xy = torch.cartesian_prod(axis, axis)
+        queries = torch.cat([xy, torch.zeros(xy.shape[0], 1)], 1)
+        target = cloud_sdf(sample["points"].double(), sample["normals"].double())(queries.double()).float()
+        return {"points": sample["points"][None], "normals": sample["normals"][None], "queries": queries[None], "target": target[None]}

@@ -1,0 +1,109 @@
+"""Random shapes with exact signed distance functions (negative inside), for the default task.
+
+Each primitive is an exact Euclidean SDF (sphere, box, rounded box, torus, capsule, cylinder).
+A shape is a primitive with random parameters under a random uniform scale, rotation and
+translation; the distance stays exact because the transform is a similarity. Surface points
+are made by projecting random points of a thin band (inside down to -0.5, outside up to
+0.02) onto the zero level set along the SDF gradient (one Newton step is exact for an exact
+SDF; more remove rounding), and the normals are the SDF gradients there. Starting from the
+inside keeps samples off edges and corners, onto which whole regions of outside points would
+project.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PRIMITIVES = ("sphere", "box", "rounded_box", "torus", "capsule", "cylinder")
+
+
+def _box(p: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+    q = p.abs() - half
+    return q.clamp_min(0).norm(dim=-1) + q.max(-1).values.clamp_max(0)
+
+
+def primitive_sdf(kind: str, p: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Exact SDF of a primitive with parameters ``a`` (3 numbers in (0.3, 0.8)) at points p (..., 3)."""
+    if kind == "sphere":
+        return p.norm(dim=-1) - a[0]
+    if kind == "box":
+        return _box(p, a)
+    if kind == "rounded_box":
+        r = 0.25 * a.min()
+        return _box(p, a - r) - r
+    if kind == "torus":
+        major, minor = a[0], 0.4 * a[1]
+        ring = torch.stack([p[..., :2].norm(dim=-1) - major, p[..., 2]], -1)
+        return ring.norm(dim=-1) - minor
+    if kind == "capsule":
+        half, r = a[0], 0.5 * a[1]
+        z = p[..., 2].clamp(-half, half)
+        return (p - torch.stack([torch.zeros_like(z), torch.zeros_like(z), z], -1)).norm(dim=-1) - r
+    if kind == "cylinder":
+        r, half = a[0], a[1]
+        d = torch.stack([p[..., :2].norm(dim=-1) - r, p[..., 2].abs() - half], -1)
+        return d.max(-1).values.clamp_max(0) + d.clamp_min(0).norm(dim=-1)
+    raise ValueError(f"unknown primitive {kind!r}; choose from {PRIMITIVES}")
+
+
+def _rotation(gen: torch.Generator) -> torch.Tensor:
+    """A uniformly random rotation matrix (from a random unit quaternion)."""
+    w, x, y, z = torch.nn.functional.normalize(torch.randn(4, generator=gen, dtype=torch.float64), dim=0)
+    return torch.tensor(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ],
+        dtype=torch.float64,
+    )
+
+
+@dataclass
+class Shape:
+    """A primitive under x -> scale * R x + shift (scale in [0.6, 0.9], shift within 0.15 of 0)."""
+
+    kind: str
+    params: torch.Tensor  # (3,)
+    rotation: torch.Tensor  # (3, 3)
+    scale: float
+    shift: torch.Tensor  # (3,)
+
+    @staticmethod
+    def random(gen: torch.Generator, kinds=PRIMITIVES) -> "Shape":
+        kind = kinds[int(torch.randint(len(kinds), (1,), generator=gen))]
+        params = 0.3 + 0.5 * torch.rand(3, generator=gen, dtype=torch.float64)
+        scale = 0.6 + 0.3 * float(torch.rand(1, generator=gen, dtype=torch.float64))
+        shift = 0.15 * (torch.rand(3, generator=gen, dtype=torch.float64) * 2 - 1)
+        return Shape(kind, params, _rotation(gen), scale, shift)
+
+    def sdf(self, x: torch.Tensor) -> torch.Tensor:
+        """Signed distance at world points x (..., 3), float64; negative inside."""
+        local = (x.double() - self.shift) @ self.rotation / self.scale
+        return self.scale * primitive_sdf(self.kind, local, self.params)
+
+    def gradient(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.double().detach().requires_grad_()
+        (g,) = torch.autograd.grad(self.sdf(x).sum(), x)
+        return g
+
+    def sample_surface(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(points (n, 3), unit outward normals (n, 3)) on the surface, float64."""
+        x = (torch.rand(8 * n, 3, generator=gen, dtype=torch.float64) * 2 - 1) * 1.2
+        d = self.sdf(x)
+        x = x[(d > -0.5) & (d < 0.02)]  # mostly inside: see the module docs
+        x = x[:n] if x.shape[0] >= n else x[torch.randint(x.shape[0], (n,), generator=gen)]
+        for _ in range(3):
+            g = self.gradient(x)
+            g = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            x = x - self.sdf(x)[:, None] * g
+        normals = torch.nn.functional.normalize(self.gradient(x), dim=-1)
+        return x, normals
+
+
+def grid(resolution: int, extent: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    """Regular grid points (resolution^3, 3) covering [-extent, extent]^3."""
+    axis = torch.linspace(-extent, extent, resolution, dtype=dtype)
+    return torch.cartesian_prod(axis, axis, axis)

@@ -1,0 +1,413 @@
+"""Benchmarks: the PhysicsNeMo tutorial's two models, the bare ops against their strongest peers,
+and how cost grows with size. Ratios are what to read: every figure of a run comes from one
+machine in one process.
+
+    python scripts/benchmark.py                  # tutorial sizes: models + bare ops
+    python scripts/benchmark.py --sweep          # 10^4 .. 10^6 points, time and peak memory
+    python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
+    python scripts/benchmark.py --json out.json  # also write every figure as JSON
+
+Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
+query chunks when the dense matrices would not fit: noted "chunked"), ``scipy_torch``
+(cKDTree search + torch gather / index_add aggregation), ``pcops_eager``, ``pcops_compiled``
+(``torch.compile(fullgraph=True)``), and on CUDA ``pcops_rmm`` (in a fresh process with
+``pcops.memory.use_rmm_pool()``). Times are medians after a warm-up: forward without
+gradients, and a full train step (forward, backward, optimizer step). Peak memory: growth of
+the resident set (CPU) or ``max_memory_allocated`` (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import pcops  # noqa: E402
+import pcops.memory  # noqa: E402
+from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
+
+CHUNK = 2048  # query rows per chunk of the dense references
+COMPILE_BACKEND = "inductor"  # --quick uses "aot_eager": same tracing (fullgraph, fakes, autograd), no codegen
+
+
+# ----------------------------------------------------------------------------------------------
+# References: the tutorial's dense torch operators, and the scipy + torch peers
+
+
+def _dense_knn_chunk(q, p, f, k: int, sigma: float):
+    with torch.no_grad():
+        idx = torch.cdist(q, p).topk(k, dim=1, largest=False).indices  # the tutorial's search
+    d = (q[:, None, :] - p[idx]).norm(dim=-1)
+    w = torch.softmax(-d / sigma, dim=1)
+    return (w[..., None] * f[idx]).sum(1)
+
+
+def _dense_radius_chunk(q, p, f, radius: float, sigma: float):
+    d = torch.cdist(q, p)
+    logits = torch.where(d <= radius, -d / sigma, float("-inf"))
+    w = torch.nan_to_num(torch.softmax(logits, dim=1))  # rows without neighbours: 0
+    return w @ f
+
+
+class DenseAggregation(nn.Module):
+    """The tutorial's dense reference, run over query chunks (each chunk checkpointed in training)."""
+
+    def __init__(self, chunk_fn, compiled: bool, **kwargs):
+        super().__init__()
+        self.fn = torch.compile(chunk_fn, dynamic=False, backend=COMPILE_BACKEND) if compiled else chunk_fn
+        self.kwargs = kwargs
+
+    def forward(self, query, ref, features):
+        outs = []
+        for b in range(query.shape[0]):
+            rows = []
+            for s in range(0, query.shape[1], CHUNK):
+                args = (query[b, s : s + CHUNK], ref[b], features[b])
+                if torch.is_grad_enabled():
+                    rows.append(torch.utils.checkpoint.checkpoint(self.fn, *args, use_reentrant=False, **self.kwargs))
+                else:
+                    rows.append(self.fn(*args, **self.kwargs))
+            outs.append(torch.cat(rows))
+        return torch.stack(outs)
+
+
+def scipy_knn_aggregate(query, ref, features, k: int, sigma: float):
+    """cKDTree.query (all cores) + torch gather and softmax: the CPU peer of knn_aggregate."""
+    from scipy.spatial import cKDTree
+
+    _, idx = cKDTree(ref.detach().numpy()).query(query.detach().numpy(), k=k, workers=-1)
+    idx = torch.from_numpy(np.asarray(idx, dtype=np.int64).reshape(query.shape[0], k))
+    d = (query[:, None, :] - ref[idx]).norm(dim=-1)
+    w = torch.softmax(-d / sigma, dim=1)
+    return (w[..., None] * features[idx]).sum(1)
+
+
+def scipy_radius_aggregate(query, ref, features, radius: float, sigma: float):
+    """cKDTree.query_ball_point (all cores) + torch index_add: the CPU peer of radius_aggregate."""
+    from scipy.spatial import cKDTree
+
+    lists = cKDTree(ref.detach().numpy()).query_ball_point(query.detach().numpy(), radius, workers=-1)
+    counts = torch.tensor([len(x) for x in lists])
+    rows = torch.repeat_interleave(torch.arange(query.shape[0]), counts)
+    cols = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in lists]) if len(lists) else np.zeros(0, np.int64))
+    d = (query[rows] - ref[cols]).norm(dim=-1)
+    shift = torch.full((query.shape[0],), float("inf")).scatter_reduce(0, rows, d.detach(), "amin")
+    w = torch.exp(-(d - shift[rows]) / sigma)
+    total = torch.zeros(query.shape[0], dtype=w.dtype).index_add(0, rows, w)
+    out = torch.zeros(query.shape[0], features.shape[1], dtype=features.dtype).index_add(0, rows, w[:, None] * features[cols])
+    return out / total.clamp_min(1e-30)[:, None]
+
+
+class ScipyAggregation(nn.Module):
+    def __init__(self, fn, *args):
+        super().__init__()
+        self.fn, self.args = fn, args
+
+    def forward(self, query, ref, features):
+        return torch.stack([self.fn(query[b], ref[b], features[b], *self.args) for b in range(query.shape[0])])
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rss_mb() -> float | None:
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak(device) -> float | None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    try:
+        pathlib.Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return None
+    return _rss_mb()
+
+
+def _peak_mb(device, base) -> float | None:
+    if device.type == "cuda":
+        peak = pcops.memory.max_memory_allocated(device)
+        return None if peak is None else peak / 2**20
+    now = _rss_mb()
+    return None if now is None or base is None else max(now - base, 0.0)
+
+
+def _time(fn, device, iters: int, budget_s: float) -> float:
+    """Median milliseconds of fn() after one warm-up call; fewer runs if they are slow."""
+    fn()
+    _sync(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < iters and (not times or time.perf_counter() - start < budget_s):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(begin.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure(net: nn.Module, inputs: tuple, device, iters: int, budget_s: float) -> dict:
+    """forward_ms (no grad), train_step_ms (Adam step on an MSE loss), peak_mem_mb."""
+    net = net.to(device)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-4) if params else None
+    target = None
+
+    def forward():
+        with torch.no_grad():
+            return net(*inputs)
+
+    def step():
+        nonlocal target
+        out = net(*inputs)
+        if target is None:
+            target = torch.zeros_like(out)
+        loss = (out - target).square().mean()
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    base = _reset_peak(device)
+    fwd = _time(forward, device, iters, budget_s)
+    train = _time(step, device, iters, budget_s)
+    return {"forward_ms": round(fwd, 3), "train_step_ms": round(train, 3), "peak_mem_mb": _peak_mb(device, base)}
+
+
+class _OpNet(nn.Module):
+    """A bare op as a module with features as its parameter (so a train step has gradients)."""
+
+    def __init__(self, fn, features):
+        super().__init__()
+        self.features = nn.Parameter(features.clone())
+        self.fn = fn
+
+    def forward(self, query, ref):
+        return self.fn(query, ref, self.features)
+
+
+# ----------------------------------------------------------------------------------------------
+# Suites
+
+
+def tutorial_inputs(n_ref: int, grid: int, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    points = (torch.rand(1, n_ref, 3, generator=gen) * 2 - 1).to(device)
+    axis = torch.linspace(-1, 1, grid)
+    queries = torch.cartesian_prod(axis, axis, axis)[None].to(device)
+    return points, queries
+
+
+def model_variants(kind: str, device, hidden: int, with_rmm: bool):
+    """(variant, network, note) for the kNN or radius projector."""
+    if kind == "knn_projector":
+        agg = dict(chunk_fn=_dense_knn_chunk, k=7, sigma=0.1)
+        make_pcops = lambda: knn_projector(7, 0.1, hidden)  # noqa: E731
+        peer = lambda: Projector(ScipyAggregation(scipy_knn_aggregate, 7, 0.1), hidden)  # noqa: E731
+    else:
+        agg = dict(chunk_fn=_dense_radius_chunk, radius=0.1, sigma=0.1)
+        make_pcops = lambda: radius_projector(0.1, 0.1, hidden)  # noqa: E731
+        peer = lambda: Projector(ScipyAggregation(scipy_radius_aggregate, 0.1, 0.1), hidden)  # noqa: E731
+    torch.manual_seed(0)
+    yield "torch_eager", Projector(DenseAggregation(compiled=False, **agg), hidden), "chunked"
+    torch.manual_seed(0)
+    yield "torch_compiled", Projector(DenseAggregation(compiled=True, **agg), hidden), "chunked, each chunk compiled"
+    if device.type == "cpu":
+        torch.manual_seed(0)
+        yield "scipy_torch", peer(), ""
+    torch.manual_seed(0)
+    yield "pcops_eager", make_pcops(), ""
+    torch.manual_seed(0)
+    yield "pcops_compiled", torch.compile(make_pcops(), fullgraph=True, backend=COMPILE_BACKEND), ""
+
+
+def run_models(args, device) -> list[dict]:
+    sizes = {"knn_projector": (args.knn_points, args.grid), "radius_projector": (args.radius_points, args.grid)}
+    results = []
+    for kind, (n_ref, grid) in sizes.items():
+        points, queries = tutorial_inputs(n_ref, grid, device)
+        for variant, net, note in model_variants(kind, device, args.hidden, False):
+            row = {"model": kind, "variant": variant, "n_ref": n_ref, "n_query": queries.shape[1], "note": note}
+            try:
+                row.update(measure(net, (points, queries), device, args.iters, args.budget))
+            except (torch.OutOfMemoryError, MemoryError) as err:
+                row.update(forward_ms=None, train_step_ms=None, peak_mem_mb=None, note=f"out of memory ({type(err).__name__})")
+            results.append(row)
+            print(_format(row), flush=True)
+    if device.type == "cuda":
+        results += run_rmm_variant(args)
+    return results
+
+
+def run_rmm_variant(args) -> list[dict]:
+    """pcops under the RMM pool, in a fresh process (the pool must precede CUDA's initialisation)."""
+    try:
+        import rmm  # noqa: F401
+    except ImportError:
+        return [{"model": m, "variant": "pcops_rmm", "note": "skipped: rmm not installed"} for m in ("knn_projector", "radius_projector")]
+    out = pathlib.Path(f"/tmp/pcops_rmm_{os.getpid()}.json")
+    cmd = [sys.executable, __file__, "--rmm-child", "--json", str(out), "--iters", str(args.iters),
+           "--knn-points", str(args.knn_points), "--radius-points", str(args.radius_points), "--grid", str(args.grid)]
+    subprocess.run(cmd, check=True)
+    return json.loads(out.read_text())["results"]
+
+
+def rmm_child(args) -> None:
+    pcops.memory.use_rmm_pool()
+    device = torch.device("cuda")
+    results = []
+    for kind, n_ref in (("knn_projector", args.knn_points), ("radius_projector", args.radius_points)):
+        points, queries = tutorial_inputs(n_ref, args.grid, device)
+        net = knn_projector(7, 0.1, args.hidden) if kind == "knn_projector" else radius_projector(0.1, 0.1, args.hidden)
+        row = {"model": kind, "variant": "pcops_rmm", "n_ref": n_ref, "n_query": queries.shape[1], "note": "RMM pool"}
+        row.update(measure(torch.compile(net, fullgraph=True), (points, queries), device, args.iters, args.budget))
+        results.append(row)
+    pathlib.Path(args.json).write_text(json.dumps({"results": results}))
+
+
+def run_ops(args, device, sizes=None, sweep: bool = False) -> list[dict]:
+    """Bare ops, forward and backward (features get gradients), pcops against scipy + torch."""
+    results = []
+    f = 16
+    cases = sizes or [("knn_aggregate", args.knn_points, args.grid**3), ("radius_aggregate", args.radius_points, args.grid**3)]
+    for op, n_ref, n_query in cases:
+        gen = torch.Generator().manual_seed(1)
+        ref = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
+        query = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
+        features = torch.randn(n_ref, f, generator=gen).to(device)
+        # radius: about 13 neighbours per query at any size (the tutorial's density at 25,000 points)
+        radius = 0.1 * (25_000 / n_ref) ** (1 / 3)
+        if op == "knn_aggregate":
+            ours = lambda q, p, x: pcops.knn_aggregate(q, p, x, 7, 0.1, validate=False)  # noqa: E731
+            peer = lambda q, p, x: scipy_knn_aggregate(q, p, x, 7, 0.1)  # noqa: E731
+        else:
+            ours = lambda q, p, x, r=radius: pcops.radius_aggregate(q, p, x, r, 0.1, validate=False)  # noqa: E731
+            peer = lambda q, p, x, r=radius: scipy_radius_aggregate(q, p, x, r, 0.1)  # noqa: E731
+        variants = [("pcops_eager", ours)] + ([("scipy_torch", peer)] if device.type == "cpu" else [])
+        for variant, fn in variants:
+            row = {"model": op, "variant": variant, "n_ref": n_ref, "n_query": n_query, "note": "sweep" if sweep else ""}
+            row.update(measure(_OpNet(fn, features), (query, ref), device, args.iters, args.budget))
+            results.append(row)
+            print(_format(row), flush=True)
+    return results
+
+
+def _format(row: dict) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+    return (f"{row['model']:<17} {row['variant']:<15} n_ref={row.get('n_ref', 0):>9,} n_query={row.get('n_query', 0):>9,} "
+            f"forward={fmt(row.get('forward_ms')):>10} ms  train_step={fmt(row.get('train_step_ms')):>10} ms  "
+            f"peak={fmt(row.get('peak_mem_mb')):>8} MB  {row.get('note', '')}")
+
+
+def ratios(results: list[dict]) -> list[str]:
+    """Speed-ups of pcops over each reference, per model / op."""
+    lines = []
+    by = {(r["model"], r["variant"]): r for r in results if r.get("train_step_ms")}
+    for model in dict.fromkeys(r["model"] for r in results if r.get("note") != "sweep"):
+        for ours in ("pcops_eager", "pcops_compiled"):
+            if (model, ours) not in by:
+                continue
+            for ref in ("torch_eager", "torch_compiled", "scipy_torch", "pcops_eager"):
+                if ref != ours and (model, ref) in by:
+                    a, b = by[(model, ours)], by[(model, ref)]
+                    lines.append(f"{model}: {ours} vs {ref}: train step {b['train_step_ms'] / a['train_step_ms']:.1f}x, "
+                                 f"forward {b['forward_ms'] / a['forward_ms']:.1f}x faster")
+    return lines
+
+
+def environment(device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import scipy
+    import warp
+
+    return {
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "warp": warp.__version__,
+                     "scipy": scipy.__version__, "numpy": np.__version__, "pcops": pcops.__version__},
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a few iterations (well under a minute)")
+    parser.add_argument("--sweep", action="store_true", help="bare ops from 10^4 to 10^6 points")
+    parser.add_argument("--json", help="write all figures to this JSON file")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds of repeats per measurement at most")
+    parser.add_argument("--knn-points", type=int, default=100_000)
+    parser.add_argument("--radius-points", type=int, default=25_000)
+    parser.add_argument("--grid", type=int, default=30)
+    parser.add_argument("--hidden", type=int, default=25)
+    parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    global COMPILE_BACKEND
+    if args.quick:
+        args.knn_points, args.radius_points, args.grid, args.iters, args.budget = 4000, 2000, 8, 2, 5.0
+        COMPILE_BACKEND = "aot_eager"
+    if args.rmm_child:
+        rmm_child(args)
+        return {}
+    pcops._warp.init()
+    device = torch.device(args.device)
+    report = environment(device)
+    report["compile_backend"] = COMPILE_BACKEND
+    print(json.dumps(report))
+    results = run_models(args, device) + run_ops(args, device)
+    if args.sweep:
+        sizes = [10_000, 100_000, 1_000_000] if not args.quick else [1_000, 4_000]
+        cases = [(op, n, n) for op in ("knn_aggregate", "radius_aggregate") for n in sizes]
+        results += run_ops(args, device, cases, sweep=True)
+    print("\n".join(ratios(results)))
+    report["results"] = results
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The data modules of models/: exact shapes, determinism, and every file format."""
+
+import numpy as np
+import pytest
+import torch
+
+from models import FileSDFDataModule, ShapesSDFDataModule, TutorialCloudDataModule
+from models.shapes import PRIMITIVES, Shape, primitive_sdf
+
+
+@pytest.mark.parametrize("kind", PRIMITIVES)
+def test_primitive_sdf_is_a_distance(kind):
+    """Surface samples have sdf 0, unit normals, and the distance grows by t along the normal."""
+    gen = torch.Generator().manual_seed(1)
+    shape = Shape.random(gen, (kind,))
+    points, normals = shape.sample_surface(500, gen)
+    assert shape.sdf(points).abs().max() < 1e-9
+    torch.testing.assert_close(normals.norm(dim=-1), torch.ones(500, dtype=torch.float64))
+    t = 0.01
+    torch.testing.assert_close(shape.sdf(points + t * normals), torch.full((500,), t, dtype=torch.float64))
+    inside = shape.sdf(points - t * normals)
+    assert (inside >= -t - 1e-9).all()  # never deeper than t (another face can be nearer)
+    assert ((inside + t).abs() < 1e-9).float().mean() > 0.8  # mostly exactly -t: samples lie on faces, not edges
+
+
+def test_sphere_sdf_against_the_formula():
+    p = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 0.2, 0]], dtype=torch.float64)
+    torch.testing.assert_close(primitive_sdf("sphere", p, torch.tensor([0.5, 0.5, 0.5])), torch.tensor([-0.5, 0.5, -0.3], dtype=torch.float64))
+
+
+def test_shapes_are_deterministic_from_the_seed_and_splits_differ():
+    kwargs = dict(train_size=3, val_size=2, test_size=2, n_points=64, n_queries=64)
+    a, b, c = ShapesSDFDataModule(**kwargs), ShapesSDFDataModule(**kwargs), ShapesSDFDataModule(seed=1, **kwargs)
+    for m in (a, b, c):
+        m.setup()
+    for key in ("points", "normals", "queries", "target"):
+        assert torch.equal(a.splits["train"].tensors[key], b.splits["train"].tensors[key])
+    assert not torch.equal(a.splits["train"].tensors["points"], c.splits["train"].tensors["points"])
+    assert not torch.equal(a.splits["train"].tensors["points"][:2], a.splits["val"].tensors["points"])
+
+
+def test_targets_are_the_shapes_signed_distance():
+    data = ShapesSDFDataModule(train_size=2, val_size=1, test_size=1, n_points=64, n_queries=64)
+    data.setup()
+    shape, _ = data.make_shape("train", 1)
+    sample = data.splits["train"][1]
+    torch.testing.assert_close(sample["target"].double(), shape.sdf(sample["queries"].double()), atol=1e-6, rtol=1e-5)
+    assert (sample["target"] < 0).any() and (sample["target"] > 0).any()
+
+
+def test_tutorial_cloud_is_the_tutorial_setup():
+    data = TutorialCloudDataModule(n_points=1000, grid_resolution=30, samples=2)
+    data.setup()
+    batch = next(iter(data.train_dataloader()))
+    assert batch["points"].shape == (1, 1000, 3) and batch["queries"].shape == (1, 27000, 3)
+
+
+def _write_files(tmp_path):
+    import h5py
+    import trimesh
+
+    sphere = trimesh.creation.icosphere(3, radius=1.0)
+    paths = {}
+    for suffix in (".off", ".ply", ".obj", ".stl"):
+        paths[suffix] = tmp_path / f"sphere{suffix}"
+        sphere.export(paths[suffix])
+    gen = np.random.default_rng(0)
+    direction = gen.normal(size=(2000, 3))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    np.save(tmp_path / "sphere.npy", np.hstack([direction, direction]))  # points + normals
+    np.savez(tmp_path / "sphere.npz", points=2 * direction)
+    np.savetxt(tmp_path / "sphere.xyz", direction)
+    with h5py.File(tmp_path / "spheres.h5", "w") as f:
+        f["data"] = np.stack([direction, 3 * direction]).astype(np.float32)
+        f["label"] = np.array([0, 1])
+    paths.update({s: tmp_path / f"sphere{s}" for s in (".npy", ".npz", ".xyz")})
+    paths[".h5"] = tmp_path / "spheres.h5"
+    return paths
+
+
+@pytest.mark.parametrize("suffix", [".off", ".ply", ".obj", ".stl", ".npy", ".npz", ".xyz", ".h5"])
+def test_every_file_format_gives_a_sphere_sdf(tmp_path, suffix):
+    path = _write_files(tmp_path)[suffix]
+    data = FileSDFDataModule([str(path)], n_points=256, n_queries=256)
+    with pytest.warns(UserWarning, match="item"):
+        data.setup()
+    sample = data.splits["train"][0]
+    radius = 0.9  # everything is scaled into [-0.9, 0.9]^3
+    assert sample["points"].norm(dim=-1).sub(radius).abs().max() < 0.02
+    expected = sample["queries"].norm(dim=-1) - radius  # the sphere's exact SDF
+    near = expected.abs() < 0.3
+    # meshes: exact distance to a fine icosphere; clouds: nearest of 2,000 points (spacing ~0.07)
+    tolerance = 0.06 if suffix in (".off", ".ply", ".obj", ".stl") else 0.1
+    assert (sample["target"][near] - expected[near]).abs().max() < tolerance
+    assert (sample["normals"] * sample["points"]).sum(-1).min() > 0.9 * radius  # outward unit normals
+
+
+def test_file_paths_are_checked_up_front(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        FileSDFDataModule([str(tmp_path / "*.off")])
+    (tmp_path / "cloud.txt").write_text("1 2 3\n")
+    with pytest.raises(ValueError, match="unsupported suffix"):
+        FileSDFDataModule([str(tmp_path / "cloud.txt")])
+    np.save(tmp_path / "bad.npy", np.zeros((5, 4)))
+    data = FileSDFDataModule([str(tmp_path / "bad.npy")])
+    with pytest.raises(ValueError, match="3 \\(xyz\\) or 6"):
+        data.setup()
+
+
+def test_files_split_into_train_val_test(tmp_path):
+    import trimesh
+
+    for i in range(6):
+        trimesh.creation.box(extents=(1, 1 + 0.1 * i, 1)).export(tmp_path / f"box{i}.stl")
+    data = FileSDFDataModule([str(tmp_path / "*.stl")], n_points=64, n_queries=64, val_fraction=0.2, test_fraction=0.2)
+    data.setup()
+    assert [len(data.splits[s]) for s in ("train", "val", "test")] == [4, 1, 1]

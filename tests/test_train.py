@@ -1,0 +1,140 @@
+"""scripts/train.py with every config, checkpoints, resume, DDP on CPU, and bad configs."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import train  # noqa: E402
+
+from models import SDFModel  # noqa: E402
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+TINY_SHAPES = ["--data.init_args.train_size", "8", "--data.init_args.val_size", "4", "--data.init_args.test_size", "4",
+               "--data.init_args.n_points", "128", "--data.init_args.n_queries", "128", "--data.init_args.batch_size", "4"]
+
+
+def overrides(config: pathlib.Path, files: list[str]) -> list[str]:
+    """Small data and CPU-only settings for a config, keeping what it tests (model, compile, ...)."""
+    data = yaml.safe_load(config.read_text())["data"]["class_path"]
+    args = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true", "--rmm_pool", "false"]
+    if data.endswith("ShapesSDFDataModule"):
+        args += TINY_SHAPES
+    elif data.endswith("TutorialCloudDataModule"):
+        args += ["--data.init_args.n_points", "2000", "--data.init_args.grid_resolution", "8", "--data.init_args.samples", "2"]
+    elif data.endswith("FileSDFDataModule"):
+        args += ["--data.init_args.paths", str(files), "--data.init_args.n_points", "128", "--data.init_args.n_queries", "128"]
+    if "backend: cuml" in config.read_text():
+        args += ["--model.init_args.backend", "auto"]  # cuML needs a GPU; the rest of the config is tested as is
+    return args
+
+
+@pytest.fixture
+def meshes(tmp_path):
+    import trimesh
+
+    paths = []
+    for i, mesh in enumerate([trimesh.creation.icosphere(2), trimesh.creation.box(), trimesh.creation.capsule()]):
+        path = tmp_path / f"mesh{i}.off"
+        mesh.export(path)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_config_runs_with_fast_dev_run(config, meshes, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train.main(["--config", str(config), "--trainer.fast_dev_run", "true", *overrides(config, meshes)])
+
+
+def _fit(tmp_path, name, *extra):
+    args = ["--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES, "--trainer.logger.init_args.name", name,
+            "--figure", "false", *extra]
+    train.main(args)
+    runs = sorted((tmp_path / "runs" / name).glob("version_*"))
+    return runs[-1]
+
+
+def test_a_full_run_writes_config_logs_checkpoints_and_figure(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    results = train.main(["--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES, "--trainer.max_epochs", "1"])
+    run = tmp_path / "runs/sdf/version_0"
+    assert {"config.yaml", "metrics.csv", "field_slice.png"} <= {p.name for p in run.iterdir()}
+    assert (run / "checkpoints/last.ckpt").exists() and list((run / "checkpoints").glob("best-*.ckpt"))
+    assert results["test/mae"] > 0 and results["test/mean_baseline_mae"] > 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["init_args"]["train_size"] == 8  # the resolved config, overrides included
+
+
+def test_resuming_from_a_checkpoint_continues_identically(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    straight = _fit(tmp_path, "straight", "--trainer.max_epochs", "2")
+    first = _fit(tmp_path, "resumed", "--trainer.max_epochs", "1")
+    resumed = _fit(tmp_path, "resumed", "--trainer.max_epochs", "2", "--ckpt_path", str(first / "checkpoints/last.ckpt"))
+    a = torch.load(straight / "checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(resumed / "checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_compiled_model_checkpoints_load_into_an_uncompiled_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = _fit(tmp_path, "compiled", "--trainer.max_epochs", "1", "--model.init_args.compile", "true")
+    state = torch.load(run / "checkpoints/last.ckpt", weights_only=False)["state_dict"]
+    assert not any("_orig_mod" in key for key in state)
+    model = SDFModel(hidden=32, scales=[(8, 0.02), (24, 0.1)])
+    model.load_state_dict(state, strict=True)
+
+
+def test_ddp_on_two_cpu_processes(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts/train.py"), "--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES,
+           "--trainer.max_epochs", "1", "--trainer.devices", "2", "--trainer.strategy", "ddp", "--figure", "false"]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test/mae" in result.stdout
+    assert (tmp_path / "runs/sdf/version_0/checkpoints/last.ckpt").exists()
+
+
+def _run_cli(tmp_path, *args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts/train.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--config", "configs/sdf.yaml", "--model.init_args.not_a_key", "1"], "not_a_key"),
+        (["--config", "configs/sdf.yaml", "--trainer.max_epochs", "many"], "max_epochs"),
+        (["--config", "configs/no_such_file.yaml"], "no_such_file.yaml"),
+        (["--config", "configs/sdf_files.yaml", "--data.init_args.paths", "[missing/*.off]"], "no file matches"),
+        (["--config", "configs/sdf.yaml", "--ckpt_path", "missing.ckpt"], "no checkpoint at missing.ckpt"),
+    ],
+)
+def test_bad_config_fails_before_any_work(tmp_path, args, message):
+    args = [str(ROOT / a) if a.startswith("configs/") else a for a in args]
+    result = _run_cli(tmp_path, *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_existing_run_directory_is_not_overwritten(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pinned = ["--trainer.logger.init_args.version", "0", "--trainer.max_epochs", "1"]
+    run = _fit(tmp_path, "pinned", *pinned)
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(RuntimeError, match="to NOT exist. Aborting to avoid overwriting"):
+        _fit(tmp_path, "pinned", *pinned, "--data.init_args.seed", "5")
+    assert (run / "config.yaml").read_text() == before
+
+
+def test_print_config_prints_the_resolved_config(tmp_path):
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--print_config")
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["model"]["class_path"] == "models.SDFModel" and printed["trainer"]["max_epochs"] == 12
