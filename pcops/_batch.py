@@ -38,9 +38,9 @@ class Flat(NamedTuple):
 def _padded_groups(b: int, size: int, lengths: Optional[torch.Tensor], pad_id: int, device) -> torch.Tensor:
     sample = torch.arange(b, dtype=torch.int32, device=device)[:, None].expand(b, size)
     if lengths is None:
-        return sample.reshape(-1)
+        return sample.reshape(-1).contiguous()
     valid = torch.arange(size, device=device)[None, :] < lengths[:, None]
-    return torch.where(valid, sample, pad_id).reshape(-1)
+    return torch.where(valid, sample, pad_id).reshape(-1).contiguous()
 
 
 def flatten(
@@ -96,9 +96,11 @@ def flatten(
         rg = None if ref_batch is None else ref_batch.to(torch.int32)
         return Flat(query, ref, features, qg, rg, (), 0)
     m, n = query.shape[1], ref.shape[1]
+    flat_features = None if features is None else features.reshape(b * n, features.shape[-1])
+    if b == 1 and query_lengths is None and ref_lengths is None:  # one whole cloud: no groups needed
+        return Flat(query.reshape(m, 3), ref.reshape(n, 3), flat_features, None, None, (b, m), n)
     qg = _padded_groups(b, m, query_lengths, b, query.device)
     rg = _padded_groups(b, n, ref_lengths, b + 1, query.device)
-    flat_features = None if features is None else features.reshape(b * n, features.shape[-1])
     return Flat(query.reshape(b * m, 3), ref.reshape(b * n, 3), flat_features, qg, rg, (b, m), n)
 
 

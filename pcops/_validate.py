@@ -29,14 +29,6 @@ def points(name: str, t) -> None:
     tensor(name, t, ndim=2, last=3, shape_doc="(P, 3)")
 
 
-def rows_match(name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
-    """``t`` has as many rows as ``other`` (one row per point)."""
-    if t.shape[0] != other.shape[0]:
-        raise ValueError(
-            f"{name} must have one row per point of {other_name}: got {t.shape[0]} rows for {other.shape[0]} points"
-        )
-
-
 def same_device(**named: torch.Tensor) -> None:
     """All tensors live on one device."""
     devices = {name: t.device for name, t in named.items() if isinstance(t, torch.Tensor)}
