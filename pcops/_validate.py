@@ -61,6 +61,13 @@ def scale(name: str, value) -> None:
         positive_number(name, value)
 
 
+def scale_tensor(value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A checked scale (number or one-element tensor) as a 0-d tensor of ``dtype`` (differentiable)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype).reshape(())
+    return torch.tensor(float(value), dtype=dtype, device=device)
+
+
 def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     """(dtype the kernels run in, dtype returned): float64 or float32; half types run in float32."""
     out = tensors[0].dtype

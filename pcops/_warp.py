@@ -11,8 +11,6 @@ correct inside PyTorch live in one place:
   arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the CPU.
 """
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import os
@@ -73,6 +71,30 @@ def hash_grid(points: torch.Tensor, cell: float, groups: torch.Tensor | None = N
     grp = None if groups is None else wp.from_torch(groups, dtype=wp.int32, requires_grad=False)
     grid.build(pts, float(cell), groups=grp)
     return grid
+
+
+@functools.cache
+def kernel_funcs(dtype: torch.dtype, grouped: bool):
+    """Warp functions shared by the kernels of one float dtype: ``point`` and ``neighbours``.
+
+    ``point(x, i)`` reads row i of an (N, 3) array as a 3-vector; ``neighbours(grid, q, r,
+    groups, i)`` starts a hash-grid query around q, restricted to group ``groups[i]`` when the
+    kernels are grouped. (No ``from __future__ import annotations`` in this module: Warp reads
+    the annotations of these closures at definition time.)
+    """
+    s, v = scalar(dtype), vec3(dtype)
+
+    @wp.func
+    def point(x: wp.array2d(dtype=s), i: int):
+        return v(x[i, 0], x[i, 1], x[i, 2])
+
+    @wp.func
+    def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
+        if wp.static(grouped):
+            return wp.hash_grid_query(grid, q, radius, groups[i])
+        return wp.hash_grid_query(grid, q, radius)
+
+    return point, neighbours
 
 
 @functools.cache

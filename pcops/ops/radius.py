@@ -35,16 +35,7 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     """Forward and backward kernels for one float dtype, with or without per-point groups."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-
-    @wp.func
-    def point(x: wp.array2d(dtype=s), i: int):
-        return v(x[i, 0], x[i, 1], x[i, 2])
-
-    @wp.func
-    def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
-        if wp.static(grouped):
-            return wp.hash_grid_query(grid, q, radius, groups[i])
-        return wp.hash_grid_query(grid, q, radius)
+    point, neighbours = _warp.kernel_funcs(dtype, grouped)
 
     @wp.kernel(enable_backward=False)
     def forward(
@@ -314,10 +305,7 @@ def radius_aggregate(
     _validate.scale("sigma", sigma)
     _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
-    if isinstance(sigma, torch.Tensor):
-        sigma = sigma.to(dtype).reshape(())
-    else:
-        sigma = torch.tensor(float(sigma), dtype=dtype, device=query.device)
+    sigma = _validate.scale_tensor(sigma, dtype, query.device)
     out, _, _ = torch.ops.pcops.radius_aggregate(
         flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype), sigma, float(radius), validate,
         flat.query_group, flat.ref_group,

@@ -184,10 +184,9 @@ def knn_aggregate(
     _validate.scale("sigma", sigma)
     _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
-    if isinstance(sigma, torch.Tensor):
-        sigma = sigma.to(dtype).reshape(())
-        if validate and not torch.compiler.is_compiling():  # a value check; skipped inside compiled graphs
-            _validate.positive_values("sigma", sigma)
+    if isinstance(sigma, torch.Tensor) and validate and not torch.compiler.is_compiling():
+        _validate.positive_values("sigma", sigma)  # a value check: skipped inside compiled graphs
+    sigma = _validate.scale_tensor(sigma, dtype, query.device)
     idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
     logits = torch.where(valid, -dists / sigma, float("-inf"))
     logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN

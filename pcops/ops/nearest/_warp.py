@@ -20,11 +20,7 @@ from ._registry import backend
 @functools.cache
 def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-
-    @wp.func
-    def point(x: wp.array2d(dtype=s), i: int):
-        return v(x[i, 0], x[i, 1], x[i, 2])
+    point, neighbours = _warp.kernel_funcs(dtype, grouped)
 
     @wp.kernel(enable_backward=False)
     def search(
@@ -44,10 +40,7 @@ def _kernel(dtype: torch.dtype, grouped: bool):
         k = dists.shape[1]
         q = point(query, i)
         n = int(0)
-        if wp.static(grouped):
-            it = wp.hash_grid_query(grid, q, radius, query_group[i])
-        else:
-            it = wp.hash_grid_query(grid, q, radius)
+        it = neighbours(grid, q, radius, query_group, i)
         j = int(0)
         while wp.hash_grid_query_next(it, j):
             d = wp.length(q - point(ref, j))
