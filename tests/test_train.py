@@ -138,3 +138,28 @@ def test_print_config_prints_the_resolved_config(tmp_path):
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
     assert printed["model"]["class_path"] == "models.SDFModel" and printed["trainer"]["max_epochs"] == 12
+
+
+def test_rmm_pool_flag_sets_up_the_pool_before_the_model(tmp_path, monkeypatch):
+    import pcops.memory
+
+    from models import nets
+
+    order = []
+    monkeypatch.setattr(pcops.memory, "use_rmm_pool", lambda: order.append("pool"))
+    original = nets.SDFNet.__init__
+
+    def init(self, *args, **kwargs):
+        order.append("model")
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(nets.SDFNet, "__init__", init)
+    monkeypatch.chdir(tmp_path)
+    train.main(["--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES, "--rmm_pool", "true", "--trainer.fast_dev_run", "true"])
+    assert order[:2] == ["pool", "model"]
+
+
+def test_rmm_pool_flag_without_cuda_fails_before_any_work(tmp_path):
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--rmm_pool", "true")
+    assert result.returncode != 0 and "needs a CUDA GPU" in result.stderr
+    assert not (tmp_path / "runs").exists()
