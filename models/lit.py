@@ -89,7 +89,7 @@ class FieldRegressor(LightningModule):
 class SDFModel(FieldRegressor):
     """Signed distance from an oriented surface cloud (models.nets.SDFNet): the default task."""
 
-    def __init__(self, hidden: int = 64, scales: list[tuple[int, float]] = [(8, 0.02), (32, 0.1)], backend: str = "auto", **kwargs):  # noqa: B006
+    def __init__(self, hidden: int = 32, scales: list[tuple[int, float]] = [(8, 0.02), (24, 0.1)], backend: str = "auto", **kwargs):  # noqa: B006
         super().__init__(**kwargs)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.net = nets.SDFNet(hidden, [tuple(s) for s in scales], backend)

@@ -56,7 +56,7 @@ class SDFNet(nn.Module):
     forward(points (B, N, 3), normals (B, N, 3), queries (B, M, 3)) -> (B, M).
     """
 
-    def __init__(self, hidden: int = 64, scales: list[tuple[int, float]] = ((8, 0.02), (32, 0.1)), backend: str = "auto"):
+    def __init__(self, hidden: int = 32, scales: list[tuple[int, float]] = ((8, 0.02), (24, 0.1)), backend: str = "auto"):
         super().__init__()
         self.embed = mlp([6, hidden, hidden])
         self.scales = nn.ModuleList(
