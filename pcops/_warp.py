@@ -73,6 +73,25 @@ def hash_grid(points: torch.Tensor, cell: float, groups: torch.Tensor | None = N
     return grid
 
 
+_pending: list = []  # (CUDA event, Warp resource): resources kept alive until their stream work completes
+
+
+def keep_alive(resource, like: torch.Tensor) -> None:
+    """Hold a Warp-owned resource (a HashGrid) until the work queued so far on ``like``'s stream is done.
+
+    Warp's documentation asks that Warp-owned resources used on a non-blocking stream (as
+    ``torch.cuda.Stream()`` is) are not freed while that work is pending. pcops builds a grid
+    per call, so instead of a host synchronisation it records an event and drops the grid on a
+    later call, once the event has completed. No-op on the CPU.
+    """
+    if like.device.type != "cuda":
+        return
+    _pending[:] = [(event, res) for event, res in _pending if not event.query()]
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(like.device))
+    _pending.append((event, resource))
+
+
 @functools.cache
 def kernel_funcs(dtype: torch.dtype, grouped: bool):
     """Warp functions shared by the kernels of one float dtype: ``point`` and ``neighbours``.

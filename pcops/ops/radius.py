@@ -185,6 +185,7 @@ def _radius_aggregate(
         args = [wp.uint64(grid.id), query, ref, features, sigma.reshape(1).contiguous(), radius]
         args += [_groups(query_group, query), out, wsum, dmin]
         _warp.launch(forward, m, args, like=query)
+        _warp.keep_alive(grid, query)
     return out, wsum, dmin
 
 
@@ -222,6 +223,7 @@ def _radius_aggregate_backward(
             args += [radius, _groups(query_group, query), out, wsum, dmin]
             args += [grad_query, grad_ref, grad_feats, grad_sigma]
             _warp.launch(backward, m, args, like=query, scatter=(len(args) - 3, len(args) - 2))
+            _warp.keep_alive(grid, query)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

@@ -103,6 +103,7 @@ def search(query, ref, k, query_group, ref_group):
             found = torch.empty(rows.numel(), dtype=torch.int32, device=query.device)
             args = [wp.uint64(grid.id), rows, groups, query, ref, radius, dists, idx, found]
             _warp.launch(kernel, rows.numel(), args, like=query)
+            _warp.keep_alive(grid, query)
             rows = rows[found < target[rows]]
             if radius > reach:
                 break
