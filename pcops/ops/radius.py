@@ -142,15 +142,28 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     return forward, backward
 
 
-def _groups(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """int32 group ids for a kernel (a one-element dummy when the op is ungrouped)."""
+def _int32(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Contiguous int32 group ids for a kernel (a one-element dummy when the op is ungrouped)."""
     if t is None:
         return torch.zeros(1, dtype=torch.int32, device=like.device)
     return t.to(torch.int32).contiguous()
 
 
-def _grid(ref: torch.Tensor, radius: float, ref_group: Optional[torch.Tensor]):
-    return _warp.hash_grid(ref, radius, None if ref_group is None else ref_group.to(torch.int32).contiguous())
+def _launch(kernel, head: list, query, ref, features, sigma, radius, query_group, ref_group, tail: list, scatter=()):
+    """Run a radius kernel over the queries, with a grid over ``ref`` built on torch's stream.
+
+    Kernel arguments: (start, grid, *head, query, ref, features, sigma, radius, query_group,
+    *tail); ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into).
+    """
+    _warp.init()
+    query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
+    with _warp.stream(query):
+        grid = _warp.hash_grid(ref, radius, None if ref_group is None else _int32(ref_group, ref))
+        args = [wp.uint64(grid.id), *head, query, ref, features, sigma.reshape(1).contiguous(), radius]
+        args += [_int32(query_group, query), *tail]
+        offset = len(args) - len(tail)
+        _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
+        _warp.keep_alive(grid, query)
 
 
 @torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
@@ -177,15 +190,8 @@ def _radius_aggregate(
     dmin = query.new_zeros((m,))
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
-    _warp.init()
-    query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
     forward, _ = _kernels(query.dtype, query_group is not None)
-    with _warp.stream(query):
-        grid = _grid(ref, radius, ref_group)
-        args = [wp.uint64(grid.id), query, ref, features, sigma.reshape(1).contiguous(), radius]
-        args += [_groups(query_group, query), out, wsum, dmin]
-        _warp.launch(forward, m, args, like=query)
-        _warp.keep_alive(grid, query)
+    _launch(forward, [], query, ref, features, sigma, radius, query_group, ref_group, [out, wsum, dmin])
     return out, wsum, dmin
 
 
@@ -214,16 +220,10 @@ def _radius_aggregate_backward(
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
-        _warp.init()
-        query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
         _, backward = _kernels(query.dtype, query_group is not None)
-        with _warp.stream(query):
-            grid = _grid(ref, radius, ref_group)
-            args = [wp.uint64(grid.id), grad_out.contiguous(), query, ref, features, sigma.reshape(1).contiguous()]
-            args += [radius, _groups(query_group, query), out, wsum, dmin]
-            args += [grad_query, grad_ref, grad_feats, grad_sigma]
-            _warp.launch(backward, m, args, like=query, scatter=(len(args) - 3, len(args) - 2))
-            _warp.keep_alive(grid, query)
+        tail = [out.contiguous(), wsum, dmin, grad_query, grad_ref, grad_feats, grad_sigma]
+        # grad_ref and grad_feats (tail 4 and 5) are scattered into with atomic_add
+        _launch(backward, [grad_out.contiguous()], query, ref, features, sigma, radius, query_group, ref_group, tail, (4, 5))
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

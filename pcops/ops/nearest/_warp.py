@@ -93,13 +93,14 @@ def search(query, ref, k, query_group, ref_group):
     kernel = _kernel(query.dtype, grouped)
     target = _targets(k, query_group, ref_group, m, query.device)
     groups = query_group.contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
+    ref_groups = ref_group.contiguous() if grouped else None
     radius = _initial_radius(ref, k, ref_group)
     corners = torch.stack([query.amin(0), query.amax(0), ref.amin(0), ref.amax(0)])
     reach = float((corners.amax(0) - corners.amin(0)).double().norm())  # no pair is farther apart
     rows = torch.arange(m, device=query.device)[target > 0]
     with _warp.stream(query):
         while rows.numel():
-            grid = _warp.hash_grid(ref, radius, ref_group.contiguous() if grouped else None)
+            grid = _warp.hash_grid(ref, radius, ref_groups)
             found = torch.empty(rows.numel(), dtype=torch.int32, device=query.device)
             args = [wp.uint64(grid.id), rows, groups, query, ref, radius, dists, idx, found]
             _warp.launch(kernel, rows.numel(), args, like=query)
