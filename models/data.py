@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .shapes import PRIMITIVES, Shape, grid
+from .shapes import PRIMITIVES, Shape, grid, slice_grid
 
 
 class TensorDictDataset(Dataset):
@@ -163,9 +163,7 @@ class ShapesSDFDataModule(_Module):
         """The first test shape with queries on the z = 0 slice (resolution^2) and their true SDF."""
         shape, gen = self.make_shape("test", 0)
         points, normals = shape.sample_surface(self.hparams.n_points, gen)
-        axis = torch.linspace(-1, 1, resolution, dtype=torch.float64)
-        xy = torch.cartesian_prod(axis, axis)
-        queries = torch.cat([xy, torch.zeros(xy.shape[0], 1, dtype=torch.float64)], 1)
+        queries = slice_grid(resolution, dtype=torch.float64)
         if not self.hparams.normals:
             normals = torch.zeros_like(normals)
         sample = {"points": points, "normals": normals, "queries": queries, "target": shape.sdf(queries)}

@@ -28,6 +28,7 @@ import torch
 import pcops
 
 from .data import TensorDictDataset, _Module, sdf_queries
+from .shapes import slice_grid
 
 MESH = {".ply", ".off", ".obj", ".stl"}
 CLOUD = {".npy", ".npz", ".xyz"}
@@ -193,8 +194,6 @@ class FileSDFDataModule(_Module):
         """The first test item's cloud with queries on the z = 0 slice (targets: nearest-point SDF)."""
         self.setup()
         sample = self.splits["test"][0]
-        axis = torch.linspace(-1, 1, resolution)
-        xy = torch.cartesian_prod(axis, axis)
-        queries = torch.cat([xy, torch.zeros(xy.shape[0], 1)], 1)
+        queries = slice_grid(resolution)
         target = cloud_sdf(sample["points"].double(), sample["normals"].double())(queries.double()).float()
         return {"points": sample["points"][None], "normals": sample["normals"][None], "queries": queries[None], "target": target[None]}

@@ -64,7 +64,7 @@ class FieldRegressor(LightningModule):
         size = target.shape[0]
         self.log(f"{split}/loss", loss, prog_bar=split != "test", batch_size=size, sync_dist=split != "train")
         if split != "train":
-            self.log(f"{split}/mae", error.mean(), prog_bar=True, batch_size=size, sync_dist=True)
+            self.log(f"{split}/mae", loss, prog_bar=True, batch_size=size, sync_dist=True)
             self.log(f"{split}/rmse", error.square().mean().sqrt(), batch_size=size, sync_dist=True)
             baseline = (self.target_mean - target).abs().mean()
             self.log(f"{split}/mean_baseline_mae", baseline, batch_size=size, sync_dist=True)

@@ -107,3 +107,10 @@ def grid(resolution: int, extent: float = 1.0, dtype=torch.float32) -> torch.Ten
     """Regular grid points (resolution^3, 3) covering [-extent, extent]^3."""
     axis = torch.linspace(-extent, extent, resolution, dtype=dtype)
     return torch.cartesian_prod(axis, axis, axis)
+
+
+def slice_grid(resolution: int, extent: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    """Regular grid points (resolution^2, 3) on the z = 0 slice of [-extent, extent]^3 (x-major)."""
+    axis = torch.linspace(-extent, extent, resolution, dtype=dtype)
+    xy = torch.cartesian_prod(axis, axis)
+    return torch.cat([xy, torch.zeros(xy.shape[0], 1, dtype=dtype)], 1)

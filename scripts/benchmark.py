@@ -39,6 +39,7 @@ from torch import nn  # noqa: E402
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
 from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
+from models.shapes import grid as grid_points  # noqa: E402
 
 CHUNK = 2048  # query rows per chunk of the dense references
 COMPILE_BACKEND = "inductor"  # --quick uses "aot_eager": same tracing (fullgraph, fakes, autograd), no codegen
@@ -227,12 +228,11 @@ class _OpNet(nn.Module):
 def tutorial_inputs(n_ref: int, grid: int, device, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     points = (torch.rand(1, n_ref, 3, generator=gen) * 2 - 1).to(device)
-    axis = torch.linspace(-1, 1, grid)
-    queries = torch.cartesian_prod(axis, axis, axis)[None].to(device)
+    queries = grid_points(grid)[None].to(device)
     return points, queries
 
 
-def model_variants(kind: str, device, hidden: int, with_rmm: bool):
+def model_variants(kind: str, device, hidden: int):
     """(variant, network, note) for the kNN or radius projector."""
     if kind == "knn_projector":
         agg = dict(chunk_fn=_dense_knn_chunk, k=7, sigma=0.1)
@@ -260,7 +260,7 @@ def run_models(args, device) -> list[dict]:
     results = []
     for kind, (n_ref, grid) in sizes.items():
         points, queries = tutorial_inputs(n_ref, grid, device)
-        for variant, net, note in model_variants(kind, device, args.hidden, False):
+        for variant, net, note in model_variants(kind, device, args.hidden):
             row = {"model": kind, "variant": variant, "n_ref": n_ref, "n_query": queries.shape[1], "note": note}
             try:
                 row.update(measure(net, (points, queries), device, args.iters, args.budget))
