@@ -29,6 +29,11 @@ class TensorDictDataset(Dataset):
         self.tensors = tensors
         self.size = len(next(iter(tensors.values())))
 
+    @classmethod
+    def stack(cls, samples: list[dict[str, torch.Tensor]]) -> "TensorDictDataset":
+        """Samples of equal shapes stacked into float32 tensors."""
+        return cls({key: torch.stack([s[key] for s in samples]).float() for key in samples[0]})
+
     def __len__(self) -> int:
         return self.size
 
@@ -154,10 +159,7 @@ class ShapesSDFDataModule(_Module):
         h = self.hparams
         for split, size in (("train", h.train_size), ("val", h.val_size), ("test", h.test_size)):
             if split not in self.splits:
-                samples = [self._sample(split, i) for i in range(size)]
-                self.splits[split] = TensorDictDataset(
-                    {key: torch.stack([s[key] for s in samples]).float() for key in samples[0]}
-                )
+                self.splits[split] = TensorDictDataset.stack([self._sample(split, i) for i in range(size)])
 
     def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
         """The first test shape with queries on the z = 0 slice (resolution^2) and their true SDF."""

@@ -188,7 +188,7 @@ class FileSDFDataModule(_Module):
             n_test = max(1, round(self.hparams.test_fraction * n))
             parts = {"val": samples[:n_val], "test": samples[n_val : n_val + n_test], "train": samples[n_val + n_test :]}
         for split, part in parts.items():
-            self.splits[split] = TensorDictDataset({key: torch.stack([s[key] for s in part]).float() for key in part[0]})
+            self.splits[split] = TensorDictDataset.stack(part)
 
     def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
         """The first test item's cloud with queries on the z = 0 slice (targets: nearest-point SDF)."""
