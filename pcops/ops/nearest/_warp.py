@@ -64,11 +64,14 @@ def _kernel(dtype: torch.dtype, grouped: bool):
     return search
 
 
-def _initial_radius(ref: torch.Tensor, k: int, ref_group) -> float:
-    """A radius expected to hold about 3k points if each sample filled the bounding box uniformly."""
-    side = float((ref.amax(0) - ref.amin(0)).max())
+def _radii(query: torch.Tensor, ref: torch.Tensor, k: int, ref_group) -> tuple[float, float]:
+    """(first radius, reach): about 3k points if each sample filled ref's bounding box uniformly,
+    and the diagonal of all points' bounding box (no pair is farther apart). One host read."""
+    corners = torch.stack([ref.amin(0), ref.amax(0), query.amin(0), query.amax(0)]).double().cpu()
+    side = float((corners[1] - corners[0]).max())
+    reach = float((corners.amax(0) - corners.amin(0)).norm())
     samples = 1 if ref_group is None else torch.unique(ref_group).numel()
-    return max(side * 0.9 * (k * samples / ref.shape[0]) ** (1.0 / 3.0), 1e-12)
+    return max(side * 0.9 * (k * samples / ref.shape[0]) ** (1.0 / 3.0), 1e-12), reach
 
 
 def _targets(k: int, query_group, ref_group, m: int, device) -> torch.Tensor:
@@ -94,9 +97,7 @@ def search(query, ref, k, query_group, ref_group):
     target = _targets(k, query_group, ref_group, m, query.device)
     groups = query_group.contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
     ref_groups = ref_group.contiguous() if grouped else None
-    radius = _initial_radius(ref, k, ref_group)
-    corners = torch.stack([query.amin(0), query.amax(0), ref.amin(0), ref.amax(0)])
-    reach = float((corners.amax(0) - corners.amin(0)).double().norm())  # no pair is farther apart
+    radius, reach = _radii(query, ref, k, ref_group)
     rows = torch.arange(m, device=query.device)[target > 0]
     with _warp.stream(query):
         while rows.numel():
