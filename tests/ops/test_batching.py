@@ -186,30 +186,29 @@ def test_compile_batched_fullgraph_matches_eager(gen):
     assert_compiles_like_eager(_BatchedModel(), [(20, 30), (26, 41)], gen)
 
 
-def _bad(batch):
-    q, p, f, ql, rl = batch
-    qp, pp, fp = q[0], p[0], f[0]
-    qb, rb = torch.zeros(M, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)
+def _bad_cases():
+    """(id, call(q, p, f, ql, rl, qp, pp, fp, qb, rb), error, message): one per bad batch input."""
     return [
-        (lambda: pcops.knn(q, p, 2, query_lengths=torch.tensor([8, 0, 0, 0, 0])), ValueError, r"query_lengths values must be \[0, 7\]"),
-        (lambda: pcops.knn(q, p, 2, ref_lengths=-rl), ValueError, "ref_lengths values"),
-        (lambda: pcops.knn(q, p, 2, query_lengths=ql[:3]), ValueError, r"query_lengths must be a tensor of shape \(B,\)"),
-        (lambda: pcops.knn(q, p, 2, query_lengths=ql.float()), TypeError, "query_lengths must have an integer dtype"),
-        (lambda: pcops.knn(qp, pp, 2, query_batch=qb[:-1], ref_batch=rb), ValueError, "query_batch must be a tensor of shape"),
-        (lambda: pcops.knn(qp, pp, 2, query_batch=qb - 1, ref_batch=rb), ValueError, "query_batch values must be >= 0"),
-        (lambda: pcops.knn(qp, pp, 2, query_batch=qb), ValueError, "both query_batch and ref_batch"),
-        (lambda: pcops.knn(q, p, 2, query_batch=qb, ref_batch=rb), ValueError, "padded"),
-        (lambda: pcops.knn(qp, pp, 2, query_lengths=ql), ValueError, "padded"),
-        (lambda: pcops.knn(q, p[:2], 2), ValueError, "same batch size"),
-        (lambda: pcops.knn(q, p, N + 1), ValueError, "k must be <="),
-        (lambda: pcops.radius_aggregate(q, p, f[:, :5], 0.3, 0.1), ValueError, "features must have one row per point"),
-        (lambda: pcops.radius_aggregate(qp, pp, fp, 0.3, 0.1, query_batch=qb, ref_batch=rb.float()), TypeError, "ref_batch"),
-        (lambda: pcops.knn_aggregate(q, p, f, 2, 0.1, ref_lengths=torch.tensor([9, 1, 1, 1, 1])), ValueError, "ref_lengths values"),
+        ("query_lengths_too_long", lambda q, p, f, ql, rl, *_: pcops.knn(q, p, 2, query_lengths=torch.tensor([8, 0, 0, 0, 0])), ValueError, r"query_lengths values must be \[0, 7\]"),
+        ("negative_ref_lengths", lambda q, p, f, ql, rl, *_: pcops.knn(q, p, 2, ref_lengths=-rl), ValueError, "ref_lengths values"),
+        ("query_lengths_shape", lambda q, p, f, ql, rl, *_: pcops.knn(q, p, 2, query_lengths=ql[:3]), ValueError, r"query_lengths must be a tensor of shape \(B,\)"),
+        ("float_query_lengths", lambda q, p, f, ql, rl, *_: pcops.knn(q, p, 2, query_lengths=ql.float()), TypeError, "query_lengths must have an integer dtype"),
+        ("query_batch_shape", lambda *a: pcops.knn(a[5], a[6], 2, query_batch=a[8][:-1], ref_batch=a[9]), ValueError, "query_batch must be a tensor of shape"),
+        ("negative_query_batch", lambda *a: pcops.knn(a[5], a[6], 2, query_batch=a[8] - 1, ref_batch=a[9]), ValueError, "query_batch values must be >= 0"),
+        ("query_batch_alone", lambda *a: pcops.knn(a[5], a[6], 2, query_batch=a[8]), ValueError, "both query_batch and ref_batch"),
+        ("batch_ids_for_padded", lambda *a: pcops.knn(a[0], a[1], 2, query_batch=a[8], ref_batch=a[9]), ValueError, "padded"),
+        ("lengths_for_packed", lambda *a: pcops.knn(a[5], a[6], 2, query_lengths=a[3]), ValueError, "padded"),
+        ("batch_sizes_differ", lambda q, p, *_: pcops.knn(q, p[:2], 2), ValueError, "same batch size"),
+        ("k_above_n", lambda q, p, *_: pcops.knn(q, p, N + 1), ValueError, "k must be <="),
+        ("features_rows", lambda q, p, f, *_: pcops.radius_aggregate(q, p, f[:, :5], 0.3, 0.1), ValueError, "features must have one row per point"),
+        ("float_ref_batch", lambda *a: pcops.radius_aggregate(a[5], a[6], a[7], 0.3, 0.1, query_batch=a[8], ref_batch=a[9].float()), TypeError, "ref_batch"),
+        ("ref_lengths_too_long", lambda q, p, f, *_: pcops.knn_aggregate(q, p, f, 2, 0.1, ref_lengths=torch.tensor([9, 1, 1, 1, 1])), ValueError, "ref_lengths values"),
     ]
 
 
-@pytest.mark.parametrize("n", range(14))
-def test_bad_batch_input_raises_clear_error(batch, n):
-    call, error, match = _bad(batch)[n]
+@pytest.mark.parametrize("call,error,match", [c[1:] for c in _bad_cases()], ids=[c[0] for c in _bad_cases()])
+def test_bad_batch_input_raises_clear_error(batch, call, error, match):
+    q, p, f, ql, rl = batch
+    qb, rb = torch.zeros(M, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)
     with pytest.raises(error, match=match):
-        call()
+        call(q, p, f, ql, rl, q[0], p[0], f[0], qb, rb)

@@ -27,6 +27,15 @@ def test_knn_matches_float64_brute_force(gen, backend, kind):
         torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
 
 
+def assert_ranked_up_to_ties(idx, q, p, tol):
+    """``idx`` is the float64 ranking of the points q, p except between neighbours whose float64
+    distances tie within ``tol`` (float32 searches may order those differently)."""
+    ref_d, ref_idx = reference.knn(q, p, idx.shape[1])
+    chosen = reference.distances(q, p).gather(1, idx.cpu())
+    gap = (chosen - ref_d).abs()[idx.cpu() != ref_idx]
+    assert torch.all(gap <= tol * (1 + ref_d.abs().max())), f"a neighbour {float(gap.max()):.2e} away from a tie"
+
+
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_cpu_backends_agree_in_float32(gen, kind):
     q, p, _ = cloud(kind, gen)
@@ -36,8 +45,7 @@ def test_cpu_backends_agree_in_float32(gen, kind):
     for b, (d, idx) in results.items():
         assert d.dtype == torch.float32
         torch.testing.assert_close(d.double(), ref_d, rtol=1e-5, atol=1e-5)
-        same = (idx == results["torch"].idx).float().mean()
-        assert same > 0.99, f"{b} and torch disagree on {1 - same:.1%} of neighbours"
+        assert_ranked_up_to_ties(idx, q, p, 1e-6)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -181,7 +189,9 @@ def test_auto_falls_back_with_one_warning(monkeypatch):
 
 
 def test_auto_picks_the_measured_cpu_default():
-    assert knn_module.resolve_backend("auto", torch.device("cpu")) == knn_module.AUTO["cpu"][0] == "warp"
+    chosen = knn_module.resolve_backend("auto", torch.device("cpu"))
+    assert chosen == knn_module.AUTO["cpu"][0] and knn_module.BACKENDS[chosen].available()
+    assert "cpu" in knn_module.BACKENDS[chosen].devices
 
 
 def test_module_matches_functional_and_learns_sigma(gen):
@@ -219,6 +229,6 @@ def test_cuda_backends_match_reference_on_a_side_stream(gen, backend):
         qc, pc = q.float().cuda(), p.float().cuda()
         dists, idx = pcops.knn(qc, pc, 8, backend=backend)
     torch.cuda.synchronize()
-    ref_d, ref_idx = reference.knn(q.float(), p.float(), 8)
+    ref_d, _ = reference.knn(q.float(), p.float(), 8)
     torch.testing.assert_close(dists.cpu().double(), ref_d, rtol=1e-4, atol=1e-4)
-    assert (idx.cpu() == ref_idx).float().mean() > 0.99
+    assert_ranked_up_to_ties(idx, q.float(), p.float(), 1e-4)
