@@ -2,5 +2,7 @@
 
 from .nearest import KNN, knn, knn_aggregate
 from .radius import radius_aggregate
+from .sampling import FPS, farthest_point_sample
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
+__all__ += ["FPS", "farthest_point_sample"]

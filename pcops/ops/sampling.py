@@ -1,0 +1,261 @@
+"""Farthest point sampling: exact, deterministic, on CPU (all cores) and CUDA.
+
+Iterative farthest point sampling picks a start point, then repeatedly the point whose
+distance to the points picked so far is largest:
+
+    s_0 = start,   s_t = argmax_{j not picked} min_{u < t} ||p_j - p_{s_u}||
+
+Ties go to the smaller index; points already picked are never picked again (a duplicate of a
+picked point, at distance 0, still can be, once nothing farther is left). Work is O(N * S),
+memory O(N): each point keeps its squared distance to the picked set, updated once per pick.
+
+One Warp kernel does one pick step for every sample at once: the points of each sample are
+split into blocks, each thread updates one block's distances to the newest pick and writes the
+block's farthest point; torch then takes the farthest block of each sample. The blocks spread
+one large cloud, or many small ones, over all CPU cores (through :func:`pcops._warp.launch`)
+or the GPU, and the loop over picks never reads a value on the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import warp as wp
+
+from .. import _validate, _warp
+
+
+class FPS(NamedTuple):
+    """Result of :func:`farthest_point_sample`: the sampled ``points`` and their ``idx`` (int64)."""
+
+    points: torch.Tensor
+    idx: torch.Tensor
+
+
+@functools.cache
+def _kernel(dtype: torch.dtype):
+    s = _warp.scalar(dtype)
+    point, _ = _warp.kernel_funcs(dtype, False)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def step(
+        start: int,
+        points: wp.array2d(dtype=s),
+        n: int,
+        block: int,
+        blocks: int,
+        lengths: wp.array(dtype=wp.int32),
+        picked: wp.array(dtype=wp.int64),
+        dist: wp.array(dtype=s),
+        best: wp.array(dtype=s),
+        best_idx: wp.array(dtype=wp.int64),
+    ):
+        t = wp.tid() + start
+        b = t // blocks
+        lo = (t - b * blocks) * block
+        hi = wp.min(lo + block, lengths[b])
+        row = b * n
+        last = int(picked[b])
+        c = point(points, row + last)
+        top = s(-2.0)
+        top_j = int(-1)
+        for j in range(lo, hi):
+            d = dist[row + j]
+            if j == last:
+                d = s(-1.0)  # picked: never again
+            elif d >= s(0.0):
+                d = wp.min(d, wp.length_sq(point(points, row + j) - c))
+            dist[row + j] = d
+            if d > top:
+                top = d
+                top_j = j
+        best[t] = top
+        best_idx[t] = wp.int64(top_j)
+
+    return step
+
+
+def _block(n: int, b: int) -> int:
+    """Points per thread: enough threads for pcops._warp.launch to use every core (it splits by
+    1024 threads), and at least 128 points each (a Warp CPU thread costs about 100 ns to start)."""
+    want = 1024 * max(1, torch.get_num_threads())
+    return max(128, min(max(n, 1), math.ceil(b * max(n, 1) / want)))
+
+
+@torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, n_samples: int, validate: bool) -> torch.Tensor:
+    """points (B, N, 3) float32/64, lengths (B,), counts (B,) picks per sample (<= lengths),
+    start (B,) first pick; returns idx (B, n_samples) int64, -1 past each sample's count."""
+    b, n, _ = points.shape
+    if validate:
+        _validate.finite(points=points)
+    idx = torch.full((b, n_samples), -1, dtype=torch.int64, device=points.device)
+    if b == 0 or n == 0 or n_samples == 0:
+        return idx
+    _warp.init()
+    pts = points.reshape(b * n, 3).contiguous()
+    lengths32 = lengths.to(torch.int32).contiguous()
+    block = _block(n, b)
+    blocks = math.ceil(n / block)
+    dist = points.new_full((b * n,), float("inf"))
+    best = points.new_empty((b * blocks,))
+    best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
+    picked = start.to(torch.int64).clamp(min=0).contiguous()
+    kernel = _kernel(points.dtype)
+    rows = torch.arange(b, device=points.device)
+    args = [pts, n, block, blocks, lengths32, picked, dist, best, best_idx]
+    with _warp.stream(points):
+        for t in range(min(n_samples, n)):  # picks past a sample's length are masked below
+            idx[:, t] = picked
+            if t + 1 == min(n_samples, n):
+                break
+            _warp.launch(kernel, b * blocks, args, like=points)
+            top = best.view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
+            picked.copy_(best_idx.view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
+    return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)
+
+
+@_fps.register_fake
+def _(points, lengths, counts, start, n_samples, validate):
+    return points.new_empty((points.shape[0], n_samples), dtype=torch.int64)
+
+
+def _counts(lengths: torch.Tensor, n_samples: Optional[int], ratio) -> torch.Tensor:
+    if ratio is None:
+        return lengths.clamp(max=n_samples)
+    return torch.ceil(lengths.to(torch.float64) * ratio).to(torch.int64).clamp(max=lengths)
+
+
+def _start(lengths: torch.Tensor, random_start: bool, generator) -> torch.Tensor:
+    if not random_start:
+        return torch.zeros_like(lengths)
+    u = torch.rand(lengths.shape, generator=generator, dtype=torch.float64, device="cpu").to(lengths.device)
+    return (u * lengths).to(torch.int64).clamp(max=(lengths - 1).clamp(min=0))
+
+
+def _check(points, n_samples, ratio, lengths, batch):
+    _validate.tensor("points", points)
+    if points.dim() not in (2, 3) or points.shape[-1] != 3:
+        raise ValueError(f"points must be a tensor of shape (N, 3) or (B, N, 3), got shape {tuple(points.shape)}")
+    if (n_samples is None) == (ratio is None):
+        raise ValueError("give exactly one of n_samples and ratio")
+    if n_samples is not None:
+        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, torch.SymInt)):
+            raise TypeError(f"n_samples must be an int, got {type(n_samples).__name__}")
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    else:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+    if points.dim() == 3 and batch is not None:
+        raise ValueError("batch describes packed (N, 3) points; padded (B, N, 3) points take lengths")
+    if points.dim() == 2 and lengths is not None:
+        raise ValueError("lengths describes padded (B, N, 3) points; packed (N, 3) points take batch")
+    if points.dim() == 3 and ratio is not None:
+        raise ValueError("ratio needs packed (N, 3) points with batch; padded points take n_samples")
+    _validate.ids("lengths", lengths, points.shape[0], "(B,)")
+    _validate.ids("batch", batch, points.shape[0], "(N,)")
+    _validate.same_device(points=points, lengths=lengths, batch=batch)
+
+
+def farthest_point_sample(
+    points: torch.Tensor,
+    n_samples: Optional[int] = None,
+    *,
+    lengths: Optional[torch.Tensor] = None,
+    batch: Optional[torch.Tensor] = None,
+    ratio: Optional[float] = None,
+    random_start: bool = False,
+    generator: Optional[torch.Generator] = None,
+    validate: bool = True,
+) -> FPS:
+    """Iterative farthest point sampling, exact and deterministic.
+
+    Args:
+        points: Tensor of shape (N, 3) (one cloud), (B, N, 3) padded with ``lengths``, or
+            (N_total, 3) packed with ``batch``.
+        n_samples: points to pick per sample (S). A sample with fewer points gives all of them.
+        lengths: optional int tensor (B,) of valid rows per sample of padded points.
+        batch: optional int tensor (N_total,) of sample ids of packed points (sorted or not).
+        ratio: instead of ``n_samples``, for packed (or single) points: pick ceil(ratio * n_b)
+            points of a sample of n_b points, 0 < ratio <= 1 (torch_cluster's ``fps``).
+        random_start: start each sample at a random point (drawn with ``generator``, on the
+            CPU) instead of its first point.
+        validate: check the points for NaN/inf and lengths/ids for range.
+
+    Returns:
+        FPS(points, idx). Single: (S, 3) and (S,). Padded: (B, S, 3) and (B, S) with idx per
+        sample, -1 (and zero points) past a sample's length. Packed: (K, 3) and (K,) with
+        idx into the packed points, grouped by sample in ascending id order, each in pick
+        order (K = sum of the per-sample counts: its size depends on the data). The first
+        pick of a sample is its first point (its smallest index) unless ``random_start``.
+        ``points`` is ``points[idx]``, differentiable with respect to the input points.
+
+    Points are compared in their own precision (float32/float64; float16/bfloat16 in float32).
+    """
+    _check(points, n_samples, ratio, lengths, batch)
+    dtype, _ = _validate.compute_dtype(points)
+    if points.dim() == 3:
+        b, n = points.shape[:2]
+        if lengths is None:
+            lengths = torch.full((b,), n, dtype=torch.int64, device=points.device)
+        elif validate and not torch.compiler.is_compiling():
+            _validate.ids_in_range("lengths", lengths, 0, n)
+        lengths = lengths.to(torch.int64)
+        counts = _counts(lengths, n_samples, None)
+        start = _start(lengths, random_start, generator)
+        idx = torch.ops.pcops.farthest_point_sample(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
+        gathered = points.gather(1, idx.clamp(min=0)[..., None].expand(b, n_samples, 3))
+        return FPS(torch.where(idx[..., None] >= 0, gathered, 0), idx)
+    if batch is None:
+        if ratio is not None:
+            n_samples = max(1, math.ceil(points.shape[0] * ratio))
+        out = farthest_point_sample(points[None], n_samples, random_start=random_start, generator=generator, validate=validate)
+        return FPS(out.points[0], out.idx[0])
+    if validate and not torch.compiler.is_compiling():
+        _validate.ids_in_range("batch", batch, 0, None)
+    idx = torch.ops.pcops.farthest_point_sample_packed(
+        points.detach().to(dtype), batch, n_samples or 0, float(ratio or 0.0), random_start,
+        _seed(generator) if random_start else 0, validate,
+    )
+    return FPS(points[idx], idx)
+
+
+def _seed(generator) -> int:
+    return int(torch.randint(0, 2**62, (1,), generator=generator))
+
+
+@torch.library.custom_op("pcops::farthest_point_sample_packed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _fps_packed(points: torch.Tensor, batch: torch.Tensor, n_samples: int, ratio: float, random_start: bool, seed: int, validate: bool) -> torch.Tensor:
+    """Packed points (P, 3) with sample ids (P,): idx (K,) into them, by sample, in pick order."""
+    if points.shape[0] == 0:
+        return torch.empty(0, dtype=torch.int64, device=points.device)
+    order = torch.sort(batch.to(torch.int64), stable=True)
+    ids, perm = order.values, order.indices
+    samples, sizes = torch.unique_consecutive(ids, return_counts=True)
+    b, n = samples.numel(), int(sizes.max())
+    offsets = torch.cumsum(sizes, 0) - sizes
+    local = torch.arange(ids.numel(), device=ids.device) - offsets.repeat_interleave(sizes)
+    slot = torch.searchsorted(samples, ids)
+    padded = points.new_zeros((b, n, 3))
+    padded[slot, local] = points[perm]
+    counts = _counts(sizes, n_samples or None, ratio or None)
+    gen = torch.Generator().manual_seed(seed)
+    start = _start(sizes, random_start, gen)
+    idx = _fps(padded, sizes, counts, start, int(counts.max()), validate)
+    keep = idx >= 0
+    return perm[(offsets[:, None] + idx.clamp(min=0))[keep]]
+
+
+@_fps_packed.register_fake
+def _(points, batch, n_samples, ratio, random_start, seed, validate):
+    k = torch.library.get_ctx().new_dynamic_size()
+    return points.new_empty((k,), dtype=torch.int64)
+
+
+__all__ = ["FPS", "farthest_point_sample"]
