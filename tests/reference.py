@@ -81,3 +81,32 @@ def knn_aggregate(q, p, f, k, sigma):
     d, idx = knn(q, p, k)
     w = torch.softmax(-d / float(sigma), dim=1)
     return (w[..., None] * f.double()[idx]).sum(1)
+
+
+def farthest_point_sample(points, n_samples, start=0):
+    """Float64 iterative FPS from direct differences: the farthest unpicked point, ties by the smaller index."""
+    p = points.double()
+    n = p.shape[0]
+    picked = [start] if n else []
+    dist = torch.full((n,), float("inf"), dtype=torch.float64)
+    while len(picked) < min(n_samples, n):
+        dist = torch.minimum(dist, (p - p[picked[-1]]).square().sum(1))
+        free = dist.clone()
+        free[torch.tensor(picked)] = -1
+        picked.append(int(free.argmax()))  # argmax returns the first maximum
+    return torch.tensor(picked, dtype=torch.int64)
+
+
+def ball_query(q, p, radius, k):
+    """Dense float64 ball query: (dists, idx, counts), the k closest within radius, -1 / inf padded."""
+    d = distances(q, p)
+    within = d <= radius
+    inside = torch.where(within, d, float("inf"))
+    order = inside.argsort(dim=1, stable=True)[:, :k]
+    dists = inside.gather(1, order)
+    if order.shape[1] < k:  # fewer reference points than k
+        pad = k - order.shape[1]
+        order = torch.cat([order, order.new_full((q.shape[0], pad), -1)], 1)
+        dists = torch.cat([dists, dists.new_full((q.shape[0], pad), float("inf"))], 1)
+    idx = torch.where(torch.isinf(dists), -1, order)
+    return dists, idx, within.sum(1)

@@ -3,6 +3,8 @@
 from .nearest import KNN, knn, knn_aggregate
 from .radius import radius_aggregate
 from .sampling import FPS, farthest_point_sample
+from .ball_query import BallQuery, ball_query
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
+__all__ += ["BallQuery", "ball_query"]

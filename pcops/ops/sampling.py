@@ -16,8 +16,6 @@ one large cloud, or many small ones, over all CPU cores (through :func:`pcops._w
 or the GPU, and the loop over picks never reads a value on the host.
 """
 
-from __future__ import annotations
-
 import functools
 import math
 from typing import NamedTuple, Optional

@@ -11,19 +11,6 @@ from tests.op_suite import F64, OpSuite, TOL, pack, pad
 S = 40
 
 
-def reference_fps(points: torch.Tensor, n_samples: int, start: int = 0) -> torch.Tensor:
-    """Float64 iterative FPS from direct differences: farthest unpicked point, ties by the smaller index."""
-    p = points.double()
-    n = p.shape[0]
-    picked = [start] if n else []
-    dist = torch.full((n,), float("inf"), dtype=F64)
-    while len(picked) < min(n_samples, n):
-        dist = torch.minimum(dist, (p - p[picked[-1]]).square().sum(1))
-        free = torch.where(torch.isin(torch.arange(n), torch.tensor(picked)), -1.0, dist)
-        picked.append(int(free.argmax()))  # argmax returns the first maximum
-    return torch.tensor(picked, dtype=torch.int64)
-
-
 def assert_is_fps(points: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype) -> None:
     """Each pick is (within TOL[dtype]) the farthest unpicked point from the points picked before it."""
     p = points.double()
@@ -48,7 +35,7 @@ class TestFarthestPointSample(OpSuite):
         return tuple(pcops.farthest_point_sample(points, S))
 
     def reference(self, points):
-        idx = reference_fps(points, S)
+        idx = reference.farthest_point_sample(points, S)
         return points.double()[idx], idx
 
     def compare(self, out, expected, dtype, inputs=None):
@@ -90,7 +77,7 @@ class TestFarthestPointSample(OpSuite):
         samples = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
         expected = []
         for p in samples:
-            idx = reference_fps(p, S)
+            idx = reference.farthest_point_sample(p, S)
             expected.append((p[idx], idx))
         points, lengths = pad(samples)
         out = pcops.farthest_point_sample(points, S, lengths=lengths)
@@ -155,7 +142,7 @@ def test_random_start_is_reproducible_and_still_farthest(gen):
     assert torch.equal(a, b)
     starts = {int(pcops.farthest_point_sample(p, 2, random_start=True, generator=gen).idx[0]) for _ in range(5)}
     assert len(starts) > 1
-    assert torch.equal(a, reference_fps(p, 20, start=int(a[0])))
+    assert torch.equal(a, reference.farthest_point_sample(p, 20, start=int(a[0])))
 
 
 def test_ties_go_to_the_smaller_index():
@@ -163,7 +150,7 @@ def test_ties_go_to_the_smaller_index():
     corners = torch.tensor([[x, y, z] for x in (-1.0, 1.0) for y in (-1.0, 1.0) for z in (-1.0, 1.0)], dtype=F64)
     p = torch.cat([torch.zeros(1, 3, dtype=F64), corners[torch.tensor([5, 2, 7, 0, 3, 6, 1, 4])]])
     idx = pcops.farthest_point_sample(p, 9).idx
-    assert torch.equal(idx, reference_fps(p, 9))
+    assert torch.equal(idx, reference.farthest_point_sample(p, 9))
     assert idx[1] == 1  # first of the eight tied corners
 
 
@@ -182,7 +169,7 @@ def test_packed_fullgraph_traces_the_dynamic_size(gen):
 def test_a_million_points_match_the_loop(gen):
     p = torch.rand(1_000_000, 3, generator=gen, dtype=F64)
     idx = pcops.farthest_point_sample(p, 64).idx
-    assert torch.equal(idx, reference_fps(p, 64))
+    assert torch.equal(idx, reference.farthest_point_sample(p, 64))
     out = pcops.farthest_point_sample(p.float()[None].expand(2, -1, -1), 64, lengths=torch.tensor([1_000_000, 999_000]))
     assert_is_fps(p.float(), out.idx[0], torch.float32)
     assert_is_fps(p.float()[:999_000], out.idx[1], torch.float32)

@@ -1,0 +1,180 @@
+"""pcops.ball_query against a dense float64 reference (the shared op suite, plus ball-query specifics)."""
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.op_suite import F64, TOL, OpSuite, pack, pad
+
+K = 6
+
+
+def assert_ball_query(out, expected, dtype, q, p, radius):
+    """Counts exactly; dists within TOL[dtype]; indices exactly in float64, else up to near-ties."""
+    (dists, idx, counts), (ref_d, ref_idx, ref_counts) = out, expected
+    assert idx.dtype == counts.dtype == torch.int64
+    assert torch.equal(counts, ref_counts)
+    torch.testing.assert_close(dists.double(), ref_d, **TOL[dtype])
+    if dtype == F64:
+        assert torch.equal(idx, ref_idx)
+        return
+    assert torch.equal(idx >= 0, ref_idx >= 0)
+    d = reference.distances(q, p).gather(1, idx.clamp(min=0))
+    gap = (d - ref_d).abs()[idx != ref_idx]
+    assert torch.all(gap <= TOL[dtype]["atol"] * (1 + radius)), "a neighbour away from a tie is misplaced"
+
+
+class TestBallQuery(OpSuite):
+    differentiable = ("query", "ref")
+
+    def inputs(self, kind, gen):
+        q, p, r = reference.cloud(kind, gen)
+        return dict(query=q, ref=p, radius=reference.safe_radius(q, p, r, gap=1e-3))
+
+    def run(self, query, ref, radius):
+        return tuple(pcops.ball_query(query, ref, radius, K))
+
+    def reference(self, query, ref, radius):
+        return reference.ball_query(query, ref, radius, K)
+
+    def compare(self, out, expected, dtype, inputs=None):
+        if inputs is None:  # batch test: float64, exact
+            for i, (a, e) in enumerate(zip(out, expected)):
+                assert torch.equal(a, e) if not e.dtype.is_floating_point else torch.allclose(a, e, **TOL[F64]), i
+            return
+        q, p = inputs["query"].double(), inputs["ref"].double()
+        assert_ball_query(out, expected, dtype, q, p, inputs["radius"])
+
+    def grad_inputs(self, gen):
+        q, p = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(30, 3, generator=gen, dtype=F64)
+        return dict(query=q, ref=p, radius=reference.safe_radius(q, p, 0.4, gap=1e-2))
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+            qg, rg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32), torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+            cases.append((torch.ops.pcops.ball_query.default, (q, p, 0.3, 4, True, None, None)))
+            cases.append((torch.ops.pcops.ball_query.default, (q, p, 0.3, 40, True, qg, rg)))
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(query, ref, ql, rl):
+            out = pcops.ball_query(query, ref, 0.3, 5, query_lengths=ql, ref_lengths=rl)
+            return out.dists, out.idx, out.counts
+
+        calls = []
+        for b, m, n in ((2, 20, 30), (3, 27, 41)):
+            q = torch.rand(b, m, 3, generator=gen).requires_grad_()
+            p = torch.rand(b, n, 3, generator=gen)
+            calls.append((q, p, torch.randint(0, m + 1, (b,), generator=gen), torch.randint(0, n + 1, (b,), generator=gen)))
+        return fn, calls
+
+    def batched(self, gen):
+        qs = [torch.rand(m, 3, generator=gen, dtype=F64) for m in (9, 0, 7, 5)]
+        ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (12, 5, 0, 3)]
+        r = 0.45
+        expected = [reference.ball_query(q, p, r, K) for q, p in zip(qs, ps)]
+        (q, ql), (p, pl) = pad(qs), pad(ps)
+        out = pcops.ball_query(q, p, r, K, query_lengths=ql, ref_lengths=pl)
+        assert torch.all(out.idx[1] == -1) and torch.all(out.counts[1] == 0)  # padding rows
+        padded = [tuple(t[b, : len(qs[b])] for t in out) for b in range(len(qs))]
+        qp, qb, q_pos = pack(qs, gen)
+        pp, pb, p_pos = pack(ps, gen)
+        d, idx, counts = pcops.ball_query(qp, pp, r, K, query_batch=qb, ref_batch=pb)
+        offsets = [0] + torch.tensor([len(x) for x in ps]).cumsum(0).tolist()
+        to_local = torch.empty_like(p_pos)  # packed ref row -> row within its sample
+        to_local[p_pos] = torch.arange(p_pos.numel()) - torch.tensor(offsets[:-1]).repeat_interleave(torch.tensor([len(x) for x in ps]))
+        packed, at = [], 0
+        for b, x in enumerate(qs):
+            rows = q_pos[at : at + len(x)]
+            local = torch.where(idx[rows] >= 0, to_local[idx[rows].clamp(min=0)], -1)
+            packed.append((d[rows], local, counts[rows]))
+            at += len(x)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        q, p = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen)
+        nan = p.clone()
+        nan[2, 0] = float("nan")
+        bq = pcops.ball_query
+        return {
+            "zero radius": (lambda: bq(q, p, 0.0, 3), ValueError, "radius must be finite and > 0"),
+            "tensor radius": (lambda: bq(q, p, torch.tensor(0.2), 3), TypeError, "radius must be a number"),
+            "zero max_neighbors": (lambda: bq(q, p, 0.2, 0), ValueError, "max_neighbors must be >= 1"),
+            "float max_neighbors": (lambda: bq(q, p, 0.2, 2.0), TypeError, "max_neighbors must be an int"),
+            "2-d query": (lambda: bq(q[:, :2], p, 0.2, 3), ValueError, "query must be a tensor of shape"),
+            "int ref": (lambda: bq(q, p.long(), 0.2, 3), TypeError, "ref must have a floating dtype"),
+            "devices": (lambda: bq(q, p.to("meta"), 0.2, 3), ValueError, "same device"),
+            "NaN ref": (lambda: bq(q, nan, 0.2, 3), ValueError, "ref contains NaN"),
+            "lengths range": (lambda: bq(q[None], p[None], 0.2, 3, ref_lengths=torch.tensor([7])), ValueError, "ref_lengths values"),
+            "batch alone": (lambda: bq(q, p, 0.2, 3, query_batch=torch.zeros(4, dtype=torch.long)), ValueError, "query_batch and ref_batch"),
+        }
+
+
+def test_keeps_the_closest_not_the_first_found(gen):
+    # 200 points within the radius, in random order: the kept ones are the K closest
+    p = torch.rand(200, 3, generator=gen, dtype=F64) * 0.1
+    q = torch.zeros(1, 3, dtype=F64)
+    dists, idx, counts = pcops.ball_query(q, p, 1.0, 8)
+    assert counts.item() == 200
+    assert torch.equal(idx[0], reference.distances(q, p)[0].argsort(stable=True)[:8])
+    assert torch.all(dists[0, 1:] >= dists[0, :-1])
+
+
+def test_ties_go_to_the_smaller_index():
+    axes = torch.cat([torch.eye(3), -torch.eye(3)]).double()
+    p = torch.cat([axes, axes])[torch.tensor([7, 3, 11, 0, 9, 1, 5, 10, 2, 6, 4, 8])]
+    dists, idx, counts = pcops.ball_query(torch.zeros(1, 3, dtype=F64), p, 1.0, 5)
+    assert idx[0].tolist() == [0, 1, 2, 3, 4] and torch.all(dists == 1) and counts.item() == 12
+
+
+def test_radius_is_inclusive():
+    p = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.25, 0.0], [0.0, 0.0, 0.75]], dtype=F64)
+    dists, idx, counts = pcops.ball_query(torch.zeros(1, 3, dtype=F64), p, 0.5, 4)
+    assert idx[0].tolist() == [1, 0, -1, -1] and counts.item() == 2
+    assert dists[0, 2:].isinf().all()
+
+
+def test_more_columns_than_points_and_empty_sets(gen):
+    q, p = torch.rand(5, 3, generator=gen, dtype=F64), torch.rand(3, 3, generator=gen, dtype=F64)
+    dists, idx, counts = pcops.ball_query(q, p, 10.0, 7)
+    assert torch.all(counts == 3) and torch.all(idx[:, 3:] == -1)
+    dists, idx, counts = pcops.ball_query(q, p[:0], 1.0, 2)
+    assert torch.all(idx == -1) and torch.all(counts == 0) and dists.isinf().all()
+    assert pcops.ball_query(q[:0], p, 1.0, 2).idx.shape == (0, 2)
+
+
+def test_gradient_at_zero_distance_is_finite():
+    p = torch.rand(8, 3, dtype=F64)
+    q = p[:3].clone().requires_grad_()
+    d = pcops.ball_query(q, p, 0.5, 4).dists
+    torch.where(torch.isfinite(d), d, 0).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_multithreaded_cpu_path_equals_single_thread(gen):
+    q, p = torch.rand(5000, 3, generator=gen), torch.rand(4000, 3, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 4):
+            torch.set_num_threads(n)
+            results.append(pcops.ball_query(q, p, 0.1, 16))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu_on_a_side_stream(gen):
+    q, p = torch.rand(3000, 3, generator=gen), torch.rand(5000, 3, generator=gen)
+    cpu = pcops.ball_query(q, p, 0.08, 32)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        gpu = pcops.ball_query(q.cuda(), p.cuda(), 0.08, 32)
+    torch.cuda.synchronize()
+    assert torch.equal(gpu.idx.cpu(), cpu.idx) and torch.equal(gpu.counts.cpu(), cpu.counts)
+    torch.testing.assert_close(gpu.dists.cpu(), cpu.dists)
