@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
@@ -326,6 +327,82 @@ def run_ops(args, device, sizes=None, sweep: bool = False) -> list[dict]:
     return results
 
 
+# ----------------------------------------------------------------------------------------------
+# Sampling and grouping ops: farthest_point_sample, ball_query, knn_graph / radius_graph,
+# voxel_pool against their strongest CPU peers, forward only, in one process. Peers are
+# benchmark-only and imported lazily: a missing one is skipped with a note. Rows go to
+# report["sampling"] as {"op", "variant", "n", "ms", "note"}.
+
+
+def _optional(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def _sampling_cases(args, device):
+    """(op, variant, n, fn or None, note) for every row of the sampling section."""
+    from tests import reference
+
+    quick = args.quick
+    gen = torch.Generator().manual_seed(2)
+    n = 4_000 if quick else 100_000
+    s = 128 if quick else 1_024
+    cloud = torch.rand(n, 3, generator=gen)
+    fpsample = _optional("fpsample")
+    o3c = _optional("open3d.core")
+    ckdtree = getattr(_optional("scipy.spatial"), "cKDTree", None)
+    dev_cloud = cloud.to(device)
+    cases = [("farthest_point_sample", "pcops", n, lambda: pcops.farthest_point_sample(dev_cloud, s, validate=False), f"S={s}")]
+    if fpsample is None:
+        cases.append(("farthest_point_sample", "fpsample", n, None, "pip install fpsample to compare"))
+    else:
+        x = cloud.numpy()
+        cases.append(("farthest_point_sample", "fpsample", n, lambda: fpsample.fps_sampling(x, s, start_idx=0), "exact, one thread"))
+        cases.append(("farthest_point_sample", "fpsample_bucket", n,
+                      lambda: fpsample.bucket_fps_kdline_sampling(x, s, h=7, start_idx=0), "QuickFPS kd-tree buckets"))
+    cases.append(("farthest_point_sample", "torch_loop", n,
+                  lambda: reference.farthest_point_sample(cloud, s), "the tests' float64 torch loop"))
+
+    # ball query: n reference points, n/10 queries, about 32 points within the radius
+    k = 32
+    radius = (3 * 32 / (4 * math.pi * n)) ** (1 / 3)
+    query = torch.rand(n // 10, 3, generator=gen)
+    dq = query.to(device)
+    cases.append(("ball_query", "pcops", n, lambda: pcops.ball_query(dq, dev_cloud, radius, k, validate=False), f"K={k}"))
+    if ckdtree is not None:
+        tree_pts, q_pts = cloud.numpy(), query.numpy()
+        cases.append(("ball_query", "scipy_ckdtree", n,
+                      lambda: ckdtree(tree_pts).query(q_pts, k, distance_upper_bound=radius, workers=-1), "K nearest within r, no counts"))
+    if o3c is None:
+        cases.append(("ball_query", "open3d", n, None, "pip install open3d-cpu to compare"))
+    else:
+        def o3d_hybrid():
+            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
+            index.hybrid_index(radius)
+            return index.hybrid_search(o3c.Tensor(query.numpy()), radius, k)
+
+        cases.append(("ball_query", "open3d", n, o3d_hybrid, "hybrid_search (d < r)"))
+    return cases
+
+
+def run_sampling(args, device) -> list[dict]:
+    """Forward times of the sampling and grouping ops and their peers, with ratios printed."""
+    rows = []
+    for op, variant, n, fn, note in _sampling_cases(args, device):
+        ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
+        rows.append({"op": op, "variant": variant, "n": n, "ms": ms, "note": note})
+        print(f"{op:<22} {variant:<16} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
+    ours = {r["op"]: r for r in rows if r["variant"] == "pcops" and r["ms"]}
+    for r in rows:
+        if r["variant"] != "pcops" and r["ms"] and r["op"] in ours and r["n"] == ours[r["op"]]["n"]:
+            print(f"{r['op']}: pcops vs {r['variant']}: {r['ms'] / ours[r['op']]['ms']:.2f}x faster")
+    return rows
+
+
 def _format(row: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
     return (f"{row['model']:<17} {row['variant']:<15} n_ref={row.get('n_ref', 0):>9,} n_query={row.get('n_query', 0):>9,} "
@@ -404,6 +481,7 @@ def main(argv=None) -> dict:
         results += run_ops(args, device, cases, sweep=True)
     print("\n".join(ratios(results)))
     report["results"] = results
+    report["sampling"] = run_sampling(args, device)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report
