@@ -4,9 +4,11 @@ from .nn import KNNAggregation, RadiusAggregation
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
 from .ops import BallQuery, ball_query
+from .ops import knn_graph, radius_graph
 
 __version__ = "0.1.0"
 
 __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
+__all__ += ["knn_graph", "radius_graph"]

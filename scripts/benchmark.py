@@ -386,6 +386,41 @@ def _sampling_cases(args, device):
             return index.hybrid_search(o3c.Tensor(query.numpy()), radius, k)
 
         cases.append(("ball_query", "open3d", n, o3d_hybrid, "hybrid_search (d < r)"))
+
+    # graphs over the cloud: k = 16, and a radius with about 16 neighbours per point
+    k = 16
+    r16 = (3 * (k + 1) / (4 * math.pi * n)) ** (1 / 3)
+    cases.append(("knn_graph", "pcops", n, lambda: pcops.knn_graph(dev_cloud, k, validate=False), f"k={k}"))
+    cases.append(("radius_graph", "pcops", n, lambda: pcops.radius_graph(dev_cloud, r16, validate=False), "all neighbours"))
+    if ckdtree is not None:
+        pts = cloud.numpy()
+
+        def scipy_knn_graph():
+            _, idx = ckdtree(pts).query(pts, k + 1, workers=-1)
+            return np.stack([idx[:, 1:].reshape(-1), np.repeat(np.arange(n), k)])
+
+        def scipy_radius_graph():
+            lists = ckdtree(pts).query_ball_point(pts, r16, workers=-1, return_sorted=True)
+            sizes = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+            return np.stack([np.concatenate(lists), np.repeat(np.arange(n), sizes)])
+
+        cases.append(("knn_graph", "scipy_ckdtree", n, scipy_knn_graph, "query k+1, workers=-1"))
+        cases.append(("radius_graph", "scipy_ckdtree", n, scipy_radius_graph, "query_ball_point, by index, keeps self"))
+    if o3c is not None:
+        def o3d_knn_graph():
+            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
+            index.knn_index()
+            idx, _ = index.knn_search(o3c.Tensor(cloud.numpy()), k + 1)
+            return np.stack([idx.numpy()[:, 1:].reshape(-1), np.repeat(np.arange(n), k)])
+
+        def o3d_radius_graph():
+            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
+            index.fixed_radius_index(r16)
+            idx, _, splits = index.fixed_radius_search(o3c.Tensor(cloud.numpy()), r16, sort=True)
+            return np.stack([idx.numpy(), np.repeat(np.arange(n), np.diff(splits.numpy()))])
+
+        cases.append(("knn_graph", "open3d", n, o3d_knn_graph, "knn_search k+1"))
+        cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), keeps self"))
     return cases
 
 

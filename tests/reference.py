@@ -110,3 +110,22 @@ def ball_query(q, p, radius, k):
         dists = torch.cat([dists, dists.new_full((q.shape[0], pad), float("inf"))], 1)
     idx = torch.where(torch.isinf(dists), -1, order)
     return dists, idx, within.sum(1)
+
+
+def graph(points, batch=None, loop=False, k=None, radius=None, max_neighbors=None):
+    """Dense float64 kNN graph (k) or radius graph (radius): edge_index (2, E), row 0 the
+    neighbour, row 1 the centre; by centre, then distance, ties by the smaller index."""
+    n = points.shape[0]
+    d = distances(points, points)
+    same = torch.ones(n, n, dtype=torch.bool) if batch is None else batch[:, None] == batch[None, :]
+    if not loop:
+        same &= ~torch.eye(n, dtype=torch.bool)
+    if radius is not None:
+        same &= d <= radius
+    edges = []
+    for i in range(n):
+        cand = same[i].nonzero().flatten()
+        cand = cand[d[i, cand].argsort(stable=True)]
+        cap = k if k is not None else max_neighbors
+        edges += [(int(j), i) for j in (cand if cap is None else cand[:cap])]
+    return torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).T.contiguous()

@@ -1,0 +1,147 @@
+"""kNN and radius graphs in PyTorch Geometric's ``edge_index`` convention.
+
+``edge_index`` is a (2, E) int64 tensor: row 0 the neighbour (source), row 1 the centre
+(target), as ``torch_cluster.knn_graph`` / ``radius_graph`` with ``flow="source_to_target"``.
+Edges are grouped by centre (ascending) and, per centre, ordered by distance, ties by the
+smaller neighbour index, so results do not depend on the backend. A point is never its own
+neighbour unless ``loop=True``; points only meet points of their own sample (``batch``).
+
+The number of edges depends on the data (samples smaller than k + 1, points with few
+neighbours within the radius): the ops that produce them declare it in their fakes with
+``torch.library.get_ctx().new_dynamic_size()``, so ``torch.compile(fullgraph=True)`` traces
+them.
+"""
+
+from typing import Optional
+
+import torch
+
+from .. import _validate
+from .ball_query import _ball_query
+from .nearest import knn
+
+
+def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(2, E) edges (neighbour, centre) of the kept entries of a (M, K) neighbour table, row-major."""
+    centre, col = keep.nonzero(as_tuple=True)
+    return torch.stack([idx[centre, col], centre])
+
+
+def _without_self(idx: torch.Tensor, cap: int) -> torch.Tensor:
+    """Keep mask of a sorted neighbour table: valid entries other than the centre, the first ``cap`` per row."""
+    rows = torch.arange(idx.shape[0], device=idx.device)[:, None]
+    keep = (idx >= 0) & (idx != rows)
+    return keep & (torch.cumsum(keep, 1) <= cap)
+
+
+@torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _edges_op(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A neighbour table (M, K) int64 and a keep mask (M, K) -> edge_index (2, E)."""
+    return _edges(idx, keep)
+
+
+@_edges_op.register_fake
+def _(idx, keep):
+    e = torch.library.get_ctx().new_dynamic_size()
+    return idx.new_empty((2, e))
+
+
+@torch.library.custom_op("pcops::radius_graph", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _radius_graph(
+    points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """points (N, 3), group (N,) int32 or None; max_neighbors 0 means all -> edge_index (2, E)."""
+    extra = 0 if loop else 1  # the centre itself is in its own ball
+    if max_neighbors:
+        k = max_neighbors + extra
+    else:  # a first pass counts the neighbours (counts are not capped by the one column)
+        _, counts = _ball_query(points, points, radius, 1, validate, group, group)
+        validate = False
+        k = max(1, int(counts.max())) if counts.numel() else 1
+    idx, _ = _ball_query(points, points, radius, k, validate, group, group)
+    keep = (idx >= 0) if loop else _without_self(idx, k - extra)
+    return _edges(idx, keep)
+
+
+@_radius_graph.register_fake
+def _(points, radius, max_neighbors, loop, validate, group):
+    e = torch.library.get_ctx().new_dynamic_size()
+    return points.new_empty((2, e), dtype=torch.int64)
+
+
+def _check(points, batch, loop) -> None:
+    _validate.points("points", points)
+    _validate.ids("batch", batch, points.shape[0], "(N,)")
+    _validate.same_device(points=points, batch=batch)
+    if not isinstance(loop, bool):
+        raise TypeError(f"loop must be a bool, got {type(loop).__name__}")
+
+
+def _groups(batch: Optional[torch.Tensor], validate: bool) -> Optional[torch.Tensor]:
+    if batch is None:
+        return None
+    if validate and not torch.compiler.is_compiling():
+        _validate.ids_in_range("batch", batch, 0, None)
+    return batch.to(torch.int32)
+
+
+def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
+              validate: bool = True) -> torch.Tensor:
+    """Edges from each point's k nearest points of its sample (PyG's ``knn_graph``).
+
+    Args:
+        points: Tensor of shape (N, 3).
+        k: neighbours per point, k >= 1. A sample with n <= k points links each point to all
+            n - 1 others (n with ``loop``).
+        batch: optional int tensor (N,) of sample ids (sorted or not).
+        loop: also link each point to itself (it is its own nearest neighbour, distance 0).
+        validate: check the points for NaN/inf and the ids for range.
+
+    Returns:
+        edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i; edges grouped by
+        centre, each centre's neighbours by distance (ties by the smaller index). E = N * k
+        when every sample has more than k points; otherwise it depends on the data.
+    """
+    _check(points, batch, loop)
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = points.shape[0]
+    if n == 0:
+        return torch.empty((2, 0), dtype=torch.int64, device=points.device)
+    _, idx = knn(points, points, min(k + (0 if loop else 1), n), query_batch=batch, ref_batch=batch, validate=validate)
+    keep = (idx >= 0) if loop else _without_self(idx, k)
+    return torch.ops.pcops.edges(idx, keep)
+
+
+def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
+                 max_neighbors: Optional[int] = None, validate: bool = True) -> torch.Tensor:
+    """Edges from each point to the points of its sample within ``radius`` (PyG's ``radius_graph``).
+
+    Args:
+        points: Tensor of shape (N, 3).
+        radius: Python number > 0; j is a neighbour of i when ||p_i - p_j|| <= radius.
+        batch: optional int tensor (N,) of sample ids (sorted or not).
+        loop: also link each point to itself.
+        max_neighbors: keep only the closest ``max_neighbors`` of each point (ties by index);
+            None keeps all (no silent cap, unlike torch_cluster's default of 32).
+        validate: check the points for NaN/inf and the ids for range.
+
+    Returns:
+        edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i, grouped by centre,
+        by distance within a centre (ties by the smaller index). E depends on the data.
+    """
+    _check(points, batch, loop)
+    _validate.positive_number("radius", radius)
+    if max_neighbors is not None:
+        if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, torch.SymInt)):
+            raise TypeError(f"max_neighbors must be an int or None, got {type(max_neighbors).__name__}")
+        if max_neighbors < 1:
+            raise ValueError(f"max_neighbors must be >= 1, got {max_neighbors}")
+    dtype, _ = _validate.compute_dtype(points)
+    group = _groups(batch, validate)
+    return torch.ops.pcops.radius_graph(points.detach().to(dtype), float(radius), max_neighbors or 0, loop, validate, group)
+
+
+__all__ = ["knn_graph", "radius_graph"]

@@ -1,0 +1,176 @@
+"""pcops.knn_graph and pcops.radius_graph against a dense float64 reference (the shared op suite)."""
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.op_suite import F64, TOL, OpSuite, pack
+
+K = 5
+
+
+def assert_edges(edges, expected, dtype, points):
+    """Exact in float64; otherwise the same centres in the same order and each edge's length
+    within TOL[dtype] of the reference edge in its place (rounding may reorder near-ties)."""
+    assert edges.dtype == torch.int64 and edges.shape == expected.shape
+    if dtype == F64:
+        assert torch.equal(edges, expected)
+        return
+    assert torch.equal(edges[1], expected[1])
+    p = points.double()
+    length = lambda e: (p[e[0]] - p[e[1]]).norm(dim=1)  # noqa: E731
+    torch.testing.assert_close(length(edges), length(expected), **TOL[dtype])
+
+
+class _GraphSuite(OpSuite):
+    """Shared hooks of the two graph ops (no gradients: edges are indices)."""
+
+    loop = False
+
+    def compare(self, out, expected, dtype, inputs=None):
+        if inputs is None:
+            assert torch.equal(out[0], expected[0])
+        else:
+            assert_edges(out[0], expected[0], dtype, inputs["points"])
+
+    def inputs(self, kind, gen):
+        _, p, r = reference.cloud(kind, gen)
+        return dict(points=p, radius=reference.safe_radius(p, p, r, gap=1e-3))
+
+    def compile_calls(self, gen):
+        def fn(points, batch):
+            edges = self.graph(points, batch=batch)
+            messages = (points[edges[0]] - points[edges[1]]).square().sum(1, keepdim=True)
+            return edges, points.new_zeros((points.shape[0], 1)).index_add(0, edges[1], messages)
+
+        calls = []
+        for n in (30, 47):
+            calls.append((torch.rand(n, 3, generator=gen).requires_grad_(), torch.randint(0, 3, (n,), generator=gen)))
+        return fn, calls
+
+    def batched(self, gen):
+        sizes = [14, 0, 5, 3, 1]
+        samples = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+        expected = [(self.reference_graph(p, None),) for p in samples]
+        results = []
+        for shuffle in (False, True):
+            if shuffle:
+                points, ids, position = pack(samples, gen)
+            else:
+                points = torch.cat(samples)
+                ids = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
+                position = torch.arange(points.shape[0])
+            edges = self.graph(points, batch=ids)
+            local = torch.empty_like(position)  # packed row -> row within its sample
+            offsets = torch.tensor([0, *sizes]).cumsum(0)
+            local[position] = torch.arange(position.numel()) - offsets[ids[position]]
+            per_sample = []
+            for b in range(len(sizes)):
+                e = local[edges[:, ids[edges[1]] == b]]
+                e = e[:, torch.argsort(e[1], stable=True)]  # centres in sample order, neighbours kept in order
+                per_sample.append((e,))
+            results.append(per_sample)
+        return expected, results[0], results[1]
+
+
+class TestKnnGraph(_GraphSuite):
+    def graph(self, points, batch=None):
+        return pcops.knn_graph(points, K, batch=batch, loop=self.loop)
+
+    def reference_graph(self, points, batch):
+        return reference.graph(points, batch, loop=self.loop, k=K)
+
+    def run(self, points, radius):
+        return (self.graph(points),)
+
+    def reference(self, points, radius):
+        return (self.reference_graph(points, None),)
+
+    def opcheck_cases(self, gen):
+        idx = torch.randint(-1, 20, (20, 4), generator=gen)
+        return [(torch.ops.pcops.edges.default, (idx, idx >= 3))]
+
+    def bad_inputs(self, gen):
+        p = torch.rand(10, 3, generator=gen)
+        return {
+            "zero k": (lambda: pcops.knn_graph(p, 0), ValueError, "k must be >= 1"),
+            "float k": (lambda: pcops.knn_graph(p, 2.0), TypeError, "k must be an int"),
+            "padded points": (lambda: pcops.knn_graph(p[None], 2), ValueError, "points must be a tensor of shape"),
+            "int points": (lambda: pcops.knn_graph(p.long(), 2), TypeError, "points must have a floating dtype"),
+            "batch shape": (lambda: pcops.knn_graph(p, 2, batch=torch.zeros(9, dtype=torch.long)), ValueError, "batch must be a tensor of shape"),
+            "negative batch": (lambda: pcops.knn_graph(p, 2, batch=-torch.ones(10, dtype=torch.long)), ValueError, "batch values"),
+            "loop not bool": (lambda: pcops.knn_graph(p, 2, loop=1), TypeError, "loop must be a bool"),
+        }
+
+
+class TestKnnGraphWithLoops(TestKnnGraph):
+    loop = True
+
+
+class TestRadiusGraph(_GraphSuite):
+    max_neighbors = None
+
+    def graph(self, points, batch=None, radius=0.35):
+        return pcops.radius_graph(points, radius, batch=batch, loop=self.loop, max_neighbors=self.max_neighbors)
+
+    def reference_graph(self, points, batch, radius=0.35):
+        return reference.graph(points, batch, loop=self.loop, radius=radius, max_neighbors=self.max_neighbors)
+
+    def run(self, points, radius):
+        return (self.graph(points, radius=radius),)
+
+    def reference(self, points, radius):
+        return (self.reference_graph(points, None, radius),)
+
+    def opcheck_cases(self, gen):
+        p = torch.rand(30, 3, generator=gen)
+        group = torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+        op = torch.ops.pcops.radius_graph.default
+        return [(op, (p, 0.3, 0, False, True, None)), (op, (p.double(), 0.3, 4, True, True, group))]
+
+    def bad_inputs(self, gen):
+        p = torch.rand(10, 3, generator=gen)
+        nan = p.clone()
+        nan[0, 0] = float("nan")
+        return {
+            "zero radius": (lambda: pcops.radius_graph(p, 0.0), ValueError, "radius must be finite and > 0"),
+            "zero max_neighbors": (lambda: pcops.radius_graph(p, 0.2, max_neighbors=0), ValueError, "max_neighbors must be >= 1"),
+            "float max_neighbors": (lambda: pcops.radius_graph(p, 0.2, max_neighbors=2.5), TypeError, "max_neighbors must be an int"),
+            "batch dtype": (lambda: pcops.radius_graph(p, 0.2, batch=torch.zeros(10)), TypeError, "batch must have an integer dtype"),
+            "NaN": (lambda: pcops.radius_graph(nan, 0.2), ValueError, "contains NaN"),
+        }
+
+
+class TestRadiusGraphCappedWithLoops(TestRadiusGraph):
+    loop = True
+    max_neighbors = 3
+
+
+def test_knn_graph_matches_torch_cluster_convention():
+    # on a line: each point's neighbour is the adjacent point, row 0 the neighbour, row 1 the centre
+    p = torch.tensor([[0.0, 0, 0], [1.0, 0, 0], [3.0, 0, 0]], dtype=F64)
+    assert pcops.knn_graph(p, 1).tolist() == [[1, 0, 1], [0, 1, 2]]
+
+
+def test_radius_graph_keeps_every_neighbour_without_a_cap(gen):
+    p = torch.rand(300, 3, generator=gen, dtype=F64) * 0.1  # all within the radius: 299 each, no cap of 32
+    edges = pcops.radius_graph(p, 1.0)
+    assert edges.shape == (2, 300 * 299)
+    assert torch.equal(torch.bincount(edges[1]), torch.full((300,), 299))
+
+
+def test_duplicates_are_neighbours_but_never_self(gen):
+    base = torch.rand(4, 3, generator=gen, dtype=F64)
+    p = torch.cat([base, base, base])  # each point has two copies at distance 0
+    edges = pcops.knn_graph(p, 2)
+    assert torch.all(edges[0] != edges[1])
+    assert torch.equal(edges, reference.graph(p, k=2))
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(gen):
+    p = torch.rand(2000, 3, generator=gen)
+    batch = torch.randint(0, 4, (2000,), generator=gen)
+    for fn in (lambda x, b: pcops.knn_graph(x, 8, batch=b), lambda x, b: pcops.radius_graph(x, 0.08, batch=b)):
+        assert torch.equal(fn(p.cuda(), batch.cuda()).cpu(), fn(p, batch))
