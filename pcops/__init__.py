@@ -2,7 +2,9 @@
 
 from .nn import KNNAggregation, RadiusAggregation
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
+from .ops import knn_interpolate
 
 __version__ = "0.1.0"
 
 __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]
+__all__ += ["knn_interpolate"]

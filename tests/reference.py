@@ -81,3 +81,19 @@ def knn_aggregate(q, p, f, k, sigma):
     d, idx = knn(q, p, k)
     w = torch.softmax(-d / float(sigma), dim=1)
     return (w[..., None] * f.double()[idx]).sum(1)
+
+
+def knn_weighted(q, p, f, k, weights, reduce="mean", sigma=None):
+    """Dense float64 reference of pcops.knn_aggregate for every weighting and reduction."""
+    d, idx = knn(q, p, k)
+    g = f.double()[idx]  # (M, k, F)
+    if reduce == "max":
+        return g.amax(1)
+    if weights == "softmax":
+        w = torch.softmax(-d / float(sigma), dim=1)
+    elif weights == "inverse_distance":  # PyTorch Geometric's knn_interpolate
+        w = 1.0 / (q.double()[:, None, :] - p.double()[idx]).pow(2).sum(-1).clamp(min=1e-16)
+        w = w / w.sum(1, keepdim=True)
+    else:
+        w = torch.full_like(d, 1.0 / k)
+    return (w[..., None] * g).sum(1)

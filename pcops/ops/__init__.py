@@ -1,6 +1,8 @@
 """pcops ops: one module per op family (Warp kernels, custom op, fake, autograd, public function)."""
 
 from .nearest import KNN, knn, knn_aggregate
+from .nearest import knn_interpolate
 from .radius import radius_aggregate
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
+__all__ += ["knn_interpolate"]
