@@ -97,3 +97,12 @@ def knn_weighted(q, p, f, k, weights, reduce="mean", sigma=None):
     else:
         w = torch.full_like(d, 1.0 / k)
     return (w[..., None] * g).sum(1)
+
+
+def chamfer_terms(x, y, norm=2):
+    """Dense float64 per-point Chamfer costs (cham_x (P1,), cham_y (P2,)) of two single clouds."""
+    diff = x.double()[:, None, :] - y.double()[None, :, :]
+    d = diff.pow(2).sum(-1) if norm == 2 else diff.abs().sum(-1)
+    if 0 in d.shape:  # PyTorch3D: a point with nothing to match costs 0
+        return torch.zeros(x.shape[0], dtype=torch.float64), torch.zeros(y.shape[0], dtype=torch.float64)
+    return d.min(1).values, d.min(0).values
