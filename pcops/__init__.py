@@ -4,9 +4,11 @@ from .nn import KNNAggregation, RadiusAggregation
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import knn_interpolate
 from .ops import chamfer_distance
+from .ops import estimate_normals
 
 __version__ = "0.1.0"
 
 __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
+__all__ += ["estimate_normals"]

@@ -106,3 +106,15 @@ def chamfer_terms(x, y, norm=2):
     if 0 in d.shape:  # PyTorch3D: a point with nothing to match costs 0
         return torch.zeros(x.shape[0], dtype=torch.float64), torch.zeros(y.shape[0], dtype=torch.float64)
     return d.min(1).values, d.min(0).values
+
+
+def normals(points, k):
+    """Dense float64 kNN-covariance normals (numpy's eigh), sign not fixed: (P, 3), and eigenvalues (P, 3)."""
+    import numpy as np
+
+    _, idx = knn(points, points, k)
+    nb = points.double()[idx]  # (P, k, 3)
+    centred = nb - nb.mean(1, keepdim=True)
+    cov = (centred.transpose(1, 2) @ centred / k).numpy()
+    values, vectors = np.linalg.eigh(cov)
+    return torch.from_numpy(vectors[..., 0].copy()), torch.from_numpy(values)
