@@ -206,3 +206,12 @@ class _FeaturePropagation(torch.nn.Module):
 
 def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
     assert_compiles_like_eager(_FeaturePropagation(), [(30, 50), (45, 80)], gen)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("weights,reduce", MODES)
+def test_cuda_matches_reference(gen, weights, reduce):
+    q, p, _ = cloud("uniform", gen, m=500, n=800)
+    f = torch.randn(p.shape[0], 6, generator=gen, dtype=F64)
+    out = pcops.knn_aggregate(q.cuda(), p.cuda(), f.cuda(), 8, weights=weights, reduce=reduce)
+    torch.testing.assert_close(out.cpu(), reference.knn_weighted(q, p, f, 8, weights, reduce), rtol=1e-10, atol=1e-10)

@@ -190,3 +190,11 @@ class _Normals(torch.nn.Module):
 
 def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
     assert_compiles_like_eager(_Normals(), [(30, 50), (45, 80)], gen)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(gen):
+    pts, normal = plane(gen, n=2000, noise=0.01)
+    view = torch.tensor([0.0, 0.0, 5.0], dtype=F64)
+    out = pcops.estimate_normals(pts.cuda(), 12, orient_to=view.cuda())
+    torch.testing.assert_close(out.cpu(), pcops.estimate_normals(pts, 12, orient_to=view), rtol=1e-9, atol=1e-9)
