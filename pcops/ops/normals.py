@@ -101,21 +101,25 @@ def estimate_normals(
     dtype, out_dtype = _validate.compute_dtype(points)
     idx, valid = search(flat, k, backend, validate, dtype)
 
-    pts = flat.ref.to(dtype)
-    w = valid.to(dtype)[..., None]  # (P, k, 1)
-    count = w.sum(1).clamp_min(1)  # (P, 1)
-    neighbours = pts[idx]
-    mean = (w * neighbours).sum(1) / count
-    centred = (neighbours - mean[:, None, :]) * w
-    cov = torch.einsum("pkc,pkd->pcd", centred, centred) / count[..., None]
+    neighbours = flat.ref.to(dtype)[idx]  # (P, k, 3)
+    if flat.query_group is None:  # one cloud: all k neighbours exist
+        centred = neighbours - neighbours.mean(1, keepdim=True)
+        cov = centred.transpose(1, 2) @ centred / k
+    else:  # a sample with fewer than k points: only its valid neighbours count
+        w = valid.to(dtype)[..., None]  # (P, k, 1)
+        count = w.sum(1, keepdim=True).clamp_min(1)  # (P, 1, 1)
+        centred = (neighbours - (w * neighbours).sum(1, keepdim=True) / count) * w
+        cov = centred.transpose(1, 2) @ centred / count
     normals, _, _ = _SmallestEigenvector.apply(cov)
 
+    direction = normals.detach()
     if orient_to is not None:
-        towards = _viewpoints(orient_to, points, flat, dtype) - flat.query.to(dtype)
+        towards = (direction * (_viewpoints(orient_to, points, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
     else:  # the largest-magnitude component positive
-        towards = torch.nn.functional.one_hot(normals.detach().abs().argmax(-1), 3).to(dtype)
-    sign = torch.where((normals * towards).sum(-1, keepdim=True).detach() < 0, -1.0, 1.0).to(dtype)
-    normals = torch.where(valid[:, :1], normals * sign, 0)  # padding rows: zeros
+        towards = direction.gather(-1, direction.abs().argmax(-1, keepdim=True))
+    normals = torch.where(towards < 0, -normals, normals)
+    if flat.query_group is not None:
+        normals = torch.where(valid[:, :1], normals, 0)  # padding rows: zeros
     return _batch.unflatten(flat, normals.to(out_dtype))
 
 
