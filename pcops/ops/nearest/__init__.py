@@ -291,4 +291,5 @@ def knn_interpolate(
     )
 
 
-__all__ = ["KNN", "knn", "knn_aggregate", "knn_interpolate", "resolve_backend", "search", "AUTO", "BACKENDS"]
+__all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]
+__all__ += ["knn_interpolate", "search"]
