@@ -292,4 +292,3 @@ def knn_interpolate(
 
 
 __all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]
-__all__ += ["knn_interpolate", "search"]
