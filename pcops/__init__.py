@@ -5,6 +5,9 @@ from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
 from .ops import BallQuery, ball_query
 from .ops import knn_graph, radius_graph
+from .ops import knn_interpolate
+from .ops import chamfer_distance
+from .ops import estimate_normals
 
 __version__ = "0.1.0"
 
@@ -12,3 +15,6 @@ __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate",
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
 __all__ += ["knn_graph", "radius_graph"]
+__all__ += ["knn_interpolate"]
+__all__ += ["chamfer_distance"]
+__all__ += ["estimate_normals"]

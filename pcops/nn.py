@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import _validate
+from .ops import _weighting
 from .ops import knn_aggregate, radius_aggregate
 
 
@@ -62,35 +63,57 @@ class RadiusAggregation(_Sigma):
 class KNNAggregation(_Sigma):
     """Aggregates reference features onto query points over their k nearest neighbours.
 
-    ``out_i = sum_j softmax_j(-d_ij/sigma) f_j`` over the k nearest reference points; see
+    ``out_i = sum_j softmax_j(-d_ij/sigma) f_j`` over the k nearest reference points by
+    default; ``weights="inverse_distance"`` / ``"uniform"`` and ``reduce="max"`` as in
     :func:`pcops.knn_aggregate`.
 
     Args:
         k: number of neighbours (>= 1, <= number of reference points at call time).
-        sigma: length scale of the weights (> 0).
-        learnable_sigma: make sigma a parameter (stored as ``log_sigma``).
+        sigma: length scale of the softmax weights (> 0); unused by the other weightings.
+        learnable_sigma: make sigma a parameter (stored as ``log_sigma``); softmax only.
         backend: kNN search backend: "auto", "cuml", "warp", "scipy" or "torch".
         validate: check point values for NaN/inf on every call.
+        weights: "softmax", "inverse_distance", "uniform", or None (softmax for
+            ``reduce="mean"``, uniform for ``reduce="max"``).
+        reduce: "mean" or "max" (the feature-wise max over the neighbours).
 
     Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
     docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
     """
 
     def __init__(
-        self, k: int, sigma: float = 0.1, learnable_sigma: bool = False, backend: str = "auto", validate: bool = True
+        self,
+        k: int,
+        sigma: float = 0.1,
+        learnable_sigma: bool = False,
+        backend: str = "auto",
+        validate: bool = True,
+        *,
+        weights: str | None = None,
+        reduce: str = "mean",
     ):
         super().__init__(sigma, learnable_sigma)
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if k <= 0:
             raise ValueError(f"k must be >= 1, got {k}")
+        self.weights = _weighting.name(weights, reduce)
+        if self.learnable_sigma and self.weights != "softmax":
+            raise ValueError(f"learnable_sigma needs weights='softmax', got weights={self.weights!r}")
+        self.reduce = reduce
         self.k = k
         self.backend = backend
         self.validate = bool(validate)
 
     def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
         """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
-        return knn_aggregate(query, ref, features, self.k, self.sigma, self.backend, validate=self.validate, **batch)
+        sigma = self.sigma if self.weights == "softmax" else None
+        return knn_aggregate(
+            query, ref, features, self.k, sigma, self.backend, weights=self.weights, reduce=self.reduce,
+            validate=self.validate, **batch,
+        )
 
     def extra_repr(self) -> str:
+        if self.weights != "softmax":
+            return f"k={self.k}, weights={self.weights!r}, reduce={self.reduce!r}, backend={self.backend!r}"
         return f"k={self.k}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"

@@ -438,6 +438,116 @@ def run_sampling(args, device) -> list[dict]:
     return rows
 
 
+# Interpolation, Chamfer distance and normals against their peers (peers imported lazily;
+# rows under report["geometry_ops"]: Open3D has no train step)
+
+GEOMETRY_SIZES = {  # (n_ref, n_query): interpolation coarse -> dense, Chamfer x and y, normals points
+    "knn_interpolate": (10_000, 40_000),
+    "chamfer_distance": (8_192, 8_192),
+    "estimate_normals": (20_000, 20_000),
+}
+GEOMETRY_QUICK = {"knn_interpolate": (500, 2_000), "chamfer_distance": (1_000, 1_000), "estimate_normals": (1_000, 1_000)}
+
+
+def _knn_indices_peer(query, ref, k: int):
+    """cKDTree (all cores) on CPU, dense cdist + topk elsewhere: the peers' search."""
+    if query.device.type == "cpu":
+        from scipy.spatial import cKDTree
+
+        _, idx = cKDTree(ref.detach().numpy()).query(query.detach().numpy(), k=k, workers=-1)
+        return torch.from_numpy(np.asarray(idx, dtype=np.int64).reshape(query.shape[0], k))
+    return torch.cdist(query.detach(), ref.detach()).topk(k, dim=1, largest=False).indices
+
+
+def pyg_knn_interpolate(query, ref, features, k: int = 3):
+    """PyTorch Geometric's knn_interpolate, its torch logic verbatim, on the peer search."""
+    m = query.shape[0]
+    y_idx = torch.arange(m, device=query.device).repeat_interleave(k)
+    x_idx = _knn_indices_peer(query, ref, k).reshape(-1)
+    diff = ref[x_idx] - query[y_idx]
+    squared_distance = (diff * diff).sum(dim=-1, keepdim=True)
+    weights = 1.0 / torch.clamp(squared_distance, min=1e-16)
+    num = torch.zeros(m, features.shape[1], dtype=features.dtype, device=query.device).index_add(0, y_idx, features[x_idx] * weights)
+    den = torch.zeros(m, 1, dtype=weights.dtype, device=query.device).index_add(0, y_idx, weights)
+    return num / den
+
+
+def cdist_chamfer(x, y):
+    """Dense Chamfer loss on the (P1, P2) torch.cdist matrix."""
+    d = torch.cdist(x, y).square()
+    return d.min(1).values.mean() + d.min(0).values.mean()
+
+
+def torch_normals(points, k: int):
+    """PyTorch3D's estimate_pointcloud_normals method in torch: kNN, covariances, torch.linalg.eigh."""
+    idx = _knn_indices_peer(points, points, k)
+    nb = points[idx]
+    centred = nb - nb.mean(1, keepdim=True)
+    cov = centred.transpose(1, 2) @ centred / k
+    return torch.linalg.eigh(cov).eigenvectors[..., 0]
+
+
+def open3d_normals(points, k: int):
+    import open3d as o3d
+
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(points.detach().double().numpy()))
+    cloud.estimate_normals(o3d.geometry.KDTreeSearchParamKNN(k))
+    return np.asarray(cloud.normals)
+
+
+def _geometry_cases(device, sizes):
+    """(op, variant, n_ref, n_query, forward(), loss() or None) for each op and peer."""
+    gen = torch.Generator().manual_seed(2)
+    n_ref, n_query = sizes["knn_interpolate"]
+    coarse = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
+    dense = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
+    feats = torch.randn(n_ref, 64, generator=gen).to(device).requires_grad_()
+    ours = lambda: pcops.knn_interpolate(dense, coarse, feats, 3, validate=False)  # noqa: E731
+    peer = lambda: pyg_knn_interpolate(dense, coarse, feats, 3)  # noqa: E731
+    yield "knn_interpolate", "pcops_eager", n_ref, n_query, ours, lambda: ours().square().mean()
+    yield "knn_interpolate", "pyg_torch", n_ref, n_query, peer, lambda: peer().square().mean()
+
+    n_x, n_y = sizes["chamfer_distance"]
+    x = (torch.rand(n_x, 3, generator=gen) * 2 - 1).to(device).requires_grad_()
+    y = (torch.rand(n_y, 3, generator=gen) * 2 - 1).to(device)
+    ours = lambda: pcops.chamfer_distance(x, y, validate=False)  # noqa: E731
+    yield "chamfer_distance", "pcops_eager", n_y, n_x, ours, ours
+    yield "chamfer_distance", "torch_cdist", n_y, n_x, lambda: cdist_chamfer(x, y), lambda: cdist_chamfer(x, y)
+
+    n, _ = sizes["estimate_normals"]
+    direction = torch.nn.functional.normalize(torch.randn(n, 3, generator=gen), dim=1)
+    surface = (direction * (1 + 0.1 * torch.sin(5 * direction[:, :1]))).to(device).requires_grad_()  # a bumpy sphere
+    ours = lambda: pcops.estimate_normals(surface, 16, validate=False)  # noqa: E731
+    peer = lambda: torch_normals(surface, 16)  # noqa: E731
+    yield "estimate_normals", "pcops_eager", n, n, ours, lambda: ours()[:, 0].sum()
+    yield "estimate_normals", "pytorch3d_torch", n, n, peer, lambda: peer()[:, 0].sum()
+    if device.type == "cpu":
+        yield "estimate_normals", "open3d", n, n, lambda: open3d_normals(surface, 16), None
+
+
+def run_geometry(args, device) -> list[dict]:
+    """Forward (no grad) and forward + backward of each op and its peers, in one process."""
+    results = []
+    for op, variant, n_ref, n_query, forward, loss in _geometry_cases(device, GEOMETRY_QUICK if args.quick else GEOMETRY_SIZES):
+        row = {"model": op, "variant": variant, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
+        try:
+            with torch.no_grad():
+                row["forward_ms"] = round(_time(forward, device, args.iters, args.budget), 3)
+            row["train_step_ms"] = None if loss is None else round(_time(lambda: loss().backward(), device, args.iters, args.budget), 3)
+        except ImportError as err:
+            row.update(forward_ms=None, train_step_ms=None, note=f"skipped: {err}")
+        results.append(row)
+        print(_format(row), flush=True)
+    by = {(r["model"], r["variant"]): r for r in results if r.get("forward_ms")}
+    for (op, variant), r in by.items():
+        ours = by.get((op, "pcops_eager"))
+        if variant == "pcops_eager" or ours is None:
+            continue
+        step = "" if not r.get("train_step_ms") else f"train step {r['train_step_ms'] / ours['train_step_ms']:.1f}x, "
+        print(f"{op}: pcops_eager vs {variant}: {step}forward {r['forward_ms'] / ours['forward_ms']:.1f}x faster")
+    return results
+
+
 def _format(row: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
     return (f"{row['model']:<17} {row['variant']:<15} n_ref={row.get('n_ref', 0):>9,} n_query={row.get('n_query', 0):>9,} "
@@ -514,6 +624,7 @@ def main(argv=None) -> dict:
         sizes = [10_000, 100_000, 1_000_000] if not args.quick else [1_000, 4_000]
         cases = [(op, n, n) for op in ("knn_aggregate", "radius_aggregate") for n in sizes]
         results += run_ops(args, device, cases, sweep=True)
+    report["geometry_ops"] = run_geometry(args, device)
     print("\n".join(ratios(results)))
     report["results"] = results
     report["sampling"] = run_sampling(args, device)

@@ -129,3 +129,40 @@ def graph(points, batch=None, loop=False, k=None, radius=None, max_neighbors=Non
         cap = k if k is not None else max_neighbors
         edges += [(int(j), i) for j in (cand if cap is None else cand[:cap])]
     return torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).T.contiguous()
+
+
+def knn_weighted(q, p, f, k, weights, reduce="mean", sigma=None):
+    """Dense float64 reference of pcops.knn_aggregate for every weighting and reduction."""
+    d, idx = knn(q, p, k)
+    g = f.double()[idx]  # (M, k, F)
+    if reduce == "max":
+        return g.amax(1)
+    if weights == "softmax":
+        w = torch.softmax(-d / float(sigma), dim=1)
+    elif weights == "inverse_distance":  # PyTorch Geometric's knn_interpolate
+        w = 1.0 / (q.double()[:, None, :] - p.double()[idx]).pow(2).sum(-1).clamp(min=1e-16)
+        w = w / w.sum(1, keepdim=True)
+    else:
+        w = torch.full_like(d, 1.0 / k)
+    return (w[..., None] * g).sum(1)
+
+
+def chamfer_terms(x, y, norm=2):
+    """Dense float64 per-point Chamfer costs (cham_x (P1,), cham_y (P2,)) of two single clouds."""
+    diff = x.double()[:, None, :] - y.double()[None, :, :]
+    d = diff.pow(2).sum(-1) if norm == 2 else diff.abs().sum(-1)
+    if 0 in d.shape:  # PyTorch3D: a point with nothing to match costs 0
+        return torch.zeros(x.shape[0], dtype=torch.float64), torch.zeros(y.shape[0], dtype=torch.float64)
+    return d.min(1).values, d.min(0).values
+
+
+def normals(points, k):
+    """Dense float64 kNN-covariance normals (numpy's eigh), sign not fixed: (P, 3), and eigenvalues (P, 3)."""
+    import numpy as np
+
+    _, idx = knn(points, points, k)
+    nb = points.double()[idx]  # (P, k, 3)
+    centred = nb - nb.mean(1, keepdim=True)
+    cov = (centred.transpose(1, 2) @ centred / k).numpy()
+    values, vectors = np.linalg.eigh(cov)
+    return torch.from_numpy(vectors[..., 0].copy()), torch.from_numpy(values)

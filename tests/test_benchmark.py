@@ -27,3 +27,6 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
         assert r["forward_ms"] > 0 and r["train_step_ms"] > 0
         assert {"model", "variant", "n_ref", "n_query", "forward_ms", "train_step_ms", "peak_mem_mb", "note"} <= r.keys()
     assert "faster" in result.stdout  # the ratio lines
+    geometry = {(r["model"], r["variant"]) for r in report["geometry_ops"] if r["forward_ms"]}
+    assert {("knn_interpolate", "pyg_torch"), ("chamfer_distance", "torch_cdist"), ("estimate_normals", "pytorch3d_torch")} <= geometry
+    assert {(op, "pcops_eager") for op in ("knn_interpolate", "chamfer_distance", "estimate_normals")} <= geometry

@@ -1,6 +1,9 @@
 """pcops ops: one module per op family (Warp kernels, custom op, fake, autograd, public function)."""
 
 from .nearest import KNN, knn, knn_aggregate
+from .nearest import knn_interpolate
+from .chamfer import chamfer_distance
+from .normals import estimate_normals
 from .radius import radius_aggregate
 from .sampling import FPS, farthest_point_sample
 from .ball_query import BallQuery, ball_query
@@ -10,3 +13,6 @@ __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
 __all__ += ["knn_graph", "radius_graph"]
+__all__ += ["knn_interpolate"]
+__all__ += ["chamfer_distance"]
+__all__ += ["estimate_normals"]

@@ -28,6 +28,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ... import _batch, _validate
+from .. import _weighting
 from . import _cuml, _scipy, _torch, _warp  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
 
@@ -82,14 +83,21 @@ def _flatten(query, ref, features, k, batch: dict, validate: bool) -> _batch.Fla
     return flat
 
 
+def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+    """(indices (P, k) into the flat ref with -1 replaced by 0, validity mask (P, k)).
+
+    The search itself (no gradient); the ops built on it gather what they need from the indices.
+    """
+    name = resolve_backend(backend, flat.query.device)
+    query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
+    _, idx = BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    return idx.clamp_min(0), idx >= 0
+
+
 def _neighbours(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
     """(indices into the flat ref with -1 replaced by 0, validity mask, differentiable distances)."""
-    name = resolve_backend(backend, flat.query.device)
-    query, ref = flat.query.to(dtype), flat.ref.to(dtype)
-    _, idx = BACKENDS[name].op(query.detach(), ref.detach(), k, validate, flat.query_group, flat.ref_group)
-    valid = idx >= 0
-    safe = idx.clamp_min(0)
-    return safe, valid, _distances(query, ref[safe])
+    safe, valid = search(flat, k, backend, validate, dtype)
+    return safe, valid, _distances(flat.query.to(dtype), flat.ref.to(dtype)[safe])
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
@@ -147,52 +155,140 @@ def knn_aggregate(
     ref: torch.Tensor,
     features: torch.Tensor,
     k: int,
-    sigma,
+    sigma=None,
     backend: str = "auto",
     *,
+    weights: Optional[str] = None,
+    reduce: str = "mean",
     query_lengths: Optional[torch.Tensor] = None,
     ref_lengths: Optional[torch.Tensor] = None,
     query_batch: Optional[torch.Tensor] = None,
     ref_batch: Optional[torch.Tensor] = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Softmax(-d / sigma)-weighted sum of the features of the k nearest reference points.
+    """Weighted mean, or feature-wise max, of the features of the k nearest reference points.
 
-    ``out_i = sum_{j in kNN(i)} w_ij f_j`` with ``w_ij = exp(-d_ij / sigma) / sum_l exp(-d_il / sigma)``
-    over the k neighbours (computed stably for any sigma > 0; no radius cut).
+    ``out_i = sum_{j in kNN(i)} w_ij f_j`` (``reduce="mean"``) with, by ``weights``:
+
+    * ``"softmax"`` (the default): ``w_ij = exp(-d_ij / sigma) / sum_l exp(-d_il / sigma)``,
+      computed stably for any sigma > 0
+    * ``"inverse_distance"``: ``w_ij = (1 / max(d_ij^2, 1e-16)) / sum_l (1 / max(d_il^2, 1e-16))``
+      (PyTorch Geometric's ``knn_interpolate``; see :func:`knn_interpolate`)
+    * ``"uniform"``: ``w_ij = 1 / k``, the plain mean
+
+    ``reduce="max"``: ``out_i[c] = max_{j in kNN(i)} f_j[c]`` (PointNet++ grouping; unweighted,
+    ``weights`` None or "uniform"); its gradient goes to the arg-max neighbour of each feature.
+    No radius cut in any case.
 
     Args:
         query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
         ref: Tensor of shape (N, 3) with N >= k; (B, N, 3) padded; or (N_total, 3) packed.
         features: Tensor of shape (N, F); (B, N, F); or (N_total, F).
         k: number of neighbours, 1 <= k <= N.
-        sigma: number > 0 or one-element tensor (e.g. a learnable parameter).
+        sigma: number > 0 or one-element tensor (e.g. a learnable parameter) for
+            ``weights="softmax"``; None for the other weightings and for ``reduce="max"``.
         backend: search backend, as for :func:`knn`.
+        weights: "softmax", "inverse_distance", "uniform", or None (softmax for
+            ``reduce="mean"``, uniform for ``reduce="max"``).
+        reduce: "mean" (weighted sum) or "max".
         query_lengths, ref_lengths, query_batch, ref_batch: batch layouts, as for :func:`knn`.
             Missing neighbours (a sample with fewer than k points) are left out of the
-            softmax; a query with none gets zeros.
+            weights and the max; a query with none gets zeros.
         validate: check points for NaN/inf, lengths/ids for range, a tensor sigma for > 0.
 
     Returns:
         Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
-        inputs. Differentiable with respect to ``features``, ``query``, ``ref`` and
-        ``sigma``: the search returns indices only, the distances are recomputed in torch
-        from the gathered points.
+        inputs. Differentiable with respect to ``features``, and for ``reduce="mean"`` with
+        respect to ``query``, ``ref`` and (softmax) ``sigma``: the search returns indices
+        only, the distances are recomputed in torch from the gathered points.
     """
+    weights = _weighting.resolve(weights, reduce, sigma)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
     flat = _flatten(query, ref, features, k, batch, validate)
-    _validate.scale("sigma", sigma)
-    _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
-    if isinstance(sigma, torch.Tensor) and validate and not torch.compiler.is_compiling():
-        _validate.positive_values("sigma", sigma)  # a value check: skipped inside compiled graphs
-    sigma = _validate.scale_tensor(sigma, dtype, query.device)
-    idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
-    logits = torch.where(valid, -dists / sigma, float("-inf"))
-    logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
-    weights = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
-    out = (weights[..., None] * flat.features.to(dtype)[idx]).sum(1)
+    if weights == "softmax":
+        _validate.scale("sigma", sigma)
+        _validate.same_device(query=query, sigma=sigma)
+        if isinstance(sigma, torch.Tensor) and validate and not torch.compiler.is_compiling():
+            _validate.positive_values("sigma", sigma)  # a value check: skipped inside compiled graphs
+        sigma = _validate.scale_tensor(sigma, dtype, query.device)
+    idx, valid = search(flat, k, backend, validate, dtype)
+    gathered = flat.features.to(dtype)[idx]  # (P, k, F)
+    if reduce == "max":
+        out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
+        out = torch.where(valid.any(1, keepdim=True), out, 0)  # a query with no neighbour: zeros
+        return _batch.unflatten(flat, out.to(out_dtype))
+    query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
+    if weights == "softmax":
+        logits = torch.where(valid, -_distances(query_c, ref_c[idx]) / sigma, float("-inf"))
+        logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
+        w = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
+    elif weights == "inverse_distance":
+        w = _inverse_distance_weights(query_c, ref_c[idx], valid)
+    else:
+        w = valid.to(dtype) / valid.sum(1, keepdim=True).clamp_min(1)
+    out = (w[..., None] * gathered).sum(1)
     return _batch.unflatten(flat, out.to(out_dtype))
+
+
+def _inverse_distance_weights(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Normalised 1 / max(d^2, 1e-16) over the valid neighbours (M, k); rows without any are 0.
+
+    Each row is scaled by its smallest clamped d^2 first (weights in (0, 1], no overflow for
+    any scale of coordinates); normalisation cancels the scale, so it carries no gradient.
+    """
+    sq = (query[:, None, :] - neighbours).square().sum(-1).clamp_min(_weighting.MIN_SQUARED_DISTANCE)
+    smallest = torch.where(valid, sq, float("inf")).amin(1, keepdim=True).detach()
+    smallest = torch.where(torch.isinf(smallest), 1, smallest)
+    w = torch.where(valid, smallest / sq, 0)
+    total = w.sum(1, keepdim=True)
+    return w / torch.where(total > 0, total, 1)
+
+
+def knn_interpolate(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    features: torch.Tensor,
+    k: int = 3,
+    *,
+    backend: str = "auto",
+    query_lengths: Optional[torch.Tensor] = None,
+    ref_lengths: Optional[torch.Tensor] = None,
+    query_batch: Optional[torch.Tensor] = None,
+    ref_batch: Optional[torch.Tensor] = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Inverse-distance interpolation of reference features at the query points.
+
+    PointNet++ feature propagation, and PyTorch Geometric's ``knn_interpolate``:
+    ``out_i = sum_j w_ij f_j / sum_j w_ij`` with ``w_ij = 1 / max(d_ij^2, 1e-16)`` over the
+    k nearest reference points. This is ``knn_aggregate(..., weights="inverse_distance")``,
+    except that k is capped at the number of reference rows (a coarse level may hold fewer
+    than 3 points).
+
+    Args:
+        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
+        ref: Tensor of shape (N, 3), N >= 1; (B, N, 3) padded; or (N_total, 3) packed.
+        features: Tensor of shape (N, F); (B, N, F); or (N_total, F).
+        k: number of neighbours (>= 1; default 3 as in PointNet++).
+        backend, query_lengths, ref_lengths, query_batch, ref_batch, validate: as for
+            :func:`knn_aggregate`.
+
+    Returns:
+        Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
+        inputs, differentiable with respect to ``features``, ``query`` and ``ref``.
+    """
+    _validate.tensor("ref", ref)
+    if ref.dim() >= 2 and ref.shape[-2] == 0:
+        raise ValueError("ref must hold at least one point to interpolate from")
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if ref.dim() >= 2 and k > ref.shape[-2]:
+        k = ref.shape[-2]
+    return knn_aggregate(
+        query, ref, features, k, None, backend, weights="inverse_distance", query_lengths=query_lengths,
+        ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch, validate=validate,
+    )
 
 
 __all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]

@@ -1,0 +1,241 @@
+"""Chamfer distance between point clouds, with PyTorch3D's semantics, on pcops' nearest-neighbour search.
+
+Each point of ``x`` is matched to its nearest point of ``y`` (and each point of ``y`` to its
+nearest in ``x``) by a search that returns indices only: pcops' kNN search with k = 1 for
+``norm=2`` (Euclidean nearest), the ``pcops::nearest_l1`` custom op for ``norm=1`` (nearest in
+the L1 metric: scipy's cKDTree on CPU, chunked brute force elsewhere). The costs are then
+recomputed in torch from the matched pairs, ``||x_i - y_nn(i)||_2^2`` or ``||x_i - y_nn(i)||_1``,
+so gradients reach both clouds and no (N, M) matrix is ever built.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from .. import _batch, _validate
+from .nearest import search
+
+POINT_REDUCTIONS = ("mean", "sum", "max", None)
+BATCH_REDUCTIONS = ("mean", "sum", None)
+_ENTRIES = 1 << 22  # L1 distances held per chunk of the brute-force search
+
+
+# ----------------------------------------------------------------------------------------------
+# The L1 nearest-neighbour search (norm=1)
+
+
+def _l1_brute(query, ref, query_group, ref_group) -> torch.Tensor:
+    """Index of the L1-nearest ref point per query (-1 if its group has none), in chunks; ties by smaller index."""
+    out = torch.full((query.shape[0],), -1, dtype=torch.int64, device=query.device)
+    if ref.shape[0] == 0:
+        return out
+    chunk = max(1, _ENTRIES // ref.shape[0])
+    for s in range(0, query.shape[0], chunk):
+        q = query[s : s + chunk]
+        d = (q[:, None, 0] - ref[None, :, 0]).abs()
+        d += (q[:, None, 1] - ref[None, :, 1]).abs()
+        d += (q[:, None, 2] - ref[None, :, 2]).abs()
+        if query_group is not None:
+            d.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
+        best, idx = d.min(1)  # the first minimal index
+        out[s : s + chunk] = torch.where(torch.isinf(best), -1, idx)
+    return out
+
+
+def _l1_scipy(query, ref, query_group, ref_group) -> torch.Tensor:
+    """The same with scipy's cKDTree (p=1, all cores), one tree per group."""
+    from scipy.spatial import cKDTree
+
+    q, r = query.numpy(), ref.numpy()
+    out = np.full(q.shape[0], -1, dtype=np.int64)
+    if query_group is None:
+        sets = [(np.arange(q.shape[0]), np.arange(r.shape[0]))]
+    else:
+        qg, rg = query_group.numpy(), ref_group.numpy()
+        sets = [(np.flatnonzero(qg == g), np.flatnonzero(rg == g)) for g in np.unique(qg)]
+    for rows, cols in sets:
+        if rows.size and cols.size:
+            _, nearest = cKDTree(r[cols]).query(q[rows], k=1, p=1, workers=-1)
+            out[rows] = cols[nearest]
+    return torch.from_numpy(out)
+
+
+@torch.library.custom_op("pcops::nearest_l1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def nearest_l1(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    validate: bool,
+    query_group: Optional[torch.Tensor] = None,
+    ref_group: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """(P,) int64 index of each query's nearest ref point in the L1 metric within its group, -1 if none."""
+    if (query_group is None) != (ref_group is None):
+        raise ValueError("query_group and ref_group must be given together")
+    if validate:
+        _validate.finite(query=query, ref=ref)
+    if query.device.type == "cpu":
+        return _l1_scipy(query, ref, query_group, ref_group)
+    return _l1_brute(query, ref, query_group, ref_group)
+
+
+@nearest_l1.register_fake
+def _(query, ref, validate, query_group=None, ref_group=None):
+    return query.new_empty((query.shape[0],), dtype=torch.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chamfer distance
+
+
+def _check_options(norm, single_directional, point_reduction, batch_reduction) -> None:
+    if isinstance(norm, bool) or norm not in (1, 2):
+        raise ValueError(f"norm must be 1 or 2, got {norm!r}")
+    if not isinstance(single_directional, bool):
+        raise TypeError(f"single_directional must be a bool, got {type(single_directional).__name__}")
+    if point_reduction not in POINT_REDUCTIONS:
+        raise ValueError(f"point_reduction must be one of {POINT_REDUCTIONS}, got {point_reduction!r}")
+    if batch_reduction not in BATCH_REDUCTIONS:
+        raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
+    if point_reduction is None and batch_reduction is not None:
+        raise ValueError("batch_reduction must be None when point_reduction is None")
+
+
+def _costs(a, b, layout: dict, norm: int, backend: str, validate: bool, dtype) -> tuple[torch.Tensor, _batch.Flat]:
+    """Per-point cost (P_a,) of the flat ``a`` to its nearest point of ``b``: 0 for padding and for no match."""
+    flat = _batch.flatten(a, b, None, validate=validate, **layout)
+    if b.shape[-2] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
+        return flat.query.to(dtype).sum(-1) * 0, flat
+    if norm == 2:
+        idx, valid = search(flat, 1, backend, validate, dtype)
+        idx, valid = idx[:, 0], valid[:, 0]
+    else:
+        q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
+        nearest = nearest_l1(q, r, validate, flat.query_group, flat.ref_group)
+        idx, valid = nearest.clamp_min(0), nearest >= 0
+    diff = flat.query.to(dtype) - flat.ref.to(dtype)[idx]
+    cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
+    return torch.where(valid, cost, 0), flat
+
+
+def _per_sample(cost, flat: _batch.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
+    """(B,) sum, mean or max of each sample's point costs (costs of padding rows are 0)."""
+    if flat.batch_shape:  # padded (B, P)
+        rows = cost.reshape(flat.batch_shape)
+        if reduction == "max":
+            return rows.amax(1) if rows.shape[1] else rows.sum(1)
+        total = rows.sum(1)
+        if reduction == "sum":
+            return total
+        count = lengths.to(cost.dtype) if lengths is not None else torch.full_like(total, rows.shape[1])
+        return total / count.clamp_min(1)
+    if batch_ids is None:  # one cloud
+        if reduction == "max":
+            return (cost.amax() if cost.numel() else cost.sum()).reshape(1)
+        return (cost.sum() if reduction == "sum" else cost.sum() / max(cost.shape[0], 1)).reshape(1)
+    zeros = cost.new_zeros(batch_size)
+    if reduction == "max":
+        return zeros.scatter_reduce(0, batch_ids, cost, "amax", include_self=True)  # costs are >= 0
+    total = zeros.index_add(0, batch_ids, cost)
+    if reduction == "sum":
+        return total
+    count = zeros.index_add(0, batch_ids, torch.ones_like(cost))
+    return total / count.clamp_min(1)
+
+
+def _batch_size(x, y, x_batch, y_batch, batch_size) -> int:
+    if x.dim() == 3:
+        return x.shape[0]
+    if x_batch is None:
+        return 1
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, torch.SymInt)) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not torch.compiler.is_compiling():  # ids past batch_size would index out of range
+            _validate.ids_in_range("x_batch", x_batch, 0, batch_size - 1)
+            _validate.ids_in_range("y_batch", y_batch, 0, batch_size - 1)
+        return batch_size
+    if torch.compiler.is_compiling():
+        raise ValueError("packed inputs under torch.compile need batch_size= (the number of samples), so no host read is traced")
+    ids = [t for t in (x_batch, y_batch) if t is not None and t.numel()]
+    return max((int(t.max()) for t in ids), default=0) + 1
+
+
+def chamfer_distance(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    x_lengths: Optional[torch.Tensor] = None,
+    y_lengths: Optional[torch.Tensor] = None,
+    x_batch: Optional[torch.Tensor] = None,
+    y_batch: Optional[torch.Tensor] = None,
+    norm: int = 2,
+    single_directional: bool = False,
+    point_reduction: Optional[str] = "mean",
+    batch_reduction: Optional[str] = "mean",
+    batch_size: Optional[int] = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Chamfer distance between the clouds ``x`` and ``y`` (PyTorch3D's ``chamfer_distance``).
+
+    ``cham_x[i] = min_j ||x_i - y_j||_2^2`` (``norm=2``) or ``min_j ||x_i - y_j||_1`` (``norm=1``),
+    and ``cham_y`` the same from ``y`` to ``x``. Per sample, ``point_reduction`` sums ("sum"),
+    averages over the sample's points ("mean") or takes the largest ("max", the Hausdorff
+    distance) of each; the loss is ``cham_x + cham_y`` (``max(cham_x, cham_y)`` for "max"), or
+    ``cham_x`` alone with ``single_directional=True``. ``batch_reduction`` then sums or averages
+    over the B samples. Padding rows and points whose sample of the other cloud is empty cost 0.
+
+    Args:
+        x: Tensor of shape (P1, 3); (B, P1, 3) padded; or (P1_total, 3) packed.
+        y: Tensor of shape (P2, 3); (B, P2, 3) padded; or (P2_total, 3) packed.
+        x_lengths, y_lengths: optional int tensors (B,) for padded inputs (PyTorch3D's lengths).
+        x_batch, y_batch: int sample ids (P1_total,) / (P2_total,) of packed inputs.
+        norm: 2 (squared Euclidean, nearest in Euclidean distance) or 1 (L1, nearest in L1).
+        single_directional: only the x -> y term.
+        point_reduction: "mean", "sum", "max" or None (per-point costs).
+        batch_reduction: "mean", "sum" or None (per-sample losses); None when point_reduction is.
+        batch_size: number of samples of packed inputs; by default one more than the largest
+            id (a host read; required under ``torch.compile``).
+        backend: kNN search backend for ``norm=2``, as for :func:`pcops.knn`.
+        validate: check points for NaN/inf and lengths/ids for range.
+
+    Returns:
+        With reductions: a scalar (batch_reduction) or a (B,) tensor (one cloud: B = 1; a
+        0-d tensor with ``batch_reduction=None``). With ``point_reduction=None``: the tuple
+        ``(cham_x, cham_y)`` of per-point costs in the input layout ((P1,), (B, P1) or
+        (P1_total,) and likewise for y), or ``cham_x`` alone if single_directional. Unlike
+        PyTorch3D, no ``(loss, loss_normals)`` pair: normals are not supported. In the
+        promoted dtype of the points (float16/bfloat16 computed in float32); differentiable
+        with respect to both clouds.
+    """
+    _check_options(norm, single_directional, point_reduction, batch_reduction)
+    dtype, out_dtype = _validate.compute_dtype(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else (None, None)
+    forward = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
+    cost_x, flat_x = _costs(x, y, forward, norm, backend, validate, dtype)
+    b = _batch_size(x, y, x_batch, y_batch, batch_size)
+    terms = [(cost_x, flat_x, x_lengths, x_batch)]
+    if not single_directional:
+        backward = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
+        cost_y, flat_y = _costs(y, x, backward, norm, backend, validate, dtype)
+        terms.append((cost_y, flat_y, y_lengths, y_batch))
+    if point_reduction is None:
+        per_point = tuple(_batch.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
+        return per_point[0] if single_directional else per_point
+    per_sample = [_per_sample(cost, flat, lengths, ids, b, point_reduction) for cost, flat, lengths, ids in terms]
+    if single_directional:
+        loss = per_sample[0]
+    elif point_reduction == "max":
+        loss = torch.maximum(*per_sample)
+    else:
+        loss = per_sample[0] + per_sample[1]
+    if batch_reduction is not None:
+        loss = loss.sum() if batch_reduction == "sum" else loss.sum() / max(b, 1)
+    elif x.dim() == 2 and x_batch is None:
+        loss = loss.reshape(())  # one cloud: no batch dimension
+    return loss.to(out_dtype)
+
+
+__all__ = ["chamfer_distance", "nearest_l1"]

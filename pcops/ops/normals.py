@@ -1,0 +1,146 @@
+"""Surface normals of point clouds from the covariance of each point's k nearest neighbours.
+
+The normal of point ``p_i`` is the eigenvector of the smallest eigenvalue of
+``C_i = 1/k sum_{j in kNN(i)} (p_j - m_i)(p_j - m_i)^T`` with ``m_i`` the neighbourhood's mean
+(the neighbourhood includes ``p_i`` itself), as Open3D's ``estimate_normals`` and PyTorch3D's
+``estimate_pointcloud_normals`` compute it. The search is pcops' kNN search; the covariances
+and the batched 3x3 eigen-solve (``torch.linalg.eigh``) are torch, so the normals are
+differentiable with respect to the points wherever the smallest eigenvalue is simple.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _batch, _validate
+from .nearest import _flatten, search
+
+
+class _SmallestEigenvector(torch.autograd.Function):
+    """Unit eigenvector of the smallest eigenvalue of symmetric 3x3 matrices (P, 3, 3) -> (P, 3).
+
+    The backward uses only the gaps to the smallest eigenvalue, ``dv0 = sum_{i>0} v_i v_i^T dC
+    v0 / (l0 - l_i)``, so equal larger eigenvalues (a disc-shaped neighbourhood on a regular
+    grid) give finite gradients, where differentiating the full ``eigh`` gives NaN; a row that
+    receives no gradient passes none on, whatever its eigenvalues.
+    """
+
+    @staticmethod
+    def forward(cov):
+        values, vectors = torch.linalg.eigh(cov)
+        return vectors[..., 0], values, vectors
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, values, vectors = output
+        ctx.save_for_backward(values, vectors)
+        ctx.mark_non_differentiable(values, vectors)
+
+    @staticmethod
+    def backward(ctx, grad, _values, _vectors):
+        values, vectors = ctx.saved_tensors
+        v0, rest = vectors[..., 0], vectors[..., 1:]  # (P, 3), (P, 3, 2)
+        gap = values[..., :1] - values[..., 1:]  # (P, 2), < 0
+        along = torch.einsum("pc,pci->pi", grad, rest)
+        # (g . v_i) / (l0 - l_i); no gradient in, none out (padding rows have all-zero covariances)
+        coeff = torch.where(along == 0, 0, along / torch.where(along == 0, 1, gap))
+        g = torch.einsum("pi,pci,pd->pcd", coeff, rest, v0)
+        return 0.5 * (g + g.transpose(-1, -2))
+
+
+def estimate_normals(
+    points: torch.Tensor,
+    k: int,
+    *,
+    lengths: Optional[torch.Tensor] = None,
+    batch: Optional[torch.Tensor] = None,
+    orient_to: Optional[torch.Tensor] = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> torch.Tensor:
+    """Unit normals from the smallest eigenvector of each point's kNN covariance.
+
+    Args:
+        points: Tensor of shape (P, 3); (B, P, 3) padded; or (P_total, 3) packed.
+        k: neighbourhood size including the point itself, 1 <= k <= P (3 or more for a
+            meaningful normal; a point whose sample holds fewer uses the points it has).
+        lengths: optional int tensor (B,) for padded points (rows past a length are padding).
+        batch: int sample ids (P_total,) of packed points.
+        orient_to: optional viewpoint, Tensor of shape (3,) or, for batches, (B, 3) (one per
+            sample): each normal is flipped to point towards it, ``n . (o - p) >= 0``.
+            Without it, the sign is arbitrary but fixed: the largest-magnitude component of
+            each normal is positive.
+        backend: kNN search backend, as for :func:`pcops.knn`.
+        validate: check points for NaN/inf and lengths/ids for range.
+
+    Returns:
+        Tensor of the shape of ``points``: unit normals in the dtype of the points
+        (float16/bfloat16 computed in float32); zeros for padding rows. Differentiable with
+        respect to ``points`` where the smallest covariance eigenvalue is simple.
+    """
+    _validate.tensor("points", points)
+    if points.dim() not in (2, 3) or points.shape[-1] != 3:
+        raise ValueError(f"points must be a tensor of shape (P, 3) or (B, P, 3), got shape {tuple(points.shape)}")
+    layout = dict(query_lengths=lengths, ref_lengths=lengths, query_batch=batch, ref_batch=batch)
+    if batch is not None and points.dim() == 3:
+        raise ValueError("batch describes packed (P, 3) points; padded (B, P, 3) points take lengths")
+    if lengths is not None and points.dim() == 2:
+        raise ValueError("lengths describes padded (B, P, 3) points; packed points take batch")
+    _validate.ids("lengths", lengths, points.shape[0] if points.dim() == 3 else 0, "(B,)")
+    _validate.ids("batch", batch, points.shape[0], "(P_total,)")
+    if validate and not torch.compiler.is_compiling():  # value checks named as the caller named them
+        _validate.ids_in_range("lengths", lengths, 0, points.shape[1] if points.dim() == 3 else 0)
+        _validate.ids_in_range("batch", batch, 0, None)
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if k > points.shape[-2]:
+        raise ValueError(f"k must be <= the number of points, got k={k} for {points.shape[-2]} points")
+    flat = _flatten(points, points, None, k, layout, validate)
+    dtype, out_dtype = _validate.compute_dtype(points)
+    idx, valid = search(flat, k, backend, validate, dtype)
+
+    neighbours = flat.ref.to(dtype)[idx]  # (P, k, 3)
+    if flat.query_group is None:  # one cloud: all k neighbours exist
+        centred = neighbours - neighbours.mean(1, keepdim=True)
+        cov = centred.transpose(1, 2) @ centred / k
+    else:  # a sample with fewer than k points: only its valid neighbours count
+        w = valid.to(dtype)[..., None]  # (P, k, 1)
+        count = w.sum(1, keepdim=True).clamp_min(1)  # (P, 1, 1)
+        centred = (neighbours - (w * neighbours).sum(1, keepdim=True) / count) * w
+        cov = centred.transpose(1, 2) @ centred / count
+    normals, _, _ = _SmallestEigenvector.apply(cov)
+
+    direction = normals.detach()
+    if orient_to is not None:
+        towards = (direction * (_viewpoints(orient_to, points, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
+    else:  # the largest-magnitude component positive
+        towards = direction.gather(-1, direction.abs().argmax(-1, keepdim=True))
+    normals = torch.where(towards < 0, -normals, normals)
+    if flat.query_group is not None:
+        normals = torch.where(valid[:, :1], normals, 0)  # padding rows: zeros
+    return _batch.unflatten(flat, normals.to(out_dtype))
+
+
+def _viewpoints(orient_to, points, flat: _batch.Flat, dtype) -> torch.Tensor:
+    """The viewpoint of every flat point: (P, 3)."""
+    _validate.tensor("orient_to", orient_to)
+    _validate.same_device(points=points, orient_to=orient_to)
+    o = orient_to.to(dtype)
+    if o.shape == (3,):
+        return o.expand(flat.query.shape[0], 3)
+    if o.dim() != 2 or o.shape[1] != 3:
+        raise ValueError(f"orient_to must be a tensor of shape (3,) or (B, 3), got shape {tuple(o.shape)}")
+    if flat.batch_shape:  # padded (B, P, 3)
+        if o.shape[0] != flat.batch_shape[0]:
+            raise ValueError(f"orient_to must have one row per sample: got {o.shape[0]} rows for B={flat.batch_shape[0]}")
+        return o[:, None, :].expand(*flat.batch_shape, 3).reshape(-1, 3)
+    if flat.query_group is None:
+        raise ValueError(f"orient_to of shape {tuple(o.shape)} needs batched points; a single cloud takes shape (3,)")
+    if not torch.compiler.is_compiling():
+        _validate.ids_in_range("batch", flat.query_group, 0, o.shape[0] - 1)
+    return o[flat.query_group.long()]
+
+
+__all__ = ["estimate_normals"]

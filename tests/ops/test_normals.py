@@ -1,0 +1,200 @@
+"""pcops.estimate_normals on planes, spheres and noisy surfaces, against analytic normals and a float64 reference."""
+
+import math
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.compile_check import assert_compiles_like_eager
+from tests.reference import CLOUDS, cloud
+
+F64 = torch.float64
+
+
+def plane(gen, n=400, noise=0.0):
+    """Points on the plane z = 0.3 x - 0.2 y + 0.1 (plus normal noise), and its unit normal."""
+    xy = torch.rand(n, 2, generator=gen, dtype=F64) * 2 - 1
+    z = 0.3 * xy[:, :1] - 0.2 * xy[:, 1:] + 0.1
+    normal = torch.tensor([-0.3, 0.2, 1.0], dtype=F64)
+    normal = normal / normal.norm()
+    pts = torch.cat([xy, z], 1) + noise * torch.randn(n, 1, generator=gen, dtype=F64) * normal
+    return pts, normal
+
+
+def sphere(gen, n=2000, radius=0.7, centre=(0.2, -0.1, 0.3)):
+    d = torch.randn(n, 3, generator=gen, dtype=F64)
+    d = d / d.norm(dim=1, keepdim=True)
+    c = torch.tensor(centre, dtype=F64)
+    return c + radius * d, d, c
+
+
+def test_plane_normals_are_exact(gen):
+    pts, normal = plane(gen)
+    n = pcops.estimate_normals(pts, 8)
+    torch.testing.assert_close((n @ normal).abs(), torch.ones(len(pts), dtype=F64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(n.norm(dim=1), torch.ones(len(pts), dtype=F64), rtol=0, atol=1e-12)
+
+
+def test_orient_to_a_point_flips_towards_it(gen):
+    pts, normal = plane(gen)
+    above = pcops.estimate_normals(pts, 8, orient_to=torch.tensor([0.0, 0.0, 5.0], dtype=F64))
+    below = pcops.estimate_normals(pts, 8, orient_to=torch.tensor([0.0, 0.0, -5.0], dtype=F64))
+    torch.testing.assert_close(above @ normal, torch.ones(len(pts), dtype=F64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(below, -above, rtol=0, atol=0)
+
+
+def test_sphere_normals_are_radial_and_point_inwards_to_the_centre(gen):
+    pts, radial, centre = sphere(gen)
+    n = pcops.estimate_normals(pts, 10, orient_to=centre)
+    cos = (n * radial).sum(1)
+    assert cos.max() < 0  # towards the centre
+    angle = torch.rad2deg(torch.acos((-cos).clamp(max=1)))
+    assert angle.median() < 2.0 and angle.max() < 10.0  # curvature bias of one-sided random neighbourhoods
+
+
+def test_noisy_plane_is_close_to_the_analytic_normal(gen):
+    pts, normal = plane(gen, n=3000, noise=0.005)
+    n = pcops.estimate_normals(pts, 30)
+    angle = torch.rad2deg(torch.acos((n @ normal).abs().clamp(max=1)))
+    assert angle.median() < 2.0 and angle.max() < 10.0
+
+
+def test_unoriented_sign_rule_largest_component_positive(gen):
+    pts, _, _ = sphere(gen, n=300)
+    n = pcops.estimate_normals(pts, 8)
+    assert torch.all(n.gather(1, n.abs().argmax(1, keepdim=True)) > 0)
+
+
+@pytest.mark.parametrize("backend", ["warp", "scipy", "torch"])
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_matches_the_float64_reference_up_to_sign(gen, backend, kind):
+    _, p, _ = cloud(kind, gen)
+    n = pcops.estimate_normals(p, 9, backend=backend)
+    ref, values = reference.normals(p, 9)
+    # defined where the smallest eigenvalue is simple (in the duplicates cloud a point and its
+    # copies fill 3 of the 9 places: some neighbourhoods hold only two distinct points)
+    ok = values[:, 1] - values[:, 0] > 1e-9 * values[:, 2]
+    assert ok.float().mean() > 0.3
+    torch.testing.assert_close((n * ref).sum(1).abs()[ok], torch.ones(int(ok.sum()), dtype=F64), rtol=0, atol=1e-8)
+
+
+def test_matches_open3d_where_installed(gen):
+    o3d = pytest.importorskip("open3d", reason="open3d is not installed or does not load here", exc_type=ImportError)
+    pts, _, _ = sphere(gen, n=1000)
+    pc = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(pts.numpy()))
+    pc.estimate_normals(o3d.geometry.KDTreeSearchParamKNN(12))
+    theirs = torch.from_numpy(__import__("numpy").asarray(pc.normals))
+    ours = pcops.estimate_normals(pts, 12)
+    torch.testing.assert_close((ours * theirs).sum(1).abs(), torch.ones(len(pts), dtype=F64), rtol=0, atol=1e-6)
+
+
+def _batch(gen):
+    pts = torch.rand(4, 9, 3, generator=gen, dtype=F64)
+    return pts, torch.tensor([9, 0, 5, 2])  # an empty sample and one smaller than k
+
+
+def test_padded_and_packed_equal_a_loop(gen):
+    pts, lengths = _batch(gen)
+    k = 4
+    view = torch.rand(4, 3, generator=gen, dtype=F64) * 4 - 2
+    out = pcops.estimate_normals(pts, k, lengths=lengths, orient_to=view)
+    rows, ids, expected = [], [], []
+    for b, n in enumerate(lengths.tolist()):
+        if n:
+            expected.append(pcops.estimate_normals(pts[b, :n], min(k, n), orient_to=view[b]))
+            torch.testing.assert_close(out[b, :n], expected[-1])
+        assert torch.all(out[b, n:] == 0)
+        rows += [pts[b, i] for i in range(n)]
+        ids += [b] * n
+    perm = torch.randperm(len(rows), generator=gen)
+    packed = torch.stack(rows)[perm]
+    batch = torch.tensor(ids)[perm]
+    out = pcops.estimate_normals(packed, k, batch=batch, orient_to=view)
+    torch.testing.assert_close(out, torch.cat(expected)[perm])
+
+
+def test_gradcheck(gen):
+    pts, _ = plane(gen, n=30, noise=0.05)
+    pts.requires_grad_()
+    view = torch.tensor([0.0, 0.0, 3.0], dtype=F64)
+    assert torch.autograd.gradcheck(lambda p: pcops.estimate_normals(p, 6, orient_to=view), (pts,))
+
+
+def test_gradcheck_padded_batch(gen):
+    pts = torch.rand(2, 8, 3, generator=gen, dtype=F64).requires_grad_()
+    lengths = torch.tensor([8, 6])
+    assert torch.autograd.gradcheck(lambda p: pcops.estimate_normals(p, 5, lengths=lengths), (pts,))
+
+
+def test_gradient_is_finite_on_a_regular_grid(gen):
+    # every neighbourhood of a square grid is symmetric: the two larger eigenvalues are equal
+    g = torch.arange(6, dtype=F64)
+    pts = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
+    pts = torch.cat([pts, torch.zeros(len(pts), 1, dtype=F64)], 1).requires_grad_()
+    n = pcops.estimate_normals(pts, 5, orient_to=torch.tensor([0.0, 0.0, 1.0], dtype=F64))
+    torch.testing.assert_close(n, torch.tensor([0.0, 0.0, 1.0], dtype=F64).expand_as(n), rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad((n * torch.randn(n.shape, generator=gen, dtype=F64)).sum(), pts)
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes(gen, dtype):
+    pts, normal = plane(gen)
+    n = pcops.estimate_normals(pts.to(dtype), 8)
+    assert n.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert ((n.double() @ normal).abs() - 1).abs().max() < tol
+
+
+def _bad():
+    p = torch.rand(10, 3)
+    nan = p.clone()
+    nan[3, 1] = float("nan")
+    return [
+        (lambda: pcops.estimate_normals(p, 11), ValueError, "k must be <= the number of points"),
+        (lambda: pcops.estimate_normals(p, 0), ValueError, "k must be >= 1"),
+        (lambda: pcops.estimate_normals(p, 3.0), TypeError, "k must be an int"),
+        (lambda: pcops.estimate_normals(p[:, :2], 3), ValueError, "points must be a tensor of shape"),
+        (lambda: pcops.estimate_normals(p.long(), 3), TypeError, "points"),
+        (lambda: pcops.estimate_normals(nan, 3), ValueError, "contains NaN"),
+        (lambda: pcops.estimate_normals(p, 3, orient_to=torch.zeros(2)), ValueError, "orient_to must be a tensor of shape"),
+        (lambda: pcops.estimate_normals(p, 3, orient_to=torch.zeros(2, 3)), ValueError, "orient_to"),
+        (lambda: pcops.estimate_normals(p[None], 3, lengths=torch.tensor([11])), ValueError, "lengths values"),
+        (lambda: pcops.estimate_normals(p[None], 3, lengths=torch.tensor([1.0])), TypeError, "lengths"),
+        (lambda: pcops.estimate_normals(p, 3, batch=torch.zeros(9, dtype=torch.int64)), ValueError, "batch must be a tensor of shape"),
+        (lambda: pcops.estimate_normals(p, 3, batch=torch.full((10,), -1)), ValueError, "batch values must be >= 0"),
+        (lambda: pcops.estimate_normals(p, 3, batch=torch.ones(10, dtype=torch.int64), orient_to=torch.zeros(1, 3)), ValueError, "batch values"),
+        (lambda: pcops.estimate_normals(p[None], 3, batch=torch.zeros(10, dtype=torch.int64)), ValueError, "padded"),
+    ]
+
+
+@pytest.mark.parametrize("call,error,match", _bad())
+def test_bad_input_raises_clear_error(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+class _Normals(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.move = torch.nn.Linear(3, 3)
+
+    def forward(self, query, ref):
+        moved = self.move(ref)
+        n = pcops.estimate_normals(query, 6, orient_to=moved.mean(0))
+        padded = pcops.estimate_normals(torch.stack([moved, moved.flip(0)]), 5, lengths=torch.tensor([ref.shape[0], ref.shape[0] - 4]))
+        return n.sum(0) + padded.sum((0, 1))
+
+
+def test_compile_fullgraph_matches_eager_without_recompiling_per_size(gen):
+    assert_compiles_like_eager(_Normals(), [(30, 50), (45, 80)], gen)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(gen):
+    pts, normal = plane(gen, n=2000, noise=0.01)
+    view = torch.tensor([0.0, 0.0, 5.0], dtype=F64)
+    out = pcops.estimate_normals(pts.cuda(), 12, orient_to=view.cuda())
+    torch.testing.assert_close(out.cpu(), pcops.estimate_normals(pts, 12, orient_to=view), rtol=1e-9, atol=1e-9)
