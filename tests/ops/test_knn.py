@@ -1,5 +1,6 @@
 """pcops.knn, pcops.knn_aggregate and KNNAggregation against dense float64 references."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -171,14 +172,20 @@ def test_bad_input_raises_clear_error(call, error, match):
         call()
 
 
+def _missing(monkeypatch, name: str) -> None:
+    """Make backend ``name`` look uninstalled (backends are frozen: swap in a changed copy)."""
+    changed = dataclasses.replace(knn_module.BACKENDS[name], requires=("a_module_that_is_not_installed",))
+    monkeypatch.setitem(knn_module.BACKENDS, name, changed)
+
+
 def test_forcing_a_missing_backend_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(knn_module.BACKENDS["scipy"], "requires", ("a_module_that_is_not_installed",))
+    _missing(monkeypatch, "scipy")
     with pytest.raises(ImportError, match="pip install scipy"):
         pcops.knn(torch.rand(3, 3), torch.rand(5, 3), 2, backend="scipy")
 
 
 def test_auto_falls_back_with_one_warning(monkeypatch):
-    monkeypatch.setattr(knn_module.BACKENDS["warp"], "requires", ("a_module_that_is_not_installed",))
+    _missing(monkeypatch, "warp")
     knn_module._warn_fallback.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

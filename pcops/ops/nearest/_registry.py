@@ -10,6 +10,7 @@ idx -1 and dist inf in the remaining columns. Search results are not differentia
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Callable, Optional
 
@@ -20,11 +21,15 @@ from ... import _validate
 BACKENDS: dict[str, "Backend"] = {}
 
 
+@dataclasses.dataclass(frozen=True)
 class Backend:
     """A registered search backend: its custom op, the devices it runs on and what it needs."""
 
-    def __init__(self, name: str, op, devices: tuple[str, ...], requires: tuple[str, ...], install: str):
-        self.name, self.op, self.devices, self.requires, self.install = name, op, devices, requires, install
+    name: str
+    op: Callable
+    devices: tuple[str, ...]
+    requires: tuple[str, ...] = ()
+    install: str = ""
 
     def available(self) -> bool:
         """All the modules it needs import."""
@@ -58,9 +63,12 @@ def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (),
                 _validate.finite(query=query, ref=ref)
             return fn(query, ref, k, query_group, ref_group)
 
-        op = torch.library.custom_op(f"pcops::knn_{name}", search, mutates_args=())
+        # every backend syncs or allocates outside torch: CUDA graphs must not capture it
+        op = torch.library.custom_op(
+            f"pcops::knn_{name}", search, mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,)
+        )
         op.register_fake(_fake)
-        BACKENDS[name] = Backend(name, op, devices, requires, install)
+        BACKENDS[name] = Backend(name=name, op=op, devices=devices, requires=requires, install=install)
         return op
 
     return register
