@@ -5,15 +5,31 @@ correct inside PyTorch live in one place:
 
 * tensors are converted with ``requires_grad=False`` and ``return_ctype=True`` (no gradient
   buffer is allocated, no device-wide sync, the cheapest conversion);
-* launches on CUDA go on PyTorch's current stream;
+* on CUDA, Warp works on PyTorch's current stream through one ``wp.Stream`` per (device, torch
+  stream) kept for the life of the process (:func:`cuda_stream`): Warp unregisters a wrapped
+  stream when its ``wp.Stream`` is garbage-collected, which resets the device's current
+  stream to the legacy NULL stream and frees that stream's sort scratch unordered with
+  pending work, so wrappers must never be per call. An op enters :func:`stream` once (grid
+  builds follow the device's current stream) and :func:`launch` passes ``stream=`` explicitly;
+* Warp-owned objects used on a non-blocking torch stream (a ``torch.cuda.Stream()``) are
+  handed to :func:`keep_alive`, which orders their release after that work as Warp's
+  concurrency guide prescribes (a blocking stream waits for the non-blocking one);
+* kernels are built and loaded once per process under one lock (Warp's code generation is
+  not thread-safe), each kernel variant is its own Warp module (``module="unique"``), so the
+  on-disk kernel cache does not depend on the order in which variants are first used;
 * Warp's CPU kernels run on one thread, so :func:`launch` splits the thread range across a
   pool (Warp launches release the GIL) and gives each extra chunk a private copy of the
-  arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the CPU.
+  arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the CPU. The pool
+  is dropped in a forked child (its threads do not exist there) and made again on demand.
 """
 
 import contextlib
+import errno
 import functools
 import os
+import sys
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -22,13 +38,81 @@ import warp as wp
 # Below this many threads a launch is not worth splitting across CPU threads.
 _MIN_CHUNK = 1024
 
+# One re-entrant lock for everything in Warp that is not thread-safe and happens once:
+# initialisation, kernel creation (code generation, module hashing) and first module loads.
+_BUILD_LOCK = threading.RLock()
+# The grid builds follow the device's current Warp stream, which is per device, not per
+# thread: builds are serialised so that each one is enqueued on its own op's stream.
+_STREAM_LOCK = threading.RLock()
 
-@functools.cache
+_CUDA_DRIVER_WARNING = "Could not find or load the NVIDIA CUDA driver"
+
+
 def init() -> None:
-    """Initialise Warp once, without its banner unless the user asked for Warp's info logs."""
+    """Initialise Warp once, quietly.
+
+    Warp's banner is kept out of users' logs unless they asked for Warp's info logs, and on a
+    machine where PyTorch sees no CUDA, Warp's "Could not find or load the NVIDIA CUDA driver"
+    line (printed by its native library) is filtered out: a CPU user did not ask for CUDA.
+    Everything else Warp prints during initialisation still reaches stderr.
+    """
+    if not _initialised:
+        with _BUILD_LOCK:
+            if not _initialised:
+                _init()
+                _initialised.append(True)
+
+
+_initialised: list = []
+
+
+def _init() -> None:
     if wp.config.log_level == wp.LOG_INFO:  # Warp's default: keep the greeting out of users' logs
         wp.config.log_level = wp.LOG_WARNING
-    wp.init()
+    with _cache_dir_errors():
+        if torch.cuda.is_available():
+            wp.init()
+            return
+        with _filtered_stderr(_CUDA_DRIVER_WARNING):
+            wp.init()
+
+
+@contextlib.contextmanager
+def _filtered_stderr(drop: str):
+    """Capture file descriptor 2 (native code prints there) and re-emit it without lines containing ``drop``."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode(errors="replace")
+            kept = "".join(line for line in text.splitlines(keepends=True) if drop not in line)
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _cache_dir_errors():
+    """Turn a failure to write Warp's kernel cache into an error that says what to do."""
+    try:
+        yield
+    except OSError as err:
+        where = str(getattr(wp.config, "kernel_cache_dir", None) or os.environ.get("WARP_CACHE_PATH", ""))
+        name = str(err.filename or "")
+        in_cache = bool(where and name) and (name.startswith(where) or where.startswith(name))
+        if not in_cache and err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise RuntimeError(
+            f"pcops could not write Warp's kernel cache directory {where!r} ({err.strerror}): Warp compiles "
+            "each kernel there on first use. Set the WARP_CACHE_PATH environment variable to a writable "
+            "directory (before the first pcops call), or pre-build the cache where it is writable"
+        ) from err
 
 
 def scalar(dtype: torch.dtype):
@@ -46,11 +130,38 @@ def device(t: torch.Tensor):
     return "cpu" if t.device.type == "cpu" else wp.device_from_torch(t.device)
 
 
+# (device index, torch stream handle) -> wp.Stream. Never emptied: a wp.Stream must not be
+# garbage-collected (see the module docs). torch's own streams come from fixed per-device
+# pools, so this holds a few entries per device.
+_streams: dict = {}
+
+
+def cuda_stream(t: torch.Tensor):
+    """The process-wide ``wp.Stream`` of PyTorch's current stream on ``t``'s CUDA device (None on CPU)."""
+    if t.device.type != "cuda":
+        return None
+    current = torch.cuda.current_stream(t.device)
+    key = (current.device_index, current.cuda_stream)
+    found = _streams.get(key)
+    if found is None:
+        with _STREAM_LOCK:
+            found = _streams.get(key)
+            if found is None:
+                init()
+                found = _streams[key] = wp.stream_from_torch(current)
+    return found
+
+
 def stream(t: torch.Tensor):
-    """Context manager that makes Warp launch on PyTorch's current stream of ``t``'s device."""
-    if t.device.type == "cuda":
-        return wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(t.device)))
-    return contextlib.nullcontext()
+    """Context manager of one op: Warp's current stream on ``t``'s device is PyTorch's current stream.
+
+    Enter it once per op, around the grid builds and launches. No-op on the CPU.
+    """
+    s = cuda_stream(t)
+    if s is None:
+        return contextlib.nullcontext()
+    # sync_enter=False: pcops' inputs are ordered on torch's stream, not on Warp's previous one
+    return wp.ScopedStream(s, sync_enter=False)
 
 
 def array(t: torch.Tensor, dtype=None):
@@ -64,35 +175,61 @@ def hash_grid(points: torch.Tensor, cell: float, groups: torch.Tensor | None = N
     The number of hash buckets grows with N (about 8 per point, at most 128^3), so small
     clouds do not pay for clearing a large table and large ones see few foreign candidates.
     ``groups`` (N,) int32 partitions the grid: a grouped query only visits its own group.
+    On CUDA the build is enqueued on PyTorch's current stream (``HashGrid.build`` takes no
+    stream argument: it follows the device's current Warp stream, set here under a lock).
     """
     dim = max(8, min(128, int(round(2.0 * max(points.shape[0], 1) ** (1.0 / 3.0)))))
     grid = wp.HashGrid(dim, dim, dim, device=device(points), dtype=scalar(points.dtype))
     pts = wp.from_torch(points, dtype=vec3(points.dtype), requires_grad=False)
     grp = None if groups is None else wp.from_torch(groups, dtype=wp.int32, requires_grad=False)
-    grid.build(pts, float(cell), groups=grp)
+    s = cuda_stream(points)
+    if s is None:
+        grid.build(pts, float(cell), groups=grp)
+    else:
+        with _STREAM_LOCK, wp.ScopedStream(s, sync_enter=False):
+            grid.build(pts, float(cell), groups=grp)
     return grid
 
 
-_pending: list = []  # (CUDA event, Warp resource): resources kept alive until their stream work completes
+@functools.cache
+def _keepalive_stream(dev) -> wp.Stream:
+    return wp.Stream(dev)  # created by Warp: blocking, so Warp's deferred frees wait for it
 
 
 def keep_alive(resource, like: torch.Tensor) -> None:
-    """Hold a Warp-owned resource (a HashGrid) until the work queued so far on ``like``'s stream is done.
+    """Make the release of a Warp-owned ``resource`` (a HashGrid) wait for the work queued on ``like``'s stream.
 
-    Warp's documentation asks that Warp-owned resources used on a non-blocking stream (as
-    ``torch.cuda.Stream()`` is) are not freed while that work is pending. pcops builds a grid
-    per call, so instead of a host synchronisation it records an event and drops the grid on a
-    later call, once the event has completed. No-op on the CPU.
+    Warp frees its objects with ``cudaFreeAsync`` on the legacy NULL stream, which waits for
+    blocking streams only. On a non-blocking torch stream (``torch.cuda.Stream()``) Warp's
+    concurrency guide prescribes a Warp-created blocking stream that waits for the
+    non-blocking one before the object is dropped: no host synchronisation. Call it after the
+    last launch that uses ``resource``, while ``resource`` is still referenced. No-op on the
+    CPU and on blocking streams (PyTorch's default stream).
     """
-    if like.device.type != "cuda":
-        return
-    _pending[:] = [(event, res) for event, res in _pending if not event.query()]
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(like.device))
-    _pending.append((event, resource))
+    s = cuda_stream(like)
+    if s is not None and not s.is_blocking:
+        _keepalive_stream(s.device).wait_stream(s)
 
 
-@functools.cache
+def kernels(factory):
+    """Decorator for a kernel factory: cached per arguments, and run under the build lock.
+
+    Warp's code generation and module hashing (run when ``@wp.kernel`` is applied) are not
+    thread-safe: two threads creating the same kernels at once fail inside Warp. The
+    factory's kernels should be declared ``@wp.kernel(enable_backward=False, module="unique")``.
+    """
+    cached = functools.cache(factory)
+
+    @functools.wraps(factory)
+    def locked(*args):
+        with _BUILD_LOCK:
+            return cached(*args)
+
+    locked.cache_clear = cached.cache_clear
+    return locked
+
+
+@kernels
 def kernel_funcs(dtype: torch.dtype, grouped: bool):
     """Warp functions shared by the kernels of one float dtype: ``point`` and ``neighbours``.
 
@@ -103,11 +240,11 @@ def kernel_funcs(dtype: torch.dtype, grouped: bool):
     """
     s, v = scalar(dtype), vec3(dtype)
 
-    @wp.func
+    @wp.func(module="unique")
     def point(x: wp.array2d(dtype=s), i: int):
         return v(x[i, 0], x[i, 1], x[i, 2])
 
-    @wp.func
+    @wp.func(module="unique")
     def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
         if wp.static(grouped):
             return wp.hash_grid_query(grid, q, radius, groups[i])
@@ -116,9 +253,28 @@ def kernel_funcs(dtype: torch.dtype, grouped: bool):
     return point, neighbours
 
 
-@functools.cache
+# (kernel, device) pairs launched once in this process: the first launch of each builds or loads
+# its module, under the build lock and on one thread
+_loaded: set = set()
+
+
+_pool_state: list = []  # [ThreadPoolExecutor] once made in this process
+
+
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pcops")
+    if not _pool_state:
+        with _STREAM_LOCK:
+            if not _pool_state:
+                _pool_state.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pcops"))
+    return _pool_state[0]
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist here, so its executor would wait forever."""
+    _pool_state.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _convert(arg):
@@ -129,19 +285,18 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
     The kernel's first parameter is the index of its first thread (``start``), followed by
-    ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On the CPU
-    the range is split over ``torch.get_num_threads()`` pool threads; the tensors at the
-    positions ``scatter`` (accumulated with ``atomic_add``) get a zeroed private copy per
-    extra chunk, summed back into the original after the launches.
+    ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
+    launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
+    over ``torch.get_num_threads()`` pool threads; the tensors at the positions ``scatter``
+    (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk, summed back
+    into the original after the launches. The first launch of a kernel on a device (which
+    compiles or loads its module) runs alone, under the build lock.
     """
     if n <= 0:
         return
     dev = device(like)
-    chunks = 1 if like.device.type != "cpu" else max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
-    if chunks == 1:
-        with stream(like):
-            wp.launch(kernel, dim=n, inputs=[0, *map(_convert, args)], device=dev)
-        return
+    s = cuda_stream(like)
+    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
     bounds = [n * c // chunks for c in range(chunks + 1)]
     private = [list(args)] + [
         [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)
@@ -149,9 +304,22 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
 
     def run(c: int) -> None:
         start, stop = bounds[c], bounds[c + 1]
-        wp.launch(kernel, dim=stop - start, inputs=[start, *map(_convert, private[c])], device=dev)
+        wp.launch(kernel, dim=stop - start, inputs=[start, *map(_convert, private[c])], device=dev, stream=s)
 
-    list(_pool().map(run, range(chunks)))
+    first = 0
+    key = (kernel, str(dev))
+    if key not in _loaded:
+        with _BUILD_LOCK:
+            if key not in _loaded:
+                init()
+                with _cache_dir_errors():
+                    run(0)
+                _loaded.add(key)
+                first = 1
+    if chunks - first == 1:
+        run(first)
+    elif chunks > first:
+        list(_pool().map(run, range(first, chunks)))
     for i in scatter:
         for extra in private[1:]:
             args[i].add_(extra[i])

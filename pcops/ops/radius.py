@@ -21,7 +21,6 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
-import functools
 from typing import Optional
 
 import torch
@@ -30,14 +29,14 @@ import warp as wp
 from .. import _batch, _validate, _warp
 
 
-@functools.cache
+@_warp.kernels
 def _kernels(dtype: torch.dtype, grouped: bool):
     """Forward and backward kernels for one float dtype, with or without per-point groups."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     point, neighbours = _warp.kernel_funcs(dtype, grouped)
 
-    @wp.kernel(enable_backward=False)
+    @wp.kernel(enable_backward=False, module="unique")
     def forward(
         start: int,
         grid: wp.uint64,
@@ -83,7 +82,7 @@ def _kernels(dtype: torch.dtype, grouped: bool):
         wsum[i] = w_total
         dmin[i] = m
 
-    @wp.kernel(enable_backward=False)
+    @wp.kernel(enable_backward=False, module="unique")
     def backward(
         start: int,
         grid: wp.uint64,
@@ -166,7 +165,7 @@ def _launch(kernel, head: list, query, ref, features, sigma, radius, query_group
         _warp.keep_alive(grid, query)
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -201,7 +200,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,

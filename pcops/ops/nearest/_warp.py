@@ -8,7 +8,6 @@ Warp's grouped ``HashGrid``: a query only visits its own sample's points, and ne
 min(k, size of its sample) of them; missing neighbours are -1 / inf.
 """
 
-import functools
 
 import torch
 import warp as wp
@@ -17,12 +16,12 @@ from ... import _warp
 from ._registry import backend
 
 
-@functools.cache
+@_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     point, neighbours = _warp.kernel_funcs(dtype, grouped)
 
-    @wp.kernel(enable_backward=False)
+    @wp.kernel(enable_backward=False, module="unique")
     def search(
         start: int,
         grid: wp.uint64,

@@ -1,0 +1,385 @@
+"""pcops/_warp.py: stream binding, keep-alive, build lock, fork safety, kernel cache identity, quiet init.
+
+The CUDA stream logic is tested on the CPU with stand-ins for torch's and Warp's stream objects;
+the same behaviour on a real GPU is in the `cuda`-marked tests at the end.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+import warp as wp
+
+import pcops
+from pcops import _warp
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter with this checkout's pcops; a hang fails instead of stalling."""
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout, env=environ
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# One wp.Stream per torch stream, passed explicitly to launches (CPU stand-ins for CUDA objects)
+
+
+class _FakeTorchStream:
+    def __init__(self, handle: int, index: int = 0):
+        self.cuda_stream, self.device_index = handle, index
+
+
+class _FakeWarpStream:
+    def __init__(self, torch_stream, blocking: bool):
+        self.torch_stream, self.is_blocking, self.device = torch_stream, blocking, "cuda:0"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch's current stream is whatever ``state['current']`` is; wp.stream_from_torch is recorded."""
+    state = {"current": _FakeTorchStream(0), "wrapped": [], "launches": [], "waits": []}
+
+    def stream_from_torch(s):
+        state["wrapped"].append(s)
+        return _FakeWarpStream(s, blocking=s.cuda_stream == 0)
+
+    def launch(kernel, dim, inputs, device, stream=None):
+        state["launches"].append(stream)
+
+    def scoped_stream(*args, **kwargs):
+        raise AssertionError("launch() must not open a ScopedStream")
+
+    keepalive = types.SimpleNamespace(wait_stream=lambda s: state["waits"].append(s))
+    monkeypatch.setattr(_warp, "_streams", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["current"])
+    monkeypatch.setattr(wp, "stream_from_torch", stream_from_torch)
+    monkeypatch.setattr(wp, "launch", launch)
+    monkeypatch.setattr(wp, "ScopedStream", scoped_stream)
+    monkeypatch.setattr(_warp, "device", lambda t: "cuda:0")
+    monkeypatch.setattr(_warp, "_keepalive_stream", lambda dev: keepalive)
+    return state
+
+
+_ON_CUDA = types.SimpleNamespace(device=torch.device("cuda", 0))  # stands for a CUDA tensor
+
+
+def test_one_cached_warp_stream_per_torch_stream(fake_cuda):
+    first = _warp.cuda_stream(_ON_CUDA)
+    assert _warp.cuda_stream(_ON_CUDA) is first  # the same torch stream: the same object, wrapped once
+    fake_cuda["current"] = _FakeTorchStream(1234)
+    side = _warp.cuda_stream(_ON_CUDA)
+    assert side is not first and side.torch_stream.cuda_stream == 1234
+    fake_cuda["current"] = _FakeTorchStream(0)
+    assert _warp.cuda_stream(_ON_CUDA) is first  # back on the default stream: still the first wrapper
+    fake_cuda["current"] = _FakeTorchStream(0, index=1)
+    assert _warp.cuda_stream(_ON_CUDA) is not first  # another device's stream has its own wrapper
+    assert len(fake_cuda["wrapped"]) == 3
+    assert _warp.cuda_stream(types.SimpleNamespace(device=torch.device("cpu"))) is None
+
+
+def test_launches_receive_the_cached_stream_explicitly(fake_cuda):
+    kernel = object()
+    for handle in (0, 77, 0, 77):
+        fake_cuda["current"] = _FakeTorchStream(handle)
+        _warp.launch(kernel, 10, [1.0, 2], like=_ON_CUDA)
+    streams = fake_cuda["launches"]
+    assert len(streams) == 4 and all(isinstance(s, _FakeWarpStream) for s in streams)
+    assert streams[0] is streams[2] and streams[1] is streams[3] and streams[0] is not streams[1]
+    assert [s.torch_stream.cuda_stream for s in streams] == [0, 77, 0, 77]
+
+
+def test_keep_alive_orders_release_after_non_blocking_streams_only(fake_cuda):
+    _warp.keep_alive(object(), _ON_CUDA)  # PyTorch's default stream is blocking: nothing to do
+    assert fake_cuda["waits"] == []
+    fake_cuda["current"] = _FakeTorchStream(99)
+    _warp.keep_alive(object(), _ON_CUDA)
+    assert fake_cuda["waits"] == [_warp.cuda_stream(_ON_CUDA)]  # the blocking keep-alive stream waits for it
+    _warp.keep_alive(object(), torch.zeros(1))  # CPU: no-op
+    assert len(fake_cuda["waits"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA-graph safety tags
+
+# pcops ops that CUDA graphs may capture: pure torch, no host sync, nothing allocated outside torch
+_CAPTURABLE: set[str] = set()
+
+
+def test_every_pcops_op_is_tagged_cudagraph_unsafe():
+    names = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("pcops::"))
+    assert {"radius_aggregate", "radius_aggregate_backward", "knn_warp", "knn_cuml", "knn_torch", "knn_scipy"} <= set(names)
+    untagged = [
+        name for name in names
+        if name not in _CAPTURABLE and torch.Tag.cudagraph_unsafe not in getattr(torch.ops.pcops, name).default.tags
+    ]
+    assert not untagged, f"Warp/cuML/syncing ops without tags=(torch.Tag.cudagraph_unsafe,): {untagged}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Build lock, fork safety, kernel cache identity, cache errors, quiet CPU import
+
+
+_THREADS = """
+    import threading, torch, pcops
+    from tests import reference
+    torch.set_num_threads(1)
+    cases = [(dtype, grouped, op) for dtype in (torch.float32, torch.float64) for grouped in (False, True)
+             for op in ("radius", "knn")]
+    gen = torch.Generator().manual_seed(0)
+    q, p, f = torch.rand(50, 3, generator=gen), torch.rand(80, 3, generator=gen), torch.rand(80, 2, generator=gen)
+    qb, pb = (torch.arange(50) % 2), (torch.arange(80) % 2)
+
+    def call(dtype, grouped, op):
+        batch = dict(query_batch=qb, ref_batch=pb) if grouped else {}
+        x = [t.to(dtype, copy=True).requires_grad_() for t in (q, p, f)]
+        if op == "radius":
+            out = pcops.radius_aggregate(*x, 0.3, 0.1, **batch)
+        else:
+            out = pcops.knn_aggregate(*x, 3, 0.1, backend="warp", **batch)
+        out.sum().backward()
+        return [out.detach()] + [t.grad for t in x]
+
+    barrier, results, errors = threading.Barrier(len(cases)), {}, []
+
+    def worker(case):
+        try:
+            barrier.wait()
+            results[case] = call(*case)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in cases]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    for case in cases:  # the same calls again, one at a time
+        for a, b in zip(results[case], call(*case)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    print("ok", len(results))
+"""
+
+
+@pytest.mark.parametrize("cache", ["cold", "warm", "warm-again"])
+def test_concurrent_first_calls_from_eight_threads(cache, tmp_path):
+    # 8 threads: float32/float64 x grouped/ungrouped x radius/kNN, released together in a fresh process
+    env = {"WARP_CACHE_PATH": str(tmp_path)} if cache == "cold" else {}
+    result = _run(_THREADS, timeout=600, **env)
+    assert result.returncode == 0 and "ok 8" in result.stdout, result.stderr[-3000:]
+
+
+_FORK = """
+    import multiprocessing as mp, time, torch, pcops
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(0)
+    q, p, f = torch.rand(4096, 3, generator=gen), torch.rand(3000, 3, generator=gen), torch.rand(3000, 2, generator=gen)
+    for _ in range(2):  # >= 2048 queries on 2 threads, after the first (build) launch: the CPU pool exists now
+        expected = pcops.radius_aggregate(q, p, f, 0.05, 0.1)
+    assert pcops._warp._pool_state
+    time.sleep(0.5)  # the pool's threads are idle when the workers fork (as between epochs)
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return pcops.radius_aggregate(q, p, f, 0.05, 0.1)
+
+    loader = torch.utils.data.DataLoader(
+        Data(), batch_size=1, num_workers=2, multiprocessing_context=mp.get_context("fork"),
+        worker_init_fn=lambda _: torch.set_num_threads(2),  # as users do: the pool is used in the worker
+    )
+    for batch in loader:
+        torch.testing.assert_close(batch[0], expected, rtol=0, atol=0)
+    print("ok")
+"""
+
+
+def test_forked_dataloader_workers_run_large_calls():
+    try:
+        result = _run(_FORK, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a forked DataLoader worker hung on a pcops call after the parent had used the CPU pool")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+_VARIANTS = """
+    import sys, torch, pcops
+    order = sys.argv[1].split(",")
+    gen = torch.Generator().manual_seed(0)
+    q, p, f = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen), torch.rand(40, 2, generator=gen)
+    qb, pb = torch.arange(30) % 2, torch.arange(40) % 2
+    calls = {
+        "radius32": lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1),
+        "radius64grouped": lambda: pcops.radius_aggregate(q.double(), p.double(), f.double(), 0.3, 0.1,
+                                                          query_batch=qb, ref_batch=pb),
+        "knn32grouped": lambda: pcops.knn(q, p, 3, backend="warp", query_batch=qb, ref_batch=pb),
+    }
+    for name in order:
+        calls[name]()
+    print("ok")
+"""
+
+
+def _modules(cache: pathlib.Path) -> set[str]:
+    return {d.name for d in cache.rglob("wp_*") if d.is_dir()}
+
+
+def test_kernel_cache_does_not_depend_on_the_order_of_first_use(tmp_path):
+    names = ["radius32", "radius64grouped", "knn32grouped"]
+    for order in (names, names[::-1]):
+        script = _VARIANTS.replace("sys.argv[1]", repr(",".join(order)))
+        result = _run(script, timeout=600, WARP_CACHE_PATH=str(tmp_path))
+        assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+        if order is names:
+            first = _modules(tmp_path)
+            assert len(first) == 3, first  # one module per kernel variant
+    assert _modules(tmp_path) == first  # the second process, in the other order, built nothing new
+
+
+def test_unwritable_kernel_cache_says_to_set_warp_cache_path(tmp_path):
+    # a cache directory that cannot be created (read-only /sys; Permission denied for users)
+    script = """
+        import torch, pcops
+        pcops.knn(torch.rand(10, 3), torch.rand(20, 3), 2, backend="warp")
+    """
+    result = _run(script, WARP_CACHE_PATH="/sys/pcops-kernel-cache")
+    assert result.returncode != 0
+    assert "WARP_CACHE_PATH" in result.stderr and "writable directory" in result.stderr, result.stderr[-2000:]
+    # a cache that becomes unwritable once Warp is initialised: a new kernel variant cannot be stored
+    script = """
+        import torch, warp as wp, pcops
+        pcops.knn(torch.rand(10, 3), torch.rand(20, 3), 2, backend="warp")
+        wp.config.kernel_cache_dir = "/sys/pcops-kernel-cache"
+        x = torch.rand(10, 3, dtype=torch.float64)
+        pcops.radius_aggregate(x, x, x, 0.2, 0.1, query_batch=torch.zeros(10, dtype=torch.long),
+                               ref_batch=torch.zeros(10, dtype=torch.long))
+    """
+    result = _run(script, WARP_CACHE_PATH=str(tmp_path))
+    assert result.returncode != 0
+    assert "WARP_CACHE_PATH" in result.stderr and "RuntimeError: pcops could not write" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cpu_use_prints_nothing_about_the_cuda_driver():
+    script = """
+        import torch, pcops
+        pcops.knn(torch.rand(10, 3), torch.rand(20, 3), 2, backend="warp")
+        pcops.radius_aggregate(torch.rand(10, 3), torch.rand(20, 3), torch.rand(20, 2), 0.3, 0.1)
+        print("ok")
+    """
+    result = _run(script)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert result.stderr == ""
+
+
+def test_other_warp_init_messages_still_reach_stderr(capfd):
+    with _warp._filtered_stderr("NVIDIA CUDA driver"):
+        os.write(2, b"Warp CUDA warning: Could not find or load the NVIDIA CUDA driver.\nsomething else\n")
+    assert capfd.readouterr().err == "something else\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU
+
+
+def _stall(stream: torch.cuda.Stream) -> None:
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # the side stream is busy for a while: races show up as wrong results
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("grouped", [False, True])
+def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
+    q, p = torch.rand(3000, 3, generator=gen), torch.rand(5000, 3, generator=gen)
+    f = torch.rand(5000, 4, generator=gen)
+    batch = dict(query_batch=torch.arange(3000) % 3, ref_batch=torch.arange(5000) % 3) if grouped else {}
+    expected = [
+        pcops.radius_aggregate(q, p, f, 0.08, 0.1, **batch),
+        pcops.knn(q, p, 5, backend="warp", **batch).idx,
+        pcops.knn_aggregate(q, p, f, 5, 0.1, backend="warp", **batch),
+    ]
+    side = torch.cuda.Stream()
+    cuda_batch = {k: v.cuda() for k, v in batch.items()}
+    for _ in range(3):  # several rounds: a wrapper garbage-collected between them used to reset Warp's stream
+        _stall(side)
+        with torch.cuda.stream(side):
+            qc, pc, fc = q.cuda(), p.cuda(), f.cuda()
+            got = [
+                pcops.radius_aggregate(qc, pc, fc, 0.08, 0.1, **cuda_batch),
+                pcops.knn(qc, pc, 5, backend="warp", **cuda_batch).idx,
+                pcops.knn_aggregate(qc, pc, fc, 5, 0.1, backend="warp", **cuda_batch),
+            ]
+        torch.cuda.synchronize()
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
+    assert len(_warp._streams) <= 2 * torch.cuda.device_count() + 1  # no wrapper per call
+
+
+@pytest.mark.cuda
+def test_cuda_grids_are_released_after_pending_side_stream_work(gen):
+    q, p, f = torch.rand(2000, 3, generator=gen), torch.rand(3000, 3, generator=gen), torch.rand(3000, 2, generator=gen)
+    expected = pcops.radius_aggregate(q, p, f, 0.1, 0.1)
+    side = torch.cuda.Stream()
+    outs = []
+    for _ in range(5):
+        _stall(side)
+        with torch.cuda.stream(side):
+            outs.append(pcops.radius_aggregate(q.cuda(), p.cuda(), f.cuda(), 0.1, 0.1))
+    torch.cuda.synchronize()  # the grids were dropped while the stalled stream still had to use them
+    for out in outs:
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def _syncs(fn) -> int:
+    """How many host synchronisations PyTorch reports while ``fn`` runs."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.cuda
+def test_cuda_sync_counts(gen):
+    q, p, f = (torch.rand(n, 3, generator=gen).cuda() for n in (500, 800, 800))
+    qb, pb = (torch.arange(500) % 4).cuda(), (torch.arange(800) % 4).cuda()
+    pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)  # warm-up: kernels loaded
+    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)) == 0
+    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, 0.1, query_batch=qb, ref_batch=pb, validate=False)) == 0
+    if pcops.ops.nearest.BACKENDS["cuml"].available():
+        pcops.knn(q, p, 4, backend="cuml", validate=False)
+        assert _syncs(lambda: pcops.knn(q, p, 4, backend="cuml", validate=False)) == 1  # torch's stream before cuML
+        # + unique_consecutive's output size and the one read of the group sizes
+        assert _syncs(lambda: pcops.knn(q, p, 4, backend="cuml", query_batch=qb, ref_batch=pb, validate=False)) == 3
+
+
+@pytest.mark.cuda
+def test_reduce_overhead_compile_runs_every_op(gen):
+    class Model(torch.nn.Module):
+        def forward(self, q, p, f):
+            a = pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)
+            b = pcops.knn_aggregate(q, p, f, 4, 0.1, backend="warp", validate=False)
+            c = pcops.knn(q, p, 4, validate=False).dists
+            return a.sum() + b.sum() + c.sum()
+
+    q, p, f = (torch.rand(n, 3, generator=gen) for n in (300, 500, 500))
+    expected = Model()(q, p, f)
+    compiled = torch.compile(Model(), mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # recording, then replays
+        got = compiled(q.cuda(), p.cuda(), f.cuda())
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
