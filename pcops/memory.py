@@ -9,15 +9,16 @@ It makes RMM's pool the current device resource (``rmm.reinitialize(pool_allocat
 PyTorch's CUDA allocator (``torch.cuda.memory.change_current_allocator(rmm_torch_allocator)``)
 and CuPy's allocator (``cupy.cuda.set_allocator(rmm_cupy_allocator)``); cuML allocates through
 RMM's current device resource already. pcops' ops allocate their outputs and scratch with
-torch, so they draw from the same pool. Warp still allocates its own ``HashGrid`` storage (a
-few ints per point) through its CUDA mempool; its release threshold is set so that Warp returns
-what it holds beyond ``warp_release_threshold`` bytes at each synchronisation instead of
-hoarding next to the pool. See docs/gpu.md.
+torch, so they draw from the same pool. The pool is wrapped in RMM's statistics adaptor, so
+:func:`max_memory_allocated` / :func:`reset_peak_memory_stats` report the pool's peak (PyTorch's
+own memory statistics raise under a pluggable allocator). Warp still allocates its own
+``HashGrid`` storage through CUDA's default memory pool, which holds nothing between
+synchronisations unless told to (its release threshold stays CUDA's default, 0). See
+docs/gpu.md.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 
@@ -36,7 +37,6 @@ def use_rmm_pool(
     initial_pool_size: int | str | None = None,
     maximum_pool_size: int | str | None = None,
     devices: int | list[int] | None = None,
-    warp_release_threshold: int = 256 * 1024**2,
 ) -> None:
     """Route PyTorch, CuPy and cuML allocations on CUDA through one RMM pool.
 
@@ -46,7 +46,6 @@ def use_rmm_pool(
         maximum_pool_size: upper bound of the pool; unbounded when None.
         devices: CUDA device id(s) to set the pool up on. Default: the ``LOCAL_RANK``
             environment variable (set by torchrun / Lightning for each process), else 0.
-        warp_release_threshold: bytes Warp's own mempool may keep (HashGrid storage).
 
     A second call is a no-op. Raises ``RuntimeError`` without CUDA or when PyTorch has
     already initialised CUDA (the allocator cannot be swapped then), and ``ImportError`` when
@@ -74,6 +73,10 @@ def use_rmm_pool(
     rmm.reinitialize(
         pool_allocator=True, initial_pool_size=initial_pool_size, maximum_pool_size=maximum_pool_size, devices=ids
     )
+    stats = {}
+    for index in ids:  # the pool's peak for max_memory_allocated (torch's statistics raise under RMM)
+        stats[index] = rmm.mr.StatisticsResourceAdaptor(rmm.mr.get_per_device_resource(index))
+        rmm.mr.set_per_device_resource(index, stats[index])
     try:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     except RuntimeError as err:  # e.g. "Can't swap an already initialized allocator"
@@ -88,19 +91,7 @@ def use_rmm_pool(
         pass  # CuPy is optional: without it only torch and cuML share the pool
     else:
         cupy.cuda.set_allocator(rmm_cupy_allocator)
-    _limit_warp_mempool(ids, warp_release_threshold)
-    _state.update(devices=ids, initial_pool_size=initial_pool_size, maximum_pool_size=maximum_pool_size)
-
-
-def _limit_warp_mempool(devices: list[int], threshold: int) -> None:
-    from . import _warp
-
-    _warp.init()
-    import warp as wp
-
-    for device in devices:
-        if wp.is_mempool_supported(f"cuda:{device}"):
-            wp.set_mempool_release_threshold(f"cuda:{device}", threshold)
+    _state.update(devices=ids, initial_pool_size=initial_pool_size, maximum_pool_size=maximum_pool_size, stats=stats)
 
 
 def check_compile_mode(mode: str | None) -> None:
@@ -113,18 +104,68 @@ def check_compile_mode(mode: str | None) -> None:
         )
 
 
-def max_memory_allocated(device=None) -> int | None:
-    """``torch.cuda.max_memory_allocated``, or None (with one warning) under the RMM pool.
+def _index(device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return torch.cuda.current_device() if device.index is None else device.index
 
-    PyTorch's memory statistics come from its own caching allocator; with RMM's pluggable
-    allocator they stay at zero, so pcops reports "unknown" instead of a false 0.
+
+def _stats(device):
+    adaptor = _state["stats"].get(_index(device))
+    if adaptor is None:
+        raise ValueError(f"pcops.memory.use_rmm_pool() did not set up device {device}: it covers {_state['devices']}")
+    return adaptor
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak bytes allocated on ``device`` since the pool was set up or the last reset.
+
+    Under :func:`use_rmm_pool`: RMM's statistics of the pool (everything torch, CuPy and cuML
+    allocated from it), the bytes allocated at the last :func:`reset_peak_memory_stats` plus the
+    peak growth since. Otherwise ``torch.cuda.max_memory_allocated``. (PyTorch's own memory
+    statistics raise under RMM's pluggable allocator.)
     """
-    if _state:
-        _warn_no_stats()
-        return None
-    return torch.cuda.max_memory_allocated(device)
+    if not _state:
+        return torch.cuda.max_memory_allocated(device)
+    index = _index(device)
+    counts = _stats(index).allocation_counts
+    return _state.setdefault("base", {}).get(index, 0) + counts.peak_bytes
 
 
-@functools.cache
-def _warn_no_stats() -> None:
-    warnings.warn("torch.cuda.max_memory_allocated is not reported under RMM's allocator (pcops.memory.use_rmm_pool)")
+def reset_peak_memory_stats(device=None) -> None:
+    """Start a new peak for :func:`max_memory_allocated` (``torch.cuda.reset_peak_memory_stats`` without the pool)."""
+    if not _state:
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    index = _index(device)
+    adaptor, base, pushed = _stats(index), _state.setdefault("base", {}), _state.setdefault("pushed", set())
+    if index in pushed:
+        adaptor.pop_counters()  # folds the finished period into the level below
+    before = adaptor.push_counters()  # a fresh zero level; returns the statistics before the push
+    pushed.add(index)
+    base[index] = before.current_bytes  # the level below holds everything since the pool was set up
+
+
+_async_done: set = set()
+
+
+def default_cuml_resource(index: int) -> None:
+    """Without the pool, give device ``index`` RMM's async (stream-ordered pool) resource for cuML.
+
+    Importing cuML makes RMM CuPy's allocator, and RMM's default device resource is the plain
+    ``CudaMemoryResource`` (a cudaMalloc and cudaFree per buffer). When nothing has chosen a
+    resource for the device (it is still that default) and :func:`use_rmm_pool` is not in use,
+    this sets ``rmm.mr.CudaAsyncMemoryResource()`` (CUDA's stream-ordered allocator, which
+    keeps freed memory for reuse). Called by the cuML backend in the device's context; a
+    resource the user set is left alone. PyTorch's allocator is not affected.
+    """
+    if _state or index in _async_done:
+        return
+    import rmm
+
+    if type(rmm.mr.get_per_device_resource(index)) is rmm.mr.CudaMemoryResource:
+        rmm.mr.set_per_device_resource(index, rmm.mr.CudaAsyncMemoryResource())
+    _async_done.add(index)

@@ -22,6 +22,13 @@ def fake_gpu(monkeypatch):
     calls = {}
     rmm = types.ModuleType("rmm")
     rmm.reinitialize = lambda **kw: calls.setdefault("reinitialize", []).append(kw)
+    resources = {}
+    rmm.mr = types.SimpleNamespace(
+        StatisticsResourceAdaptor=_FakeStatistics,
+        get_per_device_resource=lambda i: resources.setdefault(i, ("pool", i)),
+        set_per_device_resource=lambda i, mr: resources.__setitem__(i, mr),
+    )
+    calls["resources"] = resources
     torch_alloc, cupy_alloc = object(), object()
     allocators = types.ModuleType("rmm.allocators")
     rmm_torch = types.ModuleType("rmm.allocators.torch")
@@ -36,7 +43,6 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda.memory, "change_current_allocator", lambda a: calls.setdefault("torch", []).append(a))
-    monkeypatch.setattr(memory, "_limit_warp_mempool", lambda ids, t: calls.setdefault("warp", []).append((ids, t)))
     calls["allocators"] = (torch_alloc, cupy_alloc)
     return calls
 
@@ -79,7 +85,8 @@ def test_pool_wires_torch_cupy_and_warp_once(fake_gpu):
         dict(pool_allocator=True, initial_pool_size="1GiB", maximum_pool_size=2**32, devices=[0])
     ]
     assert fake_gpu["torch"] == [torch_alloc] and fake_gpu["cupy"] == [cupy_alloc]
-    assert fake_gpu["warp"] == [([0], 256 * 1024**2)]
+    stats = fake_gpu["resources"][0]
+    assert isinstance(stats, _FakeStatistics) and stats.upstream == ("pool", 0)  # the pool, with statistics
     assert memory.rmm_pool_enabled()
 
 
@@ -94,8 +101,79 @@ def test_cuda_graph_compile_modes_warn_under_the_pool(fake_gpu):
     memory.use_rmm_pool()
     with pytest.warns(UserWarning, match="CUDA graphs"):
         memory.check_compile_mode("reduce-overhead")
-    with pytest.warns(UserWarning, match="not reported under RMM"):
-        assert memory.max_memory_allocated() is None
+
+
+def test_peak_under_the_pool_comes_from_rmm_statistics(fake_gpu):
+    memory.use_rmm_pool(devices=[0])
+    stats = fake_gpu["resources"][0]
+    stats.allocate(100)
+    stats.allocate(50)
+    stats.free(50)
+    assert memory.max_memory_allocated(0) == 150  # peak since the pool was set up
+    memory.reset_peak_memory_stats(0)
+    assert memory.max_memory_allocated("cuda:0") == 100  # a new peak starts at what is allocated now
+    stats.allocate(30)
+    stats.free(30)
+    stats.allocate(10)
+    assert memory.max_memory_allocated(0) == 130
+    memory.reset_peak_memory_stats(0)
+    assert memory.max_memory_allocated(0) == 110 and len(stats.levels) == 2  # resets do not pile up levels
+    with pytest.raises(ValueError, match="did not set up device 3"):
+        memory.max_memory_allocated(3)
+
+
+def test_without_the_pool_cuml_gets_rmm_async_resource_once(monkeypatch):
+    class Plain:
+        pass
+
+    class Async:
+        pass
+
+    resources = {0: Plain(), 1: "user's"}
+    rmm = types.ModuleType("rmm")
+    rmm.mr = types.SimpleNamespace(
+        CudaMemoryResource=Plain, CudaAsyncMemoryResource=Async,
+        get_per_device_resource=resources.__getitem__, set_per_device_resource=resources.__setitem__,
+    )
+    monkeypatch.setitem(sys.modules, "rmm", rmm)
+    monkeypatch.setattr(memory, "_async_done", set())
+    memory.default_cuml_resource(0)
+    memory.default_cuml_resource(1)
+    assert isinstance(resources[0], Async) and resources[1] == "user's"  # a resource the user chose stays
+    resources[0] = Plain()
+    memory.default_cuml_resource(0)  # once per device
+    assert isinstance(resources[0], Plain)
+
+
+class _FakeStatistics:
+    """RMM's StatisticsResourceAdaptor counters: a stack of levels; popping folds a level into the one below."""
+
+    def __init__(self, upstream):
+        self.upstream, self.levels = upstream, [[0, 0]]  # [current, peak] per level
+
+    def allocate(self, n):
+        for level in self.levels:
+            level[0] += n
+            level[1] = max(level[1], level[0])
+
+    def free(self, n):
+        for level in self.levels:
+            level[0] -= n
+
+    def _stats(self, level):
+        return types.SimpleNamespace(current_bytes=level[0], peak_bytes=level[1])
+
+    @property
+    def allocation_counts(self):
+        return self._stats(self.levels[-1])
+
+    def push_counters(self):
+        before = self._stats(self.levels[-1])
+        self.levels.append([0, 0])
+        return before
+
+    def pop_counters(self):
+        return self._stats(self.levels.pop())
 
 
 _GPU_SCRIPT = textwrap.dedent(
@@ -113,7 +191,12 @@ _GPU_SCRIPT = textwrap.dedent(
     after_cupy = pool.pool_size()
     assert after_torch >= start + 2**28 - 2**20 or start >= 2**28, (start, after_torch)
     assert after_cupy > after_torch or after_torch >= 2**29, (after_torch, after_cupy)
-    assert torch.cuda.memory_allocated() == 0                       # nothing from torch's own allocator
+    pcops.memory.reset_peak_memory_stats()                          # torch's own statistics raise under RMM
+    base = pcops.memory.max_memory_allocated()
+    assert base >= 2**29 - 2**20, base                              # torch's and cupy's buffers, seen by RMM
+    del t, c
+    x = torch.empty(2**27, dtype=torch.uint8, device="cuda")
+    assert pcops.memory.max_memory_allocated() == base              # below the earlier peak
 
     layer = pcops.KNNAggregation(4, sigma=0.1)
     q, p, f = torch.rand(500, 3, device="cuda"), torch.rand(800, 3, device="cuda"), torch.rand(800, 8, device="cuda")
