@@ -13,7 +13,9 @@ query chunks when the dense matrices would not fit: noted "chunked"), ``scipy_to
 (``torch.compile(fullgraph=True)``), and on CUDA ``pcops_rmm`` (in a fresh process with
 ``pcops.memory.use_rmm_pool()``). Times are medians after a warm-up: forward without
 gradients, and a full train step (forward, backward, optimizer step). Peak memory: growth of
-the resident set (CPU) or ``max_memory_allocated`` (CUDA).
+the resident set (CPU) or ``pcops.memory.max_memory_allocated`` (CUDA: torch's peak, or the RMM
+pool's peak from RMM's statistics in the ``pcops_rmm`` child). Speed-up lines compare rows of
+the same model and sizes only.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def _rss_mb() -> float | None:
 
 def _reset_peak(device) -> float | None:
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        pcops.memory.reset_peak_memory_stats(device)  # RMM's statistics under the pool, else torch's
         return None
     try:
         pathlib.Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
@@ -155,8 +157,7 @@ def _reset_peak(device) -> float | None:
 
 def _peak_mb(device, base) -> float | None:
     if device.type == "cuda":
-        peak = pcops.memory.max_memory_allocated(device)
-        return None if peak is None else peak / 2**20
+        return pcops.memory.max_memory_allocated(device) / 2**20
     now = _rss_mb()
     return None if now is None or base is None else max(now - base, 0.0)
 
@@ -282,7 +283,8 @@ def run_rmm_variant(args) -> list[dict]:
         return [{"model": m, "variant": "pcops_rmm", "note": "skipped: rmm not installed"} for m in ("knn_projector", "radius_projector")]
     out = pathlib.Path(f"/tmp/pcops_rmm_{os.getpid()}.json")
     cmd = [sys.executable, __file__, "--rmm-child", "--json", str(out), "--iters", str(args.iters),
-           "--knn-points", str(args.knn_points), "--radius-points", str(args.radius_points), "--grid", str(args.grid)]
+           "--knn-points", str(args.knn_points), "--radius-points", str(args.radius_points), "--grid", str(args.grid),
+           "--hidden", str(args.hidden), "--budget", str(args.budget)]
     subprocess.run(cmd, check=True)
     return json.loads(out.read_text())["results"]
 
@@ -556,18 +558,18 @@ def _format(row: dict) -> str:
 
 
 def ratios(results: list[dict]) -> list[str]:
-    """Speed-ups of pcops over each reference, per model / op."""
+    """Speed-ups of pcops over each reference, per model / op and size: only rows of the same sizes are compared."""
     lines = []
-    by = {(r["model"], r["variant"]): r for r in results if r.get("train_step_ms")}
-    for model in dict.fromkeys(r["model"] for r in results if r.get("note") != "sweep"):
+    by = {(r["model"], r.get("n_ref"), r.get("n_query"), r["variant"]): r for r in results if r.get("train_step_ms")}
+    for model, n_ref, n_query in dict.fromkeys((r["model"], r.get("n_ref"), r.get("n_query")) for r in results):
         for ours in ("pcops_eager", "pcops_compiled"):
-            if (model, ours) not in by:
+            if (model, n_ref, n_query, ours) not in by:
                 continue
             for ref in ("torch_eager", "torch_compiled", "scipy_torch", "pcops_eager"):
-                if ref != ours and (model, ref) in by:
-                    a, b = by[(model, ours)], by[(model, ref)]
-                    lines.append(f"{model}: {ours} vs {ref}: train step {b['train_step_ms'] / a['train_step_ms']:.1f}x, "
-                                 f"forward {b['forward_ms'] / a['forward_ms']:.1f}x faster")
+                if ref != ours and (model, n_ref, n_query, ref) in by:
+                    a, b = by[(model, n_ref, n_query, ours)], by[(model, n_ref, n_query, ref)]
+                    lines.append(f"{model} (n_ref={n_ref:,}, n_query={n_query:,}): {ours} vs {ref}: train step "
+                                 f"{b['train_step_ms'] / a['train_step_ms']:.1f}x, forward {b['forward_ms'] / a['forward_ms']:.1f}x faster")
     return lines
 
 

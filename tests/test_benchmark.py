@@ -30,3 +30,28 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
     geometry = {(r["model"], r["variant"]) for r in report["geometry_ops"] if r["forward_ms"]}
     assert {("knn_interpolate", "pyg_torch"), ("chamfer_distance", "torch_cdist"), ("estimate_normals", "pytorch3d_torch")} <= geometry
     assert {(op, "pcops_eager") for op in ("knn_interpolate", "chamfer_distance", "estimate_normals")} <= geometry
+
+
+def _benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pcops_benchmark", ROOT / "scripts/benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ratios_compare_rows_of_the_same_sizes_only():
+    bench = _benchmark_module()
+    row = lambda variant, n_ref, ms, note="": dict(  # noqa: E731
+        model="knn_aggregate", variant=variant, n_ref=n_ref, n_query=n_ref, forward_ms=ms, train_step_ms=ms, note=note
+    )
+    results = [
+        row("pcops_eager", 25_000, 10.0), row("scipy_torch", 25_000, 15.0),  # tutorial size: 1.5x
+        row("pcops_eager", 1_000_000, 100.0, "sweep"), row("scipy_torch", 1_000_000, 110.0, "sweep"),  # 1.1x
+        row("pcops_eager", 50_000, 7.0, "sweep"),  # no peer at this size: no ratio
+    ]
+    lines = bench.ratios(results)
+    assert len(lines) == 2
+    assert "n_ref=25,000" in lines[0] and "train step 1.5x" in lines[0]
+    assert "n_ref=1,000,000" in lines[1] and "train step 1.1x" in lines[1]
