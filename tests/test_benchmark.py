@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -55,3 +57,17 @@ def test_ratios_compare_rows_of_the_same_sizes_only():
     assert len(lines) == 2
     assert "n_ref=25,000" in lines[0] and "train step 1.5x" in lines[0]
     assert "n_ref=1,000,000" in lines[1] and "train step 1.1x" in lines[1]
+
+
+@pytest.mark.cuda
+def test_gpu_benchmark_with_the_rmm_child_reports_peaks(tmp_path):
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(ROOT / "scripts/benchmark.py"), "--quick", "--json", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    for r in rows:
+        if r["variant"] == "pcops_rmm" and r["note"].startswith("skipped"):
+            pytest.skip("rmm is not installed: pip install pcops[cuda12]")
+        assert r["forward_ms"] > 0 and r["peak_mem_mb"] > 0, r
+    assert {r["model"] for r in rows if r["variant"] == "pcops_rmm"} == {"knn_projector", "radius_projector"}

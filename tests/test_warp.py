@@ -168,9 +168,10 @@ _THREADS = """
 """
 
 
-@pytest.mark.parametrize("cache", ["cold", "warm", "warm-again"])
+@pytest.mark.parametrize("cache", [pytest.param("cold", marks=pytest.mark.slow), "warm", "warm-again"])
 def test_concurrent_first_calls_from_eight_threads(cache, tmp_path):
-    # 8 threads: float32/float64 x grouped/ungrouped x radius/kNN, released together in a fresh process
+    # 8 threads: float32/float64 x grouped/ungrouped x radius/kNN, released together in a fresh process.
+    # Cold: a fresh kernel cache (every kernel compiled during the race; slow). Warm: loads only.
     env = {"WARP_CACHE_PATH": str(tmp_path)} if cache == "cold" else {}
     result = _run(_THREADS, timeout=600, **env)
     assert result.returncode == 0 and "ok 8" in result.stdout, result.stderr[-3000:]
@@ -357,15 +358,21 @@ def _syncs(fn) -> int:
 @pytest.mark.cuda
 def test_cuda_sync_counts(gen):
     q, p, f = (torch.rand(n, 3, generator=gen).cuda() for n in (500, 800, 800))
-    qb, pb = (torch.arange(500) % 4).cuda(), (torch.arange(800) % 4).cuda()
+    qg, pg = (torch.arange(500, dtype=torch.int32) % 4).cuda(), (torch.arange(800, dtype=torch.int32) % 4).cuda()
+    sigma = torch.tensor(0.1, device="cuda")
     pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)  # warm-up: kernels loaded
     assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)) == 0
-    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, 0.1, query_batch=qb, ref_batch=pb, validate=False)) == 0
-    if pcops.ops.nearest.BACKENDS["cuml"].available():
-        pcops.knn(q, p, 4, backend="cuml", validate=False)
-        assert _syncs(lambda: pcops.knn(q, p, 4, backend="cuml", validate=False)) == 1  # torch's stream before cuML
-        # + unique_consecutive's output size and the one read of the group sizes
-        assert _syncs(lambda: pcops.knn(q, p, 4, backend="cuml", query_batch=qb, ref_batch=pb, validate=False)) == 3
+    torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)
+    assert _syncs(lambda: torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)) == 0
+    backends = pcops.ops.nearest.BACKENDS
+    if backends["cuml"].available():
+        cuml = backends["cuml"].op
+        cuml(q, p, 4, False)
+        assert _syncs(lambda: cuml(q, p, 4, False)) == 1  # torch's stream, before cuML reads the inputs
+        # + unique_consecutive's output size and the one read of the group sizes, for any number of samples
+        assert _syncs(lambda: cuml(q, p, 4, False, qg, pg)) == 3
+        many_q, many_p = (torch.arange(500, dtype=torch.int32) % 50).cuda(), (torch.arange(800, dtype=torch.int32) % 50).cuda()
+        assert _syncs(lambda: cuml(q, p, 4, False, many_q, many_p)) == 3
 
 
 @pytest.mark.cuda

@@ -65,7 +65,9 @@ def _kernel(dtype: torch.dtype, grouped: bool):
 
 def _radii(query: torch.Tensor, ref: torch.Tensor, k: int, ref_group) -> tuple[float, float]:
     """(first radius, reach): about 3k points if each sample filled ref's bounding box uniformly,
-    and the diagonal of all points' bounding box (no pair is farther apart). One host read."""
+    and the diagonal of all points' bounding box (no pair is farther apart). One host read of the
+    boxes, and one more for the number of samples when grouped (``torch.unique``); the search
+    loop then reads how many queries remain after each radius step (one host read per step)."""
     corners = torch.stack([ref.amin(0), ref.amax(0), query.amin(0), query.amax(0)]).double().cpu()
     side = float((corners[1] - corners[0]).max())
     reach = float((corners.amax(0) - corners.amin(0)).norm())
