@@ -263,18 +263,21 @@ _pool_state: list = []  # [ThreadPoolExecutor] once made in this process
 
 def _pool() -> ThreadPoolExecutor:
     if not _pool_state:
-        with _STREAM_LOCK:
+        with _BUILD_LOCK:
             if not _pool_state:
                 _pool_state.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pcops"))
     return _pool_state[0]
 
 
-def _forget_pool() -> None:
-    """In a forked child: the parent's pool threads do not exist here, so its executor would wait forever."""
+def _after_fork_in_child() -> None:
+    """In a forked child only the forking thread exists: the parent's pool threads are gone (its
+    executor would wait for them forever) and a lock another thread held stays held."""
+    global _BUILD_LOCK, _STREAM_LOCK
     _pool_state.clear()
+    _BUILD_LOCK, _STREAM_LOCK = threading.RLock(), threading.RLock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _convert(arg):
