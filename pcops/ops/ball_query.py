@@ -14,7 +14,6 @@ recomputed in torch from them, as :func:`pcops.knn` does, so they are differenti
 respect to both point sets. Output shapes are static: the op compiles with ``fullgraph=True``.
 """
 
-import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -32,7 +31,7 @@ class BallQuery(NamedTuple):
     counts: torch.Tensor
 
 
-@functools.cache
+@_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     point, neighbours = _warp.kernel_funcs(dtype, grouped)

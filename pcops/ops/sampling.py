@@ -16,7 +16,6 @@ one large cloud, or many small ones, over all CPU cores (through :func:`pcops._w
 or the GPU, and the loop over picks never reads a value on the host.
 """
 
-import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -33,7 +32,7 @@ class FPS(NamedTuple):
     idx: torch.Tensor
 
 
-@functools.cache
+@_warp.kernels
 def _kernel(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     point, _ = _warp.kernel_funcs(dtype, False)
