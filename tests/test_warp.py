@@ -377,12 +377,19 @@ def test_cuda_sync_counts(gen):
 
 @pytest.mark.cuda
 def test_reduce_overhead_compile_runs_every_op(gen):
+    # every op with a static output shape (the graph ops' edge counts are data-dependent)
     class Model(torch.nn.Module):
         def forward(self, q, p, f):
             a = pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)
             b = pcops.knn_aggregate(q, p, f, 4, 0.1, backend="warp", validate=False)
             c = pcops.knn(q, p, 4, validate=False).dists
-            return a.sum() + b.sum() + c.sum()
+            d = pcops.ball_query(q, p, 0.2, 8, validate=False).dists
+            e = pcops.farthest_point_sample(p, 50, validate=False).points
+            g = pcops.knn_interpolate(q, p, f, 3, validate=False)
+            h = pcops.chamfer_distance(q, p)
+            n = pcops.estimate_normals(p, 8, validate=False).abs()
+            finite = lambda t: torch.where(torch.isfinite(t), t, 0).sum()  # noqa: E731  (missing neighbours: inf)
+            return a.sum() + b.sum() + c.sum() + finite(d) + e.sum() + g.sum() + h + n.sum()
 
     q, p, f = (torch.rand(n, 3, generator=gen) for n in (300, 500, 500))
     expected = Model()(q, p, f)
