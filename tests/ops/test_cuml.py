@@ -110,3 +110,40 @@ def test_cuml_is_exact_on_a_cloud_centred_at_1e3(gen, grouped):
     got = pcops.knn(q.cuda(), p.cuda(), 8, backend="cuml", **{k: v.cuda() for k, v in batch.items()})
     assert torch.equal(got.idx.cpu(), expected.idx)
     torch.testing.assert_close(got.dists.cpu(), expected.dists, rtol=1e-12, atol=1e-12)
+
+
+def test_each_device_searches_in_a_thread_of_its_own(monkeypatch):
+    # cuML's handle is per thread and keeps the first device it saw: one worker thread per device
+    import threading
+    import types
+
+    synced, calls = [], []
+    monkeypatch.setattr(_cuml, "_workers", {})
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device: types.SimpleNamespace(synchronize=lambda: synced.append(device))
+    )
+    monkeypatch.setattr(
+        _cuml, "_search_blocks", lambda blocks, index, stream: calls.append((index, threading.get_ident())) or ["x"]
+    )
+    for index in (0, 1, 0, 1, 1):
+        assert _cuml._cuml_candidates([None], torch.device("cuda", index)) == ["x"]
+    threads = {}
+    for index, ident in calls:
+        threads.setdefault(index, set()).add(ident)
+    assert len(threads[0]) == len(threads[1]) == 1 and threads[0] != threads[1]
+    assert threading.get_ident() not in threads[0] | threads[1]
+    assert len(synced) == 5  # torch's stream is synchronised before every search
+
+
+@pytest.mark.cuda
+def test_cuml_on_two_devices_from_one_thread(gen):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    if not knn_module.BACKENDS["cuml"].available():
+        pytest.skip(f"cuml is not installed: {knn_module.BACKENDS['cuml'].install}")
+    q, p = torch.rand(500, 3, generator=gen), torch.rand(800, 3, generator=gen)
+    expected = pcops.knn(q, p, 6, backend="torch").idx
+    for device in ("cuda:0", "cuda:1", "cuda:0", "cuda:1"):
+        got = pcops.knn(q.to(device), p.to(device), 6, backend="cuml")
+        assert got.idx.device == torch.device(device)
+        assert torch.equal(got.idx.cpu(), expected)
