@@ -175,20 +175,25 @@ def hash_grid(points: torch.Tensor, cell: float, groups: torch.Tensor | None = N
     The number of hash buckets grows with N (about 8 per point, at most 128^3), so small
     clouds do not pay for clearing a large table and large ones see few foreign candidates.
     ``groups`` (N,) int32 partitions the grid: a grouped query only visits its own group.
-    On CUDA the build is enqueued on PyTorch's current stream (``HashGrid.build`` takes no
-    stream argument: it follows the device's current Warp stream, set here under a lock).
+    On CUDA the grid's creation and build are enqueued on PyTorch's current stream (neither
+    takes a stream argument: they follow the device's current Warp stream, set here under a
+    lock because it is per device, not per thread).
     """
     dim = max(8, min(128, int(round(2.0 * max(points.shape[0], 1) ** (1.0 / 3.0)))))
-    grid = wp.HashGrid(dim, dim, dim, device=device(points), dtype=scalar(points.dtype))
     pts = wp.from_torch(points, dtype=vec3(points.dtype), requires_grad=False)
     grp = None if groups is None else wp.from_torch(groups, dtype=wp.int32, requires_grad=False)
     s = cuda_stream(points)
-    if s is None:
+    # creating the grid allocates and copies its descriptor on the current stream, as the build does
+    with contextlib.nullcontext() if s is None else _on_stream(s):
+        grid = wp.HashGrid(dim, dim, dim, device=device(points), dtype=scalar(points.dtype))
         grid.build(pts, float(cell), groups=grp)
-    else:
-        with _STREAM_LOCK, wp.ScopedStream(s, sync_enter=False):
-            grid.build(pts, float(cell), groups=grp)
     return grid
+
+
+@contextlib.contextmanager
+def _on_stream(s):
+    with _STREAM_LOCK, wp.ScopedStream(s, sync_enter=False):
+        yield
 
 
 @functools.cache
