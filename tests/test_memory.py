@@ -182,7 +182,9 @@ _GPU_SCRIPT = textwrap.dedent(
     import pcops, pcops.memory
 
     pcops.memory.use_rmm_pool(initial_pool_size=2**28)
-    pool = rmm.mr.get_current_device_resource()
+    stats = rmm.mr.get_current_device_resource()
+    assert isinstance(stats, rmm.mr.StatisticsResourceAdaptor), type(stats)  # the pool, with statistics
+    pool = stats.get_upstream()
     assert isinstance(pool, rmm.mr.PoolMemoryResource), type(pool)
     start = pool.pool_size()
     t = torch.empty(2**28, dtype=torch.uint8, device="cuda")      # 256 MiB from torch
