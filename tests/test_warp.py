@@ -360,8 +360,9 @@ def test_cuda_sync_counts(gen):
     q, p, f = (torch.rand(n, 3, generator=gen).cuda() for n in (500, 800, 800))
     qg, pg = (torch.arange(500, dtype=torch.int32) % 4).cuda(), (torch.arange(800, dtype=torch.int32) % 4).cuda()
     sigma = torch.tensor(0.1, device="cuda")
-    pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)  # warm-up: kernels loaded
-    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, 0.1, validate=False)) == 0
+    pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)  # warm-up: kernels loaded
+    # sigma as a CUDA tensor: a Python number is copied to the device (a synchronous copy)
+    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)) == 0
     torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)
     assert _syncs(lambda: torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)) == 0
     backends = pcops.ops.nearest.BACKENDS
