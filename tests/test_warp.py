@@ -273,8 +273,11 @@ def test_unwritable_kernel_cache_says_to_set_warp_cache_path(tmp_path):
 def test_cpu_use_prints_nothing_about_the_cuda_driver():
     script = """
         import torch, pcops
-        pcops.knn(torch.rand(10, 3), torch.rand(20, 3), 2, backend="warp")
-        pcops.radius_aggregate(torch.rand(10, 3), torch.rand(20, 3), torch.rand(20, 2), 0.3, 0.1)
+        q, p, f = torch.rand(10, 3), torch.rand(20, 3), torch.rand(20, 2)
+        pcops.farthest_point_sample(p, 5)  # the first op of a process initialises Warp, whichever it is
+        pcops.knn(q, p, 2, backend="warp")
+        pcops.radius_aggregate(q, p, f, 0.3, 0.1)
+        pcops.ball_query(q, p, 0.3, 4)
         print("ok")
     """
     result = _run(script)
