@@ -5,6 +5,7 @@ from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
 from .ops import BallQuery, ball_query
 from .ops import knn_graph, radius_graph
+from .ops import VoxelPool, voxel_pool
 
 __version__ = "0.1.0"
 
@@ -12,3 +13,4 @@ __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate",
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
 __all__ += ["knn_graph", "radius_graph"]
+__all__ += ["VoxelPool", "voxel_pool"]

@@ -421,6 +421,25 @@ def _sampling_cases(args, device):
 
         cases.append(("knn_graph", "open3d", n, o3d_knn_graph, "knn_search k+1"))
         cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), keeps self"))
+
+    # voxel pooling: about 8 points per voxel, 16 feature channels
+    size = (8 / n) ** (1 / 3)
+    feats = torch.randn(n, 16, generator=gen)
+    dev_feats = feats.to(device)
+    cases.append(("voxel_pool", "pcops", n, lambda: pcops.voxel_pool(dev_cloud, size, dev_feats, validate=False), "mean, F=16"))
+
+    def torch_scatter_pool():  # PyG's voxel_grid + avg_pool in plain torch: unique rows, scatter means
+        cells = torch.floor(cloud / size).long()
+        _, cluster = torch.unique(cells, dim=0, return_inverse=True)
+        v = int(cluster.max()) + 1
+        counts = torch.zeros(v).index_add_(0, cluster, torch.ones(n))[:, None]
+        return torch.zeros(v, 3).index_add_(0, cluster, cloud) / counts, torch.zeros(v, 16).index_add_(0, cluster, feats) / counts
+
+    cases.append(("voxel_pool", "torch_scatter", n, torch_scatter_pool, "unique(dim=0) + index_add"))
+    o3d = _optional("open3d")
+    if o3d is not None:
+        legacy = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(cloud.double().numpy()))
+        cases.append(("voxel_pool", "open3d", n, lambda: legacy.voxel_down_sample(size), "voxel_down_sample, points only"))
     return cases
 
 

@@ -5,8 +5,10 @@ from .radius import radius_aggregate
 from .sampling import FPS, farthest_point_sample
 from .ball_query import BallQuery, ball_query
 from .graph import knn_graph, radius_graph
+from .voxel import VoxelPool, voxel_pool
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
 __all__ += ["knn_graph", "radius_graph"]
+__all__ += ["VoxelPool", "voxel_pool"]
