@@ -39,12 +39,12 @@ class FPS(NamedTuple):
 def _kernels(dtype: torch.dtype):
     """(step, whole): one pick for every block of every sample; all picks of a sample per thread."""
     s = _warp.scalar(dtype)
-    point, _ = _warp.kernel_funcs(dtype, False)
+    v = _warp.vec3(dtype)
 
     @wp.func
-    def update(points: wp.array2d(dtype=s), dist: wp.array(dtype=s), row: int, lo: int, hi: int, last: int):
+    def update(points: wp.array(dtype=v), dist: wp.array(dtype=s), row: int, lo: int, hi: int, last: int):
         """Distances of points lo..hi-1 of a sample to its newest pick ``last``; their farthest (first on ties)."""
-        c = point(points, row + last)
+        c = points[row + last]
         top = s(-2.0)
         top_j = int(-1)
         for j in range(lo, hi):
@@ -52,7 +52,7 @@ def _kernels(dtype: torch.dtype):
             if j == last:
                 d = s(-1.0)  # picked: never again
             elif d >= s(0.0):
-                d = wp.min(d, wp.length_sq(point(points, row + j) - c))
+                d = wp.min(d, wp.length_sq(points[row + j] - c))
             dist[row + j] = d
             if d > top:
                 top = d
@@ -62,7 +62,7 @@ def _kernels(dtype: torch.dtype):
     @wp.kernel(enable_backward=False, module="unique")
     def step(
         start: int,
-        points: wp.array2d(dtype=s),
+        points: wp.array(dtype=v),
         n: int,
         block: int,
         blocks: int,
@@ -82,7 +82,7 @@ def _kernels(dtype: torch.dtype):
     @wp.kernel(enable_backward=False, module="unique")
     def whole(
         start: int,
-        points: wp.array2d(dtype=s),
+        points: wp.array(dtype=v),
         n: int,
         lengths: wp.array(dtype=wp.int32),
         counts: wp.array(dtype=wp.int64),
@@ -108,11 +108,17 @@ def _kernels(dtype: torch.dtype):
 SINGLE_LAUNCH = 1 << 16
 
 
-def _block(n: int, b: int) -> int:
-    """Points per thread: enough threads for pcops._warp.launch to use every core (it splits by
-    1024 threads), and at least 128 points each (a Warp CPU thread costs about 100 ns to start)."""
-    want = 1024 * max(1, torch.get_num_threads())
-    return max(128, min(max(n, 1), math.ceil(b * max(n, 1) / want)))
+def _block(n: int, b: int, device: torch.device) -> int:
+    """Points per thread of the per-pick kernel.
+
+    CUDA: 128, many threads. CPU: a Warp thread costs ~100 ns to start, and pcops._warp.launch
+    splits a launch over the cores only in chunks of >= 1024 threads; so enough threads for
+    every core when each still gets >= 256 points, else few large blocks on one core.
+    """
+    if device.type != "cpu":
+        return 128
+    per_thread = math.ceil(b * n / (1024 * max(1, torch.get_num_threads())))
+    return per_thread if per_thread >= 256 else max(1, min(n, 4096))
 
 
 @torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -131,17 +137,19 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     dist = points.new_full((b * n,), float("inf"))
     picked = start.to(torch.int64).clamp(min=0).contiguous()
     step, whole = _kernels(points.dtype)
+    vec = _warp.array(pts, dtype=_warp.vec3(points.dtype))  # (B N,) 3-vectors: one load per point
     with _warp.stream(points):
         if b * n <= SINGLE_LAUNCH:
             counts = counts.to(torch.int64).contiguous()
-            _warp.launch(whole, b, [pts, n, lengths32, counts, picked, dist, idx], like=points)
+            _warp.launch(whole, b, [vec, n, lengths32, counts, picked, dist, idx], like=points)
             return idx
-        block = _block(n, b)
+        block = _block(n, b, points.device)
         blocks = math.ceil(n / block)
         best = points.new_empty((b * blocks,))
         best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
         rows = torch.arange(b, device=points.device)
-        args = [pts, n, block, blocks, lengths32, picked, dist, best, best_idx]
+        args = [vec, n, block, blocks, lengths32, picked, dist, best, best_idx]
+        args = [_warp.array(a) if isinstance(a, torch.Tensor) else a for a in args]  # convert once, not per pick
         for t in range(min(n_samples, n)):  # picks past a sample's count are masked below
             idx[:, t] = picked
             if t + 1 == min(n_samples, n):
