@@ -345,8 +345,6 @@ def _optional(module: str):
 
 def _sampling_cases(args, device):
     """(op, variant, n, fn or None, note) for every row of the sampling section."""
-    from tests import reference
-
     quick = args.quick
     gen = torch.Generator().manual_seed(2)
     n = 4_000 if quick else 100_000
@@ -364,8 +362,15 @@ def _sampling_cases(args, device):
         cases.append(("farthest_point_sample", "fpsample", n, lambda: fpsample.fps_sampling(x, s, start_idx=0), "exact, one thread"))
         cases.append(("farthest_point_sample", "fpsample_bucket", n,
                       lambda: fpsample.bucket_fps_kdline_sampling(x, s, h=7, start_idx=0), "QuickFPS kd-tree buckets"))
-    cases.append(("farthest_point_sample", "torch_loop", n,
-                  lambda: reference.farthest_point_sample(cloud, s), "the tests' float64 torch loop"))
+    def torch_fps_loop():  # the loop users write in torch: a few tensor ops per pick
+        dist = torch.full((n,), float("inf"), device=device)
+        picked = torch.zeros(s, dtype=torch.int64, device=device)
+        for t in range(1, s):
+            dist = torch.minimum(dist, (dev_cloud - dev_cloud[picked[t - 1]]).square().sum(1))
+            picked[t] = dist.argmax()
+        return picked
+
+    cases.append(("farthest_point_sample", "torch_loop", n, torch_fps_loop, "float32, argmax per pick"))
 
     # ball query: n reference points, n/10 queries, about 32 points within the radius
     k = 32
