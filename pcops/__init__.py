@@ -8,6 +8,7 @@ from .ops import knn_graph, radius_graph
 from .ops import knn_interpolate
 from .ops import chamfer_distance
 from .ops import estimate_normals
+from .ops import VoxelPool, voxel_pool
 
 __version__ = "0.1.0"
 
@@ -18,3 +19,4 @@ __all__ += ["knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
+__all__ += ["VoxelPool", "voxel_pool"]

@@ -347,8 +347,6 @@ def _optional(module: str):
 
 def _sampling_cases(args, device):
     """(op, variant, n, fn or None, note) for every row of the sampling section."""
-    from tests import reference
-
     quick = args.quick
     gen = torch.Generator().manual_seed(2)
     n = 4_000 if quick else 100_000
@@ -366,8 +364,15 @@ def _sampling_cases(args, device):
         cases.append(("farthest_point_sample", "fpsample", n, lambda: fpsample.fps_sampling(x, s, start_idx=0), "exact, one thread"))
         cases.append(("farthest_point_sample", "fpsample_bucket", n,
                       lambda: fpsample.bucket_fps_kdline_sampling(x, s, h=7, start_idx=0), "QuickFPS kd-tree buckets"))
-    cases.append(("farthest_point_sample", "torch_loop", n,
-                  lambda: reference.farthest_point_sample(cloud, s), "the tests' float64 torch loop"))
+    def torch_fps_loop():  # the loop users write in torch: a few tensor ops per pick
+        dist = torch.full((n,), float("inf"), device=device)
+        picked = torch.zeros(s, dtype=torch.int64, device=device)
+        for t in range(1, s):
+            dist = torch.minimum(dist, (dev_cloud - dev_cloud[picked[t - 1]]).square().sum(1))
+            picked[t] = dist.argmax()
+        return picked
+
+    cases.append(("farthest_point_sample", "torch_loop", n, torch_fps_loop, "float32, argmax per pick"))
 
     # ball query: n reference points, n/10 queries, about 32 points within the radius
     k = 32
@@ -423,6 +428,25 @@ def _sampling_cases(args, device):
 
         cases.append(("knn_graph", "open3d", n, o3d_knn_graph, "knn_search k+1"))
         cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), keeps self"))
+
+    # voxel pooling: about 8 points per voxel, 16 feature channels
+    size = (8 / n) ** (1 / 3)
+    feats = torch.randn(n, 16, generator=gen)
+    dev_feats = feats.to(device)
+    cases.append(("voxel_pool", "pcops", n, lambda: pcops.voxel_pool(dev_cloud, size, dev_feats, validate=False), "mean, F=16"))
+
+    def torch_scatter_pool():  # PyG's voxel_grid + avg_pool in plain torch: unique rows, scatter means
+        cells = torch.floor(cloud / size).long()
+        _, cluster = torch.unique(cells, dim=0, return_inverse=True)
+        v = int(cluster.max()) + 1
+        counts = torch.zeros(v).index_add_(0, cluster, torch.ones(n))[:, None]
+        return torch.zeros(v, 3).index_add_(0, cluster, cloud) / counts, torch.zeros(v, 16).index_add_(0, cluster, feats) / counts
+
+    cases.append(("voxel_pool", "torch_scatter", n, torch_scatter_pool, "unique(dim=0) + index_add"))
+    o3d = _optional("open3d")
+    if o3d is not None:
+        legacy = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(cloud.double().numpy()))
+        cases.append(("voxel_pool", "open3d", n, lambda: legacy.voxel_down_sample(size), "voxel_down_sample, points only"))
     return cases
 
 

@@ -166,3 +166,21 @@ def normals(points, k):
     cov = (centred.transpose(1, 2) @ centred / k).numpy()
     values, vectors = np.linalg.eigh(cov)
     return torch.from_numpy(vectors[..., 0].copy()), torch.from_numpy(values)
+
+
+def voxel_pool(points, voxel_size, features=None, batch=None, reduce="mean"):
+    """Float64 voxel pooling by a Python dictionary of (sample, floor(p / s)) keys, sorted."""
+    p = points.double()
+    cells = torch.floor(p / voxel_size).long().tolist()
+    ids = [0] * p.shape[0] if batch is None else batch.tolist()
+    keys = [(b, *c) for b, c in zip(ids, cells)]
+    order = {key: n for n, key in enumerate(sorted(set(keys)))}
+    cluster = torch.tensor([order[key] for key in keys], dtype=torch.int64)
+    members = [(cluster == c).nonzero().flatten() for c in range(len(order))]
+    pooled = torch.stack([p[m].mean(0) for m in members]) if members else p.new_zeros((0, 3))
+    pooled_f = None
+    if features is not None:
+        f = features.double()
+        pool = (lambda x: x.mean(0)) if reduce == "mean" else (lambda x: x.max(0).values)
+        pooled_f = torch.stack([pool(f[m]) for m in members]) if members else f.new_zeros((0, f.shape[1]))
+    return pooled, pooled_f, cluster

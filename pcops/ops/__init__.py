@@ -8,6 +8,7 @@ from .radius import radius_aggregate
 from .sampling import FPS, farthest_point_sample
 from .ball_query import BallQuery, ball_query
 from .graph import knn_graph, radius_graph
+from .voxel import VoxelPool, voxel_pool
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -16,3 +17,4 @@ __all__ += ["knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
+__all__ += ["VoxelPool", "voxel_pool"]

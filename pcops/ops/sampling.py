@@ -9,11 +9,13 @@ Ties go to the smaller index; points already picked are never picked again (a du
 picked point, at distance 0, still can be, once nothing farther is left). Work is O(N * S),
 memory O(N): each point keeps its squared distance to the picked set, updated once per pick.
 
-One Warp kernel does one pick step for every sample at once: the points of each sample are
-split into blocks, each thread updates one block's distances to the newest pick and writes the
-block's farthest point; torch then takes the farthest block of each sample. The blocks spread
-one large cloud, or many small ones, over all CPU cores (through :func:`pcops._warp.launch`)
-or the GPU, and the loop over picks never reads a value on the host.
+Large inputs: one Warp kernel launch per pick, for every sample at once: the points of each
+sample are split into blocks, each thread updates one block's distances to the newest pick and
+writes the block's farthest point; torch then takes the farthest block of each sample. The
+blocks spread one large cloud, or many small ones, over all CPU cores (through
+:func:`pcops._warp.launch`) or the GPU, and the loop over picks never reads a value on the
+host. Small inputs (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread per sample
+doing all its picks, which saves the per-pick launch overhead. Both give identical results.
 """
 
 import math
@@ -33,14 +35,33 @@ class FPS(NamedTuple):
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype):
+def _kernels(dtype: torch.dtype):
+    """(step, whole): one pick for every block of every sample; all picks of a sample per thread."""
     s = _warp.scalar(dtype)
-    point, _ = _warp.kernel_funcs(dtype, False)
+    v = _warp.vec3(dtype)
+
+    @wp.func
+    def update(points: wp.array(dtype=v), dist: wp.array(dtype=s), row: int, lo: int, hi: int, last: int):
+        """Distances of points lo..hi-1 of a sample to its newest pick ``last``; their farthest (first on ties)."""
+        c = points[row + last]
+        top = s(-2.0)
+        top_j = int(-1)
+        for j in range(lo, hi):
+            d = dist[row + j]
+            if j == last:
+                d = s(-1.0)  # picked: never again
+            elif d >= s(0.0):
+                d = wp.min(d, wp.length_sq(points[row + j] - c))
+            dist[row + j] = d
+            if d > top:
+                top = d
+                top_j = j
+        return top, top_j
 
     @wp.kernel(enable_backward=False, module="unique")
     def step(
         start: int,
-        points: wp.array2d(dtype=s),
+        points: wp.array(dtype=v),
         n: int,
         block: int,
         blocks: int,
@@ -53,33 +74,50 @@ def _kernel(dtype: torch.dtype):
         t = wp.tid() + start
         b = t // blocks
         lo = (t - b * blocks) * block
-        hi = wp.min(lo + block, lengths[b])
-        row = b * n
-        last = int(picked[b])
-        c = point(points, row + last)
-        top = s(-2.0)
-        top_j = int(-1)
-        for j in range(lo, hi):
-            d = dist[row + j]
-            if j == last:
-                d = s(-1.0)  # picked: never again
-            elif d >= s(0.0):
-                d = wp.min(d, wp.length_sq(point(points, row + j) - c))
-            dist[row + j] = d
-            if d > top:
-                top = d
-                top_j = j
+        top, top_j = update(points, dist, b * n, lo, wp.min(lo + block, lengths[b]), int(picked[b]))
         best[t] = top
         best_idx[t] = wp.int64(top_j)
 
-    return step
+    @wp.kernel(enable_backward=False, module="unique")
+    def whole(
+        start: int,
+        points: wp.array(dtype=v),
+        n: int,
+        lengths: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int64),
+        first: wp.array(dtype=wp.int64),
+        dist: wp.array(dtype=s),
+        idx: wp.array2d(dtype=wp.int64),
+    ):
+        b = wp.tid() + start
+        if counts[b] == wp.int64(0):
+            return
+        last = int(first[b])
+        idx[b, 0] = wp.int64(last)
+        for t in range(1, int(counts[b])):
+            top, top_j = update(points, dist, b * n, 0, lengths[b], last)
+            last = top_j
+            idx[b, t] = wp.int64(last)
+
+    return step, whole
 
 
-def _block(n: int, b: int) -> int:
-    """Points per thread: enough threads for pcops._warp.launch to use every core (it splits by
-    1024 threads), and at least 128 points each (a Warp CPU thread costs about 100 ns to start)."""
-    want = 1024 * max(1, torch.get_num_threads())
-    return max(128, min(max(n, 1), math.ceil(b * max(n, 1) / want)))
+# Below this many points in all samples together, one launch does every pick (a thread per
+# sample); above, one launch per pick spreads each pick's work over all cores.
+SINGLE_LAUNCH = 1 << 16
+
+
+def _block(n: int, b: int, device: torch.device) -> int:
+    """Points per thread of the per-pick kernel.
+
+    CUDA: 128, many threads. CPU: a Warp thread costs ~100 ns to start, and pcops._warp.launch
+    splits a launch over the cores only in chunks of >= 1024 threads; so enough threads for
+    every core when each still gets >= 256 points, else few large blocks on one core.
+    """
+    if device.type != "cpu":
+        return 128
+    per_thread = math.ceil(b * n / (1024 * max(1, torch.get_num_threads())))
+    return per_thread if per_thread >= 256 else max(1, min(n, 4096))
 
 
 @torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -95,21 +133,27 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     _warp.init()
     pts = points.reshape(b * n, 3).contiguous()
     lengths32 = lengths.to(torch.int32).contiguous()
-    block = _block(n, b)
-    blocks = math.ceil(n / block)
     dist = points.new_full((b * n,), float("inf"))
-    best = points.new_empty((b * blocks,))
-    best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
     picked = start.to(torch.int64).clamp(min=0).contiguous()
-    kernel = _kernel(points.dtype)
-    rows = torch.arange(b, device=points.device)
-    args = [pts, n, block, blocks, lengths32, picked, dist, best, best_idx]
+    step, whole = _kernels(points.dtype)
+    vec = _warp.array(pts, dtype=_warp.vec3(points.dtype))  # (B N,) 3-vectors: one load per point
     with _warp.stream(points):
-        for t in range(min(n_samples, n)):  # picks past a sample's length are masked below
+        if b * n <= SINGLE_LAUNCH:
+            counts = counts.to(torch.int64).contiguous()
+            _warp.launch(whole, b, [vec, n, lengths32, counts, picked, dist, idx], like=points)
+            return idx
+        block = _block(n, b, points.device)
+        blocks = math.ceil(n / block)
+        best = points.new_empty((b * blocks,))
+        best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
+        rows = torch.arange(b, device=points.device)
+        args = [vec, n, block, blocks, lengths32, picked, dist, best, best_idx]
+        args = [_warp.array(a) if isinstance(a, torch.Tensor) else a for a in args]  # convert once, not per pick
+        for t in range(min(n_samples, n)):  # picks past a sample's count are masked below
             idx[:, t] = picked
             if t + 1 == min(n_samples, n):
                 break
-            _warp.launch(kernel, b * blocks, args, like=points)
+            _warp.launch(step, b * blocks, args, like=points)
             top = best.view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
             picked.copy_(best_idx.view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
     return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import pcops
+from pcops.ops import sampling
 from tests import reference
 from tests.compile_check import assert_compiles
 from tests.op_suite import F64, OpSuite, TOL, pack, pad
@@ -121,6 +122,18 @@ class TestFarthestPointSample(OpSuite):
             "lengths for packed": (lambda: fps(flat, 3, lengths=torch.tensor([3])), ValueError, "lengths describes padded"),
             "NaN": (lambda: fps(nan, 3), ValueError, "points contains NaN"),
         }
+
+
+@pytest.mark.parametrize("kind", ["uniform", "duplicates", "clustered"])
+def test_one_launch_per_pick_equals_one_launch_per_sample(gen, kind, monkeypatch):
+    _, p, _ = reference.cloud(kind, gen, n=300)
+    batch = torch.stack([p, p.flip(0), p * 2])
+    lengths = torch.tensor([300, 7, 150])
+    whole = pcops.farthest_point_sample(batch, 40, lengths=lengths)
+    monkeypatch.setattr(sampling, "SINGLE_LAUNCH", 0)  # force the per-pick block kernel
+    blocks = pcops.farthest_point_sample(batch, 40, lengths=lengths)
+    assert torch.equal(whole.idx, blocks.idx) and torch.equal(whole.points, blocks.points)
+    assert torch.equal(whole.idx[2, :40], reference.farthest_point_sample(batch[2, :150], 40))
 
 
 def test_packed_ratio_picks_ceil_of_each_sample(gen):

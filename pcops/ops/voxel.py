@@ -1,0 +1,131 @@
+"""Voxel pooling: one point per occupied voxel of a regular grid, with pooled features.
+
+Voxel v(p) = floor(p / voxel_size) (cells [k s, (k + 1) s) per axis, aligned to the origin),
+per sample. Occupied voxels are numbered in lexicographic order of (sample, x, y, z), so the
+result is deterministic and a sample's voxels are contiguous. For voxel c with point set P_c:
+
+    points_out[c]   = mean_{i in P_c} p_i
+    features_out[c] = mean_{i in P_c} f_i      (reduce="mean")   or   max_{i in P_c} f_i   (reduce="max")
+    cluster[i]      = c, the voxel of input point i
+
+The custom op ``pcops::voxel_cluster`` assigns the voxels (it returns indices only; the
+number of voxels depends on the data and is declared in its fake as a dynamic size). The
+pooling is torch ``index_add`` / ``scatter_reduce`` on those indices, so gradients flow to
+the points and the features, and ``torch.compile(fullgraph=True)`` traces the whole op.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import _validate
+
+
+class VoxelPool(NamedTuple):
+    """Result of :func:`voxel_pool`: ``points`` (V, 3), ``features`` (V, F) or None, ``cluster`` (N,) int64."""
+
+    points: torch.Tensor
+    features: Optional[torch.Tensor]
+    cluster: torch.Tensor
+
+
+_KEY_LIMIT = 2.0**52  # voxel coordinates stay exact integers in float64 and int64
+
+
+@torch.library.custom_op("pcops::voxel_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _voxel_cluster(points: torch.Tensor, voxel_size: float, batch: Optional[torch.Tensor], validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """points (N, 3) -> (cluster (N,) int64, sample id of each voxel (V,) int64)."""
+    _validate.positive_number("voxel_size", voxel_size)
+    if validate:
+        _validate.finite(points=points)
+    cells = torch.floor(points / voxel_size)
+    if cells.numel() and float(cells.abs().max()) >= _KEY_LIMIT:
+        raise ValueError(f"voxel_size={voxel_size} is too small for the extent of the points (more than 2^52 voxels per axis)")
+    n = points.shape[0]
+    ids = torch.zeros(n, dtype=torch.int64, device=points.device) if batch is None else batch.to(torch.int64)
+    if n == 0:
+        return ids.new_empty((0,)), ids.new_empty((0,))
+    cells = cells.to(torch.int64)
+    cells -= cells.amin(0)
+    span = (cells.amax(0) + 1).tolist()
+    samples = int(ids.max()) + 1
+    if float(samples) * span[0] * span[1] * span[2] < 2.0**62:
+        # one int64 key per point, monotone in (sample, x, y, z): a 1-d sort instead of unique(dim=0)
+        key = ((ids * span[0] + cells[:, 0]) * span[1] + cells[:, 1]) * span[2] + cells[:, 2]
+        key, order = torch.sort(key, stable=True)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        cluster = torch.empty_like(order)
+        cluster[order] = torch.cumsum(first, 0) - 1
+        return cluster, ids[order][first]
+    voxels, cluster = torch.unique(torch.cat([ids[:, None], cells], 1), dim=0, sorted=True, return_inverse=True)
+    return cluster.reshape(n), voxels[:, 0].contiguous()
+
+
+@_voxel_cluster.register_fake
+def _(points, voxel_size, batch, validate):
+    v = torch.library.get_ctx().new_dynamic_size()
+    return points.new_empty((points.shape[0],), dtype=torch.int64), points.new_empty((v,), dtype=torch.int64)
+
+
+def voxel_pool(
+    points: torch.Tensor,
+    voxel_size: float,
+    features: Optional[torch.Tensor] = None,
+    *,
+    batch: Optional[torch.Tensor] = None,
+    reduce: str = "mean",
+    validate: bool = True,
+) -> VoxelPool:
+    """Pool points (and features) into the occupied voxels of a grid of cubes of side ``voxel_size``.
+
+    Args:
+        points: Tensor of shape (N, 3).
+        voxel_size: Python number > 0, the side of the cubic voxels (aligned to the origin).
+        features: optional Tensor of shape (N, F).
+        batch: optional int tensor (N,) of sample ids (sorted or not): samples never share a voxel.
+        reduce: "mean" or "max", how features are pooled (points are always averaged).
+        validate: check the points for NaN/inf and the ids for range.
+
+    Returns:
+        VoxelPool(points, features, cluster): ``points`` (V, 3), the mean of each occupied
+        voxel's points; ``features`` (V, F) pooled (None without features); ``cluster`` (N,)
+        int64, each input point's voxel. Voxels are ordered by (sample, x, y, z), so a
+        sample's voxels are contiguous and the sample of voxel c is ``batch[cluster == c]``
+        (e.g. ``torch.zeros(V, dtype=torch.long).scatter_(0, cluster, batch)``). V depends on
+        the data (declared as a dynamic size under ``torch.compile``). Differentiable with
+        respect to ``points`` and ``features`` (for "max", the gradient goes to the maximum,
+        split evenly between tied maxima as ``scatter_reduce`` does).
+    """
+    _validate.points("points", points)
+    _validate.positive_number("voxel_size", voxel_size)
+    if features is not None:
+        _validate.tensor("features", features, ndim=2, shape_doc="(N, F)")
+        if features.shape[0] != points.shape[0]:
+            raise ValueError(f"features must have one row per point: got shape {tuple(features.shape)} for {points.shape[0]} points")
+    _validate.ids("batch", batch, points.shape[0], "(N,)")
+    _validate.same_device(points=points, features=features, batch=batch)
+    if reduce not in ("mean", "max"):
+        raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
+    if batch is not None and validate and not torch.compiler.is_compiling():
+        _validate.ids_in_range("batch", batch, 0, None)
+    dtype, out_dtype = _validate.compute_dtype(points)
+    pts = points.to(dtype)
+    cluster, voxel_batch = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, validate)
+    v = voxel_batch.shape[0]
+    counts = pts.new_zeros((v,)).index_add(0, cluster, pts.new_ones((pts.shape[0],)))
+    pooled = (pts.new_zeros((v, 3)).index_add(0, cluster, pts) / counts[:, None]).to(out_dtype)
+    pooled_features = None
+    if features is not None:
+        fdtype, f_out = _validate.compute_dtype(features)
+        f = features.to(fdtype)
+        if reduce == "mean":
+            pooled_features = f.new_zeros((v, f.shape[1])).index_add(0, cluster, f) / counts.to(fdtype)[:, None]
+        else:
+            index = cluster[:, None].expand(-1, f.shape[1])
+            pooled_features = f.new_zeros((v, f.shape[1])).scatter_reduce(0, index, f, "amax", include_self=False)
+        pooled_features = pooled_features.to(f_out)
+    return VoxelPool(pooled, pooled_features, cluster)
+
+
+__all__ = ["VoxelPool", "voxel_pool"]
