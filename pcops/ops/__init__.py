@@ -1,7 +1,7 @@
 """pcops ops: one module per op family (Warp kernels, custom op, fake, autograd, public function)."""
 
 from .nearest import KNN, knn, knn_aggregate
-from .nearest import knn_interpolate
+from .interpolate import knn_interpolate
 from .chamfer import chamfer_distance
 from .normals import estimate_normals
 from .radius import radius_aggregate

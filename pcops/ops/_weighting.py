@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 WEIGHTS = ("softmax", "inverse_distance", "uniform")
 REDUCE = ("mean", "max")
 MIN_SQUARED_DISTANCE = 1e-16  # the clamp of inverse-distance weights (PyTorch Geometric's)
@@ -46,3 +48,17 @@ def resolve(weights: Optional[str], reduce: str, sigma) -> str:
     if weights != "softmax" and sigma is not None:
         raise ValueError(f"sigma is used by weights='softmax' only; pass sigma=None with weights={weights!r}, reduce={reduce!r}")
     return weights
+
+
+def inverse_distance(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Normalised 1 / max(d^2, 1e-16) over the valid neighbours (M, k); rows without any are 0.
+
+    Each row is scaled by its smallest clamped d^2 first (weights in (0, 1], no overflow for
+    any scale of coordinates); normalisation cancels the scale, so it carries no gradient.
+    """
+    sq = (query[:, None, :] - neighbours).square().sum(-1).clamp_min(MIN_SQUARED_DISTANCE)
+    smallest = torch.where(valid, sq, float("inf")).amin(1, keepdim=True).detach()
+    smallest = torch.where(torch.isinf(smallest), 1, smallest)
+    w = torch.where(valid, smallest / sq, 0)
+    total = w.sum(1, keepdim=True)
+    return w / torch.where(total > 0, total, 1)

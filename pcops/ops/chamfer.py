@@ -53,9 +53,13 @@ def _l1_scipy(query, ref, query_group, ref_group) -> torch.Tensor:
     out = np.full(q.shape[0], -1, dtype=np.int64)
     if query_group is None:
         sets = [(np.arange(q.shape[0]), np.arange(r.shape[0]))]
-    else:
+    else:  # rows of each group from one stable sort per side (not one scan per group)
         qg, rg = query_group.numpy(), ref_group.numpy()
-        sets = [(np.flatnonzero(qg == g), np.flatnonzero(rg == g)) for g in np.unique(qg)]
+        size = int(max(qg.max(initial=0), rg.max(initial=0))) + 1
+        q_order, r_order = np.argsort(qg, kind="stable"), np.argsort(rg, kind="stable")
+        q_split = np.split(q_order, np.cumsum(np.bincount(qg, minlength=size))[:-1])
+        r_split = np.split(r_order, np.cumsum(np.bincount(rg, minlength=size))[:-1])
+        sets = zip(q_split, r_split)
     for rows, cols in sets:
         if rows.size and cols.size:
             _, nearest = cKDTree(r[cols]).query(q[rows], k=1, p=1, workers=-1)
