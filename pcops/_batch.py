@@ -10,8 +10,10 @@ Three layouts reach the ops:
 
 :func:`flatten` turns any of them into flat (P, 3) points plus int32 groups (``None`` for a
 single cloud). A padded layout gets group b for the valid rows of sample b, ``B`` for query
-padding and ``B + 1`` for reference padding, so padding never meets anything. All of it is
-static-shape torch code: no host synchronisation, nothing that breaks ``torch.compile``.
+padding and ``B + 1`` for reference padding, so padding never meets anything. Packed ids of
+any integer range (int64 above 2**31 included) become int32 groups that are equal exactly where
+the ids are (:func:`_int32_ids`). All of it is static-shape torch code: no host
+synchronisation, nothing that breaks ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ def _padded_groups(b: int, size: int, lengths: Optional[torch.Tensor], pad_id: i
         return sample.reshape(-1).contiguous()
     valid = torch.arange(size, device=device)[None, :] < lengths[:, None]
     return torch.where(valid, sample, pad_id).reshape(-1).contiguous()
+
+
+_SMALL_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sample ids as the int32 groups of the kernels, equal exactly where the ids are equal.
+
+    Ids of a wider type (int64, e.g. 2**32 + 1) are replaced by their rank in the sorted union
+    of query and ref ids (a sort and a searchsorted: static shapes, no host synchronisation),
+    so ids that differ only above bit 31 never merge two samples.
+    """
+    if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
+        return query_batch.to(torch.int32), ref_batch.to(torch.int32)
+    both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
+    rank = torch.searchsorted(torch.sort(both).values, both).to(torch.int32)
+    return rank[: query_batch.shape[0]], rank[query_batch.shape[0] :]
 
 
 def flatten(
@@ -92,8 +111,7 @@ def flatten(
         _validate.ids_in_range("ref_batch", ref_batch, 0, None)
 
     if not padded:
-        qg = None if query_batch is None else query_batch.to(torch.int32)
-        rg = None if ref_batch is None else ref_batch.to(torch.int32)
+        qg, rg = (None, None) if query_batch is None else _int32_ids(query_batch, ref_batch)
         return Flat(query, ref, features, qg, rg, (), 0)
     m, n = query.shape[1], ref.shape[1]
     flat_features = None if features is None else features.reshape(b * n, features.shape[-1])

@@ -67,3 +67,43 @@ def test_non_finite_points_without_validation_terminate():
     """knn (every CPU backend), knn_aggregate, radius_aggregate; NaN/inf in query or ref; grouped or not."""
     out = run_python(NON_FINITE.format(backends=CPU_BACKENDS), timeout=300)
     assert out.count("returned") == 7 * 12
+
+
+# -- batch ids and lengths of any integer range ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("validate", [True, False])
+def test_batch_ids_above_int32_never_merge_samples(backend, validate):
+    # Sample 1 and sample 2**32 + 1 agree in their low 32 bits: a cast to int32 merges them.
+    q = torch.tensor([[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
+    p = torch.tensor([[0.1, 0.0, 0.0], [3.0, 0.0, 0.0], [5.0, 5.0, 5.2]], dtype=torch.float64)
+    f = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    qb, rb = torch.tensor([2**32 + 1, 7]), torch.tensor([1, 2**32 + 1, 7])
+    kw = dict(query_batch=qb, ref_batch=rb, validate=validate)
+    idx = pcops.knn(q, p, 1, backend, **kw).idx
+    assert idx[:, 0].tolist() == [1, 2]
+    out = pcops.knn_aggregate(q, p, f, 1, 0.1, backend, **kw)
+    assert out[:, 0].tolist() == [2.0, 3.0]
+    if backend == "warp":
+        out = pcops.radius_aggregate(q, p, f, 10.0, 0.1, **kw)
+        assert out[:, 0].tolist() == [2.0, 3.0]
+
+
+def test_ids_that_wrap_in_int32_match_small_ids():
+    gen = torch.Generator().manual_seed(0)
+    q, p = torch.rand(40, 3, generator=gen, dtype=torch.float64), torch.rand(50, 3, generator=gen, dtype=torch.float64)
+    qb, rb = torch.randint(0, 3, (40,), generator=gen), torch.randint(0, 3, (50,), generator=gen)
+    small = pcops.knn(q, p, 3, query_batch=qb, ref_batch=rb)
+    huge = pcops.knn(q, p, 3, query_batch=qb * 2**32 + 2**40, ref_batch=rb * 2**32 + 2**40)
+    assert torch.equal(small.idx, huge.idx)
+
+
+def test_lengths_above_int32_mean_whole_rows_without_validation():
+    gen = torch.Generator().manual_seed(0)
+    q, p = torch.rand(2, 5, 3, generator=gen), torch.rand(2, 6, 3, generator=gen)
+    big = torch.tensor([2**32 + 1, 2**32 + 1])
+    with pytest.raises(ValueError, match="query_lengths"):
+        pcops.knn(q, p, 2, query_lengths=big)
+    whole = pcops.knn(q, p, 2)
+    assert torch.equal(pcops.knn(q, p, 2, query_lengths=big, ref_lengths=big, validate=False).idx, whole.idx)
