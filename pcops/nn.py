@@ -80,11 +80,7 @@ class KNNAggregation(_Sigma):
         self, k: int, sigma: float = 0.1, learnable_sigma: bool = False, backend: str = "auto", validate: bool = True
     ):
         super().__init__(sigma, learnable_sigma)
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if k <= 0:
-            raise ValueError(f"k must be >= 1, got {k}")
-        self.k = k
+        self.k = _validate.count("k", k)
         self.backend = backend
         self.validate = bool(validate)
 

@@ -107,3 +107,77 @@ def test_lengths_above_int32_mean_whole_rows_without_validation():
         pcops.knn(q, p, 2, query_lengths=big)
     whole = pcops.knn(q, p, 2)
     assert torch.equal(pcops.knn(q, p, 2, query_lengths=big, ref_lengths=big, validate=False).idx, whole.idx)
+
+
+# -- one rule for sigma ---------------------------------------------------------------------------
+
+
+def _separated(dtype):
+    """Queries with one clearly nearest reference point each, and the features of that point."""
+    gen = torch.Generator().manual_seed(1)
+    p = torch.rand(40, 3, generator=gen, dtype=torch.float64)
+    q = p[:10] + 1e-3 * torch.rand(10, 3, generator=gen, dtype=torch.float64)
+    q[0] = p[0]  # d = 0 for one query
+    f = torch.rand(40, 2, generator=gen, dtype=torch.float64)
+    return q.to(dtype), p.to(dtype), f.to(dtype), f[:10].to(dtype)
+
+
+AGGREGATES = {
+    "knn_aggregate": lambda q, p, f, sigma: pcops.knn_aggregate(q, p, f, 4, sigma),
+    "radius_aggregate": lambda q, p, f, sigma: pcops.radius_aggregate(q, p, f, 0.3, sigma),
+}
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize(
+    "dtype,sigma",
+    [(torch.float32, 1e-39), (torch.float32, 1.5e-45), (torch.float32, 1e-30), (torch.float64, 5e-324), (torch.float64, 1e-300)],
+)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_any_sigma_above_zero_in_the_compute_dtype_gives_the_nearest_features(op, dtype, sigma, as_tensor):
+    q, p, f, nearest = _separated(dtype)
+    s = torch.tensor(sigma, dtype=dtype) if as_tensor else sigma
+    assert float(torch.tensor(sigma, dtype=dtype)) > 0
+    out = AGGREGATES[op](q, p, f, s)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, nearest)
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize("sigma", [1e-46, torch.tensor(1e-46, dtype=torch.float64), torch.tensor([1e-46])])
+def test_a_sigma_that_rounds_to_zero_raises_the_same_error(op, sigma):
+    q, p, f, _ = _separated(torch.float32)
+    with pytest.raises(ValueError, match=r"sigma must be finite and > 0 in torch.float32 \(the dtype it is computed in\)"):
+        AGGREGATES[op](q, p, f, sigma)
+
+
+# -- features checked, numpy scalars accepted -----------------------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_features_are_rejected_when_validating(op, value):
+    q, p, f, _ = _separated(torch.float32)
+    f[3, 1] = value
+    with pytest.raises(ValueError, match="features contains NaN or inf"):
+        AGGREGATES[op](q, p, f, 0.1)
+    call = {"knn_aggregate": lambda: pcops.knn_aggregate(q, p, f, 4, 0.1, validate=False),
+            "radius_aggregate": lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1, validate=False)}[op]
+    assert call().shape == (10, 2)
+
+
+def test_numpy_scalars_work_wherever_python_numbers_do():
+    np = pytest.importorskip("numpy")
+    q, p, f, _ = _separated(torch.float32)
+    assert torch.equal(pcops.knn(q, p, np.int64(3)).idx, pcops.knn(q, p, 3).idx)
+    assert torch.equal(pcops.knn(q, p, np.int32(3), "torch").idx, pcops.knn(q, p, 3, "torch").idx)
+    assert torch.equal(pcops.knn_aggregate(q, p, f, np.int64(3), np.float32(0.1)), pcops.knn_aggregate(q, p, f, 3, float(np.float32(0.1))))
+    assert torch.equal(pcops.radius_aggregate(q, p, f, np.float32(0.3), np.float64(0.1)), pcops.radius_aggregate(q, p, f, float(np.float32(0.3)), 0.1))
+    layer = pcops.KNNAggregation(np.int64(3), sigma=np.float32(0.1))
+    assert layer.k == 3 and type(layer.k) is int
+    assert layer(q, p, f).shape == (10, 2)
+    assert pcops.RadiusAggregation(np.float32(0.3), sigma=np.float64(0.1))(q, p, f).shape == (10, 2)
+    with pytest.raises(TypeError, match="k must be an int"):
+        pcops.knn(q, p, np.float64(3.0))
+    with pytest.raises(TypeError, match="k must be an int"):
+        pcops.knn(q, p, np.bool_(True))
