@@ -82,6 +82,72 @@ def read_clouds(path: pathlib.Path) -> list[tuple[np.ndarray, np.ndarray | None]
     return [(array[:, :3], array[:, 3:] if array.shape[1] == 6 else None)]
 
 
+NORMAL_K = 16  # neighbours of the PCA normals of a cloud without normals
+
+
+def _problem(path: pathlib.Path, what: str) -> ValueError:
+    return ValueError(f"data.paths: {path}: {what}")
+
+
+def _check_cloud(path: pathlib.Path, points: np.ndarray, normals: np.ndarray | None, min_points: int, label: str = "") -> None:
+    """A usable cloud: finite, at least ``min_points`` distinct points, not flat to a point, unit-able normals."""
+    if points.ndim != 2 or points.shape[1] != 3:
+        raise _problem(path, f"{label}points must have shape (P, 3), got {points.shape}")
+    if not np.isfinite(points).all():
+        raise _problem(path, f"{label}points contain NaN or inf")
+    distinct = len(np.unique(points, axis=0))
+    if distinct < min_points:
+        raise _problem(path, f"{label}{distinct} distinct point(s); at least min_points={min_points} are needed")
+    if normals is not None:
+        if normals.shape != points.shape:
+            raise _problem(path, f"{label}normals must have the shape of the points {points.shape}, got {normals.shape}")
+        if not np.isfinite(normals).all() or (np.linalg.norm(normals, axis=1) == 0).any():
+            raise _problem(path, f"{label}normals contain NaN, inf or zero vectors")
+
+
+def _load_mesh(path: pathlib.Path):
+    """A checked trimesh mesh: readable, finite, with faces of positive total area."""
+    import trimesh
+
+    try:
+        mesh = trimesh.load(path, force="mesh")
+    except Exception as err:  # trimesh raises many kinds for a malformed file
+        raise _problem(path, f"cannot be read as a {path.suffix} mesh ({type(err).__name__}: {err})") from err
+    vertices = np.asarray(getattr(mesh, "vertices", np.zeros((0, 3))), dtype=np.float64)
+    faces = np.asarray(getattr(mesh, "faces", np.zeros((0, 3))))
+    if not len(faces):
+        raise _problem(path, "a mesh with no faces")
+    if not np.isfinite(vertices).all():
+        raise _problem(path, "vertices contain NaN or inf")
+    if not float(mesh.area) > 0:
+        raise _problem(path, "a mesh with zero surface area")
+    return mesh
+
+
+def load_items(files: list[pathlib.Path], min_points: int = NORMAL_K) -> list[tuple[str, object]]:
+    """Read and check every file up front: (kind, payload) per item, ("mesh", (path, trimesh mesh)) or
+    ("cloud", (points, normals)); a ValueError naming the file and the problem otherwise."""
+    items = []
+    for path in files:
+        if path.suffix.lower() in MESH:
+            items.append(("mesh", (path, _load_mesh(path))))
+            continue
+        try:
+            clouds = read_clouds(path)
+        except ValueError as err:
+            if str(err).startswith(str(path)):
+                raise _problem(path, str(err)[len(str(path)) + 2 :]) from err
+            raise _problem(path, f"cannot be read as a {path.suffix} cloud ({err})") from err
+        except Exception as err:  # numpy/h5py raise many kinds for a malformed file
+            raise _problem(path, f"cannot be read as a {path.suffix} cloud ({type(err).__name__}: {err})") from err
+        if not clouds:
+            raise _problem(path, "no clouds")
+        for i, (points, normals) in enumerate(clouds):
+            _check_cloud(path, points, normals, min_points, f"cloud {i}: " if len(clouds) > 1 else "")
+            items.append(("cloud", (points, normals)))
+    return items
+
+
 def estimate_normals(points: torch.Tensor, k: int = 16) -> torch.Tensor:
     """Unit normals by PCA over each point's k nearest neighbours, oriented away from the centroid."""
     _, idx = pcops.knn(points, points, min(k, points.shape[0]))
@@ -108,6 +174,10 @@ class FileSDFDataModule(_Module):
 
     Args:
         paths: files or glob patterns (``**`` allowed), e.g. ["data/ModelNet10/*/train/*.off"].
+            Every file is read and checked when the module is made (before a run directory
+            exists): readable, finite, at least ``min_points`` distinct points.
+        min_points: fewest distinct points a cloud may have (at least the model's largest k
+            and the 16 neighbours of the estimated normals).
         n_points, n_queries, near_std, grid_resolution: as in ShapesSDFDataModule.
         val_fraction, test_fraction: share of the items held out (at least one each when
             there are 3 or more items; with fewer, every split uses all items, with a warning).
@@ -125,20 +195,12 @@ class FileSDFDataModule(_Module):
         batch_size: int = 8,
         seed: int = 0,
         num_workers: int = 0,
+        min_points: int = NORMAL_K,
     ):
         super().__init__(batch_size, seed, num_workers)
         self.files = expand(paths)  # fail before any work on a missing file
+        self.items = load_items(self.files, min_points)  # ... or on a malformed one
         self.save_hyperparameters()
-
-    def _items(self):
-        """(kind, payload) per item: ("mesh", path) or ("cloud", (points, normals))."""
-        items = []
-        for path in self.files:
-            if path.suffix.lower() in MESH:
-                items.append(("mesh", path))
-            else:
-                items.extend(("cloud", cloud) for cloud in read_clouds(path))
-        return items
 
     def _sample(self, kind, payload, i: int) -> dict[str, torch.Tensor]:
         h = self.hparams
@@ -146,9 +208,9 @@ class FileSDFDataModule(_Module):
         if kind == "mesh":
             import trimesh
 
-            mesh = trimesh.load(payload, force="mesh")
+            path, mesh = payload[0], payload[1].copy()
             if not mesh.is_watertight:
-                warnings.warn(f"{payload} is not watertight: the sign of its distances is unreliable")
+                warnings.warn(f"{path} is not watertight: the sign of its distances is unreliable")
             centre, scale = _normalise(np.asarray(mesh.vertices))
             mesh.apply_translation(-centre)
             mesh.apply_scale(1.0 / scale)
@@ -176,7 +238,7 @@ class FileSDFDataModule(_Module):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        items = self._items()
+        items = self.items
         order = torch.randperm(len(items), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
         samples = [self._sample(*items[j], j) for j in order]
         n = len(samples)

@@ -10,8 +10,10 @@ Three layouts reach the ops:
 
 :func:`flatten` turns any of them into flat (P, 3) points plus int32 groups (``None`` for a
 single cloud). A padded layout gets group b for the valid rows of sample b, ``B`` for query
-padding and ``B + 1`` for reference padding, so padding never meets anything. All of it is
-static-shape torch code: no host synchronisation, nothing that breaks ``torch.compile``.
+padding and ``B + 1`` for reference padding, so padding never meets anything. Packed ids of
+any integer range (int64 above 2**31 included) become int32 groups that are equal exactly where
+the ids are (:func:`_int32_ids`). All of it is static-shape torch code: no host
+synchronisation, nothing that breaks ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def _padded_groups(b: int, size: int, lengths: Optional[torch.Tensor], pad_id: i
     return torch.where(valid, sample, pad_id).reshape(-1).contiguous()
 
 
+_SMALL_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sample ids as the int32 groups of the kernels, equal exactly where the ids are equal.
+
+    Ids of a wider type (int64, e.g. 2**32 + 1) are replaced by their rank in the sorted union
+    of query and ref ids (a sort and a searchsorted: static shapes, no host synchronisation),
+    so ids that differ only above bit 31 never merge two samples.
+    """
+    if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
+        return query_batch.to(torch.int32), ref_batch.to(torch.int32)
+    both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
+    rank = torch.searchsorted(torch.sort(both).values, both).to(torch.int32)
+    return rank[: query_batch.shape[0]], rank[query_batch.shape[0] :]
+
+
 def flatten(
     query,
     ref,
@@ -55,45 +74,14 @@ def flatten(
     validate: bool = True,
 ) -> Flat:
     """Check shapes of any layout and flatten it (see the module docs)."""
-    _validate.tensor("query", query)
-    padded = query.dim() == 3
-    if padded:
-        _validate.tensor("query", query, ndim=3, last=3, shape_doc="(B, M, 3)")
-        _validate.tensor("ref", ref, ndim=3, last=3, shape_doc="(B, N, 3)")
-        if ref.shape[0] != query.shape[0]:
-            raise ValueError(f"query and ref must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
-        if query_batch is not None or ref_batch is not None:
-            raise ValueError("query_batch/ref_batch describe packed (P, 3) inputs; padded (B, P, 3) inputs take *_lengths")
-    else:
-        _validate.points("query", query)
-        _validate.points("ref", ref)
-        if query_lengths is not None or ref_lengths is not None:
-            raise ValueError("query_lengths/ref_lengths describe padded (B, P, 3) inputs; packed inputs take *_batch")
-        if (query_batch is None) != (ref_batch is None):
-            raise ValueError("packed inputs need both query_batch and ref_batch")
-    if features is not None:
-        shape = "(B, N, F)" if padded else "(N, F)"
-        _validate.tensor("features", features, ndim=ref.dim(), shape_doc=shape)
-        if features.shape[:-1] != ref.shape[:-1]:
-            raise ValueError(f"features must have one row per point of ref: got shape {tuple(features.shape)} for ref {tuple(ref.shape)}")
+    batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
+    padded = _validate.layout(query, ref, features, **batch)
+    if validate and not torch.compiler.is_compiling():  # value checks: eager only (see pcops._validate)
+        _validate.layout_values(query, ref, **batch)
     b = query.shape[0] if padded else 0
-    for name, t, size in (("query_lengths", query_lengths, b), ("ref_lengths", ref_lengths, b)):
-        _validate.ids(name, t, size, "(B,)")
-    _validate.ids("query_batch", query_batch, query.shape[0], "(M_total,)")
-    _validate.ids("ref_batch", ref_batch, ref.shape[0], "(N_total,)")
-    _validate.same_device(
-        query=query, ref=ref, features=features, query_lengths=query_lengths, ref_lengths=ref_lengths,
-        query_batch=query_batch, ref_batch=ref_batch,
-    )
-    if validate and not torch.compiler.is_compiling():  # value checks: eager only (see docs/batching.md)
-        _validate.ids_in_range("query_lengths", query_lengths, 0, query.shape[1] if padded else 0)
-        _validate.ids_in_range("ref_lengths", ref_lengths, 0, ref.shape[1] if padded else 0)
-        _validate.ids_in_range("query_batch", query_batch, 0, None)
-        _validate.ids_in_range("ref_batch", ref_batch, 0, None)
 
     if not padded:
-        qg = None if query_batch is None else query_batch.to(torch.int32)
-        rg = None if ref_batch is None else ref_batch.to(torch.int32)
+        qg, rg = (None, None) if query_batch is None else _int32_ids(query_batch, ref_batch)
         return Flat(query, ref, features, qg, rg, (), 0)
     m, n = query.shape[1], ref.shape[1]
     flat_features = None if features is None else features.reshape(b * n, features.shape[-1])

@@ -1,15 +1,29 @@
-"""Input checks shared by every pcops op.
+"""Every input check of pcops, in one place. Two kinds, run at two moments:
 
-Shape, dtype and device checks are free (they read metadata only) and run in the public
-functions, also under ``torch.compile``. Checks that read values (NaN/inf, sigma > 0) would be
-data-dependent branches under ``torch.compile(fullgraph=True)``: they run inside the custom
-ops' real implementations, which always execute eagerly, through :func:`finite` and
-:func:`positive_values`.
+Eager checks (metadata and Python values only: free, and also run under ``torch.compile``):
+    :func:`layout` (the tensors of any batch layout: types, dtypes, ranks, shapes, devices),
+    :func:`tensor`, :func:`points`, :func:`same_device`, :func:`ids` (shapes and dtypes),
+    :func:`count` (``k``), :func:`positive_number` (``radius``, a number ``sigma``),
+    :func:`scale` (a number or one-element tensor ``sigma``), :func:`scale_tensor` (a number
+    ``sigma`` that rounds to 0 in the compute dtype) and :func:`groups_paired`. They run in the
+    public functions and layers, before any work.
+
+Value checks (read tensor data, so each is a host read, one device sync on CUDA; a
+data-dependent branch would break ``torch.compile(fullgraph=True)``), only with
+``validate=True``:
+    :func:`op_values` (NaN/inf in points and features, sigma finite and > 0 in the compute
+    dtype) runs inside the custom ops' real implementations, which always execute eagerly, so
+    it holds under ``torch.compile`` too; :func:`layout_values` (lengths and batch ids in
+    range) and the checks of tensors that enter no custom op (the features and a tensor sigma
+    of ``knn_aggregate``) run in the public functions only when not compiling.
+
+Numbers may be Python or NumPy scalars (``np.float32`` sigma, ``np.int64`` k).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -37,18 +51,35 @@ def same_device(**named: torch.Tensor) -> None:
         raise ValueError(f"all tensors must be on the same device, got {listing}")
 
 
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (numbers.Real, torch.SymInt, torch.SymFloat))
+
+
 def positive_number(name: str, value) -> None:
-    """``value`` is a finite Python number > 0.
+    """``value`` is a finite Python or NumPy number > 0.
 
     Under ``torch.compile`` a number may be symbolic: its value is then checked again inside
     the op (see the ops' real implementations), where it is concrete.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
+    if not _is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if torch.compiler.is_compiling():
         return
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+def count(name: str, value, most: int | None = None, what: str = "") -> int:
+    """``value`` is an integer (Python, NumPy or symbolic) with 1 <= value <= most; returned as an int."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not isinstance(value, torch.SymInt):
+        value = int(value)
+    if value <= 0:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be <= the number of {what}, got {name}={value} for {most} {what}")
+    return value
 
 
 def scale(name: str, value) -> None:
@@ -61,11 +92,18 @@ def scale(name: str, value) -> None:
         positive_number(name, value)
 
 
-def scale_tensor(value, dtype: torch.dtype, device) -> torch.Tensor:
-    """A checked scale (number or one-element tensor) as a 0-d tensor of ``dtype`` (differentiable)."""
+def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torch.Tensor:
+    """A checked scale (number or one-element tensor) as a 0-d tensor of ``dtype`` (differentiable).
+
+    A number that rounds to 0 in ``dtype`` (the compute dtype) raises here, the same error
+    :func:`positive_values` gives for a tensor that does.
+    """
     if isinstance(value, torch.Tensor):
         return value.to(dtype).reshape(())
-    return torch.tensor(float(value), dtype=dtype, device=device)
+    t = torch.tensor(float(value), dtype=dtype)
+    if not torch.compiler.is_compiling():
+        positive_values(name, t)
+    return t.to(device)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
@@ -77,16 +115,32 @@ def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
 
 
 def finite(**named: torch.Tensor) -> None:
-    """No NaN or inf in the tensors. Reads values: call it from a custom op's real implementation."""
+    """No NaN or inf in the tensors (None is skipped). Reads values."""
     for name, t in named.items():
-        if t.numel() and not bool(torch.isfinite(t).all()):
+        if t is not None and t.numel() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name} contains NaN or inf (pass validate=False to skip this check)")
 
 
 def positive_values(name: str, t: torch.Tensor) -> None:
-    """All values finite and > 0. Reads values: call it from a custom op's real implementation."""
+    """All values finite and > 0 in ``t``'s dtype (the compute dtype). Reads values."""
     if t.numel() and not bool((torch.isfinite(t) & (t > 0)).all()):
-        raise ValueError(f"{name} must be finite and > 0, got {t.detach().cpu().reshape(-1)[:4].tolist()}")
+        got = t.detach().cpu().reshape(-1)[:4].tolist()
+        raise ValueError(f"{name} must be finite and > 0 in {t.dtype} (the dtype it is computed in), got {got}")
+
+
+def op_values(validate: bool, sigma: torch.Tensor | None = None, **named: torch.Tensor) -> None:
+    """The value checks of a custom op's real implementation: ``named`` tensors finite, sigma > 0."""
+    if not validate:
+        return
+    finite(**named)
+    if sigma is not None:
+        positive_values("sigma", sigma)
+
+
+def groups_paired(query_group, ref_group) -> None:
+    """Both groups given or neither (an op's own arguments)."""
+    if (query_group is None) != (ref_group is None):
+        raise ValueError("query_group and ref_group must be given together")
 
 
 def ids(name: str, t, size: int, shape_doc: str) -> None:
@@ -108,3 +162,48 @@ def ids_in_range(name: str, t, low: int, high) -> None:
     if bool((t < low).any()) or (high is not None and bool((t > high).any())):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
+
+
+def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch) -> bool:
+    """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout."""
+    tensor("query", query)
+    padded = query.dim() == 3
+    if padded:
+        tensor("query", query, ndim=3, last=3, shape_doc="(B, M, 3)")
+        tensor("ref", ref, ndim=3, last=3, shape_doc="(B, N, 3)")
+        if ref.shape[0] != query.shape[0]:
+            raise ValueError(f"query and ref must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
+        if query_batch is not None or ref_batch is not None:
+            raise ValueError("query_batch/ref_batch describe packed (P, 3) inputs; padded (B, P, 3) inputs take *_lengths")
+    else:
+        points("query", query)
+        points("ref", ref)
+        if query_lengths is not None or ref_lengths is not None:
+            raise ValueError("query_lengths/ref_lengths describe padded (B, P, 3) inputs; packed inputs take *_batch")
+        if (query_batch is None) != (ref_batch is None):
+            raise ValueError("packed inputs need both query_batch and ref_batch")
+    if features is not None:
+        shape = "(B, N, F)" if padded else "(N, F)"
+        tensor("features", features, ndim=ref.dim(), shape_doc=shape)
+        if features.shape[:-1] != ref.shape[:-1]:
+            raise ValueError(f"features must have one row per point of ref: got shape {tuple(features.shape)} for ref {tuple(ref.shape)}")
+    b = query.shape[0] if padded else 0
+    for name, t in (("query_lengths", query_lengths), ("ref_lengths", ref_lengths)):
+        ids(name, t, b, "(B,)")
+    ids("query_batch", query_batch, query.shape[0], "(M_total,)")
+    ids("ref_batch", ref_batch, ref.shape[0], "(N_total,)")
+    same_device(
+        query=query, ref=ref, features=features, query_lengths=query_lengths, ref_lengths=ref_lengths,
+        query_batch=query_batch, ref_batch=ref_batch,
+    )
+    return padded
+
+
+def layout_values(query, ref, *, query_lengths, ref_lengths, query_batch, ref_batch) -> None:
+    """Value checks of a batch layout: lengths within the padded rows, ids >= 0. Reads values:
+    call only when validating and not compiling."""
+    padded = query.dim() == 3
+    ids_in_range("query_lengths", query_lengths, 0, query.shape[1] if padded else 0)
+    ids_in_range("ref_lengths", ref_lengths, 0, ref.shape[1] if padded else 0)
+    ids_in_range("query_batch", query_batch, 0, None)
+    ids_in_range("ref_batch", ref_batch, 0, None)

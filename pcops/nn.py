@@ -93,15 +93,11 @@ class KNNAggregation(_Sigma):
         reduce: str = "mean",
     ):
         super().__init__(sigma, learnable_sigma)
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if k <= 0:
-            raise ValueError(f"k must be >= 1, got {k}")
+        self.k = _validate.count("k", k)
         self.weights = _weighting.name(weights, reduce)
         if self.learnable_sigma and self.weights != "softmax":
             raise ValueError(f"learnable_sigma needs weights='softmax', got weights={self.weights!r}")
         self.reduce = reduce
-        self.k = k
         self.backend = backend
         self.validate = bool(validate)
 

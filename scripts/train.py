@@ -49,10 +49,24 @@ class TrainCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         ckpt = self.config.get("ckpt_path")
-        if ckpt and not pathlib.Path(ckpt).is_file():
-            raise FileNotFoundError(f"ckpt_path: no checkpoint at {ckpt}")
+        if ckpt:
+            check_checkpoint(pathlib.Path(ckpt))
         if self.config.get("rmm_pool"):
             pcops.memory.use_rmm_pool()  # before the model, the data or the trainer touch CUDA
+
+
+def check_checkpoint(path: pathlib.Path) -> None:
+    """Fail before any work (and before a run directory exists) unless ``path`` loads as a checkpoint."""
+    import torch
+
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path: no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # a checkpoint is trusted code, as for Lightning
+    except Exception as err:  # truncated, empty, not a checkpoint: torch raises many kinds
+        raise ValueError(f"ckpt_path: {path} is not a readable checkpoint (empty, truncated or another format): {err}") from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
 
 
 def save_figure(model: LightningModule, data: LightningDataModule, path: pathlib.Path) -> None:

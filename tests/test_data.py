@@ -102,9 +102,8 @@ def test_file_paths_are_checked_up_front(tmp_path):
     with pytest.raises(ValueError, match="unsupported suffix"):
         FileSDFDataModule([str(tmp_path / "cloud.txt")])
     np.save(tmp_path / "bad.npy", np.zeros((5, 4)))
-    data = FileSDFDataModule([str(tmp_path / "bad.npy")])
     with pytest.raises(ValueError, match="3 \\(xyz\\) or 6"):
-        data.setup()
+        FileSDFDataModule([str(tmp_path / "bad.npy")])
 
 
 def test_files_split_into_train_val_test(tmp_path):
@@ -115,3 +114,85 @@ def test_files_split_into_train_val_test(tmp_path):
     data = FileSDFDataModule([str(tmp_path / "*.stl")], n_points=64, n_queries=64, val_fraction=0.2, test_fraction=0.2)
     data.setup()
     assert [len(data.splits[s]) for s in ("train", "val", "test")] == [4, 1, 1]
+
+
+def _malformed(tmp_path, kind):
+    """Write one malformed data file; returns (path, the problem its error must state)."""
+    import h5py
+    import trimesh
+
+    gen = np.random.default_rng(0)
+    cloud = gen.normal(size=(200, 3))
+    path = tmp_path / {"garbage_off": "a.off", "empty_off": "a.off", "garbage_stl": "a.stl", "no_faces_obj": "a.obj",
+                       "flat_mesh": "a.ply", "nan_npy": "a.npy", "inf_npy": "a.npy", "one_point": "a.npy",
+                       "few_points": "a.npy", "same_point": "a.npy", "text_npy": "a.npy", "zero_normals": "a.npy",
+                       "words_xyz": "a.xyz", "no_points_npz": "a.npz", "nan_normals_npz": "a.npz",
+                       "garbage_h5": "a.h5", "nan_second_h5": "a.h5", "empty_h5": "a.h5"}[kind]
+    if kind == "garbage_off":
+        path.write_text("OFF\nfile is not a mesh\n")
+        return path, "cannot be read"
+    if kind == "empty_off":
+        path.write_text("")
+        return path, "cannot be read|no faces"
+    if kind == "garbage_stl":
+        path.write_bytes(b"\x00\x01garbage" * 10)
+        return path, "cannot be read|no faces"
+    if kind == "no_faces_obj":
+        path.write_text("v 0 0 0\nv 1 0 0\nv 0 1 0\n")
+        return path, "no faces"
+    if kind == "flat_mesh":
+        trimesh.Trimesh(vertices=[[0, 0, 0], [1, 0, 0], [2, 0, 0]], faces=[[0, 1, 2]], process=False).export(path)
+        return path, "zero surface area"
+    if kind in ("nan_npy", "inf_npy"):
+        cloud[7, 2] = np.nan if kind == "nan_npy" else np.inf
+        np.save(path, cloud)
+        return path, "NaN or inf"
+    if kind in ("one_point", "few_points", "same_point"):
+        np.save(path, {"one_point": cloud[:1], "few_points": cloud[:5], "same_point": np.ones((300, 3))}[kind])
+        return path, "distinct point"
+    if kind == "text_npy":
+        path.write_text("1 2 3\n")
+        return path, "cannot be read"
+    if kind == "zero_normals":
+        np.save(path, np.hstack([cloud, np.zeros_like(cloud)]))
+        return path, "normals contain NaN, inf or zero"
+    if kind == "words_xyz":
+        path.write_text("x y z\nfile 1 2\n")
+        return path, "cannot be read"
+    if kind == "no_points_npz":
+        np.savez(path, xyz=cloud)
+        return path, "needs a 'points' array"
+    if kind == "nan_normals_npz":
+        normals = cloud.copy()
+        normals[3, 0] = np.nan
+        np.savez(path, points=cloud, normals=normals)
+        return path, "normals contain NaN"
+    if kind == "garbage_h5":
+        path.write_bytes(b"not hdf5" * 20)
+        return path, "cannot be read"
+    with h5py.File(path, "w") as f:
+        f["data"] = np.zeros((0, 200, 3)) if kind == "empty_h5" else np.stack([cloud, np.full((200, 3), np.nan)])
+    return path, "no clouds" if kind == "empty_h5" else "cloud 1: points contain NaN"
+
+
+MALFORMED = ["garbage_off", "empty_off", "garbage_stl", "no_faces_obj", "flat_mesh", "nan_npy", "inf_npy", "one_point",
+             "few_points", "same_point", "text_npy", "zero_normals", "words_xyz", "no_points_npz", "nan_normals_npz",
+             "garbage_h5", "nan_second_h5", "empty_h5"]
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_malformed_files_fail_up_front_naming_the_file_and_problem(tmp_path, kind):
+    import re
+
+    path, problem = _malformed(tmp_path, kind)
+    good = tmp_path / "good.npy"
+    np.save(good, np.random.default_rng(1).normal(size=(300, 3)))
+    with pytest.raises(ValueError, match=f"data.paths: {re.escape(str(path))}: .*({problem})"):
+        FileSDFDataModule([str(good), str(path)])  # checked when made: before setup, before any trainer
+
+
+def test_min_points_is_the_fewest_distinct_points_of_a_cloud(tmp_path):
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(40, 3)))
+    FileSDFDataModule([str(tmp_path / "c.npy")], min_points=40)
+    with pytest.raises(ValueError, match="40 distinct point\\(s\\); at least min_points=41"):
+        FileSDFDataModule([str(tmp_path / "c.npy")], min_points=41)

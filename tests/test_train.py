@@ -123,6 +123,32 @@ def test_bad_config_fails_before_any_work(tmp_path, args, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("corrupt", ["empty", "truncated", "text"])
+def test_a_corrupt_checkpoint_fails_before_any_work_naming_the_file(tmp_path, corrupt):
+    path = tmp_path / f"{corrupt}.ckpt"
+    if corrupt == "truncated":
+        torch.save({"state_dict": {"w": torch.zeros(1000)}, "epoch": 1}, path)
+        path.write_bytes(path.read_bytes()[:700])
+    else:
+        path.write_text("" if corrupt == "empty" else "not a checkpoint\n")
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false")
+    assert result.returncode != 0
+    assert f"ckpt_path: {path} is not a readable checkpoint" in result.stderr
+    assert not (tmp_path / "runs").exists()
+    assert "Epoch" not in result.stdout + result.stderr  # no data generated, no training started
+
+
+def test_a_malformed_data_file_fails_before_any_work_naming_it(tmp_path):
+    import numpy as np
+
+    bad = tmp_path / "one_point.npy"
+    np.save(bad, np.zeros((1, 3)))  # one point: must not train "successfully"
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf_files.yaml"), "--data.init_args.paths", f"[{bad}]")
+    assert result.returncode != 0
+    assert f"data.paths: {bad}: 1 distinct point(s)" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_existing_run_directory_is_not_overwritten(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pinned = ["--trainer.logger.init_args.version", "0", "--trainer.max_epochs", "1"]

@@ -52,7 +52,6 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     ):
         i = wp.tid() + start
         q = point(query, i)
-        inv_s = s(1.0) / sigma[0]
         nf = feats.shape[1]
         it = neighbours(grid, q, radius, query_group, i)
         j = int(0)
@@ -65,12 +64,12 @@ def _kernels(dtype: torch.dtype, grouped: bool):
                 if count == 0:
                     m = d
                 if d < m:  # new nearest neighbour: shift what was accumulated so far
-                    scale = wp.exp((d - m) * inv_s)
+                    scale = wp.exp((d - m) / sigma[0])  # a division: 1/sigma overflows for subnormal sigma
                     w_total = w_total * scale
                     for c in range(nf):
                         out[i, c] = out[i, c] * scale
                     m = d
-                w = wp.exp((m - d) * inv_s)
+                w = wp.exp((m - d) / sigma[0])
                 w_total = w_total + w
                 for c in range(nf):
                     out[i, c] = out[i, c] + w * feats[j, c]
@@ -178,11 +177,8 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
-    if validate:
-        _validate.finite(query=query, ref=ref)
-        _validate.positive_values("sigma", sigma)
+    _validate.groups_paired(query_group, ref_group)
+    _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
     m, f = query.shape[0], features.shape[1]
     out = query.new_zeros((m, f))
     wsum = query.new_zeros((m,))

@@ -71,16 +71,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _flatten(query, ref, features, k, batch: dict, validate: bool) -> _batch.Flat:
-    """Shape checks of any layout (see pcops._batch) and of k, then the flat inputs."""
+def _flatten(query, ref, features, k, batch: dict, validate: bool) -> tuple[_batch.Flat, int]:
+    """Shape checks of any layout (see pcops._batch) and of k, then the flat inputs and k as an int."""
     flat = _batch.flatten(query, ref, features, validate=validate, **batch)
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k <= 0:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if k > ref.shape[-2]:
-        raise ValueError(f"k must be <= the number of ref points, got k={k} for {ref.shape[-2]} ref points")
-    return flat
+    return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
 def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
@@ -142,7 +136,7 @@ def knn(
         searched in float32.
     """
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    flat = _flatten(query, ref, None, k, batch, validate)
+    flat, k = _flatten(query, ref, None, k, batch, validate)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
     dists = torch.where(valid, dists, float("inf")).to(out_dtype)
@@ -204,14 +198,14 @@ def knn_aggregate(
     """
     weights = _weighting.resolve(weights, reduce, sigma)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    flat = _flatten(query, ref, features, k, batch, validate)
+    flat, k = _flatten(query, ref, features, k, batch, validate)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     if weights == "softmax":
         _validate.scale("sigma", sigma)
         _validate.same_device(query=query, sigma=sigma)
-        if isinstance(sigma, torch.Tensor) and validate and not torch.compiler.is_compiling():
-            _validate.positive_values("sigma", sigma)  # a value check: skipped inside compiled graphs
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
+    if validate and not torch.compiler.is_compiling():  # value checks of what enters no custom op
+        _validate.op_values(validate, features=features, sigma=sigma if weights == "softmax" else None)
     idx, valid = search(flat, k, backend, validate, dtype)
     gathered = flat.features.to(dtype)[idx]  # (P, k, F)
     if reduce == "max":
@@ -220,7 +214,9 @@ def knn_aggregate(
         return _batch.unflatten(flat, out.to(out_dtype))
     query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
     if weights == "softmax":
-        logits = torch.where(valid, -_distances(query_c, ref_c[idx]) / sigma, float("-inf"))
+        dists = _distances(query_c, ref_c[idx])
+        nearest = torch.where(valid, dists, float("inf")).amin(1, keepdim=True).detach()  # shift: any sigma > 0 stays finite
+        logits = torch.where(valid, -(dists - torch.where(valid, nearest, 0)) / sigma, float("-inf"))
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
         w = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
     elif weights == "inverse_distance":

@@ -36,6 +36,21 @@ def _separate(q, p, query_group, ref_group):
 
 @backend("scipy", devices=("cpu",), requires=("scipy",), install="pip install scipy")
 def search(query, ref, k, query_group, ref_group):
+    usable, present = torch.isfinite(query).all(1), torch.isfinite(ref).all(1)
+    if bool(usable.all()) and bool(present.all()):
+        return _search(query, ref, k, query_group, ref_group)
+    # NaN/inf points (validate=False; cKDTree rejects them) are never neighbours, and find none
+    dists, idx = query.new_full((query.shape[0], k), float("inf")), torch.full((query.shape[0], k), -1)
+    keep = present.nonzero()[:, 0]
+    kk = min(k, keep.numel())
+    if kk and bool(usable.any()):
+        groups = (None, None) if query_group is None else (query_group[usable], ref_group[keep])
+        d, i = _search(query[usable], ref[keep], kk, *groups)
+        dists[usable, :kk], idx[usable, :kk] = d, torch.where(i >= 0, keep[i.clamp_min(0)], -1)
+    return dists, idx
+
+
+def _search(query, ref, k, query_group, ref_group):
     from scipy.spatial import cKDTree
 
     m, n = query.shape[0], ref.shape[0]

@@ -37,6 +37,7 @@ def search(query, ref, k, query_group, ref_group):
         d2 = (q[:, None, 0] - ref[None, :, 0]).square()
         d2 += (q[:, None, 1] - ref[None, :, 1]).square()
         d2 += (q[:, None, 2] - ref[None, :, 2]).square()
+        d2.masked_fill_(d2.isnan(), float("inf"))  # a NaN/inf point is never a neighbour (validate=False)
         if query_group is not None:
             d2.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
         sq, idx[s : s + chunk] = _smallest(d2, k)

@@ -8,6 +8,7 @@ Warp's grouped ``HashGrid``: a query only visits its own sample's points, and ne
 min(k, size of its sample) of them; missing neighbours are -1 / inf.
 """
 
+import math
 
 import torch
 import warp as wp
@@ -63,16 +64,23 @@ def _kernel(dtype: torch.dtype, grouped: bool):
     return search
 
 
-def _radii(query: torch.Tensor, ref: torch.Tensor, k: int, ref_group) -> tuple[float, float]:
-    """(first radius, reach): about 3k points if each sample filled ref's bounding box uniformly,
-    and the diagonal of all points' bounding box (no pair is farther apart). One host read of the
-    boxes, and one more for the number of samples when grouped (``torch.unique``); the search
-    loop then reads how many queries remain after each radius step (one host read per step)."""
-    corners = torch.stack([ref.amin(0), ref.amax(0), query.amin(0), query.amax(0)]).double().cpu()
-    side = float((corners[1] - corners[0]).max())
-    reach = float((corners.amax(0) - corners.amin(0)).norm())
+def _box(points: torch.Tensor) -> list[torch.Tensor]:
+    """Lower and upper corner of the finite rows of ``points`` (+inf / -inf where there are none)."""
+    finite = torch.isfinite(points).all(1, keepdim=True)
+    return [torch.where(finite, points, float("inf")).amin(0), torch.where(finite, points, float("-inf")).amax(0)]
+
+
+def _radii(query: torch.Tensor, ref: torch.Tensor, k: int, ref_group) -> tuple[float, float, bool]:
+    """(first radius, reach, all finite): about 3k points if each sample filled ref's bounding box
+    uniformly, and the diagonal of all finite points' bounding box (no finite pair is farther
+    apart, so the search always ends, even on NaN/inf points). One host read."""
+    finite = torch.isfinite(query).all() & torch.isfinite(ref).all()
+    corners = torch.stack([*_box(ref), *_box(query), finite.expand(3)]).double().cpu()
+    box = corners[:4].nan_to_num(posinf=0.0, neginf=0.0)  # no finite point: an empty box
+    side = float((box[1] - box[0]).clamp_min(0).max())
+    reach = float((box.amax(0) - box.amin(0)).norm())
     samples = 1 if ref_group is None else torch.unique(ref_group).numel()
-    return max(side * 0.9 * (k * samples / ref.shape[0]) ** (1.0 / 3.0), 1e-12), reach
+    return max(side * 0.9 * (k * samples / ref.shape[0]) ** (1.0 / 3.0), 1e-12), reach, bool(corners[4, 0])
 
 
 def _targets(k: int, query_group, ref_group, m: int, device) -> torch.Tensor:
@@ -98,7 +106,7 @@ def search(query, ref, k, query_group, ref_group):
     target = _targets(k, query_group, ref_group, m, query.device)
     groups = query_group.contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
     ref_groups = ref_group.contiguous() if grouped else None
-    radius, reach = _radii(query, ref, k, ref_group)
+    radius, reach, finite = _radii(query, ref, k, ref_group)
     rows = torch.arange(m, device=query.device)[target > 0]
     with _warp.stream(query):
         while rows.numel():
@@ -108,9 +116,9 @@ def search(query, ref, k, query_group, ref_group):
             _warp.launch(kernel, rows.numel(), args, like=query)
             _warp.keep_alive(grid, query)
             rows = rows[found < target[rows]]
-            if radius > reach:
+            if not radius <= reach or math.isinf(radius):  # past every finite pair (or overflowed): done
                 break
             radius *= 2.0
-    if rows.numel():
+    if rows.numel() and finite:  # NaN/inf points are never neighbours (validate=False): -1 / inf
         raise RuntimeError(f"knn (warp): {rows.numel()} queries found fewer than k={k} points within the cloud's reach")
     return dists, idx

@@ -1,0 +1,183 @@
+"""Reliability: garbage in never hangs, batch ids never merge samples, one rule for sigma,
+deterministic gradients, thread safety, far coordinates, bounded memory."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+
+CPU_BACKENDS = ["warp", "scipy", "torch"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, timeout: float) -> str:
+    """Run ``code`` in a fresh interpreter; a hang fails the test instead of stalling the suite."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"did not finish within {timeout} s (a hang?); output so far:\n{e.stdout}\n{e.stderr}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+# -- NaN/inf points with validate=False terminate -------------------------------------------------
+
+NON_FINITE = """
+import itertools, torch, pcops
+from tests import reference
+ops = [("knn", b) for b in {backends!r}] + [("knn_aggregate", b) for b in {backends!r}] + [("radius_aggregate", "")]
+g = torch.Generator().manual_seed(0)
+m, n, k = 2100, 2200, 4  # > 2 * 1024 queries: the CPU launch is split across threads
+cases = itertools.product(ops, ("query", "ref"), (float("nan"), float("inf"), -float("inf")), (False, True))
+for (op, backend), where, value, grouped in cases:
+    q, p = torch.rand(m, 3, generator=g, dtype=torch.float64), torch.rand(n, 3, generator=g, dtype=torch.float64)
+    f = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    bad = torch.tensor([5, 17])
+    (q if where == "query" else p)[bad, 1] = value
+    kw = dict(query_batch=torch.arange(m) % 2, ref_batch=torch.arange(n) % 2) if grouped else {{}}
+    if op == "knn":
+        out = pcops.knn(q, p, k, backend, validate=False, **kw)
+        assert out.idx.shape == (m, k)
+        if not grouped:  # finite queries: the exact kNN among the finite points; NaN/inf points find none
+            ok_q = torch.isfinite(q).all(1)
+            keep = torch.isfinite(p).all(1).nonzero()[:, 0]
+            ref_d, ref_i = reference.knn(q[ok_q], p[keep], k)
+            assert torch.equal(out.idx[ok_q], keep[ref_i]), (where, value)
+            assert torch.equal(out.idx[~ok_q], torch.full(((~ok_q).sum(), k), -1)), (where, value)
+    elif op == "knn_aggregate":
+        out = pcops.knn_aggregate(q, p, f, k, 0.1, backend, validate=False, **kw)
+        assert out.shape == (m, 2)
+    else:
+        out = pcops.radius_aggregate(q, p, f, 0.1, 0.1, validate=False, **kw)
+        assert out.shape == (m, 2)
+    print(op, backend, where, value, grouped, "returned", flush=True)
+"""
+
+
+def test_non_finite_points_without_validation_terminate():
+    """knn (every CPU backend), knn_aggregate, radius_aggregate; NaN/inf in query or ref; grouped or not."""
+    out = run_python(NON_FINITE.format(backends=CPU_BACKENDS), timeout=300)
+    assert out.count("returned") == 7 * 12
+
+
+# -- batch ids and lengths of any integer range ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("validate", [True, False])
+def test_batch_ids_above_int32_never_merge_samples(backend, validate):
+    # Sample 1 and sample 2**32 + 1 agree in their low 32 bits: a cast to int32 merges them.
+    q = torch.tensor([[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
+    p = torch.tensor([[0.1, 0.0, 0.0], [3.0, 0.0, 0.0], [5.0, 5.0, 5.2]], dtype=torch.float64)
+    f = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    qb, rb = torch.tensor([2**32 + 1, 7]), torch.tensor([1, 2**32 + 1, 7])
+    kw = dict(query_batch=qb, ref_batch=rb, validate=validate)
+    idx = pcops.knn(q, p, 1, backend, **kw).idx
+    assert idx[:, 0].tolist() == [1, 2]
+    out = pcops.knn_aggregate(q, p, f, 1, 0.1, backend, **kw)
+    assert out[:, 0].tolist() == [2.0, 3.0]
+    if backend == "warp":
+        out = pcops.radius_aggregate(q, p, f, 10.0, 0.1, **kw)
+        assert out[:, 0].tolist() == [2.0, 3.0]
+
+
+def test_ids_that_wrap_in_int32_match_small_ids():
+    gen = torch.Generator().manual_seed(0)
+    q, p = torch.rand(40, 3, generator=gen, dtype=torch.float64), torch.rand(50, 3, generator=gen, dtype=torch.float64)
+    qb, rb = torch.randint(0, 3, (40,), generator=gen), torch.randint(0, 3, (50,), generator=gen)
+    small = pcops.knn(q, p, 3, query_batch=qb, ref_batch=rb)
+    huge = pcops.knn(q, p, 3, query_batch=qb * 2**32 + 2**40, ref_batch=rb * 2**32 + 2**40)
+    assert torch.equal(small.idx, huge.idx)
+
+
+def test_lengths_above_int32_mean_whole_rows_without_validation():
+    gen = torch.Generator().manual_seed(0)
+    q, p = torch.rand(2, 5, 3, generator=gen), torch.rand(2, 6, 3, generator=gen)
+    big = torch.tensor([2**32 + 1, 2**32 + 1])
+    with pytest.raises(ValueError, match="query_lengths"):
+        pcops.knn(q, p, 2, query_lengths=big)
+    whole = pcops.knn(q, p, 2)
+    assert torch.equal(pcops.knn(q, p, 2, query_lengths=big, ref_lengths=big, validate=False).idx, whole.idx)
+
+
+# -- one rule for sigma ---------------------------------------------------------------------------
+
+
+def _separated(dtype):
+    """Queries with one clearly nearest reference point each, and the features of that point."""
+    gen = torch.Generator().manual_seed(1)
+    p = torch.rand(40, 3, generator=gen, dtype=torch.float64)
+    q = p[:10] + 1e-3 * torch.rand(10, 3, generator=gen, dtype=torch.float64)
+    q[0] = p[0]  # d = 0 for one query
+    f = torch.rand(40, 2, generator=gen, dtype=torch.float64)
+    return q.to(dtype), p.to(dtype), f.to(dtype), f[:10].to(dtype)
+
+
+AGGREGATES = {
+    "knn_aggregate": lambda q, p, f, sigma: pcops.knn_aggregate(q, p, f, 4, sigma),
+    "radius_aggregate": lambda q, p, f, sigma: pcops.radius_aggregate(q, p, f, 0.3, sigma),
+}
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize(
+    "dtype,sigma",
+    [(torch.float32, 1e-39), (torch.float32, 1.5e-45), (torch.float32, 1e-30), (torch.float64, 5e-324), (torch.float64, 1e-300)],
+)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_any_sigma_above_zero_in_the_compute_dtype_gives_the_nearest_features(op, dtype, sigma, as_tensor):
+    q, p, f, nearest = _separated(dtype)
+    s = torch.tensor(sigma, dtype=dtype) if as_tensor else sigma
+    assert float(torch.tensor(sigma, dtype=dtype)) > 0
+    out = AGGREGATES[op](q, p, f, s)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, nearest)
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize("sigma", [1e-46, torch.tensor(1e-46, dtype=torch.float64), torch.tensor([1e-46])])
+def test_a_sigma_that_rounds_to_zero_raises_the_same_error(op, sigma):
+    q, p, f, _ = _separated(torch.float32)
+    with pytest.raises(ValueError, match=r"sigma must be finite and > 0 in torch.float32 \(the dtype it is computed in\)"):
+        AGGREGATES[op](q, p, f, sigma)
+
+
+# -- features checked, numpy scalars accepted -----------------------------------------------------
+
+
+@pytest.mark.parametrize("op", sorted(AGGREGATES))
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_features_are_rejected_when_validating(op, value):
+    q, p, f, _ = _separated(torch.float32)
+    f[3, 1] = value
+    with pytest.raises(ValueError, match="features contains NaN or inf"):
+        AGGREGATES[op](q, p, f, 0.1)
+    call = {"knn_aggregate": lambda: pcops.knn_aggregate(q, p, f, 4, 0.1, validate=False),
+            "radius_aggregate": lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1, validate=False)}[op]
+    assert call().shape == (10, 2)
+
+
+def test_numpy_scalars_work_wherever_python_numbers_do():
+    np = pytest.importorskip("numpy")
+    q, p, f, _ = _separated(torch.float32)
+    assert torch.equal(pcops.knn(q, p, np.int64(3)).idx, pcops.knn(q, p, 3).idx)
+    assert torch.equal(pcops.knn(q, p, np.int32(3), "torch").idx, pcops.knn(q, p, 3, "torch").idx)
+    assert torch.equal(pcops.knn_aggregate(q, p, f, np.int64(3), np.float32(0.1)), pcops.knn_aggregate(q, p, f, 3, float(np.float32(0.1))))
+    assert torch.equal(pcops.radius_aggregate(q, p, f, np.float32(0.3), np.float64(0.1)), pcops.radius_aggregate(q, p, f, float(np.float32(0.3)), 0.1))
+    layer = pcops.KNNAggregation(np.int64(3), sigma=np.float32(0.1))
+    assert layer.k == 3 and type(layer.k) is int
+    assert layer(q, p, f).shape == (10, 2)
+    assert pcops.RadiusAggregation(np.float32(0.3), sigma=np.float64(0.1))(q, p, f).shape == (10, 2)
+    with pytest.raises(TypeError, match="k must be an int"):
+        pcops.knn(q, p, np.float64(3.0))
+    with pytest.raises(TypeError, match="k must be an int"):
+        pcops.knn(q, p, np.bool_(True))
