@@ -80,9 +80,13 @@ def _init() -> None:
 @contextlib.contextmanager
 def _filtered_stderr(drop: str):
     """Capture file descriptor 2 (native code prints there) and re-emit it without lines containing ``drop``."""
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as capture:
+    try:
+        sys.stderr.flush()
         saved = os.dup(2)
+    except (OSError, AttributeError, ValueError):  # no usable stderr (closed, or None under pythonw)
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
             yield

@@ -243,7 +243,9 @@ def test_kernel_cache_does_not_depend_on_the_order_of_first_use(tmp_path):
         if order is names:
             first = _modules(tmp_path)
             assert len(first) == 3, first  # one module per kernel variant
+            built = {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*") if f.is_file()}
     assert _modules(tmp_path) == first  # the second process, in the other order, built nothing new
+    assert {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*") if f.is_file()} == built  # nor rewrote a file
 
 
 def test_unwritable_kernel_cache_says_to_set_warp_cache_path(tmp_path):

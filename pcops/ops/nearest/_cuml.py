@@ -97,11 +97,9 @@ def knn(query, ref, k: int, query_group, ref_group, candidates: Callable):
         centre = (p.amin(0) + p.amax(0)) / 2  # on the device: no host read
         kk = min(k + margin(k), p.shape[0])
         blocks.append(((q - centre).float().contiguous(), (p - centre).float().contiguous(), kk))
-        places.append((r, c, min(k, p.shape[0])))
+        places.append((r, c, q, p, min(k, p.shape[0])))
     found = candidates(blocks, query.device)
-    for (r, c, kr), cand in zip(places, found):
-        q = query if r is None else query[r]
-        p = ref if c is None else ref[c]
+    for (r, c, q, p, kr), cand in zip(places, found):
         d, i = rerank(q, p, cand, kr)
         if c is not None:
             i = c[i]
