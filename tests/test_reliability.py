@@ -324,3 +324,16 @@ def test_no_memory_growth_over_a_thousand_train_steps(layer):
         step()
     growth = _rss_mb() - before
     assert growth < 20, f"resident memory grew by {growth:.1f} MB over 1,000 steps"
+
+
+@pytest.mark.cuda
+def test_cuda_radius_backward_alerts_under_deterministic_mode():
+    q, p, f = (torch.rand(50, 3, device="cuda"), torch.rand(60, 3, device="cuda"), torch.rand(60, 2, device="cuda", requires_grad=True))
+    mode = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = pcops.radius_aggregate(q, p, f, 0.3, 0.1)
+        with pytest.raises(RuntimeError, match="pcops::radius_aggregate_backward on CUDA does not have a deterministic"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(mode)
