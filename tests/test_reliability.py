@@ -337,3 +337,12 @@ def test_cuda_radius_backward_alerts_under_deterministic_mode():
             out.sum().backward()
     finally:
         torch.use_deterministic_algorithms(mode)
+
+
+def test_single_cloud_ops_keep_samples_with_ids_above_int32_apart():
+    p = torch.tensor([[0.0, 0, 0], [0.1, 0, 0], [0.05, 0, 0], [5, 5, 5]])
+    b = torch.tensor([1, 2**32 + 1, 1, 2**32 + 1])  # equal in their low 32 bits
+    assert sorted(map(tuple, pcops.knn_graph(p, 1, batch=b).T.tolist())) == [(0, 2), (1, 3), (2, 0), (3, 1)]
+    assert sorted(map(tuple, pcops.radius_graph(p, 0.2, batch=b).T.tolist())) == [(0, 2), (2, 0)]
+    assert pcops.farthest_point_sample(p, ratio=0.5, batch=b).idx.tolist() == [0, 1]
+    assert pcops.voxel_pool(p, 1.0, batch=b).cluster.tolist() == [0, 1, 0, 2]
