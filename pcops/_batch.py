@@ -51,15 +51,24 @@ _SMALL_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32)
 def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sample ids as the int32 groups of the kernels, equal exactly where the ids are equal.
 
-    Ids of a wider type (int64, e.g. 2**32 + 1) are replaced by their rank in the sorted union
-    of query and ref ids (a sort and a searchsorted: static shapes, no host synchronisation),
-    so ids that differ only above bit 31 never merge two samples.
+    Ids of a wider type (int64) are kept when all of them fit in int32 (ops may index per-sample
+    tensors with them); otherwise (e.g. 2**32 + 1) all are replaced by their rank in the sorted
+    union of query and ref ids, so ids that differ only above bit 31 never merge two samples.
+    Both are computed and one is picked on the device: static shapes, no host synchronisation.
     """
     if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
         return query_batch.to(torch.int32), ref_batch.to(torch.int32)
     both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
-    rank = torch.searchsorted(torch.sort(both).values, both).to(torch.int32)
-    return rank[: query_batch.shape[0]], rank[query_batch.shape[0] :]
+    rank = torch.searchsorted(torch.sort(both).values, both)
+    info = torch.iinfo(torch.int32)
+    fits = ((both >= info.min) & (both <= info.max)).all()
+    groups = torch.where(fits, both, rank).to(torch.int32)
+    return groups[: query_batch.shape[0]], groups[query_batch.shape[0] :]
+
+
+def int32_groups(batch: torch.Tensor) -> torch.Tensor:
+    """Sample ids of one packed point set as int32 groups (see :func:`_int32_ids`)."""
+    return _int32_ids(batch, batch[:0])[0]
 
 
 def flatten(

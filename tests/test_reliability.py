@@ -181,3 +181,168 @@ def test_numpy_scalars_work_wherever_python_numbers_do():
         pcops.knn(q, p, np.float64(3.0))
     with pytest.raises(TypeError, match="k must be an int"):
         pcops.knn(q, p, np.bool_(True))
+
+
+# -- determinism ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def deterministic_two_threads():
+    threads, mode = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(mode)
+    torch.set_num_threads(threads)
+
+
+def _gradients(op, backend):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.rand(6000, 3, generator=gen).requires_grad_()  # > 2 * 1024: Warp's CPU launch is split
+    p = torch.rand(2000, 3, generator=gen).requires_grad_()
+    f = torch.rand(2000, 4, generator=gen).requires_grad_()
+    sigma = torch.tensor(0.05, requires_grad=True)
+    if op == "knn":
+        out = pcops.knn(q, p, 16, backend).dists
+    elif op == "knn_aggregate":
+        out = pcops.knn_aggregate(q, p, f, 16, sigma, backend)
+    else:
+        out = pcops.radius_aggregate(q, p, f, 0.1, sigma)
+    (out * torch.rand(out.shape, generator=gen)).sum().backward()
+    return [t.grad for t in (q, p, f, sigma) if t.grad is not None]
+
+
+@pytest.mark.parametrize(
+    "op,backend", [("knn", b) for b in CPU_BACKENDS] + [("knn_aggregate", b) for b in CPU_BACKENDS] + [("radius_aggregate", "")]
+)
+def test_deterministic_mode_gives_bitwise_equal_gradients(deterministic_two_threads, op, backend):
+    first = _gradients(op, backend)
+    assert len(first) == {"knn": 2, "knn_aggregate": 4, "radius_aggregate": 4}[op]
+    for _ in range(3):
+        for a, b in zip(first, _gradients(op, backend)):
+            assert torch.equal(a, b)
+
+
+# -- far coordinates ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("offset", [1e6, 3e7, 1e9, 3e9])
+def test_knn_of_a_far_cloud_is_exact_in_float64(backend, offset):
+    """Against the float64 oracle on the shifted coordinates (what the caller passed): exact."""
+    gen = torch.Generator().manual_seed(0)
+    shift = torch.tensor([offset, -offset / 3, offset / 7], dtype=torch.float64)
+    q = torch.rand(300, 3, generator=gen, dtype=torch.float64) + shift
+    p = torch.rand(500, 3, generator=gen, dtype=torch.float64) + shift
+    ref_d, ref_i = reference.knn(q, p, 8)
+    d, i = pcops.knn(q, p, 8, backend)
+    assert torch.equal(i, ref_i)
+    torch.testing.assert_close(d, ref_d, rtol=1e-12, atol=0)
+
+
+# -- recompilation --------------------------------------------------------------------------------
+
+
+def test_a_new_number_of_points_does_not_recompile_with_aot_eager(gen):
+    """The claim of the docs: sizes on both sides of 4096 (where inductor's CPU reductions may guard)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    knn_layer, radius_layer = pcops.KNNAggregation(8, sigma=0.1), pcops.RadiusAggregation(0.1, sigma=0.1)
+
+    def model(q, p, f):
+        return (knn_layer(q, p, f) + radius_layer(q, p, f)).mean(0)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
+    frames = []
+    for m, n in [(100, 200), (5000, 300), (300, 9000)]:
+        q, p, f = torch.rand(m, 3, generator=gen).requires_grad_(), torch.rand(n, 3, generator=gen), torch.rand(n, 4, generator=gen)
+        out = compiled(q, p, f)
+        out.sum().backward()
+        torch.testing.assert_close(out, model(q, p, f))
+        frames.append(counter.frame_count)
+    assert frames[0] >= 1 and frames == [frames[0]] * 3
+
+
+# -- threads and memory ---------------------------------------------------------------------------
+
+STEADY_CALLS = {
+    "knn-warp": lambda q, p, f: pcops.knn(q, p, 6, "warp").dists,
+    "knn-scipy": lambda q, p, f: pcops.knn(q, p, 6, "scipy").dists,
+    "knn-torch": lambda q, p, f: pcops.knn(q, p, 6, "torch").dists,
+    "knn_aggregate": lambda q, p, f: pcops.knn_aggregate(q, p, f, 6, 0.05),
+    "radius_aggregate": lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.1, 0.05),
+}
+
+
+def test_steady_state_calls_from_four_threads_match_serial_calls():
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = []
+    for dtype in (torch.float32, torch.float64):
+        for m in (300, 2500):  # one chunk, and a launch split across the pool
+            q, p, f = torch.rand(m, 3, generator=gen), torch.rand(2000, 3, generator=gen), torch.rand(2000, 3, generator=gen)
+            inputs.append(tuple(t.to(dtype) for t in (q, p, f)))
+    jobs = [(name, i) for name in STEADY_CALLS for i in range(len(inputs))]
+    serial = {job: STEADY_CALLS[job[0]](*inputs[job[1]]) for job in jobs}  # also warms every kernel
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            results = list(pool.map(lambda job: (job, STEADY_CALLS[job[0]](*inputs[job[1]])), jobs * 2))
+            for job, out in results:
+                assert torch.equal(out, serial[job]), job
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.slow  # 1-2 min per layer on 2 busy cores
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc")
+@pytest.mark.parametrize("layer", ["RadiusAggregation", "KNNAggregation"])
+def test_no_memory_growth_over_a_thousand_train_steps(layer):
+    gen = torch.Generator().manual_seed(0)
+    module = pcops.RadiusAggregation(0.15, sigma=0.05, learnable_sigma=True) if layer == "RadiusAggregation" else pcops.KNNAggregation(8, sigma=0.05, learnable_sigma=True)
+    head = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD([*module.parameters(), *head.parameters()], lr=1e-3)
+    q, p = torch.rand(600, 3, generator=gen), torch.rand(800, 3, generator=gen)
+    f = torch.rand(800, 4, generator=gen).requires_grad_()
+    target = torch.rand(600, 1, generator=gen)
+
+    def step():
+        opt.zero_grad()
+        loss = (head(module(q, p, f)) - target).square().mean()
+        loss.backward()
+        opt.step()
+
+    for _ in range(100):  # warm-up: allocator pools, Warp modules, thread pool
+        step()
+    before = _rss_mb()
+    for _ in range(1000):
+        step()
+    growth = _rss_mb() - before
+    assert growth < 20, f"resident memory grew by {growth:.1f} MB over 1,000 steps"
+
+
+@pytest.mark.cuda
+def test_cuda_radius_backward_alerts_under_deterministic_mode():
+    q, p, f = (torch.rand(50, 3, device="cuda"), torch.rand(60, 3, device="cuda"), torch.rand(60, 2, device="cuda", requires_grad=True))
+    mode = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = pcops.radius_aggregate(q, p, f, 0.3, 0.1)
+        with pytest.raises(RuntimeError, match="pcops::radius_aggregate_backward on CUDA does not have a deterministic"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(mode)
+
+
+def test_single_cloud_ops_keep_samples_with_ids_above_int32_apart():
+    p = torch.tensor([[0.0, 0, 0], [0.1, 0, 0], [0.05, 0, 0], [5, 5, 5]])
+    b = torch.tensor([1, 2**32 + 1, 1, 2**32 + 1])  # equal in their low 32 bits
+    assert sorted(map(tuple, pcops.knn_graph(p, 1, batch=b).T.tolist())) == [(0, 2), (1, 3), (2, 0), (3, 1)]
+    assert sorted(map(tuple, pcops.radius_graph(p, 0.2, batch=b).T.tolist())) == [(0, 2), (2, 0)]
+    assert pcops.farthest_point_sample(p, ratio=0.5, batch=b).idx.tolist() == [0, 1]
+    assert pcops.voxel_pool(p, 1.0, batch=b).cluster.tolist() == [0, 1, 0, 2]

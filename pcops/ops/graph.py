@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .. import _validate
+from .. import _batch, _validate
 from .ball_query import _ball_query
 from .nearest import knn
 
@@ -82,7 +82,7 @@ def _groups(batch: Optional[torch.Tensor], validate: bool) -> Optional[torch.Ten
         return None
     if validate and not torch.compiler.is_compiling():
         _validate.ids_in_range("batch", batch, 0, None)
-    return batch.to(torch.int32)
+    return _batch.int32_groups(batch)  # ids above 2**31 stay apart
 
 
 def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,

@@ -93,11 +93,8 @@ def estimate_normals(
     if validate and not torch.compiler.is_compiling():  # value checks named as the caller named them
         _validate.ids_in_range("lengths", lengths, 0, points.shape[1] if points.dim() == 3 else 0)
         _validate.ids_in_range("batch", batch, 0, None)
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k > points.shape[-2]:
-        raise ValueError(f"k must be <= the number of points, got k={k} for {points.shape[-2]} points")
-    flat = _flatten(points, points, None, k, layout, validate)
+    k = _validate.count("k", k, points.shape[-2], "points")
+    flat, k = _flatten(points, points, None, k, layout, validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     idx, valid = search(flat, k, backend, validate, dtype)
 

@@ -24,6 +24,7 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 from typing import Optional
 
 import torch
+import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
@@ -211,6 +212,8 @@ def _radius_aggregate_backward(
     dmin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma)."""
+    if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
+        torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m = query.shape[0]
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
