@@ -93,11 +93,8 @@ def estimate_normals(
     if validate and not torch.compiler.is_compiling():  # value checks named as the caller named them
         _validate.ids_in_range("lengths", lengths, 0, points.shape[1] if points.dim() == 3 else 0)
         _validate.ids_in_range("batch", batch, 0, None)
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k > points.shape[-2]:
-        raise ValueError(f"k must be <= the number of points, got k={k} for {points.shape[-2]} points")
-    flat = _flatten(points, points, None, k, layout, validate)
+    k = _validate.count("k", k, points.shape[-2], "points")
+    flat, k = _flatten(points, points, None, k, layout, validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     idx, valid = search(flat, k, backend, validate, dtype)
 
@@ -114,7 +111,7 @@ def estimate_normals(
 
     direction = normals.detach()
     if orient_to is not None:
-        towards = (direction * (_viewpoints(orient_to, points, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
+        towards = (direction * (_viewpoints(orient_to, points, batch, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
     else:  # the largest-magnitude component positive
         towards = direction.gather(-1, direction.abs().argmax(-1, keepdim=True))
     normals = torch.where(towards < 0, -normals, normals)
@@ -123,7 +120,7 @@ def estimate_normals(
     return _batch.unflatten(flat, normals.to(out_dtype))
 
 
-def _viewpoints(orient_to, points, flat: _batch.Flat, dtype) -> torch.Tensor:
+def _viewpoints(orient_to, points, batch, flat: _batch.Flat, dtype) -> torch.Tensor:
     """The viewpoint of every flat point: (P, 3)."""
     _validate.tensor("orient_to", orient_to)
     _validate.same_device(points=points, orient_to=orient_to)
@@ -136,11 +133,11 @@ def _viewpoints(orient_to, points, flat: _batch.Flat, dtype) -> torch.Tensor:
         if o.shape[0] != flat.batch_shape[0]:
             raise ValueError(f"orient_to must have one row per sample: got {o.shape[0]} rows for B={flat.batch_shape[0]}")
         return o[:, None, :].expand(*flat.batch_shape, 3).reshape(-1, 3)
-    if flat.query_group is None:
+    if batch is None:
         raise ValueError(f"orient_to of shape {tuple(o.shape)} needs batched points; a single cloud takes shape (3,)")
     if not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", flat.query_group, 0, o.shape[0] - 1)
-    return o[flat.query_group.long()]
+        _validate.ids_in_range("batch", batch, 0, o.shape[0] - 1)
+    return o[batch.long()]
 
 
 __all__ = ["estimate_normals"]
