@@ -76,10 +76,8 @@ def nearest_l1(
     ref_group: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """(P,) int64 index of each query's nearest ref point in the L1 metric within its group, -1 if none."""
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
-    if validate:
-        _validate.finite(query=query, ref=ref)
+    _validate.groups_paired(query_group, ref_group)
+    _validate.op_values(validate, query=query, ref=ref)
     if query.device.type == "cpu":
         return _l1_scipy(query, ref, query_group, ref_group)
     return _l1_brute(query, ref, query_group, ref_group)

@@ -46,8 +46,7 @@ def knn_interpolate(
     _validate.tensor("ref", ref)
     if ref.dim() >= 2 and ref.shape[-2] == 0:
         raise ValueError("ref must hold at least one point to interpolate from")
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    k = _validate.count("k", k)
     if ref.dim() >= 2 and k > ref.shape[-2]:
         k = ref.shape[-2]
     return knn_aggregate(

@@ -111,7 +111,7 @@ def estimate_normals(
 
     direction = normals.detach()
     if orient_to is not None:
-        towards = (direction * (_viewpoints(orient_to, points, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
+        towards = (direction * (_viewpoints(orient_to, points, batch, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
     else:  # the largest-magnitude component positive
         towards = direction.gather(-1, direction.abs().argmax(-1, keepdim=True))
     normals = torch.where(towards < 0, -normals, normals)
@@ -120,7 +120,7 @@ def estimate_normals(
     return _batch.unflatten(flat, normals.to(out_dtype))
 
 
-def _viewpoints(orient_to, points, flat: _batch.Flat, dtype) -> torch.Tensor:
+def _viewpoints(orient_to, points, batch, flat: _batch.Flat, dtype) -> torch.Tensor:
     """The viewpoint of every flat point: (P, 3)."""
     _validate.tensor("orient_to", orient_to)
     _validate.same_device(points=points, orient_to=orient_to)
@@ -133,11 +133,11 @@ def _viewpoints(orient_to, points, flat: _batch.Flat, dtype) -> torch.Tensor:
         if o.shape[0] != flat.batch_shape[0]:
             raise ValueError(f"orient_to must have one row per sample: got {o.shape[0]} rows for B={flat.batch_shape[0]}")
         return o[:, None, :].expand(*flat.batch_shape, 3).reshape(-1, 3)
-    if flat.query_group is None:
+    if batch is None:
         raise ValueError(f"orient_to of shape {tuple(o.shape)} needs batched points; a single cloud takes shape (3,)")
     if not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", flat.query_group, 0, o.shape[0] - 1)
-    return o[flat.query_group.long()]
+        _validate.ids_in_range("batch", batch, 0, o.shape[0] - 1)
+    return o[batch.long()]
 
 
 __all__ = ["estimate_normals"]
