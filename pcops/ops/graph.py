@@ -27,11 +27,34 @@ def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.stack([idx[centre, col], centre])
 
 
-def _without_self(idx: torch.Tensor, cap: int) -> torch.Tensor:
-    """Keep mask of a sorted neighbour table: valid entries other than the centre, the first ``cap`` per row."""
-    rows = torch.arange(idx.shape[0], device=idx.device)[:, None]
-    keep = (idx >= 0) & (idx != rows)
+def _without_self(idx: torch.Tensor, cap: int, centres: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Keep mask of a sorted neighbour table: valid entries other than the row's centre
+    (``centres``, default the row number), the first ``cap`` per row."""
+    rows = torch.arange(idx.shape[0], device=idx.device) if centres is None else centres
+    keep = (idx >= 0) & (idx != rows[:, None])
     return keep & (torch.cumsum(keep, 1) <= cap)
+
+
+def _merged_edges(tables: list, n: int) -> torch.Tensor:
+    """Edges of several (idx (R, K), keep (R, K), centres (R,)) tables, each centre's kept entries
+    in one table only, grouped by centre in ascending order, each row's entries in table order."""
+    kept = torch.zeros(n, dtype=torch.int64, device=tables[0][0].device)
+    for _, keep, centres in tables:
+        kept.index_add_(0, centres, keep.sum(1))
+    offsets = torch.cumsum(kept, 0) - kept
+    out = torch.empty((2, int(kept.sum())), dtype=torch.int64, device=kept.device)
+    for idx, keep, centres in tables:
+        rank = torch.cumsum(keep, 1) - 1
+        row, col = keep.nonzero(as_tuple=True)
+        at = offsets[centres[row]] + rank[row, col]
+        out[0, at] = idx[row, col]
+        out[1, at] = centres[row]
+    return out
+
+
+# radius_graph without a cap first keeps this many neighbours per point, then searches again
+# (with room for the largest count) only for the points that have more.
+FIRST_COLUMNS = 32
 
 
 @torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -52,15 +75,21 @@ def _radius_graph(
 ) -> torch.Tensor:
     """points (N, 3), group (N,) int32 or None; max_neighbors 0 means all -> edge_index (2, E)."""
     extra = 0 if loop else 1  # the centre itself is in its own ball
-    if max_neighbors:
-        k = max_neighbors + extra
-    else:  # a first pass counts the neighbours (counts are not capped by the one column)
-        _, counts = _ball_query(points, points, radius, 1, validate, group, group)
-        validate = False
-        k = max(1, int(counts.max())) if counts.numel() else 1
-    idx, _ = _ball_query(points, points, radius, k, validate, group, group)
-    keep = (idx >= 0) if loop else _without_self(idx, k - extra)
-    return _edges(idx, keep)
+    n = points.shape[0]
+    k = max_neighbors + extra if max_neighbors else FIRST_COLUMNS
+    cap = k - extra if max_neighbors else n
+    idx, counts = _ball_query(points, points, radius, k, validate, group, group)
+    rows = torch.arange(n, device=points.device)
+    tables = []
+    if not max_neighbors and n:
+        over = rows[counts > k]  # points with more neighbours than columns: search them again
+        if over.numel():
+            wide, _ = _ball_query(points[over], points, radius, int(counts[over].max()), False,
+                                  None if group is None else group[over], group)
+            tables.append((wide, (wide >= 0) if loop else _without_self(wide, cap, over), over))
+            idx[over] = -1  # their first, truncated rows give no edges
+    tables.append((idx, (idx >= 0) if loop else _without_self(idx, cap), rows))
+    return _merged_edges(tables, n)
 
 
 @_radius_graph.register_fake

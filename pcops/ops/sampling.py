@@ -14,8 +14,9 @@ sample are split into blocks, each thread updates one block's distances to the n
 writes the block's farthest point; torch then takes the farthest block of each sample. The
 blocks spread one large cloud, or many small ones, over all CPU cores (through
 :func:`pcops._warp.launch`) or the GPU, and the loop over picks never reads a value on the
-host. Small inputs (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread per sample
-doing all its picks, which saves the per-pick launch overhead. Both give identical results.
+host. Small inputs on the CPU (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread
+per sample doing all its picks, which saves the per-pick launch overhead. Both give identical
+results.
 """
 
 import math
@@ -102,8 +103,9 @@ def _kernels(dtype: torch.dtype):
     return step, whole
 
 
-# Below this many points in all samples together, one launch does every pick (a thread per
-# sample); above, one launch per pick spreads each pick's work over all cores.
+# On the CPU, below this many points in all samples together, one launch does every pick (a
+# thread per sample); above it, and always on CUDA, one launch per pick spreads each pick's
+# work over all cores or the GPU.
 SINGLE_LAUNCH = 1 << 16
 
 
@@ -138,7 +140,7 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     step, whole = _kernels(points.dtype)
     vec = _warp.array(pts, dtype=_warp.vec3(points.dtype))  # (B N,) 3-vectors: one load per point
     with _warp.stream(points):
-        if b * n <= SINGLE_LAUNCH:
+        if b * n <= SINGLE_LAUNCH and points.device.type == "cpu":  # a GPU wants many threads per pick
             counts = counts.to(torch.int64).contiguous()
             _warp.launch(whole, b, [vec, n, lengths32, counts, picked, dist, idx], like=points)
             return idx

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import pcops
+from pcops.ops import graph
 from tests import reference
 from tests.op_suite import F64, TOL, OpSuite, pack
 
@@ -158,6 +159,15 @@ def test_radius_graph_keeps_every_neighbour_without_a_cap(gen):
     edges = pcops.radius_graph(p, 1.0)
     assert edges.shape == (2, 300 * 299)
     assert torch.equal(torch.bincount(edges[1]), torch.full((300,), 299))
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_points_with_more_neighbours_than_the_first_columns_are_searched_again(gen, loop, monkeypatch):
+    monkeypatch.setattr(graph, "FIRST_COLUMNS", 3)  # most points have more: the second search fills them in
+    p = torch.rand(200, 3, generator=gen, dtype=F64)
+    batch = torch.randint(0, 3, (200,), generator=gen)
+    edges = pcops.radius_graph(p, 0.3, batch=batch, loop=loop)
+    assert torch.equal(edges, reference.graph(p, batch, loop=loop, radius=0.3))
 
 
 def test_duplicates_are_neighbours_but_never_self(gen):
