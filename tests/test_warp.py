@@ -97,6 +97,36 @@ def test_launches_receive_the_cached_stream_explicitly(fake_cuda):
     assert [s.torch_stream.cuda_stream for s in streams] == [0, 77, 0, 77]
 
 
+def test_grids_are_created_and_built_on_the_cached_stream(fake_cuda, monkeypatch):
+    current = []  # Warp's current stream of the device, as the stand-in ScopedStream sets it
+
+    class Scope:
+        def __init__(self, stream, sync_enter=True):
+            self.stream, self.sync_enter = stream, sync_enter
+
+        def __enter__(self):
+            current.append(self.stream)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    class Grid:
+        def __init__(self, *dims, device, dtype):
+            self.created_on = current[-1] if current else None
+
+        def build(self, points, cell, groups=None):
+            self.built_on = current[-1] if current else None
+
+    monkeypatch.setattr(wp, "ScopedStream", Scope)
+    monkeypatch.setattr(wp, "HashGrid", Grid)
+    monkeypatch.setattr(wp, "from_torch", lambda t, **kw: t)
+    points = types.SimpleNamespace(device=torch.device("cuda", 0), shape=(100, 3), dtype=torch.float32)
+    fake_cuda["current"] = _FakeTorchStream(55)
+    grid = _warp.hash_grid(points, 0.1)
+    assert grid.created_on is grid.built_on is _warp.cuda_stream(points)
+    assert not current  # the scope is left
+
+
 def test_keep_alive_orders_release_after_non_blocking_streams_only(fake_cuda):
     _warp.keep_alive(object(), _ON_CUDA)  # PyTorch's default stream is blocking: nothing to do
     assert fake_cuda["waits"] == []
