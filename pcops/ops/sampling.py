@@ -41,7 +41,7 @@ def _kernels(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
 
-    @wp.func
+    @wp.func(module="unique")
     def update(points: wp.array(dtype=v), dist: wp.array(dtype=s), row: int, lo: int, hi: int, last: int):
         """Distances of points lo..hi-1 of a sample to its newest pick ``last``; their farthest (first on ties)."""
         c = points[row + last]
