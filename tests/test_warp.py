@@ -345,6 +345,7 @@ def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
     ]
     side = torch.cuda.Stream()
     cuda_batch = {k: v.cuda() for k, v in batch.items()}
+    wrappers = len(_warp._streams)
     for _ in range(3):  # several rounds: a wrapper garbage-collected between them used to reset Warp's stream
         _stall(side)
         with torch.cuda.stream(side):
@@ -357,7 +358,7 @@ def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
         torch.cuda.synchronize()
         for a, b in zip(got, expected):
             torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
-    assert len(_warp._streams) <= 2 * torch.cuda.device_count() + 1  # no wrapper per call
+    assert len(_warp._streams) - wrappers <= 2  # the side stream (and the default one): no wrapper per call
 
 
 @pytest.mark.cuda
