@@ -147,3 +147,52 @@ def test_cuml_on_two_devices_from_one_thread(gen):
         got = pcops.knn(q.to(device), p.to(device), 6, backend="cuml")
         assert got.idx.device == torch.device(device)
         assert torch.equal(got.idx.cpu(), expected)
+
+
+def test_the_cuml_call_with_stand_ins_for_cupy_and_cuml(monkeypatch, gen):
+    # the calls into CuPy and cuML as cuML 26.10 / CuPy 14 spell them, on the CPU
+    import contextlib
+    import sys
+    import types
+
+    seen = {}
+
+    class NearestNeighbors:
+        def __init__(self, n_neighbors, algorithm, metric, output_type):
+            seen["params"] = (n_neighbors, algorithm, metric, output_type)
+
+        def fit(self, x):
+            self.x = x
+            return self
+
+        def kneighbors(self, q, return_distance=True):
+            (idx,) = _expanded_float32_search([(q, self.x, seen["params"][0])], "cpu")
+            return torch.zeros(idx.shape), idx
+
+    def recorded(key):
+        def enter(value):
+            seen[key] = value
+            return contextlib.nullcontext()
+
+        return enter
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=recorded("device"), Stream=types.SimpleNamespace(from_external=recorded("stream")))
+    cupy.from_dlpack = lambda t: t
+    cupy.ascontiguousarray = lambda a: a.contiguous()
+    cuml = types.ModuleType("cuml")
+    neighbors = types.ModuleType("cuml.neighbors")
+    neighbors.NearestNeighbors = NearestNeighbors
+    for name, module in [("cupy", cupy), ("cuml", cuml), ("cuml.neighbors", neighbors)]:
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(_cuml.memory, "default_cuml_resource", lambda index: seen.setdefault("resource", index))
+    q = torch.rand(50, 3, generator=gen, dtype=torch.float64) + 1e3
+    p = torch.rand(70, 3, generator=gen, dtype=torch.float64) + 1e3
+    stream = object()
+    blocks = [((q - 1e3).float(), (p - 1e3).float(), 12)]
+    (cand,) = _cuml._search_blocks(blocks, 1, stream)
+    assert seen == {"params": (12, "brute", "euclidean", "cupy"), "device": 1, "stream": stream, "resource": 1}
+    assert cand.dtype == torch.int64 and cand.shape == (50, 12)
+    _, idx = _cuml.rerank(q, p, cand, 4)
+    assert torch.equal(idx, reference.knn(q, p, 4)[1])
