@@ -55,6 +55,18 @@ def _is_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (numbers.Real, torch.SymInt, torch.SymFloat))
 
 
+def plain(value):
+    """A NumPy scalar as the Python number it holds (``np.int64(8)`` -> 8); anything else unchanged,
+    for the caller's own checks. Public functions pass their number arguments through it."""
+    if value is None or isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat, torch.Tensor)):
+        return value  # the common case, and what torch.compile traces (symbolic numbers)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
 def positive_number(name: str, value) -> None:
     """``value`` is a finite Python or NumPy number > 0.
 

@@ -35,6 +35,7 @@ NON_FINITE = """
 import itertools, torch, pcops
 from tests import reference
 ops = [("knn", b) for b in {backends!r}] + [("knn_aggregate", b) for b in {backends!r}] + [("radius_aggregate", "")]
+ops += [(name, "") for name in {others!r}]
 g = torch.Generator().manual_seed(0)
 m, n, k = 2100, 2200, 4  # > 2 * 1024 queries: the CPU launch is split across threads
 cases = itertools.product(ops, ("query", "ref"), (float("nan"), float("inf"), -float("inf")), (False, True))
@@ -56,17 +57,36 @@ for (op, backend), where, value, grouped in cases:
     elif op == "knn_aggregate":
         out = pcops.knn_aggregate(q, p, f, k, 0.1, backend, validate=False, **kw)
         assert out.shape == (m, 2)
-    else:
+    elif op == "radius_aggregate":
         out = pcops.radius_aggregate(q, p, f, 0.1, 0.1, validate=False, **kw)
         assert out.shape == (m, 2)
+    else:
+        one = dict(batch=kw.get("ref_batch"), validate=False)
+        try:
+            {{
+                "ball_query": lambda: pcops.ball_query(q, p, 0.1, 8, **kw),
+                "knn_interpolate": lambda: pcops.knn_interpolate(q, p, f, 3, **kw),
+                "chamfer_distance": lambda: pcops.chamfer_distance(q, p, x_batch=kw.get("query_batch"), y_batch=kw.get("ref_batch"), validate=False),
+                "knn_graph": lambda: pcops.knn_graph(p, 6, **one),
+                "radius_graph": lambda: pcops.radius_graph(p, 0.1, **one),
+                "estimate_normals": lambda: pcops.estimate_normals(p, 8, **one),
+                "farthest_point_sample": lambda: pcops.farthest_point_sample(p, 50, **one),
+                "voxel_pool": lambda: pcops.voxel_pool(p, 0.1, f, **one),
+            }}[op]()
+        except ValueError as err:  # a clear error is a way to terminate too
+            print(op, "raised", err)
     print(op, backend, where, value, grouped, "returned", flush=True)
 """
 
 
+OTHER_OPS = ["ball_query", "knn_interpolate", "chamfer_distance", "knn_graph", "radius_graph", "estimate_normals",
+             "farthest_point_sample", "voxel_pool"]
+
+
 def test_non_finite_points_without_validation_terminate():
-    """knn (every CPU backend), knn_aggregate, radius_aggregate; NaN/inf in query or ref; grouped or not."""
-    out = run_python(NON_FINITE.format(backends=CPU_BACKENDS), timeout=300)
-    assert out.count("returned") == 7 * 12
+    """Every op (knn and knn_aggregate on every CPU backend); NaN/inf in query or ref; grouped or not."""
+    out = run_python(NON_FINITE.format(backends=CPU_BACKENDS, others=OTHER_OPS), timeout=400)
+    assert out.count("returned") == (7 + len(OTHER_OPS)) * 12
 
 
 # -- batch ids and lengths of any integer range ---------------------------------------------------
@@ -154,6 +174,17 @@ def test_a_sigma_that_rounds_to_zero_raises_the_same_error(op, sigma):
 # -- features checked, numpy scalars accepted -----------------------------------------------------
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_features_of_other_ops_are_rejected_when_validating(value):
+    q, p, f, _ = _separated(torch.float32)
+    f[3, 1] = value
+    for call in (lambda v: pcops.knn_interpolate(q, p, f, 3, validate=v), lambda v: pcops.voxel_pool(p, 0.2, f, validate=v),
+                 lambda v: pcops.knn_aggregate(q, p, f, 3, weights="inverse_distance", validate=v)):
+        with pytest.raises(ValueError, match="features contains NaN or inf"):
+            call(True)
+        call(False)
+
+
 @pytest.mark.parametrize("op", sorted(AGGREGATES))
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_features_are_rejected_when_validating(op, value):
@@ -177,6 +208,24 @@ def test_numpy_scalars_work_wherever_python_numbers_do():
     assert layer.k == 3 and type(layer.k) is int
     assert layer(q, p, f).shape == (10, 2)
     assert pcops.RadiusAggregation(np.float32(0.3), sigma=np.float64(0.1))(q, p, f).shape == (10, 2)
+    checks = [
+        (pcops.ball_query(q, p, np.float32(0.3), np.int64(4)).idx, pcops.ball_query(q, p, float(np.float32(0.3)), 4).idx),
+        (pcops.knn_graph(p, np.int64(3)), pcops.knn_graph(p, 3)),
+        (pcops.radius_graph(p, np.float64(0.3), max_neighbors=np.int32(4)), pcops.radius_graph(p, 0.3, max_neighbors=4)),
+        (pcops.knn_interpolate(q, p, f, np.int64(3)), pcops.knn_interpolate(q, p, f, 3)),
+        (pcops.estimate_normals(p, np.int64(8)), pcops.estimate_normals(p, 8)),
+        (pcops.farthest_point_sample(p, np.int64(10)).idx, pcops.farthest_point_sample(p, 10).idx),
+        (pcops.voxel_pool(p, np.float32(0.25)).cluster, pcops.voxel_pool(p, float(np.float32(0.25))).cluster),
+    ]
+    for a, b in checks:
+        assert torch.equal(a, b)
+    batch = torch.zeros(40, dtype=torch.long)
+    ratio = pcops.farthest_point_sample(p, ratio=np.float32(0.5), batch=batch).idx
+    assert torch.equal(ratio, pcops.farthest_point_sample(p, ratio=0.5, batch=batch).idx)
+    x, y = torch.rand(5, 3), torch.rand(6, 3)
+    xb, yb = torch.zeros(5, dtype=torch.long), torch.zeros(6, dtype=torch.long)
+    assert torch.equal(pcops.chamfer_distance(x, y, x_batch=xb, y_batch=yb, batch_size=np.int64(1)),
+                       pcops.chamfer_distance(x, y, x_batch=xb, y_batch=yb, batch_size=1))
     with pytest.raises(TypeError, match="k must be an int"):
         pcops.knn(q, p, np.float64(3.0))
     with pytest.raises(TypeError, match="k must be an int"):

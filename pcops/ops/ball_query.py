@@ -158,6 +158,7 @@ def ball_query(
         promoted dtype of the points, differentiable with respect to ``query`` and ``ref``.
         float16/bfloat16 points are searched in float32.
     """
+    radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     flat = _batch.flatten(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,

@@ -213,6 +213,7 @@ def chamfer_distance(
         promoted dtype of the points (float16/bfloat16 computed in float32); differentiable
         with respect to both clouds.
     """
+    batch_size = _validate.plain(batch_size)  # NumPy scalars as Python numbers
     _check_options(norm, single_directional, point_reduction, batch_reduction)
     dtype, out_dtype = _validate.compute_dtype(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else (None, None)
     forward = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)

@@ -131,6 +131,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         centre, each centre's neighbours by distance (ties by the smaller index). E = N * k
         when every sample has more than k points; otherwise it depends on the data.
     """
+    k = _validate.plain(k)  # NumPy scalars as Python numbers
     _check(points, batch, loop)
     if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
@@ -161,6 +162,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i, grouped by centre,
         by distance within a centre (ties by the smaller index). E depends on the data.
     """
+    radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     _check(points, batch, loop)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:

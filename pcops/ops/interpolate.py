@@ -43,6 +43,7 @@ def knn_interpolate(
         Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
         inputs, differentiable with respect to ``features``, ``query`` and ``ref``.
     """
+    k = _validate.plain(k)  # NumPy scalars as Python numbers
     _validate.tensor("ref", ref)
     if ref.dim() >= 2 and ref.shape[-2] == 0:
         raise ValueError("ref must hold at least one point to interpolate from")

@@ -241,6 +241,7 @@ def farthest_point_sample(
 
     Points are compared in their own precision (float32/float64; float16/bfloat16 in float32).
     """
+    n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     _check(points, n_samples, ratio, lengths, batch)
     dtype, _ = _validate.compute_dtype(points)
     if points.dim() == 3:

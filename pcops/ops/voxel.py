@@ -97,6 +97,7 @@ def voxel_pool(
         respect to ``points`` and ``features`` (for "max", the gradient goes to the maximum,
         split evenly between tied maxima as ``scatter_reduce`` does).
     """
+    voxel_size = _validate.plain(voxel_size)  # NumPy scalars as Python numbers
     _validate.points("points", points)
     _validate.positive_number("voxel_size", voxel_size)
     if features is not None:
@@ -109,6 +110,8 @@ def voxel_pool(
         raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
     if batch is not None and validate and not torch.compiler.is_compiling():
         _validate.ids_in_range("batch", batch, 0, None)
+    if validate and not torch.compiler.is_compiling():  # the features enter no custom op
+        _validate.finite(features=features)
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
     cluster, voxel_batch = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, validate)
