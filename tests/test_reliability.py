@@ -255,18 +255,32 @@ def _gradients(op, backend):
         out = pcops.knn(q, p, 16, backend).dists
     elif op == "knn_aggregate":
         out = pcops.knn_aggregate(q, p, f, 16, sigma, backend)
-    else:
+    elif op == "radius_aggregate":
         out = pcops.radius_aggregate(q, p, f, 0.1, sigma)
+    else:
+        out = {
+            "knn_aggregate_inverse_distance": lambda: pcops.knn_aggregate(q, p, f, 16, weights="inverse_distance"),
+            "knn_interpolate": lambda: pcops.knn_interpolate(q, p, f, 3),
+            "ball_query": lambda: pcops.ball_query(q, p, 0.1, 16).dists.clamp_max(1.0),
+            "chamfer_distance": lambda: pcops.chamfer_distance(q[None], p[None], point_reduction=None, batch_reduction=None)[0],
+            "estimate_normals": lambda: pcops.estimate_normals(p, 8),
+            "voxel_pool": lambda: pcops.voxel_pool(p, 0.1, f).features,
+        }[op]()
     (out * torch.rand(out.shape, generator=gen)).sum().backward()
     return [t.grad for t in (q, p, f, sigma) if t.grad is not None]
 
 
+GRADIENTS = {"knn": 2, "knn_aggregate": 4, "radius_aggregate": 4, "knn_aggregate_inverse_distance": 3,
+             "knn_interpolate": 3, "ball_query": 2, "chamfer_distance": 2, "estimate_normals": 1, "voxel_pool": 1}
+
+
 @pytest.mark.parametrize(
-    "op,backend", [("knn", b) for b in CPU_BACKENDS] + [("knn_aggregate", b) for b in CPU_BACKENDS] + [("radius_aggregate", "")]
+    "op,backend", [("knn", b) for b in CPU_BACKENDS] + [("knn_aggregate", b) for b in CPU_BACKENDS]
+    + [(op, "") for op in GRADIENTS if op not in ("knn", "knn_aggregate")]
 )
 def test_deterministic_mode_gives_bitwise_equal_gradients(deterministic_two_threads, op, backend):
     first = _gradients(op, backend)
-    assert len(first) == {"knn": 2, "knn_aggregate": 4, "radius_aggregate": 4}[op]
+    assert len(first) == GRADIENTS[op]
     for _ in range(3):
         for a, b in zip(first, _gradients(op, backend)):
             assert torch.equal(a, b)
