@@ -336,6 +336,14 @@ STEADY_CALLS = {
     "knn-torch": lambda q, p, f: pcops.knn(q, p, 6, "torch").dists,
     "knn_aggregate": lambda q, p, f: pcops.knn_aggregate(q, p, f, 6, 0.05),
     "radius_aggregate": lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.1, 0.05),
+    "ball_query": lambda q, p, f: pcops.ball_query(q, p, 0.1, 8).idx,
+    "knn_interpolate": lambda q, p, f: pcops.knn_interpolate(q, p, f, 3),
+    "chamfer_distance": lambda q, p, f: pcops.chamfer_distance(q[None], p[None]),
+    "farthest_point_sample": lambda q, p, f: pcops.farthest_point_sample(q, 64).idx,
+    "knn_graph": lambda q, p, f: pcops.knn_graph(p, 4),
+    "radius_graph": lambda q, p, f: pcops.radius_graph(p, 0.08),
+    "estimate_normals": lambda q, p, f: pcops.estimate_normals(p, 8),
+    "voxel_pool": lambda q, p, f: pcops.voxel_pool(p, 0.1, f).features,
 }
 
 
