@@ -90,8 +90,7 @@ def _ball_query(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64)."""
     _validate.positive_number("radius", radius)
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
+    _validate.groups_paired(query_group, ref_group)
     if validate:
         _validate.finite(query=query, ref=ref)
     m = query.shape[0]
@@ -119,10 +118,7 @@ def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
 
 
 def _check_max_neighbors(max_neighbors) -> None:
-    if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, torch.SymInt)):
-        raise TypeError(f"max_neighbors must be an int, got {type(max_neighbors).__name__}")
-    if max_neighbors < 1:
-        raise ValueError(f"max_neighbors must be >= 1, got {max_neighbors}")
+    _validate.count("max_neighbors", max_neighbors)
 
 
 def ball_query(

@@ -133,10 +133,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
     """
     k = _validate.plain(k)  # NumPy scalars as Python numbers
     _check(points, batch, loop)
-    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    _validate.count("k", k)
     n = points.shape[0]
     if n == 0:
         return torch.empty((2, 0), dtype=torch.int64, device=points.device)

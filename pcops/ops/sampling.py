@@ -186,10 +186,7 @@ def _check(points, n_samples, ratio, lengths, batch):
     if (n_samples is None) == (ratio is None):
         raise ValueError("give exactly one of n_samples and ratio")
     if n_samples is not None:
-        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, torch.SymInt)):
-            raise TypeError(f"n_samples must be an int, got {type(n_samples).__name__}")
-        if n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        _validate.count("n_samples", n_samples)
     else:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
             raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
