@@ -54,15 +54,18 @@ def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torc
     Ids of a wider type (int64) are kept when all of them fit in int32 (ops may index per-sample
     tensors with them); otherwise (e.g. 2**32 + 1) all are replaced by their rank in the sorted
     union of query and ref ids, so ids that differ only above bit 31 never merge two samples.
-    Both are computed and one is picked on the device: static shapes, no host synchronisation.
+    On CUDA (and under torch.compile) both are computed and one is picked on the device: static
+    shapes, no host synchronisation; on the CPU the sort runs only when some id does not fit.
     """
     if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
         return query_batch.to(torch.int32), ref_batch.to(torch.int32)
     both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
-    rank = torch.searchsorted(torch.sort(both).values, both)
     info = torch.iinfo(torch.int32)
     fits = ((both >= info.min) & (both <= info.max)).all()
-    groups = torch.where(fits, both, rank).to(torch.int32)
+    if both.device.type == "cpu" and not torch.compiler.is_compiling() and bool(fits):  # no device to sync
+        groups = both.to(torch.int32)  # the common case, without the sort
+    else:
+        groups = torch.where(fits, both, torch.searchsorted(torch.sort(both).values, both)).to(torch.int32)
     return groups[: query_batch.shape[0]], groups[query_batch.shape[0] :]
 
 
