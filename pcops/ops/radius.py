@@ -21,21 +21,26 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
+import functools
 from typing import Optional
 
 import torch
-import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
 
 
-@_warp.kernels
+@functools.cache
 def _kernels(dtype: torch.dtype, grouped: bool):
     """Forward and backward kernels for one float dtype, with or without per-point groups."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     point, neighbours = _warp.kernel_funcs(dtype, grouped)
+
+    @wp.func
+    def weight(d: s, m: s, inv_s: s):
+        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m."""
+        return wp.exp((m - d) * inv_s)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
@@ -53,6 +58,7 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     ):
         i = wp.tid() + start
         q = point(query, i)
+        inv_s = s(1.0) / sigma[0]
         nf = feats.shape[1]
         it = neighbours(grid, q, radius, query_group, i)
         j = int(0)
@@ -65,12 +71,12 @@ def _kernels(dtype: torch.dtype, grouped: bool):
                 if count == 0:
                     m = d
                 if d < m:  # new nearest neighbour: shift what was accumulated so far
-                    scale = wp.exp((d - m) / sigma[0])  # a division: 1/sigma overflows for subnormal sigma
+                    scale = weight(m, d, inv_s)
                     w_total = w_total * scale
                     for c in range(nf):
                         out[i, c] = out[i, c] * scale
                     m = d
-                w = wp.exp((m - d) / sigma[0])
+                w = weight(d, m, inv_s)
                 w_total = w_total + w
                 for c in range(nf):
                     out[i, c] = out[i, c] + w * feats[j, c]
@@ -87,6 +93,8 @@ def _kernels(dtype: torch.dtype, grouped: bool):
         start: int,
         grid: wp.uint64,
         grad_out: wp.array2d(dtype=s),
+        need_ref: int,
+        need_feats: int,
         query: wp.array2d(dtype=s),
         ref: wp.array2d(dtype=s),
         feats: wp.array2d(dtype=s),
@@ -120,19 +128,21 @@ def _kernels(dtype: torch.dtype, grouped: bool):
             diff = q - point(ref, j)
             d = wp.length(diff)
             if d <= radius:
-                w = wp.exp((m - d) * inv_s) * inv_w
+                w = weight(d, m, inv_s) * inv_w
                 g_f = s(0.0)  # g_i . f_j
                 for c in range(nf):
                     g_f = g_f + grad_out[i, c] * feats[j, c]
-                    wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
+                    if need_feats != 0:
+                        wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
                 a = w * (g_f - g_out)
                 g_s = g_s + a * (d - m)
                 if d > s(0.0):
                     g_d = -a * inv_s / d * diff  # dL/dd_ij * (q_i - p_j) / d_ij
                     g_q = g_q + g_d
-                    wp.atomic_add(grad_ref, j, 0, -g_d[0])
-                    wp.atomic_add(grad_ref, j, 1, -g_d[1])
-                    wp.atomic_add(grad_ref, j, 2, -g_d[2])
+                    if need_ref != 0:
+                        wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                        wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                        wp.atomic_add(grad_ref, j, 2, -g_d[2])
         grad_query[i, 0] = g_q[0]
         grad_query[i, 1] = g_q[1]
         grad_query[i, 2] = g_q[2]
@@ -148,8 +158,9 @@ def _int32(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def _launch(kernel, head: list, query, ref, features, sigma, radius, query_group, ref_group, tail: list, scatter=()):
-    """Run a radius kernel over the queries, with a grid over ``ref`` built on torch's stream.
+def _launch(kernel, heads: list, query, ref, features, sigma, radius, query_group, ref_group, tail: list, scatter=()):
+    """Run a radius kernel over the queries once per entry of ``heads``, with one grid over ``ref``
+    built on torch's stream.
 
     Kernel arguments: (start, grid, *head, query, ref, features, sigma, radius, query_group,
     *tail); ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into).
@@ -158,14 +169,15 @@ def _launch(kernel, head: list, query, ref, features, sigma, radius, query_group
     query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
     with _warp.stream(query):
         grid = _warp.hash_grid(ref, radius, None if ref_group is None else _int32(ref_group, ref))
-        args = [wp.uint64(grid.id), *head, query, ref, features, sigma.reshape(1).contiguous(), radius]
-        args += [_int32(query_group, query), *tail]
-        offset = len(args) - len(tail)
-        _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
+        for head in heads:
+            args = [wp.uint64(grid.id), *head, query, ref, features, sigma.reshape(1).contiguous(), radius]
+            args += [_int32(query_group, query), *tail]
+            offset = len(args) - len(tail)
+            _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
         _warp.keep_alive(grid, query)
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -178,8 +190,11 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
-    _validate.groups_paired(query_group, ref_group)
-    _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
+    if (query_group is None) != (ref_group is None):
+        raise ValueError("query_group and ref_group must be given together")
+    if validate:
+        _validate.finite(query=query, ref=ref)
+        _validate.positive_values("sigma", sigma)
     m, f = query.shape[0], features.shape[1]
     out = query.new_zeros((m, f))
     wsum = query.new_zeros((m,))
@@ -187,7 +202,7 @@ def _radius_aggregate(
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
     forward, _ = _kernels(query.dtype, query_group is not None)
-    _launch(forward, [], query, ref, features, sigma, radius, query_group, ref_group, [out, wsum, dmin])
+    _launch(forward, [[]], query, ref, features, sigma, radius, query_group, ref_group, [out, wsum, dmin])
     return out, wsum, dmin
 
 
@@ -197,7 +212,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -210,10 +225,11 @@ def _radius_aggregate_backward(
     out: torch.Tensor,
     wsum: torch.Tensor,
     dmin: torch.Tensor,
+    need_ref: bool = True,
+    need_features: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns the gradients of (query, ref, features, sigma)."""
-    if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
-        torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
+    """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
+    zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
     m = query.shape[0]
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
@@ -221,12 +237,14 @@ def _radius_aggregate_backward(
         _, backward = _kernels(query.dtype, query_group is not None)
         tail = [out.contiguous(), wsum, dmin, grad_query, grad_ref, grad_feats, grad_sigma]
         # grad_ref and grad_feats (tail 4 and 5) are scattered into with atomic_add
-        _launch(backward, [grad_out.contiguous()], query, ref, features, sigma, radius, query_group, ref_group, tail, (4, 5))
+        scatter = (4,) * need_ref + (5,) * need_features
+        head = [grad_out.contiguous(), int(need_ref), int(need_features)]
+        _launch(backward, [head], query, ref, features, sigma, radius, query_group, ref_group, tail, scatter)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin):
+def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True):
     return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
 
 
@@ -240,10 +258,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
     query, ref, features, sigma, query_group, ref_group, out, wsum, dmin = ctx.saved_tensors
+    need = ctx.needs_input_grad
     grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin
+        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2]
     )
-    return *grads, None, None, None, None
+    return *(g if n else None for g, n in zip(grads, need)), None, None, None, None
 
 
 _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)

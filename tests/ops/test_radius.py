@@ -281,3 +281,15 @@ def test_cuda_matches_cpu_on_a_side_stream(gen, dtype):
     torch.testing.assert_close(out_gpu.cpu(), out_cpu.detach(), **tol)
     for a, b in zip(gpu, cpu):
         torch.testing.assert_close(a.grad.cpu(), b.grad, **tol)
+
+
+def test_backward_for_some_inputs_equals_the_full_backward(gen):
+    q, p = torch.rand(300, 3, generator=gen, dtype=F64), torch.rand(400, 3, generator=gen, dtype=F64)
+    f = features(gen, 400, 6)
+    full = [x.clone().requires_grad_() for x in (q, p, f)]
+    pcops.radius_aggregate(*full, 0.2, 0.1).pow(2).sum().backward()
+    for wrt in range(3):
+        part = [x.clone().requires_grad_(i == wrt) for i, x in enumerate((q, p, f))]
+        pcops.radius_aggregate(*part, 0.2, 0.1).pow(2).sum().backward()
+        torch.testing.assert_close(part[wrt].grad, full[wrt].grad, rtol=1e-12, atol=1e-12)
+        assert all(x.grad is None for i, x in enumerate(part) if i != wrt)
