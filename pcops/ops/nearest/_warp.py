@@ -1,6 +1,6 @@
 """kNN with Warp, on CPU and CUDA: a bounding-box tree over Morton-sorted points, searched per query.
 
-Build (torch, O(N log N)): the points are sorted by (group, Morton code); runs of ``LEAF``
+Build (O(N log N): Warp kernels for the keys and boxes, a torch sort): the points are sorted by (group, Morton code); runs of ``LEAF``
 consecutive sorted points are the leaves, and each level above groups ``FANOUT`` consecutive
 nodes of the level below. Every node stores the bounding box of its points (and, for
 batches, the smallest and largest group id among them). No pointer is stored: node ``n`` of
@@ -161,49 +161,126 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
     return search
 
 
-def _spread(x: torch.Tensor) -> torch.Tensor:
-    """Interleave the low 10 bits of x with two zero bits each (for 30-bit Morton codes)."""
-    x = (x | (x << 16)) & 0x030000FF
-    x = (x | (x << 8)) & 0x0300F00F
-    x = (x | (x << 4)) & 0x030C30C3
-    return (x | (x << 2)) & 0x09249249
+@functools.cache
+def _build_kernels(dtype: torch.dtype):
+    """Warp kernels of the build: sort keys, and the boxes of one tree level (one launch each,
+    instead of dozens of small torch operations)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    top = float(2**_BITS - 1)
+
+    @wp.func
+    def spread(x: wp.int64):
+        """Interleave the low 10 bits of x with two zero bits each (30-bit Morton codes)."""
+        x = (x | (x << wp.int64(16))) & wp.int64(0x030000FF)
+        x = (x | (x << wp.int64(8))) & wp.int64(0x0300F00F)
+        x = (x | (x << wp.int64(4))) & wp.int64(0x030C30C3)
+        return (x | (x << wp.int64(2))) & wp.int64(0x09249249)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def keys(
+        start: int,
+        points: wp.array(dtype=v),
+        groups: wp.array(dtype=wp.int32),
+        grouped: int,
+        frame: wp.array(dtype=s),
+        out: wp.array(dtype=wp.int64),
+    ):
+        """The group id above the 30-bit Morton code of each point in the frame's box."""
+        i = wp.tid() + start
+        p = points[i]
+        code = wp.int64(0)
+        for a in range(3):
+            x = (p[a] - frame[a]) * frame[3]
+            c = wp.int64(0)
+            if wp.isfinite(x):
+                c = wp.int64(wp.clamp(x, s(0.0), s(top)))
+            code = code | (spread(c) << wp.int64(a))
+        if grouped != 0:
+            code = code | (wp.int64(groups[i]) << wp.int64(32))
+        out[i] = code
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def level(
+        start: int,
+        src_lo: wp.array(dtype=v),
+        src_hi: wp.array(dtype=v),
+        src_glo: wp.array(dtype=wp.int32),
+        src_ghi: wp.array(dtype=wp.int32),
+        src_start: int,
+        src_count: int,
+        width: int,
+        grouped: int,
+        lo: wp.array(dtype=v),
+        hi: wp.array(dtype=v),
+        glo: wp.array(dtype=wp.int32),
+        ghi: wp.array(dtype=wp.int32),
+        dst_start: int,
+    ):
+        """Node n of a level: the union of the boxes (and group ranges) of its ``width`` children."""
+        n = wp.tid() + start
+        first = n * width
+        last = wp.min(first + width, src_count)
+        l = src_lo[src_start + first]
+        h = src_hi[src_start + first]
+        for c in range(first + 1, last):
+            l = wp.min(l, src_lo[src_start + c])
+            h = wp.max(h, src_hi[src_start + c])
+        lo[dst_start + n] = l
+        hi[dst_start + n] = h
+        if grouped != 0:
+            gl = src_glo[src_start + first]
+            gh = src_ghi[src_start + first]
+            for c in range(first + 1, last):
+                gl = wp.min(gl, src_glo[src_start + c])
+                gh = wp.max(gh, src_ghi[src_start + c])
+            glo[dst_start + n] = gl
+            ghi[dst_start + n] = gh
+
+    return keys, level
 
 
-def _keys(points: torch.Tensor, low: torch.Tensor, scale: torch.Tensor, group) -> torch.Tensor:
-    """int64 sort keys: the group id above a 30-bit Morton code of the point in the box."""
-    cells = ((points - low) * scale).nan_to_num(0.0).clamp(0, 2**_BITS - 1).long()
-    code = _spread(cells[:, 0]) | (_spread(cells[:, 1]) << 1) | (_spread(cells[:, 2]) << 2)
-    return code if group is None else code | (group.long() << 32)
+def _frame(query: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """(low corner x, y, z, Morton cells per unit) of the box around both point sets (NaN with
+    non-finite points: every key is then 0, which slows the search down but keeps it exact)."""
+    low, high = torch.aminmax(torch.cat([query, ref]), dim=0)
+    scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)
+    return torch.cat([low, scale[None]])
 
 
-def _box(query: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(low corner, cells per unit) of the box around both point sets (NaN with non-finite
-    points: every key is then 0, which slows the search down but keeps it exact)."""
-    low = torch.minimum(query.amin(0), ref.amin(0))
-    side = (torch.maximum(query.amax(0), ref.amax(0)) - low).max().clamp_min(1e-30)
-    return low, (2**_BITS - 1) / side
-
-
-def _pad_to(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """x with its last row repeated up to a multiple of ``multiple`` rows."""
-    pad = -x.shape[0] % multiple
-    return torch.cat([x, x[-1:].expand(pad, *x.shape[1:])]) if pad else x
+def _keys(points: torch.Tensor, frame: torch.Tensor, group) -> torch.Tensor:
+    """int64 sort keys: the group id above a 30-bit Morton code of the point in the frame's box."""
+    keys, _ = _build_kernels(points.dtype)
+    out = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
+    groups = group.contiguous() if group is not None else torch.zeros(1, dtype=torch.int32, device=points.device)
+    args = [_warp.array(points, dtype=_warp.vec3(points.dtype)), groups, int(group is not None), frame, out]
+    _warp.launch(keys, points.shape[0], args, like=points)
+    return out
 
 
 def _tree(points: torch.Tensor, groups):
-    """Boxes (lo, hi), group ranges (glo, ghi) of every node, level by level from the leaves."""
-    lo, hi = _pad_to(points, LEAF).unflatten(0, (-1, LEAF)).amin(1), None
-    hi = _pad_to(points, LEAF).unflatten(0, (-1, LEAF)).amax(1)
-    g = None if groups is None else _pad_to(groups, LEAF).unflatten(0, (-1, LEAF))
-    glo, ghi = (None, None) if g is None else (g.amin(1), g.amax(1))
-    levels = [(lo, hi, glo, ghi)]
-    while levels[-1][0].shape[0] > 1:
-        lo, hi, glo, ghi = (None if x is None else _pad_to(x, FANOUT).unflatten(0, (-1, FANOUT)) for x in levels[-1])
-        levels.append((lo.amin(1), hi.amax(1), None if glo is None else glo.amin(1), None if ghi is None else ghi.amax(1)))
-    counts = [lvl[0].shape[0] for lvl in levels]
-    starts = torch.tensor([0] + counts[:-1], dtype=torch.int64).cumsum(0).to(torch.int32)
-    cat = lambda j: None if levels[0][j] is None else torch.cat([lvl[j] for lvl in levels]).contiguous()  # noqa: E731
-    return cat(0), cat(1), cat(2), cat(3), starts.to(points.device), torch.tensor(counts, dtype=torch.int32, device=points.device)
+    """Boxes (lo, hi), group ranges (glo, ghi) of every node, level by level from the leaves;
+    with the first node and the node count of each level."""
+    counts = [-(-points.shape[0] // LEAF)]
+    while counts[-1] > 1:
+        counts.append(-(-counts[-1] // FANOUT))
+    starts = [0]
+    for c in counts[:-1]:
+        starts.append(starts[-1] + c)
+    total, dev, vec = sum(counts), points.device, _warp.vec3(points.dtype)
+    lo, hi = points.new_empty((total, 3)), points.new_empty((total, 3))
+    grouped = groups is not None
+    glo, ghi = (torch.empty(total if grouped else 1, dtype=torch.int32, device=dev) for _ in range(2))
+    _, level = _build_kernels(points.dtype)
+    dst = [_warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi]
+    pts = _warp.array(points, dtype=vec)
+    src = [pts, pts, groups if grouped else glo, groups if grouped else ghi]
+    src_count, src_start, width = points.shape[0], 0, LEAF
+    for start, count in zip(starts, counts):
+        _warp.launch(level, count, [*src, src_start, src_count, width, int(grouped), *dst, start], like=points)
+        src, src_start, src_count, width = dst, start, count, FANOUT
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    return lo, hi, glo, ghi, as_tensor(starts), as_tensor(counts)
 
 
 def _homes(ref_keys: torch.Tensor, query_keys: torch.Tensor, ref_groups, query_groups) -> torch.Tensor:
@@ -226,18 +303,18 @@ def search(query, ref, k, query_group, ref_group):
         return dists, idx
     _warp.init()
     grouped = query_group is not None
-    low, scale = _box(query, ref)
-    ref_keys, order = torch.sort(_keys(ref, low, scale, ref_group))
-    query_keys, rows = torch.sort(_keys(query, low, scale, query_group))
+    query, ref = query.contiguous(), ref.contiguous()
+    frame = _frame(query, ref)
+    ref_keys, order = torch.sort(_keys(ref, frame, ref_group))
+    query_keys, rows = torch.sort(_keys(query, frame, query_group))
     points = ref[order].contiguous()
     point_group = ref_group[order].contiguous() if grouped else None
     lo, hi, glo, ghi, starts, counts = _tree(points, point_group)
     home = _homes(ref_keys, query_keys, point_group, query_group[rows] if grouped else None)
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
-    query = query.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
     args = [rows, home, vec(query), query_group.contiguous() if grouped else dummy, vec(points), order,
-            point_group if grouped else dummy, vec(lo), vec(hi), glo if grouped else dummy, ghi if grouped else dummy,
+            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi,
             starts, counts, dists, idx]
     _warp.launch(_kernel(query.dtype, grouped, LEAF, FANOUT), m, args, like=query)
     return dists, idx
