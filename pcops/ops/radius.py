@@ -203,8 +203,10 @@ class _CellList:
             samples = torch.maximum(ref_group.amax().long(), query_group.amax().long())[None] + 1
         host = torch.cat([corners.flatten(), samples.double()]).cpu().tolist()
         low, high, groups = host[0:3], host[3:6], max(int(host[6]), 1)
-        if not all(map(math.isfinite, low + high)):  # non-finite points (validate=False): one cell
-            low, high = [0.0] * 3, [0.0] * 3
+        if not all(map(math.isfinite, low + high)):  # non-finite points (validate=False): box of the others
+            finite = ref[torch.isfinite(ref).all(1)].double()
+            box = torch.stack([finite.amin(0), finite.amax(0)]) if finite.shape[0] else finite.new_zeros(2, 3)
+            low, high = box.cpu().tolist()
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
         width = CELL * radius
         volume = max(side[0] * side[1] * side[2], 1e-300)
