@@ -6,6 +6,8 @@ machine in one process.
     python scripts/benchmark.py --sweep          # 10^4 .. 10^6 points, time and peak memory
     python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
     python scripts/benchmark.py --json out.json  # also write every figure as JSON
+    python scripts/benchmark.py --search         # only the CPU search rows (kNN, radius) against peers
+    OMP_NUM_THREADS=1 python scripts/benchmark.py --search --cpu-time   # their work, on a busy machine
 
 Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
 query chunks when the dense matrices would not fit: noted "chunked"), ``scipy_torch``
@@ -631,6 +633,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--radius-points", type=int, default=25_000)
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
+    parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
+    parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global COMPILE_BACKEND
@@ -645,6 +649,14 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
+    if device.type == "cpu":  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
+        import bench_search
+
+        report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
+        if args.search:
+            if args.json:
+                pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
+            return report
     results = run_models(args, device) + run_ops(args, device)
     if args.sweep:
         sizes = [10_000, 100_000, 1_000_000] if not args.quick else [1_000, 4_000]

@@ -33,6 +33,14 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
     assert {("knn_interpolate", "pyg_torch"), ("chamfer_distance", "torch_cdist"), ("estimate_normals", "pytorch3d_torch")} <= geometry
     assert {(op, "pcops_eager") for op in ("knn_interpolate", "chamfer_distance", "estimate_normals")} <= geometry
 
+    # the CPU search rows against peers (scripts/bench_search.py)
+    benches = {r["bench"] for r in report["search"]}
+    assert {"knn_search", "knn_batched", "radius_aggregate"} <= benches
+    clouds = {r["cloud"] for r in report["search"] if r["bench"] == "knn_search"}
+    assert {"randn", "uniform", "clustered", "surface", "surface_grid"} <= clouds
+    for r in report["search"]:
+        assert all(ms > 0 for ms in r["ms"].values()) and any(name.startswith("pcops") for name in r["ms"])
+
 
 def _benchmark_module():
     import importlib.util

@@ -6,8 +6,11 @@ For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - 
     w_ij  = exp(-(d_ij - m_i) / sigma),   m_i = min_{j in N(i)} d_ij
     out_i = sum_{j in N(i)} w_ij f_j / sum_{j in N(i)} w_ij       (0 when N(i) is empty)
 
-Neighbours are found with a Warp ``HashGrid`` (cells of width r); no neighbour list and no
-(M, N) matrix is ever built. The forward kernel keeps a running minimum m_i and rescales its
+Neighbours are found in a cell list: the reference points sorted by (sample, z, y, x) cell
+of a dense grid with cells of width r / 2 (wider for sparse clouds, at most two cells per
+point), so each query scans 25 contiguous runs of sorted points; no neighbour list and no
+(M, N) matrix is ever built. Queries run in the same cell order, so neighbours are near in
+memory at any size. The forward kernel keeps a running minimum m_i and rescales its
 accumulators when it drops (an online softmax), so one pass over the neighbours suffices and
 any sigma > 0 stays finite. The backward pass is a hand-written Warp kernel (Warp's automatic
 adjoint of a kernel that normalises after a dynamic neighbour loop is wrong: see
@@ -21,60 +24,89 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
+import functools
+import math
 from typing import Optional
 
 import torch
-import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
 
 
-@_warp.kernels
-def _kernels(dtype: torch.dtype, grouped: bool):
-    """Forward and backward kernels for one float dtype, with or without per-point groups."""
+# Cell width of the cell list, as a fraction of the radius: a query scans the cells that meet
+# the cube [q - r, q + r] (5^3 cells at r / 2, a volume of (2.5 r)^3 against (3 r)^3 at r).
+CELL = 0.5
+# At most this many cells per reference point (per sample): sparse clouds get wider cells.
+CELLS_PER_POINT = 2.0
+
+
+@functools.cache
+def _kernels(dtype: torch.dtype):
+    """Forward and backward kernels for one float dtype (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    point, neighbours = _warp.kernel_funcs(dtype, grouped)
+
+    @wp.func
+    def weight(d: s, m: s, inv_s: s):
+        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m."""
+        return wp.exp((m - d) * inv_s)
+
+    @wp.func
+    def cell(x: s, low: s, inv_h: s, n: int):
+        """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
+        return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
         start: int,
-        grid: wp.uint64,
-        query: wp.array2d(dtype=s),
-        ref: wp.array2d(dtype=s),
+        rows: wp.array(dtype=wp.int64),
+        starts: wp.array(dtype=wp.int64),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        query: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int32),
+        points: wp.array(dtype=v),
         feats: wp.array2d(dtype=s),
         sigma: wp.array(dtype=s),
         radius: s,
-        query_group: wp.array(dtype=wp.int32),
         out: wp.array2d(dtype=s),
         wsum: wp.array(dtype=s),
         dmin: wp.array(dtype=s),
     ):
-        i = wp.tid() + start
-        q = point(query, i)
+        i = int(rows[wp.tid() + start])
+        q = query[i]
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            return
+        inv_s = s(1.0) / sigma[0]
+        inv_h = frame[3]
         nf = feats.shape[1]
-        it = neighbours(grid, q, radius, query_group, i)
-        j = int(0)
+        base = int(query_group[i]) * dims[2]
         count = int(0)
         m = s(0.0)
         w_total = s(0.0)
-        while wp.hash_grid_query_next(it, j):
-            d = wp.length(q - point(ref, j))
-            if d <= radius:
-                if count == 0:
-                    m = d
-                if d < m:  # new nearest neighbour: shift what was accumulated so far
-                    scale = wp.exp((d - m) / sigma[0])  # a division: 1/sigma overflows for subnormal sigma
-                    w_total = w_total * scale
-                    for c in range(nf):
-                        out[i, c] = out[i, c] * scale
-                    m = d
-                w = wp.exp((m - d) / sigma[0])
-                w_total = w_total + w
-                for c in range(nf):
-                    out[i, c] = out[i, c] + w * feats[j, c]
-                count = count + 1
+        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
+        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
+        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
+        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
+            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+                row = ((base + z) * dims[1] + y) * dims[0]
+                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                    d = wp.length(q - points[j])
+                    if d <= radius:
+                        if count == 0:
+                            m = d
+                        if d < m:  # new nearest neighbour: shift what was accumulated so far
+                            scale = weight(m, d, inv_s)
+                            w_total = w_total * scale
+                            for c in range(nf):
+                                out[i, c] = out[i, c] * scale
+                            m = d
+                        w = weight(d, m, inv_s)
+                        w_total = w_total + w
+                        for c in range(nf):
+                            out[i, c] = out[i, c] + w * feats[j, c]
+                        count = count + 1
         if count > 0:
             inv_w = s(1.0) / w_total
             for c in range(nf):
@@ -85,54 +117,67 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     @wp.kernel(enable_backward=False, module="unique")
     def backward(
         start: int,
-        grid: wp.uint64,
-        grad_out: wp.array2d(dtype=s),
-        query: wp.array2d(dtype=s),
-        ref: wp.array2d(dtype=s),
+        rows: wp.array(dtype=wp.int64),
+        starts: wp.array(dtype=wp.int64),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        query: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int32),
+        points: wp.array(dtype=v),
         feats: wp.array2d(dtype=s),
         sigma: wp.array(dtype=s),
         radius: s,
-        query_group: wp.array(dtype=wp.int32),
+        grad_out: wp.array2d(dtype=s),
+        need_ref: int,
+        need_feats: int,
         out: wp.array2d(dtype=s),
         wsum: wp.array(dtype=s),
         dmin: wp.array(dtype=s),
         grad_query: wp.array2d(dtype=s),
+        grad_sigma: wp.array(dtype=s),
         grad_ref: wp.array2d(dtype=s),
         grad_feats: wp.array2d(dtype=s),
-        grad_sigma: wp.array(dtype=s),
     ):
-        i = wp.tid() + start
+        i = int(rows[wp.tid() + start])
         if wsum[i] == s(0.0):
             return
-        q = point(query, i)
+        q = query[i]
         inv_s = s(1.0) / sigma[0]
         inv_w = s(1.0) / wsum[i]
         m = dmin[i]
+        inv_h = frame[3]
         nf = feats.shape[1]
+        base = int(query_group[i]) * dims[2]
         g_out = s(0.0)  # g_i . out_i
         for c in range(nf):
             g_out = g_out + grad_out[i, c] * out[i, c]
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
-        it = neighbours(grid, q, radius, query_group, i)
-        j = int(0)
-        while wp.hash_grid_query_next(it, j):
-            diff = q - point(ref, j)
-            d = wp.length(diff)
-            if d <= radius:
-                w = wp.exp((m - d) * inv_s) * inv_w
-                g_f = s(0.0)  # g_i . f_j
-                for c in range(nf):
-                    g_f = g_f + grad_out[i, c] * feats[j, c]
-                    wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
-                a = w * (g_f - g_out)
-                g_s = g_s + a * (d - m)
-                if d > s(0.0):
-                    g_d = -a * inv_s / d * diff  # dL/dd_ij * (q_i - p_j) / d_ij
-                    g_q = g_q + g_d
-                    wp.atomic_add(grad_ref, j, 0, -g_d[0])
-                    wp.atomic_add(grad_ref, j, 1, -g_d[1])
-                    wp.atomic_add(grad_ref, j, 2, -g_d[2])
+        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
+        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
+        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
+        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
+            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+                row = ((base + z) * dims[1] + y) * dims[0]
+                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                    diff = q - points[j]
+                    d = wp.length(diff)
+                    if d <= radius:
+                        w = weight(d, m, inv_s) * inv_w
+                        g_f = s(0.0)  # g_i . f_j
+                        for c in range(nf):
+                            g_f = g_f + grad_out[i, c] * feats[j, c]
+                            if need_feats != 0:
+                                wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
+                        a = w * (g_f - g_out)
+                        g_s = g_s + a * (d - m)
+                        if d > s(0.0):
+                            g_d = -a * inv_s / d * diff  # dL/dd_ij * (q_i - p_j) / d_ij
+                            g_q = g_q + g_d
+                            if need_ref != 0:
+                                wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                                wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                                wp.atomic_add(grad_ref, j, 2, -g_d[2])
         grad_query[i, 0] = g_q[0]
         grad_query[i, 1] = g_q[1]
         grad_query[i, 2] = g_q[2]
@@ -141,31 +186,77 @@ def _kernels(dtype: torch.dtype, grouped: bool):
     return forward, backward
 
 
-def _int32(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Contiguous int32 group ids for a kernel (a one-element dummy when the op is ungrouped)."""
-    if t is None:
-        return torch.zeros(1, dtype=torch.int32, device=like.device)
-    return t.to(torch.int32).contiguous()
+class _CellList:
+    """Reference points sorted into a dense grid of cells (one grid per sample), built in torch.
 
-
-def _launch(kernel, head: list, query, ref, features, sigma, radius, query_group, ref_group, tail: list, scatter=()):
-    """Run a radius kernel over the queries, with a grid over ``ref`` built on torch's stream.
-
-    Kernel arguments: (start, grid, *head, query, ref, features, sigma, radius, query_group,
-    *tail); ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into).
+    ``order`` sorts the points by (sample, z, y, x) cell; ``starts[c] .. starts[c + 1]`` are the
+    sorted points of cell c; ``rows`` orders the queries the same way (for memory locality).
+    Cells are ``CELL * radius`` wide, wider when that would make more than ``CELLS_PER_POINT``
+    cells per point of a sample. One host read (the bounding box and the number of samples).
     """
+
+    def __init__(self, query, ref, radius: float, query_group, ref_group):
+        dev = ref.device
+        corners = torch.stack([ref.amin(0), ref.amax(0)]).double()
+        samples = torch.zeros(1, dtype=torch.int64, device=dev)
+        if ref_group is not None and ref_group.numel():
+            samples = torch.maximum(ref_group.amax().long(), query_group.amax().long())[None] + 1
+        host = torch.cat([corners.flatten(), samples.double()]).cpu().tolist()
+        low, high, groups = host[0:3], host[3:6], max(int(host[6]), 1)
+        if not all(map(math.isfinite, low + high)):  # non-finite points (validate=False): box of the others
+            finite = ref[torch.isfinite(ref).all(1)].double()
+            box = torch.stack([finite.amin(0), finite.amax(0)]) if finite.shape[0] else finite.new_zeros(2, 3)
+            low, high = box.cpu().tolist()
+        side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
+        width = CELL * radius
+        volume = max(side[0] * side[1] * side[2], 1e-300)
+        width = max(width, (volume * groups / (CELLS_PER_POINT * max(ref.shape[0], 1))) ** (1.0 / 3.0))
+        dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
+        while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * ref.shape[0] + 64 and max(dims) > 1:
+            width *= 1.25  # a flat or thin cloud: the volume bound above was too generous
+            dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
+        self.dims = wp.vec3i(dims[0], dims[1], dims[2])
+        self.frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype, device=dev)
+        key = self._key(ref, ref_group, dims)
+        key, self.order = torch.sort(key)
+        total = dims[0] * dims[1] * dims[2] * groups
+        self.starts = torch.searchsorted(key, torch.arange(total + 1, device=dev))
+        self.rows = torch.sort(self._key(query, query_group, dims)).indices
+
+    def _key(self, points, group, dims):
+        """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
+        frame = self.frame
+        c = ((points - frame[:3]) * frame[3]).nan_to_num(0.0, 0.0, 0.0).floor()
+        top = torch.tensor(dims, device=points.device, dtype=points.dtype) - 1
+        c = torch.minimum(c.clamp_min(0), top).long()
+        key = (c[:, 2] * dims[1] + c[:, 1]) * dims[0] + c[:, 0]
+        if group is not None:
+            key = key + group.long().clamp_min(0) * (dims[0] * dims[1] * dims[2])
+        return key
+
+
+def _groups(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Contiguous int32 sample ids for a kernel (zeros for one cloud)."""
+    if t is None:
+        return torch.zeros(like.shape[0], dtype=torch.int32, device=like.device)
+    return t.to(torch.int32).clamp_min(0).contiguous()
+
+
+def _launch(kernel, cells: _CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
+    """Run a radius kernel over the queries (in cell order). Arguments: (start, rows, starts,
+    frame, dims, query, query_group, sorted ref points, sorted features, sigma, radius, *tail);
+    ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into)."""
     _warp.init()
-    query, ref, features = query.contiguous(), ref.contiguous(), features.contiguous()
-    with _warp.stream(query):
-        grid = _warp.hash_grid(ref, radius, None if ref_group is None else _int32(ref_group, ref))
-        args = [wp.uint64(grid.id), *head, query, ref, features, sigma.reshape(1).contiguous(), radius]
-        args += [_int32(query_group, query), *tail]
-        offset = len(args) - len(tail)
-        _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
-        _warp.keep_alive(grid, query)
+    vec = _warp.vec3(query.dtype)
+    query = query.contiguous()
+    groups = _groups(query_group, query)
+    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(query, dtype=vec), groups,
+            _warp.array(points, dtype=vec), feats, sigma.reshape(1).contiguous(), radius, *tail]
+    offset = len(args) - len(tail)
+    _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -178,16 +269,21 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
-    _validate.groups_paired(query_group, ref_group)
-    _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
+    if (query_group is None) != (ref_group is None):
+        raise ValueError("query_group and ref_group must be given together")
+    if validate:
+        _validate.finite(query=query, ref=ref)
+        _validate.positive_values("sigma", sigma)
     m, f = query.shape[0], features.shape[1]
     out = query.new_zeros((m, f))
     wsum = query.new_zeros((m,))
     dmin = query.new_zeros((m,))
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
-    forward, _ = _kernels(query.dtype, query_group is not None)
-    _launch(forward, [], query, ref, features, sigma, radius, query_group, ref_group, [out, wsum, dmin])
+    forward, _ = _kernels(query.dtype)
+    cells = _CellList(query, ref, radius, query_group, ref_group)
+    points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+    _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
     return out, wsum, dmin
 
 
@@ -197,7 +293,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -210,23 +306,31 @@ def _radius_aggregate_backward(
     out: torch.Tensor,
     wsum: torch.Tensor,
     dmin: torch.Tensor,
+    need_ref: bool = True,
+    need_features: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns the gradients of (query, ref, features, sigma)."""
-    if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
-        torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
+    """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
+    zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
     m = query.shape[0]
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
-        _, backward = _kernels(query.dtype, query_group is not None)
-        tail = [out.contiguous(), wsum, dmin, grad_query, grad_ref, grad_feats, grad_sigma]
-        # grad_ref and grad_feats (tail 4 and 5) are scattered into with atomic_add
-        _launch(backward, [grad_out.contiguous()], query, ref, features, sigma, radius, query_group, ref_group, tail, (4, 5))
+        _, backward = _kernels(query.dtype)
+        cells = _CellList(query, ref, radius, query_group, ref_group)
+        points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+        # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
+        sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
+        tail = [grad_out.contiguous(), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
+                grad_query, grad_sigma, sorted_ref, sorted_feats]
+        scatter = (8,) * need_ref + (9,) * need_features
+        _launch(backward, cells, query, points, feats, sigma, radius, query_group, tail, scatter)
+        grad_ref[cells.order] = sorted_ref
+        grad_feats[cells.order] = sorted_feats
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin):
+def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True):
     return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
 
 
@@ -240,10 +344,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
     query, ref, features, sigma, query_group, ref_group, out, wsum, dmin = ctx.saved_tensors
+    need = ctx.needs_input_grad
     grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin
+        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2]
     )
-    return *grads, None, None, None, None
+    return *(g if n else None for g, n in zip(grads, need)), None, None, None, None
 
 
 _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)

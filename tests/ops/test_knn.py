@@ -239,3 +239,57 @@ def test_cuda_backends_match_reference_on_a_side_stream(gen, backend):
     ref_d, _ = reference.knn(q.float(), p.float(), 8)
     torch.testing.assert_close(dists.cpu().double(), ref_d, rtol=1e-4, atol=1e-4)
     assert_ranked_up_to_ties(idx, q.float(), p.float(), 1e-4)
+
+
+@pytest.mark.parametrize("kind", ["randn", "shell", "clusters"])
+def test_warp_tree_search_is_exact_on_large_clouds(gen, kind):
+    # several tree levels, dense and empty regions: indices equal the float64 brute force
+    n = 6000
+    if kind == "randn":
+        p = torch.randn(n, 3, generator=gen, dtype=F64)
+    elif kind == "shell":  # points on a sphere, queries inside and outside it
+        p = torch.nn.functional.normalize(torch.randn(n, 3, generator=gen, dtype=F64), dim=1)
+    else:
+        centres = torch.rand(5, 3, generator=gen, dtype=F64) * 4 - 2
+        p = centres[torch.randint(0, 5, (n,), generator=gen)] + 0.01 * torch.randn(n, 3, generator=gen, dtype=F64)
+    q = torch.rand(700, 3, generator=gen, dtype=F64) * 3 - 1.5
+    for dtype in (F64, torch.float32):
+        for k in (1, 7, 40):
+            _, idx = pcops.knn(q.to(dtype), p.to(dtype), k, backend="warp")
+            ref_d, ref_idx = reference.knn(q.to(dtype), p.to(dtype), k)
+            if dtype == F64:
+                torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+            else:  # float32 rounding may reorder near-ties: compare the distances found
+                found = reference.distances(q.to(dtype), p.to(dtype)).gather(1, idx)
+                torch.testing.assert_close(found, ref_d, rtol=1e-6, atol=1e-6)
+
+
+def test_warp_search_terminates_on_non_finite_points_without_validation(gen):
+    p = torch.rand(300, 3, generator=gen, dtype=F64)
+    q = torch.rand(40, 3, generator=gen, dtype=F64)
+    p[[3, 50, 120]] = float("nan")
+    p[7, 1], p[9, 0] = float("inf"), float("-inf")
+    q[2, 0], q[5, 2] = float("nan"), float("inf")
+    _, idx = pcops.knn(q, p, 6, backend="warp", validate=False)
+    assert (idx[[2, 5]] == -1).all()
+    finite = torch.isfinite(p).all(1).nonzero().flatten()
+    rows = torch.tensor([i for i in range(40) if i not in (2, 5)])
+    _, ref_idx = reference.knn(q[rows], p[finite], 6)
+    torch.testing.assert_close(idx[rows], finite[ref_idx], rtol=0, atol=0)
+
+
+def test_warp_batched_search_equals_a_per_sample_loop(gen):
+    sizes = [900, 40, 3, 1500]
+    ps = [torch.randn(s, 3, generator=gen, dtype=F64) for s in sizes]
+    qs = [torch.randn(200, 3, generator=gen, dtype=F64) for _ in sizes]
+    perm_p, perm_q = torch.randperm(sum(sizes), generator=gen), torch.randperm(800, generator=gen)
+    p_batch = torch.repeat_interleave(torch.arange(4), torch.tensor(sizes))[perm_p]
+    q_batch = torch.repeat_interleave(torch.arange(4), 200)[perm_q]
+    p, q = torch.cat(ps)[perm_p], torch.cat(qs)[perm_q]
+    _, idx = pcops.knn(q, p, 5, backend="warp", query_batch=q_batch, ref_batch=p_batch)
+    for b in range(4):
+        rows, cols = (q_batch == b).nonzero().flatten(), (p_batch == b).nonzero().flatten()
+        k = min(5, sizes[b])
+        _, ref_idx = reference.knn(q[rows], p[cols], k)
+        torch.testing.assert_close(idx[rows, :k], cols[ref_idx], rtol=0, atol=0)
+        assert (idx[rows, k:] == -1).all()

@@ -281,3 +281,39 @@ def test_cuda_matches_cpu_on_a_side_stream(gen, dtype):
     torch.testing.assert_close(out_gpu.cpu(), out_cpu.detach(), **tol)
     for a, b in zip(gpu, cpu):
         torch.testing.assert_close(a.grad.cpu(), b.grad, **tol)
+
+
+def test_backward_for_some_inputs_equals_the_full_backward(gen):
+    q, p = torch.rand(300, 3, generator=gen, dtype=F64), torch.rand(400, 3, generator=gen, dtype=F64)
+    f = features(gen, 400, 6)
+    full = [x.clone().requires_grad_() for x in (q, p, f)]
+    pcops.radius_aggregate(*full, 0.2, 0.1).pow(2).sum().backward()
+    for wrt in range(3):
+        part = [x.clone().requires_grad_(i == wrt) for i, x in enumerate((q, p, f))]
+        pcops.radius_aggregate(*part, 0.2, 0.1).pow(2).sum().backward()
+        torch.testing.assert_close(part[wrt].grad, full[wrt].grad, rtol=1e-12, atol=1e-12)
+        assert all(x.grad is None for i, x in enumerate(part) if i != wrt)
+
+
+def test_sparse_cloud_with_a_tiny_radius_uses_a_bounded_grid_and_stays_exact(gen):
+    # 10^9 cells of width r / 2 would be needed: the cell list widens its cells instead
+    q = torch.rand(300, 3, generator=gen, dtype=F64) * 1000
+    p = torch.cat([q[:100] + 0.05 * torch.rand(100, 3, generator=gen, dtype=F64), torch.rand(400, 3, generator=gen, dtype=F64) * 1000])
+    f = features(gen, p.shape[0])
+    r = reference.safe_radius(q, p, 0.1)
+    out = pcops.radius_aggregate(q, p, f, r, 0.05)
+    torch.testing.assert_close(out, reference.radius_aggregate(q, p, f, r, 0.05), rtol=1e-10, atol=1e-12)
+
+
+def test_non_finite_points_without_validation_terminate_and_are_never_neighbours(gen):
+    q, p = torch.rand(50, 3, generator=gen, dtype=F64), torch.rand(80, 3, generator=gen, dtype=F64)
+    f = features(gen, 80)
+    p[[4, 9]] = float("nan")
+    p[11, 2] = float("inf")
+    q[3, 1] = float("nan")
+    out = pcops.radius_aggregate(q, p, f, 0.3, 0.1, validate=False)
+    finite = torch.isfinite(p).all(1)
+    rows = torch.arange(50) != 3
+    expected = reference.radius_aggregate(q[rows], p[finite], f[finite], 0.3, 0.1)
+    torch.testing.assert_close(out[rows], expected, rtol=1e-10, atol=1e-12)
+    assert (out[3] == 0).all()

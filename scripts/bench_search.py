@@ -1,0 +1,368 @@
+"""CPU neighbour-search benchmarks of pcops against its strongest peers, interleaved in one process.
+
+Run through ``scripts/benchmark.py`` (``--search`` runs only these; ``--quick`` shrinks them).
+Every row is a median over interleaved repeats (pcops and each peer take turns), and the
+ratio peer / pcops is what to read (> 1: pcops is faster).
+
+* kNN search (k = 7, distances and indices, build included): ``pcops.knn`` with the default
+  backend against pykdtree, scipy ``cKDTree(workers=-1)`` and open3d-cpu
+  ``NearestNeighborSearch``, on four cloud shapes: ``randn`` (the tutorial's
+  ``torch.randn(N, 3)`` with its 30^3 grid queries on [-1, 1]^3), ``uniform`` (in [-1, 1]^3),
+  ``clustered`` (50 Gaussian blobs of width 0.03 plus 10% uniform background) and
+  ``surface`` (points sampled on a sphere, a box and a capsule, trimesh), each with N
+  queries of the same shape; and ``surface_grid`` (surface points, grid queries, most of
+  them far from the surface).
+* batched kNN: 16 clouds of 10,000 points as one padded batch against a per-sample loop.
+* radius aggregation (the tutorial's 25,000 points, 30^3 grid queries, r = 0.1, sigma = 0.1,
+  F = 25): forward, and forward + backward (gradient for the features), against a
+  multi-threaded numba cell list written here as the reference (search included).
+
+Peers are imported lazily; a missing one leaves its rows out with a note. They are never
+requirements of pcops.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import pcops
+
+K = 7
+
+
+# ----------------------------------------------------------------------------------------------
+# Clouds
+
+
+def _surface(n: int, seed: int) -> torch.Tensor:
+    import trimesh
+
+    mesh = trimesh.util.concatenate([
+        trimesh.creation.icosphere(3, radius=0.8),
+        trimesh.creation.box((1.2, 0.6, 1.6)),
+        trimesh.creation.capsule(1.2, 0.3),
+    ])
+    points, _ = trimesh.sample.sample_surface(mesh, n, seed=seed)
+    return torch.from_numpy(np.asarray(points, dtype=np.float32))
+
+
+def _clustered(n: int, gen: torch.Generator) -> torch.Tensor:
+    centres = torch.rand(50, 3, generator=gen) * 2 - 1
+    p = centres[torch.randint(0, 50, (n,), generator=gen)] + 0.03 * torch.randn(n, 3, generator=gen)
+    p[: n // 10] = torch.rand(n // 10, 3, generator=gen) * 2 - 1
+    return p
+
+
+def grid_queries(resolution: int = 30) -> torch.Tensor:
+    axis = torch.linspace(-1, 1, resolution)
+    return torch.cartesian_prod(axis, axis, axis)
+
+
+def cloud(kind: str, n: int, seed: int) -> torch.Tensor:
+    """n float32 points of a cloud shape (see the module docs)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "randn":
+        return torch.randn(n, 3, generator=gen)
+    if kind == "uniform":
+        return torch.rand(n, 3, generator=gen) * 2 - 1
+    if kind == "clustered":
+        return _clustered(n, gen)
+    if kind == "surface":
+        return _surface(n, seed)
+    raise ValueError(kind)
+
+
+def knn_case(kind: str, n: int, grid: int):
+    """(query, ref) of a kNN row: grid queries for randn / surface_grid, else n queries of the shape."""
+    if kind == "surface_grid":
+        return grid_queries(grid), cloud("surface", n, 0)
+    if kind == "randn":
+        return grid_queries(grid), cloud("randn", n, 0)
+    return cloud(kind, n, 1), cloud(kind, n, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# kNN peers: each returns (dists, idx) for float32 numpy/torch inputs
+
+
+def _pykdtree():
+    from pykdtree.kdtree import KDTree
+
+    return lambda q, p: KDTree(p.numpy()).query(q.numpy(), k=K)
+
+
+def _ckdtree():
+    from scipy.spatial import cKDTree
+
+    return lambda q, p: cKDTree(p.numpy()).query(q.numpy(), k=K, workers=-1)
+
+
+def _open3d():
+    import open3d as o3d
+
+    def search(q, p):
+        nns = o3d.core.nns.NearestNeighborSearch(o3d.core.Tensor.from_numpy(p.numpy()))
+        nns.knn_index()
+        return nns.knn_search(o3d.core.Tensor.from_numpy(q.numpy()), K)
+
+    return search
+
+
+KNN_PEERS = {"pykdtree": _pykdtree, "scipy_ckdtree": _ckdtree, "open3d": _open3d}
+
+
+# ----------------------------------------------------------------------------------------------
+# Radius reference: a numba cell list (search included), forward and feature gradient
+
+
+def numba_radius():
+    """(forward, backward) numba functions of the radius aggregation over a cell list."""
+    import numba
+
+    @numba.njit(cache=True)
+    def cells(points, low, inv, dims):
+        c = np.empty(points.shape[0], np.int64)
+        for i in range(points.shape[0]):
+            x = min(max(int((points[i, 0] - low[0]) * inv), 0), dims[0] - 1)
+            y = min(max(int((points[i, 1] - low[1]) * inv), 0), dims[1] - 1)
+            z = min(max(int((points[i, 2] - low[2]) * inv), 0), dims[2] - 1)
+            c[i] = (z * dims[1] + y) * dims[0] + x
+        return c
+
+    def build(points, low, radius, dims):
+        cell = cells(points, low, 1.0 / radius, dims)
+        order = np.argsort(cell, kind="stable")
+        starts = np.searchsorted(cell[order], np.arange(dims[0] * dims[1] * dims[2] + 1))
+        return order, starts
+
+    @numba.njit(parallel=True, fastmath=False, cache=True)
+    def forward_kernel(query, ref, feats, order, starts, low, radius, dims, sigma, out, wsum, dmin):
+        inv = 1.0 / radius
+        for i in numba.prange(query.shape[0]):
+            q0, q1, q2 = query[i, 0], query[i, 1], query[i, 2]
+            cx, cy, cz = int((q0 - low[0]) * inv), int((q1 - low[1]) * inv), int((q2 - low[2]) * inv)
+            m = 0.0
+            total = 0.0
+            count = 0
+            acc = np.zeros(feats.shape[1])
+            for z in range(max(cz - 1, 0), min(cz + 2, dims[2])):
+                for y in range(max(cy - 1, 0), min(cy + 2, dims[1])):
+                    row = (z * dims[1] + y) * dims[0]
+                    for a in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
+                        j = order[a]
+                        d = np.sqrt((q0 - ref[j, 0]) ** 2 + (q1 - ref[j, 1]) ** 2 + (q2 - ref[j, 2]) ** 2)
+                        if d <= radius:
+                            if count == 0:
+                                m = d
+                            if d < m:
+                                scale = np.exp((d - m) / sigma)
+                                total *= scale
+                                acc *= scale
+                                m = d
+                            w = np.exp((m - d) / sigma)
+                            total += w
+                            acc += w * feats[j]
+                            count += 1
+            if count:
+                out[i] = acc / total
+            wsum[i] = total
+            dmin[i] = m
+
+    @numba.njit(parallel=True, cache=True)
+    def backward_kernel(ref, query, grad_out, order, starts, low, radius, dims, sigma, wsum, dmin, grad_feats):
+        # gather form (over reference points, race free): dL/df_j = sum_i w_ij / W_i g_i
+        inv = 1.0 / radius
+        for j in numba.prange(ref.shape[0]):
+            p0, p1, p2 = ref[j, 0], ref[j, 1], ref[j, 2]
+            cx, cy, cz = int((p0 - low[0]) * inv), int((p1 - low[1]) * inv), int((p2 - low[2]) * inv)
+            for z in range(max(cz - 1, 0), min(cz + 2, dims[2])):
+                for y in range(max(cy - 1, 0), min(cy + 2, dims[1])):
+                    row = (z * dims[1] + y) * dims[0]
+                    for a in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
+                        i = order[a]
+                        d = np.sqrt((p0 - query[i, 0]) ** 2 + (p1 - query[i, 1]) ** 2 + (p2 - query[i, 2]) ** 2)
+                        if d <= radius:
+                            w = np.exp((dmin[i] - d) / sigma) / wsum[i]
+                            grad_feats[j] += w * grad_out[i]
+
+    def frame(query, ref, radius):
+        low = np.minimum(query.min(0), ref.min(0)).astype(np.float64)
+        high = np.maximum(query.max(0), ref.max(0)).astype(np.float64)
+        dims = np.maximum(np.ceil((high - low) / radius).astype(np.int64), 1)
+        return low, dims
+
+    def forward(query, ref, feats, radius, sigma):
+        low, dims = frame(query, ref, radius)
+        order, starts = build(ref, low, radius, dims)
+        out = np.zeros((query.shape[0], feats.shape[1]), feats.dtype)
+        wsum, dmin = np.zeros(query.shape[0]), np.zeros(query.shape[0])
+        forward_kernel(query, ref, feats, order, starts, low, radius, dims, sigma, out, wsum, dmin)
+        return out, wsum, dmin
+
+    def backward(query, ref, feats, radius, sigma, wsum, dmin, grad_out):
+        low, dims = frame(query, ref, radius)
+        order, starts = build(query, low, radius, dims)
+        grad = np.zeros_like(feats)
+        backward_kernel(ref, query, grad_out, order, starts, low, radius, dims, sigma, wsum, dmin, grad)
+        return grad
+
+    return forward, backward
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+
+
+CLOCK = time.perf_counter  # time.process_time with --cpu-time: work in CPU ms, robust to a loaded machine
+
+
+def interleaved(fns: dict, repeats: int, budget_s: float) -> dict:
+    """Median ms of each function, the functions taking turns (one warm-up call each first)."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    start = time.perf_counter()
+    for r in range(repeats):
+        for name, fn in fns.items():
+            t0 = CLOCK()
+            fn()
+            times[name].append(1e3 * (CLOCK() - t0))
+        if r >= 1 and time.perf_counter() - start > budget_s:
+            break
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _peers(table: dict, notes: list) -> dict:
+    fns = {}
+    for name, make in table.items():
+        try:
+            fns[name] = make()
+        except ImportError as err:
+            notes.append(f"{name} skipped: not installed ({err.name})")
+    return fns
+
+
+def run_knn(sizes, kinds, grid: int, repeats: int, budget_s: float) -> tuple[list[dict], list[str]]:
+    notes: list[str] = []
+    peers = _peers(KNN_PEERS, notes)
+    rows = []
+    for kind in kinds:
+        for n in sizes:
+            q, p = knn_case(kind, n, grid)
+            fns = {"pcops": lambda: pcops.knn(q, p, K, validate=False)}
+            fns.update({name: (lambda f=f: f(q, p)) for name, f in peers.items()})
+            ms = interleaved(fns, repeats, budget_s)
+            row = {"bench": "knn_search", "cloud": kind, "n_ref": n, "n_query": q.shape[0], "ms": ms}
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows, notes
+
+
+def run_batched_knn(b: int, n: int, repeats: int, budget_s: float) -> list[dict]:
+    clouds = torch.stack([cloud("randn", n, s) for s in range(b)])
+    queries = torch.stack([cloud("randn", n, 100 + s) for s in range(b)])
+    fns = {
+        "pcops": lambda: pcops.knn(queries, clouds, K, validate=False),
+        "pcops_loop": lambda: [pcops.knn(queries[i], clouds[i], K, validate=False) for i in range(b)],
+    }
+    try:
+        search = _pykdtree()
+        fns["pykdtree_loop"] = lambda: [search(queries[i], clouds[i]) for i in range(b)]
+    except ImportError:
+        pass
+    row = {"bench": "knn_batched", "cloud": f"{b} x randn", "n_ref": n, "n_query": n, "ms": interleaved(fns, repeats, budget_s)}
+    print(format_row(row), flush=True)
+    return [row]
+
+
+def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: float) -> tuple[list[dict], list[str]]:
+    notes: list[str] = []
+    try:
+        forward, backward = numba_radius()
+    except ImportError:
+        forward = None
+        notes.append("numba cell list skipped: numba not installed")
+    rows = []
+    radius, sigma = 0.1, 0.1
+    for kind in ("uniform", "randn"):
+        p = cloud(kind, n_ref, 0)
+        q = grid_queries(grid)
+        f = torch.randn(n_ref, features, generator=torch.Generator().manual_seed(2))
+        fg = f.clone().requires_grad_()
+        qn, pn, fn_ = q.numpy(), p.numpy(), f.numpy()
+
+        def train():
+            out = pcops.radius_aggregate(q, p, fg, radius, sigma, validate=False)
+            out.backward(torch.ones_like(out))
+
+        fns = {"pcops_forward": lambda: pcops.radius_aggregate(q, p, f, radius, sigma, validate=False), "pcops_train": train}
+        if forward is not None:
+            fns["cell_list_forward"] = lambda: forward(qn, pn, fn_, radius, sigma)
+
+            def cell_train():
+                out, wsum, dmin = forward(qn, pn, fn_, radius, sigma)
+                backward(qn, pn, fn_, radius, sigma, wsum, dmin, np.ones_like(out))
+
+            fns["cell_list_train"] = cell_train
+        row = {"bench": "radius_aggregate", "cloud": kind, "n_ref": n_ref, "n_query": q.shape[0], "ms": interleaved(fns, repeats, budget_s)}
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows, notes
+
+
+def format_row(row: dict) -> str:
+    ms = row["ms"]
+    parts = [f"{name} {t:,.1f}" for name, t in ms.items()]
+    return f"{row['bench']:<17} {row['cloud']:<13} n_ref={row['n_ref']:>9,} n_query={row['n_query']:>9,}  ms: " + ", ".join(parts)
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown tables: milliseconds and peer / pcops ratios (> 1: pcops faster)."""
+    lines = []
+    for bench in dict.fromkeys(r["bench"] for r in rows):
+        group = [r for r in rows if r["bench"] == bench]
+        names = list(dict.fromkeys(name for r in group for name in r["ms"]))
+        ours = [x for x in names if x.startswith("pcops")]
+        lines += ["", f"{bench}:", "", "| cloud | n_ref | n_query | " + " | ".join(f"{x} ms" for x in names) + " | ratios |",
+                  "| --- " * (4 + len(names)) + "|"]
+        for r in group:
+            if bench == "radius_aggregate":
+                pairs = [("cell_list_forward", "pcops_forward"), ("cell_list_train", "pcops_train")]
+            elif bench == "knn_batched":
+                pairs = [("pcops_loop", "pcops"), ("pykdtree_loop", "pcops")]
+            else:
+                pairs = [(x, "pcops") for x in names if x not in ours]
+            ratio = ", ".join(f"{a}/{b} {r['ms'][a] / r['ms'][b]:.2f}" for a, b in pairs if a in r["ms"] and b in r["ms"])
+            cells = " | ".join(f"{r['ms'][x]:,.1f}" if x in r["ms"] else "-" for x in names)
+            lines.append(f"| {r['cloud']} | {r['n_ref']:,} | {r['n_query']:,} | {cells} | {ratio} |")
+    return "\n".join(lines)
+
+
+def run(quick: bool, repeats: int = 7, budget_s: float = 20.0, cpu_time: bool = False) -> tuple[list[dict], list[str]]:
+    """All search rows; ``quick`` uses tiny sizes (a smoke test); ``cpu_time`` measures the
+    process's CPU time instead of wall time (with OMP_NUM_THREADS=1 and torch.set_num_threads(1)
+    for everyone: the work each implementation does, whatever else runs on the machine)."""
+    global CLOCK
+    CLOCK = time.process_time if cpu_time else time.perf_counter
+    if cpu_time:
+        torch.set_num_threads(1)
+        try:
+            import numba
+
+            numba.set_num_threads(1)
+        except ImportError:
+            pass
+    sizes = [2_000] if quick else [10_000, 100_000, 1_000_000]
+    grid = 8 if quick else 30
+    repeats = 2 if quick else repeats
+    rows, notes = run_knn(sizes, ["randn", "uniform", "clustered", "surface", "surface_grid"], grid, repeats, budget_s)
+    rows += run_batched_knn(4 if quick else 16, 1_000 if quick else 10_000, repeats, budget_s)
+    radius_rows, radius_notes = run_radius(2_000 if quick else 25_000, grid, 25, repeats, budget_s)
+    print(table(rows + radius_rows))
+    for note in notes + radius_notes:
+        print("note:", note)
+    return rows + radius_rows, notes + radius_notes
