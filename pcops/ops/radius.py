@@ -24,11 +24,11 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
-import functools
 import math
 from typing import Optional
 
 import torch
+import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
@@ -41,18 +41,20 @@ CELL = 0.5
 CELLS_PER_POINT = 2.0
 
 
-@functools.cache
+@_warp.kernels
 def _kernels(dtype: torch.dtype):
     """Forward and backward kernels for one float dtype (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
 
-    @wp.func
-    def weight(d: s, m: s, inv_s: s):
-        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m."""
-        return wp.exp((m - d) * inv_s)
+    @wp.func(module="unique")
+    def weight(d: s, m: s, sig: s):
+        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m.
 
-    @wp.func
+        A division, not a product with 1/sigma: 1/sigma overflows for a subnormal sigma."""
+        return wp.exp((m - d) / sig)
+
+    @wp.func(module="unique")
     def cell(x: s, low: s, inv_h: s, n: int):
         """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
         return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
@@ -78,7 +80,6 @@ def _kernels(dtype: torch.dtype):
         q = query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
-        inv_s = s(1.0) / sigma[0]
         inv_h = frame[3]
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
@@ -97,12 +98,12 @@ def _kernels(dtype: torch.dtype):
                         if count == 0:
                             m = d
                         if d < m:  # new nearest neighbour: shift what was accumulated so far
-                            scale = weight(m, d, inv_s)
+                            scale = weight(m, d, sigma[0])
                             w_total = w_total * scale
                             for c in range(nf):
                                 out[i, c] = out[i, c] * scale
                             m = d
-                        w = weight(d, m, inv_s)
+                        w = weight(d, m, sigma[0])
                         w_total = w_total + w
                         for c in range(nf):
                             out[i, c] = out[i, c] + w * feats[j, c]
@@ -163,7 +164,7 @@ def _kernels(dtype: torch.dtype):
                     diff = q - points[j]
                     d = wp.length(diff)
                     if d <= radius:
-                        w = weight(d, m, inv_s) * inv_w
+                        w = weight(d, m, sigma[0]) * inv_w
                         g_f = s(0.0)  # g_i . f_j
                         for c in range(nf):
                             g_f = g_f + grad_out[i, c] * feats[j, c]
@@ -256,7 +257,7 @@ def _launch(kernel, cells: _CellList, query, points, feats, sigma, radius, query
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -269,11 +270,8 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
-    if validate:
-        _validate.finite(query=query, ref=ref)
-        _validate.positive_values("sigma", sigma)
+    _validate.groups_paired(query_group, ref_group)
+    _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
     m, f = query.shape[0], features.shape[1]
     out = query.new_zeros((m, f))
     wsum = query.new_zeros((m,))
@@ -293,7 +291,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -311,6 +309,8 @@ def _radius_aggregate_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
     zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
+    if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
+        torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m = query.shape[0]
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))

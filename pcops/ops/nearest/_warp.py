@@ -20,7 +20,6 @@ A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN ref
 point is never a neighbour, and a box holding one is never skipped, so every walk ends.
 """
 
-import functools
 
 import torch
 import warp as wp
@@ -33,7 +32,7 @@ FANOUT = 4  # children per inner node
 _BITS = 10  # Morton bits per axis
 
 
-@functools.cache
+@_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = FANOUT):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
@@ -161,7 +160,7 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
     return search
 
 
-@functools.cache
+@_warp.kernels
 def _build_kernels(dtype: torch.dtype):
     """Warp kernels of the build: sort keys, and the boxes of one tree level (one launch each,
     instead of dozens of small torch operations)."""
@@ -169,7 +168,7 @@ def _build_kernels(dtype: torch.dtype):
     v = _warp.vec3(dtype)
     top = float(2**_BITS - 1)
 
-    @wp.func
+    @wp.func(module="unique")
     def spread(x: wp.int64):
         """Interleave the low 10 bits of x with two zero bits each (30-bit Morton codes)."""
         x = (x | (x << wp.int64(16))) & wp.int64(0x030000FF)
