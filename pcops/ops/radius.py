@@ -24,11 +24,11 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
-import functools
 import math
 from typing import Optional
 
 import torch
+import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
@@ -41,16 +41,17 @@ CELL = 0.5
 CELLS_PER_POINT = 2.0
 
 
-@functools.cache
+@_warp.kernels
 def _kernels(dtype: torch.dtype):
     """Forward and backward kernels for one float dtype (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
 
     @wp.func
-    def weight(d: s, m: s, inv_s: s):
-        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m."""
-        return wp.exp((m - d) * inv_s)
+    def weight(d: s, m: s, sigma: s):
+        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m
+        (a division: 1 / sigma overflows for a subnormal sigma)."""
+        return wp.exp((m - d) / sigma)
 
     @wp.func
     def cell(x: s, low: s, inv_h: s, n: int):
@@ -78,7 +79,6 @@ def _kernels(dtype: torch.dtype):
         q = query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
-        inv_s = s(1.0) / sigma[0]
         inv_h = frame[3]
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
@@ -97,12 +97,12 @@ def _kernels(dtype: torch.dtype):
                         if count == 0:
                             m = d
                         if d < m:  # new nearest neighbour: shift what was accumulated so far
-                            scale = weight(m, d, inv_s)
+                            scale = weight(m, d, sigma[0])
                             w_total = w_total * scale
                             for c in range(nf):
                                 out[i, c] = out[i, c] * scale
                             m = d
-                        w = weight(d, m, inv_s)
+                        w = weight(d, m, sigma[0])
                         w_total = w_total + w
                         for c in range(nf):
                             out[i, c] = out[i, c] + w * feats[j, c]
@@ -163,7 +163,7 @@ def _kernels(dtype: torch.dtype):
                     diff = q - points[j]
                     d = wp.length(diff)
                     if d <= radius:
-                        w = weight(d, m, inv_s) * inv_w
+                        w = weight(d, m, sigma[0]) * inv_w
                         g_f = s(0.0)  # g_i . f_j
                         for c in range(nf):
                             g_f = g_f + grad_out[i, c] * feats[j, c]
@@ -184,6 +184,81 @@ def _kernels(dtype: torch.dtype):
         grad_sigma[i] = g_s * inv_s * inv_s
 
     return forward, backward
+
+
+@_warp.kernels
+def _starts_kernel():
+    """``starts[c]``: the first index of sorted ``keys`` >= c, for c = 0 .. total."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def starts_of(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64)):
+        i = wp.tid() + start  # 0 .. n: the cells after key i - 1 up to key i start at i
+        n = keys.shape[0]
+        first = int(0)
+        if i > 0:
+            first = int(keys[i - 1]) + 1
+        last = total
+        if i < n:
+            last = int(keys[i])
+        for c in range(first, last + 1):
+            starts[c] = wp.int64(i)
+
+    return starts_of
+
+
+@_warp.kernels
+def _permute_kernel(dtype: torch.dtype):
+    """Rows in another order: ``dst[a] = src[order[a]]``, or ``dst[order[a]] = src[a]`` (inverse)."""
+    s = _warp.scalar(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def permute(start: int, src: wp.array2d(dtype=s), order: wp.array(dtype=wp.int64), inverse: int, dst: wp.array2d(dtype=s)):
+        a = wp.tid() + start
+        j = int(order[a])
+        for c in range(src.shape[1]):
+            if inverse != 0:
+                dst[j, c] = src[a, c]
+            else:
+                dst[a, c] = src[j, c]
+
+    return permute
+
+
+def _permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x[order] (or the inverse) with a Warp kernel: torch's multi-threaded gather would start an
+    OpenMP team, and a forked DataLoader worker hangs in its next torch operation when it has."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel():
+        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x)
+    return out
+
+
+@_warp.kernels
+def _key_kernel(dtype: torch.dtype):
+    """Linear (sample, z, y, x) cell index of each point; non-finite coordinates count as 0."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def cell_keys(
+        start: int,
+        points: wp.array(dtype=v),
+        groups: wp.array(dtype=wp.int32),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        key: wp.array(dtype=wp.int64),
+    ):
+        i = wp.tid() + start
+        p = points[i]
+        c = wp.vec3i(0, 0, 0)
+        for a in range(3):
+            x = (p[a] - frame[a]) * frame[3]
+            if wp.isfinite(x):
+                c[a] = wp.clamp(int(wp.floor(wp.clamp(x, s(0.0), s(dims[a])))), 0, dims[a] - 1)
+        cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
+        key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
+
+    return cell_keys
 
 
 class _CellList:
@@ -220,18 +295,18 @@ class _CellList:
         key = self._key(ref, ref_group, dims)
         key, self.order = torch.sort(key)
         total = dims[0] * dims[1] * dims[2] * groups
-        self.starts = torch.searchsorted(key, torch.arange(total + 1, device=dev))
+        self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
+        # a Warp kernel, not torch.searchsorted (see _permute)
+        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref)
         self.rows = torch.sort(self._key(query, query_group, dims)).indices
 
     def _key(self, points, group, dims):
         """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
-        frame = self.frame
-        c = ((points - frame[:3]) * frame[3]).nan_to_num(0.0, 0.0, 0.0).floor()
-        top = torch.tensor(dims, device=points.device, dtype=points.dtype) - 1
-        c = torch.minimum(c.clamp_min(0), top).long()
-        key = (c[:, 2] * dims[1] + c[:, 1]) * dims[0] + c[:, 0]
-        if group is not None:
-            key = key + group.long().clamp_min(0) * (dims[0] * dims[1] * dims[2])
+        key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
+        if points.shape[0]:
+            groups = _groups(group, points)
+            vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
+            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points)
         return key
 
 
@@ -256,7 +331,7 @@ def _launch(kernel, cells: _CellList, query, points, feats, sigma, radius, query
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -269,11 +344,8 @@ def _radius_aggregate(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
     _validate.positive_number("radius", radius)
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
-    if validate:
-        _validate.finite(query=query, ref=ref)
-        _validate.positive_values("sigma", sigma)
+    _validate.groups_paired(query_group, ref_group)
+    _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
     m, f = query.shape[0], features.shape[1]
     out = query.new_zeros((m, f))
     wsum = query.new_zeros((m,))
@@ -282,7 +354,7 @@ def _radius_aggregate(
         return out, wsum, dmin
     forward, _ = _kernels(query.dtype)
     cells = _CellList(query, ref, radius, query_group, ref_group)
-    points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+    points, feats = _permute(ref, cells.order), _permute(features, cells.order)
     _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
     return out, wsum, dmin
 
@@ -293,7 +365,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=())
+@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -311,21 +383,22 @@ def _radius_aggregate_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
     zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
+    if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
+        torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m = query.shape[0]
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
         _, backward = _kernels(query.dtype)
         cells = _CellList(query, ref, radius, query_group, ref_group)
-        points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+        points, feats = _permute(ref, cells.order), _permute(features, cells.order)
         # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
         tail = [grad_out.contiguous(), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
                 grad_query, grad_sigma, sorted_ref, sorted_feats]
         scatter = (8,) * need_ref + (9,) * need_features
         _launch(backward, cells, query, points, feats, sigma, radius, query_group, tail, scatter)
-        grad_ref[cells.order] = sorted_ref
-        grad_feats[cells.order] = sorted_feats
+        grad_ref, grad_feats = _permute(sorted_ref, cells.order, True), _permute(sorted_feats, cells.order, True)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

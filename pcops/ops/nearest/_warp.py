@@ -16,11 +16,9 @@ so it cannot even hold a tie. The cost of a query follows the number of points n
 k-th neighbour sphere, whatever the density of the cloud elsewhere (measured in
 docs/ops/knn.md); memory is O(N + M).
 
-A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN reference
+A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
 point is never a neighbour, and a box holding one is never skipped, so every walk ends.
 """
-
-import functools
 
 import torch
 import warp as wp
@@ -33,7 +31,7 @@ FANOUT = 4  # children per inner node
 _BITS = 10  # Morton bits per axis
 
 
-@functools.cache
+@_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = FANOUT):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
@@ -104,7 +102,7 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
                 for j in range(j0, wp.min(j0 + wp.static(leaf), npts)):
                     diff = q - points[j]
                     d2 = wp.dot(diff, diff)
-                    ok = d2 <= bound  # False for NaN: a NaN point is never a neighbour
+                    ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
                     if wp.static(grouped):
                         ok = ok and int(point_group[j]) == g
                     if ok:
@@ -161,7 +159,7 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
     return search
 
 
-@functools.cache
+@_warp.kernels
 def _build_kernels(dtype: torch.dtype):
     """Warp kernels of the build: sort keys, and the boxes of one tree level (one launch each,
     instead of dozens of small torch operations)."""
