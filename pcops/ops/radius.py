@@ -47,14 +47,13 @@ def _kernels(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
 
-    @wp.func(module="unique")
-    def weight(d: s, m: s, sig: s):
-        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m.
+    @wp.func
+    def weight(d: s, m: s, sigma: s):
+        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m
+        (a division: 1 / sigma overflows for a subnormal sigma)."""
+        return wp.exp((m - d) / sigma)
 
-        A division, not a product with 1/sigma: 1/sigma overflows for a subnormal sigma."""
-        return wp.exp((m - d) / sig)
-
-    @wp.func(module="unique")
+    @wp.func
     def cell(x: s, low: s, inv_h: s, n: int):
         """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
         return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
@@ -187,6 +186,81 @@ def _kernels(dtype: torch.dtype):
     return forward, backward
 
 
+@_warp.kernels
+def _starts_kernel():
+    """``starts[c]``: the first index of sorted ``keys`` >= c, for c = 0 .. total."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def starts_of(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64)):
+        i = wp.tid() + start  # 0 .. n: the cells after key i - 1 up to key i start at i
+        n = keys.shape[0]
+        first = int(0)
+        if i > 0:
+            first = int(keys[i - 1]) + 1
+        last = total
+        if i < n:
+            last = int(keys[i])
+        for c in range(first, last + 1):
+            starts[c] = wp.int64(i)
+
+    return starts_of
+
+
+@_warp.kernels
+def _permute_kernel(dtype: torch.dtype):
+    """Rows in another order: ``dst[a] = src[order[a]]``, or ``dst[order[a]] = src[a]`` (inverse)."""
+    s = _warp.scalar(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def permute(start: int, src: wp.array2d(dtype=s), order: wp.array(dtype=wp.int64), inverse: int, dst: wp.array2d(dtype=s)):
+        a = wp.tid() + start
+        j = int(order[a])
+        for c in range(src.shape[1]):
+            if inverse != 0:
+                dst[j, c] = src[a, c]
+            else:
+                dst[a, c] = src[j, c]
+
+    return permute
+
+
+def _permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x[order] (or the inverse) with a Warp kernel: torch's multi-threaded gather would start an
+    OpenMP team, and a forked DataLoader worker hangs in its next torch operation when it has."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel():
+        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x)
+    return out
+
+
+@_warp.kernels
+def _key_kernel(dtype: torch.dtype):
+    """Linear (sample, z, y, x) cell index of each point; non-finite coordinates count as 0."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def cell_keys(
+        start: int,
+        points: wp.array(dtype=v),
+        groups: wp.array(dtype=wp.int32),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        key: wp.array(dtype=wp.int64),
+    ):
+        i = wp.tid() + start
+        p = points[i]
+        c = wp.vec3i(0, 0, 0)
+        for a in range(3):
+            x = (p[a] - frame[a]) * frame[3]
+            if wp.isfinite(x):
+                c[a] = wp.clamp(int(wp.floor(wp.clamp(x, s(0.0), s(dims[a])))), 0, dims[a] - 1)
+        cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
+        key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
+
+    return cell_keys
+
+
 class _CellList:
     """Reference points sorted into a dense grid of cells (one grid per sample), built in torch.
 
@@ -221,18 +295,18 @@ class _CellList:
         key = self._key(ref, ref_group, dims)
         key, self.order = torch.sort(key)
         total = dims[0] * dims[1] * dims[2] * groups
-        self.starts = torch.searchsorted(key, torch.arange(total + 1, device=dev))
+        self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
+        # a Warp kernel, not torch.searchsorted (see _permute)
+        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref)
         self.rows = torch.sort(self._key(query, query_group, dims)).indices
 
     def _key(self, points, group, dims):
         """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
-        frame = self.frame
-        c = ((points - frame[:3]) * frame[3]).nan_to_num(0.0, 0.0, 0.0).floor()
-        top = torch.tensor(dims, device=points.device, dtype=points.dtype) - 1
-        c = torch.minimum(c.clamp_min(0), top).long()
-        key = (c[:, 2] * dims[1] + c[:, 1]) * dims[0] + c[:, 0]
-        if group is not None:
-            key = key + group.long().clamp_min(0) * (dims[0] * dims[1] * dims[2])
+        key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
+        if points.shape[0]:
+            groups = _groups(group, points)
+            vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
+            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points)
         return key
 
 
@@ -280,7 +354,7 @@ def _radius_aggregate(
         return out, wsum, dmin
     forward, _ = _kernels(query.dtype)
     cells = _CellList(query, ref, radius, query_group, ref_group)
-    points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+    points, feats = _permute(ref, cells.order), _permute(features, cells.order)
     _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
     return out, wsum, dmin
 
@@ -317,15 +391,14 @@ def _radius_aggregate_backward(
     if m and ref.shape[0] and features.shape[1]:
         _, backward = _kernels(query.dtype)
         cells = _CellList(query, ref, radius, query_group, ref_group)
-        points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+        points, feats = _permute(ref, cells.order), _permute(features, cells.order)
         # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
         tail = [grad_out.contiguous(), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
                 grad_query, grad_sigma, sorted_ref, sorted_feats]
         scatter = (8,) * need_ref + (9,) * need_features
         _launch(backward, cells, query, points, feats, sigma, radius, query_group, tail, scatter)
-        grad_ref[cells.order] = sorted_ref
-        grad_feats[cells.order] = sorted_feats
+        grad_ref, grad_feats = _permute(sorted_ref, cells.order, True), _permute(sorted_feats, cells.order, True)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

@@ -16,10 +16,9 @@ so it cannot even hold a tie. The cost of a query follows the number of points n
 k-th neighbour sphere, whatever the density of the cloud elsewhere (measured in
 docs/ops/knn.md); memory is O(N + M).
 
-A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN reference
+A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
 point is never a neighbour, and a box holding one is never skipped, so every walk ends.
 """
-
 
 import torch
 import warp as wp
@@ -103,7 +102,7 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
                 for j in range(j0, wp.min(j0 + wp.static(leaf), npts)):
                     diff = q - points[j]
                     d2 = wp.dot(diff, diff)
-                    ok = d2 <= bound  # False for NaN: a NaN point is never a neighbour
+                    ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
                     if wp.static(grouped):
                         ok = ok and int(point_group[j]) == g
                     if ok:
@@ -168,7 +167,7 @@ def _build_kernels(dtype: torch.dtype):
     v = _warp.vec3(dtype)
     top = float(2**_BITS - 1)
 
-    @wp.func(module="unique")
+    @wp.func
     def spread(x: wp.int64):
         """Interleave the low 10 bits of x with two zero bits each (30-bit Morton codes)."""
         x = (x | (x << wp.int64(16))) & wp.int64(0x030000FF)
