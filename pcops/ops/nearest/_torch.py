@@ -47,71 +47,59 @@ def search(query, ref, k, query_group, ref_group):
     return dists, idx
 
 
-_CANDIDATES = 16  # extra candidates re-ranked by exact distances in the feature-space search
+_CANDIDATES = 8  # extra candidates ordered by (distance, index) in the feature-space search
 
 
-def _segments(group: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
-    """(rows sorted by group, the groups present, their row counts)."""
+def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points sorted into a (groups, S, D) block, S the largest group, and each slot's row (-1: empty)."""
+    if group is None:
+        return points[None], torch.arange(points.shape[0], device=points.device)[None]
+    group = group.long()
     order = group.argsort(stable=True)
-    ids, counts = torch.unique_consecutive(group[order], return_counts=True)
-    return order, ids.tolist(), counts.tolist()
+    counts = torch.bincount(group, minlength=groups)
+    starts = counts.cumsum(0) - counts
+    slot = torch.arange(points.shape[0], device=points.device) - starts[group[order]]
+    size = max(int(counts.max()), 1) if points.shape[0] else 1
+    rows = torch.full((groups, size), -1, dtype=torch.int64, device=points.device)
+    rows[group[order], slot] = order
+    block = points.new_zeros((groups, size, points.shape[1]))
+    block[group[order], slot] = points[order]
+    return block, rows
 
 
 def _search_features(query, ref, k, query_group, ref_group):
-    """kNN of D-dimensional points (D != 3), one dense block per group.
+    """kNN of D-dimensional points (D != 3): every group is a dense block, all blocks at once.
 
-    Candidates come from the Gram form |q|^2 + |p|^2 - 2 q.p (a matrix product, O(M N D) flops,
-    after centring on the block's mean); the k + 16 best are re-ranked by exact squared
-    distances from direct differences, ties by the smaller index. The result is exact unless
-    the Gram form's rounding moves a true neighbour past those 16 extra candidates.
+    Squared distances come from the Gram form |q|^2 + |p|^2 - 2 q.p in float64 (batched matrix
+    products, O(M N D) flops per group, after centring each group on its mean: float32 inputs
+    are exact in float64, so only the sums round, ~1e-16 relative); the k + 8 smallest are
+    ordered by (distance, index), so exact ties go to the smaller index. ``knn`` recomputes the
+    returned distances by direct differences.
     """
-    m = query.shape[0]
-    dists = torch.full((m, k), float("inf"), dtype=query.dtype, device=query.device)
-    idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
-    if query_group is None:
-        blocks = [(None, None)]
-    else:
-        q_order, q_ids, q_counts = _segments(query_group)
-        r_order, r_ids, r_counts = _segments(ref_group)
-        r_start = dict(zip(r_ids, [sum(r_counts[:i]) for i in range(len(r_counts))]))
-        r_count = dict(zip(r_ids, r_counts))
-        blocks, start = [], 0
-        for gid, count in zip(q_ids, q_counts):
-            if gid in r_start:
-                rows = q_order[start : start + count]
-                blocks.append((rows, r_order[r_start[gid] : r_start[gid] + r_count[gid]]))
-            start += count
-    for rows, cols in blocks:
-        q = query if rows is None else query[rows]
-        r = ref if cols is None else ref[cols]
-        d, i = _block(q, r, k)
-        if cols is not None:
-            i = torch.where(i >= 0, cols[i.clamp_min(0)], -1)
-        width = d.shape[1]
-        if rows is None:
-            dists[:, :width], idx[:, :width] = d, i
-        else:
-            dists[rows, :width], idx[rows, :width] = d, i
-    return dists, idx
-
-
-def _block(q: torch.Tensor, r: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dists, idx) of the min(k, len(r)) nearest rows of r for each row of q, in query chunks."""
-    n = r.shape[0]
-    k = min(k, n)
-    wide = min(n, k + _CANDIDATES)
-    centre = r.mean(0)
-    rc = r - centre
-    r_sq = rc.square().sum(1)
-    dists = q.new_empty((q.shape[0], k))
-    idx = torch.empty((q.shape[0], k), dtype=torch.int64, device=q.device)
-    chunk = max(1, _ENTRIES // max(n, 1))
-    for s in range(0, q.shape[0], chunk):
-        qc = q[s : s + chunk] - centre
-        gram = qc.square().sum(1, keepdim=True) + r_sq[None, :] - 2 * qc @ rc.T
-        cand = gram.topk(wide, dim=1, largest=False).indices.sort(dim=1).values  # ascending index
-        exact = (q[s : s + chunk, None, :] - r[cand]).square().sum(-1)
-        order = exact.argsort(dim=1, stable=True)[:, :k]  # ties: the smaller index comes first
-        dists[s : s + chunk] = exact.gather(1, order).sqrt()
-        idx[s : s + chunk] = cand.gather(1, order)
+    groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
+    q_block, q_rows = _pad_groups(query.double(), query_group, groups)
+    r_block, r_rows = _pad_groups(ref.double(), ref_group, groups)
+    r_valid = r_rows >= 0
+    centre = (r_block.sum(1) / r_valid.sum(1).clamp_min(1)[:, None])[:, None, :]
+    rc = r_block - centre
+    r_sq = rc.square().sum(-1).masked_fill(~r_valid, float("inf"))[:, None, :]  # empty slots: never found
+    width = min(r_block.shape[1], k + _CANDIDATES)
+    take = min(k, width)
+    dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
+    idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
+    chunk = max(1, _ENTRIES // max(groups * r_block.shape[1], 1))
+    for s in range(0, q_block.shape[1], chunk):
+        qc = q_block[:, s : s + chunk] - centre
+        gram = qc.square().sum(-1, keepdim=True) + r_sq - 2 * qc @ rc.transpose(1, 2)
+        values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
+        cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
+        cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
+        values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
+        cand = cand.gather(2, order2)[..., :take]
+        values = values[..., :take]
+        best = torch.where(torch.isinf(values), -1, cand)
+        rows = q_rows[:, s : s + chunk]
+        keep = rows >= 0
+        dists[rows[keep], :take] = values[keep].clamp_min(0).sqrt().to(query.dtype)
+        idx[rows[keep], :take] = best[keep]
     return dists, idx
