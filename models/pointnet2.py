@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import pcops
+from pcops import ball_query, farthest_point_sample, knn_interpolate
 
 
 class SharedMLP(nn.Sequential):
@@ -79,8 +79,8 @@ class SetAbstraction(nn.Module):
         self.mlp = SharedMLP([3 + in_features, *widths])
 
     def forward(self, xyz: torch.Tensor, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        centres = pcops.farthest_point_sample(xyz, self.centroids).points  # (B, S, 3)
-        _, idx, _ = pcops.ball_query(centres, xyz, self.radius, self.k)  # (B, S, k), -1 past the neighbours found
+        centres = farthest_point_sample(xyz, self.centroids).points  # (B, S, 3)
+        _, idx, _ = ball_query(centres, xyz, self.radius, self.k)  # (B, S, k), -1 past the neighbours found
         valid = idx >= 0  # the centre itself is always found (distance 0)
         safe = idx.clamp_min(0)
         grouped = (gather(xyz, safe) - centres[:, :, None, :]) / self.radius
@@ -162,6 +162,6 @@ class PointNet2Seg(nn.Module):
         h = self.global_level(xyzs[-1], feats[-1])[:, None, :].expand(-1, xyzs[-1].shape[1], -1)
         for mlp, i in zip(self.propagate, range(coarsest, -1, -1)):
             if i < coarsest:  # inverse-distance interpolation of the coarser level onto this one
-                h = pcops.knn_interpolate(xyzs[i], xyzs[i + 1], h, k=3)
+                h = knn_interpolate(xyzs[i], xyzs[i + 1], h, k=3)
             h = mlp(torch.cat([h, feats[i]], -1))
         return self.classify(h)
