@@ -38,7 +38,7 @@ class EdgeConv(nn.Module):
         idx = knn(x.detach(), x.detach(), self.k, validate=False).idx  # (B, N, k), the point itself first
         neighbour = self.edge(x)  # W_2 x_j
         centre = self.centre(x) - neighbour  # (W_1 - W_2) x_i
-        return self.act(self.norm(gather(neighbour, idx).amax(2) + centre))
+        return self.act(self.norm(gather(neighbour, idx).max(2).values + centre))
 
 
 class DGCNN(nn.Module):
@@ -57,4 +57,4 @@ class DGCNN(nn.Module):
             x = conv(x)
             outs.append(x)
         h = self.embed(torch.cat(outs, -1))
-        return self.head(torch.cat([h.amax(1), h.mean(1)], -1))
+        return self.head(torch.cat([h.max(1).values, h.mean(1)], -1))

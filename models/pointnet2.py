@@ -67,7 +67,7 @@ class PointNet(nn.Module):
         self.head = head([widths[-1], hidden, num_classes], dropout)
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
-        return self.head(self.mlp(points).amax(1))
+        return self.head(self.mlp(points).max(1).values)
 
 
 class SetAbstraction(nn.Module):
@@ -87,7 +87,7 @@ class SetAbstraction(nn.Module):
         if features is not None:
             grouped = torch.cat([grouped, gather(features, safe)], -1)
         h = self.mlp(grouped).masked_fill(~valid[..., None], float("-inf"))
-        return centres, h.amax(2)
+        return centres, h.max(2).values
 
 
 class GlobalAbstraction(nn.Module):
@@ -98,7 +98,7 @@ class GlobalAbstraction(nn.Module):
         self.mlp = SharedMLP([3 + in_features, *widths])
 
     def forward(self, xyz: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([xyz, features], -1)).amax(1)
+        return self.mlp(torch.cat([xyz, features], -1)).max(1).values
 
 
 def _levels(levels: list[tuple[int, float, int, list[int]]]) -> nn.ModuleList:
