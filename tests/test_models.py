@@ -237,7 +237,19 @@ def test_a_full_classification_run_writes_the_confusion_matrix(tmp_path, monkeyp
     results = train.main([*config_args("pointnet_cls", tmp_path), "--trainer.max_epochs", "1"])
     run = tmp_path / "runs/pointnet_cls/version_0"
     assert (run / "confusion_matrix.png").stat().st_size > 1000
-    assert 0 <= results["test/acc"] <= 1 and "test/acc_torus" in results and "test/mean_class_acc" in results
+    per_class = [results[f"test/acc_{name}"] for name in CLASSES]
+    assert all(value in (0.0, 1.0) for value in per_class)  # one test cloud per class
+    assert results["test/mean_class_acc"] == pytest.approx(sum(per_class) / len(CLASSES))
+    assert results["test/acc"] == pytest.approx(results["test/mean_class_acc"])  # balanced classes
+
+
+@needs_grouping
+def test_a_full_segmentation_run_writes_its_figures(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    results = train.main([*config_args("pointnet2_seg", tmp_path), "--trainer.max_epochs", "1"])
+    run = tmp_path / "runs/pointnet2_seg/version_0"
+    assert (run / "confusion_matrix.png").stat().st_size > 1000 and (run / "segmentation.png").stat().st_size > 1000
+    assert 0 <= results["test/miou"] <= results["test/mean_class_acc"] <= 1  # IoU <= recall per class
 
 
 def test_num_classes_must_match_the_data(tmp_path, monkeypatch):
