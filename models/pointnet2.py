@@ -81,13 +81,13 @@ class SetAbstraction(nn.Module):
     def forward(self, xyz: torch.Tensor, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         centres = farthest_point_sample(xyz, self.centroids).points  # (B, S, 3)
         _, idx, _ = ball_query(centres, xyz, self.radius, self.k)  # (B, S, k), -1 past the neighbours found
-        valid = idx >= 0  # the centre itself is always found (distance 0)
+        valid = idx >= 0  # a centre finds itself (distance 0) unless it is FPS padding (a cloud smaller than S)
         safe = idx.clamp_min(0)
         grouped = (gather(xyz, safe) - centres[:, :, None, :]) / self.radius
         if features is not None:
             grouped = torch.cat([grouped, gather(features, safe)], -1)
-        h = self.mlp(grouped).masked_fill(~valid[..., None], float("-inf"))
-        return centres, h.max(2).values
+        h = self.mlp(grouped).masked_fill(~valid[..., None], float("-inf")).max(2).values
+        return centres, torch.where(valid[..., :1], h, 0)  # no neighbour: zeros, not -inf
 
 
 class GlobalAbstraction(nn.Module):
