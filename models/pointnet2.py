@@ -81,13 +81,15 @@ class SetAbstraction(nn.Module):
     def forward(self, xyz: torch.Tensor, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         centres = farthest_point_sample(xyz, self.centroids).points  # (B, S, 3)
         _, idx, _ = ball_query(centres, xyz, self.radius, self.k)  # (B, S, k), -1 past the neighbours found
-        valid = idx >= 0  # a centre finds itself (distance 0) unless it is FPS padding (a cloud smaller than S)
-        safe = idx.clamp_min(0)
+        # Fewer than k neighbours: the empty slots repeat the closest one (as PointNet++ does), which
+        # leaves the max unchanged and keeps far-away rows out of the BatchNorm statistics.
+        first = idx[..., :1]  # the closest neighbour: the centre itself, unless it is FPS padding
+        safe = torch.where(idx >= 0, idx, first).clamp_min(0)
         grouped = (gather(xyz, safe) - centres[:, :, None, :]) / self.radius
         if features is not None:
             grouped = torch.cat([grouped, gather(features, safe)], -1)
-        h = self.mlp(grouped).masked_fill(~valid[..., None], float("-inf")).max(2).values
-        return centres, torch.where(valid[..., :1], h, 0)  # no neighbour: zeros, not -inf
+        h = self.mlp(grouped).max(2).values
+        return centres, torch.where(first >= 0, h, 0)  # a padding centre (cloud smaller than S): zeros
 
 
 class GlobalAbstraction(nn.Module):

@@ -14,6 +14,7 @@ Every batch is a dict of padded tensors:
   ``jitter``, partial ``occlusion`` (a random plane cuts away up to that fraction of the surface)
   and non-uniform ``density`` (points drawn with weight exp(density * s), s the coordinate
   along a random direction).
+  With ``augment`` every training batch is rescaled and rotated afresh (see :func:`augment`).
 * :class:`ShapesSegDataModule` - scenes of 2 to 4 overlapping primitives; a point's label is the
   family of the primitive whose surface it lies on (parts inside another primitive are removed,
   so the cloud is the surface of the union).
@@ -94,6 +95,31 @@ def _pick(points: torch.Tensor, n: int, gen: torch.Generator, occlusion: float, 
     return keep[torch.multinomial(weights, n, replacement=keep.shape[0] < n, generator=gen)]
 
 
+def random_rotations(b: int, kind: str, device=None) -> torch.Tensor:
+    """b random rotation matrices (b, 3, 3): uniform on SO(3) ("so3"), about z ("z") or identities ("none")."""
+    if kind == "none":
+        return torch.eye(3, device=device).expand(b, 3, 3)
+    if kind == "z":
+        angle = 2 * torch.pi * torch.rand(b, device=device)
+        c, s, zero, one = torch.cos(angle), torch.sin(angle), torch.zeros(b, device=device), torch.ones(b, device=device)
+        return torch.stack([c, -s, zero, s, c, zero, zero, zero, one], 1).view(b, 3, 3)
+    w, x, y, z = torch.nn.functional.normalize(torch.randn(b, 4, device=device), dim=1).unbind(1)
+    return torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+    ], 1).view(b, 3, 3)
+
+
+def augment(points: torch.Tensor, rotation: str, anisotropy: float) -> torch.Tensor:
+    """A fresh random per-axis scale and rotation of every cloud of a batch (B, N, 3), renormalised."""
+    b = points.shape[0]
+    stretch = torch.exp((2 * torch.rand(b, 1, 3, device=points.device) - 1) * torch.log1p(torch.tensor(anisotropy)))
+    points = (points * stretch) @ random_rotations(b, rotation, points.device).transpose(1, 2)
+    points = points - points.mean(1, keepdim=True)
+    return points / points.norm(dim=-1).amax(1).clamp_min(1e-12)[:, None, None]
+
+
 def _finish(points: torch.Tensor, gen: torch.Generator, jitter: float) -> torch.Tensor:
     points = _normalise(points)
     if jitter > 0:
@@ -127,6 +153,12 @@ class _PointModule(_Module):
     def _generator(self, split: str, i: int) -> torch.Generator:
         return torch.Generator().manual_seed((self.hparams.seed * 3 + SPLITS[split]) * 1_000_003 + i)
 
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """With ``augment``, every training batch gets a fresh random scale and rotation (label-preserving)."""
+        if self.hparams.augment and self.trainer is not None and self.trainer.training:
+            batch["points"] = augment(batch["points"], self.hparams.rotation, self.hparams.anisotropy)
+        return batch
+
     def setup(self, stage: str | None = None) -> None:
         h = self.hparams
         for split, size in (("train", h.train_size), ("val", h.val_size), ("test", h.test_size)):
@@ -147,7 +179,9 @@ class ShapesClassDataModule(_PointModule):
         jitter: std of Gaussian noise on the normalised points (clipped at 5 std).
         occlusion: up to this fraction of the surface is cut away by a random plane (<= 0.5).
         density: strength of the non-uniform sampling density (0: uniform on the surface).
-        seed: everything is a function of it.
+        augment: give every training batch a fresh random per-axis scale (``anisotropy``) and
+            rotation (``rotation``), drawn from torch's global generator (``seed_everything``).
+        seed: the clouds are a function of it.
     """
 
     def __init__(
@@ -162,6 +196,7 @@ class ShapesClassDataModule(_PointModule):
         jitter: float = 0.01,
         occlusion: float = 0.0,
         density: float = 0.0,
+        augment: bool = True,
         batch_size: int = 32,
         seed: int = 0,
         num_workers: int = 0,
@@ -200,6 +235,7 @@ class ShapesSegDataModule(_PointModule):
         jitter: float = 0.0,
         occlusion: float = 0.0,
         density: float = 0.0,
+        augment: bool = True,
         batch_size: int = 16,
         seed: int = 0,
         num_workers: int = 0,

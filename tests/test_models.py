@@ -102,6 +102,24 @@ def test_occlusion_removes_a_side_and_density_skews_the_sampling():
     assert (bias["skew"] > 0.35).all()  # denser towards one side
 
 
+def test_training_augmentation_rotates_and_rescales_each_cloud(gen):
+    from models.scenes import augment
+
+    points = tiny_class_data(jitter=0.0).splits["train"].tensors["points"][:4]
+    torch.manual_seed(0)
+    same = augment(points, "none", 0.0)  # already centred-by-mean and unit: unchanged
+    torch.testing.assert_close(same, (points - points.mean(1, keepdim=True)) / (points - points.mean(1, keepdim=True)).norm(dim=-1).amax(1)[:, None, None])
+    def pairwise(p):  # direct differences (cdist's matmul form is off by ~1e-4 near 0)
+        return (p[:, :, None] - p[:, None]).norm(dim=-1)
+
+    rotated = augment(points, "so3", 0.0)
+    torch.testing.assert_close(pairwise(rotated), pairwise(same), rtol=1e-4, atol=1e-5)  # rigid
+    assert not torch.allclose(rotated, same, atol=1e-2)
+    stretched = augment(points, "none", 0.5)
+    assert not torch.allclose(pairwise(stretched), pairwise(same), atol=1e-2)
+    torch.testing.assert_close(stretched.norm(dim=-1).amax(1), torch.ones(4))
+
+
 def test_segmentation_labels_name_the_primitive_each_point_lies_on():
     data = ShapesSegDataModule(train_size=6, val_size=2, test_size=2, n_points=256, batch_size=2, jitter=0.0)
     data.setup()
