@@ -3,16 +3,26 @@
 Trained with ``python scripts/train.py --config configs/<name>.yaml``.
 """
 
+from .classify import DGCNNClassifier, PointNet2Classifier, PointNet2Segmenter, PointNetClassifier
 from .data import ShapesSDFDataModule, TutorialCloudDataModule
 from .files import FileSDFDataModule
 from .lit import FieldRegressor, KNNProjector, RadiusProjector, SDFModel
+from .modelnet import ModelNetDataModule
+from .scenes import ShapesClassDataModule, ShapesSegDataModule
 
 __all__ = [
+    "DGCNNClassifier",
     "FieldRegressor",
     "FileSDFDataModule",
     "KNNProjector",
+    "ModelNetDataModule",
+    "PointNet2Classifier",
+    "PointNet2Segmenter",
+    "PointNetClassifier",
     "RadiusProjector",
     "SDFModel",
+    "ShapesClassDataModule",
     "ShapesSDFDataModule",
+    "ShapesSegDataModule",
     "TutorialCloudDataModule",
 ]

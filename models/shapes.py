@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 PRIMITIVES = ("sphere", "box", "rounded_box", "torus", "capsule", "cylinder")
+ALL_PRIMITIVES = PRIMITIVES + ("cone", "prism")  # the SDF task draws from PRIMITIVES; the point tasks from all
 
 
 def _box(p: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,40 @@ def primitive_sdf(kind: str, p: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         r, half = a[0], a[1]
         d = torch.stack([p[..., :2].norm(dim=-1) - r, p[..., 2].abs() - half], -1)
         return d.max(-1).values.clamp_max(0) + d.clamp_min(0).norm(dim=-1)
-    raise ValueError(f"unknown primitive {kind!r}; choose from {PRIMITIVES}")
+    if kind == "cone":
+        return _cone(p, a[0], a[1])
+    if kind == "prism":
+        return _prism(p, a[0], a[1], a[2])
+    raise ValueError(f"unknown primitive {kind!r}; choose from {ALL_PRIMITIVES}")
+
+
+def _cone(p: torch.Tensor, r: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Exact SDF of a cone along z: base radius r at z = -h, apex at z = +h (Quilez's capped cone)."""
+    qx, qy = p[..., :2].norm(dim=-1), p[..., 2]
+    cax = qx - torch.minimum(qx, torch.where(qy < 0, r, torch.zeros_like(r)))
+    cay = qy.abs() - h
+    t = ((r * qx + 2 * h * (h - qy)) / (r * r + 4 * h * h)).clamp(0, 1)
+    cbx, cby = qx - r * t, qy - h + 2 * h * t
+    sign = torch.where((cbx < 0) & (cay < 0), -1.0, 1.0).to(p.dtype)
+    return sign * torch.minimum(torch.stack([cax, cay], -1).norm(dim=-1), torch.stack([cbx, cby], -1).norm(dim=-1))
+
+
+def _prism(p: torch.Tensor, half_base: torch.Tensor, height: torch.Tensor, half_length: torch.Tensor) -> torch.Tensor:
+    """Exact SDF of a wedge: the isosceles triangle (+-half_base, -height/2), (0, height/2) in xy, extruded along z."""
+    zero = torch.zeros_like(half_base)
+    corners = [torch.stack([-half_base, -height / 2]), torch.stack([half_base, -height / 2]), torch.stack([zero, height / 2])]
+    xy = p[..., :2]
+    dist, side = None, None
+    for i in range(3):  # Quilez's exact triangle SDF: distance to the nearest edge, sign from the edge sides
+        a, e = corners[i], corners[(i + 1) % 3] - corners[i]
+        v = xy - a
+        w = v - e * ((v @ e) / (e @ e)).clamp(0, 1)[..., None]
+        cross = e[0] * v[..., 1] - e[1] * v[..., 0]  # > 0 inside for these counter-clockwise corners
+        dist = w.norm(dim=-1) if dist is None else torch.minimum(dist, w.norm(dim=-1))  # norm: a finite gradient at 0
+        side = cross if side is None else torch.minimum(side, cross)
+    flat = torch.where(side > 0, -dist, dist)
+    w2 = torch.stack([flat, p[..., 2].abs() - half_length], -1)
+    return w2.max(-1).values.clamp_max(0) + w2.clamp_min(0).norm(dim=-1)
 
 
 def _rotation(gen: torch.Generator) -> torch.Tensor:

@@ -84,10 +84,16 @@ def flatten(
     query_batch=None,
     ref_batch=None,
     validate: bool = True,
+    dim: Optional[int] = 3,
 ) -> Flat:
-    """Check shapes of any layout and flatten it (see the module docs)."""
+    """Check shapes of any layout and flatten it (see the module docs).
+
+    ``dim`` is the points' last dimension; None accepts any D >= 1 shared by query and ref
+    (feature-space search, e.g. ``knn(..., backend="torch")``).
+    """
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    padded = _validate.layout(query, ref, features, **batch)
+    padded = _validate.layout(query, ref, features, **batch, dim=dim)
+    d = query.shape[-1]
     if validate and not torch.compiler.is_compiling():  # value checks: eager only (see pcops._validate)
         _validate.layout_values(query, ref, **batch)
     b = query.shape[0] if padded else 0
@@ -98,10 +104,10 @@ def flatten(
     m, n = query.shape[1], ref.shape[1]
     flat_features = None if features is None else features.reshape(b * n, features.shape[-1])
     if b == 1 and query_lengths is None and ref_lengths is None:  # one whole cloud: no groups needed
-        return Flat(query.reshape(m, 3), ref.reshape(n, 3), flat_features, None, None, (b, m), n)
+        return Flat(query.reshape(m, d), ref.reshape(n, d), flat_features, None, None, (b, m), n)
     qg = _padded_groups(b, m, query_lengths, b, query.device)
     rg = _padded_groups(b, n, ref_lengths, b + 1, query.device)
-    return Flat(query.reshape(b * m, 3), ref.reshape(b * n, 3), flat_features, qg, rg, (b, m), n)
+    return Flat(query.reshape(b * m, d), ref.reshape(b * n, d), flat_features, qg, rg, (b, m), n)
 
 
 def unflatten(flat: Flat, out: torch.Tensor) -> torch.Tensor:

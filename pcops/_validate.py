@@ -38,9 +38,9 @@ def tensor(name: str, t, *, ndim: int | None = None, last: int | None = None, sh
         raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
 
 
-def points(name: str, t) -> None:
-    """``t`` is a point set of shape (P, 3)."""
-    tensor(name, t, ndim=2, last=3, shape_doc="(P, 3)")
+def points(name: str, t, dim: int = 3) -> None:
+    """``t`` is a point set of shape (P, dim) (dim 3 unless a feature-space op says otherwise)."""
+    tensor(name, t, ndim=2, last=dim, shape_doc="(P, 3)" if dim == 3 else f"(P, D) with D = {dim}")
 
 
 def same_device(**named: torch.Tensor) -> None:
@@ -176,20 +176,27 @@ def ids_in_range(name: str, t, low: int, high) -> None:
         raise ValueError(f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
 
 
-def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch) -> bool:
-    """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout."""
+def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch, dim: int | None = 3) -> bool:
+    """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout.
+
+    ``dim`` is the points' last dimension (None: any D shared by query and ref).
+    """
     tensor("query", query)
     padded = query.dim() == 3
+    d = query.shape[-1] if dim is None else dim
+    sym = "3" if dim == 3 else "D"
+    if dim is None and isinstance(ref, torch.Tensor) and ref.dim() == query.dim() and ref.shape[-1] != d:
+        raise ValueError(f"query and ref must have the same last dimension D, got query {tuple(query.shape)} and ref {tuple(ref.shape)}")
     if padded:
-        tensor("query", query, ndim=3, last=3, shape_doc="(B, M, 3)")
-        tensor("ref", ref, ndim=3, last=3, shape_doc="(B, N, 3)")
+        tensor("query", query, ndim=3, last=d, shape_doc=f"(B, M, {sym})")
+        tensor("ref", ref, ndim=3, last=d, shape_doc=f"(B, N, {sym})")
         if ref.shape[0] != query.shape[0]:
             raise ValueError(f"query and ref must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
         if query_batch is not None or ref_batch is not None:
             raise ValueError("query_batch/ref_batch describe packed (P, 3) inputs; padded (B, P, 3) inputs take *_lengths")
     else:
-        points("query", query)
-        points("ref", ref)
+        points("query", query, d)
+        points("ref", ref, d)
         if query_lengths is not None or ref_lengths is not None:
             raise ValueError("query_lengths/ref_lengths describe padded (B, P, 3) inputs; packed inputs take *_batch")
         if (query_batch is None) != (ref_batch is None):

@@ -27,6 +27,8 @@ def overrides(config: pathlib.Path, files: list[str]) -> list[str]:
         args += TINY_SHAPES
     elif data.endswith("TutorialCloudDataModule"):
         args += ["--data.init_args.n_points", "2000", "--data.init_args.grid_resolution", "8", "--data.init_args.samples", "2"]
+    elif data.endswith(("ShapesClassDataModule", "ShapesSegDataModule", "ModelNetDataModule")):
+        pytest.skip("the point-network configs run in tests/test_models.py (tiny data, a synthetic ModelNet tree)")
     elif data.endswith("FileSDFDataModule"):
         args += ["--data.init_args.paths", str(files), "--data.init_args.n_points", "128", "--data.init_args.n_queries", "128"]
     if "backend: cuml" in config.read_text():

@@ -13,8 +13,11 @@ name      devices      implementation
 cuml      cuda         RAPIDS cuML ``NearestNeighbors`` (brute force), DLPack zero-copy
 warp      cpu, cuda    Warp ``HashGrid`` search with a growing radius
 scipy     cpu          ``scipy.spatial.cKDTree`` on all cores
-torch     cpu, cuda    chunked brute force in torch (the reference)
+torch     cpu, cuda    chunked brute force in torch (the reference); any dimension D
 ========  ===========  ===============================================================
+
+Only ``torch`` searches points of dimension D != 3 (feature vectors, e.g. DGCNN's dynamic
+graphs); the others are 3-D only and raise a ValueError for D != 3.
 
 ``backend="auto"`` takes the first available of ``AUTO[device]``.
 """
@@ -35,6 +38,8 @@ from ._registry import BACKENDS
 # Preference per device. CPU: the Warp search was faster than scipy's cKDTree on the
 # tutorial-size benchmark (docs/ops/knn.md); CUDA: cuML, else Warp.
 AUTO = {"cpu": ("warp", "scipy", "torch"), "cuda": ("cuml", "warp", "torch")}
+# Backends that search points of any dimension D (knn on feature vectors); the others are 3-D only.
+ANY_DIM = ("torch",)
 
 
 class KNN(NamedTuple):
@@ -71,9 +76,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _flatten(query, ref, features, k, batch: dict, validate: bool) -> tuple[_batch.Flat, int]:
+def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional[int] = 3) -> tuple[_batch.Flat, int]:
     """Shape checks of any layout (see pcops._batch) and of k, then the flat inputs and k as an int."""
-    flat = _batch.flatten(query, ref, features, validate=validate, **batch)
+    flat = _batch.flatten(query, ref, features, validate=validate, dim=dim, **batch)
     return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
@@ -101,6 +106,15 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
 
 
+def _any_dim_backend(backend: str) -> str:
+    """The backend for points of dimension D != 3: "auto" means torch; 3-D-only backends are errors."""
+    if backend == "auto":
+        return ANY_DIM[0]
+    if backend in BACKENDS and backend not in ANY_DIM:
+        raise ValueError(f"backend={backend!r} searches 3-D points only; points of dimension D != 3 need backend='torch' (or 'auto')")
+    return backend
+
+
 def knn(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -116,10 +130,13 @@ def knn(
     """The k nearest reference points of each query point.
 
     Args:
-        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
-        ref: Tensor of shape (N, 3) with N >= k; (B, N, 3) padded; or (N_total, 3) packed.
+        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed. Points of
+            any dimension D (M, D) are searched by the torch backend (feature-space kNN).
+        ref: Tensor of shape (N, 3) with N >= k; (B, N, 3) padded; or (N_total, 3) packed;
+            (..., D) with the query's D.
         k: number of neighbours, 1 <= k <= N.
-        backend: "auto", "cuml", "warp", "scipy" or "torch" (see the module docs).
+        backend: "auto", "cuml", "warp", "scipy" or "torch" (see the module docs). For
+            D != 3 only "torch" (which "auto" then means); the others search 3-D points only.
         query_lengths, ref_lengths: optional int tensors (B,) for padded inputs; rows past
             a sample's length are padding (never neighbours; their own rows are -1 / inf).
         query_batch, ref_batch: int sample ids (M_total,) / (N_total,) of packed inputs.
@@ -136,7 +153,10 @@ def knn(
         searched in float32.
     """
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    flat, k = _flatten(query, ref, None, k, batch, validate)
+    features_space = isinstance(query, torch.Tensor) and query.dim() > 0 and query.shape[-1] != 3
+    if features_space:  # D != 3: a shape check, free under torch.compile
+        backend = _any_dim_backend(backend)
+    flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
     dists = torch.where(valid, dists, float("inf")).to(out_dtype)

@@ -28,6 +28,8 @@ def _smallest(d2: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @backend("torch", devices=("cpu", "cuda"))
 def search(query, ref, k, query_group, ref_group):
+    if query.shape[1] != 3:
+        return _search_features(query, ref, k, query_group, ref_group)
     m = query.shape[0]
     dists = query.new_empty((m, k))
     idx = torch.empty((m, k), dtype=torch.int64, device=query.device)
@@ -42,4 +44,62 @@ def search(query, ref, k, query_group, ref_group):
             d2.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
         sq, idx[s : s + chunk] = _smallest(d2, k)
         dists[s : s + chunk] = sq.sqrt()
+    return dists, idx
+
+
+_CANDIDATES = 8  # extra candidates ordered by (distance, index) in the feature-space search
+
+
+def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points sorted into a (groups, S, D) block, S the largest group, and each slot's row (-1: empty)."""
+    if group is None:
+        return points[None], torch.arange(points.shape[0], device=points.device)[None]
+    group = group.long()
+    order = group.argsort(stable=True)
+    counts = torch.bincount(group, minlength=groups)
+    starts = counts.cumsum(0) - counts
+    slot = torch.arange(points.shape[0], device=points.device) - starts[group[order]]
+    size = max(int(counts.max()), 1) if points.shape[0] else 1
+    rows = torch.full((groups, size), -1, dtype=torch.int64, device=points.device)
+    rows[group[order], slot] = order
+    block = points.new_zeros((groups, size, points.shape[1]))
+    block[group[order], slot] = points[order]
+    return block, rows
+
+
+def _search_features(query, ref, k, query_group, ref_group):
+    """kNN of D-dimensional points (D != 3): every group is a dense block, all blocks at once.
+
+    Squared distances come from the Gram form |q|^2 + |p|^2 - 2 q.p in float64 (batched matrix
+    products, O(M N D) flops per group, after centring each group on its mean: float32 inputs
+    are exact in float64, so only the sums round, ~1e-16 relative); the k + 8 smallest are
+    ordered by (distance, index), so exact ties go to the smaller index. ``knn`` recomputes the
+    returned distances by direct differences.
+    """
+    groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
+    q_block, q_rows = _pad_groups(query.double(), query_group, groups)
+    r_block, r_rows = _pad_groups(ref.double(), ref_group, groups)
+    r_valid = r_rows >= 0
+    centre = (r_block.sum(1) / r_valid.sum(1).clamp_min(1)[:, None])[:, None, :]
+    rc = r_block - centre
+    r_sq = rc.square().sum(-1).masked_fill(~r_valid, float("inf"))[:, None, :]  # empty slots: never found
+    width = min(r_block.shape[1], k + _CANDIDATES)
+    take = min(k, width)
+    dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
+    idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
+    chunk = max(1, _ENTRIES // max(groups * r_block.shape[1], 1))
+    for s in range(0, q_block.shape[1], chunk):
+        qc = q_block[:, s : s + chunk] - centre
+        gram = qc.square().sum(-1, keepdim=True) + r_sq - 2 * qc @ rc.transpose(1, 2)
+        values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
+        cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
+        cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
+        values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
+        cand = cand.gather(2, order2)[..., :take]
+        values = values[..., :take]
+        best = torch.where(torch.isinf(values), -1, cand)
+        rows = q_rows[:, s : s + chunk]
+        keep = rows >= 0
+        dists[rows[keep], :take] = values[keep].clamp_min(0).sqrt().to(query.dtype)
+        idx[rows[keep], :take] = best[keep]
     return dists, idx

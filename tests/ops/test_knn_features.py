@@ -1,0 +1,131 @@
+"""pcops.knn on D-dimensional points (feature space) with the torch backend, against float64 brute force."""
+
+import pytest
+import torch
+
+import pcops
+from pcops.ops import nearest as knn_module
+from tests import reference
+
+F64 = torch.float64
+
+
+def brute_force(q, p, k):
+    """Dense float64 kNN of (M, D) and (N, D) points by direct differences, ties by the smaller index."""
+    d = (q.double()[:, None, :] - p.double()[None, :, :]).square().sum(-1).sqrt()
+    order = d.argsort(dim=1, stable=True)[:, :k]
+    return d.gather(1, order), order
+
+
+@pytest.mark.parametrize("dim", [1, 2, 8, 64])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_knn_in_d_dimensions_matches_float64_brute_force(gen, dim, backend):
+    q = torch.randn(70, dim, generator=gen, dtype=F64)
+    p = torch.randn(90, dim, generator=gen, dtype=F64) * 3 + 10  # off-centre: the Gram form must not cancel
+    q = q * 3 + 10
+    for k in (1, 20, 90):
+        dists, idx = pcops.knn(q, p, k, backend=backend)
+        ref_d, ref_idx = brute_force(q, p, k)
+        torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+        torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dim", [8, 64])
+def test_float32_features_agree_with_float64(gen, dim):
+    q, p = torch.randn(200, dim, generator=gen), torch.randn(300, dim, generator=gen)
+    dists, idx = pcops.knn(q, p, 20)
+    ref_d, ref_idx = brute_force(q, p, 20)
+    assert dists.dtype == torch.float32
+    torch.testing.assert_close(dists.double(), ref_d, rtol=1e-5, atol=1e-5)
+    assert (idx == ref_idx).float().mean() > 0.999
+
+
+def test_ties_and_duplicates_are_broken_by_the_smaller_index(gen):
+    base = torch.randn(10, 8, generator=gen, dtype=F64)
+    p = base.repeat(4, 1)[torch.randperm(40, generator=gen)]  # every point four times, shuffled
+    dists, idx = pcops.knn(base, p, 8)
+    ref_d, ref_idx = brute_force(base, p, 8)
+    torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+    assert torch.all(dists[:, :4] == 0)
+
+
+@pytest.mark.parametrize("dim", [8, 64])
+def test_padded_layout_equals_a_per_sample_loop(gen, dim):
+    lengths = torch.tensor([50, 7, 31, 1])
+    q = torch.randn(4, 50, dim, generator=gen, dtype=F64)
+    dists, idx = pcops.knn(q, q, 10, query_lengths=lengths, ref_lengths=lengths)
+    for b, n in enumerate(lengths.tolist()):
+        k = min(10, n)
+        ref_d, ref_idx = brute_force(q[b, :n], q[b, :n], k)
+        torch.testing.assert_close(idx[b, :n, :k], ref_idx, rtol=0, atol=0)
+        torch.testing.assert_close(dists[b, :n, :k], ref_d, rtol=1e-12, atol=1e-12)
+        assert torch.all(idx[b, :n, k:] == -1) and torch.all(torch.isinf(dists[b, :n, k:]))
+        assert torch.all(idx[b, n:] == -1)  # padding rows find nothing
+
+
+@pytest.mark.parametrize("dim", [8, 64])
+def test_packed_layout_equals_a_per_sample_loop(gen, dim):
+    sizes = [30, 12, 45]
+    batch = torch.cat([torch.full((s,), i) for i, s in enumerate(sizes)])[torch.randperm(sum(sizes), generator=gen)]
+    x = torch.randn(sum(sizes), dim, generator=gen, dtype=F64)
+    dists, idx = pcops.knn(x, x, 12, query_batch=batch, ref_batch=batch)
+    for b in range(len(sizes)):
+        rows = (batch == b).nonzero().flatten()
+        ref_d, ref_idx = brute_force(x[rows], x[rows], 12)
+        torch.testing.assert_close(idx[rows], rows[ref_idx], rtol=0, atol=0)  # packed indices are global
+        torch.testing.assert_close(dists[rows], ref_d, rtol=1e-12, atol=1e-12)
+
+
+def test_distances_are_differentiable_in_d_dimensions(gen):
+    q = torch.randn(12, 8, generator=gen, dtype=F64).requires_grad_()
+    p = torch.randn(20, 8, generator=gen, dtype=F64).requires_grad_()
+    torch.autograd.gradcheck(lambda a, b: pcops.knn(a, b, 5).dists, (q, p))
+
+
+def test_search_op_passes_opcheck_in_d_dimensions(gen):
+    op = knn_module.BACKENDS["torch"].op
+    for dtype in (torch.float32, F64):
+        q, p = torch.randn(20, 8, generator=gen, dtype=dtype), torch.randn(30, 8, generator=gen, dtype=dtype)
+        groups = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32), torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+        torch.library.opcheck(op._opoverload, (q, p, 4, True))
+        torch.library.opcheck(op._opoverload, (q, p, 4, True, *groups))
+
+
+@pytest.mark.parametrize("backend", ["warp", "scipy", "cuml"])
+def test_three_d_only_backends_refuse_other_dimensions(backend):
+    x = torch.rand(10, 8)
+    with pytest.raises(ValueError, match="3-D points only"):
+        pcops.knn(x, x, 3, backend=backend)
+
+
+def test_mismatched_dimensions_name_the_argument():
+    with pytest.raises(ValueError, match="query and ref must have the same last dimension"):
+        pcops.knn(torch.rand(10, 8), torch.rand(10, 5), 3)
+    with pytest.raises(ValueError, match="query and ref must have the same last dimension"):
+        pcops.knn(torch.rand(2, 10, 8), torch.rand(2, 10, 3), 3)
+    with pytest.raises(ValueError, match="ref must be a tensor of shape"):
+        pcops.knn(torch.rand(10, 8), torch.rand(2, 10, 8), 3)
+
+
+def test_three_d_points_still_use_the_automatic_choice(gen):
+    q, p, _ = reference.cloud("uniform", gen)
+    d, idx = pcops.knn(q, p, 5)
+    ref_d, ref_idx = reference.knn(q, p, 5)
+    torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+
+
+def test_feature_knn_compiles_with_fullgraph_and_dynamic_sizes(gen):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def edge_max(x):  # a DGCNN-style step: neighbours in feature space, max of the differences
+        idx = pcops.knn(x, x, 4).idx
+        return (x[idx] - x[:, None, :]).amax(1)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(edge_max, fullgraph=True, dynamic=True, backend=counter)
+    for n in (30, 41):
+        x = torch.randn(n, 8, generator=gen)
+        torch.testing.assert_close(compiled(x), edge_max(x))
+    assert counter.frame_count == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
