@@ -33,30 +33,52 @@ class _Sigma(nn.Module):
 class RadiusAggregation(_Sigma):
     """Aggregates reference features onto query points over all neighbours within ``radius``.
 
-    ``out_i = sum_j exp(-d_ij/sigma) f_j / sum_j exp(-d_ij/sigma)`` over ``d_ij <= radius``;
-    see :func:`pcops.radius_aggregate`.
+    ``out_i = sum_j exp(-d_ij/sigma) f_j / sum_j exp(-d_ij/sigma)`` over ``d_ij <= radius`` by
+    default; ``weights="inverse_distance"`` / ``"uniform"`` and ``reduce="max"`` as in
+    :func:`pcops.radius_aggregate`.
 
     Args:
         radius: neighbourhood radius (> 0).
-        sigma: length scale of the weights (> 0).
-        learnable_sigma: make sigma a parameter (stored as ``log_sigma``).
+        sigma: length scale of the softmax weights (> 0); unused by the other weightings.
+        learnable_sigma: make sigma a parameter (stored as ``log_sigma``); softmax only.
         validate: check point values for NaN/inf on every call.
+        weights: "softmax", "inverse_distance", "uniform", or None (softmax for
+            ``reduce="mean"``, uniform for ``reduce="max"``).
+        reduce: "mean" or "max" (the feature-wise max over the neighbours).
 
     Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
     docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
     """
 
-    def __init__(self, radius: float, sigma: float = 0.1, learnable_sigma: bool = False, validate: bool = True):
+    def __init__(
+        self,
+        radius: float,
+        sigma: float = 0.1,
+        learnable_sigma: bool = False,
+        validate: bool = True,
+        *,
+        weights: str | None = None,
+        reduce: str = "mean",
+    ):
         super().__init__(sigma, learnable_sigma)
         _validate.positive_number("radius", radius)
+        self.weights = _weighting.name(weights, reduce)
+        if self.learnable_sigma and self.weights != "softmax":
+            raise ValueError(f"learnable_sigma needs weights='softmax', got weights={self.weights!r}")
+        self.reduce = reduce
         self.radius = float(radius)
         self.validate = bool(validate)
 
     def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
         """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
-        return radius_aggregate(query, ref, features, self.radius, self.sigma, validate=self.validate, **batch)
+        sigma = self.sigma if self.weights == "softmax" else None
+        return radius_aggregate(
+            query, ref, features, self.radius, sigma, weights=self.weights, reduce=self.reduce, validate=self.validate, **batch
+        )
 
     def extra_repr(self) -> str:
+        if self.weights != "softmax":
+            return f"radius={self.radius}, weights={self.weights!r}, reduce={self.reduce!r}"
         return f"radius={self.radius}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}"
 
 

@@ -184,3 +184,23 @@ def voxel_pool(points, voxel_size, features=None, batch=None, reduce="mean"):
         pool = (lambda x: x.mean(0)) if reduce == "mean" else (lambda x: x.max(0).values)
         pooled_f = torch.stack([pool(f[m]) for m in members]) if members else f.new_zeros((0, f.shape[1]))
     return pooled, pooled_f, cluster
+
+
+def radius_weighted(q, p, f, radius, weights, reduce="mean", sigma=None):
+    """Dense float64 reference of pcops.radius_aggregate for every weighting and reduction."""
+    d = distances(q, p)
+    mask = d <= radius
+    f = f.double()
+    if reduce == "max":
+        if 0 in mask.shape:
+            return torch.zeros(q.shape[0], f.shape[1], dtype=torch.float64)
+        g = torch.where(mask[..., None], f[None], float("-inf")).amax(1)
+        return torch.where(mask.any(1, keepdim=True), g, 0)
+    if weights == "softmax":
+        return softmax_mean(d, mask, f, float(sigma))
+    if weights == "inverse_distance":
+        w = torch.where(mask, 1.0 / (q.double()[:, None, :] - p.double()[None]).pow(2).sum(-1).clamp(min=1e-16), 0)
+    else:
+        w = mask.double()
+    total = w.sum(1, keepdim=True)
+    return torch.where(total > 0, (w @ f) / torch.where(total > 0, total, 1), 0)

@@ -24,6 +24,7 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 """
 
 
+import functools
 import math
 from typing import Optional
 
@@ -32,6 +33,7 @@ import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
+from . import _weighting
 
 
 # Cell width of the cell list, as a fraction of the radius: a query scans the cells that meet
@@ -41,22 +43,74 @@ CELL = 0.5
 CELLS_PER_POINT = 2.0
 
 
-@_warp.kernels
-def _kernels(dtype: torch.dtype):
-    """Forward and backward kernels for one float dtype (batches: one cell list per sample)."""
+@functools.cache
+def _cell_func(dtype: torch.dtype):
     s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-
-    @wp.func
-    def weight(d: s, m: s, sigma: s):
-        """Unnormalised weight of a neighbour at distance d when the row's smallest distance is m
-        (a division: 1 / sigma overflows for a subnormal sigma)."""
-        return wp.exp((m - d) / sigma)
 
     @wp.func
     def cell(x: s, low: s, inv_h: s, n: int):
         """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
         return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
+
+    return cell
+
+
+@functools.cache
+def _weight_funcs(dtype: torch.dtype, weights: str):
+    """One weighting's Warp functions (see pcops.ops._weighting); the nearest neighbour weighs most.
+
+    ``key(d, sq)``: what the weight decreases in (d; max(d^2, 1e-16); 0 for uniform), so each
+    row keeps its smallest key m; ``relative(k, m, sigma)``: w(k) / w(m), in (0, 1] for k >= m
+    and never an overflow (a division by sigma after the shift, not a product with 1/sigma);
+    ``log_weight_dq(diff, d, sq, inv_s)``: the gradient of log w_ij with respect to q_i;
+    ``sigma_term(d, m)``: d - m for softmax (times a_ij / sigma^2 it is the sigma gradient), else 0.
+    """
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    softmax, inverse = weights == "softmax", weights == "inverse_distance"
+    eps = s(_weighting.MIN_SQUARED_DISTANCE)
+
+    @wp.func
+    def key(d: s, sq: s):
+        if wp.static(softmax):
+            return d
+        if wp.static(inverse):
+            return wp.max(sq, eps)
+        return s(0.0)
+
+    @wp.func
+    def relative(k: s, m: s, sigma: s):
+        if wp.static(softmax):
+            return wp.exp((m - k) / sigma)
+        if wp.static(inverse):
+            return m / k
+        return s(1.0)
+
+    @wp.func
+    def log_weight_dq(diff: v, d: s, sq: s, inv_s: s):
+        if wp.static(softmax):
+            if d > s(0.0):
+                return (-inv_s / d) * diff
+        if wp.static(inverse):
+            if sq > eps:
+                return (s(-2.0) / sq) * diff
+        return v(s(0.0), s(0.0), s(0.0))
+
+    @wp.func
+    def sigma_term(d: s, m: s):
+        if wp.static(softmax):
+            return d - m
+        return s(0.0)
+
+    return key, relative, log_weight_dq, sigma_term
+
+
+@_warp.kernels
+def _kernels(dtype: torch.dtype, weights: str = "softmax"):
+    """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    cell = _cell_func(dtype)
+    key, relative, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
@@ -83,7 +137,7 @@ def _kernels(dtype: torch.dtype):
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         count = int(0)
-        m = s(0.0)
+        m = s(0.0)  # the smallest key so far (the largest weight)
         w_total = s(0.0)
         reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
         x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
@@ -92,17 +146,19 @@ def _kernels(dtype: torch.dtype):
             for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
                 row = ((base + z) * dims[1] + y) * dims[0]
                 for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
-                    d = wp.length(q - points[j])
+                    diff = q - points[j]
+                    d = wp.length(diff)
                     if d <= radius:
+                        k = key(d, wp.dot(diff, diff))
                         if count == 0:
-                            m = d
-                        if d < m:  # new nearest neighbour: shift what was accumulated so far
-                            scale = weight(m, d, sigma[0])
+                            m = k
+                        if k < m:  # a new nearest neighbour: shift what was accumulated so far
+                            scale = relative(m, k, sigma[0])
                             w_total = w_total * scale
                             for c in range(nf):
                                 out[i, c] = out[i, c] * scale
-                            m = d
-                        w = weight(d, m, sigma[0])
+                            m = k
+                        w = relative(k, m, sigma[0])
                         w_total = w_total + w
                         for c in range(nf):
                             out[i, c] = out[i, c] + w * feats[j, c]
@@ -163,21 +219,21 @@ def _kernels(dtype: torch.dtype):
                     diff = q - points[j]
                     d = wp.length(diff)
                     if d <= radius:
-                        w = weight(d, m, sigma[0]) * inv_w
+                        sq = wp.dot(diff, diff)
+                        w = relative(key(d, sq), m, sigma[0]) * inv_w
                         g_f = s(0.0)  # g_i . f_j
                         for c in range(nf):
                             g_f = g_f + grad_out[i, c] * feats[j, c]
                             if need_feats != 0:
                                 wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
-                        a = w * (g_f - g_out)
-                        g_s = g_s + a * (d - m)
-                        if d > s(0.0):
-                            g_d = -a * inv_s / d * diff  # dL/dd_ij * (q_i - p_j) / d_ij
-                            g_q = g_q + g_d
-                            if need_ref != 0:
-                                wp.atomic_add(grad_ref, j, 0, -g_d[0])
-                                wp.atomic_add(grad_ref, j, 1, -g_d[1])
-                                wp.atomic_add(grad_ref, j, 2, -g_d[2])
+                        a = w * (g_f - g_out)  # dL / d log w_ij
+                        g_s = g_s + a * sigma_term(d, m)
+                        g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
+                        g_q = g_q + g_d
+                        if need_ref != 0:
+                            wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                            wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                            wp.atomic_add(grad_ref, j, 2, -g_d[2])
         grad_query[i, 0] = g_q[0]
         grad_query[i, 1] = g_q[1]
         grad_query[i, 2] = g_q[2]
@@ -341,8 +397,12 @@ def _radius_aggregate(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
+    weights: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward."""
+    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward.
+
+    ``dmin`` holds each query's smallest weighting key (softmax: the nearest distance).
+    """
     _validate.positive_number("radius", radius)
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
@@ -352,7 +412,7 @@ def _radius_aggregate(
     dmin = query.new_zeros((m,))
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
-    forward, _ = _kernels(query.dtype)
+    forward, _ = _kernels(query.dtype, weights)
     cells = _CellList(query, ref, radius, query_group, ref_group)
     points, feats = _permute(ref, cells.order), _permute(features, cells.order)
     _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
@@ -360,7 +420,7 @@ def _radius_aggregate(
 
 
 @_radius_aggregate.register_fake
-def _(query, ref, features, sigma, radius, validate, query_group, ref_group):
+def _(query, ref, features, sigma, radius, validate, query_group, ref_group, weights="softmax"):
     m = query.shape[0]
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
@@ -380,6 +440,7 @@ def _radius_aggregate_backward(
     dmin: torch.Tensor,
     need_ref: bool = True,
     need_features: bool = True,
+    weights: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
     zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
@@ -389,7 +450,7 @@ def _radius_aggregate_backward(
     grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
-        _, backward = _kernels(query.dtype)
+        _, backward = _kernels(query.dtype, weights)
         cells = _CellList(query, ref, radius, query_group, ref_group)
         points, feats = _permute(ref, cells.order), _permute(features, cells.order)
         # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
@@ -403,14 +464,14 @@ def _radius_aggregate_backward(
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True):
+def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True, weights="softmax"):
     return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
 
 
 def _setup_context(ctx, inputs, output):
-    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group = inputs
+    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group, weights = inputs
     out, wsum, dmin = output
-    ctx.radius = radius
+    ctx.radius, ctx.weights = radius, weights
     ctx.mark_non_differentiable(wsum, dmin)
     ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin)
 
@@ -419,12 +480,115 @@ def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
     query, ref, features, sigma, query_group, ref_group, out, wsum, dmin = ctx.saved_tensors
     need = ctx.needs_input_grad
     grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2]
+        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2], ctx.weights
     )
-    return *(g if n else None for g, n in zip(grads, need)), None, None, None, None
+    return *(g if n else None for g, n in zip(grads, need)), None, None, None, None, None
 
 
 _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
+
+
+@_warp.kernels
+def _max_kernel(dtype: torch.dtype):
+    """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    cell = _cell_func(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def forward_max(
+        start: int,
+        rows: wp.array(dtype=wp.int64),
+        starts: wp.array(dtype=wp.int64),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        query: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int32),
+        points: wp.array(dtype=v),
+        feats: wp.array2d(dtype=s),
+        sigma: wp.array(dtype=s),
+        radius: s,
+        order: wp.array(dtype=wp.int64),
+        out: wp.array2d(dtype=s),
+        arg: wp.array2d(dtype=wp.int64),
+    ):
+        i = int(rows[wp.tid() + start])
+        q = query[i]
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            return
+        inv_h = frame[3]
+        nf = feats.shape[1]
+        base = int(query_group[i]) * dims[2]
+        count = int(0)
+        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
+        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
+        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
+        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
+            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+                row = ((base + z) * dims[1] + y) * dims[0]
+                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                    if wp.length(q - points[j]) <= radius:
+                        original = order[j]
+                        for c in range(nf):
+                            f = feats[j, c]
+                            best = out[i, c]
+                            # ties go to the smaller original index, whatever order the cells are visited in
+                            if count == 0 or f > best or (f == best and original < arg[i, c]):
+                                out[i, c] = f
+                                arg[i, c] = original
+                        count = count + 1
+
+    return forward_max
+
+
+@torch.library.custom_op("pcops::radius_max", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _radius_max(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    features: torch.Tensor,
+    radius: float,
+    validate: bool,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out (M, F), arg (M, F) int64): each feature's max over the neighbours and the
+    reference row holding it (the smallest index among ties); 0 and -1 for a query without any."""
+    _validate.positive_number("radius", radius)
+    _validate.groups_paired(query_group, ref_group)
+    _validate.op_values(validate, query=query, ref=ref, features=features)
+    m, f = query.shape[0], features.shape[1]
+    out = query.new_zeros((m, f))
+    arg = torch.full((m, f), -1, dtype=torch.int64, device=query.device)
+    if m == 0 or ref.shape[0] == 0 or f == 0:
+        return out, arg
+    cells = _CellList(query, ref, radius, query_group, ref_group)
+    points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
+    unit = torch.ones(1, dtype=query.dtype, device=query.device)  # the sigma slot of the launch helper
+    tail = [cells.order.contiguous(), out, arg]
+    _launch(_max_kernel(query.dtype), cells, query, points, feats, unit, radius, query_group, tail)
+    return out, arg
+
+
+@_radius_max.register_fake
+def _(query, ref, features, radius, validate, query_group, ref_group):
+    shape = (query.shape[0], features.shape[1])
+    return query.new_empty(shape), query.new_empty(shape, dtype=torch.int64)
+
+
+def _max_setup_context(ctx, inputs, output):
+    ctx.rows = inputs[2].shape[0]
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+
+
+def _max_backward(ctx, grad_out, _grad_arg):
+    (arg,) = ctx.saved_tensors
+    grad = grad_out.new_zeros((ctx.rows, grad_out.shape[1]))
+    grad = grad.scatter_add(0, arg.clamp_min(0), torch.where(arg >= 0, grad_out, 0))  # all to the arg-max
+    return None, None, grad, None, None, None, None
+
+
+_radius_max.register_autograd(_max_backward, setup_context=_max_setup_context)
 
 
 def radius_aggregate(
@@ -432,8 +596,10 @@ def radius_aggregate(
     ref: torch.Tensor,
     features: torch.Tensor,
     radius: float,
-    sigma,
+    sigma=None,
     *,
+    weights: Optional[str] = None,
+    reduce: str = "mean",
     query_lengths: Optional[torch.Tensor] = None,
     ref_lengths: Optional[torch.Tensor] = None,
     query_batch: Optional[torch.Tensor] = None,
@@ -448,7 +614,10 @@ def radius_aggregate(
 
     and out_i = 0 when N(i) is empty. Computed stably for any sigma > 0 (the exponent is
     shifted by each query's nearest distance). Memory is O((M + N) * F): no neighbour list
-    and no (M, N) matrix is built.
+    and no (M, N) matrix is built. ``weights="inverse_distance"`` uses
+    ``w_ij = 1 / max(d_ij^2, 1e-16)`` and ``weights="uniform"`` the plain mean instead;
+    ``reduce="max"`` takes the feature-wise max over N(i) (unweighted; its gradient goes to the
+    arg-max neighbour, the smallest index among ties). See docs/ops/knn_interpolate.md.
 
     Args:
         query: Tensor of shape (M, 3), the points to aggregate onto; or (B, M, 3) padded,
@@ -459,7 +628,10 @@ def radius_aggregate(
             reference point.
         radius: Python number > 0, the neighbourhood radius (inclusive: d_ij <= radius).
         sigma: number > 0 or one-element tensor (e.g. a learnable parameter), the length
-            scale of the weights.
+            scale of the softmax weights; None for the other weightings and for max.
+        weights: "softmax", "inverse_distance", "uniform", or None (softmax for
+            ``reduce="mean"``, uniform for ``reduce="max"``).
+        reduce: "mean" (weighted mean) or "max".
         query_lengths, ref_lengths: optional int tensors of shape (B,) for padded inputs:
             rows past a sample's length are padding (never neighbours, zero outputs).
         query_batch, ref_batch: int tensors of shapes (M_total,) and (N_total,), the sample
@@ -473,19 +645,27 @@ def radius_aggregate(
         Tensor of shape (M, F) (or (B, M, F), or (M_total, F)) in the promoted dtype of the
         inputs. float32 and float64 are computed natively, float16 and bfloat16 in float32.
 
-    Gradients flow to ``query``, ``ref``, ``features`` and ``sigma`` (when it is a tensor).
+    Gradients flow to ``features``, and for ``reduce="mean"`` to ``query`` and ``ref``
+    (softmax and inverse-distance weights) and ``sigma`` (softmax, when it is a tensor).
     """
+    weights = _weighting.resolve(weights, reduce, sigma)
     flat = _batch.flatten(
         query, ref, features, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
     )
     _validate.positive_number("radius", radius)
-    _validate.scale("sigma", sigma)
-    _validate.same_device(query=query, sigma=sigma)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
-    sigma = _validate.scale_tensor(sigma, dtype, query.device)
+    q, p, f = flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype)
+    if reduce == "max":
+        out, _ = torch.ops.pcops.radius_max(q, p, f, float(radius), validate, flat.query_group, flat.ref_group)
+        return _batch.unflatten(flat, out.to(out_dtype))
+    if weights == "softmax":
+        _validate.scale("sigma", sigma)
+        _validate.same_device(query=query, sigma=sigma)
+        sigma = _validate.scale_tensor(sigma, dtype, query.device)
+    else:  # not read by the kernels of the other weightings
+        sigma = torch.ones((), dtype=dtype, device=query.device)
     out, _, _ = torch.ops.pcops.radius_aggregate(
-        flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype), sigma, float(radius), validate,
-        flat.query_group, flat.ref_group,
+        q, p, f, sigma, float(radius), validate, flat.query_group, flat.ref_group, weights,
     )
     return _batch.unflatten(flat, out.to(out_dtype))
