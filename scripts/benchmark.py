@@ -473,8 +473,10 @@ GEOMETRY_SIZES = {  # (n_ref, n_query): interpolation coarse -> dense, Chamfer x
     "knn_interpolate": (10_000, 40_000),
     "chamfer_distance": (8_192, 8_192),
     "estimate_normals": (20_000, 20_000),
+    "radius_max": (25_000, 27_000),
 }
-GEOMETRY_QUICK = {"knn_interpolate": (500, 2_000), "chamfer_distance": (1_000, 1_000), "estimate_normals": (1_000, 1_000)}
+GEOMETRY_QUICK = {"knn_interpolate": (500, 2_000), "chamfer_distance": (1_000, 1_000), "estimate_normals": (1_000, 1_000),
+                  "radius_max": (2_000, 2_000)}
 
 
 def _knn_indices_peer(query, ref, k: int):
@@ -515,6 +517,18 @@ def torch_normals(points, k: int):
     return torch.linalg.eigh(cov).eigenvectors[..., 0]
 
 
+def scipy_radius_max(query, ref, features, radius: float):
+    """cKDTree.query_ball_point (all cores) + torch scatter_reduce("amax"): PointNet++ grouping's max."""
+    from scipy.spatial import cKDTree
+
+    lists = cKDTree(ref.detach().numpy()).query_ball_point(query.detach().numpy(), radius, workers=-1)
+    rows = torch.repeat_interleave(torch.arange(query.shape[0]), torch.tensor([len(x) for x in lists]))
+    cols = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in lists]))
+    out = features.new_full((query.shape[0], features.shape[1]), float("-inf"))
+    out = out.scatter_reduce(0, rows[:, None].expand(-1, features.shape[1]), features[cols], "amax")
+    return torch.where(torch.isinf(out), 0, out)
+
+
 def open3d_normals(points, k: int):
     import open3d as o3d
 
@@ -551,6 +565,17 @@ def _geometry_cases(device, sizes):
     yield "estimate_normals", "pytorch3d_torch", n, n, peer, lambda: peer()[:, 0].sum()
     if device.type == "cpu":
         yield "estimate_normals", "open3d", n, n, lambda: open3d_normals(surface, 16), None
+
+    n_ref, n_query = sizes["radius_max"]
+    ref = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
+    query = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
+    feats = torch.randn(n_ref, 32, generator=gen).to(device).requires_grad_()
+    radius = 0.1 * (25_000 / n_ref) ** (1 / 3)  # about 13 neighbours per query, as in run_ops
+    ours = lambda: pcops.radius_aggregate(query, ref, feats, radius, reduce="max", validate=False)  # noqa: E731
+    yield "radius_max", "pcops_eager", n_ref, n_query, ours, lambda: ours().square().mean()
+    if device.type == "cpu":
+        peer = lambda: scipy_radius_max(query, ref, feats, radius)  # noqa: E731
+        yield "radius_max", "scipy_torch", n_ref, n_query, peer, lambda: peer().square().mean()
 
 
 def run_geometry(args, device) -> list[dict]:

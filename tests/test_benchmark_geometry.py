@@ -16,6 +16,7 @@ def test_geometry_rows_time_pcops_and_each_peer(capsys):
     rows = bench.run_geometry(argparse.Namespace(quick=True, iters=1, budget=1.0), torch.device("cpu"))
     timed = {(r["model"], r["variant"]) for r in rows if r["forward_ms"]}
     assert {("knn_interpolate", "pyg_torch"), ("chamfer_distance", "torch_cdist"), ("estimate_normals", "pytorch3d_torch")} <= timed
+    assert {("radius_max", "pcops_eager"), ("radius_max", "scipy_torch")} <= timed
     assert {(op, "pcops_eager") for op in ("knn_interpolate", "chamfer_distance", "estimate_normals")} <= timed
     for r in rows:
         assert r["forward_ms"] is None or r["forward_ms"] > 0
