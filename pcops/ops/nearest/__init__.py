@@ -11,7 +11,7 @@ Backends (see docs/ops/knn.md):
 name      devices      implementation
 ========  ===========  ===============================================================
 cuml      cuda         RAPIDS cuML ``NearestNeighbors`` (brute force), DLPack zero-copy
-warp      cpu, cuda    Warp ``HashGrid`` search with a growing radius
+warp      cpu, cuda    Warp search of a box tree over Morton-sorted points
 scipy     cpu          ``scipy.spatial.cKDTree`` on all cores
 torch     cpu, cuda    chunked brute force in torch (the reference); any dimension D
 ========  ===========  ===============================================================
@@ -35,8 +35,9 @@ from .. import _weighting
 from . import _cuml, _scipy, _torch, _warp  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
 
-# Preference per device. CPU: the Warp search was faster than scipy's cKDTree on the
-# tutorial-size benchmark (docs/ops/knn.md); CUDA: cuML, else Warp.
+# Preference per device. CPU: the Warp tree search does less work than the scipy backend
+# (cKDTree + exact ties) on uniform, clustered and surface clouds and as much on the
+# tutorial's Gaussian cloud, with no bad case (docs/ops/knn.md); CUDA: cuML, else Warp.
 AUTO = {"cpu": ("warp", "scipy", "torch"), "cuda": ("cuml", "warp", "torch")}
 # Backends that search points of any dimension D (knn on feature vectors); the others are 3-D only.
 ANY_DIM = ("torch",)
