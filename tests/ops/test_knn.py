@@ -10,6 +10,7 @@ import pcops
 from pcops.ops import nearest as knn_module
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
+from tests.op_suite import TOL, OpSuite, pack, pad
 from tests.reference import CLOUDS, cloud
 
 F64 = torch.float64
@@ -293,3 +294,190 @@ def test_warp_batched_search_equals_a_per_sample_loop(gen):
         _, ref_idx = reference.knn(q[rows], p[cols], k)
         torch.testing.assert_close(idx[rows, :k], cols[ref_idx], rtol=0, atol=0)
         assert (idx[rows, k:] == -1).all()
+
+
+# -- the shared op suite (tests/op_suite.py) ----------------------------------------------------
+K = 5
+
+
+def _knn_padded(q, p, k):
+    """reference.knn with the -1 / inf columns pcops.knn gives when a sample has fewer than k points."""
+    d, idx = reference.knn(q, p, k)
+    missing = k - idx.shape[1]
+    return torch.cat([d, d.new_full((q.shape[0], missing), float("inf"))], 1), torch.cat([idx, idx.new_full((q.shape[0], missing), -1)], 1)
+
+
+def _samples(gen, with_features=False):
+    """Per-sample clouds of mixed sizes: an empty query sample, an empty ref sample, one with fewer than K points."""
+    qs = [torch.rand(m, 3, generator=gen, dtype=F64) for m in (9, 0, 7, 5)]
+    ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (12, 6, 0, 3)]
+    fs = [torch.randn(len(p), 2, generator=gen, dtype=F64) for p in ps]
+    return qs, ps, fs
+
+
+def _packed(qs, ps, fs, gen):
+    """(packed query, query ids, query positions, packed ref, ref ids, ref positions, packed features)."""
+    qp, qb, q_pos = pack(qs, gen)
+    pp, pb, p_pos = pack(ps, gen)
+    fp = torch.empty(len(pp), fs[0].shape[1], dtype=F64)
+    fp[p_pos] = torch.cat(fs)
+    return qp, qb, q_pos, pp, pb, p_pos, fp
+
+
+def _search_op_cases(gen):
+    """Every CPU search op, both dtypes, single cloud and grouped (packed) inputs."""
+    cases = []
+    for backend in CPU_BACKENDS:
+        op = knn_module.BACKENDS[backend].op._opoverload
+        for dtype in (torch.float32, F64):
+            q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+            qg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32)
+            rg = torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+            cases += [(op, (q, p, 4, True)), (op, (q, p, 4, True, qg, rg))]
+    return cases
+
+
+def _padded_calls(gen, features=False):
+    calls = []
+    for b, m, n in ((2, 20, 30), (3, 27, 41)):
+        q = torch.rand(b, m, 3, generator=gen).requires_grad_()
+        p = torch.rand(b, n, 3, generator=gen).requires_grad_()
+        ql, rl = torch.randint(0, m + 1, (b,), generator=gen), torch.randint(0, n + 1, (b,), generator=gen)
+        extra = (torch.randn(b, n, 4, generator=gen).requires_grad_(), torch.tensor(0.2, requires_grad=True)) if features else ()
+        calls.append((q, p, *extra, ql, rl))
+    return calls
+
+
+class TestKnnSuite(OpSuite):
+    differentiable = ("query", "ref")
+
+    def inputs(self, kind, gen):
+        q, p, _ = cloud(kind, gen)
+        return dict(query=q, ref=p)
+
+    def run(self, query, ref):
+        return tuple(pcops.knn(query, ref, K))
+
+    def reference(self, query, ref):
+        return reference.knn(query, ref, K)
+
+    def compare(self, out, expected, dtype, inputs=None):
+        (dists, idx), (ref_d, ref_idx) = out, expected
+        assert idx.dtype == torch.int64 and idx.shape == ref_idx.shape
+        torch.testing.assert_close(dists.double(), ref_d, **TOL[dtype])
+        if dtype == F64:
+            assert torch.equal(idx, ref_idx)
+        else:  # rounding may reorder near-ties
+            assert_ranked_up_to_ties(idx, inputs["query"].double(), inputs["ref"].double(), TOL[dtype]["atol"])
+
+    def grad_inputs(self, gen):
+        q, p, _ = _grad_inputs(gen)
+        return dict(query=q, ref=p)
+
+    def opcheck_cases(self, gen):
+        return _search_op_cases(gen)
+
+    def compile_calls(self, gen):
+        def fn(query, ref, ql, rl):
+            return tuple(pcops.knn(query, ref, K, query_lengths=ql, ref_lengths=rl))
+
+        return fn, _padded_calls(gen)
+
+    def batched(self, gen):
+        qs, ps, _ = _samples(gen)
+        expected = [_knn_padded(q, p, K) for q, p in zip(qs, ps)]
+        (q, ql), (p, pl) = pad(qs), pad(ps)
+        out = pcops.knn(q, p, K, query_lengths=ql, ref_lengths=pl)
+        padded = [tuple(t[b, : len(qs[b])] for t in out) for b in range(len(qs))]
+        qp, qb, q_pos, pp, pb, p_pos, _ = _packed(qs, ps, [torch.zeros(len(p), 1, dtype=F64) for p in ps], gen)
+        d, idx = pcops.knn(qp, pp, K, query_batch=qb, ref_batch=pb)
+        sizes = torch.tensor([len(x) for x in ps])
+        to_local = torch.empty_like(p_pos)  # packed ref row -> row within its sample
+        to_local[p_pos] = torch.arange(p_pos.numel()) - (sizes.cumsum(0) - sizes).repeat_interleave(sizes)
+        packed, at = [], 0
+        for x in qs:
+            rows = q_pos[at : at + len(x)]
+            packed.append((d[rows], torch.where(idx[rows] >= 0, to_local[idx[rows].clamp(min=0)], -1)))
+            at += len(x)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        q, p = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen)
+        nan = p.clone()
+        nan[1, 1] = float("nan")
+        knn = pcops.knn
+        return {
+            "k above N": (lambda: knn(q, p, 7), ValueError, "k must be <= the number of ref points"),
+            "zero k": (lambda: knn(q, p, 0), ValueError, "k must be >= 1"),
+            "float k": (lambda: knn(q, p, 2.0), TypeError, "k must be an int"),
+            "2-d query": (lambda: knn(q[:, :2], p, 2), ValueError, "query"),
+            "int ref": (lambda: knn(q, p.long(), 2), TypeError, "ref"),
+            "devices": (lambda: knn(q, p.to("meta"), 2), ValueError, "same device"),
+            "NaN ref": (lambda: knn(q, nan, 2), ValueError, "ref contains NaN"),
+            "unknown backend": (lambda: knn(q, p, 2, backend="faiss"), ValueError, "backend must be"),
+            "lengths range": (lambda: knn(q[None], p[None], 2, ref_lengths=torch.tensor([7])), ValueError, "ref_lengths"),
+            "batch alone": (lambda: knn(q, p, 2, query_batch=torch.zeros(4, dtype=torch.long)), ValueError, "query_batch and ref_batch"),
+        }
+
+
+class TestKnnAggregateSuite(OpSuite):
+    """knn_aggregate with its default softmax weights (the other weightings: test_knn_features.py)."""
+
+    differentiable = ("query", "ref", "features", "sigma")
+
+    def inputs(self, kind, gen):
+        q, p, _ = cloud(kind, gen)
+        f = torch.randn(p.shape[0], 3, generator=gen, dtype=F64)
+        sigma = reference.knn(q, p, 1)[0].mean() + 1e-3  # the scale of the cloud's spacing
+        return dict(query=q, ref=p, features=f, sigma=sigma)
+
+    def run(self, query, ref, features, sigma):
+        return (pcops.knn_aggregate(query, ref, features, K, sigma),)
+
+    def reference(self, query, ref, features, sigma):
+        return (reference.knn_aggregate(query, ref, features, K, sigma),)
+
+    def grad_inputs(self, gen):
+        q, p, f = _grad_inputs(gen)
+        return dict(query=q, ref=p, features=f, sigma=torch.tensor(0.1, dtype=F64))
+
+    def opcheck_cases(self, gen):
+        return _search_op_cases(gen)
+
+    def compile_calls(self, gen):
+        def fn(query, ref, features, sigma, ql, rl):
+            return pcops.knn_aggregate(query, ref, features, K, sigma, query_lengths=ql, ref_lengths=rl)
+
+        return fn, _padded_calls(gen, features=True)
+
+    def batched(self, gen):
+        qs, ps, fs = _samples(gen)
+        sigma = 0.15
+        expected = [(reference.knn_aggregate(q, p, f, K, sigma),) for q, p, f in zip(qs, ps, fs)]
+        (q, ql), (p, pl), (f, _) = pad(qs), pad(ps), pad(fs)
+        out = pcops.knn_aggregate(q, p, f, K, sigma, query_lengths=ql, ref_lengths=pl)
+        padded = [(out[b, : len(qs[b])],) for b in range(len(qs))]
+        qp, qb, q_pos, pp, pb, _, fp = _packed(qs, ps, fs, gen)
+        out = pcops.knn_aggregate(qp, pp, fp, K, sigma, query_batch=qb, ref_batch=pb)
+        packed, at = [], 0
+        for x in qs:
+            packed.append((out[q_pos[at : at + len(x)]],))
+            at += len(x)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        q, p, f = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen), torch.rand(6, 2, generator=gen)
+        nan = f.clone()
+        nan[2, 0] = float("nan")
+        agg = pcops.knn_aggregate
+        return {
+            "features rows": (lambda: agg(q, p, f[:5], 2, 0.1), ValueError, "features"),
+            "int features": (lambda: agg(q, p, f.int(), 2, 0.1), TypeError, "features"),
+            "NaN features": (lambda: agg(q, p, nan, 2, 0.1), ValueError, "features contains NaN"),
+            "no sigma": (lambda: agg(q, p, f, 2), ValueError, "sigma is required"),
+            "negative sigma": (lambda: agg(q, p, f, 2, -0.1), ValueError, "sigma"),
+            "zero tensor sigma": (lambda: agg(q, p, f, 2, torch.tensor(0.0)), ValueError, "sigma"),
+            "two sigmas": (lambda: agg(q, p, f, 2, torch.tensor([0.1, 0.2])), ValueError, "sigma"),
+            "k above N": (lambda: agg(q, p, f, 7, 0.1), ValueError, "k must be <= the number of ref points"),
+            "unknown reduce": (lambda: agg(q, p, f, 2, 0.1, reduce="min"), ValueError, "reduce must be one of"),
+        }

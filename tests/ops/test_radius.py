@@ -8,6 +8,7 @@ import torch
 import pcops
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
+from tests.op_suite import OpSuite, pack, pad
 from tests.reference import CLOUDS, cloud, safe_radius
 
 F64 = torch.float64
@@ -317,3 +318,76 @@ def test_non_finite_points_without_validation_terminate_and_are_never_neighbours
     expected = reference.radius_aggregate(q[rows], p[finite], f[finite], 0.3, 0.1)
     torch.testing.assert_close(out[rows], expected, rtol=1e-10, atol=1e-12)
     assert (out[3] == 0).all()
+
+
+class TestRadiusAggregateSuite(OpSuite):
+    """radius_aggregate with its default softmax weights in the shared op suite (tests/op_suite.py)."""
+
+    differentiable = ("query", "ref", "features", "sigma")
+
+    def inputs(self, kind, gen):
+        q, p, r = cloud(kind, gen)
+        f = features(gen, p.shape[0], 3)
+        return dict(query=q, ref=p, features=f, radius=safe_radius(q, p, r, gap=1e-3), sigma=torch.tensor(0.3 * r, dtype=F64))
+
+    def run(self, query, ref, features, radius, sigma):
+        return (pcops.radius_aggregate(query, ref, features, radius, sigma),)
+
+    def reference(self, query, ref, features, radius, sigma):
+        return (reference.radius_aggregate(query, ref, features, radius, sigma),)
+
+    def grad_inputs(self, gen):
+        q, p, f, r = _grad_inputs(gen)
+        return dict(query=q, ref=p, features=f, radius=r, sigma=torch.tensor(0.2, dtype=F64))
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+            f, sigma = torch.randn(30, 4, generator=gen, dtype=dtype), torch.tensor(0.2, dtype=dtype)
+            qg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32)
+            rg = torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+            op = torch.ops.pcops.radius_aggregate.default
+            cases += [(op, (q, p, f, sigma, 0.3, True, None, None)), (op, (q, p, f, sigma, 0.3, True, qg, rg))]
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(query, ref, features, sigma, ql, rl):
+            return pcops.radius_aggregate(query, ref, features, 0.35, sigma, query_lengths=ql, ref_lengths=rl)
+
+        calls = []
+        for b, m, n in ((2, 20, 30), (3, 27, 41)):
+            q = torch.rand(b, m, 3, generator=gen).requires_grad_()
+            p = torch.rand(b, n, 3, generator=gen).requires_grad_()
+            f = torch.randn(b, n, 5, generator=gen).requires_grad_()
+            sigma = torch.tensor(0.2, requires_grad=True)
+            calls.append((q, p, f, sigma, torch.randint(0, m + 1, (b,), generator=gen), torch.randint(0, n + 1, (b,), generator=gen)))
+        return fn, calls
+
+    def batched(self, gen):
+        qs = [torch.rand(m, 3, generator=gen, dtype=F64) for m in (9, 0, 7, 5)]
+        ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (12, 5, 0, 3)]
+        fs = [features(gen, len(p), 2) for p in ps]
+        r, sigma = 0.45, 0.2
+        # an empty ref sample: zeros (the dense reference cannot reduce over no column)
+        expected = [(reference.radius_aggregate(q, p, f, r, sigma) if len(p) else torch.zeros(len(q), 2, dtype=F64),) for q, p, f in zip(qs, ps, fs)]
+        (q, ql), (p, pl), (f, _) = pad(qs), pad(ps), pad(fs)
+        out = pcops.radius_aggregate(q, p, f, r, sigma, query_lengths=ql, ref_lengths=pl)
+        padded = [(out[b, : len(qs[b])],) for b in range(len(qs))]
+        qp, qb, q_pos = pack(qs, gen)
+        pp, pb, p_pos = pack(ps, gen)
+        fp = torch.empty(len(pp), 2, dtype=F64)
+        fp[p_pos] = torch.cat(fs)
+        out = pcops.radius_aggregate(qp, pp, fp, r, sigma, query_batch=qb, ref_batch=pb)
+        packed, at = [], 0
+        for x in qs:
+            packed.append((out[q_pos[at : at + len(x)]],))
+            at += len(x)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        cases = {f"{match} ({n})": (lambda args=args: pcops.radius_aggregate(*args), error, match) for n, (args, error, match) in enumerate(_bad_inputs())}
+        q, p, f = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen), torch.rand(6, 2, generator=gen)
+        cases["no sigma"] = (lambda: pcops.radius_aggregate(q, p, f, 0.5), ValueError, "sigma is required")
+        cases["lengths range"] = (lambda: pcops.radius_aggregate(q[None], p[None], f[None], 0.5, 0.1, ref_lengths=torch.tensor([7])), ValueError, "ref_lengths")
+        return cases
