@@ -115,7 +115,7 @@ def main(args=None) -> dict:
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=data, ckpt_path=cli.config.get("ckpt_path"))
     best = "best" if getattr(trainer.checkpoint_callback, "best_model_path", "") else None
-    results = trainer.test(model, datamodule=data, ckpt_path=best)[0] if not trainer.fast_dev_run else {}
+    results = trainer.test(model, datamodule=data, ckpt_path=best)[0]  # fast_dev_run: one test batch
     run_dir = pathlib.Path(trainer.log_dir or ".")  # a collective under DDP: every rank asks
     if trainer.is_global_zero:
         if results.get("test/mae") and results.get("test/mean_baseline_mae"):

@@ -1,5 +1,6 @@
 """scripts/train.py with every config, checkpoints, resume, DDP on CPU, and bad configs."""
 
+import math
 import pathlib
 import subprocess
 import sys
@@ -51,7 +52,10 @@ def meshes(tmp_path):
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_config_runs_with_fast_dev_run(config, meshes, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    train.main(["--config", str(config), "--trainer.fast_dev_run", "true", *overrides(config, meshes)])
+    results = train.main(["--config", str(config), "--trainer.fast_dev_run", "true", *overrides(config, meshes)])
+    assert results and all(k.startswith("test/") for k in results), results  # one test batch ran and logged
+    assert all(math.isfinite(v) for v in results.values()), results
+    assert not (tmp_path / "runs").exists()  # fast_dev_run writes no run directory
 
 
 def _fit(tmp_path, name, *extra):
