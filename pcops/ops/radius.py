@@ -56,6 +56,26 @@ def _cell_func(dtype: torch.dtype):
 
 
 @functools.cache
+def _box_func(dtype: torch.dtype):
+    s = _warp.scalar(dtype)
+    cell = _cell_func(dtype)
+
+    @wp.func
+    def box(q: _warp.vec3(dtype), radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
+        """First and last cell (x, y, z) that may hold a point within ``radius`` of q, clamped to the grid."""
+        inv_h = frame[3]
+        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
+        lo = wp.vec3i(0, 0, 0)
+        hi = wp.vec3i(0, 0, 0)
+        for a in range(3):
+            lo[a] = wp.max(cell(q[a] - reach, frame[a], inv_h, dims[a]), 0)
+            hi[a] = wp.min(cell(q[a] + reach, frame[a], inv_h, dims[a]), dims[a] - 1)
+        return lo, hi
+
+    return box
+
+
+@functools.cache
 def _weight_funcs(dtype: torch.dtype, weights: str):
     """One weighting's Warp functions (see pcops.ops._weighting); the nearest neighbour weighs most.
 
@@ -109,7 +129,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    cell = _cell_func(dtype)
+    box = _box_func(dtype)
     key, relative, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -133,19 +153,16 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         q = query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
-        inv_h = frame[3]
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         count = int(0)
         m = s(0.0)  # the smallest key so far (the largest weight)
         w_total = s(0.0)
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
-        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
-        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
-        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
-            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+        lo, hi = box(q, radius, frame, dims)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
                 row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
                     diff = q - points[j]
                     d = wp.length(diff)
                     if d <= radius:
@@ -201,7 +218,6 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         inv_s = s(1.0) / sigma[0]
         inv_w = s(1.0) / wsum[i]
         m = dmin[i]
-        inv_h = frame[3]
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         g_out = s(0.0)  # g_i . out_i
@@ -209,13 +225,11 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
             g_out = g_out + grad_out[i, c] * out[i, c]
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
-        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
-        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
-        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
-            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+        lo, hi = box(q, radius, frame, dims)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
                 row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
                     diff = q - points[j]
                     d = wp.length(diff)
                     if d <= radius:
@@ -493,7 +507,7 @@ def _max_kernel(dtype: torch.dtype):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    cell = _cell_func(dtype)
+    box = _box_func(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(
@@ -516,17 +530,14 @@ def _max_kernel(dtype: torch.dtype):
         q = query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
-        inv_h = frame[3]
         nf = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         count = int(0)
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
-        x0 = wp.max(cell(q[0] - reach, frame[0], inv_h, dims[0]), 0)
-        x1 = wp.min(cell(q[0] + reach, frame[0], inv_h, dims[0]), dims[0] - 1)
-        for z in range(wp.max(cell(q[2] - reach, frame[2], inv_h, dims[2]), 0), wp.min(cell(q[2] + reach, frame[2], inv_h, dims[2]), dims[2] - 1) + 1):
-            for y in range(wp.max(cell(q[1] - reach, frame[1], inv_h, dims[1]), 0), wp.min(cell(q[1] + reach, frame[1], inv_h, dims[1]), dims[1] - 1) + 1):
+        lo, hi = box(q, radius, frame, dims)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
                 row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + x0]), int(starts[row + x1 + 1])):
+                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
                     if wp.length(q - points[j]) <= radius:
                         original = order[j]
                         for c in range(nf):
