@@ -262,6 +262,34 @@ def kernel_funcs(dtype: torch.dtype, grouped: bool):
     return point, neighbours
 
 
+
+@kernels
+def sorted_insert(dtype: torch.dtype):
+    """``insert(dists, idx, i, n, d, j) -> n``: put (d, j) into row i of (M, k) arrays that hold
+    the row's n best pairs sorted by distance, ties by the smaller index; returns the new count.
+    A pair worse than a full row's last is dropped."""
+    s = scalar(dtype)
+
+    @wp.func(module="unique")
+    def insert(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, d: s, j: wp.int64):
+        k = dists.shape[1]
+        last = wp.min(n, k - 1)
+        if n < k or d < dists[i, last] or (d == dists[i, last] and j < idx[i, last]):
+            pos = last
+            while pos > 0:
+                pd = dists[i, pos - 1]
+                if pd < d or (pd == d and idx[i, pos - 1] < j):
+                    break
+                dists[i, pos] = pd
+                idx[i, pos] = idx[i, pos - 1]
+                pos = pos - 1
+            dists[i, pos] = d
+            idx[i, pos] = j
+            return wp.min(n + 1, k)
+        return n
+
+    return insert
+
 # (kernel, device) pairs launched once in this process: the first launch of each builds or loads
 # its module, under the build lock and on one thread
 _loaded: set = set()

@@ -35,6 +35,7 @@ class BallQuery(NamedTuple):
 def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     point, neighbours = _warp.kernel_funcs(dtype, grouped)
+    insert = _warp.sorted_insert(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
@@ -49,7 +50,6 @@ def _kernel(dtype: torch.dtype, grouped: bool):
         counts: wp.array(dtype=wp.int64),
     ):
         i = wp.tid() + start
-        k = dists.shape[1]
         q = point(query, i)
         n = int(0)
         total = int(0)
@@ -57,22 +57,9 @@ def _kernel(dtype: torch.dtype, grouped: bool):
         j = int(0)
         while wp.hash_grid_query_next(it, j):
             d = wp.length(q - point(ref, j))
-            jj = wp.int64(j)
             if d <= radius:
                 total = total + 1
-                last = wp.min(n, k - 1)
-                if n < k or d < dists[i, last] or (d == dists[i, last] and jj < idx[i, last]):
-                    pos = last
-                    while pos > 0:
-                        pd = dists[i, pos - 1]
-                        if pd < d or (pd == d and idx[i, pos - 1] < jj):
-                            break
-                        dists[i, pos] = pd
-                        idx[i, pos] = idx[i, pos - 1]
-                        pos = pos - 1
-                    dists[i, pos] = d
-                    idx[i, pos] = jj
-                    n = wp.min(n + 1, k)
+                n = insert(dists, idx, i, n, d, wp.int64(j))
         counts[i] = wp.int64(total)
 
     return search

@@ -34,6 +34,7 @@ _BITS = 10  # Morton bits per axis
 @_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = FANOUT):
     s = _warp.scalar(dtype)
+    insert = _warp.sorted_insert(dtype)
     v = _warp.vec3(dtype)
     # A box (or point) is skipped only when its squared distance exceeds (1 + slack) x the
     # squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
@@ -106,24 +107,10 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
                     if wp.static(grouped):
                         ok = ok and int(point_group[j]) == g
                     if ok:
-                        d = wp.sqrt(d2)
-                        jj = order[j]
-                        last = wp.min(n, k - 1)
-                        if n < k or d < dists[i, last] or (d == dists[i, last] and jj < idx[i, last]):
-                            pos = last
-                            while pos > 0:
-                                pd = dists[i, pos - 1]
-                                if pd < d or (pd == d and idx[i, pos - 1] < jj):
-                                    break
-                                dists[i, pos] = pd
-                                idx[i, pos] = idx[i, pos - 1]
-                                pos = pos - 1
-                            dists[i, pos] = d
-                            idx[i, pos] = jj
-                            n = wp.min(n + 1, k)
-                            if n == k:
-                                r = dists[i, k - 1] * slack
-                                bound = r * r
+                        n = insert(dists, idx, i, n, wp.sqrt(d2), order[j])
+                        if n == k:  # a full row: nothing farther than its last (with slack) can enter
+                            r = dists[i, k - 1] * slack
+                            bound = r * r
             # next node inside the subtree, or the root of the next subtree
             moving = bool(True)
             while moving:
