@@ -16,44 +16,29 @@ from __future__ import annotations
 import pathlib
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-
-import pcops.memory
 
 from .dgcnn import DGCNN
 from .pointnet2 import CLS_LEVELS, SEG_LEVELS, PointNet, PointNet2, PointNet2Seg
+from .task import Task, adam
 
 
-def _adam(params):
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-class _PointTask(LightningModule):
+class _PointTask(Task):
     """Shared: optimiser/scheduler injection, whole-network compile, confusion-matrix metrics."""
 
     target_key = "label"
 
-    def __init__(self, num_classes: int, optimizer: OptimizerCallable = _adam, scheduler: LRSchedulerCallable | None = None,
+    def __init__(self, num_classes: int, optimizer: OptimizerCallable = adam, scheduler: LRSchedulerCallable | None = None,
                  compile: bool = False, compile_mode: str | None = None, label_smoothing: float = 0.0):
-        super().__init__()
+        super().__init__(optimizer, scheduler, compile, compile_mode)
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         self.num_classes = num_classes
-        self.optimizer, self.scheduler = optimizer, scheduler
-        self.compile_net, self.compile_mode = compile, compile_mode
         self.label_smoothing = label_smoothing
         self.confusion: dict[str, torch.Tensor] = {}
-        self.net: torch.nn.Module
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.net(batch["points"])
-
-    def configure_model(self) -> None:
-        if self.compile_net and not getattr(self, "_compiled", False):
-            pcops.memory.check_compile_mode(self.compile_mode)
-            self.net.compile(fullgraph=True, mode=self.compile_mode)
-            self._compiled = True
 
     def setup(self, stage: str) -> None:
         data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -79,15 +64,6 @@ class _PointTask(LightningModule):
             counts = torch.bincount(pairs, minlength=self.num_classes**2).reshape(self.num_classes, self.num_classes)
             self.confusion[split] = self.confusion.get(split, 0) + counts.cpu()
         return loss
-
-    def training_step(self, batch, batch_idx):
-        return self._step(batch, "train")
-
-    def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._step(batch, "test")
 
     def _epoch_metrics(self, split: str) -> torch.Tensor | None:
         """Class-averaged metrics from the epoch's confusion matrix (rows: true, columns: predicted)."""
@@ -123,12 +99,6 @@ class _PointTask(LightningModule):
 
     def write_figures(self, run: pathlib.Path) -> None:
         """Task-specific figures in the run directory (none by default)."""
-
-    def configure_optimizers(self):
-        optimizer = self.optimizer(self.parameters())
-        if self.scheduler is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
 
 
 def save_confusion(confusion: torch.Tensor, names: list[str], path: pathlib.Path) -> None:

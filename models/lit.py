@@ -17,39 +17,24 @@ keeps the state_dict keys free of ``_orig_mod.``: checkpoints load into uncompil
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-import pcops.memory
-
 from . import nets
+from .task import Task, adam
 
 
-def _adam(params):
-    return torch.optim.Adam(params, lr=1e-3)
-
-
-class FieldRegressor(LightningModule):
+class FieldRegressor(Task):
     """Base: L1 loss on the field, MAE/RMSE metrics, and the constant-mean baseline's MAE."""
 
-    def __init__(self, optimizer: OptimizerCallable = _adam, scheduler: LRSchedulerCallable | None = None, compile: bool = False, compile_mode: str | None = None):
-        super().__init__()
-        self.optimizer, self.scheduler = optimizer, scheduler
-        self.compile_net, self.compile_mode = compile, compile_mode
+    def __init__(self, optimizer: OptimizerCallable = adam, scheduler: LRSchedulerCallable | None = None, compile: bool = False, compile_mode: str | None = None):
+        super().__init__(optimizer, scheduler, compile, compile_mode)
         self.register_buffer("target_mean", torch.zeros(()))
-        self.net: torch.nn.Module
 
     def predict_field(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.predict_field(batch)
-
-    def configure_model(self) -> None:
-        if self.compile_net and not getattr(self, "_compiled", False):
-            pcops.memory.check_compile_mode(self.compile_mode)
-            self.net.compile(fullgraph=True, mode=self.compile_mode)
-            self._compiled = True
 
     def setup(self, stage: str) -> None:
         data = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -69,21 +54,6 @@ class FieldRegressor(LightningModule):
             baseline = (self.target_mean - target).abs().mean()
             self.log(f"{split}/mean_baseline_mae", baseline, batch_size=size, sync_dist=True)
         return loss
-
-    def training_step(self, batch, batch_idx):
-        return self._step(batch, "train")
-
-    def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._step(batch, "test")
-
-    def configure_optimizers(self):
-        optimizer = self.optimizer(self.parameters())
-        if self.scheduler is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
 
 
 class SDFModel(FieldRegressor):
