@@ -85,6 +85,25 @@ def pack(tensors: list[torch.Tensor], gen: torch.Generator, keep_order: bool = F
     return packed, packed_ids, position
 
 
+
+def pack_pair(qs, ps, fs, gen: torch.Generator):
+    """Packed query and reference clouds (shuffled) with the features in ref's packed order:
+    (packed query, query ids, query positions, packed ref, ref ids, ref positions, packed features)."""
+    qp, qb, q_pos = pack(qs, gen)
+    pp, pb, p_pos = pack(ps, gen)
+    fp = torch.empty(len(pp), fs[0].shape[1], dtype=fs[0].dtype)
+    fp[p_pos] = torch.cat(fs)
+    return qp, qb, q_pos, pp, pb, p_pos, fp
+
+
+def sample_rows(out: torch.Tensor, position: torch.Tensor, tensors: list) -> list[tuple]:
+    """Each sample's rows of a packed per-query result, in the sample's own order: [(rows,), ...]."""
+    rows, at = [], 0
+    for t in tensors:
+        rows.append((out[position[at : at + len(t)]],))
+        at += len(t)
+    return rows
+
 class OpSuite:
     """Base class of one op's tests. Subclasses define the hooks below."""
 

@@ -10,7 +10,7 @@ import pcops
 from pcops.ops import nearest as knn_module
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
-from tests.op_suite import TOL, OpSuite, pack, pad
+from tests.op_suite import TOL, OpSuite, pack_pair, pad, sample_rows
 from tests.reference import CLOUDS, cloud
 
 F64 = torch.float64
@@ -315,15 +315,6 @@ def _samples(gen, with_features=False):
     return qs, ps, fs
 
 
-def _packed(qs, ps, fs, gen):
-    """(packed query, query ids, query positions, packed ref, ref ids, ref positions, packed features)."""
-    qp, qb, q_pos = pack(qs, gen)
-    pp, pb, p_pos = pack(ps, gen)
-    fp = torch.empty(len(pp), fs[0].shape[1], dtype=F64)
-    fp[p_pos] = torch.cat(fs)
-    return qp, qb, q_pos, pp, pb, p_pos, fp
-
-
 def _search_op_cases(gen):
     """Every CPU search op, both dtypes, single cloud and grouped (packed) inputs."""
     cases = []
@@ -389,7 +380,7 @@ class TestKnnSuite(OpSuite):
         (q, ql), (p, pl) = pad(qs), pad(ps)
         out = pcops.knn(q, p, K, query_lengths=ql, ref_lengths=pl)
         padded = [tuple(t[b, : len(qs[b])] for t in out) for b in range(len(qs))]
-        qp, qb, q_pos, pp, pb, p_pos, _ = _packed(qs, ps, [torch.zeros(len(p), 1, dtype=F64) for p in ps], gen)
+        qp, qb, q_pos, pp, pb, p_pos, _ = pack_pair(qs, ps, [torch.zeros(len(p), 1, dtype=F64) for p in ps], gen)
         d, idx = pcops.knn(qp, pp, K, query_batch=qb, ref_batch=pb)
         sizes = torch.tensor([len(x) for x in ps])
         to_local = torch.empty_like(p_pos)  # packed ref row -> row within its sample
@@ -457,13 +448,9 @@ class TestKnnAggregateSuite(OpSuite):
         (q, ql), (p, pl), (f, _) = pad(qs), pad(ps), pad(fs)
         out = pcops.knn_aggregate(q, p, f, K, sigma, query_lengths=ql, ref_lengths=pl)
         padded = [(out[b, : len(qs[b])],) for b in range(len(qs))]
-        qp, qb, q_pos, pp, pb, _, fp = _packed(qs, ps, fs, gen)
+        qp, qb, q_pos, pp, pb, _, fp = pack_pair(qs, ps, fs, gen)
         out = pcops.knn_aggregate(qp, pp, fp, K, sigma, query_batch=qb, ref_batch=pb)
-        packed, at = [], 0
-        for x in qs:
-            packed.append((out[q_pos[at : at + len(x)]],))
-            at += len(x)
-        return expected, padded, packed
+        return expected, padded, sample_rows(out, q_pos, qs)
 
     def bad_inputs(self, gen):
         q, p, f = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen), torch.rand(6, 2, generator=gen)

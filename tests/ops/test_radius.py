@@ -8,7 +8,7 @@ import torch
 import pcops
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
-from tests.op_suite import OpSuite, pack, pad
+from tests.op_suite import OpSuite, pack_pair, pad, sample_rows
 from tests.reference import CLOUDS, cloud, safe_radius
 
 F64 = torch.float64
@@ -374,16 +374,9 @@ class TestRadiusAggregateSuite(OpSuite):
         (q, ql), (p, pl), (f, _) = pad(qs), pad(ps), pad(fs)
         out = pcops.radius_aggregate(q, p, f, r, sigma, query_lengths=ql, ref_lengths=pl)
         padded = [(out[b, : len(qs[b])],) for b in range(len(qs))]
-        qp, qb, q_pos = pack(qs, gen)
-        pp, pb, p_pos = pack(ps, gen)
-        fp = torch.empty(len(pp), 2, dtype=F64)
-        fp[p_pos] = torch.cat(fs)
+        qp, qb, q_pos, pp, pb, _, fp = pack_pair(qs, ps, fs, gen)
         out = pcops.radius_aggregate(qp, pp, fp, r, sigma, query_batch=qb, ref_batch=pb)
-        packed, at = [], 0
-        for x in qs:
-            packed.append((out[q_pos[at : at + len(x)]],))
-            at += len(x)
-        return expected, padded, packed
+        return expected, padded, sample_rows(out, q_pos, qs)
 
     def bad_inputs(self, gen):
         cases = {f"{match} ({n})": (lambda args=args: pcops.radius_aggregate(*args), error, match) for n, (args, error, match) in enumerate(_bad_inputs())}

@@ -5,7 +5,7 @@ import torch
 
 import pcops
 from tests import reference
-from tests.op_suite import F64, OpSuite, pack, pad
+from tests.op_suite import F64, OpSuite, pack_pair, pad, sample_rows
 
 
 class _RadiusMode(OpSuite):
@@ -63,16 +63,9 @@ class _RadiusMode(OpSuite):
         (q, ql), (p, pl), (f, _) = pad(qs), pad(ps), pad(fs)
         out = self.call(q, p, f, r, query_lengths=ql, ref_lengths=pl)
         padded = [(out[b, : len(qs[b])],) for b in range(len(qs))]
-        qp, qb, q_pos = pack(qs, gen)
-        pp, pb, p_pos = pack(ps, gen)
-        fp = torch.empty(len(pp), 2, dtype=F64)
-        fp[p_pos] = torch.cat(fs)
+        qp, qb, q_pos, pp, pb, _, fp = pack_pair(qs, ps, fs, gen)
         out = self.call(qp, pp, fp, r, query_batch=qb, ref_batch=pb)
-        packed, at = [], 0
-        for x in qs:
-            packed.append((out[q_pos[at : at + len(x)]],))
-            at += len(x)
-        return expected, padded, packed
+        return expected, padded, sample_rows(out, q_pos, qs)
 
     def bad_inputs(self, gen):
         q, p, f = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen), torch.rand(6, 2, generator=gen)
