@@ -321,13 +321,14 @@ def _convert(arg):
     return array(arg) if isinstance(arg, torch.Tensor) else arg
 
 
-def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = ()) -> None:
+def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
     The kernel's first parameter is the index of its first thread (``start``), followed by
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    over ``torch.get_num_threads()`` pool threads; the tensors at the positions ``scatter``
+    over ``torch.get_num_threads()`` pool threads, each running at least ``min_chunk`` threads
+    (less for kernels whose threads do much work each); the tensors at the positions ``scatter``
     (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk, summed back
     into the original after the launches. The first launch of a kernel on a device (which
     compiles or loads its module) runs alone, under the build lock.
@@ -336,7 +337,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
         return
     dev = device(like)
     s = cuda_stream(like)
-    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
+    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // max(min_chunk, 1)))
     bounds = [n * c // chunks for c in range(chunks + 1)]
     private = [list(args)] + [
         [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)

@@ -265,6 +265,39 @@ def test_warp_tree_search_is_exact_on_large_clouds(gen, kind):
                 torch.testing.assert_close(found, ref_d, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("rounds", [0, 1, 64])
+def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds):
+    # the partitions may stop early (adversarial inputs): the boxes are those of the points in
+    # each range, so unbalanced or unsorted splits slow the search down but keep it exact
+    from pcops.ops.nearest import _warp as tree
+
+    monkeypatch.setattr(tree, "_ROUNDS", rounds)
+    p = torch.randn(3000, 3, generator=gen, dtype=F64)
+    p[:1000] = p[:1000].round(decimals=1)  # heavy duplicates in the split keys
+    p[1000:1200] = p[1000]  # 200 copies of one point: ties by the smaller index
+    q = torch.cat([torch.randn(400, 3, generator=gen, dtype=F64), p[995:1005]])
+    for k in (1, 7, 33):
+        _, idx = pcops.knn(q, p, k, backend="warp")
+        _, ref_idx = reference.knn(q, p, k)
+        torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+
+
+def test_warp_kd_tree_with_more_samples_than_leaves(gen):
+    # many tiny samples: tree nodes spanning several samples are split between samples
+    sizes = torch.randint(1, 6, (300,), generator=gen)
+    p_batch = torch.repeat_interleave(torch.arange(300), sizes)
+    p = torch.rand(int(sizes.sum()), 3, generator=gen, dtype=F64)
+    q_batch = torch.arange(300).repeat(3)
+    q = torch.rand(900, 3, generator=gen, dtype=F64)
+    _, idx = pcops.knn(q, p, 4, backend="warp", query_batch=q_batch, ref_batch=p_batch)
+    for b in range(0, 300, 7):
+        rows, cols = (q_batch == b).nonzero().flatten(), (p_batch == b).nonzero().flatten()
+        k = min(4, int(sizes[b]))
+        _, ref_idx = reference.knn(q[rows], p[cols], k)
+        torch.testing.assert_close(idx[rows, :k], cols[ref_idx], rtol=0, atol=0)
+        assert (idx[rows, k:] == -1).all()
+
+
 def test_warp_search_terminates_on_non_finite_points_without_validation(gen):
     p = torch.rand(300, 3, generator=gen, dtype=F64)
     q = torch.rand(40, 3, generator=gen, dtype=F64)

@@ -11,7 +11,7 @@ Backends (see docs/ops/knn.md):
 name      devices      implementation
 ========  ===========  ===============================================================
 cuml      cuda         RAPIDS cuML ``NearestNeighbors`` (brute force), DLPack zero-copy
-warp      cpu, cuda    Warp search of a box tree over Morton-sorted points
+warp      cpu, cuda    Warp search of a balanced kd-tree (stackless, nearest child first)
 scipy     cpu          ``scipy.spatial.cKDTree`` on all cores
 torch     cpu, cuda    chunked brute force in torch (the reference); any dimension D
 ========  ===========  ===============================================================
@@ -83,14 +83,19 @@ def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional
     return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
+def _search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+    """The backend's (dists, idx) (P, k) for the flat inputs: -1 / inf where a sample is short."""
+    name = resolve_backend(backend, flat.query.device)
+    query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
+    return BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+
+
 def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
     """(indices (P, k) into the flat ref with -1 replaced by 0, validity mask (P, k)).
 
     The search itself (no gradient); the ops built on it gather what they need from the indices.
     """
-    name = resolve_backend(backend, flat.query.device)
-    query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-    _, idx = BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    _, idx = _search(flat, k, backend, validate, dtype)
     return idx.clamp_min(0), idx >= 0
 
 
@@ -149,7 +154,8 @@ def knn(
         into ``ref`` (per sample for padded inputs, into the packed ref for packed inputs),
         sorted by distance ascending, ties by the smaller index; ``dists`` Euclidean
         distances (not squared) in the promoted dtype of the points, differentiable with
-        respect to ``query`` and ``ref``. A query whose sample has fewer than k reference
+        respect to ``query`` and ``ref`` (recomputed in torch from the found points when a
+        gradient is asked for; the search's own distances otherwise). A query whose sample has fewer than k reference
         points gets idx -1 and dist inf in the missing columns. float16/bfloat16 points are
         searched in float32.
     """
@@ -159,9 +165,16 @@ def knn(
         backend = _any_dim_backend(backend)
     flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
-    dists = torch.where(valid, dists, float("inf")).to(out_dtype)
-    idx = _batch.local_index(flat, torch.where(valid, idx, -1))
+    if features_space or (torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)):
+        # distances recomputed in torch from the found points: differentiable, and exact for
+        # the feature-space search (whose own distances come from the Gram form)
+        idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
+        dists = torch.where(valid, dists, float("inf"))
+        idx = torch.where(valid, idx, -1)
+    else:  # no gradient asked for: the 3-D search's own distances (direct differences), no copy
+        dists, idx = _search(flat, k, backend, validate, dtype)
+    dists = dists.to(out_dtype)
+    idx = _batch.local_index(flat, idx)
     return KNN(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx))
 
 

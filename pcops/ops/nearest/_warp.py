@@ -1,23 +1,29 @@
-"""kNN with Warp, on CPU and CUDA: a bounding-box tree over Morton-sorted points, searched per query.
+"""kNN with Warp, on CPU and CUDA: a balanced kd-tree, searched per query without a stack.
 
-Build (O(N log N): Warp kernels for the keys and boxes, a torch sort): the points are sorted by (group, Morton code); runs of ``LEAF``
-consecutive sorted points are the leaves, and each level above groups ``FANOUT`` consecutive
-nodes of the level below. Every node stores the bounding box of its points (and, for
-batches, the smallest and largest group id among them). No pointer is stored: node ``n`` of
-level ``l`` has the children ``n * FANOUT ..`` of level ``l - 1``.
+Build (Warp kernels, O(N log N)): the reference points are copied (sorted by group id for
+batches) and split recursively at the middle index: node ``i`` at depth ``d`` holds the
+points ``N i / 2^d .. N (i + 1) / 2^d`` (integer division), and its two children are the
+halves of that range, so no pointer is stored. A node's points are partitioned (quickselect)
+along the widest axis of its bounding box so that its left half lies below the split value and
+its right half above; a node whose range spans several groups is split between groups
+instead (its points stay in group order). Every node stores its bounding box, its group range
+(batches), its split axis and value. Leaves hold at most ``LEAF`` points. A split only has to
+be exact for speed: the boxes are those of the points actually in each range, so a
+partition stopped early (after ``_ROUNDS`` rounds, e.g. on adversarial inputs) keeps the
+search exact.
 
-Search (one Warp thread per query, queries in Morton order for locality): the query first
-scans the leaf at its own place in Morton order, then the other children of each ancestor of
-that leaf, bottom up, each subtree depth first without a stack, skipping every node whose
-box is farther than the current k-th distance (or holds no point of the query's group).
-Each query keeps its k best (distance, index) pairs in its output row by insertion, so the
-order is exact, ties by the smaller index: a skipped box is farther than the k-th distance,
-so it cannot even hold a tie. The cost of a query follows the number of points near its
-k-th neighbour sphere, whatever the density of the cloud elsewhere (measured in
-docs/ops/knn.md); memory is O(N + M).
+Search (one Warp thread per query, queries in Morton order for locality): from the root, the
+query goes down to the child on its side of each split (the nearer child first), then back
+up, visiting each other child on the way, without a stack: the child to visit next is
+recomputed from the parent's split. A node whose box is farther than the current k-th
+distance (or holds no point of the query's group) is skipped. Each query keeps its k best
+(distance, index) pairs in its output row by insertion, so the order is exact, ties by the
+smaller index: a skipped box is farther than the k-th distance, so it cannot even hold a tie.
+Memory is O(N + M).
 
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
-point is never a neighbour, and a box holding one is never skipped, so every walk ends.
+point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and every walk
+ends: it visits each node at most once.
 """
 
 import torch
@@ -26,28 +32,51 @@ import warp as wp
 from ... import _warp
 from ._registry import backend
 
-LEAF = 8  # points per leaf
-FANOUT = 4  # children per inner node
-_BITS = 10  # Morton bits per axis
+LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured within 5%
+_ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
+_BITS = 10  # Morton bits per axis of the query order
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = FANOUT):
+def _funcs(dtype: torch.dtype):
+    """``key(p, a)``: coordinate a of p, NaN as +inf (a total order for the splits);
+    ``right(a, split, q, g)``: whether the query (q, group g) lies on the right of a split."""
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+
+    @wp.func(module="unique")
+    def key(p: v, a: int):
+        x = p[a]
+        if x != x:
+            x = s(wp.inf)
+        return x
+
+    @wp.func(module="unique")
+    def right(a: int, split: s, q: v, g: int):
+        if a < 0:  # a split between groups: the right child holds the groups from -a - 1 on
+            return g >= -a - 1
+        return q[a] >= split
+
+    return key, right
+
+
+@_warp.kernels
+def _search_kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
-    insert = _warp.sorted_insert(dtype)
     v = _warp.vec3(dtype)
+    insert = _warp.sorted_insert(dtype)
+    _, right = _funcs(dtype)
     # A box (or point) is skipped only when its squared distance exceeds (1 + slack) x the
     # squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
     # farther than a point inside it, nor a point farther than its rounded distance.
     slack = s(1.0 + 64.0 * torch.finfo(dtype).eps)
 
     # One loop, no helper functions taking arrays: Warp passes arrays to functions by value,
-    # and copying a dozen array descriptors per call cost more than the search itself.
+    # and copying array descriptors per call costs more than the work itself.
     @wp.kernel(enable_backward=False, module="unique")
     def search(
         start: int,
+        depth: int,
         rows: wp.array(dtype=wp.int64),
-        home: wp.array(dtype=wp.int64),
         query: wp.array(dtype=v),
         query_group: wp.array(dtype=wp.int32),
         points: wp.array(dtype=v),
@@ -57,8 +86,8 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
         hi: wp.array(dtype=v),
         glo: wp.array(dtype=wp.int32),
         ghi: wp.array(dtype=wp.int32),
-        level_start: wp.array(dtype=wp.int32),
-        level_count: wp.array(dtype=wp.int32),
+        axis: wp.array(dtype=wp.int32),
+        split: wp.array(dtype=s),
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
     ):
@@ -71,88 +100,152 @@ def _kernel(dtype: torch.dtype, grouped: bool, leaf: int = LEAF, fanout: int = F
         if wp.static(grouped):
             g = int(query_group[i])
         k = dists.shape[1]
-        npts = points.shape[0]
-        top = level_start.shape[0] - 1
+        npts = wp.int64(points.shape[0])
         zero = v(s(0.0), s(0.0), s(0.0))
         n = int(0)
         bound = s(wp.inf)  # squared distance beyond which nothing can enter the row
-        # Subtrees in this order: the leaf at the query's place in Morton order (path node
-        # ``hp`` at level ``level0`` = 0), then the other children of each of its ancestors,
-        # bottom up; each one depth first without a stack (next sibling, else up).
-        hp = int(home[t]) // wp.static(leaf)
-        level0 = int(0)
-        sib = hp
-        first = bool(True)
-        level = int(0)
-        node = hp
-        done = bool(False)
-        while not done:
-            b = int(level_start[level]) + node
-            skip = bool(False)
-            if wp.static(grouped):
-                skip = g < int(glo[b]) or g > int(ghi[b])
-            if not skip:
-                gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
-                skip = wp.dot(gap, gap) > bound
-            if not skip and level > 0:
-                level = level - 1
-                node = node * wp.static(fanout)
-                continue
-            if not skip:  # a leaf: insert its points into the sorted row
-                j0 = node * wp.static(leaf)
-                for j in range(j0, wp.min(j0 + wp.static(leaf), npts)):
-                    diff = q - points[j]
-                    d2 = wp.dot(diff, diff)
-                    ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
-                    if wp.static(grouped):
-                        ok = ok and int(point_group[j]) == g
-                    if ok:
-                        n = insert(dists, idx, i, n, wp.sqrt(d2), order[j])
-                        if n == k:  # a full row: nothing farther than its last (with slack) can enter
-                            r = dists[i, k - 1] * slack
-                            bound = r * r
-            # next node inside the subtree, or the root of the next subtree
-            moving = bool(True)
-            while moving:
-                if level == level0:
-                    moving = False
-                    searching = bool(True)
-                    while searching:
-                        if first:
-                            first = False
-                            sib = (hp // wp.static(fanout)) * wp.static(fanout) - 1
-                        sib = sib + 1
-                        if sib == hp:
-                            sib = sib + 1
-                        if sib < (hp // wp.static(fanout) + 1) * wp.static(fanout) and sib < int(level_count[level0]):
-                            level = level0
-                            node = sib
-                            searching = False
-                        else:
-                            level0 = level0 + 1
-                            hp = hp // wp.static(fanout)
-                            if level0 >= top:
-                                done = True
-                                searching = False
-                            else:
-                                sib = (hp // wp.static(fanout)) * wp.static(fanout) - 1
-                elif node % wp.static(fanout) != wp.static(fanout) - 1 and node + 1 < int(level_count[level]):
-                    node = node + 1
-                    moving = False
+        # node ``node`` at depth ``d`` is entry (1 << d) - 1 + node of the node arrays
+        d = int(0)
+        node = int(0)
+        arrived = bool(True)  # at a node not yet tested (else: coming back up from it)
+        near = int(0)  # bit d: whether the nearer child below the path's node at depth d is the right one
+        while d >= 0:
+            if arrived:
+                b = (1 << d) - 1 + node
+                skip = bool(False)
+                if wp.static(grouped):
+                    skip = g < glo[b] or g > ghi[b]
+                if not skip and bound < s(wp.inf):
+                    gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
+                    skip = wp.dot(gap, gap) > bound
+                if not skip and d < depth:  # an inner node: its child on the query's side first
+                    side = int(right(axis[b], split[b], q, g))
+                    near = (near & ~(1 << d)) | (side << d)  # bit d: the side taken below depth d
+                    node = 2 * node + side
+                    d = d + 1
+                    continue
+                if not skip:  # a leaf: insert its points into the sorted row
+                    j0 = int((npts * wp.int64(node)) >> wp.int64(depth))
+                    j1 = int((npts * wp.int64(node + 1)) >> wp.int64(depth))
+                    for j in range(j0, j1):
+                        diff = q - points[j]
+                        d2 = wp.dot(diff, diff)
+                        ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
+                        if wp.static(grouped):
+                            ok = ok and int(point_group[j]) == g
+                        if ok:
+                            n = insert(dists, idx, i, n, wp.sqrt(d2), order[j])
+                            if n == k:  # a full row: nothing farther than its last (with slack) can enter
+                                r = dists[i, k - 1] * slack
+                                bound = r * r
+                arrived = False
+            elif d > 0:  # back from ``node``: its sibling if node is the nearer child, else up
+                if (node & 1) == ((near >> (d - 1)) & 1):
+                    node = node ^ 1
+                    arrived = True
                 else:
-                    node = node // wp.static(fanout)
-                    level = level + 1
+                    node = node // 2
+                    d = d - 1
+            else:
+                d = -1  # back at the root: done
 
     return search
 
 
 @_warp.kernels
 def _build_kernels(dtype: torch.dtype):
-    """Warp kernels of the build: sort keys, and the boxes of one tree level (one launch each,
-    instead of dozens of small torch operations)."""
+    """Warp kernels of the build: the splits of the tree (nodes of one depth per thread range,
+    each thread splitting its node's subtree down to a given depth), and the Morton sort keys
+    of the queries."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    key, _ = _funcs(dtype)
     top = float(2**_BITS - 1)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def build(
+        start: int,
+        depth: int,
+        last_depth: int,
+        leaf_depth: int,
+        rounds: int,
+        points: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int64),
+        groups: wp.array(dtype=wp.int32),
+        grouped: int,
+        lo: wp.array(dtype=v),
+        hi: wp.array(dtype=v),
+        glo: wp.array(dtype=wp.int32),
+        ghi: wp.array(dtype=wp.int32),
+        axis: wp.array(dtype=wp.int32),
+        split: wp.array(dtype=s),
+    ):
+        """Node ``tid`` of ``depth`` and its descendants down to ``last_depth``: box, group
+        range, and (above ``leaf_depth``) the split of its points at the middle index."""
+        root = wp.tid() + start
+        npts = wp.int64(points.shape[0])
+        for e in range(depth, last_depth + 1):
+            for c in range(1 << (e - depth)):
+                node = (root << (e - depth)) + c
+                b = (1 << e) - 1 + node
+                first = int((npts * wp.int64(node)) >> wp.int64(e))
+                last = int((npts * wp.int64(node + 1)) >> wp.int64(e))
+                l = points[first]
+                h = l
+                for j in range(first + 1, last):
+                    l = wp.min(l, points[j])
+                    h = wp.max(h, points[j])
+                lo[b] = l
+                hi[b] = h
+                if grouped != 0:
+                    glo[b] = groups[first]  # the points of a range are in group order, or of one group
+                    ghi[b] = groups[last - 1]
+                if e < leaf_depth:
+                    mid = int((npts * wp.int64(2 * node + 1)) >> wp.int64(e + 1))
+                    if grouped != 0 and groups[first] != groups[last - 1]:
+                        axis[b] = -1 - groups[mid]  # between groups: the order stays
+                        split[b] = s(0.0)
+                    else:
+                        ext = h - l
+                        a = int(0)
+                        if ext[1] > ext[a]:
+                            a = 1
+                        if ext[2] > ext[a]:
+                            a = 2
+                        # quickselect (Hoare partitions around a median of three) of the middle
+                        left = first
+                        rite = last - 1
+                        r = int(0)
+                        while rite > left and r < rounds:
+                            x0 = key(points[left], a)
+                            x1 = key(points[(left + rite) // 2], a)
+                            x2 = key(points[rite], a)
+                            pivot = wp.max(wp.min(x0, x1), wp.min(wp.max(x0, x1), x2))
+                            ii = left
+                            jj = rite
+                            while ii <= jj:
+                                while ii <= rite and key(points[ii], a) < pivot:
+                                    ii = ii + 1
+                                while jj >= left and key(points[jj], a) > pivot:
+                                    jj = jj - 1
+                                if ii <= jj:
+                                    p = points[ii]
+                                    points[ii] = points[jj]
+                                    points[jj] = p
+                                    o = order[ii]
+                                    order[ii] = order[jj]
+                                    order[jj] = o
+                                    ii = ii + 1
+                                    jj = jj - 1
+                            if mid <= jj:
+                                rite = jj
+                            elif mid >= ii:
+                                left = ii
+                            else:
+                                rite = left  # the middle is in place
+                            r = r + 1
+                        axis[b] = a
+                        split[b] = key(points[mid], a)
 
     @wp.func
     def spread(x: wp.int64):
@@ -185,98 +278,58 @@ def _build_kernels(dtype: torch.dtype):
             code = code | (wp.int64(groups[i]) << wp.int64(32))
         out[i] = code
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def level(
-        start: int,
-        src_lo: wp.array(dtype=v),
-        src_hi: wp.array(dtype=v),
-        src_glo: wp.array(dtype=wp.int32),
-        src_ghi: wp.array(dtype=wp.int32),
-        src_start: int,
-        src_count: int,
-        width: int,
-        grouped: int,
-        lo: wp.array(dtype=v),
-        hi: wp.array(dtype=v),
-        glo: wp.array(dtype=wp.int32),
-        ghi: wp.array(dtype=wp.int32),
-        dst_start: int,
-    ):
-        """Node n of a level: the union of the boxes (and group ranges) of its ``width`` children."""
-        n = wp.tid() + start
-        first = n * width
-        last = wp.min(first + width, src_count)
-        l = src_lo[src_start + first]
-        h = src_hi[src_start + first]
-        for c in range(first + 1, last):
-            l = wp.min(l, src_lo[src_start + c])
-            h = wp.max(h, src_hi[src_start + c])
-        lo[dst_start + n] = l
-        hi[dst_start + n] = h
-        if grouped != 0:
-            gl = src_glo[src_start + first]
-            gh = src_ghi[src_start + first]
-            for c in range(first + 1, last):
-                gl = wp.min(gl, src_glo[src_start + c])
-                gh = wp.max(gh, src_ghi[src_start + c])
-            glo[dst_start + n] = gl
-            ghi[dst_start + n] = gh
-
-    return keys, level
+    return build, keys
 
 
-def _frame(query: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """(low corner x, y, z, Morton cells per unit) of the box around both point sets (NaN with
-    non-finite points: every key is then 0, which slows the search down but keeps it exact)."""
-    low, high = torch.aminmax(torch.cat([query, ref]), dim=0)
-    scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)
-    return torch.cat([low, scale[None]])
+def _query_order(query: torch.Tensor, group) -> torch.Tensor:
+    """The queries in (group, Morton code) order: neighbouring threads walk the same nodes."""
+    low, high = torch.aminmax(query, dim=0)
+    scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)  # NaN with non-finite points: keys 0
+    frame = torch.cat([low, scale[None]])
+    _, keys = _build_kernels(query.dtype)
+    out = torch.empty(query.shape[0], dtype=torch.int64, device=query.device)
+    groups = group.contiguous() if group is not None else torch.zeros(1, dtype=torch.int32, device=query.device)
+    _warp.launch(keys, query.shape[0], [_warp.array(query, dtype=_warp.vec3(query.dtype)), groups, int(group is not None), frame, out], like=query)
+    return torch.sort(out).indices
 
 
-def _keys(points: torch.Tensor, frame: torch.Tensor, group) -> torch.Tensor:
-    """int64 sort keys: the group id above a 30-bit Morton code of the point in the frame's box."""
-    keys, _ = _build_kernels(points.dtype)
-    out = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
-    groups = group.contiguous() if group is not None else torch.zeros(1, dtype=torch.int32, device=points.device)
-    args = [_warp.array(points, dtype=_warp.vec3(points.dtype)), groups, int(group is not None), frame, out]
-    _warp.launch(keys, points.shape[0], args, like=points)
-    return out
+def _depth(n: int) -> int:
+    """Depth of the leaves: the smallest d with at most LEAF points per leaf."""
+    d = 0
+    while -(-n // (1 << d)) > LEAF:
+        d += 1
+    return d
 
 
-def _tree(points: torch.Tensor, groups):
-    """Boxes (lo, hi), group ranges (glo, ghi) of every node, level by level from the leaves;
-    with the first node and the node count of each level."""
-    counts = [-(-points.shape[0] // LEAF)]
-    while counts[-1] > 1:
-        counts.append(-(-counts[-1] // FANOUT))
-    starts = [0]
-    for c in counts[:-1]:
-        starts.append(starts[-1] + c)
-    total, dev, vec = sum(counts), points.device, _warp.vec3(points.dtype)
-    lo, hi = points.new_empty((total, 3)), points.new_empty((total, 3))
-    grouped = groups is not None
-    glo, ghi = (torch.empty(total if grouped else 1, dtype=torch.int32, device=dev) for _ in range(2))
-    _, level = _build_kernels(points.dtype)
-    dst = [_warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi]
-    pts = _warp.array(points, dtype=vec)
-    src = [pts, pts, groups if grouped else glo, groups if grouped else ghi]
-    src_count, src_start, width = points.shape[0], 0, LEAF
-    for start, count in zip(starts, counts):
-        _warp.launch(level, count, [*src, src_start, src_count, width, int(grouped), *dst, start], like=points)
-        src, src_start, src_count, width = dst, start, count, FANOUT
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
-    return lo, hi, glo, ghi, as_tensor(starts), as_tensor(counts)
-
-
-def _homes(ref_keys: torch.Tensor, query_keys: torch.Tensor, ref_groups, query_groups) -> torch.Tensor:
-    """(M,) the sorted reference index at each query's Morton code, inside its group if it has one."""
-    pos = torch.searchsorted(ref_keys, query_keys)
-    if ref_groups is None:
-        return pos.clamp(max=ref_keys.shape[0] - 1)
-    bounds = ref_groups.long() << 32
-    first = torch.searchsorted(bounds, query_groups.long() << 32)
-    last = torch.searchsorted(bounds, (query_groups.long() + 1) << 32)
-    return torch.minimum(pos, last - 1).clamp(min=first).clamp(max=ref_keys.shape[0] - 1)
+def _tree(ref: torch.Tensor, group):
+    """(points, order, groups, boxes lo/hi, group ranges glo/ghi, split axis/value, depth): the
+    kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices)."""
+    dev, n = ref.device, ref.shape[0]
+    if group is not None:
+        group, order = torch.sort(group, stable=True)
+        points = ref[order]
+    else:
+        order, points = torch.arange(n, device=dev), ref.clone()
+    depth = _depth(n)
+    nodes = (2 << depth) - 1
+    lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
+    glo, ghi = (torch.empty(nodes if group is not None else 1, dtype=torch.int32, device=dev) for _ in range(2))
+    axis = torch.empty(nodes, dtype=torch.int32, device=dev)
+    split = ref.new_empty(nodes)
+    vec = _warp.vec3(ref.dtype)
+    groups = group if group is not None else glo
+    args = [_warp.array(points, dtype=vec), order, groups, int(group is not None),
+            _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+    build, _ = _build_kernels(ref.dtype)
+    # One launch per depth down to where there are enough subtrees for every CPU thread; then
+    # one thread per subtree does the rest (on CUDA: one launch per depth, one thread per node).
+    serial = depth if dev.type != "cpu" else min(depth, max(torch.get_num_threads() * 8, 1).bit_length())
+    for d in range(depth + 1):
+        last = d if d < serial else depth
+        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1)
+        if last == depth:
+            break
+    return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
 @backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")
@@ -289,17 +342,11 @@ def search(query, ref, k, query_group, ref_group):
     _warp.init()
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
-    frame = _frame(query, ref)
-    ref_keys, order = torch.sort(_keys(ref, frame, ref_group))
-    query_keys, rows = torch.sort(_keys(query, frame, query_group))
-    points = ref[order].contiguous()
-    point_group = ref_group[order].contiguous() if grouped else None
-    lo, hi, glo, ghi, starts, counts = _tree(points, point_group)
-    home = _homes(ref_keys, query_keys, point_group, query_group[rows] if grouped else None)
+    points, order, point_group, lo, hi, glo, ghi, axis, split, depth = _tree(ref, ref_group)
+    rows = _query_order(query, query_group)
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    args = [rows, home, vec(query), query_group.contiguous() if grouped else dummy, vec(points), order,
-            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi,
-            starts, counts, dists, idx]
-    _warp.launch(_kernel(query.dtype, grouped, LEAF, FANOUT), m, args, like=query)
+    args = [depth, rows, vec(query), query_group.contiguous() if grouped else dummy, vec(points), order,
+            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx]
+    _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query)
     return dists, idx
