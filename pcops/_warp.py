@@ -37,6 +37,8 @@ import warp as wp
 
 # Below this many threads a launch is not worth splitting across CPU threads.
 _MIN_CHUNK = 1024
+# Chunks per CPU thread of a launch that scatters into nothing (balances uneven work).
+_CHUNKS_PER_THREAD = 4
 
 # One re-entrant lock for everything in Warp that is not thread-safe and happens once:
 # initialisation, kernel creation (code generation, module hashing) and first module loads.
@@ -327,7 +329,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     The kernel's first parameter is the index of its first thread (``start``), followed by
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    over ``torch.get_num_threads()`` pool threads, each running at least ``min_chunk`` threads
+    into up to ``_CHUNKS_PER_THREAD`` chunks per ``torch.get_num_threads()`` pool thread (one per
+    thread with ``scatter``), each running at least ``min_chunk`` threads
     (less for kernels whose threads do much work each); the tensors at the positions ``scatter``
     (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk, summed back
     into the original after the launches. The first launch of a kernel on a device (which
@@ -337,7 +340,10 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
         return
     dev = device(like)
     s = cuda_stream(like)
-    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // max(min_chunk, 1)))
+    # CPU: a few chunks per thread (threads' work varies with the data, e.g. clustered clouds),
+    # one per thread where each chunk needs private copies of the scattered arrays
+    per_thread = 1 if scatter else _CHUNKS_PER_THREAD
+    chunks = 1 if s is not None else max(1, min(torch.get_num_threads() * per_thread, n // max(min_chunk, 1)))
     bounds = [n * c // chunks for c in range(chunks + 1)]
     private = [list(args)] + [
         [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)
@@ -359,8 +365,20 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
                 first = 1
     if chunks - first == 1:
         run(first)
-    elif chunks > first:
-        list(_pool().map(run, range(first, chunks)))
+    elif chunks > first:  # at most torch.get_num_threads() pool threads take the chunks in turn
+        todo, lock = iter(range(first, chunks)), threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    c = next(todo, None)
+                if c is None:
+                    return
+                run(c)
+
+        workers = min(torch.get_num_threads(), chunks - first)
+        for f in [_pool().submit(worker) for _ in range(workers)]:
+            f.result()
     for i in scatter:
         for extra in private[1:]:
             args[i].add_(extra[i])

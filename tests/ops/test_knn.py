@@ -266,12 +266,15 @@ def test_warp_tree_search_is_exact_on_large_clouds(gen, kind):
 
 
 @pytest.mark.parametrize("rounds", [0, 1, 64])
-def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds):
+@pytest.mark.parametrize("sort_queries", [False, True])
+def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, sort_queries):
     # the partitions may stop early (adversarial inputs): the boxes are those of the points in
-    # each range, so unbalanced or unsorted splits slow the search down but keep it exact
+    # each range, so unbalanced or unsorted splits slow the search down but keep it exact; and
+    # queries in Morton order (large trees) or as given find the same
     from pcops.ops.nearest import _warp as tree
 
     monkeypatch.setattr(tree, "_ROUNDS", rounds)
+    monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
     p = torch.randn(3000, 3, generator=gen, dtype=F64)
     p[:1000] = p[:1000].round(decimals=1)  # heavy duplicates in the split keys
     p[1000:1200] = p[1000]  # 200 copies of one point: ties by the smaller index
@@ -282,8 +285,12 @@ def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds):
         torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
 
 
-def test_warp_kd_tree_with_more_samples_than_leaves(gen):
+@pytest.mark.parametrize("sort_queries", [False, True])
+def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries):
     # many tiny samples: tree nodes spanning several samples are split between samples
+    from pcops.ops.nearest import _warp as tree
+
+    monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
     sizes = torch.randint(1, 6, (300,), generator=gen)
     p_batch = torch.repeat_interleave(torch.arange(300), sizes)
     p = torch.rand(int(sizes.sum()), 3, generator=gen, dtype=F64)

@@ -12,7 +12,7 @@ be exact for speed: the boxes are those of the points actually in each range, so
 partition stopped early (after ``_ROUNDS`` rounds, e.g. on adversarial inputs) keeps the
 search exact.
 
-Search (one Warp thread per query, queries in Morton order for locality): from the root, the
+Search (one Warp thread per query; for large trees queries in Morton order): from the root, the
 query goes down to the child on its side of each split (the nearer child first), then back
 up, visiting each other child on the way, without a stack: the child to visit next is
 recomputed from the parent's split. A node whose box is farther than the current k-th
@@ -35,6 +35,7 @@ from ._registry import backend
 LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured within 5%
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _BITS = 10  # Morton bits per axis of the query order
+_SORT_QUERIES_ABOVE = 1 << 17  # reference points above which CPU queries are searched in Morton order
 
 
 @_warp.kernels
@@ -212,37 +213,39 @@ def _build_kernels(dtype: torch.dtype):
                             a = 1
                         if ext[2] > ext[a]:
                             a = 2
-                        # quickselect (Hoare partitions around a median of three) of the middle
+                        # quickselect of the middle: each round moves the keys below a pivot (a
+                        # median of three) to the front, then, if the middle is not there, the
+                        # keys equal to it; branch-free passes (every element is swapped, the
+                        # boundary moves by a comparison); equal keys end a round, so each one
+                        # shrinks the range
                         left = first
-                        rite = last - 1
+                        rite = last
                         r = int(0)
-                        while rite > left and r < rounds:
+                        while rite - left > 1 and r < rounds:
                             x0 = key(points[left], a)
                             x1 = key(points[(left + rite) // 2], a)
-                            x2 = key(points[rite], a)
+                            x2 = key(points[rite - 1], a)
                             pivot = wp.max(wp.min(x0, x1), wp.min(wp.max(x0, x1), x2))
-                            ii = left
-                            jj = rite
-                            while ii <= jj:
-                                while ii <= rite and key(points[ii], a) < pivot:
-                                    ii = ii + 1
-                                while jj >= left and key(points[jj], a) > pivot:
-                                    jj = jj - 1
-                                if ii <= jj:
-                                    p = points[ii]
-                                    points[ii] = points[jj]
-                                    points[jj] = p
-                                    o = order[ii]
-                                    order[ii] = order[jj]
-                                    order[jj] = o
-                                    ii = ii + 1
-                                    jj = jj - 1
-                            if mid <= jj:
-                                rite = jj
-                            elif mid >= ii:
-                                left = ii
-                            else:
-                                rite = left  # the middle is in place
+                            for strict in range(2):
+                                fence = left
+                                for j in range(left, rite):
+                                    p = points[j]
+                                    o = order[j]
+                                    x = key(p, a)
+                                    below = x < pivot
+                                    if strict == 1:
+                                        below = x <= pivot
+                                    points[j] = points[fence]
+                                    order[j] = order[fence]
+                                    points[fence] = p
+                                    order[fence] = o
+                                    fence = fence + int(below)
+                                if mid < fence:
+                                    rite = fence
+                                    if strict == 1:
+                                        left = rite  # the middle holds the pivot: done
+                                    break
+                                left = fence
                             r = r + 1
                         axis[b] = a
                         split[b] = key(points[mid], a)
@@ -343,7 +346,10 @@ def search(query, ref, k, query_group, ref_group):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     points, order, point_group, lo, hi, glo, ghi, axis, split, depth = _tree(ref, ref_group)
-    rows = _query_order(query, query_group)
+    # Queries in Morton order where the tree outgrows the CPU caches (measured: 3-5% slower up
+    # to 10^5 reference points, 5-12% faster from 3 x 10^5 on), and always on CUDA (coherent warps)
+    sort = query.device.type != "cpu" or ref.shape[0] > _SORT_QUERIES_ABOVE
+    rows = _query_order(query, query_group) if sort else torch.arange(m, device=query.device)
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
     args = [depth, rows, vec(query), query_group.contiguous() if grouped else dummy, vec(points), order,
