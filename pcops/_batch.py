@@ -119,4 +119,6 @@ def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
     """Neighbour indices into the flat ref as the caller indexes ref: per sample for padded inputs."""
     if not flat.batch_shape:
         return idx
-    return torch.where(idx >= 0, torch.remainder(idx, flat.ref_rows), -1)
+    b, m = flat.batch_shape  # query row r is in sample r // m, whose ref rows start at (r // m) * N
+    start = torch.arange(b, device=idx.device).repeat_interleave(m) * flat.ref_rows
+    return torch.where(idx >= 0, idx - start.view(-1, *([1] * (idx.dim() - 1))), -1)

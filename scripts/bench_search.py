@@ -13,6 +13,8 @@ ratio peer / pcops is what to read (> 1: pcops is faster).
   queries of the same shape; and ``surface_grid`` (surface points, grid queries, most of
   them far from the surface).
 * batched kNN: 16 clouds of 10,000 points as one padded batch against a per-sample loop.
+* knn_aggregate's train step (forward + backward to F = 25 features, k = 7, sigma = 0.1) on the
+  tutorial's cloud against pykdtree's search + the same weighting and gather in torch.
 * radius aggregation (the tutorial's 25,000 points, 30^3 grid queries, r = 0.1, sigma = 0.1,
   F = 25): forward, and forward + backward (gradient for the features), against a
   multi-threaded numba cell list written here as the reference (search included).
@@ -279,6 +281,36 @@ def run_batched_knn(b: int, n: int, repeats: int, budget_s: float) -> list[dict]
     return [row]
 
 
+def run_knn_aggregate(n_ref: int, grid: int, features: int, repeats: int, budget_s: float) -> list[dict]:
+    """knn_aggregate's train step (forward + backward to the features) on the tutorial's cloud,
+    against a pykdtree search + the same softmax weighting and gather in torch."""
+    p, q = cloud("randn", n_ref, 0), grid_queries(grid)
+    f = torch.randn(n_ref, features, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    sigma = 0.1
+
+    def train():
+        out = pcops.knn_aggregate(q, p, f, K, sigma, validate=False)
+        out.backward(torch.ones_like(out))
+
+    fns = {"pcops_train": train}
+    try:
+        search = _pykdtree()
+
+        def peer_train():
+            d, i = search(q, p)
+            d, i = torch.from_numpy(d), torch.from_numpy(i.astype(np.int64))
+            w = torch.softmax(-d / sigma, dim=1)
+            out = (w[..., None] * f[i]).sum(1)
+            out.backward(torch.ones_like(out))
+
+        fns["pykdtree_torch_train"] = peer_train
+    except ImportError:
+        pass
+    row = {"bench": "knn_aggregate", "cloud": "randn", "n_ref": n_ref, "n_query": q.shape[0], "ms": interleaved(fns, repeats, budget_s)}
+    print(format_row(row), flush=True)
+    return [row]
+
+
 def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: float) -> tuple[list[dict], list[str]]:
     notes: list[str] = []
     try:
@@ -334,6 +366,8 @@ def table(rows: list[dict]) -> str:
                 pairs = [("cell_list_forward", "pcops_forward"), ("cell_list_train", "pcops_train")]
             elif bench == "knn_batched":
                 pairs = [("pcops_loop", "pcops"), ("pykdtree_loop", "pcops")]
+            elif bench == "knn_aggregate":
+                pairs = [("pykdtree_torch_train", "pcops_train")]
             else:
                 pairs = [(x, "pcops") for x in names if x not in ours]
             ratio = ", ".join(f"{a}/{b} {r['ms'][a] / r['ms'][b]:.2f}" for a, b in pairs if a in r["ms"] and b in r["ms"])
@@ -361,6 +395,7 @@ def run(quick: bool, repeats: int = 7, budget_s: float = 20.0, cpu_time: bool = 
     repeats = 2 if quick else repeats
     rows, notes = run_knn(sizes, ["randn", "uniform", "clustered", "surface", "surface_grid"], grid, repeats, budget_s)
     rows += run_batched_knn(4 if quick else 16, 1_000 if quick else 10_000, repeats, budget_s)
+    rows += run_knn_aggregate(2_000 if quick else 100_000, grid, 25, repeats, budget_s)
     radius_rows, radius_notes = run_radius(2_000 if quick else 25_000, grid, 25, repeats, budget_s)
     print(table(rows + radius_rows))
     for note in notes + radius_notes:

@@ -35,13 +35,14 @@ from ._registry import backend
 LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured within 5%
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _BITS = 10  # Morton bits per axis of the query order
-_SORT_QUERIES_ABOVE = 1 << 17  # reference points above which CPU queries are searched in Morton order
+_SORT_QUERIES_ABOVE = 1 << 17  # reference points (per sample) above which CPU queries go in Morton order
 
 
 @_warp.kernels
 def _funcs(dtype: torch.dtype):
     """``key(p, a)``: coordinate a of p, NaN as +inf (a total order for the splits);
-    ``right(a, split, q, g)``: whether the query (q, group g) lies on the right of a split."""
+    ``right(a, split, q, g)``: whether the query (q, group g) lies on the right of a split;
+    ``sample_pivot(x0..x4, rank)``: the rank-th smallest of five keys."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
 
     @wp.func(module="unique")
@@ -57,7 +58,30 @@ def _funcs(dtype: torch.dtype):
             return g >= -a - 1
         return q[a] >= split
 
-    return key, right
+    @wp.func(module="unique")
+    def sample_pivot(x0: s, x1: s, x2: s, x3: s, x4: s, rank: int):
+        """The rank-th smallest (0..4) of five keys (a sorting network of nine exchanges)."""
+        a, b = wp.min(x0, x1), wp.max(x0, x1)
+        d, e = wp.min(x3, x4), wp.max(x3, x4)
+        c, e = wp.min(x2, e), wp.max(x2, e)
+        c, d = wp.min(c, d), wp.max(c, d)
+        a, d = wp.min(a, d), wp.max(a, d)
+        a, c = wp.min(a, c), wp.max(a, c)
+        b, e = wp.min(b, e), wp.max(b, e)
+        b, d = wp.min(b, d), wp.max(b, d)
+        b, c = wp.min(b, c), wp.max(b, c)
+        out = a
+        if rank == 1:
+            out = b
+        elif rank == 2:
+            out = c
+        elif rank == 3:
+            out = d
+        elif rank >= 4:
+            out = e
+        return out
+
+    return key, right, sample_pivot
 
 
 @_warp.kernels
@@ -65,7 +89,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp.sorted_insert(dtype)
-    _, right = _funcs(dtype)
+    _, right, _ = _funcs(dtype)
     # A box (or point) is skipped only when its squared distance exceeds (1 + slack) x the
     # squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
     # farther than a point inside it, nor a point farther than its rounded distance.
@@ -160,7 +184,7 @@ def _build_kernels(dtype: torch.dtype):
     of the queries."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    key, _ = _funcs(dtype)
+    key, _, sample_pivot = _funcs(dtype)
     top = float(2**_BITS - 1)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -213,8 +237,8 @@ def _build_kernels(dtype: torch.dtype):
                             a = 1
                         if ext[2] > ext[a]:
                             a = 2
-                        # quickselect of the middle: each round moves the keys below a pivot (a
-                        # median of three) to the front, then, if the middle is not there, the
+                        # quickselect of the middle: each round moves the keys below a pivot (of
+                        # five spread samples, the one at the middle's relative rank) to the front, then, if the middle is not there, the
                         # keys equal to it; branch-free passes (every element is swapped, the
                         # boundary moves by a comparison); equal keys end a round, so each one
                         # shrinks the range
@@ -222,10 +246,15 @@ def _build_kernels(dtype: torch.dtype):
                         rite = last
                         r = int(0)
                         while rite - left > 1 and r < rounds:
-                            x0 = key(points[left], a)
-                            x1 = key(points[(left + rite) // 2], a)
-                            x2 = key(points[rite - 1], a)
-                            pivot = wp.max(wp.min(x0, x1), wp.min(wp.max(x0, x1), x2))
+                            span = rite - left
+                            pivot = sample_pivot(
+                                key(points[left], a),
+                                key(points[left + span // 4], a),
+                                key(points[left + span // 2], a),
+                                key(points[left + (3 * span) // 4], a),
+                                key(points[rite - 1], a),
+                                (5 * (mid - left)) // span,
+                            )
                             for strict in range(2):
                                 fence = left
                                 for j in range(left, rite):
@@ -348,7 +377,10 @@ def search(query, ref, k, query_group, ref_group):
     points, order, point_group, lo, hi, glo, ghi, axis, split, depth = _tree(ref, ref_group)
     # Queries in Morton order where the tree outgrows the CPU caches (measured: 3-5% slower up
     # to 10^5 reference points, 5-12% faster from 3 x 10^5 on), and always on CUDA (coherent warps)
-    sort = query.device.type != "cpu" or ref.shape[0] > _SORT_QUERIES_ABOVE
+    per_sample = ref.shape[0]
+    if grouped and query.device.type == "cpu":  # the trees of the samples are what must fit (no sync on CPU)
+        per_sample //= int(point_group[-1] - point_group[0]) + 1
+    sort = query.device.type != "cpu" or per_sample > _SORT_QUERIES_ABOVE
     rows = _query_order(query, query_group) if sort else torch.arange(m, device=query.device)
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
