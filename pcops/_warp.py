@@ -377,7 +377,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
                 run(c)
 
         workers = min(torch.get_num_threads(), chunks - first)
-        for f in [_pool().submit(worker) for _ in range(workers)]:
+        futures = [_pool().submit(worker) for _ in range(workers - 1)]
+        worker()  # the calling thread takes chunks too (Warp launches release the GIL)
+        for f in futures:
             f.result()
     for i in scatter:
         for extra in private[1:]:

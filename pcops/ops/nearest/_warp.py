@@ -34,6 +34,7 @@ from ._registry import backend
 
 LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured within 5%
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
+_ONE_THREAD_BUILD = 1 << 14  # CPU trees of at most this many points are built by one thread
 _BITS = 10  # Morton bits per axis of the query order
 _SORT_QUERIES_ABOVE = 1 << 17  # reference points (per sample) above which CPU queries go in Morton order
 
@@ -356,6 +357,8 @@ def _tree(ref: torch.Tensor, group):
     # One launch per depth down to where there are enough subtrees for every CPU thread; then
     # one thread per subtree does the rest (on CUDA: one launch per depth, one thread per node).
     serial = depth if dev.type != "cpu" else min(depth, max(torch.get_num_threads() * 8, 1).bit_length())
+    if dev.type == "cpu" and n <= _ONE_THREAD_BUILD:
+        serial = 0  # a small tree: one launch on the calling thread (hand-offs would cost more)
     for d in range(depth + 1):
         last = d if d < serial else depth
         _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1)
