@@ -285,12 +285,47 @@ def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, sor
         torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_warp_kd_tree_builds_by_kernels_and_by_sorting_agree(gen, monkeypatch, dtype):
+    # the CPU build (Warp kernels, quickselect) and the GPUs' build (torch sorts) give the same
+    # node boxes and split axes on a cloud of distinct coordinates, alone or in samples, and the
+    # same neighbours with duplicate coordinates and NaN points too (where the builds may send
+    # equal keys to different sides, or bound a NaN differently: both exact)
+    from pcops.ops.nearest import _warp as tree
+
+    p = torch.randn(2500, 3, generator=gen, dtype=F64).to(dtype)
+    groups = torch.randint(0, 3, (2500,), generator=gen, dtype=torch.int32)
+    for group in (None, groups):
+        trees = []
+        for by_sorting in (False, True):
+            monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
+            trees.append(tree._tree(p, group))
+        (_, _, _, lo_k, hi_k, glo_k, ghi_k, axis_k, _, depth), (_, _, _, lo_s, hi_s, glo_s, ghi_s, axis_s, _, _) = trees
+        inner = (1 << depth) - 1
+        torch.testing.assert_close(lo_k, lo_s, rtol=0, atol=0)
+        torch.testing.assert_close(hi_k, hi_s, rtol=0, atol=0)
+        torch.testing.assert_close(axis_k[:inner], axis_s[:inner], rtol=0, atol=0)
+        if group is not None:
+            assert torch.equal(glo_k, glo_s) and torch.equal(ghi_k, ghi_s)
+    q = torch.randn(300, 3, generator=gen, dtype=F64).to(dtype)
+    p[:300] = p[:300].round(decimals=1)
+    p[[5, 77]] = float("nan")
+    found = []
+    for by_sorting in (False, True):
+        monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
+        found.append(pcops.knn(q, p, 9, backend="warp", validate=False).idx)
+    assert torch.equal(found[0], found[1])
+
+
 @pytest.mark.parametrize("sort_queries", [False, True])
-def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries):
-    # many tiny samples: tree nodes spanning several samples are split between samples
+@pytest.mark.parametrize("by_sorting", [False, True])
+def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries, by_sorting):
+    # many tiny samples: tree nodes spanning several samples are split between samples; the
+    # GPUs' build (torch sorts, run here on the CPU) gives the same results
     from pcops.ops.nearest import _warp as tree
 
     monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
+    monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
     sizes = torch.randint(1, 6, (300,), generator=gen)
     p_batch = torch.repeat_interleave(torch.arange(300), sizes)
     p = torch.rand(int(sizes.sum()), 3, generator=gen, dtype=F64)

@@ -1,7 +1,8 @@
 """kNN with Warp, on CPU and CUDA: a balanced kd-tree, searched per query without a stack.
 
-Build (Warp kernels, O(N log N)): the reference points are copied (sorted by group id for
-batches) and split recursively at the middle index: node ``i`` at depth ``d`` holds the
+Build (Warp kernels on the CPU, O(N log N); torch sorts on GPUs, see ``_sorted_splits``): the
+reference points are copied (sorted by group id for batches) and split recursively at the
+middle index: node ``i`` at depth ``d`` holds the
 points ``N i / 2^d .. N (i + 1) / 2^d`` (integer division), and its two children are the
 halves of that range, so no pointer is stored. A node's points are partitioned (quickselect)
 along the widest axis of its bounding box so that its left half lies below the split value and
@@ -35,6 +36,7 @@ from ._registry import backend
 LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured within 5%
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _ONE_THREAD_BUILD = 1 << 14  # CPU trees of at most this many points are built by one thread
+_BUILD_BY_SORTING = False  # True: the torch build of GPUs on the CPU too (tests)
 _BITS = 10  # Morton bits per axis of the query order
 _SORT_QUERIES_ABOVE = 1 << 17  # reference points (per sample) above which CPU queries go in Morton order
 
@@ -353,11 +355,14 @@ def _tree(ref: torch.Tensor, group):
     groups = group if group is not None else glo
     args = [_warp.array(points, dtype=vec), order, groups, int(group is not None),
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+    if dev.type != "cpu" or _BUILD_BY_SORTING:
+        points, order = _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split)
+        return points, order, group, lo, hi, glo, ghi, axis, split, depth
     build, _ = _build_kernels(ref.dtype)
     # One launch per depth down to where there are enough subtrees for every CPU thread; then
-    # one thread per subtree does the rest (on CUDA: one launch per depth, one thread per node).
-    serial = depth if dev.type != "cpu" else min(depth, max(torch.get_num_threads() * 8, 1).bit_length())
-    if dev.type == "cpu" and n <= _ONE_THREAD_BUILD:
+    # one thread per subtree does the rest.
+    serial = min(depth, max(torch.get_num_threads() * 8, 1).bit_length())
+    if n <= _ONE_THREAD_BUILD:
         serial = 0  # a small tree: one launch on the calling thread (hand-offs would cost more)
     for d in range(depth + 1):
         last = d if d < serial else depth
@@ -365,6 +370,38 @@ def _tree(ref: torch.Tensor, group):
         if last == depth:
             break
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
+
+
+def _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split):
+    """The same tree with torch operations, one depth at a time, for GPUs (where the build
+    kernel's top levels, one thread per node, would be serial): every node's points are sorted
+    along its axis (two stable sorts: by key, then by node), not just split at the middle."""
+    n, dev = points.shape[0], points.device
+    j = torch.arange(n, device=dev)
+    for d in range(depth + 1):
+        i = torch.arange(1 << d, device=dev)
+        b, first, last = (1 << d) - 1 + i, (i * n) >> d, ((i + 1) * n) >> d
+        node = (((j + 1) << d) + n - 1) // n - 1  # the node at depth d holding position j
+        spread = node[:, None].expand(-1, 3)
+        box_lo = points.new_full((1 << d, 3), float("inf")).scatter_reduce(0, spread, points, "amin")
+        box_hi = points.new_full((1 << d, 3), float("-inf")).scatter_reduce(0, spread, points, "amax")
+        lo[b], hi[b] = box_lo, box_hi
+        if group is not None:
+            glo[b], ghi[b] = group[first], group[last - 1]
+        if d == depth:
+            return points, order
+        mid = ((2 * i + 1) * n) >> (d + 1)
+        a = (box_hi - box_lo).argmax(1)
+        keys = points.gather(1, a[node][:, None])[:, 0]
+        keys = torch.where(torch.isnan(keys), float("inf"), keys)
+        multi = group[first] != group[last - 1] if group is not None else torch.zeros_like(i, dtype=torch.bool)
+        keys = torch.where(multi[node], 0, keys)  # between samples: the order stays (a stable sort)
+        perm = torch.sort(keys, stable=True).indices
+        perm = perm[torch.sort(node[perm], stable=True).indices]
+        points, order, keys = points[perm], order[perm], keys[perm]
+        axis[b] = torch.where(multi, -1 - group[mid] if group is not None else 0, a).to(torch.int32)
+        split[b] = torch.where(multi, 0, keys[mid])
+    return points, order
 
 
 @backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")
