@@ -317,6 +317,34 @@ def test_warp_kd_tree_builds_by_kernels_and_by_sorting_agree(gen, monkeypatch, d
     assert torch.equal(found[0], found[1])
 
 
+@pytest.mark.parametrize("by_sorting", [False, True])
+def test_warp_kd_tree_builds_are_exact_on_adversarial_clouds(gen, monkeypatch, by_sorting):
+    # the CPU build (Warp kernels) and the GPUs' build (torch sorts, run here on the CPU) find
+    # the float64 brute force's neighbours on skewed and heavily duplicated clouds, in samples
+    # or not
+    from pcops.ops.nearest import _warp as tree
+
+    monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
+    skewed = torch.randn(4000, 3, generator=gen, dtype=F64)
+    skewed[:3000, 0] = torch.rand(3000, generator=gen, dtype=F64) * 1e-3  # most keys of one axis in a sliver
+    dupes = torch.randn(4000, 3, generator=gen, dtype=F64).round(decimals=0)  # a few dozen distinct points
+    line = torch.zeros(3000, 3, dtype=F64)
+    line[:, 2] = torch.arange(3000, dtype=F64) % 7  # 7 distinct points, ~430 copies each
+    for p in (skewed, dupes, line):
+        q = torch.randn(300, 3, generator=gen, dtype=F64) * 2
+        for k in (1, 9):
+            _, idx = pcops.knn(q, p, k, backend="warp")
+            _, ref_idx = reference.knn(q, p, k)
+            torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+        groups = torch.randint(0, 4, (p.shape[0],), generator=gen)
+        q_groups = torch.randint(0, 4, (300,), generator=gen)
+        _, idx = pcops.knn(q, p, 5, backend="warp", query_batch=q_groups, ref_batch=groups)
+        for b in range(4):
+            rows, cols = (q_groups == b).nonzero().flatten(), (groups == b).nonzero().flatten()
+            _, ref_idx = reference.knn(q[rows], p[cols], 5)
+            torch.testing.assert_close(idx[rows], cols[ref_idx], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("sort_queries", [False, True])
 @pytest.mark.parametrize("by_sorting", [False, True])
 def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries, by_sorting):
