@@ -6,9 +6,9 @@ For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - 
     w_ij  = exp(-(d_ij - m_i) / sigma),   m_i = min_{j in N(i)} d_ij
     out_i = sum_{j in N(i)} w_ij f_j / sum_{j in N(i)} w_ij       (0 when N(i) is empty)
 
-Neighbours are found in a cell list: the reference points sorted by (sample, z, y, x) cell
-of a dense grid with cells of width r / 2 (wider for sparse clouds, at most two cells per
-point), so each query scans 25 contiguous runs of sorted points; no neighbour list and no
+Neighbours are found in a cell list (``pcops.ops._cells``): the reference points sorted by
+(sample, z, y, x) cell of a dense grid with cells of width r / 2 (wider for sparse clouds, at
+most two cells per point), so each query scans 25 contiguous runs of sorted points; no neighbour list and no
 (M, N) matrix is ever built. Queries run in the same cell order, so neighbours are near in
 memory at any size. The forward kernel keeps a running minimum m_i and rescales its
 accumulators when it drops (an online softmax), so one pass over the neighbours suffices and
@@ -25,7 +25,6 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 
 
 import functools
-import math
 from typing import Optional
 
 import torch
@@ -33,46 +32,7 @@ import torch._prims_common
 import warp as wp
 
 from .. import _batch, _validate, _warp
-from . import _weighting
-
-
-# Cell width of the cell list, as a fraction of the radius: a query scans the cells that meet
-# the cube [q - r, q + r] (5^3 cells at r / 2, a volume of (2.5 r)^3 against (3 r)^3 at r).
-CELL = 0.5
-# At most this many cells per reference point (per sample): sparse clouds get wider cells.
-CELLS_PER_POINT = 2.0
-
-
-@functools.cache
-def _cell_func(dtype: torch.dtype):
-    s = _warp.scalar(dtype)
-
-    @wp.func
-    def cell(x: s, low: s, inv_h: s, n: int):
-        """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
-        return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
-
-    return cell
-
-
-@functools.cache
-def _box_func(dtype: torch.dtype):
-    s = _warp.scalar(dtype)
-    cell = _cell_func(dtype)
-
-    @wp.func
-    def box(q: _warp.vec3(dtype), radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
-        """First and last cell (x, y, z) that may hold a point within ``radius`` of q, clamped to the grid."""
-        inv_h = frame[3]
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
-        lo = wp.vec3i(0, 0, 0)
-        hi = wp.vec3i(0, 0, 0)
-        for a in range(3):
-            lo[a] = wp.max(cell(q[a] - reach, frame[a], inv_h, dims[a]), 0)
-            hi[a] = wp.min(cell(q[a] + reach, frame[a], inv_h, dims[a]), dims[a] - 1)
-        return lo, hi
-
-    return box
+from . import _cells, _weighting
 
 
 @functools.cache
@@ -129,7 +89,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    box = _box_func(dtype)
+    box = _cells.box_func(dtype)
     key, relative, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -256,145 +216,14 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     return forward, backward
 
 
-@_warp.kernels
-def _starts_kernel():
-    """``starts[c]``: the first index of sorted ``keys`` >= c, for c = 0 .. total."""
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def starts_of(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64)):
-        i = wp.tid() + start  # 0 .. n: the cells after key i - 1 up to key i start at i
-        n = keys.shape[0]
-        first = int(0)
-        if i > 0:
-            first = int(keys[i - 1]) + 1
-        last = total
-        if i < n:
-            last = int(keys[i])
-        for c in range(first, last + 1):
-            starts[c] = wp.int64(i)
-
-    return starts_of
-
-
-@_warp.kernels
-def _permute_kernel(dtype: torch.dtype):
-    """Rows in another order: ``dst[a] = src[order[a]]``, or ``dst[order[a]] = src[a]`` (inverse)."""
-    s = _warp.scalar(dtype)
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def permute(start: int, src: wp.array2d(dtype=s), order: wp.array(dtype=wp.int64), inverse: int, dst: wp.array2d(dtype=s)):
-        a = wp.tid() + start
-        j = int(order[a])
-        for c in range(src.shape[1]):
-            if inverse != 0:
-                dst[j, c] = src[a, c]
-            else:
-                dst[a, c] = src[j, c]
-
-    return permute
-
-
-def _permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """x[order] (or the inverse) with a Warp kernel: torch's multi-threaded gather would start an
-    OpenMP team, and a forked DataLoader worker hangs in its next torch operation when it has."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel():
-        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x)
-    return out
-
-
-@_warp.kernels
-def _key_kernel(dtype: torch.dtype):
-    """Linear (sample, z, y, x) cell index of each point; non-finite coordinates count as 0."""
-    s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def cell_keys(
-        start: int,
-        points: wp.array(dtype=v),
-        groups: wp.array(dtype=wp.int32),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        key: wp.array(dtype=wp.int64),
-    ):
-        i = wp.tid() + start
-        p = points[i]
-        c = wp.vec3i(0, 0, 0)
-        for a in range(3):
-            x = (p[a] - frame[a]) * frame[3]
-            if wp.isfinite(x):
-                c[a] = wp.clamp(int(wp.floor(wp.clamp(x, s(0.0), s(dims[a])))), 0, dims[a] - 1)
-        cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
-        key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
-
-    return cell_keys
-
-
-class _CellList:
-    """Reference points sorted into a dense grid of cells (one grid per sample), built in torch.
-
-    ``order`` sorts the points by (sample, z, y, x) cell; ``starts[c] .. starts[c + 1]`` are the
-    sorted points of cell c; ``rows`` orders the queries the same way (for memory locality).
-    Cells are ``CELL * radius`` wide, wider when that would make more than ``CELLS_PER_POINT``
-    cells per point of a sample. One host read (the bounding box and the number of samples).
-    """
-
-    def __init__(self, query, ref, radius: float, query_group, ref_group):
-        dev = ref.device
-        corners = torch.stack([ref.amin(0), ref.amax(0)]).double()
-        samples = torch.zeros(1, dtype=torch.int64, device=dev)
-        if ref_group is not None and ref_group.numel():
-            samples = torch.maximum(ref_group.amax().long(), query_group.amax().long())[None] + 1
-        host = torch.cat([corners.flatten(), samples.double()]).cpu().tolist()
-        low, high, groups = host[0:3], host[3:6], max(int(host[6]), 1)
-        if not all(map(math.isfinite, low + high)):  # non-finite points (validate=False): box of the others
-            finite = ref[torch.isfinite(ref).all(1)].double()
-            box = torch.stack([finite.amin(0), finite.amax(0)]) if finite.shape[0] else finite.new_zeros(2, 3)
-            low, high = box.cpu().tolist()
-        side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
-        width = CELL * radius
-        volume = max(side[0] * side[1] * side[2], 1e-300)
-        width = max(width, (volume * groups / (CELLS_PER_POINT * max(ref.shape[0], 1))) ** (1.0 / 3.0))
-        dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * ref.shape[0] + 64 and max(dims) > 1:
-            width *= 1.25  # a flat or thin cloud: the volume bound above was too generous
-            dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        self.dims = wp.vec3i(dims[0], dims[1], dims[2])
-        self.frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype, device=dev)
-        key = self._key(ref, ref_group, dims)
-        key, self.order = torch.sort(key)
-        total = dims[0] * dims[1] * dims[2] * groups
-        self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
-        # a Warp kernel, not torch.searchsorted (see _permute)
-        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref)
-        self.rows = torch.sort(self._key(query, query_group, dims)).indices
-
-    def _key(self, points, group, dims):
-        """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
-        key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
-        if points.shape[0]:
-            groups = _groups(group, points)
-            vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
-            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points)
-        return key
-
-
-def _groups(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Contiguous int32 sample ids for a kernel (zeros for one cloud)."""
-    if t is None:
-        return torch.zeros(like.shape[0], dtype=torch.int32, device=like.device)
-    return t.to(torch.int32).clamp_min(0).contiguous()
-
-
-def _launch(kernel, cells: _CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
+def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
     """Run a radius kernel over the queries (in cell order). Arguments: (start, rows, starts,
     frame, dims, query, query_group, sorted ref points, sorted features, sigma, radius, *tail);
     ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into)."""
     _warp.init()
     vec = _warp.vec3(query.dtype)
     query = query.contiguous()
-    groups = _groups(query_group, query)
+    groups = _cells.groups_of(query_group, query)
     args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(query, dtype=vec), groups,
             _warp.array(points, dtype=vec), feats, sigma.reshape(1).contiguous(), radius, *tail]
     offset = len(args) - len(tail)
@@ -427,8 +256,8 @@ def _radius_aggregate(
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
     forward, _ = _kernels(query.dtype, weights)
-    cells = _CellList(query, ref, radius, query_group, ref_group)
-    points, feats = _permute(ref, cells.order), _permute(features, cells.order)
+    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+    points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
     _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
     return out, wsum, dmin
 
@@ -465,15 +294,15 @@ def _radius_aggregate_backward(
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
         _, backward = _kernels(query.dtype, weights)
-        cells = _CellList(query, ref, radius, query_group, ref_group)
-        points, feats = _permute(ref, cells.order), _permute(features, cells.order)
+        cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+        points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
         # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
         tail = [grad_out.contiguous(), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
                 grad_query, grad_sigma, sorted_ref, sorted_feats]
         scatter = (8,) * need_ref + (9,) * need_features
         _launch(backward, cells, query, points, feats, sigma, radius, query_group, tail, scatter)
-        grad_ref, grad_feats = _permute(sorted_ref, cells.order, True), _permute(sorted_feats, cells.order, True)
+        grad_ref, grad_feats = _cells.permute(sorted_ref, cells.order, True), _cells.permute(sorted_feats, cells.order, True)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 
@@ -507,7 +336,7 @@ def _max_kernel(dtype: torch.dtype):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    box = _box_func(dtype)
+    box = _cells.box_func(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(
@@ -572,7 +401,7 @@ def _radius_max(
     arg = torch.full((m, f), -1, dtype=torch.int64, device=query.device)
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, arg
-    cells = _CellList(query, ref, radius, query_group, ref_group)
+    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
     points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
     unit = torch.ones(1, dtype=query.dtype, device=query.device)  # the sigma slot of the launch helper
     tail = [cells.order.contiguous(), out, arg]
