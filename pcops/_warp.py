@@ -323,49 +323,21 @@ def _convert(arg):
     return array(arg) if isinstance(arg, torch.Tensor) else arg
 
 
-def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK) -> None:
-    """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
-
-    The kernel's first parameter is the index of its first thread (``start``), followed by
-    ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
-    launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    into up to ``_CHUNKS_PER_THREAD`` chunks per ``torch.get_num_threads()`` pool thread (one per
-    thread with ``scatter``), each running at least ``min_chunk`` threads
-    (less for kernels whose threads do much work each); the tensors at the positions ``scatter``
-    (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk, summed back
-    into the original after the launches. The first launch of a kernel on a device (which
-    compiles or loads its module) runs alone, under the build lock.
-    """
-    if n <= 0:
-        return
-    dev = device(like)
-    s = cuda_stream(like)
-    # CPU: a few chunks per thread (threads' work varies with the data, e.g. clustered clouds),
-    # one per thread where each chunk needs private copies of the scattered arrays
+def _chunk_bounds(n: int, s, scatter: bool, min_chunk: int) -> list[int]:
+    """Thread ranges of a launch: one on CUDA; on the CPU a few chunks per thread (threads' work
+    varies with the data, e.g. clustered clouds), one per thread where each chunk needs private
+    copies of the scattered arrays, each chunk at least ``min_chunk`` threads."""
     per_thread = 1 if scatter else _CHUNKS_PER_THREAD
     chunks = 1 if s is not None else max(1, min(torch.get_num_threads() * per_thread, n // max(min_chunk, 1)))
-    bounds = [n * c // chunks for c in range(chunks + 1)]
-    private = [list(args)] + [
-        [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)
-    ]
+    return [n * c // chunks for c in range(chunks + 1)]
 
-    def run(c: int) -> None:
-        start, stop = bounds[c], bounds[c + 1]
-        wp.launch(kernel, dim=stop - start, inputs=[start, *map(_convert, private[c])], device=dev, stream=s)
 
-    first = 0
-    key = (kernel, str(dev))
-    if key not in _loaded:
-        with _BUILD_LOCK:
-            if key not in _loaded:
-                init()
-                with _cache_dir_errors():
-                    run(0)
-                _loaded.add(key)
-                first = 1
+def _run_chunks(run, first: int, chunks: int) -> None:
+    """``run(c)`` for c = first .. chunks - 1: at most torch.get_num_threads() threads (the
+    calling one and pool threads; Warp launches release the GIL) take the chunks in turn."""
     if chunks - first == 1:
         run(first)
-    elif chunks > first:  # at most torch.get_num_threads() pool threads take the chunks in turn
+    elif chunks > first:
         todo, lock = iter(range(first, chunks)), threading.Lock()
 
         def worker() -> None:
@@ -378,9 +350,74 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
 
         workers = min(torch.get_num_threads(), chunks - first)
         futures = [_pool().submit(worker) for _ in range(workers - 1)]
-        worker()  # the calling thread takes chunks too (Warp launches release the GIL)
+        worker()
         for f in futures:
             f.result()
+
+
+def _first_load(kernel, dev, load) -> bool:
+    """Run ``load()`` (which builds or loads the kernel's module) under the build lock if the
+    kernel was never launched on ``dev`` in this process; whether it ran."""
+    key = (kernel, str(dev))
+    if key in _loaded:
+        return False
+    with _BUILD_LOCK:
+        if key in _loaded:
+            return False
+        init()
+        with _cache_dir_errors():
+            load()
+        _loaded.add(key)
+        return True
+
+
+def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK) -> None:
+    """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
+
+    The kernel's first parameter is the index of its first thread (``start``), followed by
+    ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
+    launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
+    into up to ``_CHUNKS_PER_THREAD`` chunks per ``torch.get_num_threads()`` thread (one per
+    thread with ``scatter``), each running at least ``min_chunk`` threads (less for kernels
+    whose threads do much work each); the tensors at the positions ``scatter`` (accumulated
+    with ``atomic_add``) get a zeroed private copy per extra chunk, summed back into the
+    original after the launches. The first launch of a kernel on a device (which compiles or
+    loads its module) runs alone, under the build lock.
+    """
+    if n <= 0:
+        return
+    dev = device(like)
+    s = cuda_stream(like)
+    bounds = _chunk_bounds(n, s, bool(scatter), min_chunk)
+    chunks = len(bounds) - 1
+    private = [list(args)] + [
+        [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)
+    ]
+
+    def run(c: int) -> None:
+        start, stop = bounds[c], bounds[c + 1]
+        wp.launch(kernel, dim=stop - start, inputs=[start, *map(_convert, private[c])], device=dev, stream=s)
+
+    _run_chunks(run, 1 if _first_load(kernel, dev, lambda: run(0)) else 0, chunks)
     for i in scatter:
         for extra in private[1:]:
             args[i].add_(extra[i])
+
+
+def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):
+    """``launch`` prepared once, for a kernel launched many times with the same arrays (their
+    contents may change between runs): returns a function of no arguments that runs it. Warp
+    packs the arguments once (``record_cmd``), so a run costs the kernel and little else."""
+    dev = device(like)
+    s = cuda_stream(like)
+    bounds = _chunk_bounds(n, s, False, min_chunk) if n > 0 else [0]
+    values = [_convert(a) for a in args]
+
+    def record(c: int):
+        start, stop = bounds[c], bounds[c + 1]
+        return wp.launch(kernel, dim=stop - start, inputs=[start, *values], device=dev, stream=s, record_cmd=True)
+
+    _first_load(kernel, dev, lambda: record(0))
+    commands = [record(c) for c in range(len(bounds) - 1)]
+    return lambda: _run_chunks(lambda c: commands[c].launch(stream=s), 0, len(commands))
+

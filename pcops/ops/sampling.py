@@ -47,16 +47,15 @@ def _kernels(dtype: torch.dtype):
         c = points[row + last]
         top = s(-2.0)
         top_j = int(-1)
-        for j in range(lo, hi):
+        for j in range(lo, hi):  # branch-free: selects, no jumps
             d = dist[row + j]
-            if j == last:
-                d = s(-1.0)  # picked: never again
-            elif d >= s(0.0):
-                d = wp.min(d, wp.length_sq(points[row + j] - c))
+            x = wp.length_sq(points[row + j] - c)
+            d = wp.where(d < x, d, x)  # picked points (-1) stay; a NaN point's distance is NaN
+            d = wp.where(j == last, s(-1.0), d)  # picked: never again
             dist[row + j] = d
-            if d > top:
-                top = d
-                top_j = j
+            better = d > top
+            top = wp.where(better, d, top)
+            top_j = wp.where(better, j, top_j)
         return top, top_j
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -110,16 +109,12 @@ SINGLE_LAUNCH = 1 << 16
 
 
 def _block(n: int, b: int, device: torch.device) -> int:
-    """Points per thread of the per-pick kernel.
-
-    CUDA: 128, many threads. CPU: a Warp thread costs ~100 ns to start, and pcops._warp.launch
-    splits a launch over the cores only in chunks of >= 1024 threads; so enough threads for
-    every core when each still gets >= 256 points, else few large blocks on one core.
-    """
+    """Points per thread of the per-pick kernel: CUDA 128 (many threads); CPU a few blocks per
+    core (``pcops._warp.launch`` hands them out), of at least 4096 points each."""
     if device.type != "cpu":
         return 128
-    per_thread = math.ceil(b * n / (1024 * max(1, torch.get_num_threads())))
-    return per_thread if per_thread >= 256 else max(1, min(n, 4096))
+    per_block = math.ceil(b * n / (max(1, torch.get_num_threads()) * _warp._CHUNKS_PER_THREAD))
+    return max(1, min(n, max(per_block, 4096)))
 
 
 @torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -150,12 +145,12 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
         best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
         rows = torch.arange(b, device=points.device)
         args = [vec, n, block, blocks, lengths32, picked, dist, best, best_idx]
-        args = [_warp.array(a) if isinstance(a, torch.Tensor) else a for a in args]  # convert once, not per pick
+        pick = _warp.recorded(step, b * blocks, args, like=points, min_chunk=1)  # arguments packed once
         for t in range(min(n_samples, n)):  # picks past a sample's count are masked below
             idx[:, t] = picked
             if t + 1 == min(n_samples, n):
                 break
-            _warp.launch(step, b * blocks, args, like=points)
+            pick()
             top = best.view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
             picked.copy_(best_idx.view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
     return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)
