@@ -67,14 +67,33 @@ def _kernels(dtype: torch.dtype):
         blocks: int,
         lengths: wp.array(dtype=wp.int32),
         picked: wp.array(dtype=wp.int64),
+        first_pick: int,
+        prev_best: wp.array(dtype=s),
+        prev_idx: wp.array(dtype=wp.int64),
         dist: wp.array(dtype=s),
         best: wp.array(dtype=s),
         best_idx: wp.array(dtype=wp.int64),
+        idx: wp.array2d(dtype=wp.int64),
+        count: wp.array(dtype=wp.int32),
     ):
+        """One pick for a block of a sample: the newest pick is ``picked`` (``first_pick``), else
+        the farthest of the previous launch's blocks (``prev_*``; the first block also writes it
+        into ``idx``); then the block's distances to it, and the block's farthest point."""
         t = wp.tid() + start
         b = t // blocks
+        last = int(picked[b])
+        if first_pick == 0:
+            row = b * blocks
+            top_c = int(0)
+            for c in range(1, blocks):  # the first maximum: the smaller index wins ties
+                if prev_best[row + c] > prev_best[row + top_c]:
+                    top_c = c
+            last = wp.max(int(prev_idx[row + top_c]), 0)  # -1: the sample is exhausted
+            if t == row:
+                idx[b, int(count[b])] = wp.int64(last)
+                count[b] = count[b] + 1
         lo = (t - b * blocks) * block
-        top, top_j = update(points, dist, b * n, lo, wp.min(lo + block, lengths[b]), int(picked[b]))
+        top, top_j = update(points, dist, b * n, lo, wp.min(lo + block, lengths[b]), last)
         best[t] = top
         best_idx[t] = wp.int64(top_j)
 
@@ -141,18 +160,25 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
             return idx
         block = _block(n, b, points.device)
         blocks = math.ceil(n / block)
-        best = points.new_empty((b * blocks,))
-        best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
-        rows = torch.arange(b, device=points.device)
-        args = [vec, n, block, blocks, lengths32, picked, dist, best, best_idx]
-        pick = _warp.recorded(step, b * blocks, args, like=points, min_chunk=1)  # arguments packed once
-        for t in range(min(n_samples, n)):  # picks past a sample's count are masked below
-            idx[:, t] = picked
-            if t + 1 == min(n_samples, n):
-                break
-            pick()
-            top = best.view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
-            picked.copy_(best_idx.view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
+        # two buffers of the blocks' farthest points: each launch reads one and writes the other
+        bests = [points.new_empty((b * blocks,)) for _ in range(2)]
+        best_idx = [torch.empty((b * blocks,), dtype=torch.int64, device=points.device) for _ in range(2)]
+        count = torch.ones(b, dtype=torch.int32, device=points.device)
+        common = [vec, n, block, blocks, lengths32, picked]
+
+        def args(first_pick: int, read: int) -> list:
+            return [*common, first_pick, bests[read], best_idx[read], dist, bests[1 - read], best_idx[1 - read], idx, count]
+
+        picks = min(n_samples, n)  # picks past a sample's count are masked below
+        idx[:, 0] = picked
+        if picks > 1:
+            _warp.launch(step, b * blocks, args(1, 1), like=points, min_chunk=1)  # from ``picked``: writes buffer 0
+            steps = [_warp.recorded(step, b * blocks, args(0, read), like=points, min_chunk=1) for read in (0, 1)]
+            for t in range(2, picks):  # launch t reads the buffer launch t - 1 wrote, and writes pick t - 1
+                steps[t % 2]()
+            last = 1 - (picks - 1) % 2 if picks > 2 else 0  # the buffer the last launch wrote: its farthest is the last pick
+            top = bests[last].view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
+            idx[:, picks - 1] = best_idx[last].view(b, blocks)[torch.arange(b, device=points.device), top].clamp(min=0)
     return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)
 
 
