@@ -127,6 +127,12 @@ def _kernels(dtype: torch.dtype):
 SINGLE_LAUNCH = 1 << 16
 
 
+def _reduce_in_kernel(device: torch.device) -> bool:
+    """Whether each per-pick launch finds the newest pick itself from the previous launch's
+    blocks (every thread reads all blocks of its sample: the CPU's few blocks, not a GPU's many)."""
+    return device.type == "cpu"
+
+
 def _block(n: int, b: int, device: torch.device) -> int:
     """Points per thread of the per-pick kernel: CUDA 128 (many threads); CPU a few blocks per
     core (``pcops._warp.launch`` hands them out), of at least 4096 points each."""
@@ -171,7 +177,16 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
 
         picks = min(n_samples, n)  # picks past a sample's count are masked below
         idx[:, 0] = picked
-        if picks > 1:
+        if picks > 1 and not _reduce_in_kernel(points.device):
+            # many blocks per sample (a GPU): torch takes each sample's farthest block between launches
+            pick = _warp.recorded(step, b * blocks, args(1, 1), like=points, min_chunk=1)
+            rows = torch.arange(b, device=points.device)
+            for t in range(1, picks):
+                pick()
+                top = bests[0].view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
+                picked.copy_(best_idx[0].view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
+                idx[:, t] = picked
+        elif picks > 1:  # few blocks per sample (the CPU): each launch reduces the previous one's
             _warp.launch(step, b * blocks, args(1, 1), like=points, min_chunk=1)  # from ``picked``: writes buffer 0
             steps = [_warp.recorded(step, b * blocks, args(0, read), like=points, min_chunk=1) for read in (0, 1)]
             for t in range(2, picks):  # launch t reads the buffer launch t - 1 wrote, and writes pick t - 1

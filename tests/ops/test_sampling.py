@@ -126,14 +126,16 @@ class TestFarthestPointSample(OpSuite):
 
 @pytest.mark.parametrize("kind", ["uniform", "duplicates", "clustered"])
 @pytest.mark.parametrize("block", [None, 16])
-def test_one_launch_per_pick_equals_one_launch_per_sample(gen, kind, block, monkeypatch):
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_one_launch_per_pick_equals_one_launch_per_sample(gen, kind, block, in_kernel, monkeypatch):
     _, p, _ = reference.cloud(kind, gen, n=300)
     batch = torch.stack([p, p.flip(0), p * 2])
     lengths = torch.tensor([300, 7, 150])
     whole = pcops.farthest_point_sample(batch, 40, lengths=lengths)
     monkeypatch.setattr(sampling, "SINGLE_LAUNCH", 0)  # force the per-pick block kernel
-    if block is not None:  # many blocks per sample: each launch reduces the previous one's blocks
+    if block is not None:  # many blocks per sample: each launch (or torch, as on GPUs) reduces them
         monkeypatch.setattr(sampling, "_block", lambda n, b, device: block)
+    monkeypatch.setattr(sampling, "_reduce_in_kernel", lambda device: in_kernel)
     blocks = pcops.farthest_point_sample(batch, 40, lengths=lengths)
     assert torch.equal(whole.idx, blocks.idx) and torch.equal(whole.points, blocks.points)
     assert torch.equal(whole.idx[2, :40], reference.farthest_point_sample(batch[2, :150], 40))
