@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import platform
@@ -34,13 +33,15 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+import bench_search  # noqa: E402
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
 from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
@@ -347,13 +348,17 @@ def _optional(module: str):
         return None
 
 
-def _sampling_cases(args, device):
-    """(op, variant, n, fn or None, note) for every row of the sampling section."""
+SAMPLING_CLOUDS = ("randn", "uniform", "clustered", "surface")  # bench_search.cloud shapes
+
+
+def _sampling_cases(args, device, shape: str = "uniform"):
+    """(op, variant, n, fn or None, note) for every row of the sampling section on one cloud
+    shape; radii and voxel sizes follow the cloud (medians of its k-th neighbour distances)."""
     quick = args.quick
     gen = torch.Generator().manual_seed(2)
     n = 4_000 if quick else 100_000
     s = 128 if quick else 1_024
-    cloud = torch.rand(n, 3, generator=gen)
+    cloud = bench_search.cloud(shape, n, 2)
     fpsample = _optional("fpsample")
     o3c = _optional("open3d.core")
     ckdtree = getattr(_optional("scipy.spatial"), "cKDTree", None)
@@ -376,10 +381,10 @@ def _sampling_cases(args, device):
 
     cases.append(("farthest_point_sample", "torch_loop", n, torch_fps_loop, "float32, argmax per pick"))
 
-    # ball query: n reference points, n/10 queries, about 32 points within the radius
+    # ball query: n reference points, n/10 queries, the radius holding 32 points for half of them
     k = 32
-    radius = (3 * 32 / (4 * math.pi * n)) ** (1 / 3)
-    query = torch.rand(n // 10, 3, generator=gen)
+    query = bench_search.cloud(shape, n // 10, 3)
+    radius = float(pcops.knn(query, cloud, k).dists[:, -1].median())
     dq = query.to(device)
     cases.append(("ball_query", "pcops", n, lambda: pcops.ball_query(dq, dev_cloud, radius, k, validate=False), f"K={k}"))
     if ckdtree is not None:
@@ -396,9 +401,9 @@ def _sampling_cases(args, device):
 
         cases.append(("ball_query", "open3d", n, o3d_hybrid, "hybrid_search (d < r)"))
 
-    # graphs over the cloud: k = 16, and a radius with about 16 neighbours per point
+    # graphs over the cloud: k = 16, and a radius with 16 neighbours for half of the points
     k = 16
-    r16 = (3 * (k + 1) / (4 * math.pi * n)) ** (1 / 3)
+    r16 = float(pcops.knn(cloud, cloud, k + 1).dists[:, -1].median())
     cases.append(("knn_graph", "pcops", n, lambda: pcops.knn_graph(dev_cloud, k, validate=False), f"k={k}"))
     cases.append(("radius_graph", "pcops", n, lambda: pcops.radius_graph(dev_cloud, r16, validate=False), "all neighbours"))
     if ckdtree is not None:
@@ -431,8 +436,8 @@ def _sampling_cases(args, device):
         cases.append(("knn_graph", "open3d", n, o3d_knn_graph, "knn_search k+1"))
         cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), keeps self"))
 
-    # voxel pooling: about 8 points per voxel, 16 feature channels
-    size = (8 / n) ** (1 / 3)
+    # voxel pooling: about 8 points per voxel were the cloud uniform in its box, 16 feature channels
+    size = (8 * float((cloud.amax(0) - cloud.amin(0)).prod()) / n) ** (1 / 3)
     feats = torch.randn(n, 16, generator=gen)
     dev_feats = feats.to(device)
     cases.append(("voxel_pool", "pcops", n, lambda: pcops.voxel_pool(dev_cloud, size, dev_feats, validate=False), "mean, F=16"))
@@ -453,16 +458,19 @@ def _sampling_cases(args, device):
 
 
 def run_sampling(args, device) -> list[dict]:
-    """Forward times of the sampling and grouping ops and their peers, with ratios printed."""
+    """Forward times of the sampling and grouping ops and their peers on each cloud shape, with
+    ratios printed."""
     rows = []
-    for op, variant, n, fn, note in _sampling_cases(args, device):
-        ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
-        rows.append({"op": op, "variant": variant, "n": n, "ms": ms, "note": note})
-        print(f"{op:<22} {variant:<16} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
-    ours = {r["op"]: r for r in rows if r["variant"] == "pcops" and r["ms"]}
+    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS:
+        for op, variant, n, fn, note in _sampling_cases(args, device, shape):
+            ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
+            rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "ms": ms, "note": note})
+            print(f"{op:<22} {variant:<16} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
+    ours = {(r["op"], r["cloud"]): r for r in rows if r["variant"] == "pcops" and r["ms"]}
     for r in rows:
-        if r["variant"] != "pcops" and r["ms"] and r["op"] in ours and r["n"] == ours[r["op"]]["n"]:
-            print(f"{r['op']}: pcops vs {r['variant']}: {r['ms'] / ours[r['op']]['ms']:.2f}x faster")
+        mine = ours.get((r["op"], r["cloud"]))
+        if r["variant"] != "pcops" and r["ms"] and mine and r["n"] == mine["n"]:
+            print(f"{r['op']} ({r['cloud']}): pcops vs {r['variant']}: {r['ms'] / mine['ms']:.2f}x faster")
     return rows
 
 
@@ -675,8 +683,6 @@ def main(argv=None) -> dict:
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
     if device.type == "cpu":  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
-        import bench_search
-
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
         if args.search:
             if args.json:
