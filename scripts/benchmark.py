@@ -7,6 +7,7 @@ machine in one process.
     python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
     python scripts/benchmark.py --json out.json  # also write every figure as JSON
     python scripts/benchmark.py --search         # only the CPU search rows (kNN, radius) against peers
+    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling
     OMP_NUM_THREADS=1 python scripts/benchmark.py --search --cpu-time   # their work, on a busy machine
 
 Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
@@ -667,6 +668,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
+    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling"],
+                        help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -682,21 +685,21 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
-    if device.type == "cpu":  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
+    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling"]))
+    if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
-        if args.search:
-            if args.json:
-                pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
-            return report
-    results = run_models(args, device) + run_ops(args, device)
-    if args.sweep:
-        sizes = [10_000, 100_000, 1_000_000] if not args.quick else [1_000, 4_000]
-        cases = [(op, n, n) for op in ("knn_aggregate", "radius_aggregate") for n in sizes]
-        results += run_ops(args, device, cases, sweep=True)
-    report["geometry_ops"] = run_geometry(args, device)
-    print("\n".join(ratios(results)))
-    report["results"] = results
-    report["sampling"] = run_sampling(args, device)
+    if "models" in sections:
+        results = run_models(args, device) + run_ops(args, device)
+        if args.sweep:
+            sizes = [10_000, 100_000, 1_000_000] if not args.quick else [1_000, 4_000]
+            cases = [(op, n, n) for op in ("knn_aggregate", "radius_aggregate") for n in sizes]
+            results += run_ops(args, device, cases, sweep=True)
+        print("\n".join(ratios(results)))
+        report["results"] = results
+    if "geometry" in sections:
+        report["geometry_ops"] = run_geometry(args, device)
+    if "sampling" in sections:
+        report["sampling"] = run_sampling(args, device)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report
