@@ -37,6 +37,33 @@ def test_plane_normals_are_exact(gen):
     torch.testing.assert_close(n.norm(dim=1), torch.ones(len(pts), dtype=F64), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_closed_form_eigensolver_matches_eigh(gen, dtype):
+    # random SPD matrices and the degenerate ones of point neighbourhoods (discs: a double
+    # largest eigenvalue; lines: a double smallest; isotropic; zero), rotated at random
+    from pcops.ops.normals import _eigh3
+
+    a = torch.randn(2000, 3, 3, generator=gen, dtype=F64)
+    spectra = torch.tensor([[0, 1, 1], [1, 1, 3], [2, 2, 2], [0, 0, 1], [0, 0, 0], [1e-9, 1, 2], [0, 1e-6, 1]], dtype=F64)
+    rot, _ = torch.linalg.qr(torch.randn(len(spectra), 3, 3, generator=gen, dtype=F64))
+    mats = torch.cat([a @ a.transpose(1, 2), rot @ torch.diag_embed(spectra) @ rot.transpose(1, 2)]).to(dtype)
+    values, vectors = _eigh3(mats)
+    ref_values, ref_vectors = torch.linalg.eigh(mats.double())
+    size = mats.double().norm(dim=(1, 2), keepdim=True).clamp_min(1e-300)
+    tol = 1e-7 if dtype == F64 else 1e-3  # double eigenvalues: ~sqrt(eps) (the trigonometric form)
+    torch.testing.assert_close(values.double() / size[..., 0], ref_values / size[..., 0], rtol=0, atol=tol)
+    eye = torch.eye(3, dtype=F64)
+    orthonormal = vectors.double().transpose(1, 2) @ vectors.double()
+    torch.testing.assert_close(orthonormal, eye.expand_as(orthonormal), rtol=0, atol=1e-12 if dtype == F64 else 1e-5)
+    residual = (mats.double() @ vectors.double() - vectors.double() * values.double()[:, None, :]) / size
+    assert residual.abs().max() < tol
+    # a simple smallest eigenvalue (every matrix but the lines, isotropic and zero ones): the
+    # normal's eigenvector, up to sign, to ~eps
+    simple = (ref_values[:, 1] - ref_values[:, 0]) > 1e-3 * size[:, 0, 0]
+    align = (vectors[:, :, 0].double() * ref_vectors[:, :, 0]).sum(-1).abs()[simple]
+    assert (1 - align).max() < (1e-12 if dtype == F64 else 1e-5)
+
+
 def test_orient_to_a_point_flips_towards_it(gen):
     pts, normal = plane(gen)
     above = pcops.estimate_normals(pts, 8, orient_to=torch.tensor([0.0, 0.0, 5.0], dtype=F64))
