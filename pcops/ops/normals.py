@@ -41,12 +41,12 @@ def _eigh3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     3x3 matrices in closed form, as ``torch.linalg.eigh`` returns them (3x faster on the CPU).
 
     D. Eberly, "A Robust Eigensolver for 3 x 3 Symmetric Matrices" (2014): the eigenvalues from
-    the trigonometric solution of the characteristic cubic (after scaling and shifting); the
-    eigenvector of the most separated one (the largest when half the determinant of the shifted
-    matrix is >= 0, else the smallest) from the largest cross product of two rows of A - l I;
-    the middle one from the 2x2 problem in the plane orthogonal to it; the third from their
-    cross product. Near a double eigenvalue the equal pair is only accurate to ~sqrt(eps), but
-    the separated one (a plane's normal) and the eigenvectors stay accurate to ~eps."""
+    the trigonometric solution of the characteristic cubic (after scaling and shifting), of
+    which only the most separated one is kept (the largest when half the determinant of the
+    shifted matrix is >= 0, else the smallest): its eigenvector is the largest cross product of
+    two rows of A - l I; the other two eigenpairs are those of A restricted to the plane
+    orthogonal to it, a 2x2 symmetric problem solved in closed form (so two small eigenvalues
+    next to a large one, a strip-shaped neighbourhood, stay accurate)."""
     scale = a.abs().amax((-2, -1), keepdim=True)
     a = a / torch.where(scale > 0, scale, 1)
     a00, a01, a02 = a[:, 0, 0], a[:, 0, 1], a[:, 0, 2]
@@ -81,23 +81,18 @@ def _eigh3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                     torch.stack([zero, w[:, 2] * inv1, -w[:, 1] * inv1], 1))
     v = _cross(w, u)
     au, av = (a @ u[..., None])[..., 0], (a @ v[..., None])[..., 0]
-    l1 = values[:, 1]
-    m00 = (u * au).sum(-1) - l1
-    m01 = (u * av).sum(-1)
-    m11 = (v * av).sum(-1) - l1
-    # the null direction of [[m00, m01], [m01, m11]], from its larger row
-    row_a = torch.where((m00.abs() >= m11.abs())[:, None], torch.stack([m00, m01], 1), torch.stack([m01, m11], 1))
-    # direction (x, y) with row . (x, y) = 0: (row[1], -row[0]) normalised; none: u
-    x, y = row_a[:, 1], -row_a[:, 0]
-    norm = (x.square() + y.square()).sqrt()
-    ok = norm > 0
-    x = torch.where(ok, x / torch.where(ok, norm, 1), 1)
-    y = torch.where(ok, y / torch.where(ok, norm, 1), 0)
-    mid = x[:, None] * u + y[:, None] * v
-    other = _cross(w, mid)  # the third: completes a right-handed basis with w, mid
-    v0 = torch.where(first_is_max[:, None], other, w)
-    v2 = torch.where(first_is_max[:, None], w, other)
-    vectors = torch.stack([v0, mid, v2], -1)
+    # the other two eigenpairs: those of A restricted to that plane, [[m00, m01], [m01, m11]] in
+    # the basis (u, v), in closed form (no use of the cubic's less accurate other roots)
+    m00, m01, m11 = (u * au).sum(-1), (u * av).sum(-1), (v * av).sum(-1)
+    mean, radius = (m00 + m11) / 2, torch.hypot((m00 - m11) / 2, m01)
+    theta = torch.atan2(2 * m01, m00 - m11) / 2  # the larger one's direction from u
+    cos, sin = torch.cos(theta)[:, None], torch.sin(theta)[:, None]
+    big, small = cos * u + sin * v, cos * v - sin * u
+    l_first = l_first[:, None]
+    pair = torch.stack([mean - radius, mean + radius], 1)
+    values = torch.where(first_is_max[:, None], torch.cat([pair, l_first], 1), torch.cat([l_first, pair], 1))
+    values = torch.where(spread[:, None], values, q[:, None].expand(-1, 3))
+    vectors = torch.where(first_is_max[:, None, None], torch.stack([small, big, w], -1), torch.stack([w, small, big], -1))
     vectors = torch.where(spread[:, None, None], vectors, eye)
     return values * scale[:, 0], vectors
 

@@ -368,6 +368,19 @@ def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queri
         assert (idx[rows, k:] == -1).all()
 
 
+@pytest.mark.parametrize("ids", [(-7, -3, 5), (-(2**31), 0, 2**31 - 1)])
+def test_warp_negative_and_extreme_sample_ids_without_validation(gen, ids):
+    # with validate=False, ids the checks would refuse still search exactly, sample by sample
+    ids = torch.tensor(ids)
+    p_batch, q_batch = ids[torch.randint(0, 3, (600,), generator=gen)], ids[torch.randint(0, 3, (90,), generator=gen)]
+    p, q = torch.rand(600, 3, generator=gen, dtype=F64), torch.rand(90, 3, generator=gen, dtype=F64)
+    _, idx = pcops.knn(q, p, 4, backend="warp", query_batch=q_batch, ref_batch=p_batch, validate=False)
+    for b in ids:
+        rows, cols = (q_batch == b).nonzero().flatten(), (p_batch == b).nonzero().flatten()
+        _, ref_idx = reference.knn(q[rows], p[cols], 4)
+        torch.testing.assert_close(idx[rows], cols[ref_idx], rtol=0, atol=0)
+
+
 def test_warp_search_terminates_on_non_finite_points_without_validation(gen):
     p = torch.rand(300, 3, generator=gen, dtype=F64)
     q = torch.rand(40, 3, generator=gen, dtype=F64)

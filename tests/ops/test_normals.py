@@ -44,7 +44,8 @@ def test_closed_form_eigensolver_matches_eigh(gen, dtype):
     from pcops.ops.normals import _eigh3
 
     a = torch.randn(2000, 3, 3, generator=gen, dtype=F64)
-    spectra = torch.tensor([[0, 1, 1], [1, 1, 3], [2, 2, 2], [0, 0, 1], [0, 0, 0], [1e-9, 1, 2], [0, 1e-6, 1]], dtype=F64)
+    spectra = torch.tensor([[0, 1, 1], [1, 1, 3], [2, 2, 2], [0, 0, 1], [0, 0, 0], [1e-9, 1, 2], [0, 1e-6, 1],
+                            [1e-6, 4e-4, 1], [1e-8, 1e-4, 1], [1e-12, 1e-8, 1]], dtype=F64)  # the last three: strips
     rot, _ = torch.linalg.qr(torch.randn(len(spectra), 3, 3, generator=gen, dtype=F64))
     mats = torch.cat([a @ a.transpose(1, 2), rot @ torch.diag_embed(spectra) @ rot.transpose(1, 2)]).to(dtype)
     values, vectors = _eigh3(mats)
@@ -62,6 +63,23 @@ def test_closed_form_eigensolver_matches_eigh(gen, dtype):
     simple = (ref_values[:, 1] - ref_values[:, 0]) > 1e-3 * size[:, 0, 0]
     align = (vectors[:, :, 0].double() * ref_vectors[:, :, 0]).sum(-1).abs()[simple]
     assert (1 - align).max() < (1e-12 if dtype == F64 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_strip_shaped_neighbourhoods_get_accurate_normals(gen, dtype):
+    # two small covariance eigenvalues next to a large one (an edge, a scan line): the normal is
+    # the float64 eigh's to 1e-11 radians in float64, and within 0.1 degree in float32
+    from pcops.ops.normals import _SmallestEigenvector
+
+    for spread in ([1, 0.02, 1e-3], [1, 0.01, 1e-4]):
+        pts = torch.randn(500, 16, 3, generator=gen, dtype=F64) * torch.tensor(spread, dtype=F64)
+        rot, _ = torch.linalg.qr(torch.randn(500, 3, 3, generator=gen, dtype=F64))
+        centred = pts @ rot - (pts @ rot).mean(1, keepdim=True)
+        cov = centred.transpose(1, 2) @ centred / 16
+        ref = torch.linalg.eigh(cov).eigenvectors[..., 0]
+        normal, _, _ = _SmallestEigenvector.apply(cov.to(dtype))
+        sine = torch.linalg.cross(normal.double(), ref, dim=-1).norm(dim=-1)  # of the angle between them
+        assert sine.max() < (1e-11 if dtype == F64 else math.radians(0.1))
 
 
 def test_orient_to_a_point_flips_towards_it(gen):

@@ -2,7 +2,8 @@
 
 ``knn`` finds the k nearest reference points of each query point through one of several
 search backends (each a ``pcops::knn_<name>`` custom op), then recomputes the distances in
-torch from the found indices so that they are differentiable. ``knn_aggregate`` weights the
+torch from the found indices so that they are differentiable (without a gradient asked for,
+the Warp and torch backends' own distances are returned as they are). ``knn_aggregate`` weights the
 features of those k neighbours by softmax(-d / sigma).
 
 Backends (see docs/ops/knn.md):
@@ -41,6 +42,9 @@ from ._registry import BACKENDS
 AUTO = {"cpu": ("warp", "scipy", "torch"), "cuda": ("cuml", "warp", "torch")}
 # Backends that search points of any dimension D (knn on feature vectors); the others are 3-D only.
 ANY_DIM = ("torch",)
+# Backends whose own 3-D distances are direct differences of the given coordinates (cKDTree
+# and cuML see shifted or centred copies): knn returns them as they are when no gradient is asked for.
+OWN_DISTANCES = ("warp", "torch")
 
 
 class KNN(NamedTuple):
@@ -165,13 +169,14 @@ def knn(
         backend = _any_dim_backend(backend)
     flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    if features_space or (torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)):
-        # distances recomputed in torch from the found points: differentiable, and exact for
-        # the feature-space search (whose own distances come from the Gram form)
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
+    if features_space or needs_grad or resolve_backend(backend, flat.query.device) not in OWN_DISTANCES:
+        # distances recomputed in torch from the found points: differentiable, and direct
+        # differences of the given coordinates whatever the backend computed
         idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
         dists = torch.where(valid, dists, float("inf"))
         idx = torch.where(valid, idx, -1)
-    else:  # no gradient asked for: the 3-D search's own distances (direct differences), no copy
+    else:  # no gradient asked for: the search's own distances (direct differences), no copy
         dists, idx = _search(flat, k, backend, validate, dtype)
     dists = dists.to(out_dtype)
     idx = _batch.local_index(flat, idx)

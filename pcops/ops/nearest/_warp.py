@@ -44,7 +44,6 @@ _SORT_QUERIES_ABOVE = 1 << 17  # reference points (per sample) above which CPU q
 @_warp.kernels
 def _funcs(dtype: torch.dtype):
     """``key(p, a)``: coordinate a of p, NaN as +inf (a total order for the splits);
-    ``right(a, split, q, g)``: whether the query (q, group g) lies on the right of a split;
     ``sample_pivot(x0..x4, rank)``: the rank-th smallest of five keys."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
 
@@ -54,12 +53,6 @@ def _funcs(dtype: torch.dtype):
         if x != x:
             x = s(wp.inf)
         return x
-
-    @wp.func(module="unique")
-    def right(a: int, split: s, q: v, g: int):
-        if a < 0:  # a split between groups: the right child holds the groups from -a - 1 on
-            return g >= -a - 1
-        return q[a] >= split
 
     @wp.func(module="unique")
     def sample_pivot(x0: s, x1: s, x2: s, x3: s, x4: s, rank: int):
@@ -84,7 +77,7 @@ def _funcs(dtype: torch.dtype):
             out = e
         return out
 
-    return key, right, sample_pivot
+    return key, sample_pivot
 
 
 @_warp.kernels
@@ -92,7 +85,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp.sorted_insert(dtype)
-    _, right, _ = _funcs(dtype)
+
     # A box (or point) is skipped only when its squared distance exceeds (1 + slack) x the
     # squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
     # farther than a point inside it, nor a point farther than its rounded distance.
@@ -147,7 +140,12 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                     gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
                     skip = wp.dot(gap, gap) > bound
                 if not skip and d < depth:  # an inner node: its child on the query's side first
-                    side = int(right(axis[b], split[b], q, g))
+                    a = int(axis[b])
+                    side = int(0)
+                    if a >= 0:
+                        side = int(q[a] >= split[b])
+                    elif wp.static(grouped):  # a split between groups: the right child's first group
+                        side = int(g >= glo[2 * b + 2])
                     near = (near & ~(1 << d)) | (side << d)  # bit d: the side taken below depth d
                     node = 2 * node + side
                     d = d + 1
@@ -187,7 +185,7 @@ def _build_kernels(dtype: torch.dtype):
     of the queries."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    key, _, sample_pivot = _funcs(dtype)
+    key, sample_pivot = _funcs(dtype)
     top = float(2**_BITS - 1)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -231,7 +229,7 @@ def _build_kernels(dtype: torch.dtype):
                 if e < leaf_depth:
                     mid = int((npts * wp.int64(2 * node + 1)) >> wp.int64(e + 1))
                     if grouped != 0 and groups[first] != groups[last - 1]:
-                        axis[b] = -1 - groups[mid]  # between groups: the order stays
+                        axis[b] = -1  # between groups (the right child's first group): the order stays
                         split[b] = s(0.0)
                     else:
                         ext = h - l
@@ -254,9 +252,9 @@ def _build_kernels(dtype: torch.dtype):
                                 key(points[left], a),
                                 key(points[left + span // 4], a),
                                 key(points[left + span // 2], a),
-                                key(points[left + (3 * span) // 4], a),
+                                key(points[left + span // 4 * 3], a),
                                 key(points[rite - 1], a),
-                                (5 * (mid - left)) // span,
+                                int(wp.int64(5) * wp.int64(mid - left) // wp.int64(span)),  # no int32 overflow
                             )
                             for strict in range(2):
                                 fence = left
@@ -399,7 +397,7 @@ def _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split):
         perm = torch.sort(keys, stable=True).indices
         perm = perm[torch.sort(node[perm], stable=True).indices]
         points, order, keys = points[perm], order[perm], keys[perm]
-        axis[b] = torch.where(multi, -1 - group[mid] if group is not None else 0, a).to(torch.int32)
+        axis[b] = torch.where(multi, -1, a).to(torch.int32)
         split[b] = torch.where(multi, 0, keys[mid])
     return points, order
 
@@ -419,7 +417,7 @@ def search(query, ref, k, query_group, ref_group):
     # to 10^5 reference points, 5-12% faster from 3 x 10^5 on), and always on CUDA (coherent warps)
     per_sample = ref.shape[0]
     if grouped and query.device.type == "cpu":  # the trees of the samples are what must fit (no sync on CPU)
-        per_sample //= int(point_group[-1] - point_group[0]) + 1
+        per_sample //= max(int(point_group[-1]) - int(point_group[0]) + 1, 1)
     sort = query.device.type != "cpu" or per_sample > _SORT_QUERIES_ABOVE
     rows = _query_order(query, query_group) if sort else torch.arange(m, device=query.device)
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
