@@ -3,7 +3,7 @@
 Trained with ``python scripts/train.py --config configs/<name>.yaml``.
 """
 
-from .classify import DGCNNClassifier, PointNet2Classifier, PointNet2Segmenter, PointNetClassifier
+from .classify import DGCNNClassifier, PointNet2Classifier, PointNet2Segmenter, PointNetClassifier, PointNetSegmenter
 from .data import ShapesSDFDataModule, TutorialCloudDataModule
 from .files import FileSDFDataModule
 from .lit import FieldRegressor, KNNProjector, RadiusProjector, SDFModel
@@ -19,6 +19,7 @@ __all__ = [
     "PointNet2Classifier",
     "PointNet2Segmenter",
     "PointNetClassifier",
+    "PointNetSegmenter",
     "RadiusProjector",
     "SDFModel",
     "ShapesClassDataModule",

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from .dgcnn import DGCNN
-from .pointnet2 import CLS_LEVELS, SEG_LEVELS, PointNet, PointNet2, PointNet2Seg
+from .pointnet2 import CLS_LEVELS, SEG_LEVELS, PointNet, PointNet2, PointNet2Seg, PointNetSeg
 from .task import Task, adam
 
 
@@ -158,16 +158,10 @@ class DGCNNClassifier(_PointTask):
         self.net = DGCNN(num_classes, k, widths, embed, hidden, dropout)
 
 
-class PointNet2Segmenter(_PointTask):
-    """PointNet++ SSG with feature propagation (models.pointnet2.PointNet2Seg): a label per point."""
+class _SegmentTask(_PointTask):
+    """A label per point; the test also draws true vs predicted labels of the first test clouds."""
 
     target_key = "labels"
-
-    def __init__(self, num_classes: int = 9, levels: list = SEG_LEVELS, global_widths: list[int] = [128, 256],  # noqa: B006
-                 fp_widths: list[int] = [128, 128, 64], dropout: float = 0.3, **kwargs):  # noqa: B006
-        super().__init__(num_classes, **kwargs)
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
-        self.net = PointNet2Seg(num_classes, [tuple(level) for level in levels], global_widths, fp_widths, dropout)
 
     def write_figures(self, run: pathlib.Path) -> None:
         data = self.trainer.datamodule
@@ -177,6 +171,26 @@ class PointNet2Segmenter(_PointTask):
         with torch.no_grad():
             pred = self(batch).argmax(-1).cpu()
         save_segmentation(batch["points"].cpu(), batch["labels"].cpu(), pred, self.class_names(), run / "segmentation.png")
+
+
+class PointNetSegmenter(_SegmentTask):
+    """The segmentation baseline: PointNet without grouping (models.pointnet2.PointNetSeg), a label per point."""
+
+    def __init__(self, num_classes: int = 9, widths: list[int] = [64, 128, 256], head_widths: list[int] = [128, 64],  # noqa: B006
+                 dropout: float = 0.3, **kwargs):
+        super().__init__(num_classes, **kwargs)
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.net = PointNetSeg(num_classes, widths, head_widths, dropout)
+
+
+class PointNet2Segmenter(_SegmentTask):
+    """PointNet++ SSG with feature propagation (models.pointnet2.PointNet2Seg): a label per point."""
+
+    def __init__(self, num_classes: int = 9, levels: list = SEG_LEVELS, global_widths: list[int] = [128, 256],  # noqa: B006
+                 fp_widths: list[int] = [128, 128, 64], dropout: float = 0.3, **kwargs):  # noqa: B006
+        super().__init__(num_classes, **kwargs)
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.net = PointNet2Seg(num_classes, [tuple(level) for level in levels], global_widths, fp_widths, dropout)
 
 
 def save_segmentation(points: torch.Tensor, true: torch.Tensor, pred: torch.Tensor, names: list[str], path: pathlib.Path) -> None:

@@ -5,6 +5,8 @@ classification, (B, N, C) for segmentation.
 
 * :class:`PointNet` - a shared MLP on every point's coordinates and a max pool over the cloud
   (Qi et al. 2017, without the input/feature transforms): no neighbourhoods at all.
+* :class:`PointNetSeg` - its segmentation form: the same shared MLP, the cloud's max-pooled
+  feature concatenated to every point's feature, and a per-point head: no neighbourhoods.
 * :class:`PointNet2` - PointNet++ SSG (Qi et al. 2017b): set-abstraction levels, each
   ``pcops.farthest_point_sample`` centroids, ``pcops.ball_query`` neighbourhoods (the closest
   ``k`` points within the radius), a shared MLP on [offset / radius, features] and a max pool
@@ -68,6 +70,21 @@ class PointNet(nn.Module):
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
         return self.head(self.mlp(points).max(1).values)
+
+
+class PointNetSeg(nn.Module):
+    """Per-point shared MLP, the global max feature concatenated to each point, a per-point head (no grouping)."""
+
+    def __init__(self, num_classes: int, widths: list[int] = (64, 128, 256), head_widths: list[int] = (128, 64), dropout: float = 0.3):
+        super().__init__()
+        self.mlp = SharedMLP([3, *widths])
+        self.head = SharedMLP([2 * widths[-1], *head_widths])
+        self.classify = nn.Sequential(nn.Dropout(dropout), nn.Linear(head_widths[-1], num_classes))
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        f = self.mlp(points)  # (B, N, W)
+        g = f.max(1, keepdim=True).values.expand_as(f)  # the cloud's feature, beside every point's own
+        return self.classify(self.head(torch.cat([f, g], -1)))
 
 
 class SetAbstraction(nn.Module):

@@ -19,7 +19,7 @@ from models import ModelNetDataModule, ShapesClassDataModule, ShapesSegDataModul
 from models.scenes import CLASSES, Primitive  # noqa: E402
 from models.shapes import primitive_sdf  # noqa: E402
 
-POINT_CONFIGS = ["pointnet_cls", "pointnet2_cls", "dgcnn_cls", "pointnet2_seg", "modelnet40"]
+POINT_CONFIGS = ["pointnet_cls", "pointnet2_cls", "dgcnn_cls", "pointnet_seg", "pointnet2_seg", "modelnet40"]
 HAS_GROUPING = all(hasattr(pcops, name) for name in ("farthest_point_sample", "ball_query", "knn_interpolate"))
 needs_grouping = pytest.mark.skipif(not HAS_GROUPING, reason="needs pcops.farthest_point_sample, ball_query and knn_interpolate")
 TINY = ["--data.init_args.train_size", "18", "--data.init_args.val_size", "9", "--data.init_args.test_size", "9",
@@ -226,13 +226,13 @@ def config_args(name: str, modelnet_root: pathlib.Path) -> list[str]:
 @pytest.mark.parametrize("name", POINT_CONFIGS)
 def test_every_point_config_runs_with_fast_dev_run(name, modelnet, tmp_path, monkeypatch):
     config = yaml.safe_load((ROOT / f"configs/{name}.yaml").read_text())
-    if config["model"]["class_path"] != "models.PointNetClassifier" and config["model"]["class_path"] != "models.DGCNNClassifier" and not HAS_GROUPING:
+    if config["model"]["class_path"] not in ("models.PointNetClassifier", "models.PointNetSegmenter", "models.DGCNNClassifier") and not HAS_GROUPING:
         pytest.skip("needs pcops.farthest_point_sample, ball_query and knn_interpolate")
     monkeypatch.chdir(tmp_path)
     train.main([*config_args(name, modelnet), "--trainer.fast_dev_run", "true"])
 
 
-@pytest.mark.parametrize("name", ["dgcnn_cls", pytest.param("pointnet2_cls", marks=needs_grouping), pytest.param("pointnet2_seg", marks=needs_grouping)])
+@pytest.mark.parametrize("name", ["dgcnn_cls", "pointnet_seg", pytest.param("pointnet2_cls", marks=needs_grouping), pytest.param("pointnet2_seg", marks=needs_grouping)])
 def test_whole_networks_compile_with_fullgraph(name, tmp_path, monkeypatch):
     """compile: true compiles the network with fullgraph=True: a graph break would be an error here."""
     monkeypatch.chdir(tmp_path)
@@ -248,6 +248,25 @@ def test_compiled_network_matches_eager(gen):
     points = torch.rand(3, 64, 3, generator=gen)
     compiled = torch.compile(net, fullgraph=True)
     torch.testing.assert_close(compiled(points), net(points), rtol=1e-4, atol=1e-5)
+
+
+def test_pointnet_segmentation_baseline_labels_every_point_from_its_own_and_the_global_feature(gen):
+    from models.pointnet2 import PointNetSeg
+
+    net = PointNetSeg(5, widths=[16, 32], head_widths=[16]).eval()
+    points = torch.rand(3, 50, 3, generator=gen)
+    logits = net(points)
+    assert logits.shape == (3, 50, 5)
+    perm = torch.randperm(50, generator=gen)
+    torch.testing.assert_close(net(points[:, perm]), logits[:, perm])  # no neighbourhoods: equivariant
+    with torch.no_grad():  # the reference: the same layers applied by hand
+        f = net.mlp(points)
+        expected = net.classify(net.head(torch.cat([f, f.amax(1, keepdim=True).expand(-1, 50, -1)], -1)))
+        alone = net.classify(net.head(torch.cat([f, f.amax(1, keepdim=True).expand(-1, 50, -1) * 0], -1)))
+    torch.testing.assert_close(logits, expected)
+    assert not torch.allclose(logits, alone)  # the global feature matters
+    compiled = torch.compile(net, fullgraph=True)
+    torch.testing.assert_close(compiled(points), logits, rtol=1e-4, atol=1e-5)
 
 
 def test_a_full_classification_run_writes_the_confusion_matrix(tmp_path, monkeypatch):
