@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-CONFIGS = ["pointnet_cls", "pointnet2_cls", "dgcnn_cls", "pointnet2_seg"]
+CONFIGS = ["pointnet_cls", "pointnet2_cls", "dgcnn_cls", "pointnet_seg", "pointnet2_seg"]
 
 
 def _class(path: str):
