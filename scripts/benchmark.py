@@ -7,7 +7,7 @@ machine in one process.
     python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
     python scripts/benchmark.py --json out.json  # also write every figure as JSON
     python scripts/benchmark.py --search         # only the CPU search rows (kNN, radius) against peers
-    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling
+    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling, networks
     OMP_NUM_THREADS=1 python scripts/benchmark.py --search --cpu-time   # their work, on a busy machine
 
 Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
@@ -610,6 +610,21 @@ def run_geometry(args, device) -> list[dict]:
     return results
 
 
+def run_networks(args, configs=None) -> list[dict]:
+    """Training throughput of the point networks (samples/s, eager and compiled with fullgraph)
+    and the share of an eager step inside pcops ops: scripts/profile_models.py's measurement."""
+    import profile_models
+
+    names = configs or (["pointnet_cls"] if args.quick else profile_models.CONFIGS)
+    rows = []
+    for name in names:
+        r = profile_models.measure(name, 1 if args.quick else args.iters)
+        rows.append(r)
+        print(f"{'point_network':<17} {r['config']:<15} points={r['points']:>5} batch={r['batch']:>3}  samples/s: eager {r['eager']:,.1f}, "
+              f"compiled {r['compiled']:,.1f} ({r['compiled'] / r['eager']:.2f}x)  pcops share {100 * r['share']:.0f}% ({r['top']})", flush=True)
+    return rows
+
+
 def _format(row: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
     return (f"{row['model']:<17} {row['variant']:<15} n_ref={row.get('n_ref', 0):>9,} n_query={row.get('n_query', 0):>9,} "
@@ -668,7 +683,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
-    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling"],
+    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks"],
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
@@ -685,7 +700,7 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
-    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling"]))
+    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks"]))
     if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
     if "models" in sections:
@@ -700,6 +715,8 @@ def main(argv=None) -> dict:
         report["geometry_ops"] = run_geometry(args, device)
     if "sampling" in sections:
         report["sampling"] = run_sampling(args, device)
+    if "networks" in sections and device.type == "cpu":  # the point networks' CPU configs
+        report["point_networks"] = run_networks(args)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report

@@ -41,6 +41,12 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
     for r in report["search"]:
         assert all(ms > 0 for ms in r["ms"].values()) and any(name.startswith("pcops") for name in r["ms"])
 
+    # sampling rows and the point networks' training throughput, eager and compiled
+    assert {r["op"] for r in report["sampling"] if r["variant"] == "pcops" and r["ms"]} >= {
+        "farthest_point_sample", "ball_query", "knn_graph", "radius_graph", "voxel_pool"}
+    (net,) = report["point_networks"]
+    assert net["config"] == "pointnet_cls" and net["eager"] > 0 and net["compiled"] > 0 and 0 <= net["share"]
+
 
 def _benchmark_module():
     import importlib.util
