@@ -245,7 +245,8 @@ def knn_aggregate(
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     if validate and not torch.compiler.is_compiling():  # value checks of what enters no custom op
         _validate.op_values(validate, features=features, sigma=sigma if weights == "softmax" else None)
-    idx, valid = search(flat, k, backend, validate, dtype)
+    found, raw = _search(flat, k, backend, validate, dtype)
+    idx, valid = raw.clamp_min(0), raw >= 0
     gathered = flat.features.to(dtype)[idx]  # (P, k, F)
     if reduce == "max":
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
@@ -253,7 +254,11 @@ def knn_aggregate(
         return _batch.unflatten(flat, out.to(out_dtype))
     query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
     if weights == "softmax":
-        dists = _distances(query_c, ref_c[idx])
+        points_grad = torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
+        if points_grad or resolve_backend(backend, flat.query.device) not in OWN_DISTANCES:
+            dists = _distances(query_c, ref_c[idx])  # differentiable in the points
+        else:  # the search's own distances (direct differences): no (P, k, 3) gather
+            dists = torch.where(valid, found, 0)
         nearest = torch.where(valid, dists, float("inf")).amin(1, keepdim=True).detach()  # shift: any sigma > 0 stays finite
         logits = torch.where(valid, -(dists - torch.where(valid, nearest, 0)) / sigma, float("-inf"))
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
