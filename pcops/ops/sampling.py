@@ -15,9 +15,9 @@ writes the block's farthest point. The newest pick is the farthest of the previo
 blocks: on the CPU (a few blocks per sample) each thread finds it itself (two buffers
 alternate), on CUDA (many blocks) torch finds it between launches. The launch is recorded
 once (:func:`pcops._warp.recorded`). The blocks spread one large cloud, or many small ones,
-over all CPU cores or the GPU, and the loop over picks never reads a value on the host. Small inputs on the CPU (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread
-per sample doing all its picks, which saves the per-pick launch overhead. Both give identical
-results.
+over all CPU cores or the GPU, and the loop over picks never reads a value on the host. Small
+inputs on the CPU (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread per sample
+doing all its picks, which saves the per-pick launch overhead. Both give identical results.
 """
 
 import math
