@@ -546,12 +546,13 @@ def open3d_normals(points, k: int):
     return np.asarray(cloud.normals)
 
 
-def _geometry_cases(device, sizes):
-    """(op, variant, n_ref, n_query, forward(), loss() or None) for each op and peer."""
+def _geometry_cases(device, sizes, shape: str = "uniform"):
+    """(op, variant, n_ref, n_query, forward(), loss() or None) for each op and peer on one cloud
+    shape (``bench_search.cloud``; radius_max's radius holds 13 points for half of the queries)."""
     gen = torch.Generator().manual_seed(2)
     n_ref, n_query = sizes["knn_interpolate"]
-    coarse = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
-    dense = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
+    coarse = bench_search.cloud(shape, n_ref, 4).to(device)
+    dense = bench_search.cloud(shape, n_query, 5).to(device)
     feats = torch.randn(n_ref, 64, generator=gen).to(device).requires_grad_()
     ours = lambda: pcops.knn_interpolate(dense, coarse, feats, 3, validate=False)  # noqa: E731
     peer = lambda: pyg_knn_interpolate(dense, coarse, feats, 3)  # noqa: E731
@@ -559,15 +560,14 @@ def _geometry_cases(device, sizes):
     yield "knn_interpolate", "pyg_torch", n_ref, n_query, peer, lambda: peer().square().mean()
 
     n_x, n_y = sizes["chamfer_distance"]
-    x = (torch.rand(n_x, 3, generator=gen) * 2 - 1).to(device).requires_grad_()
-    y = (torch.rand(n_y, 3, generator=gen) * 2 - 1).to(device)
+    x = bench_search.cloud(shape, n_x, 6).to(device).requires_grad_()
+    y = bench_search.cloud(shape, n_y, 7).to(device)
     ours = lambda: pcops.chamfer_distance(x, y, validate=False)  # noqa: E731
     yield "chamfer_distance", "pcops_eager", n_y, n_x, ours, ours
     yield "chamfer_distance", "torch_cdist", n_y, n_x, lambda: cdist_chamfer(x, y), lambda: cdist_chamfer(x, y)
 
     n, _ = sizes["estimate_normals"]
-    direction = torch.nn.functional.normalize(torch.randn(n, 3, generator=gen), dim=1)
-    surface = (direction * (1 + 0.1 * torch.sin(5 * direction[:, :1]))).to(device).requires_grad_()  # a bumpy sphere
+    surface = bench_search.cloud(shape, n, 8).to(device).requires_grad_()
     ours = lambda: pcops.estimate_normals(surface, 16, validate=False)  # noqa: E731
     peer = lambda: torch_normals(surface, 16)  # noqa: E731
     yield "estimate_normals", "pcops_eager", n, n, ours, lambda: ours()[:, 0].sum()
@@ -576,10 +576,10 @@ def _geometry_cases(device, sizes):
         yield "estimate_normals", "open3d", n, n, lambda: open3d_normals(surface, 16), None
 
     n_ref, n_query = sizes["radius_max"]
-    ref = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
-    query = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
+    ref = bench_search.cloud(shape, n_ref, 9).to(device)
+    query = bench_search.cloud(shape, n_query, 10).to(device)
     feats = torch.randn(n_ref, 32, generator=gen).to(device).requires_grad_()
-    radius = 0.1 * (25_000 / n_ref) ** (1 / 3)  # about 13 neighbours per query, as in run_ops
+    radius = float(pcops.knn(query.cpu(), ref.cpu(), 13).dists[:, -1].median())  # 13 neighbours for half the queries
     ours = lambda: pcops.radius_aggregate(query, ref, feats, radius, reduce="max", validate=False)  # noqa: E731
     yield "radius_max", "pcops_eager", n_ref, n_query, ours, lambda: ours().square().mean()
     if device.type == "cpu":
@@ -588,25 +588,27 @@ def _geometry_cases(device, sizes):
 
 
 def run_geometry(args, device) -> list[dict]:
-    """Forward (no grad) and forward + backward of each op and its peers, in one process."""
+    """Forward (no grad) and forward + backward of each op and its peers on each cloud shape, in one process."""
     results = []
-    for op, variant, n_ref, n_query, forward, loss in _geometry_cases(device, GEOMETRY_QUICK if args.quick else GEOMETRY_SIZES):
-        row = {"model": op, "variant": variant, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
-        try:
-            with torch.no_grad():
-                row["forward_ms"] = round(_time(forward, device, args.iters, args.budget), 3)
-            row["train_step_ms"] = None if loss is None else round(_time(lambda: loss().backward(), device, args.iters, args.budget), 3)
-        except ImportError as err:
-            row.update(forward_ms=None, train_step_ms=None, note=f"skipped: {err}")
-        results.append(row)
-        print(_format(row), flush=True)
-    by = {(r["model"], r["variant"]): r for r in results if r.get("forward_ms")}
-    for (op, variant), r in by.items():
-        ours = by.get((op, "pcops_eager"))
+    sizes = GEOMETRY_QUICK if args.quick else GEOMETRY_SIZES
+    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS:
+        for op, variant, n_ref, n_query, forward, loss in _geometry_cases(device, sizes, shape):
+            row = {"model": op, "variant": variant, "cloud": shape, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
+            try:
+                with torch.no_grad():
+                    row["forward_ms"] = round(_time(forward, device, args.iters, args.budget), 3)
+                row["train_step_ms"] = None if loss is None else round(_time(lambda: loss().backward(), device, args.iters, args.budget), 3)
+            except ImportError as err:
+                row.update(forward_ms=None, train_step_ms=None, note=f"skipped: {err}")
+            results.append(row)
+            print(_format(row) + f" {shape}", flush=True)
+    by = {(r["model"], r["cloud"], r["variant"]): r for r in results if r.get("forward_ms")}
+    for (op, shape, variant), r in by.items():
+        ours = by.get((op, shape, "pcops_eager"))
         if variant == "pcops_eager" or ours is None:
             continue
         step = "" if not r.get("train_step_ms") else f"train step {r['train_step_ms'] / ours['train_step_ms']:.1f}x, "
-        print(f"{op}: pcops_eager vs {variant}: {step}forward {r['forward_ms'] / ours['forward_ms']:.1f}x faster")
+        print(f"{op} ({shape}): pcops_eager vs {variant}: {step}forward {r['forward_ms'] / ours['forward_ms']:.1f}x faster")
     return results
 
 
