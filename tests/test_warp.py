@@ -400,11 +400,16 @@ def test_cuda_sync_counts(gen):
     qg, pg = (torch.arange(500, dtype=torch.int32) % 4).cuda(), (torch.arange(800, dtype=torch.int32) % 4).cuda()
     sigma = torch.tensor(0.1, device="cuda")
     pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)  # warm-up: kernels loaded
-    # sigma as a CUDA tensor: a Python number is copied to the device (a synchronous copy)
-    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)) == 0
+    # sigma as a CUDA tensor (a Python number is copied to the device, a synchronous copy): the
+    # cell list's one read of the bounding box and the number of samples (pcops.ops._cells)
+    assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)) == 1
     torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)
-    assert _syncs(lambda: torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)) == 0
+    assert _syncs(lambda: torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)) == 1
     backends = pcops.ops.nearest.BACKENDS
+    warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
+    warp(q, p, 4, False)
+    assert _syncs(lambda: warp(q, p, 4, False)) == 0
+    assert _syncs(lambda: warp(q, p, 4, False, qg, pg)) == 0
     if backends["cuml"].available():
         cuml = backends["cuml"].op
         cuml(q, p, 4, False)
