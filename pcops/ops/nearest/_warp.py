@@ -15,8 +15,8 @@ search exact.
 
 Search (one Warp thread per query; for large trees queries in Morton order): from the root, the
 query goes down to the child on its side of each split (the nearer child first), then back
-up, visiting each other child on the way, without a stack: the child to visit next is
-recomputed from the parent's split. A node whose box is farther than the current k-th
+up, visiting each other child on the way, without a stack: one bit per depth remembers
+which child was the nearer one. A node whose box is farther than the current k-th
 distance (or holds no point of the query's group) is skipped. Each query keeps its k best
 (distance, index) pairs in its output row by insertion, so the order is exact, ties by the
 smaller index: a skipped box is farther than the k-th distance, so it cannot even hold a tie.
