@@ -72,7 +72,7 @@ def _eigh3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     first_is_max = half_det >= 0
     l_first = torch.where(first_is_max, values[:, 2], values[:, 0])
     w = _unit_of_largest_cross(a - l_first[:, None, None] * eye)  # its eigenvector
-    # the middle eigenvector in the plane orthogonal to w (a 2x2 problem)
+    # an orthonormal basis (u, v) of the plane orthogonal to w
     use0 = w[:, 0].abs() > w[:, 1].abs()
     inv0 = 1 / (w[:, 0].square() + w[:, 2].square()).clamp_min(torch.finfo(a.dtype).tiny).sqrt()
     inv1 = 1 / (w[:, 1].square() + w[:, 2].square()).clamp_min(torch.finfo(a.dtype).tiny).sqrt()

@@ -88,10 +88,12 @@ def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional
 
 
 def _search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
-    """The backend's (dists, idx) (P, k) for the flat inputs: -1 / inf where a sample is short."""
+    """(the backend's distances (P, k), indices into the flat ref with -1 replaced by 0,
+    validity mask (P, k)): the search itself, no gradient."""
     name = resolve_backend(backend, flat.query.device)
     query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-    return BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    dists, idx = BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    return dists, idx.clamp_min(0), idx >= 0
 
 
 def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
@@ -99,14 +101,17 @@ def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch
 
     The search itself (no gradient); the ops built on it gather what they need from the indices.
     """
-    _, idx = _search(flat, k, backend, validate, dtype)
-    return idx.clamp_min(0), idx >= 0
+    _, idx, valid = _search(flat, k, backend, validate, dtype)
+    return idx, valid
 
 
-def _neighbours(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
-    """(indices into the flat ref with -1 replaced by 0, validity mask, differentiable distances)."""
-    safe, valid = search(flat, k, backend, validate, dtype)
-    return safe, valid, _distances(flat.query.to(dtype), flat.ref.to(dtype)[safe])
+def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool):
+    """Distances to the found neighbours: the search's own ``found`` where they are direct
+    differences of the given coordinates and no gradient to the points is asked for (no (P, k, 3)
+    gather), else recomputed in torch from the gathered points (differentiable)."""
+    if not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES:
+        return found
+    return _distances(flat.query.to(dtype), flat.ref.to(dtype)[idx])
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
@@ -114,6 +119,11 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
     sq = (query[:, None, :] - neighbours).square().sum(-1)
     positive = sq > 0
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
+
+
+def _points_grad(query: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether a gradient to the points is asked for (static under torch.compile)."""
+    return torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
 
 
 def _any_dim_backend(backend: str) -> str:
@@ -169,17 +179,10 @@ def knn(
         backend = _any_dim_backend(backend)
     flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    needs_grad = torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
-    if features_space or needs_grad or resolve_backend(backend, flat.query.device) not in OWN_DISTANCES:
-        # distances recomputed in torch from the found points: differentiable, and direct
-        # differences of the given coordinates whatever the backend computed
-        idx, valid, dists = _neighbours(flat, k, backend, validate, dtype)
-        dists = torch.where(valid, dists, float("inf"))
-        idx = torch.where(valid, idx, -1)
-    else:  # no gradient asked for: the search's own distances (direct differences), no copy
-        dists, idx = _search(flat, k, backend, validate, dtype)
-    dists = dists.to(out_dtype)
-    idx = _batch.local_index(flat, idx)
+    found, idx, valid = _search(flat, k, backend, validate, dtype)
+    dists = _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref))
+    dists = torch.where(valid, dists, float("inf")).to(out_dtype)
+    idx = _batch.local_index(flat, torch.where(valid, idx, -1))
     return KNN(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx))
 
 
@@ -245,8 +248,7 @@ def knn_aggregate(
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     if validate and not torch.compiler.is_compiling():  # value checks of what enters no custom op
         _validate.op_values(validate, features=features, sigma=sigma if weights == "softmax" else None)
-    found, raw = _search(flat, k, backend, validate, dtype)
-    idx, valid = raw.clamp_min(0), raw >= 0
+    found, idx, valid = _search(flat, k, backend, validate, dtype)
     gathered = flat.features.to(dtype)[idx]  # (P, k, F)
     if reduce == "max":
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
@@ -254,11 +256,7 @@ def knn_aggregate(
         return _batch.unflatten(flat, out.to(out_dtype))
     query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
     if weights == "softmax":
-        points_grad = torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
-        if points_grad or resolve_backend(backend, flat.query.device) not in OWN_DISTANCES:
-            dists = _distances(query_c, ref_c[idx])  # differentiable in the points
-        else:  # the search's own distances (direct differences): no (P, k, 3) gather
-            dists = torch.where(valid, found, 0)
+        dists = torch.where(valid, _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref)), 0)
         nearest = torch.where(valid, dists, float("inf")).amin(1, keepdim=True).detach()  # shift: any sigma > 0 stays finite
         logits = torch.where(valid, -(dists - torch.where(valid, nearest, 0)) / sigma, float("-inf"))
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
