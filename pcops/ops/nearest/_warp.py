@@ -349,13 +349,12 @@ def _tree(ref: torch.Tensor, group):
     glo, ghi = (torch.empty(nodes if group is not None else 1, dtype=torch.int32, device=dev) for _ in range(2))
     axis = torch.empty(nodes, dtype=torch.int32, device=dev)
     split = ref.new_empty(nodes)
-    vec = _warp.vec3(ref.dtype)
-    groups = group if group is not None else glo
-    args = [_warp.array(points, dtype=vec), order, groups, int(group is not None),
-            _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
     if dev.type != "cpu" or _BUILD_BY_SORTING:
         points, order = _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split)
         return points, order, group, lo, hi, glo, ghi, axis, split, depth
+    vec = _warp.vec3(ref.dtype)
+    args = [_warp.array(points, dtype=vec), order, group if group is not None else glo, int(group is not None),
+            _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
     build, _ = _build_kernels(ref.dtype)
     # One launch per depth down to where there are enough subtrees for every CPU thread; then
     # one thread per subtree does the rest.
