@@ -208,14 +208,17 @@ def test_concurrent_first_calls_from_eight_threads(cache, tmp_path):
 
 
 _FORK = """
-    import multiprocessing as mp, time, torch, pcops
+    import multiprocessing as mp, sys, time, torch, pcops
+    threads = sys.argv[1]
+    if threads == "pool":  # as where torch has no GNU OpenMP: the Python pool runs the chunks
+        pcops._warp._openmp_state[:] = [None]
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(0)
     q, p, f = torch.rand(4096, 3, generator=gen), torch.rand(3000, 3, generator=gen), torch.rand(3000, 2, generator=gen)
-    for _ in range(2):  # >= 2048 queries on 2 threads, after the first (build) launch: the CPU pool exists now
+    for _ in range(2):  # >= 2048 queries on 2 threads, after the first (build) launch: the threads exist now
         expected = pcops.radius_aggregate(q, p, f, 0.05, 0.1)
-    assert pcops._warp._pool_state
-    time.sleep(0.5)  # the pool's threads are idle when the workers fork (as between epochs)
+    assert bool(pcops._warp._pool_state) == (threads == "pool")
+    time.sleep(0.5)  # the threads are idle when the workers fork (as between epochs)
 
     class Data(torch.utils.data.Dataset):
         def __len__(self):
@@ -224,6 +227,9 @@ _FORK = """
         def __getitem__(self, i):
             # The pool the child inherited has no threads: a stale one never runs this job.
             assert pcops._warp._pool().submit(lambda: 7).result(timeout=60) == 7
+            # Nor does the parent's OpenMP team: the child's chunks go to the pool.
+            assert pcops._warp._openmp() is None
+            torch.set_num_threads(2)  # pcops' chunks on two threads (its torch ops here are too small to go parallel)
             return pcops.radius_aggregate(q, p, f, 0.05, 0.1)
 
     # Workers keep torch's one thread in a forked child: torch's own OpenMP parallel regions are
@@ -237,12 +243,64 @@ _FORK = """
 """
 
 
-def test_forked_dataloader_workers_run_large_calls():
+@pytest.mark.parametrize("threads", ["openmp", "pool"])
+def test_forked_dataloader_workers_run_large_calls(threads):
+    if threads == "openmp" and _warp._openmp() is None:
+        pytest.skip("torch does not run on GNU OpenMP here")
     try:
-        result = _run(_FORK, timeout=120)
+        result = _run(_FORK.replace("sys.argv[1]", repr(threads)), timeout=120)
     except subprocess.TimeoutExpired:
-        pytest.fail("a forked DataLoader worker hung on a pcops call after the parent had used the CPU pool")
+        pytest.fail("a forked DataLoader worker hung on a pcops call after the parent had used its CPU threads")
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU chunks: on torch's OpenMP team where there is one, else on the pool
+
+
+@pytest.fixture(params=["openmp", "pool"])
+def chunk_threads(request, monkeypatch):
+    if request.param == "openmp" and _warp._openmp() is None:
+        pytest.skip("torch does not run on GNU OpenMP here")
+    if request.param == "pool":
+        monkeypatch.setattr(_warp, "_openmp_state", [None])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two threads even on a one-core runner
+    return request.param
+
+
+def test_chunks_run_once_each_on_several_threads(chunk_threads):
+    import threading
+    import time
+
+    ran, threads = [], set()
+
+    def run(c):
+        time.sleep(0.01)  # long enough for the second thread to take chunks too
+        ran.append(c)
+        threads.add(threading.get_ident())
+
+    _warp._run_chunks(run, 1, 9)
+    assert sorted(ran) == list(range(1, 9))
+    assert len(threads) == 2
+
+
+def test_an_error_in_a_chunk_is_raised_on_the_calling_thread(chunk_threads):
+    def run(c):
+        if c == 3:
+            raise ValueError("chunk 3")
+
+    with pytest.raises(ValueError, match="chunk 3"):
+        _warp._run_chunks(run, 0, 8)
+
+
+def test_torch_wheels_on_linux_use_torchs_own_openmp_team():
+    info = torch.__config__.parallel_info()
+    if not sys.platform.startswith("linux") or "parallel backend: OpenMP" not in info:
+        pytest.skip("not a Linux wheel of torch on GNU OpenMP")
+    lib = pathlib.Path(torch.__file__).parent / "lib"
+    if not any(lib.glob("libgomp*.so*")):
+        pytest.skip("torch's GNU OpenMP is not in its own folder here")
+    assert _warp._openmp() is not None
 
 
 _VARIANTS = """
