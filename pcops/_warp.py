@@ -445,18 +445,18 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     s = cuda_stream(like)
     bounds = _chunk_bounds(n, s, bool(scatter), min_chunk)
     chunks = len(bounds) - 1
-    private = [list(args)] + [
-        [torch.zeros_like(a) if i in scatter else a for i, a in enumerate(args)] for _ in range(chunks - 1)
-    ]
+    values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
+    extras = [{i: torch.zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
+    private = [values] + [[array(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
 
     def run(c: int) -> None:
         start, stop = bounds[c], bounds[c + 1]
-        wp.launch(kernel, dim=stop - start, inputs=[start, *map(_convert, private[c])], device=dev, stream=s)
+        wp.launch(kernel, dim=stop - start, inputs=[start, *private[c]], device=dev, stream=s)
 
     _run_chunks(run, 1 if _first_load(kernel, dev, lambda: run(0)) else 0, chunks)
-    for i in scatter:
-        for extra in private[1:]:
-            args[i].add_(extra[i])
+    for extra in extras:
+        for i, t in extra.items():
+            args[i].add_(t)
 
 
 def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):
