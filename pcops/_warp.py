@@ -44,8 +44,6 @@ import warp as wp
 
 # Below this many threads a launch is not worth splitting across CPU threads.
 _MIN_CHUNK = 1024
-# Chunks per CPU thread of a launch that scatters into nothing (balances uneven work).
-_CHUNKS_PER_THREAD = 4
 
 # One re-entrant lock for everything in Warp that is not thread-safe and happens once:
 # initialisation, kernel creation (code generation, module hashing) and first module loads.
@@ -331,12 +329,12 @@ def _convert(arg):
     return array(arg) if isinstance(arg, torch.Tensor) else arg
 
 
-def _chunk_bounds(n: int, s, scatter: bool, min_chunk: int) -> list[int]:
-    """Thread ranges of a launch: one on CUDA; on the CPU a few chunks per thread (threads' work
-    varies with the data, e.g. clustered clouds), one per thread where each chunk needs private
-    copies of the scattered arrays, each chunk at least ``min_chunk`` threads."""
-    per_thread = 1 if scatter else _CHUNKS_PER_THREAD
-    chunks = 1 if s is not None else max(1, min(torch.get_num_threads() * per_thread, n // max(min_chunk, 1)))
+def _chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
+    """Thread ranges of a launch: one on CUDA; on the CPU one per thread, each of at least
+    ``min_chunk`` threads. (More chunks per thread, to balance uneven work, measured slower on
+    every op: a chunk's hand-off costs more than the imbalance, and contiguous ranges of
+    spatially ordered queries keep each core's cache on its own part of the data.)"""
+    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // max(min_chunk, 1)))
     return [n * c // chunks for c in range(chunks + 1)]
 
 
@@ -432,9 +430,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     The kernel's first parameter is the index of its first thread (``start``), followed by
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    into up to ``_CHUNKS_PER_THREAD`` chunks per ``torch.get_num_threads()`` thread (one per
-    thread with ``scatter``), each running at least ``min_chunk`` threads (less for kernels
-    whose threads do much work each); the tensors at the positions ``scatter`` (accumulated
+    into a chunk per ``torch.get_num_threads()`` thread, each running at least ``min_chunk``
+    threads (less for kernels whose threads do much work each); the tensors at the positions ``scatter`` (accumulated
     with ``atomic_add``) get a zeroed private copy per extra chunk, summed back into the
     original after the launches. The first launch of a kernel on a device (which compiles or
     loads its module) runs alone, under the build lock.
@@ -443,7 +440,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
         return
     dev = device(like)
     s = cuda_stream(like)
-    bounds = _chunk_bounds(n, s, bool(scatter), min_chunk)
+    bounds = _chunk_bounds(n, s, min_chunk)
     chunks = len(bounds) - 1
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
     extras = [{i: torch.zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
@@ -465,7 +462,7 @@ def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _M
     packs the arguments once (``record_cmd``), so a run costs the kernel and little else."""
     dev = device(like)
     s = cuda_stream(like)
-    bounds = _chunk_bounds(n, s, False, min_chunk) if n > 0 else [0]
+    bounds = _chunk_bounds(n, s, min_chunk) if n > 0 else [0]
     values = [_convert(a) for a in args]
 
     def record(c: int):

@@ -135,11 +135,11 @@ def _reduce_in_kernel(device: torch.device) -> bool:
 
 
 def _block(n: int, b: int, device: torch.device) -> int:
-    """Points per thread of the per-pick kernel: CUDA 128 (many threads); CPU a few blocks per
-    core (``pcops._warp.launch`` hands them out), of at least 4096 points each."""
+    """Points per thread of the per-pick kernel: CUDA 128 (many threads); CPU a block per core
+    (``pcops._warp.launch`` runs a chunk per core), of at least 4096 points each."""
     if device.type != "cpu":
         return 128
-    per_block = math.ceil(b * n / (max(1, torch.get_num_threads()) * _warp._CHUNKS_PER_THREAD))
+    per_block = math.ceil(b * n / max(1, torch.get_num_threads()))
     return max(1, min(n, max(per_block, 4096)))
 
 
