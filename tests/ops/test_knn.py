@@ -285,6 +285,20 @@ def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, sor
         torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
 
 
+def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
+    # large CPU trees search the queries in Morton order, unless consecutive queries are near
+    # each other already (a grid, a sorted cloud): the sort would cost time and save none
+    from pcops.ops.nearest import _warp as tree
+
+    axis = torch.linspace(-1, 1, 30, dtype=F64)
+    grid = torch.cartesian_prod(axis, axis, axis)
+    assert tree._in_order(grid)
+    assert tree._in_order(grid[tree._query_order(grid, None)])
+    assert not tree._in_order(grid[torch.randperm(grid.shape[0], generator=gen)])
+    assert not tree._in_order(torch.randn(5000, 3, generator=gen, dtype=F64))
+    assert not tree._in_order(torch.full((10, 3), float("nan"), dtype=F64))
+
+
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_warp_kd_tree_builds_by_kernels_and_by_sorting_agree(gen, monkeypatch, dtype):
     # the CPU build (Warp kernels, quickselect) and the GPUs' build (torch sorts) give the same
