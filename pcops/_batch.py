@@ -120,5 +120,6 @@ def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
     if not flat.batch_shape:
         return idx
     b, m = flat.batch_shape  # query row r is in sample r // m, whose ref rows start at (r // m) * N
-    start = torch.arange(b, device=idx.device).repeat_interleave(m) * flat.ref_rows
-    return torch.where(idx >= 0, idx - start.view(-1, *([1] * (idx.dim() - 1))), -1)
+    start = torch.arange(b, device=idx.device) * flat.ref_rows
+    local = idx.reshape(b, -1) - start[:, None]  # a sample's own rows: 0 .. N - 1; -1 (none): below 0
+    return local.clamp_min_(-1).view(idx.shape)

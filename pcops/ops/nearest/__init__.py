@@ -87,12 +87,18 @@ def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional
     return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
-def _search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
-    """(the backend's distances (P, k), indices into the flat ref with -1 replaced by 0,
-    validity mask (P, k)): the search itself, no gradient."""
+def _found(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+    """(the backend's distances (P, k), inf where none; indices (P, k) into the flat ref, -1
+    where none): the search itself, no gradient."""
     name = resolve_backend(backend, flat.query.device)
     query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-    dists, idx = BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    return BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+
+
+def _search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+    """(the backend's distances (P, k), indices into the flat ref with -1 replaced by 0,
+    validity mask (P, k))."""
+    dists, idx = _found(flat, k, backend, validate, dtype)
     return dists, idx.clamp_min(0), idx >= 0
 
 
@@ -105,11 +111,16 @@ def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch
     return idx, valid
 
 
+def _own_distances(flat: _batch.Flat, backend: str, points_grad: bool) -> bool:
+    """Whether the search's own distances are the ones to return: direct differences of the given
+    coordinates, and no gradient to the points asked for (no (P, k, 3) gather)."""
+    return not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES
+
+
 def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool):
-    """Distances to the found neighbours: the search's own ``found`` where they are direct
-    differences of the given coordinates and no gradient to the points is asked for (no (P, k, 3)
-    gather), else recomputed in torch from the gathered points (differentiable)."""
-    if not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES:
+    """Distances to the found neighbours: the search's own ``found`` (see ``_own_distances``),
+    else recomputed in torch from the gathered points (differentiable)."""
+    if _own_distances(flat, backend, points_grad):
         return found
     return _distances(flat.query.to(dtype), flat.ref.to(dtype)[idx])
 
@@ -179,11 +190,14 @@ def knn(
         backend = _any_dim_backend(backend)
     flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    found, idx, valid = _search(flat, k, backend, validate, dtype)
-    dists = _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref))
-    dists = torch.where(valid, dists, float("inf")).to(out_dtype)
-    idx = _batch.local_index(flat, torch.where(valid, idx, -1))
-    return KNN(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx))
+    found, idx = _found(flat, k, backend, validate, dtype)
+    if _own_distances(flat, backend, _points_grad(query, ref)):
+        dists = found  # inf where none already
+    else:
+        valid = idx >= 0
+        dists = torch.where(valid, _distances(flat.query.to(dtype), flat.ref.to(dtype)[idx.clamp_min(0)]), float("inf"))
+    idx = _batch.local_index(flat, idx)
+    return KNN(_batch.unflatten(flat, dists.to(out_dtype)), _batch.unflatten(flat, idx))
 
 
 def knn_aggregate(

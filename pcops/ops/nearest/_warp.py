@@ -129,12 +129,18 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         node = int(0)
         arrived = bool(True)  # at a node not yet tested (else: coming back up from it)
         near = int(0)  # bit d: whether the nearer child below the path's node at depth d is the right one
+        pure = depth + 1  # the depth of the path's node that holds points of the query's group only (if any)
         while d >= 0:
             if arrived:
                 b = (1 << d) - 1 + node
                 skip = bool(False)
                 if wp.static(grouped):
-                    skip = g < glo[b] or g > ghi[b]
+                    if d <= pure:  # not below such a node: this one's group range decides
+                        lo_g, hi_g = glo[b], ghi[b]
+                        skip = g < lo_g or g > hi_g
+                        pure = depth + 1
+                        if lo_g == hi_g:
+                            pure = d
                 if not skip and bound < s(wp.inf):
                     gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
                     skip = wp.dot(gap, gap) > bound
@@ -157,7 +163,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                         d2 = wp.dot(diff, diff)
                         ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
                         if wp.static(grouped):
-                            ok = ok and int(point_group[j]) == g
+                            ok = ok and (pure <= d or int(point_group[j]) == g)
                         if ok:
                             n = insert(dists, idx, i, n, wp.sqrt(d2), order[j])
                             if n == k:  # a full row: nothing farther than its last (with slack) can enter
@@ -339,11 +345,13 @@ def _tree(ref: torch.Tensor, group):
     """(points, order, groups, boxes lo/hi, group ranges glo/ghi, split axis/value, depth): the
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices)."""
     dev, n = ref.device, ref.shape[0]
-    if group is not None:
+    # points in group order (padded batches are already; the check would sync a GPU)
+    in_order = group is None or (dev.type == "cpu" and bool((group[1:] >= group[:-1]).all()))
+    if in_order:
+        order, points = torch.arange(n, device=dev), ref.clone()
+    else:
         group, order = torch.sort(group, stable=True)
         points = ref[order]
-    else:
-        order, points = torch.arange(n, device=dev), ref.clone()
     depth = _depth(n)
     nodes = (2 << depth) - 1
     lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
