@@ -271,23 +271,42 @@ def kernel_funcs(dtype: torch.dtype, grouped: bool):
 
 
 @kernels
-def sorted_insert(dtype: torch.dtype):
+def sorted_insert(dtype: torch.dtype, squared: bool = False):
     """``insert(dists, idx, i, n, d, j) -> n``: put (d, j) into row i of (M, k) arrays that hold
     the row's n best pairs sorted by distance, ties by the smaller index; returns the new count.
-    A pair worse than a full row's last is dropped."""
+    A pair worse than a full row's last is dropped.
+
+    ``squared``: the row holds squared distances, in the order of their square roots (the
+    distances returned), ties by the smaller index: two squares a few ulps apart can have the
+    same root, so squares that close are compared by their roots (rarely: a row costs a few
+    square roots instead of one per insertion).
+    """
     s = scalar(dtype)
+    eps = torch.finfo(dtype).eps
+    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)  # outside these, the roots differ too
+
+    @wp.func(module="unique")
+    def before(a: s, ja: wp.int64, b: s, jb: wp.int64):
+        """Whether (a, ja) comes first: by distance, then index."""
+        if wp.static(squared):
+            if a < b * below:
+                return True
+            if a > b * above:
+                return False
+            a = wp.sqrt(a)
+            b = wp.sqrt(b)
+        return a < b or (a == b and ja < jb)
 
     @wp.func(module="unique")
     def insert(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, d: s, j: wp.int64):
         k = dists.shape[1]
         last = wp.min(n, k - 1)
-        if n < k or d < dists[i, last] or (d == dists[i, last] and j < idx[i, last]):
+        if n < k or before(d, j, dists[i, last], idx[i, last]):
             pos = last
             while pos > 0:
-                pd = dists[i, pos - 1]
-                if pd < d or (pd == d and idx[i, pos - 1] < j):
+                if before(dists[i, pos - 1], idx[i, pos - 1], d, j):
                     break
-                dists[i, pos] = pd
+                dists[i, pos] = dists[i, pos - 1]
                 idx[i, pos] = idx[i, pos - 1]
                 pos = pos - 1
             dists[i, pos] = d
@@ -296,6 +315,7 @@ def sorted_insert(dtype: torch.dtype):
         return n
 
     return insert
+
 
 # (kernel, device) pairs launched once in this process: the first launch of each builds or loads
 # its module, under the build lock and on one thread

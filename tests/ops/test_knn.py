@@ -265,6 +265,26 @@ def test_warp_tree_search_is_exact_on_large_clouds(gen, kind):
                 torch.testing.assert_close(found, ref_d, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_warp_ties_are_ties_of_the_returned_distances(gen, dtype):
+    # the Warp search ranks squared distances and takes roots at the end; squares a few ulps
+    # apart can have the same root, and such a tie must go to the smaller index, as for equal
+    # squares: points on the unit sphere around the query, at distance 1 within a few ulps
+    p = torch.randn(3000, 3, generator=gen, dtype=dtype)
+    p = p / p.norm(dim=1, keepdim=True)
+    q = torch.zeros(1, 3, dtype=dtype)
+    dists, idx = pcops.knn(q, p, p.shape[0], backend="warp")
+    d, i = dists[0], idx[0]
+    assert sorted(i.tolist()) == list(range(p.shape[0]))
+    ordered = (d[1:] > d[:-1]) | ((d[1:] == d[:-1]) & (i[1:] > i[:-1]))
+    assert bool(ordered.all())  # by returned distance, then index
+    assert int((d[1:] == d[:-1]).sum()) > 100  # many ties: the test has teeth
+    for k in (1, 7, 100, 1234):
+        dk, ik = pcops.knn(q, p, k, backend="warp")
+        torch.testing.assert_close(ik[0], i[:k], rtol=0, atol=0)
+        torch.testing.assert_close(dk[0], d[:k], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("rounds", [0, 1, 64])
 @pytest.mark.parametrize("sort_queries", [False, True])
 def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, sort_queries):
