@@ -451,9 +451,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
     into a chunk per ``torch.get_num_threads()`` thread, each running at least ``min_chunk``
-    threads (less for kernels whose threads do much work each); the tensors at the positions ``scatter`` (accumulated
-    with ``atomic_add``) get a zeroed private copy per extra chunk, summed back into the
-    original after the launches. The first launch of a kernel on a device (which compiles or
+    threads (less for kernels whose threads do much work each); the tensors at the positions
+    ``scatter`` (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk,
+    summed back into the original after the launches. The first launch of a kernel on a device (which compiles or
     loads its module) runs alone, under the build lock.
     """
     if n <= 0:

@@ -88,8 +88,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     v = _warp.vec3(dtype)
     insert = _warp.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
 
-    # A box (or point) is skipped only when its squared distance exceeds (1 + slack)^2 x the
-    # squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
+    # A box (or point) is skipped only when its squared distance exceeds slack = (1 + 64 eps)^2
+    # times the squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
     # farther than a point inside it, nor a point farther than its rounded distance, and a
     # square whose root equals the k-th's (a tie) is still compared.
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)
