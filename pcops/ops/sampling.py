@@ -12,7 +12,7 @@ memory O(N): each point keeps its squared distance to the picked set, updated on
 Large inputs: one Warp kernel launch per pick, for every sample at once: the points of each
 sample are split into blocks, each thread updates one block's distances to the newest pick and
 writes the block's farthest point. The newest pick is the farthest of the previous launch's
-blocks: on the CPU (a few blocks per sample) each thread finds it itself (two buffers
+blocks: on the CPU (a block per core) each thread finds it itself (two buffers
 alternate), on CUDA (many blocks) torch finds it between launches. The launch is recorded
 once (:func:`pcops._warp.recorded`). The blocks spread one large cloud, or many small ones,
 over all CPU cores or the GPU, and the loop over picks never reads a value on the host. Small
