@@ -12,7 +12,7 @@ Backends (see docs/ops/knn.md):
 name      devices      implementation
 ========  ===========  ===============================================================
 cuml      cuda         RAPIDS cuML ``NearestNeighbors`` (brute force), DLPack zero-copy
-warp      cpu, cuda    Warp search of a balanced kd-tree (stackless, nearest child first)
+warp      cpu, cuda    Warp search of a balanced kd-tree (nearest child first, short stack)
 scipy     cpu          ``scipy.spatial.cKDTree`` on all cores
 torch     cpu, cuda    chunked brute force in torch (the reference); any dimension D
 ========  ===========  ===============================================================

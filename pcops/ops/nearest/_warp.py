@@ -1,4 +1,4 @@
-"""kNN with Warp, on CPU and CUDA: a balanced kd-tree, searched per query without a stack.
+"""kNN with Warp, on CPU and CUDA: a balanced kd-tree, searched per query with a short stack.
 
 Build (Warp kernels on the CPU, O(N log N); torch sorts on GPUs, see ``_sorted_splits``): the
 reference points are copied (sorted by group id for batches) and split recursively at the
@@ -11,13 +11,17 @@ instead (its points stay in group order). Every node stores its bounding box, it
 (batches), its split axis and value. Leaves hold at most ``LEAF`` points. A split only has to
 be exact for speed: the boxes are those of the points actually in each range, so a
 partition stopped early (after ``_ROUNDS`` rounds, e.g. on adversarial inputs) keeps the
-search exact.
+search exact; such a split is marked (axis + 3) and gives no plane bound.
 
 Search (one Warp thread per query; for large trees queries in Morton order): from the root, the
-query goes down to the child on its side of each split (the nearer child first), then back
-up, visiting each other child on the way, without a stack: one bit per depth remembers
-which child was the nearer one. A node whose box is farther than the current k-th
-distance (or holds no point of the query's group) is skipped. Each query keeps its k best
+query goes down to the child on its side of each split (the nearer child first), pushing each
+farther child on its stack (at most one entry per depth) with a lower bound of its squared
+distance: the largest squared distance to the split planes between it and the query (its points
+lie beyond them). Then it pops the entries, skipping those whose bound already exceeds the
+current k-th distance, and goes down from each in the same way. A node whose box is farther
+than the current k-th distance (or holds no point of the query's group) is skipped too
+(measured 1.02-1.09x faster than the stackless walk of the earlier versions, which went back up
+through every parent). Each query keeps its k best
 (squared distance, index) pairs in its output row by insertion, in the order of the distances
 (squares a few ulps apart are compared by their roots, which may be equal), so the order is
 exact, ties by the smaller index: a skipped box is farther than the k-th distance, so it cannot
@@ -40,6 +44,8 @@ LEAF = 32  # points per leaf at most (more than LEAF / 2); 16 to 48 measured wit
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _BUILD_BY_SORTING = False  # True: the torch build of GPUs on the CPU too (tests)
 _BITS = 10  # Morton bits per axis of the query order
+_STACK = 32  # entries of a query's stack: one per depth at most (depths up to 31: over 2^36 points)
+_PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which CPU queries go in Morton order
 
 
@@ -93,6 +99,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     # farther than a point inside it, nor a point farther than its rounded distance, and a
     # square whose root equals the k-th's (a tie) is still compared.
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+    _bounds = wp.types.vector(length=_STACK, dtype=s)
 
     # One loop, no helper functions taking arrays: Warp passes arrays to functions by value,
     # and copying array descriptors per call costs more than the work itself.
@@ -128,38 +136,35 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         zero = v(s(0.0), s(0.0), s(0.0))
         n = int(0)
         bound = s(wp.inf)  # squared distance beyond which nothing can enter the row
-        # node ``node`` at depth ``d`` is entry (1 << d) - 1 + node of the node arrays
-        d = int(0)
-        node = int(0)
-        arrived = bool(True)  # at a node not yet tested (else: coming back up from it)
-        near = int(0)  # bit d: whether the nearer child below the path's node at depth d is the right one
-        pure = depth + 1  # the depth of the path's node that holds points of the query's group only (if any)
-        while d >= 0:
-            if arrived:
-                b = (1 << d) - 1 + node
-                skip = bool(False)
+        # The farther children not yet visited: node entry b (node ``node`` at depth d is entry
+        # (1 << d) - 1 + node of the node arrays), depth (+ _PURE when it holds points of the
+        # query's group only), and a lower bound of the squared distance to its points.
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        stack_bound = _bounds()
+        top = int(1)  # the root: entry 0, depth 0, bound 0
+        while top > 0:
+            top = top - 1
+            b = stack_node[top]
+            d = stack_depth[top]
+            floor = stack_bound[top]
+            pure = d >= _PURE
+            d = d % _PURE
+            if floor > bound:
+                continue
+            while True:  # down to the leaf on the query's side, pushing the farther children
                 if wp.static(grouped):
-                    if d <= pure:  # not below such a node: this one's group range decides
+                    if not pure:  # this node's group range decides
                         lo_g, hi_g = glo[b], ghi[b]
-                        skip = g < lo_g or g > hi_g
-                        pure = depth + 1
-                        if lo_g == hi_g:
-                            pure = d
-                if not skip and bound < s(wp.inf):
+                        if g < lo_g or g > hi_g:
+                            break
+                        pure = lo_g == hi_g
+                if bound < s(wp.inf):
                     gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
-                    skip = wp.dot(gap, gap) > bound
-                if not skip and d < depth:  # an inner node: its child on the query's side first
-                    a = int(axis[b])
-                    side = int(0)
-                    if a >= 0:
-                        side = int(q[a] >= split[b])
-                    elif wp.static(grouped):  # a split between groups: the right child's first group
-                        side = int(g >= glo[2 * b + 2])
-                    near = (near & ~(1 << d)) | (side << d)  # bit d: the side taken below depth d
-                    node = 2 * node + side
-                    d = d + 1
-                    continue
-                if not skip:  # a leaf: insert its points into the sorted row
+                    if wp.dot(gap, gap) > bound:
+                        break
+                if d == depth:  # a leaf: insert its points into the sorted row
+                    node = b + 1 - (1 << d)
                     j0 = int((npts * wp.int64(node)) >> wp.int64(depth))
                     j1 = int((npts * wp.int64(node + 1)) >> wp.int64(depth))
                     for j in range(j0, j1):
@@ -167,21 +172,29 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                         d2 = wp.dot(diff, diff)
                         ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
                         if wp.static(grouped):
-                            ok = ok and (pure <= d or int(point_group[j]) == g)
+                            ok = ok and (pure or int(point_group[j]) == g)
                         if ok:
                             n = insert(dists, idx, i, n, d2, order[j])
                             if n == k:  # a full row: nothing farther than its last (with slack) can enter
                                 bound = dists[i, k - 1] * slack
-                arrived = False
-            elif d > 0:  # back from ``node``: its sibling if node is the nearer child, else up
-                if (node & 1) == ((near >> (d - 1)) & 1):
-                    node = node ^ 1
-                    arrived = True
-                else:
-                    node = node // 2
-                    d = d - 1
-            else:
-                d = -1  # back at the root: done
+                    break
+                a = int(axis[b])
+                side = int(0)
+                far = floor
+                if a >= 3:  # a split stopped early: no plane between the halves
+                    side = int(q[a - 3] >= split[b])
+                elif a >= 0:  # the farther child's points lie beyond the split plane
+                    off = q[a] - split[b]
+                    side = int(off >= s(0.0))
+                    far = wp.max(floor, off * off)
+                elif wp.static(grouped):  # a split between groups: the right child's first group
+                    side = int(g >= glo[2 * b + 2])
+                stack_node[top] = 2 * b + 2 - side
+                stack_depth[top] = d + 1 + _PURE * int(pure)
+                stack_bound[top] = far
+                top = top + 1
+                b = 2 * b + 1 + side
+                d = d + 1
         for c in range(n):
             dists[i, c] = wp.sqrt(dists[i, c])
 
@@ -287,7 +300,7 @@ def _build_kernels(dtype: torch.dtype):
                                     break
                                 left = fence
                             r = r + 1
-                        axis[b] = a
+                        axis[b] = a + 3 * int(rite - left > 1)  # + 3: stopped early, no plane between the halves
                         split[b] = key(points[mid], a)
 
     @wp.func
