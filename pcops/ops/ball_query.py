@@ -155,7 +155,7 @@ def ball_query(
     )
     valid = idx >= 0
     rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
-    dists = torch.where(valid, _distances(q, rows[idx.clamp(min=0)]), float("inf")).to(out_dtype)
+    dists = torch.where(valid, _distances(q, _batch.rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
     idx = _batch.local_index(flat, idx)
     return BallQuery(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx), _batch.unflatten(flat, counts))
 

@@ -117,7 +117,7 @@ def _costs(a, b, layout: dict, norm: int, backend: str, validate: bool, dtype) -
         q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
         nearest = nearest_l1(q, r, validate, flat.query_group, flat.ref_group)
         idx, valid = nearest.clamp_min(0), nearest >= 0
-    diff = flat.query.to(dtype) - flat.ref.to(dtype)[idx]
+    diff = flat.query.to(dtype) - _batch.rows(flat.ref.to(dtype), idx)
     cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
     return torch.where(valid, cost, 0), flat
 

@@ -177,7 +177,7 @@ def estimate_normals(
     dtype, out_dtype = _validate.compute_dtype(points)
     idx, valid = search(flat, k, backend, validate, dtype)
 
-    neighbours = flat.ref.to(dtype)[idx]  # (P, k, 3)
+    neighbours = _batch.rows(flat.ref.to(dtype), idx)  # (P, k, 3)
     if flat.query_group is None:  # one cloud: all k neighbours exist
         centred = neighbours - neighbours.mean(1, keepdim=True)
         cov = centred.transpose(1, 2) @ centred / k

@@ -122,7 +122,7 @@ def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tens
     else recomputed in torch from the gathered points (differentiable)."""
     if _own_distances(flat, backend, points_grad):
         return found
-    return _distances(flat.query.to(dtype), flat.ref.to(dtype)[idx])
+    return _distances(flat.query.to(dtype), _batch.rows(flat.ref.to(dtype), idx))
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
@@ -195,7 +195,7 @@ def knn(
         dists = found  # inf where none already
     else:
         valid = idx >= 0
-        dists = torch.where(valid, _distances(flat.query.to(dtype), flat.ref.to(dtype)[idx.clamp_min(0)]), float("inf"))
+        dists = torch.where(valid, _distances(flat.query.to(dtype), _batch.rows(flat.ref.to(dtype), idx.clamp_min(0))), float("inf"))
     idx = _batch.local_index(flat, idx)
     return KNN(_batch.unflatten(flat, dists.to(out_dtype)), _batch.unflatten(flat, idx))
 
@@ -263,7 +263,7 @@ def knn_aggregate(
     if validate and not torch.compiler.is_compiling():  # value checks of what enters no custom op
         _validate.op_values(validate, features=features, sigma=sigma if weights == "softmax" else None)
     found, idx, valid = _search(flat, k, backend, validate, dtype)
-    gathered = flat.features.to(dtype)[idx]  # (P, k, F)
+    gathered = _batch.rows(flat.features.to(dtype), idx)  # (P, k, F)
     if reduce == "max":
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
         out = torch.where(valid.any(1, keepdim=True), out, 0)  # a query with no neighbour: zeros
@@ -276,7 +276,7 @@ def knn_aggregate(
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
         w = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
     elif weights == "inverse_distance":
-        w = _weighting.inverse_distance(query_c, ref_c[idx], valid)
+        w = _weighting.inverse_distance(query_c, _batch.rows(ref_c, idx), valid)
     else:
         w = valid.to(dtype) / valid.sum(1, keepdim=True).clamp_min(1)
     out = (w[..., None] * gathered).sum(1)
