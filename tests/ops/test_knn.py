@@ -429,6 +429,18 @@ def test_warp_search_terminates_on_non_finite_points_without_validation(gen):
     torch.testing.assert_close(idx[rows], finite[ref_idx], rtol=0, atol=0)
 
 
+def test_warp_leaves_of_nan_points_only_are_skipped_exactly(gen):
+    # a third of the cloud NaN: whole subtrees hold NaN points only (their boxes are empty, from
+    # +inf to -inf); the neighbours are those of the finite points
+    p = torch.randn(3000, 3, generator=gen, dtype=F64)
+    p[1000:2000, 1] = float("nan")
+    q = torch.randn(200, 3, generator=gen, dtype=F64)
+    _, idx = pcops.knn(q, p, 7, backend="warp", validate=False)
+    finite = torch.isfinite(p).all(1).nonzero().flatten()
+    _, ref_idx = reference.knn(q, p[finite], 7)
+    torch.testing.assert_close(idx, finite[ref_idx], rtol=0, atol=0)
+
+
 def test_warp_batched_search_equals_a_per_sample_loop(gen):
     sizes = [900, 40, 3, 1500]
     ps = [torch.randn(s, 3, generator=gen, dtype=F64) for s in sizes]

@@ -239,11 +239,21 @@ def _build_kernels(dtype: torch.dtype):
                 b = (1 << e) - 1 + node
                 first = int((npts * wp.int64(node)) >> wp.int64(e))
                 last = int((npts * wp.int64(node + 1)) >> wp.int64(e))
-                l = points[first]
-                h = l
-                for j in range(first + 1, last):
-                    l = wp.min(l, points[j])
-                    h = wp.max(h, points[j])
+                # the box, by component (selects: 20% faster than vector min / max); NaN
+                # coordinates are left out (a NaN point is never a neighbour; a box of NaN
+                # points only is empty, from +inf to -inf, and every query skips it)
+                lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
+                hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
+                for j in range(first, last):
+                    p = points[j]
+                    lx = wp.where(p[0] < lx, p[0], lx)
+                    ly = wp.where(p[1] < ly, p[1], ly)
+                    lz = wp.where(p[2] < lz, p[2], lz)
+                    hx = wp.where(p[0] > hx, p[0], hx)
+                    hy = wp.where(p[1] > hy, p[1], hy)
+                    hz = wp.where(p[2] > hz, p[2], hz)
+                l = v(lx, ly, lz)
+                h = v(hx, hy, hz)
                 lo[b] = l
                 hi[b] = h
                 if grouped != 0:
