@@ -222,18 +222,22 @@ def numba_radius():
 CLOCK = time.perf_counter  # time.process_time with --cpu-time: work in CPU ms, robust to a loaded machine
 
 
-def interleaved(fns: dict, repeats: int, budget_s: float) -> dict:
-    """Median ms of each function, the functions taking turns (one warm-up call each first)."""
+def interleaved(fns: dict, repeats: int, budget_s: float, min_s: float = 1.0) -> dict:
+    """Median ms of each function, the functions taking turns (one warm-up call each first):
+    ``repeats`` turns, more (up to 8x) while the turns took under ``min_s`` seconds in all (fast
+    rows: the median of a few-millisecond row over 7 turns moved by up to 20% between runs), fewer
+    once they took ``budget_s``."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
     start = time.perf_counter()
-    for r in range(repeats):
+    for r in range(8 * repeats):
         for name, fn in fns.items():
             t0 = CLOCK()
             fn()
             times[name].append(1e3 * (CLOCK() - t0))
-        if r >= 1 and time.perf_counter() - start > budget_s:
+        elapsed = time.perf_counter() - start
+        if (r >= 1 and elapsed > budget_s) or (r + 1 >= repeats and elapsed > min_s):
             break
     return {name: statistics.median(v) for name, v in times.items()}
 
