@@ -1,0 +1,63 @@
+"""Every Warp kernel of pcops compiles for a GPU (sm_90 PTX, through the NVRTC that ships with
+Warp), on machines without one: CUDA-only code generation (local arrays, atomics, vector
+types) is checked here even where the `cuda`-marked tests cannot run. Compiling is not
+running: the CUDA results themselves are tested by the `cuda`-marked tests only.
+"""
+
+import importlib
+
+import pytest
+import torch
+import warp as wp
+
+from pcops import _warp
+
+# the modules (pcops.ops re-exports functions of the same names)
+_cells, ball_query, radius, sampling, nearest = (
+    importlib.import_module(f"pcops.ops.{name}") for name in ("_cells", "ball_query", "radius", "sampling", "nearest._warp")
+)
+
+F32, F64 = torch.float32, torch.float64
+
+FACTORIES = [
+    *[(f"knn search {d} grouped={g}", nearest._search_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
+    *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
+    *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
+    *[(f"ball query {d} grouped={g}", ball_query._kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
+    *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
+    *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],
+    ("cells starts", _cells._starts_kernel, ()),
+    *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
+    *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
+]
+
+
+def _kernels_of(result) -> list:
+    items = result if isinstance(result, tuple) else (result,)
+    return [k for k in items if isinstance(k, wp.Kernel)]
+
+
+@pytest.fixture(scope="module")
+def nvrtc(tmp_path_factory):
+    _warp.init()
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def probe(x: wp.array(dtype=float)):
+        x[wp.tid()] = 1.0
+
+    try:
+        wp.compile_aot_module(probe.module, arch=90, module_dir=tmp_path_factory.mktemp("probe"), use_ptx=True)
+    except Exception as err:  # no NVRTC in this Warp build
+        pytest.skip(f"Warp cannot compile for a GPU here: {err}")
+    return tmp_path_factory
+
+
+@pytest.mark.parametrize("name,factory,args", FACTORIES, ids=[f[0] for f in FACTORIES])
+def test_every_warp_kernel_compiles_for_a_gpu(nvrtc, name, factory, args):
+    kernels = _kernels_of(factory(*args))
+    assert kernels, f"{name}: the factory returned no kernel"
+    out = nvrtc.mktemp("ptx")
+    for kernel in kernels:
+        paths = wp.compile_aot_module(kernel.module, arch=90, module_dir=out, use_ptx=True)
+        ptx = [p for p in paths if str(p).endswith(".ptx")]
+        assert ptx and all(p.stat().st_size > 0 for p in ptx), f"{name}: no PTX for {kernel.key}"
