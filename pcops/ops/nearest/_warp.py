@@ -192,7 +192,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                 stack_node[top] = 2 * b + 2 - side
                 stack_depth[top] = d + 1 + _PURE * int(pure)
                 stack_bound[top] = far
-                top = top + 1
+                top = top + int(far <= bound)  # kept only if it may still hold a neighbour (no branch)
                 b = 2 * b + 1 + side
                 d = d + 1
         for c in range(n):
