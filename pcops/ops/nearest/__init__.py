@@ -122,6 +122,11 @@ def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tens
     else recomputed in torch from the gathered points (differentiable)."""
     if _own_distances(flat, backend, points_grad):
         return found
+    return _recomputed_distances(flat, idx, dtype)
+
+
+def _recomputed_distances(flat: _batch.Flat, idx: torch.Tensor, dtype) -> torch.Tensor:
+    """Distances (P, k) to the flat ref's rows ``idx`` (>= 0), recomputed in torch: differentiable."""
     return _distances(flat.query.to(dtype), _batch.rows(flat.ref.to(dtype), idx))
 
 
@@ -195,7 +200,7 @@ def knn(
         dists = found  # inf where none already
     else:
         valid = idx >= 0
-        dists = torch.where(valid, _distances(flat.query.to(dtype), _batch.rows(flat.ref.to(dtype), idx.clamp_min(0))), float("inf"))
+        dists = torch.where(valid, _recomputed_distances(flat, idx.clamp_min(0), dtype), float("inf"))
     idx = _batch.local_index(flat, idx)
     return KNN(_batch.unflatten(flat, dists.to(out_dtype)), _batch.unflatten(flat, idx))
 
