@@ -25,7 +25,11 @@ correct inside PyTorch live in one place:
   second pool of threads would share the cores with them (measured: a 10^4-point kNN search
   took 1.2x longer on 2 cores than on the team). Elsewhere, and in a forked child, a pool of
   Python threads runs them; the pool is dropped in a forked child (its threads do not exist
-  there) and made again on demand.
+  there) and made again on demand;
+* once a kernel is loaded, its CPU chunks call its native entry point directly, with argument
+  structs of Warp's own ctypes types packed on the calling thread (:func:`_runner`): packing in
+  each thread (wp.launch) made the threads contend for the GIL. Where a Warp version does not
+  expose what this reads, launches go through wp.launch.
 """
 
 import contextlib
@@ -444,6 +448,52 @@ def _first_load(kernel, dev, load) -> bool:
         return True
 
 
+# kernel -> (entry point, argument struct type, launch-bounds type) of its CPU module, or None
+# where this Warp does not expose them (its launches then go through wp.launch)
+_natives: dict = {}
+
+
+def _native(kernel, values: list):
+    """The native CPU entry point of a loaded ``kernel``, with the ctypes types Warp packs its
+    launch bounds and arguments into, taken from a launch command Warp records for ``values``
+    (so the layouts are Warp's own); None if any of it is missing or differs."""
+    found = _natives.get(kernel, False)
+    if found is not False:
+        return found
+    try:
+        cmd = wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu", record_cmd=True)
+        fields = [(a.label, type(p)) for a, p in zip(kernel.adj.args, cmd.params[1:], strict=True)]
+        bounds = type(cmd.params[0])
+        found = cmd.hooks.forward, type("Args", (ctypes.Structure,), {"_fields_": fields}), bounds
+        if found[0] is None or bytes(bounds((1,))) != bytes(cmd.params[0]):
+            found = None
+    except Exception:  # noqa: BLE001 (another Warp: wp.launch does it all)
+        found = None
+    _natives[kernel] = found
+    return found
+
+
+def _runner(kernel, bounds: list[int], private: list[list], dev, s):
+    """``run(c)``: launch chunk c (threads bounds[c] .. bounds[c + 1] - 1 of ``kernel``, with the
+    arguments ``private[c]``). On the CPU, once the kernel is loaded, the arguments of every chunk
+    are packed here, on the calling thread, and a run only calls the kernel's entry point (which
+    releases the GIL): wp.launch packs them in Python on each call, and the chunks' threads then
+    contend for the GIL (measured: a 2-chunk launch took 45-100 us longer than the kernels, and
+    a 10^4-point kNN search 1.05x longer). Elsewhere a run is a wp.launch."""
+    native = _native(kernel, private[0]) if s is None and (kernel, str(dev)) in _loaded else None
+    if native is None:
+
+        def run(c: int) -> None:
+            start, stop = bounds[c], bounds[c + 1]
+            wp.launch(kernel, dim=stop - start, inputs=[start, *private[c]], device=dev, stream=s)
+
+        return run
+    forward, args_type, bounds_type = native
+    packed = [(bounds_type((bounds[c + 1] - bounds[c],)), args_type(bounds[c], *private[c])) for c in range(len(private))]
+    calls = [(ctypes.byref(dim), ctypes.byref(args)) for dim, args in packed]
+    return lambda c: forward(*calls[c])  # ``packed`` lives as long as ``calls`` refers to it
+
+
 def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
@@ -453,8 +503,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     into a chunk per ``torch.get_num_threads()`` thread, each running at least ``min_chunk``
     threads (less for kernels whose threads do much work each); the tensors at the positions
     ``scatter`` (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk,
-    summed back into the original after the launches. The first launch of a kernel on a device (which compiles or
-    loads its module) runs alone, under the build lock.
+    summed back into the original after the launches. The first launch of a kernel on a device
+    (which compiles or loads its module) runs alone, under the build lock, through wp.launch;
+    later CPU launches call the kernel's entry point directly (:func:`_runner`).
     """
     if n <= 0:
         return
@@ -465,12 +516,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
     extras = [{i: torch.zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[array(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
-
-    def run(c: int) -> None:
-        start, stop = bounds[c], bounds[c + 1]
-        wp.launch(kernel, dim=stop - start, inputs=[start, *private[c]], device=dev, stream=s)
-
-    _run_chunks(run, 1 if _first_load(kernel, dev, lambda: run(0)) else 0, chunks)
+    first = _first_load(kernel, dev, lambda: _runner(kernel, bounds, private, dev, s)(0))
+    _run_chunks(_runner(kernel, bounds, private, dev, s), 1 if first else 0, chunks)
     for extra in extras:
         for i, t in extra.items():
             args[i].add_(t)
@@ -478,18 +525,25 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
 
 def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):
     """``launch`` prepared once, for a kernel launched many times with the same arrays (their
-    contents may change between runs): returns a function of no arguments that runs it. Warp
-    packs the arguments once (``record_cmd``), so a run costs the kernel and little else."""
+    contents may change between runs): returns a function of no arguments that runs it. The
+    arguments are packed once: into the entry point's structs on the CPU (:func:`_runner`), into
+    commands Warp records (``record_cmd``) on CUDA, so a run costs the kernel and little else."""
     dev = device(like)
     s = cuda_stream(like)
     bounds = _chunk_bounds(n, s, min_chunk) if n > 0 else [0]
     values = [_convert(a) for a in args]
+    chunks = len(bounds) - 1
 
     def record(c: int):
         start, stop = bounds[c], bounds[c + 1]
         return wp.launch(kernel, dim=stop - start, inputs=[start, *values], device=dev, stream=s, record_cmd=True)
 
+    if chunks == 0:
+        return lambda: None
     _first_load(kernel, dev, lambda: record(0))
-    commands = [record(c) for c in range(len(bounds) - 1)]
-    return lambda: _run_chunks(lambda c: commands[c].launch(stream=s), 0, len(commands))
+    if s is None:
+        run = _runner(kernel, bounds, [values] * chunks, dev, s)
+        return lambda: _run_chunks(run, 0, chunks)
+    commands = [record(c) for c in range(chunks)]
+    return lambda: _run_chunks(lambda c: commands[c].launch(stream=s), 0, chunks)
 

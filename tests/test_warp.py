@@ -293,6 +293,61 @@ def test_an_error_in_a_chunk_is_raised_on_the_calling_thread(chunk_threads):
         _warp._run_chunks(run, 0, 8)
 
 
+@_warp.kernels
+def _affine_kernel():
+    @wp.kernel(enable_backward=False, module="unique")
+    def affine(start: int, x: wp.array(dtype=wp.vec3f), a: float, shift: wp.vec3f, k: int,
+               out: wp.array(dtype=wp.vec3f), total: wp.array(dtype=float)):
+        i = wp.tid() + start
+        y = a * x[i] + shift + wp.vec3f(float(k), 0.0, 0.0)
+        out[i] = y
+        wp.atomic_add(total, 0, y[0])
+
+    return affine
+
+
+def _affine(x, scatter=True):
+    out, total = torch.empty_like(x), torch.zeros(1)
+    args = [_warp.array(x, dtype=wp.vec3f), 0.5, wp.vec3f(1.0, 2.0, 3.0), 7, _warp.array(out, dtype=wp.vec3f), total]
+    _warp.launch(_affine_kernel(), x.shape[0], args, like=x, scatter=(5,) if scatter else (), min_chunk=1)
+    return out, total
+
+
+def test_cpu_launches_call_the_kernels_entry_point_as_wp_launch_would(chunk_threads, monkeypatch):
+    # after its first launch, a kernel's CPU chunks call its native entry point with arguments
+    # packed on the calling thread (scalars, Warp vectors, arrays, private scatter copies); the
+    # results are those of launches through wp.launch
+    x = torch.rand(1001, 3, generator=torch.Generator().manual_seed(0))
+    expected = 0.5 * x + torch.tensor([8.0, 2.0, 3.0])
+    for _ in range(2):  # the first launch loads the module (wp.launch), the second is native
+        out, total = _affine(x)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(total, expected[:, :1].sum(0))
+    assert _warp._natives[_affine_kernel()] is not None
+    monkeypatch.setitem(_warp._natives, _affine_kernel(), None)  # wp.launch only
+    out_wp, total_wp = _affine(x)
+    torch.testing.assert_close(out_wp, out, rtol=0, atol=0)
+    torch.testing.assert_close(total_wp, total)
+
+
+def test_cpu_launches_go_through_wp_launch_where_warp_keeps_its_entry_points_elsewhere(monkeypatch):
+    # another Warp version whose recorded launches lack what the native path reads: every
+    # launch goes through wp.launch, with the same results
+    launch = wp.launch
+
+    def recording_elsewhere(*args, record_cmd=False, **kwargs):
+        return types.SimpleNamespace() if record_cmd else launch(*args, **kwargs)
+
+    monkeypatch.setattr(wp, "launch", recording_elsewhere)
+    monkeypatch.setattr(_warp, "_natives", {})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    x = torch.rand(501, 3, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        out, total = _affine(x)
+        torch.testing.assert_close(out, 0.5 * x + torch.tensor([8.0, 2.0, 3.0]))
+    assert _warp._natives == {_affine_kernel(): None}
+
+
 def test_torch_wheels_on_linux_use_torchs_own_openmp_team():
     info = torch.__config__.parallel_info()
     if not sys.platform.startswith("linux") or "parallel backend: OpenMP" not in info:
