@@ -494,7 +494,7 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
     return lambda c: forward(*calls[c])  # ``packed`` lives as long as ``calls`` refers to it
 
 
-def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK) -> None:
+def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK, beside=None) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
     The kernel's first parameter is the index of its first thread (``start``), followed by
@@ -506,6 +506,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     summed back into the original after the launches. The first launch of a kernel on a device
     (which compiles or loads its module) runs alone, under the build lock, through wp.launch;
     later CPU launches call the kernel's entry point directly (:func:`_runner`).
+
+    ``beside``: (kernel, args) of a one-thread launch run with this one, as one more chunk (on
+    the CPU by a thread of the same team, e.g. one this launch's chunks leave idle).
     """
     if n <= 0:
         return
@@ -516,8 +519,19 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
     extras = [{i: torch.zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[array(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
-    first = _first_load(kernel, dev, lambda: _runner(kernel, bounds, private, dev, s)(0))
-    _run_chunks(_runner(kernel, bounds, private, dev, s), 1 if first else 0, chunks)
+    jobs = [(kernel, bounds, private)]
+    if beside is not None:
+        jobs.append((beside[0], [0, 1], [[_convert(a) for a in beside[1]]]))
+    todo = []
+    for job in jobs:
+        first = _first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))
+        run = _runner(*job, dev, s)
+        todo += [functools.partial(run, c) for c in range(1 if first else 0, len(job[1]) - 1)]
+    if s is None:
+        _run_chunks(lambda c: todo[c](), 0, len(todo))
+    else:  # one stream: in order
+        for run in todo:
+            run()
     for extra in extras:
         for i, t in extra.items():
             args[i].add_(t)

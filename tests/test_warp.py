@@ -330,6 +330,23 @@ def test_cpu_launches_call_the_kernels_entry_point_as_wp_launch_would(chunk_thre
     torch.testing.assert_close(total_wp, total)
 
 
+def test_a_launch_beside_another_runs_once_with_its_own_arguments(chunk_threads):
+    # ``beside``: a one-thread launch of another kernel (here the same one on other arrays) run
+    # as one more chunk of the launch, e.g. by a thread the launch's own chunks leave idle
+    x, y = torch.rand(2, 1001, 3, generator=torch.Generator().manual_seed(2))
+    for _ in range(2):  # first loads, then native calls
+        out, total = torch.empty_like(x), torch.zeros(1)
+        other, other_total = torch.full_like(y, -1.0), torch.zeros(1)
+        shift = wp.vec3f(1.0, 2.0, 3.0)
+        args = [_warp.array(x, dtype=wp.vec3f), 0.5, shift, 7, _warp.array(out, dtype=wp.vec3f), total]
+        beside = [_warp.array(y, dtype=wp.vec3f), 2.0, shift, 0, _warp.array(other, dtype=wp.vec3f), other_total]
+        _warp.launch(_affine_kernel(), 1001, args, like=x, min_chunk=1, beside=(_affine_kernel(), beside))
+        torch.testing.assert_close(out, 0.5 * x + torch.tensor([8.0, 2.0, 3.0]))
+        torch.testing.assert_close(other[0], 2.0 * y[0] + torch.tensor([1.0, 2.0, 3.0]))
+        assert bool((other[1:] == -1.0).all())  # one thread: element 0 only
+        torch.testing.assert_close(other_total, other[:1, 0])
+
+
 def test_cpu_launches_go_through_wp_launch_where_warp_keeps_its_entry_points_elsewhere(monkeypatch):
     # another Warp version whose recorded launches lack what the native path reads: every
     # launch goes through wp.launch, with the same results

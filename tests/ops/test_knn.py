@@ -1,6 +1,7 @@
 """pcops.knn, pcops.knn_aggregate and KNNAggregation against dense float64 references."""
 
 import dataclasses
+import math
 import warnings
 
 import pytest
@@ -286,23 +287,71 @@ def test_warp_ties_are_ties_of_the_returned_distances(gen, dtype):
 
 
 @pytest.mark.parametrize("rounds", [0, 1, 64])
-@pytest.mark.parametrize("sort_queries", [False, True])
-def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, sort_queries):
+@pytest.mark.parametrize("queries", ["scattered", "grid"])
+def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, queries):
     # the partitions may stop early (adversarial inputs): the boxes are those of the points in
     # each range, so unbalanced or unsorted splits slow the search down but keep it exact; and
-    # queries in Morton order (large trees) or as given find the same
+    # queries put in Morton order (scattered) or left as given (a grid) find the same
+    from pcops import _warp
     from pcops.ops.nearest import _warp as tree
 
     monkeypatch.setattr(tree, "_ROUNDS", rounds)
-    monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
     p = torch.randn(3000, 3, generator=gen, dtype=F64)
     p[:1000] = p[:1000].round(decimals=1)  # heavy duplicates in the split keys
     p[1000:1200] = p[1000]  # 200 copies of one point: ties by the smaller index
-    q = torch.cat([torch.randn(400, 3, generator=gen, dtype=F64), p[995:1005]])
+    if queries == "grid":
+        # (shifted off the 0.1 lattice of the rounded points: no distances equal in exact arithmetic
+        # whose roundings differ between the kernel's fused multiply-adds and the reference)
+        axis = torch.linspace(-2, 2, 20, dtype=F64)
+        grid = torch.cartesian_prod(axis, axis, axis) + torch.tensor([0.0123, 0.0371, 0.0519], dtype=F64)
+        q = torch.cat([grid, p[995:1005]])
+    else:
+        q = torch.cat([torch.randn(400, 3, generator=gen, dtype=F64), p[995:1005]])
+    launch, rows, _ = tree._cpu_query_order(q)
+    _warp.launch(launch[0], 1, launch[1], like=q)
+    assert torch.equal(rows, torch.arange(q.shape[0])) == (queries == "grid")
     for k in (1, 7, 33):
         _, idx = pcops.knn(q, p, k, backend="warp")
         _, ref_idx = reference.knn(q, p, k)
         torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+
+
+def _cell_order(q: torch.Tensor) -> torch.Tensor:
+    """The CPU query order by its definition, in torch: a stable sort of the Morton codes of the
+    cells (about one per query) on the box of every max(m // 1024, 1)-th query, NaN left out."""
+    from pcops.ops.nearest import _warp as tree
+
+    m = q.shape[0]
+    bits = max(1, min(tree._CPU_BITS, round(math.log2(m + 1) / 3)))
+    sample = q[:: max(m // 1024, 1)]
+    low = torch.where(sample.isnan(), float("inf"), sample).amin(0)
+    side = (torch.where(sample.isnan(), float("-inf"), sample).amax(0) - low).amax()
+    top = 2.0**bits - 1
+    x = (q - low) * (top / side)
+    cells = torch.where(x > 0, torch.minimum(x, torch.tensor(top, dtype=q.dtype)), 0).long()
+    spread = tree._spread(bits, q.device).long()
+    code = spread[cells[:, 0]] | spread[cells[:, 1]] << 1 | spread[cells[:, 2]] << 2
+    return torch.sort(code, stable=True).indices
+
+
+@pytest.mark.parametrize("m", [1, 7, 3000, 70_000])
+def test_warp_cpu_query_order_is_a_stable_sort_of_morton_cells(gen, m):
+    # the CPU order of ungrouped queries (a counting sort on one thread, beside the root split):
+    # exactly the definition's, and the queries copied in that order; NaN, infinite and equal
+    # coordinates only move queries to border cells
+    from pcops import _warp
+    from pcops.ops.nearest import _warp as tree
+
+    q = torch.randn(m, 3, generator=gen, dtype=F64) * torch.tensor([1.0, 5.0, 0.1], dtype=F64)
+    if m > 100:
+        q[10:20] = q[5]
+        q[30, 1] = float("nan")
+        q[40] = float("nan")
+        q[50, 2] = float("inf")
+    launch, rows, ordered = tree._cpu_query_order(q)
+    _warp.launch(launch[0], 1, launch[1], like=q)
+    torch.testing.assert_close(rows, _cell_order(q), rtol=0, atol=0)
+    torch.testing.assert_close(ordered, q[rows], rtol=0, atol=0, equal_nan=True)
 
 
 def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
