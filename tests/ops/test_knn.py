@@ -355,8 +355,9 @@ def test_warp_cpu_query_order_is_a_stable_sort_of_morton_cells(gen, m):
 
 
 def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
-    # large CPU trees search the queries in Morton order, unless consecutive queries are near
-    # each other already (a grid, a sorted cloud): the sort would cost time and save none
+    # grouped queries of large CPU trees are sorted in torch into Morton order, unless
+    # consecutive queries are near each other already (a grid, a sorted cloud): the sort would
+    # cost time and save none (ungrouped ones: the order kernel's own test, in its own terms)
     from pcops.ops.nearest import _warp as tree
 
     axis = torch.linspace(-1, 1, 30, dtype=F64)
