@@ -214,6 +214,23 @@ def _build_kernels(dtype: torch.dtype):
     v = _warp.vec3(dtype)
     key, sample_pivot = _funcs(dtype)
 
+    @wp.func
+    def box(points: wp.array(dtype=v), first: int, last: int, step: int):
+        """(lo, hi): the box of points[first:last:step], by component (selects: 20% faster than
+        vector min / max); NaN coordinates are left out (NaN points only: an empty box, from
+        +inf to -inf)."""
+        lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
+        hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
+        for j in range(first, last, step):
+            p = points[j]
+            lx = wp.where(p[0] < lx, p[0], lx)
+            ly = wp.where(p[1] < ly, p[1], ly)
+            lz = wp.where(p[2] < lz, p[2], lz)
+            hx = wp.where(p[0] > hx, p[0], hx)
+            hy = wp.where(p[1] > hy, p[1], hy)
+            hz = wp.where(p[2] > hz, p[2], hz)
+        return v(lx, ly, lz), v(hx, hy, hz)
+
     @wp.kernel(enable_backward=False, module="unique")
     def build(
         start: int,
@@ -242,21 +259,9 @@ def _build_kernels(dtype: torch.dtype):
                 b = (1 << e) - 1 + node
                 first = int((npts * wp.int64(node)) >> wp.int64(e))
                 last = int((npts * wp.int64(node + 1)) >> wp.int64(e))
-                # the box, by component (selects: 20% faster than vector min / max); NaN
-                # coordinates are left out (a NaN point is never a neighbour; a box of NaN
-                # points only is empty, from +inf to -inf, and every query skips it)
-                lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
-                hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
-                for j in range(first, last):
-                    p = points[j]
-                    lx = wp.where(p[0] < lx, p[0], lx)
-                    ly = wp.where(p[1] < ly, p[1], ly)
-                    lz = wp.where(p[2] < lz, p[2], lz)
-                    hx = wp.where(p[0] > hx, p[0], hx)
-                    hy = wp.where(p[1] > hy, p[1], hy)
-                    hz = wp.where(p[2] > hz, p[2], hz)
-                l = v(lx, ly, lz)
-                h = v(hx, hy, hz)
+                # (a NaN point is never a neighbour; a box of NaN points only is empty, and every
+                # query skips it)
+                l, h = box(points, first, last, 1)
                 lo[b] = l
                 hi[b] = h
                 if grouped != 0:
@@ -349,17 +354,9 @@ def _build_kernels(dtype: torch.dtype):
         1/16 of the box's side: a grid, a sorted cloud); ``ordered``: the points in that order
         (``cells``: m, ``count``: len(spread)^3 + 1, scratch)."""
         m = points.shape[0]
-        lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
-        hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
-        for i in range(0, m, wp.max(m // 1024, 1)):  # NaN coordinates are left out (the box is a frame only)
-            p = points[i]
-            lx = wp.where(p[0] < lx, p[0], lx)
-            ly = wp.where(p[1] < ly, p[1], ly)
-            lz = wp.where(p[2] < lz, p[2], lz)
-            hx = wp.where(p[0] > hx, p[0], hx)
-            hy = wp.where(p[1] > hy, p[1], hy)
-            hz = wp.where(p[2] > hz, p[2], hz)
-        side = wp.max(wp.max(hx - lx, hy - ly), hz - lz)
+        low, high = box(points, 0, m, wp.max(m // 1024, 1))  # a frame only
+        ext = high - low
+        side = wp.max(wp.max(ext[0], ext[1]), ext[2])
         near = int(0)
         steps = wp.min(m, 4097) - 1
         for i in range(1, steps + 1):
@@ -372,7 +369,6 @@ def _build_kernels(dtype: torch.dtype):
             return
         top = s(spread.shape[0] - 1)
         scale = top / side  # inf or NaN (a box of one point or none): cell 0
-        low = v(lx, ly, lz)
         for c in range(count.shape[0]):
             count[c] = 0
         for i in range(m):  # the Morton codes of the cells (as in ``keys``)
