@@ -1,5 +1,6 @@
 """pcops: differentiable point-cloud layers for PyTorch, compile-safe custom ops over Warp and cuML."""
 
+from . import _vml
 from .nn import KNNAggregation, RadiusAggregation
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
@@ -11,6 +12,8 @@ from .ops import estimate_normals
 from .ops import VoxelPool, voxel_pool
 
 __version__ = "0.1.0"
+
+_vml.warm_up()  # before torch's threads can first run MKL's math functions at once (see pcops._vml)
 
 __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]
 __all__ += ["FPS", "farthest_point_sample"]

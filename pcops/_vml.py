@@ -1,0 +1,27 @@
+"""torch's CPU math functions that run on MKL's vector math (VML), each called once at import.
+
+MKL picks the kernel of each VML function lazily, on the function's first call. When that
+first call runs on several of torch's threads at once, one thread can run a low-accuracy
+kernel on its whole chunk, and every later call is right (pytorch/pytorch#188792; not seen
+with oneMKL 2025 or later). Here, after Warp's init, 2 to 6 fresh processes in 30 got a
+float64 ``sqrt`` with errors of up to 7e-11 on half of a (60, 90) tensor, the half of torch's
+second thread; 0 in 40 after one call on one element first. pcops computes distances
+(``sqrt``) and weights (``exp``) with these functions, so :func:`warm_up` calls each of them
+on one element per floating dtype, on the importing thread, before any of them can run on
+several threads.
+"""
+
+import torch
+
+# The functions that ATen/cpu/vml.h sends to MKL (torch 2.13's list), by their torch names.
+FUNCTIONS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt", "tan", "tanh", "trunc")
+
+
+def warm_up() -> None:
+    """One call of each VML function on one CPU element of float32 and float64 (no-op without MKL)."""
+    if not torch.backends.mkl.is_available():
+        return
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((1,), 0.5, dtype=dtype)
+        for name in FUNCTIONS:
+            getattr(torch, name)(x)
