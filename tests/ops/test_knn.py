@@ -354,6 +354,34 @@ def test_warp_cpu_query_order_is_a_stable_sort_of_morton_cells(gen, m):
     torch.testing.assert_close(ordered, q[rows], rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype,scale", [(F64, 1.0), (F64, 3e-162), (torch.float32, 1.0), (torch.float32, 1e-22), (torch.float32, 3e-23), (torch.float32, 1e15)])
+def test_warp_cpu_bounds_chained_from_the_previous_query_find_the_same(gen, monkeypatch, dtype, scale):
+    # on the CPU each query starts from a bound taken from the query before it on the same
+    # thread (its k-th distance plus the step between them): the rows equal those of searches
+    # without it, bit for bit, also where squared distances are subnormal or underflow (tiny
+    # scales: without the margins for rounding and underflow, 1e-22 and 3e-23 in float32 and
+    # 3e-162 in float64 differ) and for duplicate, non-finite, grouped and grid queries
+    from pcops.ops.nearest import _warp as tree
+
+    p = torch.randn(5000, 3, generator=gen, dtype=F64)
+    p[:500] = p[:500].round(decimals=1)
+    p[7] = float("nan")
+    axis = torch.linspace(-2, 2, 14, dtype=F64)
+    q = torch.cat([torch.cartesian_prod(axis, axis, axis), torch.randn(2000, 3, generator=gen, dtype=F64) * 1.5, p[:300]])
+    q[100:110] = q[99]
+    q[2000, 1] = float("nan")
+    q, p = (q * scale).to(dtype), (p * scale).to(dtype)
+    groups = (torch.randint(0, 3, (p.shape[0],), generator=gen), torch.randint(0, 3, (q.shape[0],), generator=gen))
+    for k in (1, 7, 30):
+        for batch in ({}, {"ref_batch": groups[0], "query_batch": groups[1]}):
+            found = {}
+            for chain in (True, False):
+                monkeypatch.setattr(tree, "_CHAIN", chain)
+                found[chain] = pcops.knn(q, p, k, backend="warp", validate=False, **batch)
+            torch.testing.assert_close(found[True].idx, found[False].idx, rtol=0, atol=0)
+            torch.testing.assert_close(found[True].dists, found[False].dists, rtol=0, atol=0)
+
+
 def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
     # grouped queries of large CPU trees are sorted in torch into Morton order, unless
     # consecutive queries are near each other already (a grid, a sorted cloud): the sort would

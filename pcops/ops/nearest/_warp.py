@@ -26,7 +26,10 @@ through every parent). Each query keeps its k best
 (squares a few ulps apart are compared by their roots, which may be equal), so the order is
 exact, ties by the smaller index: a skipped box is farther than the k-th distance, so it cannot
 even hold a tie. The roots are taken once, at the end (measured 2-6% faster than a root per
-insertion).
+insertion). On the CPU, where one thread runs a range of queries in order, a query starts from a
+bound instead of infinity: the k-th distance of the query before it plus the step between the
+two (its k neighbours are that near), widened for rounding and underflow (``_CHAIN``; measured
+1.01-1.03x faster at 10^4 points, up to 1.04x at 10^5, most on grid queries and surfaces).
 Memory is O(N + M).
 
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
@@ -50,6 +53,7 @@ _BITS = 10  # Morton bits per axis of the query order (torch sorts)
 _CPU_BITS = 5  # at most, of the CPU's counting sort of ungrouped queries
 _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up to 2^35 points)
 _PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
+_CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
 
 
@@ -103,6 +107,10 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     # farther than a point inside it, nor a point farther than its rounded distance, and a
     # square whose root equals the k-th's (a tie) is still compared.
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)
+    # The previous query's k-th distance r and the step dq between the two queries bound this
+    # query's k-th distance by r + dq (its k neighbours are that near), widened by relative
+    # rounding (16 eps) and by an absolute term for squares below the smallest normal number.
+    widen, reach0 = s(1.0 + 16.0 * torch.finfo(dtype).eps), s(16.0 * math.sqrt(torch.finfo(dtype).tiny))
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_STACK, dtype=s)
 
@@ -126,6 +134,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         split: wp.array(dtype=s),
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
+        chain: int,
     ):
         t = wp.tid() + start
         i = int(rows[t])
@@ -140,6 +149,16 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         zero = v(s(0.0), s(0.0), s(0.0))
         n = int(0)
         bound = s(wp.inf)  # squared distance beyond which nothing can enter the row
+        if chain != 0 and wp.tid() > 0:  # thread t - 1 ran before t on this CPU thread: its row is done
+            prev = int(rows[t - 1])
+            same = True  # (a query of another sample has other neighbours)
+            if wp.static(grouped):
+                same = int(query_group[prev]) == g
+            r = dists[prev, k - 1]  # a root: inf when that query found fewer than k (or was not finite)
+            if same and r < s(wp.inf):
+                dq = q - query[t - 1]
+                reach = (r + wp.sqrt(wp.dot(dq, dq))) * widen + reach0
+                bound = reach * reach * slack
         # The farther children not yet visited: node entry b (node ``node`` at depth d is entry
         # (1 << d) - 1 + node of the node arrays), depth (+ _PURE when it holds points of the
         # query's group only), and a lower bound of the squared distance to its points.
@@ -180,7 +199,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                         if ok:
                             n = insert(dists, idx, i, n, d2, order[j])
                             if n == k:  # a full row: nothing farther than its last (with slack) can enter
-                                bound = dists[i, k - 1] * slack
+                                bound = wp.min(bound, dists[i, k - 1] * slack)
                     break
                 a = int(axis[b])
                 side = int(0)
@@ -547,6 +566,6 @@ def search(query, ref, k, query_group, ref_group):
         ordered = query.index_select(0, rows) if sort else query
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
-            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx]
+            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx, int(_CHAIN and query.device.type == "cpu")]
     _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query)
     return dists, idx
