@@ -1,8 +1,9 @@
 """CPU neighbour-search benchmarks of pcops against its strongest peers, interleaved in one process.
 
 Run through ``scripts/benchmark.py`` (``--search`` runs only these; ``--quick`` shrinks them).
-Every row is a median over interleaved repeats (pcops and each peer take turns), and the
-ratio peer / pcops is what to read (> 1: pcops is faster).
+Every row is a median over interleaved repeats (pcops and each peer take turns; in its turn
+each runs twice, the second call timed: see ``interleaved``), and the ratio peer / pcops is what
+to read (> 1: pcops is faster).
 
 * kNN search (k = 7, distances and indices, build included): ``pcops.knn`` with the default
   backend against pykdtree, scipy ``cKDTree(workers=-1)`` and open3d-cpu
@@ -226,13 +227,17 @@ def interleaved(fns: dict, repeats: int, budget_s: float, min_s: float = 1.0) ->
     """Median ms of each function, the functions taking turns (one warm-up call each first):
     ``repeats`` turns, more (up to 8x) while the turns took under ``min_s`` seconds in all (fast
     rows: the median of a few-millisecond row over 7 turns moved by up to 20% between runs), fewer
-    once they took ``budget_s``."""
+    once they took ``budget_s``. In a turn each function runs twice and its second call is
+    timed: a call right after another library's was slowed by that library's threads winding
+    down (at 10^4 points, pcops.knn by 4-9% after open3d or cKDTree, pykdtree by 1-3%), and
+    in a fixed order the same function always followed the same other."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
     start = time.perf_counter()
     for r in range(8 * repeats):
         for name, fn in fns.items():
+            fn()
             t0 = CLOCK()
             fn()
             times[name].append(1e3 * (CLOCK() - t0))
