@@ -229,7 +229,7 @@ def interleaved(fns: dict, repeats: int, budget_s: float, min_s: float = 1.0) ->
     rows: the median of a few-millisecond row over 7 turns moved by up to 20% between runs), fewer
     once they took ``budget_s``. In a turn each function runs twice and its second call is
     timed: a call right after another library's was slowed by that library's threads winding
-    down (at 10^4 points, pcops.knn by 4-9% after open3d or cKDTree, pykdtree by 1-3%), and
+    down (at 10^4 points, pcops.knn by 4-9% after open3d or cKDTree, pykdtree by 0-3%), and
     in a fixed order the same function always followed the same other."""
     for fn in fns.values():
         fn()
