@@ -353,6 +353,11 @@ def _build_kernels(dtype: torch.dtype):
         """The cell of a coordinate x cells from the box's low side: 0 .. top (0 for NaN)."""
         return int(wp.where(x > s(0.0), wp.min(x, top), s(0.0)))
 
+    @wp.func
+    def morton(spread: wp.array(dtype=wp.int32), x: v, top: s):
+        """The Morton code of the cell at x (in cells from the low corner, see ``cell``)."""
+        return spread[cell(x[0], top)] | (spread[cell(x[1], top)] << 1) | (spread[cell(x[2], top)] << 2)
+
     @wp.kernel(enable_backward=False, module="unique")
     def keys(start: int, points: wp.array(dtype=v), frame: wp.array(dtype=s), spread: wp.array(dtype=wp.int32),
              out: wp.array(dtype=wp.int32)):
@@ -361,8 +366,7 @@ def _build_kernels(dtype: torch.dtype):
         c two zero bits apart (a table: twice as fast as computing them)."""
         i = wp.tid() + start
         top = s(spread.shape[0] - 1)
-        x = (points[i] - v(frame[0], frame[1], frame[2])) * frame[3]
-        out[i] = spread[cell(x[0], top)] | (spread[cell(x[1], top)] << 1) | (spread[cell(x[2], top)] << 2)
+        out[i] = morton(spread, (points[i] - v(frame[0], frame[1], frame[2])) * frame[3], top)
 
     @wp.kernel(enable_backward=False, module="unique")
     def order(start: int, points: wp.array(dtype=v), spread: wp.array(dtype=wp.int32), cells: wp.array(dtype=wp.int32),
@@ -390,9 +394,8 @@ def _build_kernels(dtype: torch.dtype):
         scale = top / side  # inf or NaN (a box of one point or none): cell 0
         for c in range(count.shape[0]):
             count[c] = 0
-        for i in range(m):  # the Morton codes of the cells (as in ``keys``)
-            x = (points[i] - low) * scale
-            c = spread[cell(x[0], top)] | (spread[cell(x[1], top)] << 1) | (spread[cell(x[2], top)] << 2)
+        for i in range(m):
+            c = morton(spread, (points[i] - low) * scale, top)
             cells[i] = c
             count[c + 1] = count[c + 1] + 1
         for c in range(1, count.shape[0]):
