@@ -10,6 +10,8 @@ from .ops import knn_interpolate
 from .ops import chamfer_distance
 from .ops import estimate_normals
 from .ops import VoxelPool, voxel_pool
+from .ops import GridSample, grid_sample
+from .ops import Serialization, serialize
 
 __version__ = "0.1.0"
 
@@ -23,3 +25,5 @@ __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
 __all__ += ["VoxelPool", "voxel_pool"]
+__all__ += ["GridSample", "grid_sample"]
+__all__ += ["Serialization", "serialize"]

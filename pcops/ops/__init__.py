@@ -9,6 +9,8 @@ from .sampling import FPS, farthest_point_sample
 from .ball_query import BallQuery, ball_query
 from .graph import knn_graph, radius_graph
 from .voxel import VoxelPool, voxel_pool
+from .grid_sample import GridSample, grid_sample
+from .serialize import Serialization, serialize
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -18,3 +20,5 @@ __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
 __all__ += ["VoxelPool", "voxel_pool"]
+__all__ += ["GridSample", "grid_sample"]
+__all__ += ["Serialization", "serialize"]

@@ -1,0 +1,210 @@
+"""Serialization of integer grid coordinates along space-filling curves (Point Transformer V3).
+
+Codes are Pointcept's ``encode`` codes for the same grid coordinates (x, y, z), each in
+[0, 2**depth):
+
+* ``"z"``: the Morton code, bit i of x, y, z at bits 3i+2, 3i+1, 3i;
+* ``"hilbert"``: the Hilbert index of Skilling's algorithm ("Programming the Hilbert curve",
+  2004): his inverse undo of the transposed index from the top bit down, the three transposed
+  words interleaved with x's bit highest in each triple, and the Gray code decoded;
+* ``"z-trans"`` / ``"hilbert-trans"``: the same curves with x and y swapped first;
+* with a batch, the sample id sits above bit 3*depth: ``code = batch << 3*depth | curve``.
+
+One Warp kernel (a thread per point, all requested curves) computes them on the CPU (all
+cores through :func:`pcops._warp.launch`) and CUDA; the sort order (a stable argsort of the
+codes) and its inverse are torch. Integer outputs only: nothing to differentiate.
+"""
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+import torch
+import warp as wp
+
+from .. import _validate, _warp
+
+ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
+MAX_DEPTH = 16
+
+
+class Serialization(NamedTuple):
+    """Result of :func:`serialize`: ``code`` (int64), ``order`` = argsort(code) along the points
+    (stable), ``inverse`` with ``order[inverse] = arange``; each (N,) for one order, (K, N) for K."""
+
+    code: torch.Tensor
+    order: torch.Tensor
+    inverse: torch.Tensor
+
+
+@_warp.kernels
+def _codes_kernel():
+    """codes[o, i]: curve ``orders[o]`` of point i, its batch id above bit 3 * depth."""
+
+    @wp.func(module="unique")
+    def spread(v: wp.int64):
+        """The 21 low bits of v moved to bits 0, 3, 6, ... (a Morton split by masks)."""
+        v = v & wp.int64(0x1FFFFF)
+        v = (v | (v << wp.int64(32))) & wp.int64(0x1F00000000FFFF)
+        v = (v | (v << wp.int64(16))) & wp.int64(0x1F0000FF0000FF)
+        v = (v | (v << wp.int64(8))) & wp.int64(0x100F00F00F00F00F)
+        v = (v | (v << wp.int64(4))) & wp.int64(0x10C30C30C30C30C3)
+        v = (v | (v << wp.int64(2))) & wp.int64(0x1249249249249249)
+        return v
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def codes(
+        start: int,
+        grid: wp.array2d(dtype=wp.int32),
+        batch: wp.array(dtype=wp.int64),
+        batched: int,
+        orders: wp.array(dtype=wp.int32),
+        depth: int,
+        out: wp.array2d(dtype=wp.int64),
+    ):
+        i = wp.tid() + start
+        high = wp.int64(0)
+        if batched != 0:
+            high = batch[i] << wp.int64(3 * depth)
+        for o in range(orders.shape[0]):
+            kind = orders[o]  # 0 z, 1 z-trans, 2 hilbert, 3 hilbert-trans
+            a = wp.int64(grid[i, 0])
+            b = wp.int64(grid[i, 1])
+            c = wp.int64(grid[i, 2])
+            if kind == 1 or kind == 3:
+                t = a
+                a = b
+                b = t
+            if kind >= 2:
+                # Skilling's inverse undo, from the top bit down (bit 0 has nothing below it)
+                q = wp.int64(1) << wp.int64(depth - 1)
+                while q > wp.int64(1):
+                    p = q - wp.int64(1)
+                    if (a & q) != wp.int64(0):
+                        a = a ^ p
+                    if (b & q) != wp.int64(0):
+                        a = a ^ p
+                    else:
+                        t = (a ^ b) & p
+                        a = a ^ t
+                        b = b ^ t
+                    if (c & q) != wp.int64(0):
+                        a = a ^ p
+                    else:
+                        t = (a ^ c) & p
+                        a = a ^ t
+                        c = c ^ t
+                    q = q >> wp.int64(1)
+            h = (spread(a) << wp.int64(2)) | (spread(b) << wp.int64(1)) | spread(c)
+            if kind >= 2:  # Gray decode: each bit XOR all bits above it
+                h = h ^ (h >> wp.int64(1))
+                h = h ^ (h >> wp.int64(2))
+                h = h ^ (h >> wp.int64(4))
+                h = h ^ (h >> wp.int64(8))
+                h = h ^ (h >> wp.int64(16))
+                h = h ^ (h >> wp.int64(32))
+            out[o, i] = high | h
+
+    return codes
+
+
+def _check_values(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int) -> None:
+    """Coordinates in [0, 2**depth), batch ids >= 0 and below 2**(63 - 3 * depth). Reads values."""
+    if grid_coord.numel():
+        low, high = int(grid_coord.min()), int(grid_coord.max())
+        if low < 0 or high >= 2**depth:
+            raise ValueError(f"grid_coord values must be in [0, 2**depth) = [0, {2**depth}) for depth={depth}, got min {low}, max {high}")
+    if batch is not None and batch.numel():
+        low, high = int(batch.min()), int(batch.max())
+        limit = 2 ** (63 - 3 * depth)
+        if low < 0 or high >= limit:
+            raise ValueError(f"batch values must be in [0, 2**(63 - 3*depth)) = [0, {limit}) for depth={depth} (the code is an int64), got min {low}, max {high}")
+
+
+@torch.library.custom_op("pcops::serialize_codes", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int, orders: list[int]) -> torch.Tensor:
+    """grid_coord (N, 3) int, batch (N,) int or None -> codes (K, N) int64 for the K ``orders`` (indices into ORDERS)."""
+    _check_values(grid_coord, batch, depth)
+    n = grid_coord.shape[0]
+    out = torch.empty((len(orders), n), dtype=torch.int64, device=grid_coord.device)
+    if n == 0 or not orders:
+        return out
+    grid = grid_coord.to(torch.int32).contiguous()
+    ids = grid.new_zeros((1,), dtype=torch.int64) if batch is None else batch.to(torch.int64).contiguous()
+    kinds = torch.tensor(orders, dtype=torch.int32, device=grid.device)
+    with _warp.stream(grid):
+        _warp.launch(_codes_kernel(), n, [grid, ids, int(batch is not None), kinds, int(depth), out], like=grid)
+    return out
+
+
+@_serialize_codes.register_fake
+def _(grid_coord, batch, depth, orders):
+    return grid_coord.new_empty((len(orders), grid_coord.shape[0]), dtype=torch.int64)
+
+
+def _layout(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
+    """Checks of serialize's arguments (shapes, dtypes, names): (depth, order indices, one order given)."""
+    if not isinstance(grid_coord, torch.Tensor):
+        raise TypeError(f"grid_coord must be a torch.Tensor, got {type(grid_coord).__name__}")
+    if grid_coord.dtype.is_floating_point or grid_coord.dtype.is_complex or grid_coord.dtype == torch.bool:
+        raise TypeError(f"grid_coord must have an integer dtype (integer grid coordinates), got {grid_coord.dtype}")
+    if grid_coord.dim() != 2 or grid_coord.shape[1] != 3:
+        raise ValueError(f"grid_coord must be a tensor of shape (N, 3), got shape {tuple(grid_coord.shape)}")
+    _validate.ids("batch", batch, grid_coord.shape[0], "(N,)")
+    _validate.same_device(grid_coord=grid_coord, batch=batch)
+    single = isinstance(order, str)
+    names = [order] if single else order
+    if not isinstance(names, (list, tuple)) or not names:
+        raise TypeError(f"order must be one of {ORDERS} or a non-empty list/tuple of them, got {order!r}")
+    for name in names:
+        if name not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS} (or a list/tuple of them), got {name!r}")
+    depth = _validate.plain(depth)
+    if depth is None:
+        if torch.compiler.is_compiling():
+            raise ValueError("depth=None (from the data) cannot be traced: pass depth as an int under torch.compile")
+        depth = max(1, (int(grid_coord.max()) + 1).bit_length() if grid_coord.numel() else 1)
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        raise TypeError(f"depth must be an int, got {type(depth).__name__}")
+    if not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth must be in [1, {MAX_DEPTH}] (bits per axis), got {depth}")
+    return depth, [ORDERS.index(name) for name in names], single
+
+
+def serialize(
+    grid_coord: torch.Tensor,
+    batch: Optional[torch.Tensor] = None,
+    depth: Optional[int] = 16,
+    order: Union[str, Sequence[str]] = "z",
+) -> Serialization:
+    """Codes of integer grid coordinates along space-filling curves, their sort order and its inverse.
+
+    The codes are Pointcept's ``encode(grid_coord, batch, depth, order)``; several orders give
+    Pointcept's ``Point.serialization`` (``serialized_code``, ``serialized_order``,
+    ``serialized_inverse``).
+
+    Args:
+        grid_coord: integer Tensor of shape (N, 3), each value in [0, 2**depth).
+        batch: optional integer Tensor of shape (N,), sample ids >= 0 (sorted or not), placed
+            above bit 3 * depth of the code (so a sample's points sort together).
+        depth: bits per axis, 1 .. 16 (Pointcept's limit). None: the fewest bits that hold
+            ``grid_coord.max()`` (Pointcept's adaptive depth; eager only).
+        order: "z", "z-trans", "hilbert", "hilbert-trans", or a list/tuple of them.
+
+    Returns:
+        Serialization(code, order, inverse), int64: ``code`` the codes, ``order`` the stable
+        argsort of the codes (points of equal code keep their input order), ``inverse`` its
+        inverse permutation. Each is (N,) for one order and (K, N) for a list of K orders.
+
+    Raises ValueError/TypeError naming the argument: a non-integer or non-(N, 3) ``grid_coord``,
+    a coordinate outside [0, 2**depth), a negative batch id or one too large for the code to
+    fit in 63 bits (batch < 2**(63 - 3*depth)), a depth outside [1, 16], an unknown order.
+    """
+    depth, kinds, single = _layout(grid_coord, batch, depth, order)
+    code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds)
+    order_ = torch.argsort(code, dim=1, stable=True)
+    inverse = torch.empty_like(order_).scatter_(1, order_, torch.arange(code.shape[1], device=code.device).expand_as(order_))
+    if single:
+        return Serialization(code[0], order_[0], inverse[0])
+    return Serialization(code, order_, inverse)
+
+
+__all__ = ["Serialization", "serialize"]
