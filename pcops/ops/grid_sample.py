@@ -1,0 +1,253 @@
+"""Grid sampling: voxel downsampling that keeps one point per occupied voxel (Pointcept's
+``GridSample``, PyG's ``voxel_grid``), with each voxel's integer grid coordinates and each
+input point's voxel.
+
+Voxel of point p (per sample): ``cell(p) = floor((p - origin) / grid_size)`` computed in
+float64. With ``origin=None`` cells are aligned to the world origin and the returned grid
+coordinates are shifted so that each sample's smallest cell is 0 on every axis, exactly as
+Pointcept's ``GridSample`` computes ``grid_coord = floor(coord / grid_size) - min(...)``.
+With an explicit ``origin`` the cells are aligned to it and the coordinates are not shifted
+(they may be negative).
+
+Occupied voxels are numbered in lexicographic order of (sample, x, y, z): deterministic, a
+sample's voxels contiguous, the same order as :func:`pcops.voxel_pool`. For voxel c with points
+``P_c`` (ascending indices):
+
+    mode="first":  index[c] = min P_c                     points[c] = p[index[c]]
+    mode="random": index[c] = a uniform draw from P_c     points[c] = p[index[c]]
+    mode="mean":   index is None                          points[c] = mean_{i in P_c} p_i
+    coords[c] = the grid coordinates of voxel c;  inverse[i] = c for i in P_c
+
+The custom op ``pcops::grid_cluster`` assigns the voxels (integer outputs only; the number of
+voxels depends on the data and is declared in its fake as a dynamic size). The kept points
+are gathered (or averaged) in torch, so gradients flow to ``points`` and
+``torch.compile(fullgraph=True)`` traces the whole function.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import _validate
+
+# Cells must stay exact integers in float64 and int64 (beyond this, floor() has no meaning).
+_CELL_LIMIT = 2.0**52
+_MODES = ("first", "random", "mean")
+
+
+class GridSample(NamedTuple):
+    """Result of :func:`grid_sample`, always packed (voxels of all samples, by (sample, x, y, z)).
+
+    ``points`` (V, 3): the kept point (or mean) of each voxel; ``coords`` (V, 3) int64: the
+    voxel's grid coordinates; ``index`` (V,) int64: the kept point's row (None for "mean");
+    ``inverse``: each input point's voxel, (N,) for packed input, (B, N) for padded input
+    (-1 at padding rows); ``batch`` (V,) int64: each voxel's sample.
+    """
+
+    points: torch.Tensor
+    coords: torch.Tensor
+    index: Optional[torch.Tensor]
+    inverse: torch.Tensor
+    batch: torch.Tensor
+
+
+@torch.library.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _grid_cluster(
+    points: torch.Tensor, grid_size: float, origin: Optional[torch.Tensor], batch: Optional[torch.Tensor], validate: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """points (N, 3), batch (N,) int64 sample ids (< 0: a row in no voxel) ->
+    (inverse (N,), order (N,), coords (V, 3), voxel batch (V,), counts (V,)), all int64.
+
+    ``order`` lists the points of voxel 0, then of voxel 1, ..., each voxel's by ascending index
+    (rows in no voxel last), so voxel c's points are ``order[start_c : start_c + counts[c]]``.
+    """
+    _validate.positive_number("grid_size", grid_size)
+    if validate:
+        _validate.finite(points=points)
+    n, dev = points.shape[0], points.device
+    ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
+    empty = lambda *shape: ids.new_empty((0, *shape))  # noqa: E731 (outputs must not alias)
+    if n == 0:
+        return empty(), empty(), empty(3), empty(), empty()
+    p = points.double()
+    cells_f = torch.floor(p / grid_size if origin is None else (p - origin.to(p)) / grid_size)
+    valid = ids >= 0
+    big = float(torch.where(valid[:, None], cells_f.abs(), 0).amax())
+    if big >= _CELL_LIMIT:  # (False for NaN, which only validate=False lets through)
+        raise ValueError(
+            f"grid_size={grid_size} is too small for the extent of the points: a grid coordinate reaches "
+            f"{big:.3g}, beyond 2^52 (the voxel keys would overflow)"
+        )
+    cells = torch.where(valid[:, None], cells_f, 0).to(torch.int64)
+    live = int(valid.sum())
+    if live == 0:
+        return torch.full_like(ids, -1), torch.arange(n, device=dev), empty(3), empty(), empty()
+    # sample ranks 0 .. S-1 (the ids themselves unless they are sparse or huge)
+    top = int(ids.max())
+    if top < 4 * n + 16:
+        rank, samples = torch.where(valid, ids, 0), top + 1
+    else:
+        uniq, rank = torch.unique(torch.where(valid, ids, ids[valid][0]), return_inverse=True)
+        samples = uniq.shape[0]
+    if origin is None:  # Pointcept: each sample's smallest cell is 0
+        big_i = torch.iinfo(torch.int64).max
+        low = torch.full((samples, 3), big_i, dtype=torch.int64, device=dev)
+        low = low.scatter_reduce(0, rank[:, None].expand(n, 3), torch.where(valid[:, None], cells, big_i), "amin")
+        cells = torch.where(valid[:, None], cells - low.index_select(0, rank), 0)
+    # one int64 key per row, monotone in (sample, x, y, z); rows in no voxel sort last
+    base = torch.where(valid[:, None], cells, cells[valid].amin(0)).amin(0)
+    rel = cells - base
+    span = (torch.where(valid[:, None], rel, 0).amax(0) + 1).tolist()
+    if float(samples) * span[0] * span[1] * span[2] < 2.0**62:
+        key = ((rank * span[0] + rel[:, 0]) * span[1] + rel[:, 1]) * span[2] + rel[:, 2]
+        key = torch.where(valid, key, torch.iinfo(torch.int64).max)
+        key, order = torch.sort(key, stable=True)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        voxel = torch.cumsum(first, 0) - 1
+        first &= valid.index_select(0, order)
+    else:  # too wide for one key: sort rows lexicographically
+        rows = torch.cat([(~valid).to(torch.int64)[:, None], rank[:, None], rel, torch.arange(n, device=dev)[:, None]], 1)
+        for col in range(4, -1, -1):  # least significant column first, stable sorts
+            perm = torch.sort(rows[:, col], stable=True).indices
+            rows = rows.index_select(0, perm)
+        order = rows[:, 5].contiguous()
+        sorted_rows = rows[:, :5]
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        first[1:] = (sorted_rows[1:] != sorted_rows[:-1]).any(1)
+        voxel = torch.cumsum(first, 0) - 1
+        first &= valid.index_select(0, order)
+    starts = first.nonzero().reshape(-1)
+    v = starts.shape[0]
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.where(valid.index_select(0, order), voxel, -1)
+    counts = torch.diff(starts, append=starts.new_tensor([live]))
+    kept = order.index_select(0, starts)
+    voxel_batch = ids.index_select(0, kept)
+    return inverse, order, cells.index_select(0, kept).reshape(v, 3), voxel_batch, counts
+
+
+@_grid_cluster.register_fake
+def _(points, grid_size, origin, batch, validate):
+    v = torch.library.get_ctx().new_dynamic_size()
+    n = points.shape[0]
+    like = points.new_empty((0,), dtype=torch.int64)
+    return like.new_empty((n,)), like.new_empty((n,)), like.new_empty((v, 3)), like.new_empty((v,)), like.new_empty((v,))
+
+
+def _layout(points, lengths, batch, validate: bool):
+    """The layout of :func:`grid_sample`: flat points (P, 3), int64 sample ids (P,) or None
+    (< 0 for padding rows), and the padded shape (B, N) or None."""
+    _validate.tensor("points", points)
+    if points.dim() == 3:
+        _validate.tensor("points", points, ndim=3, last=3, shape_doc="(B, N, 3)")
+        if batch is not None:
+            raise ValueError("batch describes packed (N, 3) points; padded (B, N, 3) points take lengths")
+        b, n = points.shape[0], points.shape[1]
+        _validate.ids("lengths", lengths, b, "(B,)")
+        _validate.same_device(points=points, lengths=lengths)
+        if lengths is not None and validate and not torch.compiler.is_compiling():
+            _validate.ids_in_range("lengths", lengths, 0, n)
+        ids = torch.arange(b, device=points.device)[:, None].expand(b, n)
+        if lengths is not None:
+            ids = torch.where(torch.arange(n, device=points.device)[None, :] < lengths[:, None].to(torch.int64), ids, -1)
+        return points.reshape(b * n, 3), ids.reshape(-1), (b, n)
+    _validate.points("points", points)
+    if lengths is not None:
+        raise ValueError("lengths describes padded (B, N, 3) points; packed (N, 3) points take batch")
+    _validate.ids("batch", batch, points.shape[0], "(N,)")
+    _validate.same_device(points=points, batch=batch)
+    if batch is not None and validate and not torch.compiler.is_compiling():
+        _validate.ids_in_range("batch", batch, 0, None)
+    return points, batch, None
+
+
+def _origin(origin, points: torch.Tensor):
+    """``origin`` (None, a number, 3 numbers or a (3,) tensor) as a float64 (3,) tensor or None."""
+    if origin is None:
+        return None
+    if isinstance(origin, torch.Tensor):
+        if origin.dtype.is_complex or origin.dtype == torch.bool or origin.shape not in ((3,), ()):
+            raise ValueError(f"origin must be a number, 3 numbers or a real tensor of shape (3,), got {origin.dtype} {tuple(origin.shape)}")
+        _validate.same_device(points=points, origin=origin)
+        return origin.to(torch.float64).expand(3).contiguous()
+    values = [origin] * 3 if _validate._is_number(_validate.plain(origin)) else list(origin) if isinstance(origin, (list, tuple)) else None
+    if values is None or len(values) != 3 or not all(_validate._is_number(_validate.plain(x)) for x in values):
+        raise TypeError(f"origin must be None, a number, 3 numbers or a tensor of shape (3,), got {origin!r}")
+    return torch.tensor([float(x) for x in values], dtype=torch.float64, device=points.device)
+
+
+def grid_sample(
+    points: torch.Tensor,
+    grid_size: float,
+    *,
+    lengths: Optional[torch.Tensor] = None,
+    batch: Optional[torch.Tensor] = None,
+    mode: str = "first",
+    generator: Optional[torch.Generator] = None,
+    origin=None,
+    validate: bool = True,
+) -> GridSample:
+    """Keep one point per occupied voxel of a grid of cubes of side ``grid_size``.
+
+    Args:
+        points: Tensor of shape (N, 3) (one cloud, or packed with ``batch``) or (B, N, 3)
+            (padded, with optional ``lengths``).
+        grid_size: Python number > 0, the side of the cubic voxels.
+        lengths: optional int tensor (B,): real rows of each padded sample (the rest is padding).
+        batch: optional int tensor (N,) of sample ids >= 0 (sorted or not) of packed points.
+        mode: "first" (the voxel's point of smallest index), "random" (a uniform draw among the
+            voxel's points, from ``generator`` or torch's global generator) or "mean".
+        generator: optional ``torch.Generator`` for "random" (``torch.compile`` cannot trace a
+            generator argument: under compile leave it None and seed with ``torch.manual_seed``).
+        origin: None (cells aligned to the world origin, coordinates shifted to start at 0 per
+            sample, as Pointcept's GridSample) or a number / 3 numbers / (3,) tensor: cells
+            ``floor((p - origin) / grid_size)``, not shifted.
+        validate: check points for NaN/inf and ids / lengths for range.
+
+    Returns:
+        GridSample(points, coords, index, inverse, batch), packed over all samples, voxels in
+        lexicographic order of (sample, x, y, z): ``points`` (V, 3) in the input dtype;
+        ``coords`` (V, 3) int64; ``index`` (V,) int64 (None for "mean"): the kept point's row
+        (in ``points`` for packed input, within its sample for padded input); ``inverse`` (N,)
+        or (B, N) int64 (-1 at padding); ``batch`` (V,) int64 sample ids. V depends on the data
+        (a dynamic size under ``torch.compile``). Differentiable with respect to ``points``.
+    """
+    grid_size = _validate.plain(grid_size)
+    _validate.positive_number("grid_size", grid_size)
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    flat, ids, padded = _layout(points, lengths, batch, validate)
+    origin_t = _origin(origin, flat)
+    inverse, order, coords, voxel_batch, counts = torch.ops.pcops.grid_cluster(flat.detach(), float(grid_size), origin_t, ids, validate)
+    index = None
+    if mode == "mean":
+        dtype, out_dtype = _validate.compute_dtype(flat)
+        p = flat.to(dtype)
+        rows = inverse.clamp_min(0)
+        live = inverse >= 0
+        total = p.new_zeros((counts.shape[0], 3)).index_add(0, rows, torch.where(live[:, None], p, 0))
+        out = (total / counts.to(dtype)[:, None]).to(out_dtype)
+    else:
+        starts = torch.cumsum(counts, 0) - counts
+        if mode == "random":
+            # N draws, one read per voxel (at its first sorted row): torch.compile cannot make a
+            # random tensor of the data-dependent size V
+            # (and the generator overload of torch.rand needs concrete sizes: not passed when None)
+            draw = {} if generator is None else {"generator": generator}
+            u = torch.rand(flat.shape[0], dtype=torch.float64, device=flat.device, **draw).index_select(0, starts)
+            starts = starts + torch.minimum((u * counts).to(torch.int64), counts - 1)
+        index = order.index_select(0, starts)
+        out = flat.index_select(0, index)
+        if padded is not None:
+            index = index - voxel_batch * padded[1]
+    if padded is not None:
+        inverse = inverse.reshape(padded)
+    return GridSample(out, coords, index, inverse, voxel_batch)
+
+
+__all__ = ["GridSample", "grid_sample"]

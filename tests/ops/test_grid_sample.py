@@ -1,0 +1,247 @@
+"""pcops.grid_sample against a float64 Python-dictionary reference (the shared op suite, plus specifics)."""
+
+import math
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.compile_check import assert_compiles
+from tests.op_suite import F64, OpSuite, assert_matches, pack, pad
+
+
+def grid_reference(points, grid_size, batch=None, mode="first", origin=None):
+    """Voxels of a Python dict of (sample, cell) keys, cells from Python float arithmetic:
+    (points (V, 3), coords (V, 3), index (V,) or None, inverse (N,), batch (V,))."""
+    p = points.double().tolist()
+    n = len(p)
+    ids = [0] * n if batch is None else batch.tolist()
+    o = [0.0] * 3 if origin is None else [float(x) for x in origin]
+    cells = [tuple(math.floor((x - oa) / grid_size) for x, oa in zip(row, o)) for row in p]
+    if origin is None:  # Pointcept: each sample's smallest cell is 0
+        low = {}
+        for b, c in zip(ids, cells):
+            low[b] = tuple(min(a, m) for a, m in zip(c, low.get(b, c)))
+        cells = [tuple(a - m for a, m in zip(c, low[b])) for b, c in zip(ids, cells)]
+    keys = [(b, *c) for b, c in zip(ids, cells)]
+    number = {key: v for v, key in enumerate(sorted(set(keys)))}
+    inverse = torch.tensor([number[k] for k in keys], dtype=torch.int64)
+    members = {}
+    for i, k in enumerate(keys):
+        members.setdefault(number[k], []).append(i)
+    v = len(number)
+    coords = torch.tensor([list(k[1:]) for k in sorted(number)], dtype=torch.int64).reshape(v, 3)
+    vb = torch.tensor([k[0] for k in sorted(number)], dtype=torch.int64)
+    pts = points.double()
+    if mode == "mean":
+        out = torch.stack([pts[members[c]].mean(0) for c in range(v)]) if v else pts.new_zeros((0, 3))
+        return out, coords, None, inverse, vb
+    index = torch.tensor([members[c][0] for c in range(v)], dtype=torch.int64)
+    return pts[index], coords, index, inverse, vb
+
+
+class TestGridSampleFirst(OpSuite):
+    mode = "first"
+    differentiable = ("points",)
+    names = ("points", "coords", "index", "inverse", "batch")
+
+    def inputs(self, kind, gen):
+        _, p, r = reference.cloud(kind, gen)
+        return dict(points=p, grid_size=r)
+
+    def run(self, points, grid_size):
+        out = pcops.grid_sample(points, grid_size, mode=self.mode)
+        return tuple(x for x in out if x is not None)
+
+    def reference(self, points, grid_size):
+        return tuple(x for x in grid_reference(points, grid_size, mode=self.mode) if x is not None)
+
+    def compare(self, out, expected, dtype, inputs=None):
+        assert len(out) == len(expected)
+        names = [n for n in self.names if not (n == "index" and self.mode == "mean")]
+        for a, e, name in zip(out, expected, names):
+            assert_matches(a, e, dtype, name)
+
+    def grad_inputs(self, gen):
+        # points near voxel centres, so a finite-difference step never changes the voxels
+        centres = torch.randint(0, 4, (24, 3), generator=gen).double() + 0.5
+        p = (centres + 0.2 * (torch.rand(24, 3, generator=gen, dtype=F64) - 0.5)) * 0.25
+        return dict(points=p, grid_size=0.25)
+
+    def opcheck_cases(self, gen):
+        p = torch.rand(40, 3, generator=gen)
+        batch = torch.randint(0, 3, (40,), generator=gen)
+        padded = torch.where(torch.arange(40) < 30, batch, -1)
+        op = torch.ops.pcops.grid_cluster.default
+        origin = torch.tensor([-0.1, 0.2, 0.0], dtype=F64)
+        return [(op, (p, 0.3, None, None, True)), (op, (p.double(), 0.25, origin, batch, True)), (op, (p, 0.2, None, padded, True))]
+
+    def compile_calls(self, gen):
+        def fn(points, batch):
+            out = pcops.grid_sample(points, 0.3, batch=batch, mode=self.mode)
+            return tuple(x for x in out if x is not None)
+
+        calls = []
+        for n in (40, 61):
+            p = torch.rand(n, 3, generator=gen).requires_grad_()
+            calls.append((p, torch.randint(0, 3, (n,), generator=gen)))
+        return fn, calls
+
+    def test_compile_fullgraph(self, gen):
+        fn, calls = self.compile_calls(gen)
+        assert_compiles(fn, calls, backend="aot_eager")
+
+    def batched(self, gen):
+        sizes = [30, 0, 9, 1]
+        pts = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+        expected = [tuple(x for x in grid_reference(p, 0.3, mode=self.mode) if x is not None) for p in pts]
+        padded_pts, lengths = pad(pts)
+        out = pcops.grid_sample(padded_pts, 0.3, lengths=lengths, mode=self.mode)
+        padded_rows = []
+        for b, n in enumerate(sizes):
+            mine = out.batch == b
+            assert torch.all(out.inverse[b, n:] == -1)
+            first = int(mine.nonzero()[0]) if bool(mine.any()) else 0
+            rows = (out.points[mine], out.coords[mine], out.index[mine] if out.index is not None else None,
+                    out.inverse[b, :n] - first, torch.zeros(int(mine.sum()), dtype=torch.int64))
+            padded_rows.append(tuple(x for x in rows if x is not None))
+        points, ids, position = pack(pts, gen, keep_order=True)  # "first" is by row: keep each sample's order
+        out = pcops.grid_sample(points, 0.3, batch=ids, mode=self.mode)
+        packed_rows, at = [], 0
+        for b, n in enumerate(sizes):
+            mine = out.batch == b
+            first = int(mine.nonzero()[0]) if bool(mine.any()) else 0
+            local = torch.empty(points.shape[0], dtype=torch.int64)
+            local[position[at : at + n]] = torch.arange(n)  # packed row -> row within sample b
+            index = None if out.index is None else local[out.index[mine]]
+            rows = (out.points[mine], out.coords[mine], index, out.inverse[position[at : at + n]] - first,
+                    torch.zeros(int(mine.sum()), dtype=torch.int64))
+            packed_rows.append(tuple(x for x in rows if x is not None))
+            at += n
+        return expected, padded_rows, packed_rows
+
+    def bad_inputs(self, gen):
+        p = torch.rand(10, 3, generator=gen)
+        nan = p.clone()
+        nan[1, 2] = float("nan")
+        gs = pcops.grid_sample
+        return {
+            "zero grid_size": (lambda: gs(p, 0.0), ValueError, "grid_size must be finite and > 0"),
+            "tensor grid_size": (lambda: gs(p, torch.tensor(0.1)), TypeError, "grid_size must be a number"),
+            "huge coordinates": (lambda: gs(p * 1e12, 1e-6), ValueError, "grid_size=1e-06 is too small"),
+            "2-d points": (lambda: gs(p[:, :2], 0.1), ValueError, "points must be a tensor of shape"),
+            "int points": (lambda: gs(p.long(), 0.1), TypeError, "points must have a floating dtype"),
+            "mode": (lambda: gs(p, 0.1, mode="last"), ValueError, "mode must be one of"),
+            "generator": (lambda: gs(p, 0.1, mode="random", generator=0), TypeError, "generator must be a torch.Generator"),
+            "batch dtype": (lambda: gs(p, 0.1, batch=torch.zeros(10)), TypeError, "batch must have an integer dtype"),
+            "batch shape": (lambda: gs(p, 0.1, batch=torch.zeros(9, dtype=torch.long)), ValueError, "batch must be a tensor of shape"),
+            "negative batch": (lambda: gs(p, 0.1, batch=-torch.ones(10, dtype=torch.long)), ValueError, "batch values"),
+            "lengths with packed": (lambda: gs(p, 0.1, lengths=torch.tensor([10])), ValueError, "lengths describes padded"),
+            "batch with padded": (lambda: gs(p[None], 0.1, batch=torch.zeros(10, dtype=torch.long)), ValueError, "batch describes packed"),
+            "long lengths": (lambda: gs(p[None], 0.1, lengths=torch.tensor([11])), ValueError, "lengths values"),
+            "origin": (lambda: gs(p, 0.1, origin=(0.0, 1.0)), TypeError, "origin must be"),
+            "NaN points": (lambda: gs(nan, 0.1), ValueError, "points contains NaN or inf"),
+        }
+
+
+class TestGridSampleMean(TestGridSampleFirst):
+    mode = "mean"
+
+
+def test_inverse_equals_torch_unique_of_the_voxel_keys(gen):
+    p = torch.randn(20_000, 3, generator=gen) * 3
+    batch = torch.randint(0, 5, (20_000,), generator=gen)
+    out = pcops.grid_sample(p, 0.2, batch=batch)
+    cells = torch.floor(p.double() / 0.2).long()
+    cells -= torch.stack([cells[batch == b].amin(0) for b in range(5)])[batch]
+    key = ((batch * 1000 + cells[:, 0]) * 1000 + cells[:, 1]) * 1000 + cells[:, 2]
+    unique, inverse = torch.unique(key, return_inverse=True)
+    assert torch.equal(out.inverse, inverse) and out.points.shape[0] == unique.shape[0]
+    assert torch.equal(out.index, torch.full_like(unique, p.shape[0]).scatter_reduce(0, inverse, torch.arange(p.shape[0]), "amin"))
+
+
+def test_points_on_voxel_boundaries_belong_to_the_upper_voxel():
+    p = torch.tensor([[0.5, 0.25, -0.25], [0.4999, 0.25, -0.25], [0.0, 0.0, 0.0], [-0.25, 0.0, 0.0]], dtype=F64)
+    out = pcops.grid_sample(p, 0.25, origin=0.0)
+    by_point = out.coords[out.inverse]
+    assert by_point.tolist() == [[2, 1, -1], [1, 1, -1], [0, 0, 0], [-1, 0, 0]]
+
+
+def test_default_origin_shifts_each_sample_like_pointcept(gen):
+    p = torch.rand(50, 3, generator=gen, dtype=F64) * 4 - 7  # negative coordinates
+    batch = torch.arange(50) % 2
+    p[batch == 1] += 100.0
+    out = pcops.grid_sample(p, 0.5, batch=batch)
+    for b in (0, 1):
+        assert torch.equal(out.coords[out.batch == b].amin(0), torch.zeros(3, dtype=torch.int64))
+    # Pointcept: grid_coord = floor(coord / grid_size) - min(floor(coord / grid_size))
+    cells = torch.floor(p[batch == 0] / 0.5).long()
+    assert torch.equal(out.coords[out.inverse[batch == 0]], cells - cells.amin(0))
+
+
+def test_explicit_origin_matches_reference(gen):
+    p = torch.rand(80, 3, generator=gen, dtype=F64) * 2 - 1
+    origin = [0.1, -0.3, 0.05]
+    out = pcops.grid_sample(p, 0.3, origin=torch.tensor(origin))
+    expected = grid_reference(p, 0.3, origin=origin)
+    for a, e in zip((out.points, out.coords, out.index, out.inverse), expected):
+        assert torch.equal(a, e)
+
+
+def test_random_mode_draws_each_member_of_a_voxel(gen):
+    p = torch.tensor([[0.1, 0.1, 0.1], [0.2, 0.2, 0.2], [0.3, 0.3, 0.3], [5.0, 5.0, 5.0]])
+    seen = set()
+    for s in range(60):
+        out = pcops.grid_sample(p, 1.0, mode="random", generator=torch.Generator().manual_seed(s))
+        assert out.index[1] == 3 and torch.equal(out.points, p[out.index])
+        seen.add(int(out.index[0]))
+    assert seen == {0, 1, 2}
+    a = pcops.grid_sample(p, 1.0, mode="random", generator=torch.Generator().manual_seed(7)).index
+    b = pcops.grid_sample(p, 1.0, mode="random", generator=torch.Generator().manual_seed(7)).index
+    assert torch.equal(a, b)
+
+
+def test_random_mode_compiles_without_a_generator(gen):
+    def fn(points):
+        out = pcops.grid_sample(points, 0.25, mode="random")
+        return out.points, out.index, out.inverse
+
+    p = torch.rand(200, 3, generator=gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    points, index, inverse = compiled(p)
+    assert torch.equal(points, p[index]) and torch.equal(inverse[index], torch.arange(index.shape[0]))
+
+
+def test_grids_too_wide_for_one_int64_key_still_sort_lexicographically(gen):
+    p = torch.rand(30, 3, generator=gen, dtype=F64)
+    batch = torch.randint(0, 2, (30,), generator=gen)
+    out = pcops.grid_sample(p, 1e-9, batch=batch)
+    expected = grid_reference(p, 1e-9, batch=batch)
+    for a, e in zip((out.points, out.coords, out.index, out.inverse, out.batch), expected):
+        assert torch.equal(a, e)
+
+
+def test_sparse_huge_sample_ids_keep_their_values(gen):
+    p = torch.rand(20, 3, generator=gen, dtype=F64)
+    batch = torch.tensor([2**40, 7] * 10)
+    out = pcops.grid_sample(p, 0.5, batch=batch)
+    expected = grid_reference(p, 0.5, batch=batch)
+    for a, e in zip((out.points, out.coords, out.index, out.inverse, out.batch), expected):
+        assert torch.equal(a, e)
+
+
+def test_empty_cloud():
+    out = pcops.grid_sample(torch.zeros(0, 3), 0.1)
+    assert out.points.shape == (0, 3) and out.coords.shape == (0, 3) and out.index.shape == (0,) and out.inverse.shape == (0,)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(gen):
+    p = torch.rand(5000, 3, generator=gen)
+    batch = torch.randint(0, 4, (5000,), generator=gen)
+    cpu = pcops.grid_sample(p, 0.05, batch=batch)
+    gpu = pcops.grid_sample(p.cuda(), 0.05, batch=batch.cuda())
+    for a, b in zip(gpu, cpu):
+        assert torch.equal(a.cpu(), b)
