@@ -1,0 +1,137 @@
+"""Drop-in modules for PyTorch Geometric (torch_cluster) and PyTorch3D users.
+
+``pcops.compat.torch_cluster`` and ``pcops.compat.pytorch3d`` take the arguments, defaults and
+return conventions of ``torch_cluster`` and ``pytorch3d.ops`` / ``pytorch3d.loss`` and map them
+onto pcops' native ops; no module here has a search of its own. Change one import::
+
+    from torch_cluster import fps, radius, knn_graph          # before
+    from pcops.compat.torch_cluster import fps, radius, knn_graph
+
+    from pytorch3d.ops import knn_points, ball_query            # before
+    from pcops.compat.pytorch3d import knn_points, ball_query
+
+Conventions and every difference: docs/interop.md.
+
+This package also holds the few helpers both modules share: argument checks that name the
+caller's arguments, and ``pcops_compat::first_within``, the custom op behind the "first K
+points within the radius, in index order" caps of ``torch_cluster.radius`` (its CUDA kernel)
+and ``pytorch3d.ops.ball_query``. It runs pcops' ball query (the K closest within a radius and
+how many there are) and, for the queries with more than K neighbours, a second, wider ball
+query, then keeps the first K by index; as a custom op with a static (M, K) result it keeps
+``torch.compile(fullgraph=True)`` graphs whole.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import pcops
+
+# pcops' ball is inclusive (d <= radius, d computed by the kernel); the originals test the squared
+# distance strictly (d^2 < r^2 in the points' precision). The search is widened by this relative
+# margin so that it finds every point the originals count, and the exact test runs afterwards.
+_WIDEN = 1e-5
+_NO_INDEX = torch.iinfo(torch.int64).max
+
+
+def check_tensor(name: str, value, what: str = "a torch.Tensor") -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32/float64 stay, float16/bfloat16 compute in float32, integers in float64."""
+    dtype = torch.float32
+    for t in tensors:
+        d = t.dtype
+        if d == torch.float64 or not d.is_floating_point:
+            return torch.float64
+    return dtype
+
+
+def pad3(points: torch.Tensor, name: str, most: int = 3) -> torch.Tensor:
+    """(..., D) points with D <= ``most`` as (..., 3) (zero columns change no distance)."""
+    d = points.shape[-1]
+    if d > most:
+        raise ValueError(f"{name} must have at most {most} coordinates per point here (pcops searches 3-D points), got {d}")
+    if d == 3:
+        return points
+    return torch.cat([points, points.new_zeros(points.shape[:-1] + (3 - d,))], -1)
+
+
+def is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def squared(diff: torch.Tensor) -> torch.Tensor:
+    """Squared lengths of (..., 3) differences, summed left to right as the originals' loops do."""
+    return diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
+
+
+def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.Tensor:
+    """Of a neighbour table (R, W) of the queries ``rows``: the first k indices (ascending) with
+    squared distance < bound (and j != row if ``exclude_same``), -1 padded, as (R, k)."""
+    valid = table >= 0
+    j = table.clamp(min=0)
+    sq = squared(query[rows][:, None, :] - ref[j])
+    valid &= sq < bound
+    if exclude_same:
+        valid &= table != rows[:, None]
+    key = torch.where(valid, table, _NO_INDEX).sort(1).values[:, :k]
+    if key.shape[1] < k:
+        key = torch.cat([key, key.new_full((key.shape[0], k - key.shape[1]), _NO_INDEX)], 1)
+    return torch.where(key == _NO_INDEX, -1, key)
+
+
+@torch.library.custom_op("pcops_compat::first_within", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def first_within(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+    radius: float,
+    bound: float,
+    k: int,
+    exclude_same: bool,
+) -> torch.Tensor:
+    """query (M, 3), ref (N, 3) of one float dtype, optional int sample ids (M,) / (N,) ->
+    (M, k) int64: for each query the first k reference indices j in ascending order with
+    ``squared(q_i - p_j) < bound`` (in the points' dtype), same sample, ``j != i`` if
+    ``exclude_same``; -1 padded."""
+    m = query.shape[0]
+    out = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
+    if m == 0 or ref.shape[0] == 0:
+        return out
+    bound_t = torch.tensor(bound, dtype=query.dtype, device=query.device)
+    search = radius * (1 + _WIDEN)
+    cols = k + int(exclude_same)
+    grouped = query_group is not None
+    kw = {"query_batch": query_group, "ref_batch": ref_group} if grouped else {}
+    _, idx, counts = pcops.ball_query(query, ref, search, cols, **kw)
+    rows = torch.arange(m, device=query.device)
+    out = _first(query, ref, idx, rows, bound_t, k, exclude_same)  # exact where counts <= cols
+    over = rows[counts > cols]  # truncated to the closest: search them again with room for all
+    if over.numel():
+        wide_kw = {"query_batch": query_group[over], "ref_batch": ref_group} if grouped else {}
+        _, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), **wide_kw)
+        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)
+    return out
+
+
+@first_within.register_fake
+def _(query, ref, query_group, ref_group, radius, bound, k, exclude_same):
+    return query.new_empty((query.shape[0], k), dtype=torch.int64)
+
+
+def compact(table: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(2, E) int64 of a (M, K) table's kept entries, row-major: row 0 the entry, row 1 its row.
+    pcops' ``pcops::edges`` op, whose fake declares E as a dynamic size (compile-safe)."""
+    return torch.ops.pcops.edges(table, keep)
+
+
+from . import pytorch3d, torch_cluster  # noqa: E402  (they use the helpers above)
+
+__all__ = ["pytorch3d", "torch_cluster"]
