@@ -11,6 +11,7 @@ from .ops import chamfer_distance
 from .ops import estimate_normals
 from .ops import VoxelPool, voxel_pool
 from .ops import GridSample, grid_sample
+from .ops import KernelMap, sparse_conv3d, sparse_kernel_map
 from .ops import Serialization, serialize
 
 __version__ = "0.1.0"
@@ -26,4 +27,5 @@ __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
 __all__ += ["VoxelPool", "voxel_pool"]
 __all__ += ["GridSample", "grid_sample"]
+__all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]

@@ -135,3 +135,36 @@ class KNNAggregation(_Sigma):
         if self.weights != "softmax":
             return f"k={self.k}, weights={self.weights!r}, reduce={self.reduce!r}, backend={self.backend!r}"
         return f"k={self.k}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"
+
+
+class SparseConv3d(nn.Module):
+    """Submanifold sparse 3-d convolution (stride 1, odd ``kernel_size``) over integer voxel sites.
+
+    ``forward(features (N, Cin), coords (N, 3) int, batch=None, kernel_map=None) -> (N, Cout)``:
+    :func:`pcops.sparse_conv3d` with ``weight`` of shape (K^3, Cin, Cout) (offset
+    ``k = (a * K + b) * K + c`` is ``((a, b, c) - K // 2) * dilation``; ``weight.view(K, K, K,
+    Cin, Cout)`` is ``conv3d``'s weight permuted (2, 3, 4, 1, 0)). Pass a
+    :func:`pcops.sparse_kernel_map` of the sites as ``kernel_map`` to share one search between
+    layers. Initialised as ``torch.nn.Conv3d`` (uniform in +-1/sqrt(Cin * K^3)).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, dilation: int = 1, bias: bool = True):
+        super().__init__()
+        from .ops.sparse_conv import _sites  # the checks of kernel_size and dilation
+
+        self.in_channels = _validate.count("in_channels", in_channels)
+        self.out_channels = _validate.count("out_channels", out_channels)
+        _sites(torch.zeros(0, 3, dtype=torch.int64), None, kernel_size, dilation)
+        self.kernel_size, self.dilation = int(kernel_size), int(dilation)
+        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**3)
+        self.weight = nn.Parameter(torch.empty(self.kernel_size**3, self.in_channels, self.out_channels).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(self.out_channels).uniform_(-bound, bound)) if bias else None
+
+    def forward(self, features: torch.Tensor, coords: torch.Tensor | None, batch: torch.Tensor | None = None, kernel_map=None) -> torch.Tensor:
+        from .ops.sparse_conv import sparse_conv3d
+
+        return sparse_conv3d(features, coords, self.weight, self.bias, batch=batch, dilation=self.dilation, kernel_map=kernel_map)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
+                f"bias={self.bias is not None}")

@@ -10,7 +10,9 @@ from .ball_query import BallQuery, ball_query
 from .graph import knn_graph, radius_graph
 from .voxel import VoxelPool, voxel_pool
 from .grid_sample import GridSample, grid_sample
+from .sparse_conv import KernelMap, sparse_conv3d, sparse_kernel_map
 from .serialize import Serialization, serialize
+from .segment import segment_reduce
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -21,4 +23,6 @@ __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
 __all__ += ["VoxelPool", "voxel_pool"]
 __all__ += ["GridSample", "grid_sample"]
+__all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
+__all__ += ["segment_reduce"]
