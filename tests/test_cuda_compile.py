@@ -29,6 +29,7 @@ FACTORIES = [
     ("cells starts", _cells._starts_kernel, ()),
     *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
+    ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse_conv")._hash_kernels, ()),
 ]
 
 
