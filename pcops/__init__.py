@@ -13,6 +13,7 @@ from .ops import VoxelPool, voxel_pool
 from .ops import GridSample, grid_sample
 from .ops import KernelMap, sparse_conv3d, sparse_kernel_map
 from .ops import Serialization, serialize
+from .ops import segment_reduce
 
 __version__ = "0.1.0"
 
@@ -29,3 +30,4 @@ __all__ += ["VoxelPool", "voxel_pool"]
 __all__ += ["GridSample", "grid_sample"]
 __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
+__all__ += ["segment_reduce"]

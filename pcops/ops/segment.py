@@ -1,0 +1,305 @@
+"""Segment reductions: sum / mean / max / min of the rows of each segment, with gradients.
+
+Segments are given either as a CSR pointer ``offsets`` (S + 1,) over the rows (torch_scatter's
+``segment_csr``: segment s is rows offsets[s] .. offsets[s + 1] - 1) or as a segment id per row
+``ids`` (N,) in [0, num_segments), sorted or not (torch_scatter's ``scatter``). For a segment
+with rows R_s:
+
+    sum:  out[s] = sum_{r in R_s} values[r]          mean: out[s] = sum / |R_s|
+    max:  out[s] = max_{r in R_s} values[r]          min:  out[s] = min_{r in R_s} values[r]
+    an empty segment gives 0 for every reduction (torch_scatter's convention)
+
+Per column, independently. The max/min gradient goes to the FIRST arg-extremum (the smallest
+row index among tied rows; a NaN counts as the extremum), the row recorded in the forward pass.
+
+One Warp kernel (a thread per (segment, column): it walks its segment's rows, no atomics, so
+results are deterministic) runs the forward pass and one the backward pass, on the CPU (all
+cores through :func:`pcops._warp.launch`) and CUDA. Segment ids are turned into a CSR pointer
+by a stable sort and ``searchsorted`` (static shapes: traceable).
+"""
+
+import math
+from typing import Optional
+
+import torch
+import warp as wp
+
+from .. import _validate, _warp
+
+REDUCTIONS = ("sum", "mean", "max", "min")
+
+
+@_warp.kernels
+def _kernels(dtype: torch.dtype, reduce: str):
+    """(forward, backward) of one float dtype and reduction (a thread per segment and part of its
+    columns; the reduction is fixed when the kernel is generated)."""
+    s = _warp.scalar(dtype)
+    mode = REDUCTIONS.index(reduce)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def forward(
+        start: int,
+        values: wp.array2d(dtype=s),
+        offsets: wp.array(dtype=wp.int64),
+        parts: int,
+        out: wp.array2d(dtype=s),
+        arg: wp.array2d(dtype=wp.int64),
+    ):
+        t = wp.tid() + start  # segment t // parts, its columns of part t % parts
+        cols = values.shape[1]
+        seg = t // parts
+        part = t - seg * parts
+        lo = int(offsets[seg])
+        hi = int(offsets[seg + 1])
+        for c in range(part * cols // parts, (part + 1) * cols // parts):  # a column: its rows stay in the cache
+            if wp.static(mode <= 1):
+                acc = s(0.0)
+                for j in range(lo, hi):
+                    acc += values[j, c]
+                if wp.static(mode == 1):
+                    if hi > lo:
+                        acc = acc / s(float(hi - lo))
+                out[seg, c] = acc
+            else:
+                best = s(0.0)
+                at = int(-1)
+                if hi > lo:
+                    at = lo
+                    best = values[lo, c]
+                for j in range(lo + 1, hi):
+                    v = values[j, c]
+                    # larger (smaller for min) or a NaN, unless the best is NaN already: the first wins ties
+                    if wp.static(mode == 2):
+                        if not (v <= best) and best == best:
+                            best = v
+                            at = j
+                    else:
+                        if not (v >= best) and best == best:
+                            best = v
+                            at = j
+                out[seg, c] = best
+                arg[seg, c] = wp.int64(at)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def backward(
+        start: int,
+        grad: wp.array2d(dtype=s),
+        offsets: wp.array(dtype=wp.int64),
+        parts: int,
+        arg: wp.array2d(dtype=wp.int64),
+        grad_values: wp.array2d(dtype=s),
+    ):
+        t = wp.tid() + start
+        cols = grad.shape[1]
+        seg = t // parts
+        part = t - seg * parts
+        c0 = part * cols // parts
+        c1 = (part + 1) * cols // parts
+        if wp.static(mode <= 1):
+            lo = int(offsets[seg])
+            hi = int(offsets[seg + 1])
+            scale = s(1.0)
+            if wp.static(mode == 1):
+                if hi > lo:
+                    scale = s(1.0) / s(float(hi - lo))
+            for j in range(lo, hi):
+                for c in range(c0, c1):
+                    grad_values[j, c] = grad[seg, c] * scale
+        else:
+            for c in range(c0, c1):
+                at = arg[seg, c]
+                if at >= wp.int64(0):
+                    grad_values[int(at), c] = grad[seg, c]
+
+    return forward, backward
+
+
+def _parts(values: torch.Tensor) -> int:
+    """Threads per segment: one walking all columns on the CPU (a segment's rows stay in the
+    cache), one per column on CUDA (neighbouring threads read neighbouring columns)."""
+    return 1 if values.device.type == "cpu" else max(1, values.shape[1])
+
+
+def _check_offsets(offsets: torch.Tensor, n: int) -> None:
+    """offsets non-decreasing within [0, n]. Reads values."""
+    if offsets.numel() and (bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[0]) < 0 or int(offsets[-1]) > n):
+        shown = offsets.tolist()[:8]
+        raise ValueError(f"offsets must be non-decreasing with values in [0, N] = [0, {n}] (a CSR pointer), got {shown}{'...' if offsets.numel() > 8 else ''}")
+
+
+def _arg_shape(values: torch.Tensor, segments: int, reduce: str) -> tuple[int, int]:
+    return (segments, values.shape[1]) if reduce in ("max", "min") else (0, values.shape[1])
+
+
+@torch.library.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """values (N, F) float32/64, offsets (S + 1,) int64 -> (out (S, F), arg (S, F) int64 for
+    max/min: the row of each extremum, -1 for an empty segment; (0, F) for sum/mean)."""
+    _check_offsets(offsets, values.shape[0])
+    segments = offsets.shape[0] - 1
+    out = values.new_empty((segments, values.shape[1]))
+    arg = values.new_empty(_arg_shape(values, segments, reduce), dtype=torch.int64)
+    if segments == 0 or values.shape[1] == 0:
+        return out, arg
+    forward, _ = _kernels(values.dtype, reduce)
+    parts = _parts(values)
+    arg_ = arg if arg.numel() else offsets.new_zeros((1, 1))
+    with _warp.stream(values):
+        _warp.launch(forward, segments * parts, [values.contiguous(), offsets.contiguous(), parts, out, arg_], like=values)
+    return out, arg
+
+
+@_segment_reduce.register_fake
+def _(values, offsets, reduce):
+    segments = offsets.shape[0] - 1
+    return values.new_empty((segments, values.shape[1])), values.new_empty(_arg_shape(values, segments, reduce), dtype=torch.int64)
+
+
+@torch.library.custom_op("pcops::segment_reduce_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _segment_reduce_backward(grad: torch.Tensor, offsets: torch.Tensor, arg: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
+    """grad (S, F) of the output -> grad (rows, F) of the values (0 for rows in no segment)."""
+    if reduce in ("sum", "mean") and grad.shape[0] > 0:
+        # the kernel writes every row of a segment: zero only the rows before and after them
+        # (a zero-filled tensor would be written twice)
+        out = grad.new_empty((rows, grad.shape[1]))
+        first, last = int(offsets[0]), int(offsets[-1])
+        out[:first].zero_()
+        out[last:].zero_()
+    else:
+        out = grad.new_zeros((rows, grad.shape[1]))
+    if grad.shape[0] == 0 or grad.shape[1] == 0 or rows == 0:
+        return out
+    _, backward = _kernels(grad.dtype, reduce)
+    parts = _parts(grad)
+    arg_ = arg if arg.numel() else offsets.new_zeros((1, 1))
+    with _warp.stream(grad):
+        _warp.launch(backward, grad.shape[0] * parts, [grad.contiguous(), offsets.contiguous(), parts, arg_, out], like=grad)
+    return out
+
+
+@_segment_reduce_backward.register_fake
+def _(grad, offsets, arg, reduce, rows):
+    return grad.new_empty((rows, grad.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    values, offsets, reduce = inputs
+    ctx.save_for_backward(offsets, output[1])
+    ctx.reduce = reduce
+    ctx.rows = values.shape[0]
+
+
+def _backward(ctx, grad_out, grad_arg):
+    offsets, arg = ctx.saved_tensors
+    return torch.ops.pcops.segment_reduce_backward(grad_out, offsets, arg, ctx.reduce, ctx.rows), None, None
+
+
+torch.library.register_autograd("pcops::segment_reduce", _backward, setup_context=_setup_context)
+
+
+class _Permute(torch.autograd.Function):
+    """``x[perm]`` for a permutation, with the inverse permutation's gather as its backward
+    (index_select's own backward, an index_add, is several times slower on the CPU)."""
+
+    @staticmethod
+    def forward(x, perm, inverse):
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[2])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def _layout(values, offsets, ids, reduce, num_segments) -> Optional[int]:
+    """Checks of segment_reduce's arguments (shapes, dtypes, names); the number of segments of ``ids``
+    (None for ``offsets``, or when it must be read from the ids)."""
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if not values.dtype.is_floating_point:
+        raise TypeError(f"values must have a floating dtype (float16/bfloat16/float32/float64), got {values.dtype}")
+    if values.dim() < 1:
+        raise ValueError(f"values must be a tensor of shape (N, ...), got shape {tuple(values.shape)}")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
+    if (offsets is None) == (ids is None):
+        raise ValueError("give exactly one of offsets (a CSR pointer, (S + 1,)) and ids (a segment id per row, (N,))")
+    for name, t in (("offsets", offsets), ("ids", ids)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+    _validate.same_device(values=values, offsets=offsets, ids=ids)
+    if offsets is not None:
+        if offsets.dim() != 1 or offsets.shape[0] < 1:
+            raise ValueError(f"offsets must be a tensor of shape (S + 1,) with S >= 0, got shape {tuple(offsets.shape)}")
+        if num_segments is not None:
+            raise ValueError("num_segments goes with ids; with offsets the number of segments is offsets.shape[0] - 1")
+        return None
+    _validate.ids("ids", ids, values.shape[0], "(N,)")
+    num_segments = _validate.plain(num_segments)
+    if num_segments is None:
+        if torch.compiler.is_compiling():
+            raise ValueError("num_segments is required with ids under torch.compile (the output size would depend on the data)")
+        return None
+    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, torch.SymInt)):
+        raise TypeError(f"num_segments must be an int, got {type(num_segments).__name__}")
+    if not isinstance(num_segments, torch.SymInt) and num_segments < 0:
+        raise ValueError(f"num_segments must be >= 0, got {num_segments}")
+    return num_segments
+
+
+def segment_reduce(
+    values: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    ids: Optional[torch.Tensor] = None,
+    reduce: str = "sum",
+    num_segments: Optional[int] = None,
+) -> torch.Tensor:
+    """Reduce the rows of ``values`` per segment (torch_scatter's ``segment_csr`` / ``scatter``).
+
+    Args:
+        values: floating Tensor of shape (N, ...); rows are reduced, the other dimensions kept.
+        offsets: integer Tensor of shape (S + 1,), a CSR pointer: segment s is the rows
+            offsets[s] .. offsets[s + 1] - 1 (non-decreasing, within [0, N]; empty segments
+            allowed; rows outside [offsets[0], offsets[-1]) belong to no segment).
+        ids: integer Tensor of shape (N,), the segment of each row, sorted or not (instead of
+            ``offsets``). Rows with an id outside [0, num_segments) raise a ValueError eagerly;
+            under ``torch.compile`` (where values are not checked) they belong to no segment.
+        reduce: "sum", "mean", "max" or "min".
+        num_segments: S with ``ids`` (default: ``ids.max() + 1``, read from the data, so
+            REQUIRED under ``torch.compile``). Not used with ``offsets``.
+
+    Returns:
+        Tensor of shape (S, ...) in the dtype of ``values`` (float16/bfloat16 reduced in
+        float32). An empty segment gives 0 for every reduction. Differentiable with respect to
+        ``values``: sum/mean spread the gradient over the segment; max/min send it to the first
+        arg-extremum (the smallest row index among ties; NaN is the extremum when present).
+    """
+    segments = _layout(values, offsets, ids, reduce, num_segments)
+    n = values.shape[0]
+    shape = values.shape[1:]
+    dtype, out_dtype = _validate.compute_dtype(values)
+    flat = values.reshape(n, math.prod(shape)).to(dtype)
+    if offsets is None:
+        if segments is None:
+            segments = int(ids.max()) + 1 if ids.numel() else 0
+        elif not torch.compiler.is_compiling():
+            _validate.ids_in_range("ids", ids, 0, segments - 1)
+        if not torch.compiler.is_compiling():
+            _validate.ids_in_range("ids", ids, 0, None)
+        sorted_ids, perm = torch.sort(ids.to(torch.int64), stable=True)
+        inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(n, device=perm.device))
+        flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
+        offsets = torch.searchsorted(sorted_ids, torch.arange(segments + 1, device=perm.device, dtype=torch.int64))
+    out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce)
+    return out.reshape(out.shape[0], *shape).to(out_dtype)
+
+
+__all__ = ["segment_reduce"]
