@@ -14,6 +14,7 @@ from .ops import GridSample, grid_sample
 from .ops import KernelMap, sparse_conv3d, sparse_kernel_map
 from .ops import Serialization, serialize
 from .ops import segment_reduce
+from .ops import gather
 
 __version__ = "0.1.0"
 
@@ -31,3 +32,4 @@ __all__ += ["GridSample", "grid_sample"]
 __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
+__all__ += ["gather"]

@@ -13,7 +13,7 @@ from .grid_sample import GridSample, grid_sample
 from .sparse_conv import KernelMap, sparse_conv3d, sparse_kernel_map
 from .serialize import Serialization, serialize
 from .segment import segment_reduce
-from .segment import segment_reduce
+from .gather import gather
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -27,4 +27,4 @@ __all__ += ["GridSample", "grid_sample"]
 __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
-__all__ += ["segment_reduce"]
+__all__ += ["gather"]
