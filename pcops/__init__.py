@@ -13,6 +13,7 @@ from .ops import VoxelPool, voxel_pool
 from .ops import GridSample, grid_sample
 from .ops import KernelMap, sparse_conv3d, sparse_kernel_map
 from .ops import Serialization, serialize
+from .ops import SerializedPool, serialized_pool, serialized_unpool
 from .ops import segment_reduce
 from .ops import gather
 
@@ -33,3 +34,4 @@ __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]
+__all__ += ["SerializedPool", "serialized_pool", "serialized_unpool"]

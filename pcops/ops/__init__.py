@@ -12,6 +12,7 @@ from .voxel import VoxelPool, voxel_pool
 from .grid_sample import GridSample, grid_sample
 from .sparse_conv import KernelMap, sparse_conv3d, sparse_kernel_map
 from .serialize import Serialization, serialize
+from .serialize import SerializedPool, serialized_pool, serialized_unpool
 from .segment import segment_reduce
 from .gather import gather
 
@@ -28,3 +29,4 @@ __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]
+__all__ += ["SerializedPool", "serialized_pool", "serialized_unpool"]

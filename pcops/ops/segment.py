@@ -284,9 +284,7 @@ def segment_reduce(
     """
     segments = _layout(values, offsets, ids, reduce, num_segments)
     n = values.shape[0]
-    shape = values.shape[1:]
-    dtype, out_dtype = _validate.compute_dtype(values)
-    flat = values.reshape(n, math.prod(shape)).to(dtype)
+    perm = inverse = None
     if offsets is None:
         if segments is None:
             segments = int(ids.max()) + 1 if ids.numel() else 0
@@ -296,8 +294,19 @@ def segment_reduce(
             _validate.ids_in_range("ids", ids, 0, None)
         sorted_ids, perm = torch.sort(ids.to(torch.int64), stable=True)
         inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(n, device=perm.device))
-        flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
         offsets = torch.searchsorted(sorted_ids, torch.arange(segments + 1, device=perm.device, dtype=torch.int64))
+    return reduce_sorted(values, offsets, reduce, perm, inverse)
+
+
+def reduce_sorted(values, offsets, reduce, perm=None, inverse=None) -> torch.Tensor:
+    """segment_reduce of ``values[perm]`` (``values`` if perm is None) over the CSR pointer
+    ``offsets``, without checks (``inverse``: the inverse permutation of ``perm``)."""
+    n = values.shape[0]
+    shape = values.shape[1:]
+    dtype, out_dtype = _validate.compute_dtype(values)
+    flat = values.reshape(n, math.prod(shape)).to(dtype)
+    if perm is not None:
+        flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
     out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce)
     return out.reshape(out.shape[0], *shape).to(out_dtype)
 

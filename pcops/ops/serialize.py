@@ -21,9 +21,24 @@ import torch
 import warp as wp
 
 from .. import _validate, _warp
+from . import segment as _segment
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
 MAX_DEPTH = 16
+
+
+class SerializedPool(NamedTuple):
+    """Result of :func:`serialized_pool` (V parents of N points; None where no input was given)."""
+
+    code: torch.Tensor  # (V,) or (K, V) int64: the parents' codes, code >> 3 * pooling_depth
+    order: torch.Tensor  # same shape: stable argsort of the parents' codes
+    inverse: torch.Tensor  # same shape: its inverse
+    features: Optional[torch.Tensor]  # (V, ...) reduced with ``reduce``
+    coord: Optional[torch.Tensor]  # (V, 3) mean of the points' coordinates
+    grid_coord: Optional[torch.Tensor]  # (V, 3) grid_coord >> pooling_depth
+    batch: Optional[torch.Tensor]  # (V,) sample id of each parent
+    cluster: torch.Tensor  # (N,) int64: the parent of each point (Pointcept's pooling_inverse)
+    head: torch.Tensor  # (V,) int64: each parent's first point (smallest index)
 
 
 class Serialization(NamedTuple):
@@ -207,4 +222,144 @@ def serialize(
     return Serialization(code, order_, inverse)
 
 
-__all__ = ["Serialization", "serialize"]
+@torch.library.custom_op("pcops::serialized_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _serialized_cluster(code: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """code (N,) int64 -> points sharing code >> shift: (cluster (N,), points sorted by parent (N,),
+    where each parent starts among them (V,)); parents in increasing code, points of a parent
+    in increasing index."""
+    key = code >> shift
+    key, indices = torch.sort(key, stable=True)
+    first = torch.ones_like(key, dtype=torch.bool)
+    first[1:] = key[1:] != key[:-1]
+    cluster = torch.empty_like(indices)
+    cluster[indices] = torch.cumsum(first, 0) - 1
+    return cluster, indices, torch.nonzero(first)[:, 0]
+
+
+@_serialized_cluster.register_fake
+def _(code, shift):
+    v = torch.library.get_ctx().new_dynamic_size()
+    n = code.shape[0]
+    return code.new_empty((n,)), code.new_empty((n,)), code.new_empty((v,))
+
+
+def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce) -> int:
+    """Checks of serialized_pool's arguments (shapes, dtypes, names); the number of points N."""
+    if not isinstance(code, torch.Tensor):
+        raise TypeError(f"code must be a torch.Tensor, got {type(code).__name__}")
+    if code.dtype != torch.int64:
+        raise TypeError(f"code must be int64 (serialize's codes), got {code.dtype}")
+    if code.dim() not in (1, 2) or (code.dim() == 2 and code.shape[0] == 0):
+        raise ValueError(f"code must be a tensor of shape (N,) or (K, N) with K >= 1, got shape {tuple(code.shape)}")
+    n = code.shape[-1]
+    pooling_depth = _validate.plain(pooling_depth)
+    if isinstance(pooling_depth, bool) or not isinstance(pooling_depth, int):
+        raise TypeError(f"pooling_depth must be an int, got {type(pooling_depth).__name__}")
+    if not 0 <= pooling_depth <= MAX_DEPTH:
+        raise ValueError(f"pooling_depth must be in [0, {MAX_DEPTH}], got {pooling_depth}")
+    if reduce not in _segment.REDUCTIONS:
+        raise ValueError(f"reduce must be one of {_segment.REDUCTIONS}, got {reduce!r}")
+    if features is not None:
+        if not isinstance(features, torch.Tensor) or not features.dtype.is_floating_point:
+            raise TypeError(f"features must be a floating torch.Tensor, got {getattr(features, 'dtype', type(features).__name__)}")
+        if features.dim() < 1 or features.shape[0] != n:
+            raise ValueError(f"features must have one row per point: got shape {tuple(features.shape)} for {n} points")
+    if coord is not None:
+        _validate.tensor("coord", coord, ndim=2, last=3, shape_doc="(N, 3)")
+        if coord.shape[0] != n:
+            raise ValueError(f"coord must have one row per point: got shape {tuple(coord.shape)} for {n} points")
+    if grid_coord is not None:
+        if not isinstance(grid_coord, torch.Tensor):
+            raise TypeError(f"grid_coord must be a torch.Tensor, got {type(grid_coord).__name__}")
+        if grid_coord.dtype.is_floating_point or grid_coord.dtype.is_complex or grid_coord.dtype == torch.bool:
+            raise TypeError(f"grid_coord must have an integer dtype, got {grid_coord.dtype}")
+        if grid_coord.dim() != 2 or grid_coord.shape[1] != 3 or grid_coord.shape[0] != n:
+            raise ValueError(f"grid_coord must be a tensor of shape (N, 3) = ({n}, 3), got shape {tuple(grid_coord.shape)}")
+    _validate.ids("batch", batch, n, "(N,)")
+    _validate.same_device(code=code, features=features, coord=coord, grid_coord=grid_coord, batch=batch)
+    return n
+
+
+def serialized_pool(
+    code: torch.Tensor,
+    pooling_depth: int = 1,
+    features: Optional[torch.Tensor] = None,
+    coord: Optional[torch.Tensor] = None,
+    grid_coord: Optional[torch.Tensor] = None,
+    batch: Optional[torch.Tensor] = None,
+    reduce: str = "max",
+) -> SerializedPool:
+    """Point Transformer V3's serialized pooling (Pointcept's ``SerializedPooling``, without its
+    linear projection, norm and activation): points whose codes agree above bit
+    3 * pooling_depth (the same cell of a grid 2**pooling_depth times coarser, same sample)
+    become one parent point.
+
+    Args:
+        code: int64 Tensor of shape (N,) or (K, N): :func:`serialize`'s codes (batch in the high
+            bits). Parents are the distinct values of ``code[0] >> 3 * pooling_depth``.
+        pooling_depth: k >= 0 (Pointcept's stride 2**k; 1 halves the grid).
+        features: optional Tensor (N, ...), reduced per parent with ``reduce``.
+        coord: optional Tensor (N, 3) of point coordinates, averaged per parent.
+        grid_coord: optional integer Tensor (N, 3), returned as ``grid_coord >> k`` per parent.
+        batch: optional integer Tensor (N,) of sample ids, returned per parent.
+        reduce: "max" (PTv3's default), "mean", "sum" or "min" for the features.
+
+    Returns:
+        SerializedPool(code, order, inverse, features, coord, grid_coord, batch, cluster, head):
+        parents numbered 0 .. V-1 in increasing parent code (order 0), so the parents of a
+        sample are contiguous; ``code`` the parents' codes of every order (code >> 3k: the
+        codes :func:`serialize` gives ``grid_coord >> k`` at depth - k), ``order``/``inverse``
+        their stable argsort and its inverse; ``cluster`` (N,) the parent of each point, for
+        :func:`serialized_unpool`; ``head`` (V,) each parent's first point, to carry any other
+        per-point attribute (``x[head]``). V depends on the data (a dynamic size under
+        ``torch.compile``). Differentiable with respect to ``features`` and ``coord`` (max/min:
+        the gradient goes to the first arg-extremum, see :func:`pcops.segment_reduce`).
+    """
+    _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
+    codes = code if code.dim() == 2 else code[None]
+    shift = 3 * pooling_depth
+    cluster, indices, starts = torch.ops.pcops.serialized_cluster(codes[0].contiguous(), shift)
+    head = indices[starts]
+    offsets = torch.cat([starts, starts.new_full((1,), indices.shape[0])])  # CSR pointer over ``indices``
+    parent = codes.index_select(1, head) >> shift
+    order = torch.argsort(parent, dim=1, stable=True)
+    inverse = torch.empty_like(order).scatter_(1, order, torch.arange(parent.shape[1], device=parent.device).expand_as(order))
+    if code.dim() == 1:
+        parent, order, inverse = parent[0], order[0], inverse[0]
+    position = None
+    if features is not None or coord is not None:
+        position = torch.empty_like(indices).scatter_(0, indices, torch.arange(indices.shape[0], device=indices.device))
+    pooled = None if features is None else _segment.reduce_sorted(features, offsets, reduce, indices, position)
+    mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position)
+    coarse = None if grid_coord is None else grid_coord.index_select(0, head) >> pooling_depth
+    parent_batch = None if batch is None else batch.index_select(0, head)
+    return SerializedPool(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head)
+
+
+def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor) -> torch.Tensor:
+    """Parents' features back to their points (Pointcept's ``SerializedUnpooling`` gather,
+    ``point.feat[inverse]``): ``features[cluster]``.
+
+    Args:
+        features: Tensor (V, ...) of the parents (e.g. ``serialized_pool(...).features`` after
+            the coarser stages).
+        cluster: int64 Tensor (N,), :func:`serialized_pool`'s ``cluster``.
+
+    Returns:
+        Tensor (N, ...); differentiable with respect to ``features`` (an index_add backward).
+    """
+    if not isinstance(features, torch.Tensor) or features.dim() < 1:
+        raise TypeError(f"features must be a torch.Tensor of shape (V, ...), got {getattr(features, 'shape', type(features).__name__)}")
+    if not isinstance(cluster, torch.Tensor):
+        raise TypeError(f"cluster must be a torch.Tensor, got {type(cluster).__name__}")
+    if cluster.dtype.is_floating_point or cluster.dtype.is_complex or cluster.dtype == torch.bool:
+        raise TypeError(f"cluster must have an integer dtype, got {cluster.dtype}")
+    if cluster.dim() != 1:
+        raise ValueError(f"cluster must be a tensor of shape (N,), got shape {tuple(cluster.shape)}")
+    _validate.same_device(features=features, cluster=cluster)
+    if not torch.compiler.is_compiling():
+        _validate.ids_in_range("cluster", cluster, 0, features.shape[0] - 1)
+    return features.index_select(0, cluster.to(torch.int64))
+
+
+__all__ = ["Serialization", "SerializedPool", "serialize", "serialized_pool", "serialized_unpool"]

@@ -16,6 +16,7 @@ from tests.compile_check import assert_compiles
 serialize_module = importlib.import_module("pcops.ops.serialize")  # pcops.ops.serialize is the function
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
+F64 = torch.float64
 
 
 # -- reference: one point at a time, bit by bit -------------------------------------------------
@@ -283,3 +284,164 @@ def test_cuda_matches_cpu(gen):
     gpu = pcops.serialize(grid.cuda(), batch.cuda(), order=list(ORDERS))
     for a, b in zip(cpu, gpu):
         assert torch.equal(a, b.cpu())
+
+
+# -- serialized pooling (PTv3's SerializedPooling / SerializedUnpooling) ----------------------------
+
+
+def pool_reference(code0, k, features, coord, grid_coord, batch, reduce):
+    """A dictionary of parents keyed by code >> 3k, float64, one point at a time."""
+    groups = {}
+    for i, c in enumerate(code0.tolist()):
+        groups.setdefault(c >> (3 * k), []).append(i)
+    keys = sorted(groups)
+    cluster = torch.empty(code0.shape[0], dtype=torch.int64)
+    feats, coords, grids, batches, heads = [], [], [], [], []
+    for v, key in enumerate(keys):
+        rows = groups[key]
+        cluster[rows] = v
+        heads.append(rows[0])
+        f = features[rows].double()
+        feats.append({"sum": f.sum(0), "mean": f.mean(0), "max": f.max(0).values, "min": f.min(0).values}[reduce])
+        coords.append(coord[rows].double().mean(0))
+        grids.append(grid_coord[rows[0]] >> k)
+        batches.append(batch[rows[0]])
+    return dict(code=torch.tensor(keys, dtype=torch.int64), features=torch.stack(feats), coord=torch.stack(coords),
+                grid_coord=torch.stack(grids), batch=torch.stack(batches), cluster=cluster, head=torch.tensor(heads))
+
+
+def pool_inputs(gen, n=300, depth=5):
+    grid = torch.randint(0, 2**depth, (n, 3), generator=gen)
+    batch = torch.randint(0, 3, (n,), generator=gen)
+    features = torch.randn(n, 4, generator=gen, dtype=F64)
+    coord = (grid + torch.rand(n, 3, generator=gen, dtype=F64)) * 0.02
+    return grid, batch, features, coord
+
+
+@pytest.mark.parametrize("reduce", ["max", "mean", "sum", "min"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_pool_matches_a_dictionary_of_parents(gen, reduce, k):
+    grid, batch, features, coord = pool_inputs(gen)
+    code = pcops.serialize(grid, batch, depth=5, order=["hilbert", "z"]).code
+    out = pcops.serialized_pool(code, k, features, coord, grid, batch, reduce=reduce)
+    expected = pool_reference(code[0], k, features, coord, grid, batch, reduce)
+    assert torch.equal(out.code[0], expected["code"])
+    for name in ("cluster", "head", "grid_coord", "batch"):
+        assert torch.equal(getattr(out, name), expected[name]), name
+    torch.testing.assert_close(out.features, expected["features"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.coord, expected["coord"], rtol=1e-12, atol=1e-12)
+    # Pointcept's own construction: unique(code[0] >> 3k) with its inverse
+    parents, cluster = torch.unique(code[0] >> (3 * k), sorted=True, return_inverse=True)
+    assert torch.equal(out.code[0], parents) and torch.equal(out.cluster, cluster)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_pooled_codes_are_the_codes_of_the_coarser_grid(gen, k):
+    grid, batch, _, _ = pool_inputs(gen, depth=6)
+    orders = ["z", "z-trans", "hilbert", "hilbert-trans"]
+    fine = pcops.serialize(grid, batch, depth=6, order=orders)
+    out = pcops.serialized_pool(fine.code, k, grid_coord=grid, batch=batch)
+    coarse = pcops.serialize(out.grid_coord, out.batch, depth=6 - k, order=orders)
+    assert torch.equal(out.code, coarse.code)
+    assert torch.equal(out.order, coarse.order) and torch.equal(out.inverse, coarse.inverse)
+
+
+def test_pooling_depth_0_merges_only_points_of_one_cell():
+    grid = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 1], [1, 1, 1]])
+    out = pcops.serialized_pool(pcops.serialize(grid, depth=1).code, 0, grid_coord=grid)
+    assert out.cluster.tolist() == [1, 0, 1, 1] and out.head.tolist() == [1, 0]
+    assert out.grid_coord.tolist() == [[0, 0, 0], [1, 1, 1]]
+
+
+def test_unpool_gives_each_point_its_parent_features(gen):
+    grid, batch, features, coord = pool_inputs(gen)
+    code = pcops.serialize(grid, batch, depth=5).code
+    out = pcops.serialized_pool(code, 1, features, reduce="mean")
+    back = pcops.serialized_unpool(out.features, out.cluster)
+    assert back.shape == features.shape
+    for i in range(0, 300, 37):
+        members = out.cluster == out.cluster[i]
+        torch.testing.assert_close(back[i], features[members].mean(0))
+
+
+def test_pool_batch_equals_a_per_sample_loop(gen):
+    sizes = [50, 0, 9, 1]
+    grids = [torch.randint(0, 16, (n, 3), generator=gen) for n in sizes]
+    feats = [torch.randn(n, 3, generator=gen, dtype=F64) for n in sizes]
+    batch = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
+    perm = torch.randperm(batch.numel(), generator=gen)
+    grid, features, batch = torch.cat(grids)[perm], torch.cat(feats)[perm], batch[perm]
+    out = pcops.serialized_pool(pcops.serialize(grid, batch, depth=4, order="hilbert").code, 1, features, grid_coord=grid, batch=batch)
+    first = 0
+    for b in range(len(sizes)):
+        rows = batch == b
+        alone = pcops.serialized_pool(pcops.serialize(grid[rows], depth=4, order="hilbert").code, 1, features[rows], grid_coord=grid[rows])
+        v = alone.features.shape[0]
+        assert torch.equal(out.features[first : first + v], alone.features)
+        assert torch.equal(out.grid_coord[first : first + v], alone.grid_coord)
+        assert torch.equal(out.code[first : first + v], alone.code + (b << 9))
+        assert torch.all(out.batch[first : first + v] == b)
+        assert torch.equal(out.cluster[rows] - first, alone.cluster)
+        first += v
+    assert first == out.features.shape[0]
+
+
+@pytest.mark.parametrize("reduce", ["max", "mean", "sum", "min"])
+def test_pool_and_unpool_gradcheck(gen, reduce):
+    grid, batch, features, coord = pool_inputs(gen, n=40, depth=3)
+    code = pcops.serialize(grid, batch, depth=3).code
+
+    def fn(f, c):
+        out = pcops.serialized_pool(code, 1, f, c, reduce=reduce)
+        return out.features, out.coord, pcops.serialized_unpool(out.features, out.cluster)
+
+    assert torch.autograd.gradcheck(fn, (features.requires_grad_(), coord.requires_grad_()))
+
+
+def test_pool_empty_cloud():
+    code = pcops.serialize(torch.zeros(0, 3, dtype=torch.long), depth=4).code
+    out = pcops.serialized_pool(code, 1, torch.zeros(0, 2), torch.zeros(0, 3))
+    assert out.code.shape == (0,) and out.features.shape == (0, 2) and out.cluster.shape == (0,)
+
+
+def test_pool_bad_inputs_raise(gen):
+    grid, batch, features, coord = pool_inputs(gen, n=10)
+    code = pcops.serialize(grid, depth=5).code
+    sp = pcops.serialized_pool
+    cases = {
+        "int32 code": (lambda: sp(code.int()), TypeError, "code must be int64"),
+        "3-d code": (lambda: sp(code[None, None]), ValueError, "code must be a tensor of shape"),
+        "negative pooling_depth": (lambda: sp(code, -1), ValueError, "pooling_depth must be in"),
+        "float pooling_depth": (lambda: sp(code, 1.0), TypeError, "pooling_depth must be an int"),
+        "reduce": (lambda: sp(code, 1, features, reduce="prod"), ValueError, "reduce must be one of"),
+        "feature rows": (lambda: sp(code, 1, features[:9]), ValueError, "features must have one row per point"),
+        "int features": (lambda: sp(code, 1, grid), TypeError, "features must be a floating"),
+        "coord shape": (lambda: sp(code, 1, coord=coord[:, :2]), ValueError, "coord must be a tensor of shape"),
+        "grid_coord dtype": (lambda: sp(code, 1, grid_coord=coord), TypeError, "grid_coord must have an integer dtype"),
+        "batch rows": (lambda: sp(code, 1, batch=batch[:3]), ValueError, "batch must be a tensor of shape"),
+        "unpool cluster range": (lambda: pcops.serialized_unpool(features[:2], torch.tensor([0, 2])), ValueError, "cluster values"),
+        "unpool cluster dtype": (lambda: pcops.serialized_unpool(features, torch.zeros(3)), TypeError, "cluster must have an integer dtype"),
+    }
+    for name, (call, error, match) in cases.items():
+        with pytest.raises(error, match=match):
+            call()
+
+
+def test_pool_opcheck(gen):
+    code = pcops.serialize(torch.randint(0, 8, (60, 3), generator=gen), torch.randint(0, 2, (60,), generator=gen), depth=3).code
+    for shift in (0, 3, 6):
+        torch.library.opcheck(torch.ops.pcops.serialized_cluster.default, (code, shift))
+
+
+def test_pool_compiles_fullgraph_with_a_dynamic_number_of_parents(gen):
+    def fn(grid, batch, features, coord):
+        s = pcops.serialize(grid, batch, depth=4, order=["hilbert", "z-trans"])
+        out = pcops.serialized_pool(s.code, 1, features, coord, grid, batch, reduce="max")
+        return out.code, out.features, out.coord, pcops.serialized_unpool(out.features, out.cluster), out.grid_coord
+
+    calls = []
+    for n in (40, 57):
+        grid = torch.randint(0, 16, (n, 3), generator=gen)
+        calls.append((grid, torch.randint(0, 2, (n,), generator=gen), torch.randn(n, 3, generator=gen).requires_grad_(),
+                      (grid * 0.1).float().requires_grad_()))
+    assert_compiles(fn, calls, ops=("pcops.serialize_codes", "pcops.serialized_cluster", "pcops.segment_reduce"), backend="aot_eager")
