@@ -131,11 +131,42 @@ def _arg_shape(values: torch.Tensor, segments: int, reduce: str) -> tuple[int, i
     return (segments, values.shape[1]) if reduce in ("max", "min") else (0, values.shape[1])
 
 
+def _torch_sum(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> torch.Tensor:
+    """The CPU sum/mean: torch's vectorised segment_reduce (measured 2-5x faster than the Warp
+    kernel's loop per column at 10^5-10^6 rows of 32 columns; an empty segment sums to 0)."""
+    if values.shape[0] == 0:
+        return values.new_zeros((offsets.shape[0] - 1, values.shape[1]))
+    out = torch.segment_reduce(values, "sum", offsets=offsets, axis=0)
+    if reduce == "mean":
+        out = out / offsets.diff().clamp_min(1).to(values.dtype)[:, None]
+    return out
+
+
+def _torch_spread(grad: torch.Tensor, offsets: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
+    """The CPU sum/mean backward: each segment's gradient repeated over its rows."""
+    counts = offsets.diff()
+    if reduce == "mean":
+        grad = grad / counts.clamp_min(1).to(grad.dtype)[:, None]
+    first, last = int(offsets[0]), int(offsets[-1])
+    out = grad.new_empty((rows, grad.shape[1]))
+    out[:first].zero_()
+    out[last:].zero_()
+    out[first:last] = grad.repeat_interleave(counts, dim=0, output_size=last - first)
+    return out
+
+
 @torch.library.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
     """values (N, F) float32/64, offsets (S + 1,) int64 -> (out (S, F), arg (S, F) int64 for
     max/min: the row of each extremum, -1 for an empty segment; (0, F) for sum/mean)."""
     _check_offsets(offsets, values.shape[0])
+    if values.device.type == "cpu" and reduce in ("sum", "mean"):
+        return _torch_sum(values, offsets, reduce), values.new_empty(_arg_shape(values, offsets.shape[0] - 1, reduce), dtype=torch.int64)
+    return _warp_forward(values, offsets, reduce)
+
+
+def _warp_forward(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass in the Warp kernel (CUDA: every reduction; CPU: max and min)."""
     segments = offsets.shape[0] - 1
     out = values.new_empty((segments, values.shape[1]))
     arg = values.new_empty(_arg_shape(values, segments, reduce), dtype=torch.int64)
@@ -158,9 +189,15 @@ def _(values, offsets, reduce):
 @torch.library.custom_op("pcops::segment_reduce_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _segment_reduce_backward(grad: torch.Tensor, offsets: torch.Tensor, arg: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
     """grad (S, F) of the output -> grad (rows, F) of the values (0 for rows in no segment)."""
+    if grad.device.type == "cpu" and reduce in ("sum", "mean") and grad.shape[0] > 0:
+        return _torch_spread(grad, offsets, reduce, rows)
+    return _warp_backward(grad, offsets, arg, reduce, rows)
+
+
+def _warp_backward(grad: torch.Tensor, offsets: torch.Tensor, arg: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
+    """The backward pass in the Warp kernel (CUDA: every reduction; CPU: max and min)."""
     if reduce in ("sum", "mean") and grad.shape[0] > 0:
         # the kernel writes every row of a segment: zero only the rows before and after them
-        # (a zero-filled tensor would be written twice)
         out = grad.new_empty((rows, grad.shape[1]))
         first, last = int(offsets[0]), int(offsets[-1])
         out[:first].zero_()

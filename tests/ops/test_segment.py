@@ -266,3 +266,17 @@ def test_cuda_matches_cpu(gen, reduce):
     (g_gpu,) = torch.autograd.grad(gpu.sum(), cuda_values)
     torch.testing.assert_close(gpu.cpu(), cpu)
     torch.testing.assert_close(g_gpu.cpu(), g_cpu)
+
+
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_warp_kernels_equal_the_cpu_torch_path(gen, reduce):
+    # on the CPU sum/mean run in torch; the Warp kernels (CUDA's path for all four) run here directly
+    values = torch.randn(300, 6, generator=gen, dtype=F64)
+    offsets = torch.cat([torch.tensor([3]), random_offsets(gen, 30, 290)[1:-1] + 3, torch.tensor([293])])
+    out, arg = segment_module._warp_forward(values, offsets, reduce)
+    torch.testing.assert_close(out, loop_reference(values[: 293], torch.cat([torch.tensor([0]), offsets]), reduce)[1:], **TOL[F64])
+    grad = torch.randn(out.shape, generator=gen, dtype=F64)
+    back = segment_module._warp_backward(grad, offsets, arg, reduce, 300)
+    (expected,) = torch.autograd.grad(
+        pcops.segment_reduce(values.requires_grad_(), offsets, reduce=reduce), values, grad)
+    torch.testing.assert_close(back, expected, **TOL[F64])
