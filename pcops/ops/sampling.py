@@ -1,27 +1,39 @@
-"""Farthest point sampling: exact, deterministic, on CPU (all cores) and CUDA.
+"""Farthest point sampling: exact, deterministic, on CPU (a thread per sample) and CUDA.
 
-Iterative farthest point sampling picks a start point, then repeatedly the point whose
-distance to the points picked so far is largest:
+Iterative farthest point sampling picks a start point (or a start set), then repeatedly the
+point whose distance to the points picked so far is largest:
 
     s_0 = start,   s_t = argmax_{j not picked} min_{u < t} ||p_j - p_{s_u}||
 
 Ties go to the smaller index; points already picked are never picked again (a duplicate of a
-picked point, at distance 0, still can be, once nothing farther is left). Work is O(N * S),
-memory O(N): each point keeps its squared distance to the picked set, updated once per pick.
+picked point, at distance 0, still can be, once nothing farther is left). Each point keeps its
+squared distance to the picked set, ``dist_j``, computed exactly as plain FPS computes it
+(``length_sq(p_j - c)`` in the points' dtype, then the minimum): the result is the plain FPS
+sequence bit for bit, only the work differs.
 
-Large inputs: one Warp kernel launch per pick, for every sample at once: the points of each
-sample are split into blocks, each thread updates one block's distances to the newest pick and
-writes the block's farthest point. The newest pick is the farthest of the previous launch's
-blocks: on the CPU (a block per core) each thread finds it itself (two buffers
-alternate), on CUDA (many blocks) torch finds it between launches. The launch is recorded
-once (:func:`pcops._warp.recorded`). The blocks spread one large cloud, or many small ones,
-over all CPU cores or the GPU, and the loop over picks never reads a value on the host. Small
-inputs on the CPU (at most ``SINGLE_LAUNCH`` points in all): one launch, a thread per sample
-doing all its picks, which saves the per-pick launch overhead. Both give identical results.
+CPU: bucket FPS (QuickFPS, Han et al. 2023), all of a sample's work in ONE kernel thread,
+samples spread over the cores. The sample's points are sorted by the Morton code of their
+cell (2^10 cells per axis in the sample's box; three counting-sort passes) and cut into 2^h
+leaves ("buckets") of at most ``LEAF`` consecutive points, the leaves of a complete binary
+tree in heap layout (node i has children 2i+1, 2i+2). Every node keeps the bounding box of its
+points and the largest ``dist`` among them with the smallest index among equals
+(``node_max``, ``node_arg``); the root's is the next pick. A new pick c can lower a point's
+``dist`` only if that point is closer to c than its current ``dist``: a node is skipped when
+the squared distance from c to its box is at least its ``node_max`` (shrunk by a rounding
+margin, so that no point of a skipped node would have changed in floating point). The walk
+needs no stack (a finished right child hands its parent the better of its two children).
+Work: O(N) to build (a few passes over the points), then per pick the nodes and leaves near
+the pick: O(LEAF + log N) for spread-out clouds, O(N) at worst (as plain FPS).
+
+CUDA: one launch per pick for every sample at once (blocks of 128 points per thread, torch
+takes each sample's farthest block between launches; the launch is recorded once, nothing is
+read back to the host). A thread-per-sample bucket loop on a GPU would leave it idle, so the
+bucket kernels run on the CPU only (they compile for CUDA too).
 """
 
 import math
-from typing import NamedTuple, Optional
+from collections.abc import Sequence
+from typing import NamedTuple, Optional, Union
 
 import torch
 import warp as wp
@@ -36,16 +48,264 @@ class FPS(NamedTuple):
     idx: torch.Tensor
 
 
+# Points per leaf at most (a leaf holds more than LEAF / 2 points unless its sample is smaller).
+LEAF = 128
+
+
 @_warp.kernels
 def _kernels(dtype: torch.dtype):
-    """(step, whole): one pick for every block of every sample; all picks of a sample per thread."""
+    """(sample, step): the bucket FPS of a sample per thread (its tree, then its picks); one
+    pick for every block of every sample (the CUDA path)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    eps = float(torch.finfo(dtype).eps)
+    # A skipped node must not hold a point whose computed distance to the pick is below its
+    # node_max: the box distance is computed by the same kind of operations on coordinate gaps
+    # no larger than the points' (rounding is monotonic), so it exceeds a point's computed
+    # distance by a few roundings at most; 16 eps covers them (and fused multiply-adds). Below
+    # ``tiny`` (subnormal squares) relative bounds fail: nothing is skipped there.
+    shrink = s(1.0 - 16.0 * eps)
+    tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
 
     @wp.func(module="unique")
-    def update(points: wp.array(dtype=v), dist: wp.array(dtype=s), row: int, lo: int, hi: int, last: int):
-        """Distances of points lo..hi-1 of a sample to its newest pick ``last``; their farthest (first on ties)."""
+    def part(k: int, n: int, d: int):
+        """Start of node k of level d among n points: floor(k n / 2^d) (children split their parent)."""
+        return int((wp.int64(k) * wp.int64(n)) >> wp.int64(d))
+
+    @wp.func(module="unique")
+    def spread(x: int):
+        """The 10 low bits of x spread to every third bit (bit i -> bit 3 i)."""
+        x = (x | (x << 16)) & 0x030000FF
+        x = (x | (x << 8)) & 0x0300F00F
+        x = (x | (x << 4)) & 0x030C30C3
+        x = (x | (x << 2)) & 0x09249249
+        return x
+
+    @wp.func(module="unique")
+    def radix_pass(
+        src_key: wp.array(dtype=wp.int32),
+        src_ord: wp.array(dtype=wp.int32),
+        dst_key: wp.array(dtype=wp.int32),
+        dst_ord: wp.array(dtype=wp.int32),
+        hist: wp.array(dtype=wp.int32),
+        hb: int,
+        lo: int,
+        hi: int,
+        shift: int,
+    ):
+        """One stable counting-sort pass of keys lo..hi-1 on their bits shift..shift+9."""
+        for k in range(1024):
+            hist[hb + k] = 0
+        for j in range(lo, hi):
+            digit = (src_key[j] >> shift) & 1023
+            hist[hb + digit] = hist[hb + digit] + 1
+        total = int(lo)
+        for k in range(1024):
+            c = hist[hb + k]
+            hist[hb + k] = total
+            total += c
+        for j in range(lo, hi):
+            key = src_key[j]
+            digit = (key >> shift) & 1023
+            at = hist[hb + digit]
+            hist[hb + digit] = at + 1
+            dst_key[at] = key
+            dst_ord[at] = src_ord[j]
+
+    @wp.func(module="unique")
+    def better(d: s, i: int, top: s, top_i: int):
+        """Whether (distance d, index i) beats the best so far: farther, or as far with a smaller index."""
+        return d > top or (d == top and i < top_i)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sample(
+        start: int,
+        n: int,
+        nodes: int,
+        lengths: wp.array(dtype=wp.int32),
+        heights: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int64),
+        first: wp.array2d(dtype=wp.int64),
+        points: wp.array(dtype=v),
+        pts: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int32),
+        keys: wp.array(dtype=wp.int32),
+        tmp_order: wp.array(dtype=wp.int32),
+        tmp_keys: wp.array(dtype=wp.int32),
+        hist: wp.array(dtype=wp.int32),
+        inv: wp.array(dtype=wp.int32),
+        dist: wp.array(dtype=s),
+        lo_box: wp.array(dtype=v),
+        hi_box: wp.array(dtype=v),
+        node_max: wp.array(dtype=s),
+        node_arg: wp.array(dtype=wp.int32),
+        idx: wp.array2d(dtype=wp.int64),
+    ):
+        """All picks of sample b: the tree over its points (in leaf order), then its start set
+        and the root's farthest point, each pick followed by the walk that lowers the
+        distances it can lower."""
+        b = wp.tid() + start
+        nb = lengths[b]
+        count = int(counts[b])
+        if nb == 0 or count == 0:
+            return
+        base = b * n
+        root = b * nodes
+        h = heights[b]
+        leaf0 = (1 << h) - 1
+        nan_box = v(s(wp.nan))
+        # the points in Morton order of their cells (2^10 per axis in the sample's box, a radix sort)
+        end = base + nb
+        if h > 0:
+            bl = v(s(wp.inf))
+            bh = v(-s(wp.inf))
+            for j in range(base, end):
+                p = points[j]
+                if wp.isfinite(p):
+                    bl = wp.min(bl, p)
+                    bh = wp.max(bh, p)
+            ext = bh - bl
+            scale = v(s(0.0))
+            for a in range(3):
+                if ext[a] > s(0.0):
+                    scale[a] = s(1023.0) / ext[a]
+            for j in range(base, end):
+                p = points[j]
+                code = int(0x3FFFFFFF)  # NaN/inf (validate=False): last
+                if wp.isfinite(p):
+                    q = wp.cw_mul(p - bl, scale)
+                    qx = int(wp.clamp(q[0], s(0.0), s(1023.0)))
+                    qy = int(wp.clamp(q[1], s(0.0), s(1023.0)))
+                    qz = int(wp.clamp(q[2], s(0.0), s(1023.0)))
+                    code = (spread(qx) << 2) | (spread(qy) << 1) | spread(qz)
+                tmp_keys[j] = code
+                tmp_order[j] = j - base
+            hb = b * 1024
+            radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 0)
+            radix_pass(keys, order, tmp_keys, tmp_order, hist, hb, base, end, 10)
+            radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 20)
+        else:
+            for j in range(base, end):
+                order[j] = j - base
+        for j in range(base, end):
+            pts[j] = points[base + order[j]]
+        # the leaves: box, first index (every distance starts at inf), where each point went
+        for leaf in range(1 << h):
+            lo = base + part(leaf, nb, h)
+            hi = base + part(leaf + 1, nb, h)
+            bl = v(s(wp.inf))
+            bh = v(-s(wp.inf))
+            arg = int(-1)
+            finite = bool(True)
+            for j in range(lo, hi):
+                p = pts[j]
+                bl = wp.min(bl, p)
+                bh = wp.max(bh, p)
+                finite = finite and wp.isfinite(p)
+                o = order[j]
+                inv[base + o] = j - base
+                if arg < 0 or o < arg:
+                    arg = o
+            node = root + leaf0 + leaf
+            lo_box[node] = wp.where(finite, bl, nan_box)  # a NaN/inf point (validate=False): never skipped
+            hi_box[node] = bh
+            node_max[node] = wp.where(lo < hi, s(wp.inf), s(-2.0))  # an empty leaf: never picked from
+            node_arg[node] = arg
+        for k in range(leaf0):  # the inner nodes, bottom up
+            i = leaf0 - 1 - k
+            node = root + i
+            left = node + i + 1
+            ll = lo_box[left]
+            rl = lo_box[left + 1]
+            lo_box[node] = wp.where(wp.isnan(ll[0]) or wp.isnan(rl[0]), nan_box, wp.min(ll, rl))
+            hi_box[node] = wp.max(hi_box[left], hi_box[left + 1])
+            lm = node_max[left]
+            la = node_arg[left]
+            right = better(node_max[left + 1], node_arg[left + 1], lm, la)
+            node_max[node] = wp.where(right, node_max[left + 1], lm)
+            node_arg[node] = wp.where(right, node_arg[left + 1], la)
+        given = first.shape[1]
+        t = int(0)
+        while t < count:
+            last = int(0)
+            if t < given:
+                last = wp.clamp(int(first[b, t]), 0, nb - 1)
+            elif node_max[root] >= s(0.0):
+                last = node_arg[root]
+            else:  # only NaN points are left (validate=False): no pick
+                break
+            idx[b, t] = wp.int64(last)
+            t += 1
+            if t == count:
+                break
+            pos = base + inv[base + last]
+            c = pts[pos]
+            dist[pos] = s(-1.0)  # picked: never again (-1 stays below every distance)
+            i = int(0)
+            while True:
+                node = root + i
+                top = node_max[node]
+                visit = node_arg[node] == last  # the pick's own path: its node_max is stale
+                if not visit and top > s(0.0):
+                    lb = lo_box[node]
+                    gap = wp.max(wp.max(lb - c, c - hi_box[node]), v(s(0.0)))
+                    bound = wp.length_sq(gap)
+                    visit = wp.isnan(lb[0]) or not (bound >= tiny and top <= bound * shrink)
+                if visit and i < leaf0:
+                    i = 2 * i + 1
+                    continue
+                if visit:  # a leaf: plain FPS's update of its points
+                    leaf = i - leaf0
+                    lo = base + part(leaf, nb, h)
+                    hi = base + part(leaf + 1, nb, h)
+                    top = s(-2.0)
+                    top_o = int(-1)
+                    for j in range(lo, hi):
+                        dj = dist[j]
+                        x = wp.length_sq(pts[j] - c)
+                        dj = wp.where(dj < x, dj, x)  # a NaN point's distance is NaN: never the farthest
+                        dist[j] = dj
+                        if dj >= top:  # rarely equal: then the smaller index
+                            o = order[j]
+                            if dj > top or o < top_o:
+                                top = dj
+                                top_o = o
+                    node_max[node] = top
+                    node_arg[node] = top_o
+                while i > 0 and (i & 1) == 0:  # a right child done: so is its parent
+                    i = (i - 1) >> 1
+                    node = root + i
+                    left = node + i + 1
+                    lm = node_max[left]
+                    la = node_arg[left]
+                    right = better(node_max[left + 1], node_arg[left + 1], lm, la)
+                    node_max[node] = wp.where(right, node_max[left + 1], lm)
+                    node_arg[node] = wp.where(right, node_arg[left + 1], la)
+                if i == 0:
+                    break
+                i += 1
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def step(
+        start: int,
+        points: wp.array(dtype=v),
+        n: int,
+        block: int,
+        blocks: int,
+        lengths: wp.array(dtype=wp.int32),
+        picked: wp.array(dtype=wp.int64),
+        dist: wp.array(dtype=s),
+        best: wp.array(dtype=s),
+        best_idx: wp.array(dtype=wp.int64),
+    ):
+        """Block t of sample b: distances to the newest pick ``picked[b]``, and the block's farthest point."""
+        t = wp.tid() + start
+        b = t // blocks
+        last = int(picked[b])
+        row = b * n
         c = points[row + last]
+        lo = (t - b * blocks) * block
+        hi = wp.min(lo + block, lengths[b])
         top = s(-2.0)
         top_j = int(-1)
         for j in range(lo, hi):  # branch-free: selects, no jumps
@@ -57,144 +317,120 @@ def _kernels(dtype: torch.dtype):
             better = d > top
             top = wp.where(better, d, top)
             top_j = wp.where(better, j, top_j)
-        return top, top_j
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def step(
-        start: int,
-        points: wp.array(dtype=v),
-        n: int,
-        block: int,
-        blocks: int,
-        lengths: wp.array(dtype=wp.int32),
-        picked: wp.array(dtype=wp.int64),
-        first_pick: int,
-        prev_best: wp.array(dtype=s),
-        prev_idx: wp.array(dtype=wp.int64),
-        dist: wp.array(dtype=s),
-        best: wp.array(dtype=s),
-        best_idx: wp.array(dtype=wp.int64),
-        idx: wp.array2d(dtype=wp.int64),
-        count: wp.array(dtype=wp.int32),
-    ):
-        """One pick for a block of a sample: the newest pick is ``picked`` (``first_pick``), else
-        the farthest of the previous launch's blocks (``prev_*``; the first block also writes it
-        into ``idx``); then the block's distances to it, and the block's farthest point."""
-        t = wp.tid() + start
-        b = t // blocks
-        last = int(picked[b])
-        if first_pick == 0:
-            row = b * blocks
-            top_c = int(0)
-            for c in range(1, blocks):  # the first maximum: the smaller index wins ties
-                if prev_best[row + c] > prev_best[row + top_c]:
-                    top_c = c
-            last = wp.max(int(prev_idx[row + top_c]), 0)  # -1: the sample is exhausted
-            if t == row:
-                idx[b, int(count[b])] = wp.int64(last)
-                count[b] = count[b] + 1
-        lo = (t - b * blocks) * block
-        top, top_j = update(points, dist, b * n, lo, wp.min(lo + block, lengths[b]), last)
         best[t] = top
         best_idx[t] = wp.int64(top_j)
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def whole(
-        start: int,
-        points: wp.array(dtype=v),
-        n: int,
-        lengths: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int64),
-        first: wp.array(dtype=wp.int64),
-        dist: wp.array(dtype=s),
-        idx: wp.array2d(dtype=wp.int64),
-    ):
-        b = wp.tid() + start
-        if counts[b] == wp.int64(0):
-            return
-        last = int(first[b])
-        idx[b, 0] = wp.int64(last)
-        for t in range(1, int(counts[b])):
-            top, top_j = update(points, dist, b * n, 0, lengths[b], last)
-            last = top_j
-            idx[b, t] = wp.int64(last)
-
-    return step, whole
+    return sample, step
 
 
-# On the CPU, below this many points in all samples together, one launch does every pick (a
-# thread per sample); above it, and always on CUDA, one launch per pick spreads each pick's
-# work over all cores or the GPU.
-SINGLE_LAUNCH = 1 << 16
-
-
-def _reduce_in_kernel(device: torch.device) -> bool:
-    """Whether each per-pick launch finds the newest pick itself from the previous launch's
-    blocks (every thread reads all blocks of its sample: the CPU's few blocks, not a GPU's many)."""
-    return device.type == "cpu"
+def _per_pick(device: torch.device) -> bool:
+    """Whether FPS runs one launch per pick (CUDA: every block of every sample in parallel)
+    instead of the bucket loop (CPU: a thread per sample)."""
+    return device.type != "cpu"
 
 
 def _block(n: int, b: int, device: torch.device) -> int:
-    """Points per thread of the per-pick kernel: CUDA 128 (many threads); CPU a block per core
-    (``pcops._warp.launch`` runs a chunk per core), of at least 4096 points each."""
-    if device.type != "cpu":
-        return 128
-    per_block = math.ceil(b * n / max(1, torch.get_num_threads()))
-    return max(1, min(n, max(per_block, 4096)))
+    """Points per thread of the per-pick kernel."""
+    return 128
+
+
+def _heights(lengths: torch.Tensor) -> torch.Tensor:
+    """Per sample, the smallest tree height whose leaves hold at most LEAF points."""
+    leaves = torch.div(lengths.clamp(min=1) + LEAF - 1, LEAF, rounding_mode="floor")
+    h = torch.ceil(torch.log2(leaves.to(torch.float64))).to(torch.int64)
+    h = torch.where((1 << h) < leaves, h + 1, h)  # log2 rounding
+    return torch.where((1 << (h - 1).clamp(min=0)) >= leaves, (h - 1).clamp(min=0), h).to(torch.int32)
+
+
+def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor) -> None:
+    """Bucket FPS into ``idx`` (B, S), -1 filled: points (B, N, 3), one kernel thread per
+    sample (its tree, then its picks)."""
+    b, n, _ = points.shape
+    sample, _ = _kernels(points.dtype)
+    vec = _warp.vec3(points.dtype)
+    heights = _heights(lengths32.to(torch.int64)).contiguous()
+    nodes = (2 << int(heights.max())) - 1
+    flat = points.reshape(b * n, 3)
+    pts = torch.empty_like(flat)
+    order, keys, tmp_order, tmp_keys, inv = (torch.empty(b * n, dtype=torch.int32, device=points.device) for _ in range(5))
+    hist = torch.empty(b * 1024, dtype=torch.int32, device=points.device)
+    dist = points.new_full((b * n,), float("inf"))
+    lo_box, hi_box = points.new_empty((b * nodes, 3)), points.new_empty((b * nodes, 3))
+    node_max = points.new_empty((b * nodes,))
+    node_arg = torch.empty(b * nodes, dtype=torch.int32, device=points.device)
+    args = [n, nodes, lengths32, heights, counts, start, _warp.array(flat, vec), _warp.array(pts, vec), order, keys, tmp_order,
+            tmp_keys, hist, inv, dist, _warp.array(lo_box, vec), _warp.array(hi_box, vec), node_max, node_arg, idx]
+    _warp.launch(sample, b, args, like=points, min_chunk=1)
+
+
+def _per_pick_fps(points: torch.Tensor, lengths32: torch.Tensor, start: torch.Tensor, n_samples: int, idx: torch.Tensor) -> None:
+    """One launch per pick (CUDA): every block of every sample in parallel, torch finds each
+    sample's farthest block between launches; into ``idx`` (B, S), -1 filled."""
+    b, n, _ = points.shape
+    _, step = _kernels(points.dtype)
+    block = _block(n, b, points.device)
+    blocks = math.ceil(n / block)
+    best = points.new_empty((b * blocks,))
+    best_idx = torch.empty((b * blocks,), dtype=torch.int64, device=points.device)
+    dist = points.new_full((b * n,), float("inf"))
+    picked = start[:, 0].clone()
+    vec = _warp.array(points.reshape(b * n, 3), _warp.vec3(points.dtype))
+    pick = _warp.recorded(step, b * blocks, [vec, n, block, blocks, lengths32, picked, dist, best, best_idx], like=points, min_chunk=1)
+    rows = torch.arange(b, device=points.device)
+    given = start.shape[1]
+    idx[:, 0] = picked
+    for t in range(1, min(n_samples, n)):
+        pick()
+        if t < given:
+            picked.copy_(start[:, t])
+            idx[:, t] = picked
+            continue
+        top = best.view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
+        found = best_idx.view(b, blocks)[rows, top]
+        ok = best.view(b, blocks)[rows, top] >= 0  # else only NaN points are left (validate=False)
+        picked.copy_(found.clamp(min=0))
+        idx[:, t] = torch.where(ok, found, -1)
+    # once a sample has no pick left (-1), its later picks are none either
+    idx.copy_(torch.where(torch.cummin(idx, 1).values < 0, -1, idx))
+
+
+def _check_start(start: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Start indices in range of their (non-empty) samples and distinct within a sample. Reads values."""
+    live = lengths > 0
+    if not bool(live.any()):
+        return
+    rows, lim = start[live], lengths[live, None]
+    bad = (rows < 0) | (rows >= lim)
+    if bool(bad.any()):
+        at = bad.nonzero()[0]
+        raise ValueError(
+            f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, "
+            f"got {int(rows[at[0], at[1]])} for a sample of {int(lim[at[0], 0])} points"
+        )
+    if rows.shape[1] > 1 and bool((rows.sort(1).values.diff(dim=1) == 0).any()):
+        raise ValueError("start_idx must not repeat an index (a sample's start set holds distinct points)")
 
 
 @torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, n_samples: int, validate: bool) -> torch.Tensor:
     """points (B, N, 3) float32/64, lengths (B,), counts (B,) picks per sample (<= lengths),
-    start (B,) first pick; returns idx (B, n_samples) int64, -1 past each sample's count."""
+    start (B, M) the first M picks of each sample; returns idx (B, n_samples) int64, -1 past each
+    sample's count."""
     b, n, _ = points.shape
     if validate:
         _validate.finite(points=points)
+        _check_start(start, lengths)
     idx = torch.full((b, n_samples), -1, dtype=torch.int64, device=points.device)
     if b == 0 or n == 0 or n_samples == 0:
         return idx
     _warp.init()
-    pts = points.reshape(b * n, 3).contiguous()
+    points = points.contiguous()
     lengths32 = lengths.to(torch.int32).contiguous()
-    dist = points.new_full((b * n,), float("inf"))
-    picked = start.to(torch.int64).clamp(min=0).contiguous()
-    step, whole = _kernels(points.dtype)
-    vec = _warp.array(pts, dtype=_warp.vec3(points.dtype))  # (B N,) 3-vectors: one load per point
-    with _warp.stream(points):
-        if b * n <= SINGLE_LAUNCH and points.device.type == "cpu":  # a GPU wants many threads per pick
-            counts = counts.to(torch.int64).contiguous()
-            _warp.launch(whole, b, [vec, n, lengths32, counts, picked, dist, idx], like=points)
-            return idx
-        block = _block(n, b, points.device)
-        blocks = math.ceil(n / block)
-        # two buffers of the blocks' farthest points: each launch reads one and writes the other
-        bests = [points.new_empty((b * blocks,)) for _ in range(2)]
-        best_idx = [torch.empty((b * blocks,), dtype=torch.int64, device=points.device) for _ in range(2)]
-        count = torch.ones(b, dtype=torch.int32, device=points.device)
-        common = [vec, n, block, blocks, lengths32, picked]
-
-        def args(first_pick: int, read: int) -> list:
-            return [*common, first_pick, bests[read], best_idx[read], dist, bests[1 - read], best_idx[1 - read], idx, count]
-
-        picks = min(n_samples, n)  # picks past a sample's count are masked below
-        idx[:, 0] = picked
-        if picks > 1 and not _reduce_in_kernel(points.device):
-            # many blocks per sample (a GPU): torch takes each sample's farthest block between launches
-            pick = _warp.recorded(step, b * blocks, args(1, 1), like=points, min_chunk=1)
-            rows = torch.arange(b, device=points.device)
-            for t in range(1, picks):
-                pick()
-                top = bests[0].view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
-                picked.copy_(best_idx[0].view(b, blocks)[rows, top].clamp(min=0))  # -1: sample exhausted
-                idx[:, t] = picked
-        elif picks > 1:  # few blocks per sample (the CPU): each launch reduces the previous one's
-            _warp.launch(step, b * blocks, args(1, 1), like=points, min_chunk=1)  # from ``picked``: writes buffer 0
-            steps = [_warp.recorded(step, b * blocks, args(0, read), like=points, min_chunk=1) for read in (0, 1)]
-            for t in range(2, picks):  # launch t reads the buffer launch t - 1 wrote, and writes pick t - 1
-                steps[t % 2]()
-            last = 1 - (picks - 1) % 2 if picks > 2 else 0  # the buffer the last launch wrote: its farthest is the last pick
-            top = bests[last].view(b, blocks).argmax(1)  # first maximum: the smaller index wins ties
-            idx[:, picks - 1] = best_idx[last].view(b, blocks)[torch.arange(b, device=points.device), top].clamp(min=0)
+    start = torch.minimum(start.to(torch.int64).clamp(min=0), (lengths.to(torch.int64) - 1).clamp(min=0)[:, None]).contiguous()
+    if _per_pick(points.device):
+        _per_pick_fps(points, lengths32, start, n_samples, idx)
+    else:
+        _bucket(points, lengths32, counts.to(torch.int64).contiguous(), start, idx)
     return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)
 
 
@@ -216,6 +452,9 @@ def _start(lengths: torch.Tensor, random_start: bool, generator) -> torch.Tensor
     return (u * lengths).to(torch.int64).clamp(max=(lengths - 1).clamp(min=0))
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _check(points, n_samples, ratio, lengths, batch):
     _validate.tensor("points", points)
     if points.dim() not in (2, 3) or points.shape[-1] != 3:
@@ -224,6 +463,8 @@ def _check(points, n_samples, ratio, lengths, batch):
         raise ValueError("give exactly one of n_samples and ratio")
     if n_samples is not None:
         _validate.count("n_samples", n_samples)
+        if isinstance(n_samples, int) and n_samples > _INT64_MAX:
+            raise ValueError(f"n_samples must be at most 2**63 - 1 (an int64), got {n_samples}")
     else:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
             raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
@@ -240,6 +481,42 @@ def _check(points, n_samples, ratio, lengths, batch):
     _validate.same_device(points=points, lengths=lengths, batch=batch)
 
 
+def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -> Optional[torch.Tensor]:
+    """``start_idx`` as an int64 tensor on the points' device: (M,) for every sample, or (B, M)
+    per sample of padded points; None if not given. Checks types, shapes and Python values
+    (tensor values are checked by the op, with ``validate``)."""
+    if start_idx is None:
+        return None
+    if random_start:
+        raise ValueError("give start_idx or random_start=True, not both")
+    padded = points.dim() == 3
+    if isinstance(start_idx, torch.Tensor):
+        if start_idx.dtype.is_floating_point or start_idx.dtype.is_complex or start_idx.dtype == torch.bool:
+            raise TypeError(f"start_idx must have an integer dtype, got {start_idx.dtype}")
+        t = start_idx.reshape(1) if start_idx.dim() == 0 else start_idx
+        if t.dim() > 2 or (t.dim() == 2 and not (padded and t.shape[0] == points.shape[0])):
+            shapes = f"(M,) or (B, M) = ({points.shape[0]}, M)" if padded else "(M,)"
+            raise ValueError(f"start_idx must be a tensor of shape {shapes}, got shape {tuple(start_idx.shape)}")
+        _validate.same_device(points=points, start_idx=t)
+    else:
+        value = _validate.plain(start_idx)
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            values = [_validate.plain(x) for x in value]
+        else:
+            values = [value]
+        for x in values:
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise TypeError(f"start_idx must be an int, a sequence of ints or an integer tensor, got {type(start_idx).__name__} holding {type(x).__name__}")
+            if x < 0:
+                raise ValueError(f"start_idx values must be >= 0, got {x}")
+        t = torch.tensor(values, dtype=torch.int64, device=points.device)
+    if t.shape[-1] == 0:
+        raise ValueError("start_idx must hold at least one index")
+    if n_samples is not None and not isinstance(n_samples, torch.SymInt) and t.shape[-1] > n_samples:
+        raise ValueError(f"start_idx holds {t.shape[-1]} indices, more than n_samples={n_samples}")
+    return t.to(torch.int64)
+
+
 def farthest_point_sample(
     points: torch.Tensor,
     n_samples: Optional[int] = None,
@@ -247,6 +524,7 @@ def farthest_point_sample(
     lengths: Optional[torch.Tensor] = None,
     batch: Optional[torch.Tensor] = None,
     ratio: Optional[float] = None,
+    start_idx: Union[int, Sequence[int], torch.Tensor, None] = None,
     random_start: bool = False,
     generator: Optional[torch.Generator] = None,
     validate: bool = True,
@@ -256,27 +534,44 @@ def farthest_point_sample(
     Args:
         points: Tensor of shape (N, 3) (one cloud), (B, N, 3) padded with ``lengths``, or
             (N_total, 3) packed with ``batch``.
-        n_samples: points to pick per sample (S). A sample with fewer points gives all of them.
+        n_samples: points to pick per sample (S). A sample with fewer points gives all of them,
+            then -1 (see Returns).
         lengths: optional int tensor (B,) of valid rows per sample of padded points.
         batch: optional int tensor (N_total,) of sample ids of packed points (sorted or not).
         ratio: instead of ``n_samples``, for packed (or single) points: pick ceil(ratio * n_b)
             points of a sample of n_b points, 0 < ratio <= 1 (torch_cluster's ``fps``).
+        start_idx: a start set: an int, a sequence of M distinct ints, or an int tensor (M,)
+            (or (B, M) per sample for padded points). Every sample's sequence begins with these
+            indices, in this order, and continues with plain FPS from the whole set. Indices
+            are local to a sample: a row of the padded layout, or the position among the
+            sample's points in packed order. They must be below the length of every non-empty
+            sample; M <= n_samples. With ``ratio``, a sample with fewer than M picks gets the
+            first of them. Default: each sample's first point (index 0).
         random_start: start each sample at a random point (drawn with ``generator``, on the
-            CPU) instead of its first point.
-        validate: check the points for NaN/inf and lengths/ids for range.
+            CPU) instead of its first point. Not with ``start_idx``.
+        validate: check the points for NaN/inf and lengths, batch ids and ``start_idx`` for
+            range. With ``validate=False`` a NaN point is never picked (and once only NaN
+            points are left, the remaining picks are -1).
 
     Returns:
         FPS(points, idx). Single: (S, 3) and (S,). Padded: (B, S, 3) and (B, S) with idx per
-        sample, -1 (and zero points) past a sample's length. Packed: (K, 3) and (K,) with
-        idx into the packed points, grouped by sample in ascending id order, each in pick
-        order (K = sum of the per-sample counts: its size depends on the data). The first
-        pick of a sample is its first point (its smallest index) unless ``random_start``.
-        ``points`` is ``points[idx]``, differentiable with respect to the input points.
+        sample. A sample (or a single cloud) with fewer than S points is padded: its idx is
+        -1 past its point count and its points are zeros there (PyTorch3D's
+        ``sample_farthest_points`` convention; the shape does not depend on the data). Do not
+        index with a padded idx directly: -1 would silently give the last point; use
+        ``out.points``, or ``idx[idx >= 0]``. Packed: (K, 3) and (K,) with idx into the packed
+        points, grouped by sample in ascending id order, each in pick order (K = sum of the
+        per-sample counts: its size depends on the data; never -1 unless ``validate=False``
+        met NaN points). ``points`` is ``points[idx]``, differentiable with respect to the
+        input points.
 
-    Points are compared in their own precision (float32/float64; float16/bfloat16 in float32).
+    Ties go to the smaller index. Points are compared in their own precision (float32/float64;
+    float16/bfloat16 in float32). On the CPU each sample runs bucket FPS (a kd-tree of
+    buckets; the exact plain FPS sequence), a thread per sample.
     """
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     _check(points, n_samples, ratio, lengths, batch)
+    first = _start_set(start_idx, points, n_samples, random_start)
     dtype, _ = _validate.compute_dtype(points)
     if points.dim() == 3:
         b, n = points.shape[:2]
@@ -286,20 +581,24 @@ def farthest_point_sample(
             _validate.ids_in_range("lengths", lengths, 0, n)
         lengths = lengths.to(torch.int64)
         counts = _counts(lengths, n_samples, None)
-        start = _start(lengths, random_start, generator)
+        if first is None:
+            start = _start(lengths, random_start, generator)[:, None]
+        else:
+            start = first.expand(b, first.shape[-1])
         idx = torch.ops.pcops.farthest_point_sample(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
         gathered = points.gather(1, idx.clamp(min=0)[..., None].expand(b, n_samples, 3))
         return FPS(torch.where(idx[..., None] >= 0, gathered, 0), idx)
     if batch is None:
         if ratio is not None:
             n_samples = max(1, math.ceil(points.shape[0] * ratio))
-        out = farthest_point_sample(points[None], n_samples, random_start=random_start, generator=generator, validate=validate)
+            first = None if first is None else first[: n_samples]
+        out = farthest_point_sample(points[None], n_samples, start_idx=first, random_start=random_start, generator=generator, validate=validate)
         return FPS(out.points[0], out.idx[0])
     if validate and not torch.compiler.is_compiling():
         _validate.ids_in_range("batch", batch, 0, None)
     idx = torch.ops.pcops.farthest_point_sample_packed(
-        points.detach().to(dtype), batch, n_samples or 0, float(ratio or 0.0), random_start,
-        _seed(generator) if random_start else 0, validate,
+        points.detach().to(dtype), batch, first if first is not None else batch.new_empty((0,), dtype=torch.int64),
+        n_samples or 0, float(ratio or 0.0), random_start, _seed(generator) if random_start else 0, validate,
     )
     return FPS(points[idx], idx)
 
@@ -309,8 +608,9 @@ def _seed(generator) -> int:
 
 
 @torch.library.custom_op("pcops::farthest_point_sample_packed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _fps_packed(points: torch.Tensor, batch: torch.Tensor, n_samples: int, ratio: float, random_start: bool, seed: int, validate: bool) -> torch.Tensor:
-    """Packed points (P, 3) with sample ids (P,): idx (K,) into them, by sample, in pick order."""
+def _fps_packed(points: torch.Tensor, batch: torch.Tensor, start: torch.Tensor, n_samples: int, ratio: float, random_start: bool, seed: int, validate: bool) -> torch.Tensor:
+    """Packed points (P, 3) with sample ids (P,) and a start set (M,) of local indices (M = 0:
+    each sample's first point, or a random one): idx (K,) into the points, by sample, in pick order."""
     if points.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=points.device)
     order = torch.sort(batch.to(torch.int64), stable=True)
@@ -323,15 +623,17 @@ def _fps_packed(points: torch.Tensor, batch: torch.Tensor, n_samples: int, ratio
     padded = points.new_zeros((b, n, 3))
     padded[slot, local] = points[perm]
     counts = _counts(sizes, n_samples or None, ratio or None)
-    gen = torch.Generator().manual_seed(seed)
-    start = _start(sizes, random_start, gen)
-    idx = _fps(padded, sizes, counts, start, int(counts.max()), validate)
+    if start.numel():
+        first = start.to(torch.int64)[None].expand(b, start.shape[0])
+    else:
+        first = _start(sizes, random_start, torch.Generator().manual_seed(seed))[:, None]
+    idx = _fps(padded, sizes, counts, first, int(counts.max()), validate)
     keep = idx >= 0
     return perm[(offsets[:, None] + idx.clamp(min=0))[keep]]
 
 
 @_fps_packed.register_fake
-def _(points, batch, n_samples, ratio, random_start, seed, validate):
+def _(points, batch, start, n_samples, ratio, random_start, seed, validate):
     k = torch.library.get_ctx().new_dynamic_size()
     return points.new_empty((k,), dtype=torch.int64)
 

@@ -1,5 +1,7 @@
 """pcops.farthest_point_sample against a float64 brute-force loop (the shared op suite, plus FPS specifics)."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -56,10 +58,12 @@ class TestFarthestPointSample(OpSuite):
         cases = []
         for dtype in (torch.float32, F64):
             p = torch.rand(3, 40, 3, generator=gen, dtype=dtype)
-            lengths, counts, start = torch.tensor([40, 0, 17]), torch.tensor([10, 0, 10]), torch.tensor([0, 0, 5])
-            cases.append((torch.ops.pcops.farthest_point_sample.default, (p, lengths, counts, start, 10, True)))
+            lengths, counts = torch.tensor([40, 0, 17]), torch.tensor([10, 0, 10])
+            for start in (torch.tensor([[0], [0], [5]]), torch.tensor([[3, 9], [0, 1], [5, 16]])):
+                cases.append((torch.ops.pcops.farthest_point_sample.default, (p, lengths, counts, start, 10, True)))
             batch = torch.randint(0, 3, (40,), generator=gen)
-            cases.append((torch.ops.pcops.farthest_point_sample_packed.default, (p[0], batch, 5, 0.0, False, 0, True)))
+            for start in (torch.zeros(0, dtype=torch.int64), torch.tensor([1, 0])):
+                cases.append((torch.ops.pcops.farthest_point_sample_packed.default, (p[0], batch, start, 5, 0.0, False, 0, True)))
         return cases
 
     def compile_calls(self, gen):
@@ -121,24 +125,20 @@ class TestFarthestPointSample(OpSuite):
             "negative batch": (lambda: fps(flat, 3, batch=-torch.ones(10, dtype=torch.long)), ValueError, "batch values"),
             "lengths for packed": (lambda: fps(flat, 3, lengths=torch.tensor([3])), ValueError, "lengths describes padded"),
             "NaN": (lambda: fps(nan, 3), ValueError, "points contains NaN"),
+            "huge n_samples": (lambda: fps(flat, 2**70), ValueError, "n_samples must be at most"),
+            "float start_idx": (lambda: fps(flat, 3, start_idx=torch.tensor([1.0])), TypeError, "start_idx must have an integer dtype"),
+            "str start_idx": (lambda: fps(flat, 3, start_idx="0"), TypeError, "start_idx must be an int"),
+            "float in start_idx": (lambda: fps(flat, 3, start_idx=[0, 1.5]), TypeError, "start_idx must be an int"),
+            "negative start_idx": (lambda: fps(flat, 3, start_idx=[-1]), ValueError, "start_idx values must be >= 0"),
+            "empty start_idx": (lambda: fps(flat, 3, start_idx=[]), ValueError, "start_idx must hold at least one index"),
+            "start_idx past n_samples": (lambda: fps(flat, 2, start_idx=[0, 1, 2]), ValueError, "start_idx holds 3 indices"),
+            "start_idx out of range": (lambda: fps(flat, 3, start_idx=[10]), ValueError, "start_idx values must be in"),
+            "start_idx tensor out of range": (lambda: fps(p, 3, start_idx=torch.tensor([[1], [10]])), ValueError, "start_idx values must be in"),
+            "repeated start_idx": (lambda: fps(flat, 3, start_idx=[4, 4]), ValueError, "start_idx must not repeat"),
+            "per-sample start_idx of one cloud": (lambda: fps(flat, 3, start_idx=torch.zeros(1, 1, dtype=torch.long)), ValueError, r"start_idx must be a tensor of shape \(M,\)"),
+            "start_idx rows": (lambda: fps(p, 3, start_idx=torch.zeros(3, 1, dtype=torch.long)), ValueError, r"start_idx must be a tensor of shape \(M,\) or \(B, M\)"),
+            "start_idx and random_start": (lambda: fps(flat, 3, start_idx=0, random_start=True), ValueError, "start_idx or random_start"),
         }
-
-
-@pytest.mark.parametrize("kind", ["uniform", "duplicates", "clustered"])
-@pytest.mark.parametrize("block", [None, 16])
-@pytest.mark.parametrize("in_kernel", [True, False])
-def test_one_launch_per_pick_equals_one_launch_per_sample(gen, kind, block, in_kernel, monkeypatch):
-    _, p, _ = reference.cloud(kind, gen, n=300)
-    batch = torch.stack([p, p.flip(0), p * 2])
-    lengths = torch.tensor([300, 7, 150])
-    whole = pcops.farthest_point_sample(batch, 40, lengths=lengths)
-    monkeypatch.setattr(sampling, "SINGLE_LAUNCH", 0)  # force the per-pick block kernel
-    if block is not None:  # many blocks per sample: each launch (or torch, as on GPUs) reduces them
-        monkeypatch.setattr(sampling, "_block", lambda n, b, device: block)
-    monkeypatch.setattr(sampling, "_reduce_in_kernel", lambda device: in_kernel)
-    blocks = pcops.farthest_point_sample(batch, 40, lengths=lengths)
-    assert torch.equal(whole.idx, blocks.idx) and torch.equal(whole.points, blocks.points)
-    assert torch.equal(whole.idx[2, :40], reference.farthest_point_sample(batch[2, :150], 40))
 
 
 def test_packed_ratio_picks_ceil_of_each_sample(gen):
@@ -191,6 +191,164 @@ def test_a_million_points_match_the_loop(gen):
     out = pcops.farthest_point_sample(p.float()[None].expand(2, -1, -1), 64, lengths=torch.tensor([1_000_000, 999_000]))
     assert_is_fps(p.float(), out.idx[0], torch.float32)
     assert_is_fps(p.float()[:999_000], out.idx[1], torch.float32)
+
+
+def brute_force(points: torch.Tensor, n_samples: int, start=(0,)) -> torch.Tensor:
+    """Plain FPS in the points' own dtype from a start set: the farthest unpicked point, ties by
+    the smaller index, distances computed as the kernels compute them (sum of squared differences)."""
+    n = points.shape[0]
+    picked = list(start)[: min(n_samples, n)]
+    dist = torch.full((n,), float("inf"), dtype=points.dtype)
+    for u in picked[:-1]:
+        dist = torch.minimum(dist, (points - points[u]).square().sum(1))
+    while len(picked) < min(n_samples, n):
+        dist = torch.minimum(dist, (points - points[picked[-1]]).square().sum(1))
+        free = dist.clone()
+        free[torch.tensor(picked)] = -1
+        picked.append(int(free.argmax()))  # argmax returns the first maximum
+    return torch.tensor(picked, dtype=torch.int64)
+
+
+def adversarial(kind: str, gen: torch.Generator) -> torch.Tensor:
+    """float64 clouds of many points (several tree levels) built to tie, repeat or degenerate."""
+    rand = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
+    if kind == "grid":  # every distance repeats many times
+        r = torch.arange(14, dtype=F64)
+        return torch.cartesian_prod(r, r, r)[torch.randperm(14**3, generator=gen)]
+    if kind == "duplicates":  # each point three times
+        return rand(700, 3).repeat(3, 1)
+    if kind == "all_equal":
+        return torch.full((1500, 3), 0.25, dtype=F64)
+    if kind == "collinear":
+        return rand(2000, 1) * torch.tensor([[1.0, -2.0, 0.5]], dtype=F64)
+    if kind == "clustered":
+        centres = rand(5, 3) * 100
+        return centres[torch.randint(0, 5, (3000,), generator=gen)] + 1e-3 * rand(3000, 3)
+    if kind == "sphere":  # all at one distance from the centre point 0
+        d = torch.randn(2500, 3, generator=gen, dtype=F64)
+        return torch.cat([torch.zeros(1, 3, dtype=F64), d / d.norm(dim=1, keepdim=True)])
+    if kind == "far_tiny":  # coordinates near 1e6 with 1e-6 spacing: rounding decides
+        return 1e6 + 1e-6 * torch.randint(0, 20, (2000, 3), generator=gen).to(F64)
+    raise ValueError(kind)
+
+
+ADVERSARIAL = ["grid", "duplicates", "all_equal", "collinear", "clustered", "sphere", "far_tiny"]
+
+
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+def test_bucket_fps_is_plain_fps_on_adversarial_clouds(gen, kind):
+    p = adversarial(kind, gen)
+    s = min(p.shape[0], 600)
+    assert torch.equal(pcops.farthest_point_sample(p, s).idx, reference.farthest_point_sample(p, s))
+
+
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+def test_float32_bucket_fps_equals_plain_fps_in_float32(gen, kind):
+    # the same float32 distances as a plain loop: the bound test never skips a point that changes
+    p = adversarial(kind, gen).float()
+    s = min(p.shape[0], 400)
+    assert torch.equal(pcops.farthest_point_sample(p, s).idx, brute_force(p, s))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 127, 128, 129, 257, 1000])
+def test_small_clouds_and_leaf_boundaries(gen, n):
+    p = torch.rand(n, 3, generator=gen, dtype=F64)
+    out = pcops.farthest_point_sample(p, n + 2)
+    assert torch.equal(out.idx[:n], reference.farthest_point_sample(p, n))
+    assert sorted(out.idx[:n].tolist()) == list(range(n))  # every point once
+
+
+def test_a_single_cloud_smaller_than_n_samples_is_padded_with_minus_one(gen):
+    p = torch.rand(3, 3, generator=gen)
+    out = pcops.farthest_point_sample(p, 5)
+    assert out.idx.tolist()[3:] == [-1, -1]
+    assert torch.equal(out.points[3:], torch.zeros(2, 3))
+    assert torch.equal(out.points[:3], p[out.idx[:3]])
+
+
+def test_the_per_pick_path_equals_the_bucket_path(gen, monkeypatch):
+    # CUDA runs one launch per pick (blocks of points, torch's argmax between launches): run it on the CPU
+    _, p, _ = reference.cloud("duplicates", gen, n=300)
+    batch = torch.stack([p, p.flip(0), p * 2])
+    lengths = torch.tensor([300, 7, 150])
+    start = torch.tensor([[5, 2], [0, 6], [149, 0]])
+    bucket = [pcops.farthest_point_sample(batch, 40, lengths=lengths, **kw) for kw in ({}, {"start_idx": start})]
+    monkeypatch.setattr(sampling, "_per_pick", lambda device: True)
+    monkeypatch.setattr(sampling, "_block", lambda n, b, device: 16)  # many blocks per sample
+    per_pick = [pcops.farthest_point_sample(batch, 40, lengths=lengths, **kw) for kw in ({}, {"start_idx": start})]
+    for a, b in zip(bucket, per_pick):
+        assert torch.equal(a.idx, b.idx) and torch.equal(a.points, b.points)
+    assert torch.equal(bucket[0].idx[2, :40], reference.farthest_point_sample(batch[2, :150], 40))
+
+
+def test_a_start_set_begins_every_sequence(gen):
+    p = torch.rand(500, 3, generator=gen, dtype=F64)
+    for start in (7, [7], [7, 400, 3], torch.tensor([7, 400, 3])):
+        idx = pcops.farthest_point_sample(p, 30, start_idx=start).idx
+        first = [start] if isinstance(start, int) else list(map(int, start))
+        assert idx[: len(first)].tolist() == first
+        assert torch.equal(idx, brute_force(p, 30, first))
+
+
+def test_a_start_set_in_batches(gen):
+    samples = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (60, 0, 9, 40)]
+    points, lengths = pad(samples)
+    shared = pcops.farthest_point_sample(points, 20, lengths=lengths, start_idx=[8, 2])
+    rows = torch.tensor([[1, 2], [0, 0], [8, 0], [39, 38]])
+    per_sample = pcops.farthest_point_sample(points, 20, lengths=lengths, start_idx=rows)
+    packed_points, ids, _ = pack(samples, gen, keep_order=True)
+    packed = pcops.farthest_point_sample(packed_points, 20, batch=ids, start_idx=[8, 2])
+    at = 0
+    for b, p in enumerate(samples):
+        c = min(p.shape[0], 20)
+        if not c:
+            assert torch.all(shared.idx[b] == -1) and torch.all(per_sample.idx[b] == -1)
+            continue
+        assert torch.equal(shared.idx[b, :c], brute_force(p, 20, [8, 2]))
+        assert torch.equal(per_sample.idx[b, :c], brute_force(p, 20, rows[b].tolist()))
+        local = torch.searchsorted((ids == b).nonzero()[:, 0], packed.idx[at : at + c])  # position among the sample's points
+        assert torch.equal(local, brute_force(p, 20, [8, 2]))
+        at += c
+
+
+def test_with_ratio_a_start_set_is_cut_to_each_samples_count(gen):
+    samples = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (40, 5)]
+    points, ids, _ = pack(samples, gen, keep_order=True)
+    out = pcops.farthest_point_sample(points, ratio=0.25, batch=ids, start_idx=[3, 1, 4])
+    counts = torch.bincount(ids[out.idx], minlength=2).tolist()
+    assert counts == [10, 2]
+    second = (ids == 1).nonzero()[:, 0]
+    assert out.idx[10:].tolist() == second[[3, 1]].tolist()
+
+
+def test_nan_points_are_never_picked_without_validation(gen):
+    p = torch.rand(300, 3, generator=gen, dtype=F64)
+    p[[4, 50, 299], 1] = float("nan")
+    idx = pcops.farthest_point_sample(p, 300, validate=False).idx
+    finite = torch.isfinite(p).all(1)
+    assert sorted(idx[:297].tolist()) == finite.nonzero()[:, 0].tolist()
+    assert idx[297:].tolist() == [-1, -1, -1]
+    keep = finite.nonzero()[:, 0]  # the finite points alone give the same sequence
+    assert torch.equal(idx[:50], keep[reference.farthest_point_sample(p[finite], 50)])
+
+
+def test_a_batch_of_sixteen_equals_sixteen_calls(gen):
+    clouds = [torch.rand(int(n), 3, generator=gen) for n in torch.randint(200, 3000, (16,), generator=gen)]
+    points, lengths = pad(clouds)
+    out = pcops.farthest_point_sample(points, 256, lengths=lengths)
+    for b, p in enumerate(clouds):
+        assert torch.equal(out.idx[b], pcops.farthest_point_sample(p, 256).idx)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fpsample") is None, reason="fpsample is not installed (pip install fpsample)")
+def test_matches_fpsample_bucket_fps(gen):
+    import fpsample
+
+    p = torch.rand(5000, 3, generator=gen)
+    x = p.numpy()
+    for idx in (fpsample.fps_sampling(x, 300, start_idx=0), fpsample.bucket_fps_kdline_sampling(x, 300, h=5, start_idx=0)):
+        idx = torch.from_numpy(idx.astype("int64"))  # the bucket variants start at their tree's first point
+        assert torch.equal(pcops.farthest_point_sample(p, 300, start_idx=int(idx[0])).idx, idx)
 
 
 @pytest.mark.cuda
