@@ -7,7 +7,7 @@ machine in one process.
     python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
     python scripts/benchmark.py --json out.json  # also write every figure as JSON
     python scripts/benchmark.py --search         # only the CPU search rows (kNN, radius) against peers
-    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling, networks, sparse
+    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling, networks, sparse, transformer
     OMP_NUM_THREADS=1 python scripts/benchmark.py --search --cpu-time   # their work, on a busy machine
 
 Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import bench_search  # noqa: E402
+import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
@@ -686,7 +687,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
-    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse"],
+    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer"],
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
@@ -703,7 +704,7 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
-    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks", "sparse"]))
+    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks", "sparse", "transformer"]))
     if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
     if "models" in sections:
@@ -722,6 +723,8 @@ def main(argv=None) -> dict:
         report["point_networks"] = run_networks(args)
     if "sparse" in sections and device.type == "cpu":  # grid_sample, kernel map, sparse conv against torch (bench_sparse.py)
         report["sparse"] = bench_sparse.run(args.quick)
+    if "transformer" in sections and device.type == "cpu":  # serialize, segment_reduce, serialized_pool, gather (bench_transformer.py)
+        report["transformer"] = bench_transformer.run(args.quick)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report
