@@ -1,7 +1,8 @@
 """Warp <-> torch glue: initialisation, device and stream binding, array conversion, launches.
 
 Every Warp call in pcops goes through this module, so the rules that keep Warp cheap and
-correct inside PyTorch live in one place:
+correct inside PyTorch live in one place (the Warp functions shared by pcops' kernels are in
+:mod:`pcops._warp_funcs`):
 
 * tensors are converted with ``requires_grad=False`` and ``return_ctype=True`` (no gradient
   buffer is allocated, no device-wide sync, the cheapest conversion);
@@ -9,14 +10,18 @@ correct inside PyTorch live in one place:
   stream) kept for the life of the process (:func:`cuda_stream`): Warp unregisters a wrapped
   stream when its ``wp.Stream`` is garbage-collected, which resets the device's current
   stream to the legacy NULL stream and frees that stream's sort scratch unordered with
-  pending work, so wrappers must never be per call. An op enters :func:`stream` once (grid
-  builds follow the device's current stream) and :func:`launch` passes ``stream=`` explicitly;
+  pending work, so wrappers must never be per call. :func:`launch` passes ``stream=``
+  explicitly; the only calls that follow the device's current Warp stream (a HashGrid's creation
+  and build) run in :func:`hash_grid`, in a stream scope held under a lock, since that current
+  stream is per device, not per thread: no op enters a stream scope of its own;
 * Warp-owned objects used on a non-blocking torch stream (a ``torch.cuda.Stream()``) are
   handed to :func:`keep_alive`, which orders their release after that work as Warp's
   concurrency guide prescribes (a blocking stream waits for the non-blocking one);
 * kernels are built and loaded once per process under one lock (Warp's code generation is
   not thread-safe), each kernel variant is its own Warp module (``module="unique"``), so the
-  on-disk kernel cache does not depend on the order in which variants are first used;
+  on-disk kernel cache does not depend on the order in which variants are first used; a
+  module whose cached files Warp cannot load (truncated, zero bytes) is deleted from the cache
+  and built again once (:func:`_load_or_rebuild`);
 * Warp's CPU kernels run on one thread, so :func:`launch` splits the thread range into chunks
   run by several threads (Warp launches release the GIL) and gives each extra chunk a private
   copy of the arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the
@@ -36,8 +41,10 @@ import contextlib
 import ctypes
 import errno
 import functools
+import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -168,15 +175,16 @@ def cuda_stream(t: torch.Tensor):
 
 
 def stream(t: torch.Tensor):
-    """Context manager of one op: Warp's current stream on ``t``'s device is PyTorch's current stream.
+    """A no-op context manager, kept for callers that still wrap an op in it.
 
-    Enter it once per op, around the grid builds and launches. No-op on the CPU.
+    It used to enter ``wp.ScopedStream`` around a whole op, outside any lock: that sets Warp's
+    current stream and default device, which are per device and process-wide, not per thread,
+    so another thread's op could enqueue its grid build on this op's stream (or the reverse).
+    Nothing needs it: :func:`launch` and :func:`recorded` pass ``stream=`` explicitly, and
+    :func:`hash_grid` enters the stream scope itself, under the stream lock, around the only
+    calls that follow the current stream (the grid's creation and build).
     """
-    s = cuda_stream(t)
-    if s is None:
-        return contextlib.nullcontext()
-    # sync_enter=False: pcops' inputs are ordered on torch's stream, not on Warp's previous one
-    return wp.ScopedStream(s, sync_enter=False)
+    return contextlib.nullcontext()
 
 
 def array(t: torch.Tensor, dtype=None):
@@ -247,78 +255,6 @@ def kernels(factory):
 
     locked.cache_clear = cached.cache_clear
     return locked
-
-
-@kernels
-def kernel_funcs(dtype: torch.dtype, grouped: bool):
-    """Warp functions shared by the kernels of one float dtype: ``point`` and ``neighbours``.
-
-    ``point(x, i)`` reads row i of an (N, 3) array as a 3-vector; ``neighbours(grid, q, r,
-    groups, i)`` starts a hash-grid query around q, restricted to group ``groups[i]`` when the
-    kernels are grouped. (No ``from __future__ import annotations`` in this module: Warp reads
-    the annotations of these closures at definition time.)
-    """
-    s, v = scalar(dtype), vec3(dtype)
-
-    @wp.func(module="unique")
-    def point(x: wp.array2d(dtype=s), i: int):
-        return v(x[i, 0], x[i, 1], x[i, 2])
-
-    @wp.func(module="unique")
-    def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
-        if wp.static(grouped):
-            return wp.hash_grid_query(grid, q, radius, groups[i])
-        return wp.hash_grid_query(grid, q, radius)
-
-    return point, neighbours
-
-
-
-@kernels
-def sorted_insert(dtype: torch.dtype, squared: bool = False):
-    """``insert(dists, idx, i, n, d, j) -> n``: put (d, j) into row i of (M, k) arrays that hold
-    the row's n best pairs sorted by distance, ties by the smaller index; returns the new count.
-    A pair worse than a full row's last is dropped.
-
-    ``squared``: the row holds squared distances, in the order of their square roots (the
-    distances returned), ties by the smaller index: two squares a few ulps apart can have the
-    same root, so squares that close are compared by their roots (rarely: a row costs a few
-    square roots instead of one per insertion).
-    """
-    s = scalar(dtype)
-    eps = torch.finfo(dtype).eps
-    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)  # outside these, the roots differ too
-
-    @wp.func(module="unique")
-    def before(a: s, ja: wp.int64, b: s, jb: wp.int64):
-        """Whether (a, ja) comes first: by distance, then index."""
-        if wp.static(squared):
-            if a < b * below:
-                return True
-            if a > b * above:
-                return False
-            a = wp.sqrt(a)
-            b = wp.sqrt(b)
-        return a < b or (a == b and ja < jb)
-
-    @wp.func(module="unique")
-    def insert(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, d: s, j: wp.int64):
-        k = dists.shape[1]
-        last = wp.min(n, k - 1)
-        if n < k or before(d, j, dists[i, last], idx[i, last]):
-            pos = last
-            while pos > 0:
-                if before(dists[i, pos - 1], idx[i, pos - 1], d, j):
-                    break
-                dists[i, pos] = dists[i, pos - 1]
-                idx[i, pos] = idx[i, pos - 1]
-                pos = pos - 1
-            dists[i, pos] = d
-            idx[i, pos] = j
-            return wp.min(n + 1, k)
-        return n
-
-    return insert
 
 
 # (kernel, device) pairs launched once in this process: the first launch of each builds or loads
@@ -443,9 +379,55 @@ def _first_load(kernel, dev, load) -> bool:
             return False
         init()
         with _cache_dir_errors():
-            load()
+            _load_or_rebuild(kernel, load)
         _loaded.add(key)
         return True
+
+
+# What Warp raises when a module's cached files exist but cannot be loaded (a truncated or
+# zero-byte object file, a corrupt metadata file): it does not rebuild them by itself, so every
+# later call would fail the same way.
+_LOAD_FAILURES = ("Failed to load CPU module", "Failed to load CUDA module", "Module metadata file")
+
+
+def _unloadable(err: Exception) -> bool:
+    return isinstance(err, json.JSONDecodeError) or any(text in str(err) for text in _LOAD_FAILURES)
+
+
+def _cache_dirs(kernel) -> list[str]:
+    """The kernel cache directories of ``kernel``'s module (those of each block size a launch may load)."""
+    module, root = kernel.module, str(wp.config.kernel_cache_dir)
+    names = set()
+    for block_dim in (None, 1, module.options.get("block_dim")):
+        try:
+            names.add(module.get_module_identifier(block_dim))
+        except Exception:  # noqa: BLE001 (a variant that cannot be hashed has no files either)
+            pass
+    return [os.path.join(root, name) for name in sorted(names)]
+
+
+def _load_or_rebuild(kernel, load) -> None:
+    """``load()``; if Warp cannot load the module's cached files, delete them and build once more."""
+    try:
+        load()
+        return
+    except Exception as err:  # noqa: BLE001 (re-raised unless the cached files are at fault)
+        if not _unloadable(err):
+            raise
+    dirs = [d for d in _cache_dirs(kernel) if os.path.isdir(d)]
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        load()
+    except Exception as err:  # noqa: BLE001
+        if not _unloadable(err):
+            raise
+        where = ", ".join(dirs) or str(wp.config.kernel_cache_dir)
+        raise RuntimeError(
+            f"pcops could not load the Warp kernel {kernel.key!r} from Warp's kernel cache ({where}), even after "
+            f"deleting its cached files and building it again ({err}). Delete that directory, or set the "
+            "WARP_CACHE_PATH environment variable to another writable directory (before the first pcops call)"
+        ) from err
 
 
 # kernel -> (entry point, argument struct type, launch-bounds type) of its CPU module, or None

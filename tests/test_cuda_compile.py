@@ -14,7 +14,7 @@ from pcops import _warp
 
 # the modules (pcops.ops re-exports functions of the same names)
 _cells, ball_query, radius, sampling, nearest = (
-    importlib.import_module(f"pcops.ops.{name}") for name in ("_cells", "ball_query", "radius", "sampling", "nearest._warp")
+    importlib.import_module(f"pcops.ops.{name}") for name in ("_cells", "ball_query", "radius", "sampling", "nearest._kdtree")
 )
 
 F32, F64 = torch.float32, torch.float64

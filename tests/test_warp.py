@@ -4,6 +4,7 @@ The CUDA stream logic is tested on the CPU with stand-ins for torch's and Warp's
 the same behaviour on a real GPU is in the `cuda`-marked tests at the end.
 """
 
+import importlib
 import os
 import pathlib
 import subprocess
@@ -105,6 +106,8 @@ def test_grids_are_created_and_built_on_the_cached_stream(fake_cuda, monkeypatch
             self.stream, self.sync_enter = stream, sync_enter
 
         def __enter__(self):
+            # Warp's current stream is per device, not per thread: set only under the stream lock
+            assert _warp._STREAM_LOCK._is_owned()
             current.append(self.stream)
 
         def __exit__(self, *exc):
@@ -125,6 +128,43 @@ def test_grids_are_created_and_built_on_the_cached_stream(fake_cuda, monkeypatch
     grid = _warp.hash_grid(points, 0.1)
     assert grid.created_on is grid.built_on is _warp.cuda_stream(points)
     assert not current  # the scope is left
+
+
+def test_ops_enter_no_stream_scope_of_their_own(fake_cuda):
+    # the stand-in ScopedStream raises: the old per-op scope changed Warp's process-wide current
+    # stream and default device outside any lock; launches pass stream= instead
+    with _warp.stream(_ON_CUDA):
+        _warp.launch(object(), 10, [1.0], like=_ON_CUDA)
+    assert fake_cuda["launches"] == [_warp.cuda_stream(_ON_CUDA)]
+
+
+def test_grid_ops_hand_their_grid_to_keep_alive_after_their_last_launch(monkeypatch):
+    # the order the CUDA keep-alive depends on, recorded with stand-ins on the CPU: the grid is
+    # built, the kernel launched, then keep_alive(grid, query) while the grid is referenced
+    bq = importlib.import_module("pcops.ops.ball_query")  # the module (pcops.ops re-exports the function)
+    events, grids = [], []
+    build, launch = _warp.hash_grid, _warp.launch
+
+    def hash_grid(points, cell, groups=None):
+        grid = build(points, cell, groups)
+        grids.append(grid)
+        events.append("build")
+        return grid
+
+    def record_launch(kernel, n, args, like, **kw):
+        events.append("launch")
+        return launch(kernel, n, args, like=like, **kw)
+
+    monkeypatch.setattr(_warp, "hash_grid", hash_grid)
+    monkeypatch.setattr(_warp, "launch", record_launch)
+    monkeypatch.setattr(_warp, "keep_alive", lambda grid, like: events.append(("keep_alive", grid, like)))
+    q, p = torch.rand(30, 3), torch.rand(40, 3)
+    bq._ball_query(q, p, 0.3, 4, False, None, None)
+    assert events[:2] == ["build", "launch"] and events[2][0] == "keep_alive"
+    assert events[2][1] is grids[0] and events[2][2] is q
+    events.clear()
+    pcops.radius_graph(p, 0.3)  # radius_graph searches through the same op
+    assert "build" in events and events[-1][0] == "keep_alive"
 
 
 def test_keep_alive_orders_release_after_non_blocking_streams_only(fake_cuda):
@@ -434,6 +474,63 @@ def test_unwritable_kernel_cache_says_to_set_warp_cache_path():
     assert "WARP_CACHE_PATH" in result.stderr and "RuntimeError: pcops could not write" in result.stderr, result.stderr[-2000:]
 
 
+_CORRUPT = """
+    import torch, pcops
+    gen = torch.Generator().manual_seed(0)
+    q, p, f = torch.rand(50, 3, generator=gen), torch.rand(60, 3, generator=gen), torch.rand(60, 2, generator=gen)
+    print(pcops.radius_aggregate(q, p, f, 0.3, 0.1).sum().item(), pcops.ball_query(q, p, 0.3, 4).counts.sum().item())
+"""
+
+
+def test_a_corrupt_cached_kernel_is_deleted_and_built_again(tmp_path):
+    # a truncated and a zero-byte object file in the kernel cache: Warp's "Failed to load CPU
+    # module" once, then the module is deleted from the cache and built again
+    first = _run(_CORRUPT, WARP_CACHE_PATH=str(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    objects = sorted(tmp_path.rglob("*.o"))
+    assert len(objects) >= 4, objects
+    objects[0].write_bytes(objects[0].read_bytes()[:100])
+    for obj in objects[1:]:
+        obj.write_bytes(b"")
+    again = _run(_CORRUPT, WARP_CACHE_PATH=str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout == first.stdout  # the same results
+    assert all(obj.stat().st_size > 100 for obj in objects)  # rebuilt
+    third = _run(_CORRUPT, WARP_CACHE_PATH=str(tmp_path))  # and loaded from the cache from now on
+    assert third.returncode == 0 and third.stdout == first.stdout and "Failed to" not in third.stderr, third.stderr[-3000:]
+
+
+def test_a_kernel_that_cannot_be_loaded_even_when_rebuilt_names_the_cache(tmp_path, monkeypatch):
+    # stand-ins: a kernel whose module never loads; its cache directory is deleted once, and the
+    # second failure is an error naming the directory and WARP_CACHE_PATH
+    monkeypatch.setattr(wp.config, "kernel_cache_dir", str(tmp_path))
+    module_dir = tmp_path / "wp_stand_in_0123456"
+    module_dir.mkdir()
+    (module_dir / "wp_stand_in_0123456.cpu.o").write_bytes(b"")
+    class Kernel:  # hashable, as Warp's kernels are
+        def __init__(self, key):
+            self.key = key
+            self.module = types.SimpleNamespace(options={"block_dim": 256}, get_module_identifier=lambda block_dim=None: module_dir.name)
+
+    kernel = Kernel("stand_in")
+    attempts = []
+
+    def load():
+        attempts.append(module_dir.exists())
+        raise Exception("Failed to load CPU module 'stand_in' (device='cpu')")
+
+    with pytest.raises(RuntimeError, match=r"wp_stand_in_0123456.*WARP_CACHE_PATH"):
+        _warp._first_load(kernel, "cpu", load)
+    assert attempts == [True, False]  # the second attempt ran after the files were deleted
+    assert (kernel, "cpu") not in _warp._loaded
+
+    def other_error():
+        raise ValueError("not about the cache")
+
+    with pytest.raises(ValueError, match="not about the cache"):  # other errors pass through, nothing deleted
+        _warp._first_load(Kernel("other"), "cpu", other_error)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_cpu_use_prints_nothing_about_the_cuda_driver():
     script = """
@@ -465,29 +562,39 @@ def _stall(stream: torch.cuda.Stream) -> None:
         torch.cuda._sleep(200_000_000)  # the side stream is busy for a while: races show up as wrong results
 
 
+def _on_gpu(*tensors):
+    """Copies on the GPU, finished: a pageable copy inside a stalled stream would wait for the stall
+    (a blocking copy), so every input is on the device before a stream is stalled."""
+    out = [t.cuda() for t in tensors]
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("grouped", [False, True])
 def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
     q, p = torch.rand(3000, 3, generator=gen), torch.rand(5000, 3, generator=gen)
     f = torch.rand(5000, 4, generator=gen)
-    batch = dict(query_batch=torch.arange(3000) % 3, ref_batch=torch.arange(5000) % 3) if grouped else {}
-    expected = [
-        pcops.radius_aggregate(q, p, f, 0.08, 0.1, **batch),
-        pcops.knn(q, p, 5, backend="warp", **batch).idx,
-        pcops.knn_aggregate(q, p, f, 5, 0.1, backend="warp", **batch),
-    ]
+    qb, pb = torch.arange(3000) % 3, torch.arange(5000) % 3
+    batch = dict(query_batch=qb, ref_batch=pb) if grouped else {}
+
+    def ops(q, p, f, batch):
+        return [
+            pcops.radius_aggregate(q, p, f, 0.08, 0.1, validate=False, **batch),
+            pcops.knn(q, p, 5, backend="warp", validate=False, **batch).idx,
+            pcops.knn_aggregate(q, p, f, 5, 0.1, backend="warp", validate=False, **batch),
+            pcops.ball_query(q, p, 0.08, 8, validate=False, **batch).idx,  # a HashGrid per call
+        ]
+
+    expected = ops(q, p, f, batch)
+    qc, pc, fc, qbc, pbc = _on_gpu(q, p, f, qb, pb)
+    cuda_batch = dict(query_batch=qbc, ref_batch=pbc) if grouped else {}
     side = torch.cuda.Stream()
-    cuda_batch = {k: v.cuda() for k, v in batch.items()}
     wrappers = len(_warp._streams)
     for _ in range(3):  # several rounds: a wrapper garbage-collected between them used to reset Warp's stream
-        _stall(side)
+        _stall(side)  # every op below is queued behind the stall (validate=False: no host read of values)
         with torch.cuda.stream(side):
-            qc, pc, fc = q.cuda(), p.cuda(), f.cuda()
-            got = [
-                pcops.radius_aggregate(qc, pc, fc, 0.08, 0.1, **cuda_batch),
-                pcops.knn(qc, pc, 5, backend="warp", **cuda_batch).idx,
-                pcops.knn_aggregate(qc, pc, fc, 5, 0.1, backend="warp", **cuda_batch),
-            ]
+            got = ops(qc, pc, fc, cuda_batch)
         torch.cuda.synchronize()
         for a, b in zip(got, expected):
             torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
@@ -496,17 +603,25 @@ def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
 
 @pytest.mark.cuda
 def test_cuda_grids_are_released_after_pending_side_stream_work(gen):
-    q, p, f = torch.rand(2000, 3, generator=gen), torch.rand(3000, 3, generator=gen), torch.rand(3000, 2, generator=gen)
-    expected = pcops.radius_aggregate(q, p, f, 0.1, 0.1)
+    # ball_query builds a HashGrid per call and drops it when the call returns. Warp frees it with
+    # cudaFreeAsync on the legacy NULL stream, which does not wait for a non-blocking stream: without
+    # keep_alive, the grids built right after on the default stream (same sizes) reuse that memory
+    # at once and overwrite it while the stalled side stream's kernels have yet to read it.
+    q, p = torch.rand(2000, 3, generator=gen), torch.rand(3000, 3, generator=gen)
+    expected = pcops.ball_query(q, p, 0.1, 8)
+    shuffled = [p[torch.randperm(3000, generator=gen)] for _ in range(5)]  # other grids of the same sizes
+    qc, pc, *others = _on_gpu(q, p, *shuffled)
     side = torch.cuda.Stream()
     outs = []
-    for _ in range(5):
+    for other in others:
         _stall(side)
         with torch.cuda.stream(side):
-            outs.append(pcops.radius_aggregate(q.cuda(), p.cuda(), f.cuda(), 0.1, 0.1))
-    torch.cuda.synchronize()  # the grids were dropped while the stalled stream still had to use them
+            outs.append(pcops.ball_query(qc, pc, 0.1, 8, validate=False))
+        pcops.ball_query(qc, other, 0.1, 8, validate=False)  # the default stream: built and run at once
+    torch.cuda.synchronize()
     for out in outs:
-        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+        for a, b in zip(out, expected):
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
 
 
 def _syncs(fn) -> int:
@@ -531,10 +646,19 @@ def test_cuda_sync_counts(gen):
     sigma = torch.tensor(0.1, device="cuda")
     pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)  # warm-up: kernels loaded
     # sigma as a CUDA tensor (a Python number is copied to the device, a synchronous copy): the
-    # cell list's one read of the bounding box and the number of samples (pcops.ops._cells)
+    # cell list's one read of the bounding box and the number of samples (pcops.ops._cells); its
+    # frame is made on the device
     assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)) == 1
     torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)
     assert _syncs(lambda: torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)) == 1
+    # forward and backward: the backward reuses the forward's cell list (no second read)
+    fg, sg = f.clone().requires_grad_(), sigma.clone().requires_grad_()
+
+    def train():
+        pcops.radius_aggregate(q, p, fg, 0.2, sg, validate=False).sum().backward()
+
+    train()
+    assert _syncs(train) == 1
     backends = pcops.ops.nearest.BACKENDS
     warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
     warp(q, p, 4, False)

@@ -1,60 +1,28 @@
 """The cell list of the radius ops: reference points sorted by (sample, z, y, x) cell of a
-dense grid, and the Warp functions that find the cells around a query.
+dense grid, built once per op call and reused by its backward.
 
 ``CellList(query, ref, radius, query_group, ref_group)`` sorts the reference points (``order``)
 and the queries (``rows``) by cell; ``starts[c] .. starts[c + 1]`` are the sorted points of
 cell c. Cells are ``CELL * radius`` wide, wider when that would make more than
-``CELLS_PER_POINT`` cells per point of a sample. ``box_func(dtype)`` gives the Warp function
-``box(q, radius, frame, dims) -> (first cell, last cell)`` of the cells a query must scan;
-``permute`` reorders rows with a Warp kernel.
+``CELLS_PER_POINT`` cells per point of a sample. The kernels find the cells around a query with
+``pcops._warp_funcs.cell_range``; ``permute`` reorders rows with a Warp kernel. The custom op
+``pcops::cell_list`` returns a cell list as tensors (:meth:`CellList.tensors`), so that an
+op's backward reads the forward's (:meth:`CellList.of`) instead of building another.
 """
 
-import functools
-import math
+import contextlib
 from typing import Optional
 
 import torch
 import warp as wp
 
-from .. import _warp
+from .. import _validate, _warp, _warp_funcs
 
 # Cell width of the cell list, as a fraction of the radius: a query scans the cells that meet
 # the cube [q - r, q + r] (5^3 cells at r / 2, a volume of (2.5 r)^3 against (3 r)^3 at r).
 CELL = 0.5
 # At most this many cells per reference point (per sample): sparse clouds get wider cells.
 CELLS_PER_POINT = 2.0
-
-
-@functools.cache
-def cell_func(dtype: torch.dtype):
-    s = _warp.scalar(dtype)
-
-    @wp.func
-    def cell(x: s, low: s, inv_h: s, n: int):
-        """Cell coordinate of x along one axis, clamped to [-1, n] (inf included)."""
-        return int(wp.floor(wp.clamp((x - low) * inv_h, s(-1.0), s(n))))
-
-    return cell
-
-
-@functools.cache
-def box_func(dtype: torch.dtype):
-    s = _warp.scalar(dtype)
-    cell = cell_func(dtype)
-
-    @wp.func
-    def box(q: _warp.vec3(dtype), radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
-        """First and last cell (x, y, z) that may hold a point within ``radius`` of q, clamped to the grid."""
-        inv_h = frame[3]
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
-        lo = wp.vec3i(0, 0, 0)
-        hi = wp.vec3i(0, 0, 0)
-        for a in range(3):
-            lo[a] = wp.max(cell(q[a] - reach, frame[a], inv_h, dims[a]), 0)
-            hi[a] = wp.min(cell(q[a] + reach, frame[a], inv_h, dims[a]), dims[a] - 1)
-        return lo, hi
-
-    return box
 
 
 @_warp.kernels
@@ -106,9 +74,11 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torc
 
 @_warp.kernels
 def _key_kernel(dtype: torch.dtype):
-    """Linear (sample, z, y, x) cell index of each point; non-finite coordinates count as 0."""
+    """Linear (sample, z, y, x) cell index of each point; coordinates outside the grid (inf
+    included) in its border cells, NaN in cell 0 of its axis."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    cell, _ = _warp_funcs.cells(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def cell_keys(
@@ -123,13 +93,25 @@ def _key_kernel(dtype: torch.dtype):
         p = points[i]
         c = wp.vec3i(0, 0, 0)
         for a in range(3):
-            x = (p[a] - frame[a]) * frame[3]
-            if wp.isfinite(x):
-                c[a] = wp.clamp(int(wp.floor(wp.clamp(x, s(0.0), s(dims[a])))), 0, dims[a] - 1)
+            c[a] = cell((p[a] - frame[a]) * frame[3], s(dims[a] - 1))
         cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
         key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
 
     return cell_keys
+
+
+def _box(ref: torch.Tensor) -> torch.Tensor:
+    """(2, 3): the low and high corners of the finite reference points (zeros if none), on
+    ref's device. On the CPU the plain box, and the finite one only when that is not finite
+    (validate=False with NaN / inf points); on a GPU the finite one always (no host branch)."""
+    if ref.device.type == "cpu":
+        corners = torch.stack([ref.amin(0), ref.amax(0)])
+        if bool(torch.isfinite(corners).all()):
+            return corners
+    ok = torch.isfinite(ref).all(1, keepdim=True)
+    inf = float("inf")
+    corners = torch.stack([torch.where(ok, ref, inf).amin(0), torch.where(ok, ref, -inf).amax(0)])
+    return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
 class CellList:
@@ -137,41 +119,62 @@ class CellList:
 
     ``order`` sorts the points by (sample, z, y, x) cell; ``starts[c] .. starts[c + 1]`` are the
     sorted points of cell c; ``rows`` orders the queries the same way (for memory locality).
-    Cells are ``CELL * radius`` wide, wider when that would make more than ``CELLS_PER_POINT``
-    cells per point of a sample. One host read (the bounding box and the number of samples).
+    ``frame`` (4,) on the device: the grid's low corner and 1 / cell width; ``dims``: cells a
+    side (``wp.vec3i``; ``shape`` the same as a Python list). Cells are ``CELL * radius`` wide,
+    wider when that would make more than ``CELLS_PER_POINT`` cells per point of a sample.
+
+    One host read: the bounding box and the number of samples, which size the grid (``starts``);
+    the frame is made on the device from the same box (no copy from the host).
     """
 
     def __init__(self, query, ref, radius: float, query_group, ref_group):
-        dev = ref.device
-        corners = torch.stack([ref.amin(0), ref.amax(0)]).double()
-        samples = torch.zeros(1, dtype=torch.int64, device=dev)
+        dev, n, m = ref.device, ref.shape[0], query.shape[0]
+        if n == 0 or m == 0:  # nothing to search: an empty list
+            self._set(torch.empty(0, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
+                      torch.arange(m, device=dev), ref.new_zeros(4), [1, 1, 1])
+            return
+        corners = _box(ref)
+        samples = torch.zeros(1, dtype=torch.float64, device=dev)  # the largest sample id
         if ref_group is not None and ref_group.numel():
-            samples = torch.maximum(ref_group.amax().long(), query_group.amax().long())[None] + 1
-        host = torch.cat([corners.flatten(), samples.double()]).cpu().tolist()
-        low, high, groups = host[0:3], host[3:6], max(int(host[6]), 1)
-        if not all(map(math.isfinite, low + high)):  # non-finite points (validate=False): box of the others
-            finite = ref[torch.isfinite(ref).all(1)].double()
-            box = torch.stack([finite.amin(0), finite.amax(0)]) if finite.shape[0] else finite.new_zeros(2, 3)
-            low, high = box.cpu().tolist()
+            samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
+        # the one host read (float64: sample ids up to 2^53 stay exact)
+        host = torch.cat([corners.flatten().double(), samples]).cpu().tolist()
+        low, high, groups = host[0:3], host[3:6], max(int(host[6]) + 1, 1)
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
         width = CELL * radius
         volume = max(side[0] * side[1] * side[2], 1e-300)
-        width = max(width, (volume * groups / (CELLS_PER_POINT * max(ref.shape[0], 1))) ** (1.0 / 3.0))
+        width = max(width, (volume * groups / (CELLS_PER_POINT * max(n, 1))) ** (1.0 / 3.0))
         dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * ref.shape[0] + 64 and max(dims) > 1:
+        while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
             width *= 1.25  # a flat or thin cloud: the volume bound above was too generous
             dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        self.dims = wp.vec3i(dims[0], dims[1], dims[2])
-        self.frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype, device=dev)
-        key = self._key(ref, ref_group, dims)
-        key, self.order = torch.sort(key)
+        # (low corner, 1 / width) on the device: a fill, not a copy from the host
+        frame = torch.cat([corners[0], torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
+        self._set(None, None, None, frame, dims)
+        key, self.order = torch.sort(self._key(ref, ref_group))
         total = dims[0] * dims[1] * dims[2] * groups
         self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
-        # a Warp kernel, not torch.searchsorted (see _permute)
+        # a Warp kernel, not torch.searchsorted (see permute)
         _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref)
-        self.rows = torch.sort(self._key(query, query_group, dims)).indices
+        self.rows = torch.sort(self._key(query, query_group)).indices
 
-    def _key(self, points, group, dims):
+    def _set(self, order, starts, rows, frame, dims: list) -> None:
+        self.order, self.starts, self.rows, self.frame = order, starts, rows, frame
+        self.shape = [int(d) for d in dims]
+        self.dims = wp.vec3i(*self.shape)
+
+    @classmethod
+    def of(cls, order, starts, rows, frame, dims: torch.Tensor) -> "CellList":
+        """The cell list of :meth:`tensors` (``dims`` a CPU tensor: no host read)."""
+        cells = cls.__new__(cls)
+        cells._set(order, starts, rows, frame, dims.tolist())
+        return cells
+
+    def tensors(self) -> tuple:
+        """(order, starts, rows, frame, dims): ``dims`` (3,) int64 on the CPU, the rest on the device."""
+        return self.order, self.starts, self.rows, self.frame, torch.tensor(self.shape, dtype=torch.int64)
+
+    def _key(self, points, group):
         """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
         key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
         if points.shape[0]:
@@ -179,6 +182,44 @@ class CellList:
             vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
             _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points)
         return key
+
+
+@torch.library.custom_op("pcops::cell_list", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _cell_list(
+    query: torch.Tensor, ref: torch.Tensor, radius: float, query_group: Optional[torch.Tensor], ref_group: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cell list of ``ref`` for ``query`` as tensors: (order (N,), starts (T + 1,), rows (M,),
+    frame (4,), dims (3,) int64 on the CPU); see :class:`CellList`. One host read (on a GPU)."""
+    _validate.positive_number("radius", radius)
+    _validate.groups_paired(query_group, ref_group)
+    return CellList(query, ref, radius, query_group, ref_group).tensors()
+
+
+@_cell_list.register_fake
+def _(query, ref, radius, query_group, ref_group):
+    total = torch.library.get_ctx().new_dynamic_size(min=1)  # the grid's cells + 1: data-dependent
+    long = dict(dtype=torch.int64, device=ref.device)
+    return (ref.new_empty((ref.shape[0],), **long), ref.new_empty((total,), **long), ref.new_empty((query.shape[0],), **long),
+            ref.new_empty((4,)), ref.new_empty((3,), dtype=torch.int64, device="cpu"))
+
+
+def cell_list(query, ref, radius: float, query_group, ref_group) -> tuple:
+    """``pcops::cell_list`` inside the composite op of an op that reuses it in its backward.
+
+    The size of ``starts`` is data-dependent (a fresh unbacked size under ``torch.compile``).
+    When Dynamo runs a composite op on fake tensors as one node, that size is in none of the
+    op's outputs, which Dynamo rejects ("pending unbacked symbols not in returned outputs"):
+    there it is discarded (the composite's outputs do not depend on it). Under AOTAutograd's
+    tracing (a proxy mode is active) the two ops are nodes of their own and the size is bound
+    to this op's output as usual.
+    """
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    fake = detect_fake_mode((query, ref))
+    discard = fake is not None and fake.shape_env is not None and get_proxy_mode() is None
+    with fake.shape_env.ignore_fresh_unbacked_symbols() if discard else contextlib.nullcontext():
+        return torch.ops.pcops.cell_list(query, ref, radius, query_group, ref_group)
 
 
 def groups_of(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp
+from .. import _batch, _validate, _warp, _warp_funcs
 from .nearest import _distances
 
 
@@ -34,8 +34,8 @@ class BallQuery(NamedTuple):
 @_warp.kernels
 def _kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
-    point, neighbours = _warp.kernel_funcs(dtype, grouped)
-    insert = _warp.sorted_insert(dtype)
+    point, neighbours = _warp_funcs.grid_funcs(dtype, grouped)
+    insert = _warp_funcs.sorted_insert(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
@@ -90,11 +90,13 @@ def _ball_query(
     grouped = query_group is not None
     dists = query.new_full((m, max_neighbors), float("inf"))
     groups = query_group.to(torch.int32).contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
-    with _warp.stream(query):
-        grid = _warp.hash_grid(ref, radius, ref_group.to(torch.int32).contiguous() if grouped else None)
-        args = [wp.uint64(grid.id), groups, query, ref, radius, dists, idx, counts]
-        _warp.launch(_kernel(query.dtype, grouped), m, args, like=query)
-        _warp.keep_alive(grid, query)
+    # the grid is created and built on torch's current stream (under the stream lock), the launch
+    # passes that stream explicitly: no stream scope around the op (it would change Warp's
+    # per-device current stream under other threads)
+    grid = _warp.hash_grid(ref, radius, ref_group.to(torch.int32).contiguous() if grouped else None)
+    args = [wp.uint64(grid.id), groups, query, ref, radius, dists, idx, counts]
+    _warp.launch(_kernel(query.dtype, grouped), m, args, like=query)
+    _warp.keep_alive(grid, query)
     return idx, counts
 
 

@@ -31,7 +31,7 @@ import torch
 import torch._prims_common
 import warp as wp
 
-from .. import _batch, _validate, _warp
+from .. import _batch, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
 
 
@@ -89,7 +89,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    box = _cells.box_func(dtype)
+    box = _warp_funcs.cell_range(dtype)
     key, relative, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -230,8 +230,29 @@ def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius,
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _radius_aggregate(
+# pcops::radius_aggregate is a composite of two ops: pcops::cell_list (the cell list as tensors:
+# one host read on a GPU) and pcops::radius_aggregate_cells (the forward on that cell list,
+# whose autograd saves it for the backward: one cell list per forward and backward).
+torch.library.define(
+    "pcops::radius_aggregate",
+    "(Tensor query, Tensor ref, Tensor features, Tensor sigma, float radius, bool validate, Tensor? query_group, "
+    "Tensor? ref_group, str weights=\"softmax\") -> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.cudagraph_unsafe,),
+)
+
+
+@torch.library.impl("pcops::radius_aggregate", "CompositeImplicitAutograd")
+def _radius_aggregate(query, ref, features, sigma, radius, validate, query_group, ref_group, weights="softmax"):
+    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward.
+
+    ``dmin`` holds each query's smallest weighting key (softmax: the nearest distance).
+    """
+    cells = _cells.cell_list(query.detach(), ref.detach(), radius, query_group, ref_group)
+    return torch.ops.pcops.radius_aggregate_cells(query, ref, features, sigma, radius, validate, query_group, ref_group, *cells, weights)
+
+
+@torch.library.custom_op("pcops::radius_aggregate_cells", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _radius_aggregate_cells(
     query: torch.Tensor,
     ref: torch.Tensor,
     features: torch.Tensor,
@@ -240,12 +261,14 @@ def _radius_aggregate(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
+    order: torch.Tensor,
+    starts: torch.Tensor,
+    rows: torch.Tensor,
+    frame: torch.Tensor,
+    dims: torch.Tensor,
     weights: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward.
-
-    ``dmin`` holds each query's smallest weighting key (softmax: the nearest distance).
-    """
+    """pcops::radius_aggregate on the cell list (order, starts, rows, frame, dims) of pcops::cell_list."""
     _validate.positive_number("radius", radius)
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
@@ -256,14 +279,14 @@ def _radius_aggregate(
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, wsum, dmin
     forward, _ = _kernels(query.dtype, weights)
-    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+    cells = _cells.CellList.of(order, starts, rows, frame, dims)
     points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
     _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
     return out, wsum, dmin
 
 
-@_radius_aggregate.register_fake
-def _(query, ref, features, sigma, radius, validate, query_group, ref_group, weights="softmax"):
+@_radius_aggregate_cells.register_fake
+def _(query, ref, features, sigma, radius, validate, query_group, ref_group, order, starts, rows, frame, dims, weights="softmax"):
     m = query.shape[0]
     return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
 
@@ -284,9 +307,16 @@ def _radius_aggregate_backward(
     need_ref: bool = True,
     need_features: bool = True,
     weights: str = "softmax",
+    order: Optional[torch.Tensor] = None,
+    starts: Optional[torch.Tensor] = None,
+    rows: Optional[torch.Tensor] = None,
+    frame: Optional[torch.Tensor] = None,
+    dims: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
-    zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient)."""
+    zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient).
+    (order, starts, rows, frame, dims): the forward's cell list (pcops::cell_list); built
+    again when not given."""
     if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
         torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m = query.shape[0]
@@ -294,7 +324,10 @@ def _radius_aggregate_backward(
     grad_sigma = query.new_zeros((m,))
     if m and ref.shape[0] and features.shape[1]:
         _, backward = _kernels(query.dtype, weights)
-        cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+        if order is None or starts is None or rows is None or frame is None or dims is None:
+            cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+        else:
+            cells = _cells.CellList.of(order, starts, rows, frame, dims)
         points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
         # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
@@ -307,28 +340,29 @@ def _radius_aggregate_backward(
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True, weights="softmax"):
+def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True,
+      weights="softmax", order=None, starts=None, rows=None, frame=None, dims=None):
     return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
 
 
 def _setup_context(ctx, inputs, output):
-    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group, weights = inputs
+    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group, order, starts, rows, frame, dims, weights = inputs
     out, wsum, dmin = output
     ctx.radius, ctx.weights = radius, weights
     ctx.mark_non_differentiable(wsum, dmin)
-    ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin)
+    ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, order, starts, rows, frame, dims)
 
 
 def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
-    query, ref, features, sigma, query_group, ref_group, out, wsum, dmin = ctx.saved_tensors
+    query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, *cells = ctx.saved_tensors
     need = ctx.needs_input_grad
     grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2], ctx.weights
+        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
     )
-    return *(g if n else None for g, n in zip(grads, need)), None, None, None, None, None
+    return *(g if n else None for g, n in zip(grads, need)), *(None,) * 10
 
 
-_radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
+_radius_aggregate_cells.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_warp.kernels
@@ -336,7 +370,7 @@ def _max_kernel(dtype: torch.dtype):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    box = _cells.box_func(dtype)
+    box = _warp_funcs.cell_range(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(

@@ -33,7 +33,7 @@ import torch
 
 from ... import _batch, _validate
 from .. import _weighting
-from . import _cuml, _scipy, _torch, _warp  # noqa: F401  (registers the backends)
+from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
 
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend

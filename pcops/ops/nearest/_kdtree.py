@@ -43,7 +43,7 @@ import math
 import torch
 import warp as wp
 
-from ... import _warp
+from ... import _warp, _warp_funcs
 from ._registry import backend
 
 LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, 1.01-1.10x faster than 32 from 10^4 to 10^6 points, 8 slower
@@ -100,7 +100,7 @@ def _funcs(dtype: torch.dtype):
 def _search_kernel(dtype: torch.dtype, grouped: bool):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    insert = _warp.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
+    insert = _warp_funcs.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
 
     # A box (or point) is skipped only when its squared distance exceeds slack = (1 + 64 eps)^2
     # times the squared k-th distance: rounding (e.g. fused multiply-adds) never makes a box look
@@ -232,23 +232,8 @@ def _build_kernels(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     key, sample_pivot = _funcs(dtype)
-
-    @wp.func
-    def box(points: wp.array(dtype=v), first: int, last: int, step: int):
-        """(lo, hi): the box of points[first:last:step], by component (selects: 20% faster than
-        vector min / max); NaN coordinates are left out (NaN points only: an empty box, from
-        +inf to -inf)."""
-        lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
-        hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
-        for j in range(first, last, step):
-            p = points[j]
-            lx = wp.where(p[0] < lx, p[0], lx)
-            ly = wp.where(p[1] < ly, p[1], ly)
-            lz = wp.where(p[2] < lz, p[2], lz)
-            hx = wp.where(p[0] > hx, p[0], hx)
-            hy = wp.where(p[1] > hy, p[1], hy)
-            hz = wp.where(p[2] > hz, p[2], hz)
-        return v(lx, ly, lz), v(hx, hy, hz)
+    box = _warp_funcs.bounds(dtype)
+    _, morton = _warp_funcs.cells(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def build(
@@ -347,16 +332,6 @@ def _build_kernels(dtype: torch.dtype):
                             r = r + 1
                         axis[b] = a + 3 * int(rite - left > 1)  # + 3: stopped early, no plane between the halves
                         split[b] = key(points[mid], a)
-
-    @wp.func
-    def cell(x: s, top: s):
-        """The cell of a coordinate x cells from the box's low side: 0 .. top (0 for NaN)."""
-        return int(wp.where(x > s(0.0), wp.min(x, top), s(0.0)))
-
-    @wp.func
-    def morton(spread: wp.array(dtype=wp.int32), x: v, top: s):
-        """The Morton code of the cell at x (in cells from the low corner, see ``cell``)."""
-        return spread[cell(x[0], top)] | (spread[cell(x[1], top)] << 1) | (spread[cell(x[2], top)] << 2)
 
     @wp.kernel(enable_backward=False, module="unique")
     def keys(start: int, points: wp.array(dtype=v), frame: wp.array(dtype=s), spread: wp.array(dtype=wp.int32),
