@@ -45,7 +45,13 @@ def use_rmm_pool(
             default (half the free memory) when None.
         maximum_pool_size: upper bound of the pool; unbounded when None.
         devices: CUDA device id(s) to set the pool up on. Default: the ``LOCAL_RANK``
-            environment variable (set by torchrun / Lightning for each process), else 0.
+            environment variable (set by torchrun / Lightning for each process), else the
+            current CUDA device (0 unless set, e.g. by ``CUDA_VISIBLE_DEVICES`` remapping or a
+            ``cudaSetDevice`` through CuPy). The first of them becomes the current CUDA device,
+            which PyTorch takes as its current device when it initialises CUDA, so that
+            ``device="cuda"`` tensors and :func:`max_memory_allocated` without a device use the
+            pool. Tensors on other devices are allocated outside the pool (plain
+            ``cudaMalloc``), and :func:`max_memory_allocated` refuses them.
 
     A second call is a no-op. Raises ``RuntimeError`` without CUDA or when PyTorch has
     already initialised CUDA (the allocator cannot be swapped then), and ``ImportError`` when
@@ -67,9 +73,21 @@ def use_rmm_pool(
             "call it first thing in your script, or set `rmm_pool: true` in the training config, which "
             "calls it before the model is built"
         )
+    from rmm._cuda.gpu import getDevice, setDevice  # the CUDA runtime calls rmm.reinitialize makes
+
     if devices is None:
-        devices = int(os.environ.get("LOCAL_RANK", 0))
+        devices = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else getDevice()
     ids = [devices] if isinstance(devices, int) else list(devices)
+    if not ids:
+        raise ValueError("pcops.memory.use_rmm_pool: devices is empty")
+    # rmm.reinitialize (rmm/pylibrmm/memory_resource/_memory_resource.pyx, _initialize) saves the
+    # current device (cudaGetDevice), drops every per-device resource set before, makes each of
+    # ``ids`` current in turn (cudaSetDevice, which creates its primary context) to create its
+    # pool, and sets the saved device back at its end: device 0 unless something chose another,
+    # which would create a context on device 0 in every rank and leave device 0 current (torch's
+    # "cuda" tensors and cuML's buffers then outside the pool). The rank's own device is made
+    # current first, so it is the one restored.
+    setDevice(ids[0])
     rmm.reinitialize(
         pool_allocator=True, initial_pool_size=initial_pool_size, maximum_pool_size=maximum_pool_size, devices=ids
     )
@@ -114,9 +132,14 @@ def _index(device) -> int:
 
 
 def _stats(device):
-    adaptor = _state["stats"].get(_index(device))
+    index = _index(device)
+    adaptor = _state["stats"].get(index)
     if adaptor is None:
-        raise ValueError(f"pcops.memory.use_rmm_pool() did not set up device {device}: it covers {_state['devices']}")
+        raise ValueError(
+            f"pcops.memory.use_rmm_pool() did not set up device {index}: it covers {_state['devices']} (tensors on "
+            "other devices are allocated outside the pool, with plain cudaMalloc, and PyTorch's own statistics "
+            "raise under RMM's allocator); pass every device the process uses as use_rmm_pool(devices=[...])"
+        )
     return adaptor
 
 
@@ -158,14 +181,29 @@ def default_cuml_resource(index: int) -> None:
     Importing cuML makes RMM CuPy's allocator, and RMM's default device resource is the plain
     ``CudaMemoryResource`` (a cudaMalloc and cudaFree per buffer). When nothing has chosen a
     resource for the device (it is still that default) and :func:`use_rmm_pool` is not in use,
-    this sets ``rmm.mr.CudaAsyncMemoryResource()`` (CUDA's stream-ordered allocator, which
-    keeps freed memory for reuse). Called by the cuML backend in the device's context; a
-    resource the user set is left alone. PyTorch's allocator is not affected.
+    this sets ``rmm.mr.CudaAsyncMemoryResource`` (CUDA's stream-ordered allocator, which keeps
+    freed memory for reuse) with a release threshold (:func:`async_release_threshold`): above
+    it, freed memory goes back to the device at the next synchronisation. Called by the cuML
+    backend in the device's context; a resource the user set is left alone. PyTorch's
+    allocator is not affected.
     """
     if _state or index in _async_done:
         return
     import rmm
 
     if type(rmm.mr.get_per_device_resource(index)) is rmm.mr.CudaMemoryResource:
-        rmm.mr.set_per_device_resource(index, rmm.mr.CudaAsyncMemoryResource())
+        # CudaAsyncMemoryResource(initial_pool_size=None, release_threshold=None) creates its own
+        # pool (cudaMemPoolCreate) and sets cudaMemPoolAttrReleaseThreshold with
+        # cudaMemPoolSetAttribute to release_threshold, UINT64_MAX when None (rmm
+        # cpp/src/mr/detail/cuda_async_memory_resource_impl.cpp): the pool would keep all it
+        # ever held. With a threshold, memory beyond it goes back to the device at the next
+        # synchronisation (cuML synchronises after each call), so PyTorch's allocator can use it.
+        threshold = async_release_threshold(torch.cuda.get_device_properties(index).total_memory)
+        rmm.mr.set_per_device_resource(index, rmm.mr.CudaAsyncMemoryResource(release_threshold=threshold))
     _async_done.add(index)
+
+
+def async_release_threshold(total_memory: int) -> int:
+    """Bytes cuML's async pool keeps between calls: 1/16 of the device's memory, at most 1 GiB
+    (enough for the buffers of a search of a few million points, little beside PyTorch's cache)."""
+    return min(total_memory // 16, 1 << 30)

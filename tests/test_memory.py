@@ -20,9 +20,29 @@ def fresh_state(monkeypatch):
 def fake_gpu(monkeypatch):
     """A machine that reports CUDA, with recording stand-ins for rmm, cupy and torch's allocator swap."""
     calls = {}
-    rmm = types.ModuleType("rmm")
-    rmm.reinitialize = lambda **kw: calls.setdefault("reinitialize", []).append(kw)
     resources = {}
+    # the CUDA runtime's current device and the devices made current (each gets a context)
+    cuda = calls["cuda"] = {"current": 0, "contexts": set()}
+
+    def set_device(device):
+        cuda["current"] = device
+        cuda["contexts"].add(device)
+
+    def reinitialize(**kw):
+        # as rmm.reinitialize (rmm.pylibrmm.memory_resource._initialize): save the current device,
+        # drop the per-device resources, create each pool with its device current, restore the device
+        calls.setdefault("reinitialize", []).append(kw)
+        original = cuda["current"]
+        resources.clear()
+        for device in kw["devices"]:
+            set_device(device)
+            resources[device] = ("pool", device)
+        set_device(original)
+
+    rmm = types.ModuleType("rmm")
+    rmm.reinitialize = reinitialize
+    gpu = types.ModuleType("rmm._cuda.gpu")
+    gpu.getDevice, gpu.setDevice = (lambda: cuda["current"]), set_device
     rmm.mr = types.SimpleNamespace(
         StatisticsResourceAdaptor=_FakeStatistics,
         get_per_device_resource=lambda i: resources.setdefault(i, ("pool", i)),
@@ -38,8 +58,11 @@ def fake_gpu(monkeypatch):
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(set_allocator=lambda a: calls.setdefault("cupy", []).append(a))
     for name, module in [("rmm", rmm), ("rmm.allocators", allocators), ("rmm.allocators.torch", rmm_torch),
-                         ("rmm.allocators.cupy", rmm_cupy), ("cupy", cupy)]:
+                         ("rmm.allocators.cupy", rmm_cupy), ("cupy", cupy), ("rmm._cuda", types.ModuleType("rmm._cuda")),
+                         ("rmm._cuda.gpu", gpu)]:
         monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: cuda["current"])  # torch reads the runtime's device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda.memory, "change_current_allocator", lambda a: calls.setdefault("torch", []).append(a))
@@ -96,6 +119,39 @@ def test_local_rank_picks_the_device(fake_gpu, monkeypatch):
     assert fake_gpu["reinitialize"][0]["devices"] == [3]
 
 
+def test_each_rank_sets_up_and_keeps_current_its_own_device_only(fake_gpu, monkeypatch):
+    # rmm.reinitialize sets the device that was current back at its end: device 0 unless the
+    # rank's device is made current first, which created a context on device 0 in every rank
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    memory.use_rmm_pool()
+    assert fake_gpu["cuda"]["contexts"] == {3}  # no context on device 0
+    assert fake_gpu["cuda"]["current"] == 3  # torch's "cuda" tensors go to the pool's device
+    stats = fake_gpu["resources"][3]
+    assert isinstance(stats, _FakeStatistics) and stats.upstream == ("pool", 3)
+    stats.allocate(64)
+    assert memory.max_memory_allocated() == 64  # the current device: the pool's
+    with pytest.raises(ValueError, match="did not set up device 0.*outside the pool"):
+        memory.max_memory_allocated(0)
+
+
+def test_without_local_rank_the_current_cuda_device_is_used(fake_gpu):
+    fake_gpu["cuda"]["current"] = 2  # chosen before, e.g. through CuPy
+    memory.use_rmm_pool()
+    assert fake_gpu["reinitialize"][0]["devices"] == [2]
+    assert fake_gpu["cuda"]["contexts"] == {2} and fake_gpu["cuda"]["current"] == 2
+
+
+def test_a_pool_on_several_devices_keeps_the_first_current(fake_gpu):
+    memory.use_rmm_pool(devices=[1, 2])
+    assert fake_gpu["cuda"]["contexts"] == {1, 2} and fake_gpu["cuda"]["current"] == 1
+    for index in (1, 2):
+        fake_gpu["resources"][index].allocate(10 * index)
+        assert memory.max_memory_allocated(index) == 10 * index  # each device's own statistics
+    assert memory.max_memory_allocated("cuda") == 10  # no index: the current device
+    with pytest.raises(ValueError, match=r"covers \[1, 2\]"):
+        memory.reset_peak_memory_stats(0)
+
+
 def test_cuda_graph_compile_modes_warn_under_the_pool(fake_gpu):
     memory.check_compile_mode("reduce-overhead")  # no pool yet: silent
     memory.use_rmm_pool()
@@ -127,9 +183,11 @@ def test_without_the_pool_cuml_gets_rmm_async_resource_once(monkeypatch):
         pass
 
     class Async:
-        pass
+        def __init__(self, initial_pool_size=None, release_threshold=None):
+            self.release_threshold = release_threshold
 
     resources = {0: Plain(), 1: "user's"}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=8 << 30))
     rmm = types.ModuleType("rmm")
     rmm.mr = types.SimpleNamespace(
         CudaMemoryResource=Plain, CudaAsyncMemoryResource=Async,
@@ -140,9 +198,15 @@ def test_without_the_pool_cuml_gets_rmm_async_resource_once(monkeypatch):
     memory.default_cuml_resource(0)
     memory.default_cuml_resource(1)
     assert isinstance(resources[0], Async) and resources[1] == "user's"  # a resource the user chose stays
+    assert resources[0].release_threshold == 512 << 20  # not RMM's default (UINT64_MAX: never released)
     resources[0] = Plain()
     memory.default_cuml_resource(0)  # once per device
     assert isinstance(resources[0], Plain)
+
+
+def test_the_async_pool_keeps_a_sixteenth_of_the_device_at_most_1_gib():
+    assert memory.async_release_threshold(8 << 30) == 512 << 20
+    assert memory.async_release_threshold(80 << 30) == 1 << 30
 
 
 class _FakeStatistics:
