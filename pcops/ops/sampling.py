@@ -65,6 +65,7 @@ def _kernels(dtype: torch.dtype):
     # distance by a few roundings at most; 16 eps covers them (and fused multiply-adds). Below
     # ``tiny`` (subnormal squares) relative bounds fail: nothing is skipped there.
     shrink = s(1.0 - 16.0 * eps)
+    leaf_size = LEAF
     tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
 
     @wp.func(module="unique")
@@ -123,7 +124,6 @@ def _kernels(dtype: torch.dtype):
         n: int,
         nodes: int,
         lengths: wp.array(dtype=wp.int32),
-        heights: wp.array(dtype=wp.int32),
         counts: wp.array(dtype=wp.int64),
         first: wp.array2d(dtype=wp.int64),
         points: wp.array(dtype=v),
@@ -151,7 +151,9 @@ def _kernels(dtype: torch.dtype):
             return
         base = b * n
         root = b * nodes
-        h = heights[b]
+        h = int(0)
+        while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
+            h += 1
         leaf0 = (1 << h) - 1
         nan_box = v(s(wp.nan))
         # the points in Morton order of their cells (2^10 per axis in the sample's box, a radix sort)
@@ -334,12 +336,13 @@ def _block(n: int, b: int, device: torch.device) -> int:
     return 128
 
 
-def _heights(lengths: torch.Tensor) -> torch.Tensor:
-    """Per sample, the smallest tree height whose leaves hold at most LEAF points."""
-    leaves = torch.div(lengths.clamp(min=1) + LEAF - 1, LEAF, rounding_mode="floor")
-    h = torch.ceil(torch.log2(leaves.to(torch.float64))).to(torch.int64)
-    h = torch.where((1 << h) < leaves, h + 1, h)  # log2 rounding
-    return torch.where((1 << (h - 1).clamp(min=0)) >= leaves, (h - 1).clamp(min=0), h).to(torch.int32)
+def _height(n: int) -> int:
+    """The smallest tree height whose leaves (node k of 2^h holds points floor(k n / 2^h) ..
+    floor((k + 1) n / 2^h) - 1) hold at most LEAF of n points; the kernel finds the same."""
+    h = 0
+    while (n + (1 << h) - 1) >> h > LEAF:  # the largest leaf: ceil(n / 2^h)
+        h += 1
+    return h
 
 
 def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor) -> None:
@@ -348,8 +351,7 @@ def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor,
     b, n, _ = points.shape
     sample, _ = _kernels(points.dtype)
     vec = _warp.vec3(points.dtype)
-    heights = _heights(lengths32.to(torch.int64)).contiguous()
-    nodes = (2 << int(heights.max())) - 1
+    nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
     flat = points.reshape(b * n, 3)
     pts = torch.empty_like(flat)
     order, keys, tmp_order, tmp_keys, inv = (torch.empty(b * n, dtype=torch.int32, device=points.device) for _ in range(5))
@@ -358,7 +360,7 @@ def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor,
     lo_box, hi_box = points.new_empty((b * nodes, 3)), points.new_empty((b * nodes, 3))
     node_max = points.new_empty((b * nodes,))
     node_arg = torch.empty(b * nodes, dtype=torch.int32, device=points.device)
-    args = [n, nodes, lengths32, heights, counts, start, _warp.array(flat, vec), _warp.array(pts, vec), order, keys, tmp_order,
+    args = [n, nodes, lengths32, counts, start, _warp.array(flat, vec), _warp.array(pts, vec), order, keys, tmp_order,
             tmp_keys, hist, inv, dist, _warp.array(lo_box, vec), _warp.array(hi_box, vec), node_max, node_arg, idx]
     _warp.launch(sample, b, args, like=points, min_chunk=1)
 
@@ -426,11 +428,11 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     _warp.init()
     points = points.contiguous()
     lengths32 = lengths.to(torch.int32).contiguous()
+    if not _per_pick(points.device):  # the kernel clamps the start indices (validate=False) and writes counts[b] picks
+        _bucket(points, lengths32, counts.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(), idx)
+        return idx
     start = torch.minimum(start.to(torch.int64).clamp(min=0), (lengths.to(torch.int64) - 1).clamp(min=0)[:, None]).contiguous()
-    if _per_pick(points.device):
-        _per_pick_fps(points, lengths32, start, n_samples, idx)
-    else:
-        _bucket(points, lengths32, counts.to(torch.int64).contiguous(), start, idx)
+    _per_pick_fps(points, lengths32, start, n_samples, idx)
     return torch.where(torch.arange(n_samples, device=idx.device) < counts[:, None], idx, -1)
 
 
