@@ -354,35 +354,84 @@ def _optional(module: str):
 SAMPLING_CLOUDS = ("randn", "uniform", "clustered", "surface")  # bench_search.cloud shapes
 
 
+FPS_BATCH = 16  # clouds of the batch rows: one padded call against 16 calls
+
+
+def _fps_cases(args, device, shape: str):
+    """Farthest point sampling rows of one cloud shape: (op, variant, n, fn or None, note, S).
+
+    Sizes 10^4 and 10^5 (10^6 with --sweep), S = n/64 and n/4 picks, each against fpsample's
+    fastest exact variant (``bucket_fps_kdline_sampling``: QuickFPS, exact, one thread; its
+    start is the first point of its tree, pcops starts at the first point of the cloud) and at
+    10^4 its plain ``fps_sampling`` and the torch loop. fpsample 1.0.2 has no multi-threaded
+    variant: the batch rows run its 16 calls one after another and on a thread pool. Batch
+    rows: 16 clouds of n points (n/4 picks each) in one padded call against 16 calls."""
+    fpsample = _optional("fpsample")
+    sizes = [1_000, 4_000] if args.quick else [10_000, 100_000] + ([1_000_000] if args.sweep else [])
+    op = "farthest_point_sample"
+    cases = []
+    for n in sizes:
+        cloud = bench_search.cloud(shape, n, 2)
+        dev, x = cloud.to(device), cloud.numpy()
+        h = 9 if n >= 1_000_000 else (7 if n >= 10_000 else 5)  # fpsample's advice: 5-7 for medium, 9 for large clouds
+        for frac in (64, 4):
+            s = n // frac
+            cases.append((op, "pcops", n, lambda dev=dev, s=s: pcops.farthest_point_sample(dev, s, validate=False), f"S=n/{frac}", s))
+            if fpsample is None:
+                cases.append((op, "fpsample_bucket", n, None, "pip install fpsample to compare", s))
+                continue
+            cases.append((op, "fpsample_bucket", n, lambda x=x, s=s, h=h: fpsample.bucket_fps_kdline_sampling(x, s, h=h, start_idx=0),
+                          f"S=n/{frac}, bucket_fps_kdline_sampling h={h}: exact, one thread", s))
+            if n <= 10_000:
+                cases.append((op, "fpsample_plain", n, lambda x=x, s=s: fpsample.fps_sampling(x, s, start_idx=0), f"S=n/{frac}, fps_sampling: exact, one thread", s))
+        if n <= 10_000:
+            s = n // 64
+
+            def torch_fps_loop(dev=dev, n=n, s=s):  # the loop users write in torch: a few tensor ops per pick
+                dist = torch.full((n,), float("inf"), device=device)
+                picked = torch.zeros(s, dtype=torch.int64, device=device)
+                for t in range(1, s):
+                    dist = torch.minimum(dist, (dev - dev[picked[t - 1]]).square().sum(1))
+                    picked[t] = dist.argmax()
+                return picked
+
+            cases.append((op, "torch_loop", n, torch_fps_loop, "S=n/64, float32 argmax per pick", s))
+    # a batch: FPS_BATCH clouds of the smallest size, n/4 picks each
+    n = sizes[0]
+    s = n // 4
+    clouds = [bench_search.cloud(shape, n, 10 + i) for i in range(FPS_BATCH)]
+    padded = torch.stack(clouds).to(device)
+    singles = [c.to(device) for c in clouds]
+    batch_op = f"{op}_batch{FPS_BATCH}"
+    cases.append((batch_op, "pcops", n, lambda: pcops.farthest_point_sample(padded, s, validate=False), f"{FPS_BATCH} clouds in one padded call, S=n/4", s))
+    cases.append((batch_op, "pcops_calls", n, lambda: [pcops.farthest_point_sample(c, s, validate=False) for c in singles],
+                  f"{FPS_BATCH} calls one after another", s))
+    if fpsample is not None:
+        arrays = [c.numpy() for c in clouds]
+        h = 7 if n >= 10_000 else 5
+        cases.append((batch_op, "fpsample_bucket_calls", n, lambda: [fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0) for a in arrays],
+                      f"{FPS_BATCH} calls one after another, h={h}", s))
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        cases.append((batch_op, "fpsample_bucket_threads", n,
+                      lambda: list(pool.map(lambda a: fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0), arrays)),
+                      f"{FPS_BATCH} calls on {os.cpu_count()} Python threads, h={h}", s))
+    return cases
+
+
 def _sampling_cases(args, device, shape: str = "uniform"):
-    """(op, variant, n, fn or None, note) for every row of the sampling section on one cloud
-    shape; radii and voxel sizes follow the cloud (medians of its k-th neighbour distances)."""
+    """(op, variant, n, fn or None, note[, S]) for every row of the sampling section on one cloud
+    shape (FPS rows carry their number of picks S); radii and voxel sizes follow the cloud
+    (medians of its k-th neighbour distances)."""
     quick = args.quick
     gen = torch.Generator().manual_seed(2)
     n = 4_000 if quick else 100_000
-    s = 128 if quick else 1_024
     cloud = bench_search.cloud(shape, n, 2)
-    fpsample = _optional("fpsample")
     o3c = _optional("open3d.core")
     ckdtree = getattr(_optional("scipy.spatial"), "cKDTree", None)
     dev_cloud = cloud.to(device)
-    cases = [("farthest_point_sample", "pcops", n, lambda: pcops.farthest_point_sample(dev_cloud, s, validate=False), f"S={s}")]
-    if fpsample is None:
-        cases.append(("farthest_point_sample", "fpsample", n, None, "pip install fpsample to compare"))
-    else:
-        x = cloud.numpy()
-        cases.append(("farthest_point_sample", "fpsample", n, lambda: fpsample.fps_sampling(x, s, start_idx=0), "exact, one thread"))
-        cases.append(("farthest_point_sample", "fpsample_bucket", n,
-                      lambda: fpsample.bucket_fps_kdline_sampling(x, s, h=7, start_idx=0), "QuickFPS kd-tree buckets"))
-    def torch_fps_loop():  # the loop users write in torch: a few tensor ops per pick
-        dist = torch.full((n,), float("inf"), device=device)
-        picked = torch.zeros(s, dtype=torch.int64, device=device)
-        for t in range(1, s):
-            dist = torch.minimum(dist, (dev_cloud - dev_cloud[picked[t - 1]]).square().sum(1))
-            picked[t] = dist.argmax()
-        return picked
-
-    cases.append(("farthest_point_sample", "torch_loop", n, torch_fps_loop, "float32, argmax per pick"))
+    cases = _fps_cases(args, device, shape)
 
     # ball query: n reference points, n/10 queries, the radius holding 32 points for half of them
     k = 32
@@ -462,18 +511,20 @@ def _sampling_cases(args, device, shape: str = "uniform"):
 
 def run_sampling(args, device) -> list[dict]:
     """Forward times of the sampling and grouping ops and their peers on each cloud shape, with
-    ratios printed."""
+    ratios printed (rows of the same op, cloud, size and number of picks only)."""
     rows = []
     for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS:
-        for op, variant, n, fn, note in _sampling_cases(args, device, shape):
+        for op, variant, n, fn, note, *s in _sampling_cases(args, device, shape):
             ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
-            rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "ms": ms, "note": note})
-            print(f"{op:<22} {variant:<16} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
-    ours = {(r["op"], r["cloud"]): r for r in rows if r["variant"] == "pcops" and r["ms"]}
+            rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": ms, "note": note})
+            print(f"{op:<28} {variant:<24} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
+    key = lambda r: (r["op"], r["cloud"], r["n"], r["s"])  # noqa: E731
+    ours = {key(r): r for r in rows if r["variant"] == "pcops" and r["ms"]}
     for r in rows:
-        mine = ours.get((r["op"], r["cloud"]))
-        if r["variant"] != "pcops" and r["ms"] and mine and r["n"] == mine["n"]:
-            print(f"{r['op']} ({r['cloud']}): pcops vs {r['variant']}: {r['ms'] / mine['ms']:.2f}x faster")
+        mine = ours.get(key(r))
+        if r["variant"] != "pcops" and r["ms"] and mine:
+            size = f"n={r['n']:,}" + (f", S={r['s']:,}" if r["s"] else "")
+            print(f"{r['op']} ({r['cloud']}, {size}): pcops vs {r['variant']}: {r['ms'] / mine['ms']:.2f}x faster")
     return rows
 
 
