@@ -74,10 +74,10 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
 def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.Tensor:
     """Of a neighbour table (R, W) of the queries ``rows``: the first k indices (ascending) with
     squared distance < bound (and j != row if ``exclude_same``), -1 padded, as (R, k)."""
-    valid = table >= 0
-    j = table.clamp(min=0)
-    sq = squared(query[rows][:, None, :] - ref[j])
-    valid &= sq < bound
+    r, w = table.shape
+    near = ref.index_select(0, table.clamp(min=0).reshape(-1)).view(r, w, 3)
+    centre = query if r == query.shape[0] else query.index_select(0, rows)
+    valid = (table >= 0) & (squared(centre[:, None, :] - near) < bound)
     if exclude_same:
         valid &= table != rows[:, None]
     key = torch.where(valid, table, _NO_INDEX).sort(1).values[:, :k]
