@@ -8,7 +8,12 @@ Three layouts reach the ops:
 * packed:  query (M_total, 3) with ``query_batch`` (M_total,) and ref (N_total, 3) with
   ``ref_batch`` (N_total,) int sample ids, sorted or not (PyTorch Geometric's convention)
 
-:func:`flatten` turns any of them into flat (P, 3) points plus int32 groups (``None`` for a
+:func:`pair` (two-cloud ops) and :func:`single` (one-cloud ops) are the one layout layer of
+pcops: every public op resolves its numbers, flattens its inputs through one of them, calls its
+custom op and unflattens the result (:func:`unflatten`, :func:`local_index`). They own every
+shape, value and range check of the layouts, and their messages name the arguments as the
+caller typed them (``x``, ``y_lengths`` for ``chamfer_distance``; ``points``, ``batch`` for
+one-cloud ops). They turn any layout into flat (P, 3) points plus int32 groups (``None`` for a
 single cloud). A padded layout gets group b for the valid rows of sample b, ``B`` for query
 padding and ``B + 1`` for reference padding, so padding never meets anything. Packed ids of
 any integer range (int64 above 2**31 included) become int32 groups that are equal exactly where
@@ -25,6 +30,26 @@ import torch
 from . import _validate
 
 
+class Names(NamedTuple):
+    """The caller's names of an op's inputs, used in every message of the layout layer."""
+
+    query: str = "query"
+    ref: str = "ref"
+    features: str = "features"
+    query_lengths: str = "query_lengths"
+    ref_lengths: str = "ref_lengths"
+    query_batch: str = "query_batch"
+    ref_batch: str = "ref_batch"
+
+
+def names(query: str = "query", ref: str = "ref", features: str = "features") -> Names:
+    """Names of a two-cloud op whose batch keywords follow its clouds' names (``x`` -> ``x_lengths``, ``x_batch``)."""
+    return Names(query, ref, features, f"{query}_lengths", f"{ref}_lengths", f"{query}_batch", f"{ref}_batch")
+
+
+PAIR = names()  # query, ref, features, query_lengths, ref_lengths, query_batch, ref_batch
+
+
 class Flat(NamedTuple):
     """Flat inputs of an op and how to give its results the caller's layout back."""
 
@@ -35,6 +60,8 @@ class Flat(NamedTuple):
     ref_group: Optional[torch.Tensor]  # (R,) int32
     batch_shape: tuple  # (B, M) for padded inputs, () otherwise
     ref_rows: int  # N of a padded layout (to make neighbour indices local), else 0
+    validate: bool = False  # what the custom op's own value checks should do: True only where the
+    # layout layer could not check the values (under torch.compile) and the caller asked for checks
 
 
 def _padded_groups(b: int, size: int, lengths: Optional[torch.Tensor], pad_id: int, device) -> torch.Tensor:
@@ -69,12 +96,7 @@ def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torc
     return groups[: query_batch.shape[0]], groups[query_batch.shape[0] :]
 
 
-def int32_groups(batch: torch.Tensor) -> torch.Tensor:
-    """Sample ids of one packed point set as int32 groups (see :func:`_int32_ids`)."""
-    return _int32_ids(batch, batch[:0])[0]
-
-
-def flatten(
+def pair(
     query,
     ref,
     features=None,
@@ -85,29 +107,92 @@ def flatten(
     ref_batch=None,
     validate: bool = True,
     dim: Optional[int] = 3,
+    names: Names = PAIR,
+    finite: Optional[dict] = None,
+    positive: Optional[dict] = None,
+    ranges: Optional[dict] = None,
 ) -> Flat:
-    """Check shapes of any layout and flatten it (see the module docs).
+    """The layout of a two-cloud op, checked and flattened (see the module docs).
 
-    ``dim`` is the points' last dimension; None accepts any D >= 1 shared by query and ref
-    (feature-space search, e.g. ``knn(..., backend="torch")``).
+    Every check of the layout runs here, and every message names the caller's argument (``names``).
+    Shapes, dtypes and devices always; with ``validate`` and not under ``torch.compile``, the values
+    too, in one host read for the whole call: lengths and ids in range, no NaN/inf in the points
+    and features, and the op's own tensors ``finite`` (name -> tensor, no NaN/inf) and ``positive``
+    (name -> tensor, finite and > 0 in the op's compute dtype) and ``ranges`` (name -> (tensor, low,
+    high), e.g. packed ids below a given number of samples). Under ``torch.compile`` the range checks are skipped and the
+    NaN/inf checks are left to the custom op (``Flat.validate``). ``dim`` is the points' last
+    dimension; None accepts any D >= 1 shared by query and ref (feature-space search).
     """
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    padded = _validate.layout(query, ref, features, **batch, dim=dim)
-    d = query.shape[-1]
-    if validate and not torch.compiler.is_compiling():  # value checks: eager only (see pcops._validate)
-        _validate.layout_values(query, ref, **batch)
-    b = query.shape[0] if padded else 0
+    padded = _validate.layout(query, ref, features, **batch, dim=dim, names=names)
+    checked = _check_values(validate, names, query, ref, features, batch, finite, positive, same=False, ranges=ranges)
+    return _flat(query, ref, features, padded, batch, validate and not checked)
 
+
+def single(
+    points,
+    features=None,
+    *,
+    lengths=None,
+    batch=None,
+    validate: bool = True,
+    dim: Optional[int] = 3,
+    name: str = "points",
+    features_name: str = "features",
+    finite: Optional[dict] = None,
+    positive: Optional[dict] = None,
+    ranges: Optional[dict] = None,
+) -> Flat:
+    """The layout of a one-cloud op (a cloud searched against itself): ``points`` (P, 3), padded
+    (B, P, 3) with ``lengths`` (B,), or packed (P_total, 3) with ``batch`` (P_total,). Checked as
+    :func:`pair` checks (messages name ``name``, ``lengths``, ``batch``) and flattened with the
+    points as both query and ref. ``ranges`` (name -> (tensor, low, high)) adds range checks of
+    the op's own (e.g. packed ids below the number of per-sample viewpoints)."""
+    names = Names(name, name, features_name, "lengths", "lengths", "batch", "batch")
+    layout = dict(query_lengths=lengths, ref_lengths=lengths, query_batch=batch, ref_batch=batch)
+    padded = _validate.layout(points, points, features, **layout, dim=dim, names=names)
+    checked = _check_values(validate, names, points, points, features, layout, finite, positive, same=True, ranges=ranges)
+    return _flat(points, points, features, padded, layout, validate and not checked)
+
+
+def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:
+    """The value checks of a layout (and the op's tensors), in one host read; whether they ran."""
+    if not validate or torch.compiler.is_compiling():
+        return False
+    checks = _validate.Checks()
+    padded = query.dim() == 3
+    for which, rows in (("query", query), ("ref", ref))[: 1 if same else 2]:
+        checks.in_range(getattr(names, f"{which}_lengths"), batch[f"{which}_lengths"], 0, rows.shape[1] if padded else 0)
+        checks.in_range(getattr(names, f"{which}_batch"), batch[f"{which}_batch"], 0, None)
+    checks.finite(names.query, query)
+    if not same:
+        checks.finite(names.ref, ref)
+    checks.finite(names.features, features)
+    for name, t in (finite or {}).items():
+        checks.finite(name, t)
+    dtype = _validate.compute_dtype(*(t for t in (query, ref, features) if t is not None))[0]
+    for name, t in (positive or {}).items():
+        checks.positive(name, t.to(dtype))  # > 0 in the dtype it is computed in
+    for name, (t, low, high) in (ranges or {}).items():
+        checks.in_range(name, t, low, high)
+    checks.run()
+    return True
+
+
+def _flat(query, ref, features, padded: bool, batch: dict, validate: bool) -> Flat:
+    d = query.shape[-1]
     if not padded:
-        qg, rg = (None, None) if query_batch is None else _int32_ids(query_batch, ref_batch)
-        return Flat(query, ref, features, qg, rg, (), 0)
-    m, n = query.shape[1], ref.shape[1]
+        qb, rb = batch["query_batch"], batch["ref_batch"]
+        qg, rg = (None, None) if qb is None else _int32_ids(qb, rb)
+        return Flat(query, ref, features, qg, rg, (), 0, validate)
+    b, m, n = query.shape[0], query.shape[1], ref.shape[1]
+    lengths_q, lengths_r = batch["query_lengths"], batch["ref_lengths"]
     flat_features = None if features is None else features.reshape(b * n, features.shape[-1])
-    if b == 1 and query_lengths is None and ref_lengths is None:  # one whole cloud: no groups needed
-        return Flat(query.reshape(m, d), ref.reshape(n, d), flat_features, None, None, (b, m), n)
-    qg = _padded_groups(b, m, query_lengths, b, query.device)
-    rg = _padded_groups(b, n, ref_lengths, b + 1, query.device)
-    return Flat(query.reshape(b * m, d), ref.reshape(b * n, d), flat_features, qg, rg, (b, m), n)
+    if b == 1 and lengths_q is None and lengths_r is None:  # one whole cloud: no groups needed
+        return Flat(query.reshape(m, d), ref.reshape(n, d), flat_features, None, None, (b, m), n, validate)
+    qg = _padded_groups(b, m, lengths_q, b, query.device)
+    rg = _padded_groups(b, n, lengths_r, b + 1, query.device)
+    return Flat(query.reshape(b * m, d), ref.reshape(b * n, d), flat_features, qg, rg, (b, m), n, validate)
 
 
 def unflatten(flat: Flat, out: torch.Tensor) -> torch.Tensor:

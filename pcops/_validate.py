@@ -8,14 +8,15 @@ Eager checks (metadata and Python values only: free, and also run under ``torch.
     ``sigma`` that rounds to 0 in the compute dtype) and :func:`groups_paired`. They run in the
     public functions and layers, before any work.
 
-Value checks (read tensor data, so each is a host read, one device sync on CUDA; a
-data-dependent branch would break ``torch.compile(fullgraph=True)``), only with
-``validate=True``:
-    :func:`op_values` (NaN/inf in points and features, sigma finite and > 0 in the compute
-    dtype) runs inside the custom ops' real implementations, which always execute eagerly, so
-    it holds under ``torch.compile`` too; :func:`layout_values` (lengths and batch ids in
-    range) and the checks of tensors that enter no custom op (the features and a tensor sigma
-    of ``knn_aggregate``) run in the public functions only when not compiling.
+Value checks (read tensor data, so a host read, one device sync on CUDA; a data-dependent
+branch would break ``torch.compile(fullgraph=True)``), only with ``validate=True``:
+    In eager mode the layout layer (``pcops._batch.pair`` / ``single``) gathers every value
+    check of a call in :class:`Checks` (NaN/inf in points, features and the op's own tensors,
+    lengths and ids in range, a tensor sigma > 0) and reads them all at once: one host read per
+    call, messages naming the caller's arguments. Under ``torch.compile`` it cannot read
+    values; :func:`op_values` then runs inside the custom ops' real implementations (which
+    always execute eagerly; NaN/inf and sigma, named as the op names its inputs), and ranges
+    are not checked.
 
 Numbers may be Python or NumPy scalars (``np.float32`` sigma, ``np.int64`` k).
 """
@@ -176,53 +177,98 @@ def ids_in_range(name: str, t, low: int, high) -> None:
         raise ValueError(f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
 
 
-def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch, dim: int | None = 3) -> bool:
+def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch, dim: int | None = 3, names=None) -> bool:
     """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout.
 
-    ``dim`` is the points' last dimension (None: any D shared by query and ref).
+    ``dim`` is the points' last dimension (None: any D shared by query and ref); ``names`` the
+    caller's names of the arguments (a ``pcops._batch.Names``; query, ref, ... by default).
     """
-    tensor("query", query)
+    n = names if names is not None else _DEFAULT_NAMES
+    one = n.query == n.ref  # a one-cloud op: the points are both clouds
+    tensor(n.query, query)
     padded = query.dim() == 3
     d = query.shape[-1] if dim is None else dim
     sym = "3" if dim == 3 else "D"
     if dim is None and isinstance(ref, torch.Tensor) and ref.dim() == query.dim() and ref.shape[-1] != d:
-        raise ValueError(f"query and ref must have the same last dimension D, got query {tuple(query.shape)} and ref {tuple(ref.shape)}")
+        raise ValueError(f"{n.query} and {n.ref} must have the same last dimension D, got {n.query} {tuple(query.shape)} and {n.ref} {tuple(ref.shape)}")
     if padded:
-        tensor("query", query, ndim=3, last=d, shape_doc=f"(B, M, {sym})")
-        tensor("ref", ref, ndim=3, last=d, shape_doc=f"(B, N, {sym})")
+        tensor(n.query, query, ndim=3, last=d, shape_doc=f"(B, M, {sym})" if not one else f"(P, {sym}) or (B, P, {sym})")
+        tensor(n.ref, ref, ndim=3, last=d, shape_doc=f"(B, N, {sym})")
         if ref.shape[0] != query.shape[0]:
-            raise ValueError(f"query and ref must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
-        if query_batch is not None or ref_batch is not None:
-            raise ValueError("query_batch/ref_batch describe packed (P, 3) inputs; padded (B, P, 3) inputs take *_lengths")
+            raise ValueError(f"{n.query} and {n.ref} must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
+        for name, t in ((n.query_batch, query_batch), (n.ref_batch, ref_batch)):
+            if t is not None:
+                raise ValueError(f"{name} describes packed (P, {sym}) points; padded (B, P, {sym}) points take {n.query_lengths if one else 'lengths (' + n.query_lengths + ', ' + n.ref_lengths + ')'}")
     else:
-        points("query", query, d)
-        points("ref", ref, d)
-        if query_lengths is not None or ref_lengths is not None:
-            raise ValueError("query_lengths/ref_lengths describe padded (B, P, 3) inputs; packed inputs take *_batch")
+        shape = f"(P, {sym}) or (B, P, {sym})" if one else ("(P, 3)" if d == 3 else f"(P, D) with D = {d}")
+        tensor(n.query, query, ndim=2, last=d, shape_doc=shape)
+        tensor(n.ref, ref, ndim=2, last=d, shape_doc=shape)
+        for name, t in ((n.query_lengths, query_lengths), (n.ref_lengths, ref_lengths)):
+            if t is not None:
+                raise ValueError(f"{name} describes padded (B, P, {sym}) points; packed (P, {sym}) points take {n.query_batch if one else 'batch ids (' + n.query_batch + ', ' + n.ref_batch + ')'}")
         if (query_batch is None) != (ref_batch is None):
-            raise ValueError("packed inputs need both query_batch and ref_batch")
+            raise ValueError(f"packed inputs need both {n.query_batch} and {n.ref_batch}")
     if features is not None:
         shape = "(B, N, F)" if padded else "(N, F)"
-        tensor("features", features, ndim=ref.dim(), shape_doc=shape)
+        tensor(n.features, features, ndim=ref.dim(), shape_doc=shape)
         if features.shape[:-1] != ref.shape[:-1]:
-            raise ValueError(f"features must have one row per point of ref: got shape {tuple(features.shape)} for ref {tuple(ref.shape)}")
+            raise ValueError(f"{n.features} must have one row per point of {n.ref}: got shape {tuple(features.shape)} for {n.ref} {tuple(ref.shape)}")
     b = query.shape[0] if padded else 0
-    for name, t in (("query_lengths", query_lengths), ("ref_lengths", ref_lengths)):
+    for name, t in ((n.query_lengths, query_lengths), (n.ref_lengths, ref_lengths)):
         ids(name, t, b, "(B,)")
-    ids("query_batch", query_batch, query.shape[0], "(M_total,)")
-    ids("ref_batch", ref_batch, ref.shape[0], "(N_total,)")
-    same_device(
-        query=query, ref=ref, features=features, query_lengths=query_lengths, ref_lengths=ref_lengths,
-        query_batch=query_batch, ref_batch=ref_batch,
-    )
+    ids(n.query_batch, query_batch, query.shape[0], "(M_total,)" if not one else "(P_total,)")
+    ids(n.ref_batch, ref_batch, ref.shape[0], "(N_total,)" if not one else "(P_total,)")
+    same_device(**{
+        n.query: query, n.ref: ref, n.features: features, n.query_lengths: query_lengths, n.ref_lengths: ref_lengths,
+        n.query_batch: query_batch, n.ref_batch: ref_batch,
+    })
     return padded
 
 
-def layout_values(query, ref, *, query_lengths, ref_lengths, query_batch, ref_batch) -> None:
-    """Value checks of a batch layout: lengths within the padded rows, ids >= 0. Reads values:
-    call only when validating and not compiling."""
-    padded = query.dim() == 3
-    ids_in_range("query_lengths", query_lengths, 0, query.shape[1] if padded else 0)
-    ids_in_range("ref_lengths", ref_lengths, 0, ref.shape[1] if padded else 0)
-    ids_in_range("query_batch", query_batch, 0, None)
-    ids_in_range("ref_batch", ref_batch, 0, None)
+class _Names:
+    query, ref, features = "query", "ref", "features"
+    query_lengths, ref_lengths, query_batch, ref_batch = "query_lengths", "ref_lengths", "query_batch", "ref_batch"
+
+
+_DEFAULT_NAMES = _Names()
+
+
+class Checks:
+    """Value checks gathered over one call and read from the device at once (:meth:`run`): one
+    host read (one device sync on CUDA) however many tensors a call checks. Each check is a 0-d
+    bool tensor; its message is built only if it fails."""
+
+    def __init__(self) -> None:
+        self._items: list = []
+
+    def add(self, ok: torch.Tensor, message) -> None:
+        self._items.append((ok.reshape(()), message))
+
+    def finite(self, name: str, t) -> None:
+        """No NaN or inf in ``t`` (None is skipped)."""
+        if t is not None and t.numel():
+            self.add(torch.isfinite(t).all(), lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)")
+
+    def in_range(self, name: str, t, low: int, high) -> None:
+        """All values of ``t`` (None is skipped) in [low, high] (no upper bound if high is None)."""
+        if t is None or not t.numel():
+            return
+        ok = (t >= low).all() if high is None else ((t >= low) & (t <= high)).all()
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        self.add(ok, lambda: f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
+
+    def positive(self, name: str, t) -> None:
+        """All values finite and > 0 in ``t``'s dtype (the compute dtype)."""
+        if t is not None and t.numel():
+            got = lambda: t.detach().cpu().reshape(-1)[:4].tolist()  # noqa: E731
+            self.add((torch.isfinite(t) & (t > 0)).all(), lambda: f"{name} must be finite and > 0 in {t.dtype} (the dtype it is computed in), got {got()}")
+
+    def run(self) -> None:
+        """Read every check at once; raise the first failure's ValueError."""
+        if not self._items:
+            return
+        devices = {ok.device for ok, _ in self._items}
+        oks = torch.stack([ok.to(next(iter(devices))) for ok, _ in self._items]).tolist()  # the one host read
+        for ok, (_, message) in zip(oks, self._items):
+            if not ok:
+                raise ValueError(message())

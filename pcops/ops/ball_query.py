@@ -144,7 +144,7 @@ def ball_query(
         float16/bfloat16 points are searched in float32.
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
-    flat = _batch.flatten(
+    flat = _batch.pair(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
     )
@@ -153,7 +153,7 @@ def ball_query(
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     q, p = flat.query.to(dtype), flat.ref.to(dtype)
     idx, counts = torch.ops.pcops.ball_query(
-        q.detach(), p.detach(), float(radius), max_neighbors, validate, flat.query_group, flat.ref_group
+        q.detach(), p.detach(), float(radius), max_neighbors, flat.validate, flat.query_group, flat.ref_group
     )
     valid = idx >= 0
     rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row

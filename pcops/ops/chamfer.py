@@ -92,6 +92,9 @@ def _(query, ref, validate, query_group=None, ref_group=None):
 # Chamfer distance
 
 
+_NAMES = _batch.names("x", "y")  # the caller's names in every message of the layout layer
+
+
 def _check_options(norm, single_directional, point_reduction, batch_reduction) -> None:
     if isinstance(norm, bool) or norm not in (1, 2):
         raise ValueError(f"norm must be 1 or 2, got {norm!r}")
@@ -105,21 +108,20 @@ def _check_options(norm, single_directional, point_reduction, batch_reduction) -
         raise ValueError("batch_reduction must be None when point_reduction is None")
 
 
-def _costs(a, b, layout: dict, norm: int, backend: str, validate: bool, dtype) -> tuple[torch.Tensor, _batch.Flat]:
-    """Per-point cost (P_a,) of the flat ``a`` to its nearest point of ``b``: 0 for padding and for no match."""
-    flat = _batch.flatten(a, b, None, validate=validate, **layout)
-    if b.shape[-2] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
-        return flat.query.to(dtype).sum(-1) * 0, flat
+def _costs(flat: _batch.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
+    """Per-point cost (P_a,) of the flat query to its nearest ref point: 0 for padding and for no match."""
+    if flat.ref.shape[0] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
+        return flat.query.to(dtype).sum(-1) * 0
     if norm == 2:
-        idx, valid = search(flat, 1, backend, validate, dtype)
+        idx, valid = search(flat, 1, backend, dtype)
         idx, valid = idx[:, 0], valid[:, 0]
     else:
         q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-        nearest = nearest_l1(q, r, validate, flat.query_group, flat.ref_group)
+        nearest = nearest_l1(q, r, flat.validate, flat.query_group, flat.ref_group)
         idx, valid = nearest.clamp_min(0), nearest >= 0
     diff = flat.query.to(dtype) - _batch.rows(flat.ref.to(dtype), idx)
     cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
-    return torch.where(valid, cost, 0), flat
+    return torch.where(valid, cost, 0)
 
 
 def _per_sample(cost, flat: _batch.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
@@ -147,22 +149,21 @@ def _per_sample(cost, flat: _batch.Flat, lengths, batch_ids, batch_size: int, re
     return total / count.clamp_min(1)
 
 
-def _batch_size(x, y, x_batch, y_batch, batch_size) -> int:
+def _batch_size(x, x_batch, y_batch, batch_size) -> tuple[int, dict | None]:
+    """The number of samples, and the range checks of packed ids that it implies (below it)."""
     if x.dim() == 3:
-        return x.shape[0]
+        return x.shape[0], None
     if x_batch is None:
-        return 1
+        return 1, None
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, torch.SymInt)) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not torch.compiler.is_compiling():  # ids past batch_size would index out of range
-            _validate.ids_in_range("x_batch", x_batch, 0, batch_size - 1)
-            _validate.ids_in_range("y_batch", y_batch, 0, batch_size - 1)
-        return batch_size
+        # ids past batch_size would index out of range: checked with the layout's values
+        return batch_size, dict(x_batch=(x_batch, 0, batch_size - 1), y_batch=(y_batch, 0, batch_size - 1))
     if torch.compiler.is_compiling():
         raise ValueError("packed inputs under torch.compile need batch_size= (the number of samples), so no host read is traced")
     ids = [t for t in (x_batch, y_batch) if t is not None and t.numel()]
-    return max((int(t.max()) for t in ids), default=0) + 1
+    return max((int(t.max()) for t in ids), default=0) + 1, None
 
 
 def chamfer_distance(
@@ -215,15 +216,16 @@ def chamfer_distance(
     """
     batch_size = _validate.plain(batch_size)  # NumPy scalars as Python numbers
     _check_options(norm, single_directional, point_reduction, batch_reduction)
-    dtype, out_dtype = _validate.compute_dtype(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else (None, None)
-    forward = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
-    cost_x, flat_x = _costs(x, y, forward, norm, backend, validate, dtype)
-    b = _batch_size(x, y, x_batch, y_batch, batch_size)
-    terms = [(cost_x, flat_x, x_lengths, x_batch)]
-    if not single_directional:
-        backward = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
-        cost_y, flat_y = _costs(y, x, backward, norm, backend, validate, dtype)
-        terms.append((cost_y, flat_y, y_lengths, y_batch))
+    layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
+    _validate.layout(x, y, None, **layout, names=_NAMES)
+    b, ranges = _batch_size(x, x_batch, y_batch, batch_size)
+    flat_x = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
+    dtype, out_dtype = _validate.compute_dtype(x, y)
+    terms = [(_costs(flat_x, norm, backend, dtype), flat_x, x_lengths, x_batch)]
+    if not single_directional:  # the same clouds the other way round: their values are checked
+        reverse = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
+        flat_y = _batch.pair(y, x, **reverse, validate=flat_x.validate, names=_batch.names("y", "x"))
+        terms.append((_costs(flat_y, norm, backend, dtype), flat_y, y_lengths, y_batch))
     if point_reduction is None:
         per_point = tuple(_batch.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
         return per_point[0] if single_directional else per_point

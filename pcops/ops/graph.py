@@ -18,7 +18,7 @@ import torch
 
 from .. import _batch, _validate
 from .ball_query import _ball_query
-from .nearest import knn
+from .nearest import _found
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -98,20 +98,12 @@ def _(points, radius, max_neighbors, loop, validate, group):
     return points.new_empty((2, e), dtype=torch.int64)
 
 
-def _check(points, batch, loop) -> None:
+def _layout(points, batch, loop, validate) -> _batch.Flat:
+    """The one-cloud layout of a graph op: packed points (N, 3) with optional ids ``batch``."""
     _validate.points("points", points)
-    _validate.ids("batch", batch, points.shape[0], "(N,)")
-    _validate.same_device(points=points, batch=batch)
     if not isinstance(loop, bool):
         raise TypeError(f"loop must be a bool, got {type(loop).__name__}")
-
-
-def _groups(batch: Optional[torch.Tensor], validate: bool) -> Optional[torch.Tensor]:
-    if batch is None:
-        return None
-    if validate and not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", batch, 0, None)
-    return _batch.int32_groups(batch)  # ids above 2**31 stay apart
+    return _batch.single(points, batch=batch, validate=validate)
 
 
 def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
@@ -132,12 +124,12 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         when every sample has more than k points; otherwise it depends on the data.
     """
     k = _validate.plain(k)  # NumPy scalars as Python numbers
-    _check(points, batch, loop)
+    flat = _layout(points, batch, loop, validate)
     _validate.count("k", k)
     n = points.shape[0]
     if n == 0:
         return torch.empty((2, 0), dtype=torch.int64, device=points.device)
-    _, idx = knn(points, points, min(k + (0 if loop else 1), n), query_batch=batch, ref_batch=batch, validate=validate)
+    _, idx = _found(flat, min(k + (0 if loop else 1), n), "auto", _validate.compute_dtype(points)[0])
     keep = (idx >= 0) if loop else _without_self(idx, k)
     return torch.ops.pcops.edges(idx, keep)
 
@@ -160,7 +152,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         by distance within a centre (ties by the smaller index). E depends on the data.
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
-    _check(points, batch, loop)
+    flat = _layout(points, batch, loop, validate)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:
         if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, torch.SymInt)):
@@ -168,8 +160,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         if max_neighbors < 1:
             raise ValueError(f"max_neighbors must be >= 1, got {max_neighbors}")
     dtype, _ = _validate.compute_dtype(points)
-    group = _groups(batch, validate)
-    return torch.ops.pcops.radius_graph(points.detach().to(dtype), float(radius), max_neighbors or 0, loop, validate, group)
+    return torch.ops.pcops.radius_graph(points.detach().to(dtype), float(radius), max_neighbors or 0, loop, flat.validate, flat.query_group)
 
 
 __all__ = ["knn_graph", "radius_graph"]

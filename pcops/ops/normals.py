@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from .. import _batch, _validate
-from .nearest import _flatten, search
+from .nearest import search
 
 
 def _cross(a, b):
@@ -123,8 +123,11 @@ class _SmallestEigenvector(torch.autograd.Function):
         v0, rest = vectors[..., 0], vectors[..., 1:]  # (P, 3), (P, 3, 2)
         gap = values[..., :1] - values[..., 1:]  # (P, 2), < 0
         along = torch.einsum("pc,pci->pi", grad, rest)
-        # (g . v_i) / (l0 - l_i); no gradient in, none out (padding rows have all-zero covariances)
-        coeff = torch.where(along == 0, 0, along / torch.where(along == 0, 1, gap))
+        # (g . v_i) / (l0 - l_i); no gradient in, none out (padding rows have all-zero
+        # covariances); an exactly repeated eigenvalue (a point repeated k times: a zero
+        # covariance, any direction its eigenvector) gives none either, not inf * 0 = NaN
+        none = (along == 0) | (gap == 0)
+        coeff = torch.where(none, 0, along / torch.where(none, 1, gap))
         g = torch.einsum("pi,pci,pd->pcd", coeff, rest, v0)
         return 0.5 * (g + g.transpose(-1, -2))
 
@@ -152,30 +155,25 @@ def estimate_normals(
             Without it, the sign is arbitrary but fixed: the largest-magnitude component of
             each normal is positive.
         backend: kNN search backend, as for :func:`pcops.knn`.
-        validate: check points for NaN/inf and lengths/ids for range.
+        validate: check points and ``orient_to`` for NaN/inf and lengths/ids for range
+            (one host read).
 
     Returns:
         Tensor of the shape of ``points``: unit normals in the dtype of the points
         (float16/bfloat16 computed in float32); zeros for padding rows. Differentiable with
-        respect to ``points`` where the smallest covariance eigenvalue is simple.
+        respect to ``points`` where the smallest covariance eigenvalue is simple; where it is
+        not (a point repeated k times, a zero covariance), the normal passes no gradient on.
     """
     _validate.tensor("points", points)
-    if points.dim() not in (2, 3) or points.shape[-1] != 3:
-        raise ValueError(f"points must be a tensor of shape (P, 3) or (B, P, 3), got shape {tuple(points.shape)}")
-    layout = dict(query_lengths=lengths, ref_lengths=lengths, query_batch=batch, ref_batch=batch)
-    if batch is not None and points.dim() == 3:
-        raise ValueError("batch describes packed (P, 3) points; padded (B, P, 3) points take lengths")
-    if lengths is not None and points.dim() == 2:
-        raise ValueError("lengths describes padded (B, P, 3) points; packed points take batch")
-    _validate.ids("lengths", lengths, points.shape[0] if points.dim() == 3 else 0, "(B,)")
-    _validate.ids("batch", batch, points.shape[0], "(P_total,)")
-    if validate and not torch.compiler.is_compiling():  # value checks named as the caller named them
-        _validate.ids_in_range("lengths", lengths, 0, points.shape[1] if points.dim() == 3 else 0)
-        _validate.ids_in_range("batch", batch, 0, None)
+    if orient_to is not None:
+        _check_viewpoints(orient_to, points, batch)
+    per_sample = orient_to is not None and orient_to.dim() == 2 and points.dim() == 2  # packed ids index orient_to
+    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate,
+                         finite=None if orient_to is None else dict(orient_to=orient_to),
+                         ranges=dict(batch=(batch, 0, orient_to.shape[0] - 1)) if per_sample else None)
     k = _validate.count("k", k, points.shape[-2], "points")
-    flat, k = _flatten(points, points, None, k, layout, validate)
     dtype, out_dtype = _validate.compute_dtype(points)
-    idx, valid = search(flat, k, backend, validate, dtype)
+    idx, valid = search(flat, k, backend, dtype)
 
     neighbours = _batch.rows(flat.ref.to(dtype), idx)  # (P, k, 3)
     if flat.query_group is None:  # one cloud: all k neighbours exist
@@ -190,7 +188,7 @@ def estimate_normals(
 
     direction = normals.detach()
     if orient_to is not None:
-        towards = (direction * (_viewpoints(orient_to, points, batch, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
+        towards = (direction * (_viewpoints(orient_to, batch, flat, dtype) - flat.query.to(dtype))).sum(-1, keepdim=True)
     else:  # the largest-magnitude component positive
         towards = direction.gather(-1, direction.abs().argmax(-1, keepdim=True))
     normals = torch.where(towards < 0, -normals, normals)
@@ -199,23 +197,28 @@ def estimate_normals(
     return _batch.unflatten(flat, normals.to(out_dtype))
 
 
-def _viewpoints(orient_to, points, batch, flat: _batch.Flat, dtype) -> torch.Tensor:
-    """The viewpoint of every flat point: (P, 3)."""
+def _check_viewpoints(orient_to, points, batch) -> None:
+    """``orient_to`` is one viewpoint (3,), or one per sample (B, 3) of batched points."""
     _validate.tensor("orient_to", orient_to)
     _validate.same_device(points=points, orient_to=orient_to)
+    if orient_to.shape == (3,):
+        return
+    if orient_to.dim() != 2 or orient_to.shape[1] != 3:
+        raise ValueError(f"orient_to must be a tensor of shape (3,) or (B, 3), got shape {tuple(orient_to.shape)}")
+    if points.dim() == 3:
+        if orient_to.shape[0] != points.shape[0]:
+            raise ValueError(f"orient_to must have one row per sample: got {orient_to.shape[0]} rows for B={points.shape[0]}")
+    elif batch is None:
+        raise ValueError(f"orient_to of shape {tuple(orient_to.shape)} needs batched points; a single cloud takes shape (3,)")
+
+
+def _viewpoints(orient_to, batch, flat: _batch.Flat, dtype) -> torch.Tensor:
+    """The viewpoint of every flat point: (P, 3) (``orient_to`` checked by :func:`_check_viewpoints`)."""
     o = orient_to.to(dtype)
     if o.shape == (3,):
         return o.expand(flat.query.shape[0], 3)
-    if o.dim() != 2 or o.shape[1] != 3:
-        raise ValueError(f"orient_to must be a tensor of shape (3,) or (B, 3), got shape {tuple(o.shape)}")
     if flat.batch_shape:  # padded (B, P, 3)
-        if o.shape[0] != flat.batch_shape[0]:
-            raise ValueError(f"orient_to must have one row per sample: got {o.shape[0]} rows for B={flat.batch_shape[0]}")
         return o[:, None, :].expand(*flat.batch_shape, 3).reshape(-1, 3)
-    if batch is None:
-        raise ValueError(f"orient_to of shape {tuple(o.shape)} needs batched points; a single cloud takes shape (3,)")
-    if not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", batch, 0, o.shape[0] - 1)
     return o[batch.long()]
 
 

@@ -523,23 +523,26 @@ def radius_aggregate(
     (softmax and inverse-distance weights) and ``sigma`` (softmax, when it is a tensor).
     """
     weights = _weighting.resolve(weights, reduce, sigma)
-    flat = _batch.flatten(
+    softmax = reduce != "max" and weights == "softmax"
+    if softmax:
+        _validate.scale("sigma", sigma)
+        _validate.same_device(query=query, sigma=sigma)
+    flat = _batch.pair(
         query, ref, features, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
+        positive=dict(sigma=sigma) if softmax and isinstance(sigma, torch.Tensor) else None,
     )
     _validate.positive_number("radius", radius)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     q, p, f = flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype)
     if reduce == "max":
-        out, _ = torch.ops.pcops.radius_max(q, p, f, float(radius), validate, flat.query_group, flat.ref_group)
+        out, _ = torch.ops.pcops.radius_max(q, p, f, float(radius), flat.validate, flat.query_group, flat.ref_group)
         return _batch.unflatten(flat, out.to(out_dtype))
-    if weights == "softmax":
-        _validate.scale("sigma", sigma)
-        _validate.same_device(query=query, sigma=sigma)
+    if softmax:
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     else:  # not read by the kernels of the other weightings
         sigma = torch.ones((), dtype=dtype, device=query.device)
     out, _, _ = torch.ops.pcops.radius_aggregate(
-        q, p, f, sigma, float(radius), validate, flat.query_group, flat.ref_group, weights,
+        q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights,
     )
     return _batch.unflatten(flat, out.to(out_dtype))

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _validate
+from .. import _batch, _validate
 
 
 class VoxelPool(NamedTuple):
@@ -100,21 +100,12 @@ def voxel_pool(
     voxel_size = _validate.plain(voxel_size)  # NumPy scalars as Python numbers
     _validate.points("points", points)
     _validate.positive_number("voxel_size", voxel_size)
-    if features is not None:
-        _validate.tensor("features", features, ndim=2, shape_doc="(N, F)")
-        if features.shape[0] != points.shape[0]:
-            raise ValueError(f"features must have one row per point: got shape {tuple(features.shape)} for {points.shape[0]} points")
-    _validate.ids("batch", batch, points.shape[0], "(N,)")
-    _validate.same_device(points=points, features=features, batch=batch)
     if reduce not in ("mean", "max"):
         raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
-    if batch is not None and validate and not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", batch, 0, None)
-    if validate and not torch.compiler.is_compiling():  # the features enter no custom op
-        _validate.finite(features=features)
+    flat = _batch.single(points, features, batch=batch, validate=validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
-    cluster, voxel_batch = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, validate)
+    cluster, voxel_batch = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, flat.validate)
     v = voxel_batch.shape[0]
     counts = pts.new_zeros((v,)).index_add(0, cluster, pts.new_ones((pts.shape[0],)))
     pooled = (pts.new_zeros((v, 3)).index_add(0, cluster, pts) / counts[:, None]).to(out_dtype)

@@ -133,7 +133,7 @@ def test_l1_search_paths_agree_with_brute_force(gen):
     x, y, xl, yl = _batch(gen, 30, 40)
     from pcops import _batch as layouts
 
-    flat = layouts.flatten(x, y, query_lengths=xl, ref_lengths=yl)
+    flat = layouts.pair(x, y, query_lengths=xl, ref_lengths=yl)
     for groups in ((flat.query_group, flat.ref_group), (None, None)):
         brute = chamfer_module._l1_brute(flat.query, flat.ref, *groups)
         tree = chamfer_module._l1_scipy(flat.query, flat.ref, *groups)
@@ -147,7 +147,7 @@ def test_opcheck_nearest_l1(gen):
     x, y, xl, yl = _batch(gen)
     from pcops import _batch as layouts
 
-    flat = layouts.flatten(x, y, query_lengths=xl, ref_lengths=yl)
+    flat = layouts.pair(x, y, query_lengths=xl, ref_lengths=yl)
     for dtype in (torch.float32, F64):
         q, r = flat.query.to(dtype), flat.ref.to(dtype)
         torch.library.opcheck(chamfer_module.nearest_l1, (q, r, True, flat.query_group, flat.ref_group))
@@ -193,13 +193,17 @@ def _bad():
         (lambda: pcops.chamfer_distance(x, y, point_reduction=None), ValueError, "batch_reduction must be None"),
         (lambda: pcops.chamfer_distance(x, y, single_directional=1), TypeError, "single_directional"),
         (lambda: pcops.chamfer_distance(x, y[:1]), ValueError, "same batch size"),
-        (lambda: pcops.chamfer_distance(x[..., :2], y), ValueError, "query"),
-        (lambda: pcops.chamfer_distance(x, y.long()), TypeError, "ref"),
-        (lambda: pcops.chamfer_distance(x, y, x_lengths=torch.tensor([6, 1])), ValueError, "query_lengths values"),
-        (lambda: pcops.chamfer_distance(xp, yp, x_batch=xb), ValueError, "both query_batch and ref_batch"),
-        (lambda: pcops.chamfer_distance(xp, yp, x_batch=xb, y_batch=yb, batch_size=1), ValueError, "x_batch values"),
-        (lambda: pcops.chamfer_distance(xp, nan), ValueError, "ref contains NaN"),
-        (lambda: pcops.chamfer_distance(xp, nan, norm=1), ValueError, "ref contains NaN"),
+        (lambda: pcops.chamfer_distance(x[..., :2], y), ValueError, r"^x must be a tensor of shape"),
+        (lambda: pcops.chamfer_distance(x, y.long()), TypeError, r"^y must have a floating dtype"),
+        (lambda: pcops.chamfer_distance(x, y, x_lengths=torch.tensor([6, 1])), ValueError, r"^x_lengths values"),
+        (lambda: pcops.chamfer_distance(xp, yp, x_batch=xb), ValueError, "both x_batch and y_batch"),
+        (lambda: pcops.chamfer_distance(xp, yp, x_batch=xb, y_batch=yb, batch_size=1), ValueError, r"^x_batch values"),
+        (lambda: pcops.chamfer_distance(xp, nan), ValueError, r"^y contains NaN"),
+        (lambda: pcops.chamfer_distance(xp, nan, norm=1), ValueError, r"^y contains NaN"),
+        (lambda: pcops.chamfer_distance(nan, xp, single_directional=True), ValueError, r"^x contains NaN"),
+        (lambda: pcops.chamfer_distance(x, y, y_lengths=torch.tensor([1, 9])), ValueError, r"^y_lengths values"),
+        (lambda: pcops.chamfer_distance(xp, yp, x_batch=xb, y_batch=yb[:3]), ValueError, r"^y_batch must be a tensor of shape"),
+        (lambda: pcops.chamfer_distance(x, y, x_batch=xb), ValueError, r"^x_batch describes packed"),
     ]
 
 

@@ -81,33 +81,34 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional[int] = 3) -> tuple[_batch.Flat, int]:
-    """Shape checks of any layout (see pcops._batch) and of k, then the flat inputs and k as an int."""
-    flat = _batch.flatten(query, ref, features, validate=validate, dim=dim, **batch)
+def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional[int] = 3, **checks) -> tuple[_batch.Flat, int]:
+    """The layout of a two-cloud kNN op through the layout layer (pcops._batch.pair), and k as an int."""
+    flat = _batch.pair(query, ref, features, validate=validate, dim=dim, **batch, **checks)
     return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
-def _found(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+def _found(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
     """(the backend's distances (P, k), inf where none; indices (P, k) into the flat ref, -1
-    where none): the search itself, no gradient."""
+    where none): the search itself, no gradient. The op checks values only where the layout
+    layer could not (``flat.validate``)."""
     name = resolve_backend(backend, flat.query.device)
     query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-    return BACKENDS[name].op(query, ref, k, validate, flat.query_group, flat.ref_group)
+    return BACKENDS[name].op(query, ref, k, flat.validate, flat.query_group, flat.ref_group)
 
 
-def _search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+def _search(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
     """(the backend's distances (P, k), indices into the flat ref with -1 replaced by 0,
     validity mask (P, k))."""
-    dists, idx = _found(flat, k, backend, validate, dtype)
+    dists, idx = _found(flat, k, backend, dtype)
     return dists, idx.clamp_min(0), idx >= 0
 
 
-def search(flat: _batch.Flat, k: int, backend: str, validate: bool, dtype: torch.dtype):
+def search(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
     """(indices (P, k) into the flat ref with -1 replaced by 0, validity mask (P, k)).
 
     The search itself (no gradient); the ops built on it gather what they need from the indices.
     """
-    _, idx, valid = _search(flat, k, backend, validate, dtype)
+    _, idx, valid = _search(flat, k, backend, dtype)
     return idx, valid
 
 
@@ -195,7 +196,7 @@ def knn(
         backend = _any_dim_backend(backend)
     flat, k = _flatten(query, ref, None, k, batch, validate, dim=None if features_space else 3)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
-    found, idx = _found(flat, k, backend, validate, dtype)
+    found, idx = _found(flat, k, backend, dtype)
     if _own_distances(flat, backend, _points_grad(query, ref)):
         dists = found  # inf where none already
     else:
@@ -259,15 +260,15 @@ def knn_aggregate(
     """
     weights = _weighting.resolve(weights, reduce, sigma)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
-    flat, k = _flatten(query, ref, features, k, batch, validate)
-    dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     if weights == "softmax":
         _validate.scale("sigma", sigma)
         _validate.same_device(query=query, sigma=sigma)
+    positive = dict(sigma=sigma) if weights == "softmax" and isinstance(sigma, torch.Tensor) else None
+    flat, k = _flatten(query, ref, features, k, batch, validate, positive=positive)
+    dtype, out_dtype = _validate.compute_dtype(query, ref, features)
+    if weights == "softmax":
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
-    if validate and not torch.compiler.is_compiling():  # value checks of what enters no custom op
-        _validate.op_values(validate, features=features, sigma=sigma if weights == "softmax" else None)
-    found, idx, valid = _search(flat, k, backend, validate, dtype)
+    found, idx, valid = _search(flat, k, backend, dtype)
     gathered = _batch.rows(flat.features.to(dtype), idx)  # (P, k, F)
     if reduce == "max":
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max

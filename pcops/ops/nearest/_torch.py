@@ -67,14 +67,25 @@ def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -
     return block, rows
 
 
+def _direct(q: torch.Tensor, r: torch.Tensor, slots: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """Squared distances of the candidates ``slots`` (G, S, W) of queries ``q`` (G, S, D) in the
+    blocks ``r`` (G, R, D), by direct differences (float64): the Gram form's rounding depends on
+    the BLAS kernel the CPU picks, so equal distances (exact duplicates) could differ in their
+    last bits and break the tie rule. Candidates the Gram form found nowhere (inf) stay inf."""
+    g, s, w = slots.shape
+    pts = r.gather(1, slots.reshape(g, s * w, 1).expand(-1, -1, r.shape[2])).view(g, s, w, -1)
+    return torch.where(torch.isinf(gram), gram, (q[:, :, None, :] - pts).square().sum(-1))
+
+
 def _search_features(query, ref, k, query_group, ref_group):
     """kNN of D-dimensional points (D != 3): every group is a dense block, all blocks at once.
 
-    Squared distances come from the Gram form |q|^2 + |p|^2 - 2 q.p in float64 (batched matrix
+    Candidates come from the Gram form |q|^2 + |p|^2 - 2 q.p in float64 (batched matrix
     products, O(M N D) flops per group, after centring each group on its mean: float32 inputs
-    are exact in float64, so only the sums round, ~1e-16 relative); the k + 8 smallest are
-    ordered by (distance, index), so exact ties go to the smaller index. ``knn`` recomputes the
-    returned distances by direct differences.
+    are exact in float64, so only the sums round, ~1e-16 relative): the k + 8 smallest. Those
+    are ranked by their directly computed squared distances (:func:`_direct`), then by index, so
+    exact ties go to the smaller index on any BLAS. ``knn`` recomputes the returned distances by
+    direct differences.
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
     q_block, q_rows = _pad_groups(query.double(), query_group, groups)
@@ -87,12 +98,13 @@ def _search_features(query, ref, k, query_group, ref_group):
     take = min(k, width)
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
-    chunk = max(1, _ENTRIES // max(groups * r_block.shape[1], 1))
+    chunk = max(1, _ENTRIES // max(groups * max(r_block.shape[1], width * r_block.shape[2]), 1))  # gram and candidates
     for s in range(0, q_block.shape[1], chunk):
         qc = q_block[:, s : s + chunk] - centre
         gram = qc.square().sum(-1, keepdim=True) + r_sq - 2 * qc @ rc.transpose(1, 2)
         values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
         cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
+        values = _direct(q_block[:, s : s + chunk], r_block, slots, values)
         cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
         values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
         cand = cand.gather(2, order2)[..., :take]
