@@ -464,3 +464,14 @@ def test_knn_points_ball_query_and_chamfer_compile_without_graph_breaks(gen):
     assert not counters["graph_break"]
     for a, b in zip(out, f(p1, p2, l2)):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.cuda
+def test_cuda_results_equal_cpu_results(gen):
+    p1, p2 = _clouds(gen, 2, 50), _clouds(gen, 2, 80)
+    l2 = torch.tensor([80, 30])
+    a, b, l = p1.cuda(), p2.cuda(), l2.cuda()
+    assert torch.equal(p3.knn_points(a, b, lengths2=l, K=5).idx.cpu(), p3.knn_points(p1, p2, lengths2=l2, K=5).idx)
+    assert torch.equal(p3.ball_query(a, b, lengths2=l, K=8, radius=0.3).idx.cpu(), p3.ball_query(p1, p2, lengths2=l2, K=8, radius=0.3).idx)
+    assert torch.equal(p3.sample_farthest_points(a, K=10)[1].cpu(), p3.sample_farthest_points(p1, K=10)[1])
+    torch.testing.assert_close(p3.chamfer_distance(a, b)[0].cpu(), p3.chamfer_distance(p1, p2)[0])

@@ -410,3 +410,23 @@ def test_fps_compiles_without_graph_breaks(gen):
     batch = _sorted_batch(gen, 200, 2)
     out = _compiles(lambda s, b: tc.fps(s, b, 0.3, random_start=False), src, batch)
     assert torch.equal(out, ref_fps(src, batch, 0.3))
+
+
+def test_first_within_op_passes_opcheck(gen):
+    from pcops.compat import first_within
+
+    q, p = _cloud(gen, 40), _cloud(gen, 120)
+    qg, pg = _sorted_batch(gen, 40, 2), _sorted_batch(gen, 120, 2)
+    for args in ((q, p, None, None, 0.3, 0.09, 5, False), (q, p, qg, pg, 0.3, 0.09, 8, True)):
+        torch.library.opcheck(torch.ops.pcops_compat.first_within.default, args)
+
+
+@pytest.mark.cuda
+def test_cuda_results_equal_cpu_results(gen):
+    x, y = _cloud(gen, 500), _cloud(gen, 100)
+    bx, by = _sorted_batch(gen, 500, 3), _sorted_batch(gen, 100, 3)
+    cuda = [t.cuda() for t in (x, y, bx, by)]
+    assert torch.equal(tc.knn(*cuda[:2], 6, *cuda[2:]).cpu(), tc.knn(x, y, 6, bx, by))
+    assert torch.equal(tc.radius(*cuda[:2], 0.2, *cuda[2:], max_num_neighbors=8).cpu(), tc.radius(x, y, 0.2, bx, by, max_num_neighbors=8))
+    assert torch.equal(tc.knn_graph(cuda[0], 5, cuda[2]).cpu(), tc.knn_graph(x, 5, bx))
+    assert torch.equal(tc.fps(cuda[0], cuda[2], 0.3, random_start=False).cpu(), tc.fps(x, bx, 0.3, random_start=False))
