@@ -659,6 +659,10 @@ def test_cuda_sync_counts(gen):
 
     train()
     assert _syncs(train) == 1
+    ball = torch.ops.pcops.ball_query  # a HashGrid per call: built, searched and kept alive on the device
+    ball(q, p, 0.2, 8, False, None, None)
+    assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 0
+    assert _syncs(lambda: ball(q, p, 0.2, 8, False, qg, pg)) == 0
     backends = pcops.ops.nearest.BACKENDS
     warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
     warp(q, p, 4, False)
