@@ -71,16 +71,20 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
     return diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
 
 
-def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.Tensor:
-    """Of a neighbour table (R, W) of the queries ``rows``: the first k indices (ascending) with
-    squared distance < bound (and j != row if ``exclude_same``), -1 padded, as (R, k)."""
-    r, w = table.shape
-    near = ref.index_select(0, table.clamp(min=0).reshape(-1)).view(r, w, 3)
-    centre = query if r == query.shape[0] else query.index_select(0, rows)
-    valid = (table >= 0) & (squared(centre[:, None, :] - near) < bound)
+def _first(query, ref, table, dists, rows, radius: float, bound, k: int, exclude_same: bool) -> torch.Tensor:
+    """Of a ball-query table (R, W) of the queries ``rows`` (indices and their Euclidean
+    distances): the first k indices (ascending) with squared distance < bound (and j != row if
+    ``exclude_same``), -1 padded, as (R, k). Entries well inside the radius are kept by their
+    distance; the exact test runs only on the thin shell near the radius."""
+    valid = table >= 0
+    keep = valid & (dists < radius * (1 - _WIDEN))
+    shell_r, shell_c = (valid & ~keep).nonzero(as_tuple=True)
+    if shell_r.numel():
+        j = table[shell_r, shell_c]
+        keep[shell_r, shell_c] = squared(query[rows[shell_r]] - ref[j]) < bound
     if exclude_same:
-        valid &= table != rows[:, None]
-    key = torch.where(valid, table, _NO_INDEX).sort(1).values[:, :k]
+        keep &= table != rows[:, None]
+    key = torch.where(keep, table, _NO_INDEX).sort(1).values[:, :k]
     if key.shape[1] < k:
         key = torch.cat([key, key.new_full((key.shape[0], k - key.shape[1]), _NO_INDEX)], 1)
     return torch.where(key == _NO_INDEX, -1, key)
@@ -110,14 +114,14 @@ def first_within(
     cols = k + int(exclude_same)
     grouped = query_group is not None
     kw = {"query_batch": query_group, "ref_batch": ref_group} if grouped else {}
-    _, idx, counts = pcops.ball_query(query, ref, search, cols, **kw)
+    dists, idx, counts = pcops.ball_query(query, ref, search, cols, **kw)
     rows = torch.arange(m, device=query.device)
-    out = _first(query, ref, idx, rows, bound_t, k, exclude_same)  # exact where counts <= cols
+    out = _first(query, ref, idx, dists, rows, radius, bound_t, k, exclude_same)  # exact where counts <= cols
     over = rows[counts > cols]  # truncated to the closest: search them again with room for all
     if over.numel():
         wide_kw = {"query_batch": query_group[over], "ref_batch": ref_group} if grouped else {}
-        _, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), **wide_kw)
-        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)
+        dists, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), **wide_kw)
+        out[over] = _first(query, ref, wide, dists, over, radius, bound_t, k, exclude_same)
     return out
 
 
