@@ -178,6 +178,52 @@ def test_keep_alive_orders_release_after_non_blocking_streams_only(fake_cuda):
 
 
 # ---------------------------------------------------------------------------------------------
+# Host reads of the radius ops' cell list, counted on the CPU (each is a sync on a GPU)
+
+
+def test_radius_forward_and_backward_build_one_cell_list(monkeypatch):
+    cells = importlib.import_module("pcops.ops._cells")
+    built, init = [], cells.CellList.__init__
+
+    def counting(self, *args):
+        built.append(1)
+        init(self, *args)
+
+    monkeypatch.setattr(cells.CellList, "__init__", counting)
+    gen = torch.Generator().manual_seed(0)
+    q, p = torch.rand(200, 3, generator=gen), torch.rand(300, 3, generator=gen)
+    f, sigma = torch.rand(300, 4, generator=gen).requires_grad_(), torch.tensor(0.1, requires_grad=True)
+    pcops.radius_aggregate(q, p.requires_grad_(), f, 0.2, sigma).sum().backward()
+    assert len(built) == 1 and f.grad is not None and p.grad is not None and sigma.grad is not None
+
+
+def test_a_cell_list_reads_the_host_once_and_copies_nothing_to_the_device(monkeypatch):
+    cells = importlib.import_module("pcops.ops._cells")
+    reads, to_device = [], []
+    cpu, tensor = torch.Tensor.cpu, torch.tensor
+
+    def counting_cpu(self, *args, **kwargs):
+        reads.append(1)
+        return cpu(self, *args, **kwargs)
+
+    def recording_tensor(data, *args, **kwargs):
+        if kwargs.get("device") is not None:
+            to_device.append(data)  # torch.tensor(list, device=cuda) is a blocking copy from the host
+        return tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    monkeypatch.setattr(torch, "tensor", recording_tensor)
+    gen = torch.Generator().manual_seed(1)
+    q, p = torch.rand(200, 3, generator=gen), torch.rand(300, 3, generator=gen)
+    qg, pg = torch.arange(200) % 3, torch.arange(300) % 3
+    for groups in ((None, None), (qg, pg)):
+        reads.clear()
+        order, starts, rows, frame, dims = cells._cell_list(q, p, 0.2, *groups)
+        assert len(reads) == 1 and not to_device
+        assert dims.device.type == "cpu" and frame.shape == (4,)  # the grid's size on the host, its frame with the points
+
+
+# ---------------------------------------------------------------------------------------------
 # CUDA-graph safety tags
 
 # pcops ops that CUDA graphs may capture: pure torch, no host sync, nothing allocated outside torch
