@@ -148,11 +148,10 @@ def _torch_spread(grad: torch.Tensor, offsets: torch.Tensor, reduce: str, rows: 
     if reduce == "mean":
         grad = grad / counts.clamp_min(1).to(grad.dtype)[:, None]
     first, last = int(offsets[0]), int(offsets[-1])
-    out = grad.new_empty((rows, grad.shape[1]))
-    out[:first].zero_()
-    out[last:].zero_()
-    out[first:last] = grad.repeat_interleave(counts, dim=0, output_size=last - first)
-    return out
+    inner = grad.repeat_interleave(counts, dim=0, output_size=last - first)
+    if first == 0 and last == rows:  # every row in a segment: no second copy
+        return inner
+    return torch.cat([grad.new_zeros((first, grad.shape[1])), inner, grad.new_zeros((rows - last, grad.shape[1]))])
 
 
 @torch.library.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
