@@ -273,6 +273,16 @@ def test_ball_query_defaults_and_empty_cloud(gen):
     assert out.idx.shape == (1, 4, 500) and bool((out.idx == -1).all()) and out.knn.shape == (1, 4, 500, 3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ball_query_and_fps_accept_half_precision(gen, dtype):
+    p1, p2 = _clouds(gen, 2, 20, dtype=dtype), _clouds(gen, 2, 60, dtype=dtype)
+    out = p3.ball_query(p1, p2, K=6, radius=0.3)
+    assert out.dists.dtype == dtype and out.knn.dtype == dtype
+    assert torch.equal(out.idx, ref_ball(p1.float(), p2.float(), 6, 0.3)[1])
+    pts, idx = p3.sample_farthest_points(p2, K=5)
+    assert pts.dtype == torch.float32 and torch.equal(idx, ref_fps(p2.float(), 5))
+
+
 def test_ball_query_gradcheck(gen):
     p1 = _clouds(gen, 1, 5, dtype=torch.float64).requires_grad_()
     p2 = _clouds(gen, 1, 9, dtype=torch.float64).requires_grad_()
@@ -435,6 +445,13 @@ def test_estimate_normals_disambiguated_as_pytorch3d(gen):
     cos = (out.double() * expected).sum(-1)
     assert out.shape == points.shape and out.dtype == torch.float32
     assert float(cos.min()) > 0.999  # same direction and the same sign
+
+
+def test_estimate_normals_gradcheck(gen):
+    points = torch.rand(1, 14, 3, generator=gen, dtype=torch.float64)
+    points[..., 2] *= 0.1  # a noisy slab: a simple smallest eigenvalue everywhere
+    points.requires_grad_()
+    assert torch.autograd.gradcheck(lambda p: p3.estimate_pointcloud_normals(p, 6), (points,))
 
 
 def test_estimate_normals_needs_more_points_than_neighbours(gen):

@@ -191,6 +191,12 @@ def test_knn_graph_loop_and_flow(gen, loop, flow):
     assert torch.equal(tc.knn_graph(x, 5, batch, loop=loop, flow=flow), ref_knn_graph(x, 5, batch, loop, flow))
 
 
+def test_knn_graph_in_feature_space_as_dgcnn_uses_it(gen):
+    features = torch.randn(150, 16, generator=gen)
+    batch = _sorted_batch(gen, 150, 3)
+    assert torch.equal(tc.knn_graph(features, 8, batch), ref_knn_graph(features, 8, batch))
+
+
 def test_knn_graph_duplicates_keep_torch_clusters_k_plus_one_rule():
     # three copies of one point: point 2's k + 1 = 2 nearest are 0 and 1 (ties by index), so
     # dropping itself removes nothing and it keeps 2 neighbours (torch_cluster does the same)
