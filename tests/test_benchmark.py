@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests import op_table
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -44,6 +46,11 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
     # sampling rows and the point networks' training throughput, eager and compiled
     assert {r["op"] for r in report["sampling"] if r["variant"] == "pcops" and r["ms"]} >= {
         "farthest_point_sample", "ball_query", "knn_graph", "radius_graph", "voxel_pool"}
+    # every op of the table (tests/op_table.py) has a row in some section
+    named = {str(r.get(key)).split(":")[0] for section in report.values() if isinstance(section, list)
+             for r in section if isinstance(r, dict) for key in ("model", "op", "bench")}
+    missing = {op.name: op.bench for op in op_table.OPS if op.bench not in named}
+    assert not missing, f"ops without a benchmark row (op: expected row name): {missing}"
     (net,) = report["point_networks"]
     assert net["config"] == "pointnet_cls" and net["eager"] > 0 and net["compiled"] > 0 and 0 <= net["share"]
 

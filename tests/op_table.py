@@ -1,0 +1,120 @@
+"""The one table of pcops' public ops, read by the reliability, benchmark-smoke and docs tests.
+
+Every public function of ``pcops`` must have a row (tests/test_op_table.py), so an op added
+without one fails a test instead of being missed by hand-kept lists. A row says:
+
+* ``call(inputs, **kw)``: the canonical call on ``inputs`` (a dict keyed by the caller's argument
+  names, as :func:`Op.inputs` makes them) with extra keywords (``validate=False``);
+* ``points``: the float inputs that hold coordinates or values checked for NaN/inf, by the
+  name the caller types (the name every message must use);
+* ``grad``: the differentiable inputs;
+* ``clouds``: 2 for two-cloud ops (pcops._batch.pair), 1 for one-cloud ops (pcops._batch.single),
+  0 for ops on other data (grid coordinates, segments, gathers);
+* ``page``: its docs page under docs/ops/; ``bench``: the op name its benchmark rows carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import pcops
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    make: Callable[[torch.Generator], dict]
+    call: Callable
+    points: tuple[str, ...] = ()
+    grad: tuple[str, ...] = ()
+    clouds: int = 0
+    page: str = ""
+    bench: str = ""
+    validates: bool = True  # takes validate= (NaN/inf checks)
+    notes: dict = field(default_factory=dict)
+
+    def inputs(self, seed: int = 0) -> dict:
+        return self.make(torch.Generator().manual_seed(seed))
+
+
+def _cloud(g, n=300, dim=3):
+    return torch.rand(n, dim, generator=g, dtype=torch.float64)
+
+
+def _two(g):
+    return dict(query=_cloud(g, 200), ref=_cloud(g, 300), features=torch.rand(300, 4, generator=g, dtype=torch.float64))
+
+
+def _one(g):
+    return dict(points=_cloud(g), features=torch.rand(300, 4, generator=g, dtype=torch.float64))
+
+
+def _voxels(g):
+    coords = torch.unique(torch.randint(0, 8, (200, 3), generator=g), dim=0)
+    return dict(features=torch.rand(coords.shape[0], 4, generator=g, dtype=torch.float64), coords=coords,
+                weight=torch.rand(27, 4, 5, generator=g, dtype=torch.float64))
+
+
+def _segments(g):
+    return dict(values=torch.rand(50, 3, generator=g, dtype=torch.float64), offsets=torch.tensor([0, 10, 10, 35, 50]))
+
+
+def _gather(g):
+    return dict(features=torch.rand(30, 4, generator=g, dtype=torch.float64), idx=torch.randint(-1, 30, (20, 5), generator=g))
+
+
+def _codes(g):
+    grid = torch.randint(0, 16, (100, 3), generator=g)
+    return dict(grid_coord=grid, features=torch.rand(100, 4, generator=g, dtype=torch.float64))
+
+
+OPS = [
+    Op("knn", _two, lambda i, **kw: pcops.knn(i["query"], i["ref"], 4, **kw),
+       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="knn", bench="knn_search"),
+    Op("knn_aggregate", _two, lambda i, **kw: pcops.knn_aggregate(i["query"], i["ref"], i["features"], 4, 0.1, **kw),
+       points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn", bench="knn_aggregate"),
+    Op("radius_aggregate", _two, lambda i, **kw: pcops.radius_aggregate(i["query"], i["ref"], i["features"], 0.2, 0.1, **kw),
+       points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="radius_aggregate",
+       bench="radius_aggregate"),
+    Op("ball_query", _two, lambda i, **kw: pcops.ball_query(i["query"], i["ref"], 0.2, 8, **kw),
+       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="ball_query", bench="ball_query"),
+    Op("knn_interpolate", _two, lambda i, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], 3, **kw),
+       points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn_interpolate",
+       bench="knn_interpolate"),
+    Op("chamfer_distance", lambda g: dict(x=_cloud(g, 200), y=_cloud(g, 300)),
+       lambda i, **kw: pcops.chamfer_distance(i["x"], i["y"], **kw),
+       points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance"),
+    Op("farthest_point_sample", _one, lambda i, **kw: pcops.farthest_point_sample(i["points"], 20, **kw),
+       points=("points",), clouds=1, page="farthest_point_sample", bench="farthest_point_sample"),
+    Op("knn_graph", _one, lambda i, **kw: pcops.knn_graph(i["points"], 6, **kw),
+       points=("points",), clouds=1, page="graphs", bench="knn_graph"),
+    Op("radius_graph", _one, lambda i, **kw: pcops.radius_graph(i["points"], 0.15, **kw),
+       points=("points",), clouds=1, page="graphs", bench="radius_graph"),
+    Op("estimate_normals", _one, lambda i, **kw: pcops.estimate_normals(i["points"], 8, **kw),
+       points=("points",), grad=("points",), clouds=1, page="estimate_normals", bench="estimate_normals"),
+    Op("voxel_pool", _one, lambda i, **kw: pcops.voxel_pool(i["points"], 0.2, i["features"], **kw),
+       points=("points", "features"), grad=("points", "features"), clouds=1, page="voxel_pool", bench="voxel_pool"),
+    Op("grid_sample", _one, lambda i, **kw: pcops.grid_sample(i["points"], 0.2, **kw),
+       points=("points",), grad=("points",), clouds=1, page="grid_sample", bench="grid_sample"),
+    Op("sparse_conv3d", _voxels, lambda i, **kw: pcops.sparse_conv3d(i["features"], i["coords"], i["weight"], kernel_size=3, **kw),
+       points=("features", "weight"), grad=("features", "weight"), page="sparse_conv", bench="sparse_conv3d_forward"),
+    Op("sparse_kernel_map", _voxels, lambda i, **kw: pcops.sparse_kernel_map(i["coords"], **kw),
+       page="sparse_conv", bench="sparse_kernel_map", validates=False),
+    Op("serialize", _codes, lambda i, **kw: pcops.serialize(i["grid_coord"], **kw),
+       page="serialize", bench="serialize", validates=False),
+    Op("serialized_pool", _codes,
+       lambda i, **kw: pcops.serialized_pool(pcops.serialize(i["grid_coord"], depth=4).code, 1, i["features"], **kw),
+       grad=("features",), page="serialize", bench="serialized_pool", validates=False),
+    Op("serialized_unpool", _gather, lambda i, **kw: pcops.serialized_unpool(i["features"], i["idx"].clamp_min(0)[:, 0], **kw),
+       grad=("features",), page="serialize", bench="gather", validates=False),  # a gather by the cluster map
+    Op("segment_reduce", _segments, lambda i, **kw: pcops.segment_reduce(i["values"], i["offsets"], **kw),
+       grad=("values",), page="segment_reduce", bench="segment_reduce", validates=False),
+    Op("gather", _gather, lambda i, **kw: pcops.gather(i["features"], i["idx"], **kw),
+       grad=("features",), page="gather", bench="gather"),  # copies values as they are: validate checks idx
+]
+
+BY_NAME = {op.name: op for op in OPS}
+POINT_OPS = [op for op in OPS if op.validates and op.points]

@@ -1,0 +1,71 @@
+"""The op table (tests/op_table.py) covers every public op, and every op speaks the caller's names."""
+
+import inspect
+import pathlib
+
+import pytest
+import torch
+
+import pcops
+from tests import op_table
+from tests.test_reliability import run_python
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_public_function_has_a_row():
+    public = {name for name in pcops.__all__ if inspect.isfunction(getattr(pcops, name))}
+    assert public == set(op_table.BY_NAME), "add the op to tests/op_table.py (and drop rows of ops that are gone)"
+
+
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_every_op_has_a_docs_page_that_names_it(op):
+    page = ROOT / "docs" / "ops" / f"{op.page}.md"
+    assert page.exists(), page
+    assert f"{op.name}(" in page.read_text(), f"{page} does not show a call of {op.name}"
+
+
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_the_canonical_call_runs_and_its_differentiable_inputs_get_gradients(op):
+    inputs = op.inputs()
+    for name in op.grad:
+        inputs[name].requires_grad_(True)
+    out = op.call(inputs)
+    tensors = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if op.grad:
+        sum(t.sum() for t in tensors).backward()
+        for name in op.grad:
+            assert inputs[name].grad is not None and torch.isfinite(inputs[name].grad).all(), name
+
+
+CASES = [(op, name) for op in op_table.POINT_OPS for name in op.points]
+
+
+@pytest.mark.parametrize("op,name", CASES, ids=[f"{op.name}-{name}" for op, name in CASES])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_input_raises_an_error_naming_the_argument_as_typed(op, name, value):
+    inputs = op.inputs()
+    inputs[name][3, 1] = value
+    with pytest.raises(ValueError, match=rf"^{name} contains NaN or inf"):
+        op.call(inputs)
+
+
+NON_FINITE_UNVALIDATED = """
+import torch
+from tests import op_table
+for op in op_table.POINT_OPS:
+    for name in op.points:
+        for value in (float("nan"), float("inf"), -float("inf")):
+            inputs = op.inputs()
+            inputs[name][3, 1] = value
+            try:
+                op.call(inputs, validate=False)
+            except ValueError as err:  # a clear error is a way to terminate too
+                print(op.name, name, value, "raised", err)
+            print(op.name, name, value, "returned", flush=True)
+"""
+
+
+def test_non_finite_input_without_validation_terminates_for_every_op():
+    out = run_python(NON_FINITE_UNVALIDATED, timeout=300)
+    assert out.count("returned") == 3 * len(CASES)
