@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pcops import knn
+from pcops import gather, knn
 
-from .pointnet2 import _RowNorm, gather, head
+from .pointnet2 import _RowNorm, head
 
 
 class EdgeConv(nn.Module):
@@ -38,7 +38,7 @@ class EdgeConv(nn.Module):
         idx = knn(x.detach(), x.detach(), self.k, validate=False).idx  # (B, N, k), the point itself first
         neighbour = self.edge(x)  # W_2 x_j
         centre = self.centre(x) - neighbour  # (W_1 - W_2) x_i
-        return self.act(self.norm(gather(neighbour, idx).max(2).values + centre))
+        return self.act(self.norm(gather(neighbour, idx, validate=False).max(2).values + centre))
 
 
 class DGCNN(nn.Module):

@@ -149,11 +149,9 @@ def load_items(files: list[pathlib.Path], min_points: int = NORMAL_K) -> list[tu
 
 
 def estimate_normals(points: torch.Tensor, k: int = 16) -> torch.Tensor:
-    """Unit normals by PCA over each point's k nearest neighbours, oriented away from the centroid."""
-    _, idx = pcops.knn(points, points, min(k, points.shape[0]))
-    nb = points[idx] - points[idx].mean(1, keepdim=True)
-    _, vectors = torch.linalg.eigh(nb.transpose(1, 2) @ nb)
-    normals = vectors[..., 0]  # smallest eigenvalue
+    """Unit normals by PCA over each point's k nearest neighbours (``pcops.estimate_normals``),
+    oriented away from the centroid."""
+    normals = pcops.estimate_normals(points, min(k, points.shape[0]))
     outward = ((points - points.mean(0)) * normals).sum(-1, keepdim=True) < 0
     return torch.where(outward, -normals, normals)
 
