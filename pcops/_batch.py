@@ -142,16 +142,20 @@ def single(
     finite: Optional[dict] = None,
     positive: Optional[dict] = None,
     ranges: Optional[dict] = None,
+    flatten: bool = True,
 ) -> Flat:
     """The layout of a one-cloud op (a cloud searched against itself): ``points`` (P, 3), padded
     (B, P, 3) with ``lengths`` (B,), or packed (P_total, 3) with ``batch`` (P_total,). Checked as
     :func:`pair` checks (messages name ``name``, ``lengths``, ``batch``) and flattened with the
     points as both query and ref. ``ranges`` (name -> (tensor, low, high)) adds range checks of
-    the op's own (e.g. packed ids below the number of per-sample viewpoints)."""
+    the op's own (e.g. packed ids below the number of per-sample viewpoints). ``flatten=False``
+    only checks: the result holds the tensors as given and ``validate`` for the op."""
     names = Names(name, name, features_name, "lengths", "lengths", "batch", "batch")
     layout = dict(query_lengths=lengths, ref_lengths=lengths, query_batch=batch, ref_batch=batch)
     padded = _validate.layout(points, points, features, **layout, dim=dim, names=names)
     checked = _check_values(validate, names, points, points, features, layout, finite, positive, same=True, ranges=ranges)
+    if not flatten:  # an op that takes the layout as it is (FPS runs on padded blocks): checks only
+        return Flat(points, points, features, None, None, (), 0, validate and not checked)
     return _flat(points, points, features, padded, layout, validate and not checked)
 
 

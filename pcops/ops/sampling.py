@@ -38,7 +38,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import warp as wp
 
-from .. import _validate, _warp
+from .. import _batch, _validate, _warp
 
 
 class FPS(NamedTuple):
@@ -457,10 +457,8 @@ def _start(lengths: torch.Tensor, random_start: bool, generator) -> torch.Tensor
 _INT64_MAX = 2**63 - 1
 
 
-def _check(points, n_samples, ratio, lengths, batch):
-    _validate.tensor("points", points)
-    if points.dim() not in (2, 3) or points.shape[-1] != 3:
-        raise ValueError(f"points must be a tensor of shape (N, 3) or (B, N, 3), got shape {tuple(points.shape)}")
+def _check_numbers(points, n_samples, ratio) -> None:
+    """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._batch.single)."""
     if (n_samples is None) == (ratio is None):
         raise ValueError("give exactly one of n_samples and ratio")
     if n_samples is not None:
@@ -472,15 +470,8 @@ def _check(points, n_samples, ratio, lengths, batch):
             raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-    if points.dim() == 3 and batch is not None:
-        raise ValueError("batch describes packed (N, 3) points; padded (B, N, 3) points take lengths")
-    if points.dim() == 2 and lengths is not None:
-        raise ValueError("lengths describes padded (B, N, 3) points; packed (N, 3) points take batch")
     if points.dim() == 3 and ratio is not None:
         raise ValueError("ratio needs packed (N, 3) points with batch; padded points take n_samples")
-    _validate.ids("lengths", lengths, points.shape[0], "(B,)")
-    _validate.ids("batch", batch, points.shape[0], "(N,)")
-    _validate.same_device(points=points, lengths=lengths, batch=batch)
 
 
 def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -> Optional[torch.Tensor]:
@@ -572,15 +563,22 @@ def farthest_point_sample(
     buckets; the exact plain FPS sequence), a thread per sample.
     """
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
-    _check(points, n_samples, ratio, lengths, batch)
+    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
+    _check_numbers(points, n_samples, ratio)
     first = _start_set(start_idx, points, n_samples, random_start)
+    # the op checks what the layout layer could not: values under torch.compile, a start set's
+    # indices against each sample's length (one more host read, only when a start set is given)
+    check = flat.validate or (validate and first is not None)
+    return _sample(points, n_samples, ratio, lengths, batch, first, random_start, generator, check)
+
+
+def _sample(points, n_samples, ratio, lengths, batch, first, random_start, generator, validate) -> FPS:
+    """:func:`farthest_point_sample` on checked inputs; ``validate``: the op's own checks."""
     dtype, _ = _validate.compute_dtype(points)
     if points.dim() == 3:
         b, n = points.shape[:2]
         if lengths is None:
             lengths = torch.full((b,), n, dtype=torch.int64, device=points.device)
-        elif validate and not torch.compiler.is_compiling():
-            _validate.ids_in_range("lengths", lengths, 0, n)
         lengths = lengths.to(torch.int64)
         counts = _counts(lengths, n_samples, None)
         if first is None:
@@ -594,10 +592,8 @@ def farthest_point_sample(
         if ratio is not None:
             n_samples = max(1, math.ceil(points.shape[0] * ratio))
             first = None if first is None else first[: n_samples]
-        out = farthest_point_sample(points[None], n_samples, start_idx=first, random_start=random_start, generator=generator, validate=validate)
+        out = _sample(points[None], n_samples, None, None, None, first, random_start, generator, validate)
         return FPS(out.points[0], out.idx[0])
-    if validate and not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", batch, 0, None)
     idx = torch.ops.pcops.farthest_point_sample_packed(
         points.detach().to(dtype), batch, first if first is not None else batch.new_empty((0,), dtype=torch.int64),
         n_samples or 0, float(ratio or 0.0), random_start, _seed(generator) if random_start else 0, validate,
