@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _validate
+from .. import _batch, _validate
 
 # Cells must stay exact integers in float64 and int64 (beyond this, floor() has no meaning).
 _CELL_LIMIT = 2.0**52
@@ -138,30 +138,17 @@ def _(points, grid_size, origin, batch, validate):
 
 
 def _layout(points, lengths, batch, validate: bool):
-    """The layout of :func:`grid_sample`: flat points (P, 3), int64 sample ids (P,) or None
-    (< 0 for padding rows), and the padded shape (B, N) or None."""
-    _validate.tensor("points", points)
+    """The layout of :func:`grid_sample` through the layout layer (pcops._batch.single): flat
+    points (P, 3), int64 sample ids (P,) or None (< 0 for padding rows), the padded shape (B, N)
+    or None, and whether the op checks values itself (``Flat.validate``)."""
+    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
     if points.dim() == 3:
-        _validate.tensor("points", points, ndim=3, last=3, shape_doc="(B, N, 3)")
-        if batch is not None:
-            raise ValueError("batch describes packed (N, 3) points; padded (B, N, 3) points take lengths")
         b, n = points.shape[0], points.shape[1]
-        _validate.ids("lengths", lengths, b, "(B,)")
-        _validate.same_device(points=points, lengths=lengths)
-        if lengths is not None and validate and not torch.compiler.is_compiling():
-            _validate.ids_in_range("lengths", lengths, 0, n)
         ids = torch.arange(b, device=points.device)[:, None].expand(b, n)
         if lengths is not None:
             ids = torch.where(torch.arange(n, device=points.device)[None, :] < lengths[:, None].to(torch.int64), ids, -1)
-        return points.reshape(b * n, 3), ids.reshape(-1), (b, n)
-    _validate.points("points", points)
-    if lengths is not None:
-        raise ValueError("lengths describes padded (B, N, 3) points; packed (N, 3) points take batch")
-    _validate.ids("batch", batch, points.shape[0], "(N,)")
-    _validate.same_device(points=points, batch=batch)
-    if batch is not None and validate and not torch.compiler.is_compiling():
-        _validate.ids_in_range("batch", batch, 0, None)
-    return points, batch, None
+        return points.reshape(b * n, 3), ids.reshape(-1), (b, n), flat.validate
+    return points, batch, None, flat.validate
 
 
 def _origin(origin, points: torch.Tensor):
@@ -221,9 +208,9 @@ def grid_sample(
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    flat, ids, padded = _layout(points, lengths, batch, validate)
+    flat, ids, padded, check = _layout(points, lengths, batch, validate)
     origin_t = _origin(origin, flat)
-    inverse, order, coords, voxel_batch, counts = torch.ops.pcops.grid_cluster(flat.detach(), float(grid_size), origin_t, ids, validate)
+    inverse, order, coords, voxel_batch, counts = torch.ops.pcops.grid_cluster(flat.detach(), float(grid_size), origin_t, ids, check)
     index = None
     if mode == "mean":
         dtype, out_dtype = _validate.compute_dtype(flat)
