@@ -280,3 +280,11 @@ def test_warp_kernels_equal_the_cpu_torch_path(gen, reduce):
     (expected,) = torch.autograd.grad(
         pcops.segment_reduce(values.requires_grad_(), offsets, reduce=reduce), values, grad)
     torch.testing.assert_close(back, expected, **TOL[F64])
+
+
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_gradient_with_no_rows(reduce):
+    values = torch.zeros(0, 2, requires_grad=True)
+    out = pcops.segment_reduce(values, torch.tensor([0, 0, 0]), reduce=reduce)
+    out.sum().backward()
+    assert out.shape == (2, 2) and values.grad.shape == (0, 2)
