@@ -11,6 +11,7 @@ op's backward reads the forward's (:meth:`CellList.of`) instead of building anot
 """
 
 import contextlib
+import math
 from typing import Optional
 
 import torch
@@ -101,13 +102,17 @@ def _key_kernel(dtype: torch.dtype):
 
 
 def _box(ref: torch.Tensor) -> torch.Tensor:
-    """(2, 3): the low and high corners of the finite reference points (zeros if none), on
-    ref's device. On the CPU the plain box, and the finite one only when that is not finite
-    (validate=False with NaN / inf points); on a GPU the finite one always (no host branch)."""
+    """(2, 3): the low and high corners of the reference points: on the CPU the plain box; on a
+    GPU that of the finite points (zeros if none), so no host branch is needed (see
+    :func:`_finite_box`)."""
     if ref.device.type == "cpu":
-        corners = torch.stack([ref.amin(0), ref.amax(0)])
-        if bool(torch.isfinite(corners).all()):
-            return corners
+        return torch.stack([ref.amin(0), ref.amax(0)])
+    return _finite_box(ref)
+
+
+def _finite_box(ref: torch.Tensor) -> torch.Tensor:
+    """(2, 3): the low and high corners of the finite reference points (zeros if none):
+    non-finite points (validate=False) would make the grid's frame infinite."""
     ok = torch.isfinite(ref).all(1, keepdim=True)
     inf = float("inf")
     corners = torch.stack([torch.where(ok, ref, inf).amin(0), torch.where(ok, ref, -inf).amax(0)])
@@ -139,6 +144,9 @@ class CellList:
             samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
         # the one host read (float64: sample ids up to 2^53 stay exact)
         host = torch.cat([corners.flatten().double(), samples]).cpu().tolist()
+        if not all(map(math.isfinite, host[0:6])):  # the CPU with NaN / inf points (the GPU's box is finite)
+            corners = _finite_box(ref)
+            host[0:6] = corners.flatten().double().tolist()
         low, high, groups = host[0:3], host[3:6], max(int(host[6]) + 1, 1)
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
         width = CELL * radius
@@ -148,8 +156,10 @@ class CellList:
         while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
             width *= 1.25  # a flat or thin cloud: the volume bound above was too generous
             dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        # (low corner, 1 / width) on the device: a fill, not a copy from the host
-        frame = torch.cat([corners[0], torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
+        if dev.type == "cpu":  # (low corner, 1 / width)
+            frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype)
+        else:  # on the device: a fill, not a blocking copy from the host
+            frame = torch.cat([corners[0], torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
         self._set(None, None, None, frame, dims)
         key, self.order = torch.sort(self._key(ref, ref_group))
         total = dims[0] * dims[1] * dims[2] * groups
@@ -213,6 +223,8 @@ def cell_list(query, ref, radius: float, query_group, ref_group) -> tuple:
     tracing (a proxy mode is active) the two ops are nodes of their own and the size is bound
     to this op's output as usual.
     """
+    if type(query) is torch.Tensor and type(ref) is torch.Tensor:  # real tensors: no tracing (the fast path)
+        return torch.ops.pcops.cell_list(query, ref, radius, query_group, ref_group)
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
