@@ -69,6 +69,23 @@ def check_checkpoint(path: pathlib.Path) -> None:
         raise ValueError(f"ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
 
 
+def check_checkpoint_fits(path: pathlib.Path, model: LightningModule) -> None:
+    """Fail before the run directory exists unless the checkpoint's weights are this model's:
+    the same parameter and buffer names with the same shapes (another config's checkpoint
+    would otherwise fail inside ``fit``, after the run directory was made)."""
+    import torch
+
+    theirs = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    theirs = {k.replace("_orig_mod.", ""): v for k, v in theirs.items()}  # a compiled submodule's prefix
+    ours = {k.replace("_orig_mod.", ""): v for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
+    shapes = sorted(k for k in ours.keys() & theirs.keys() if tuple(ours[k].shape) != tuple(theirs[k].shape))
+    if missing or unexpected or shapes:
+        listing = "; ".join(f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                            for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if keys)
+        raise ValueError(f"ckpt_path: {path} holds another model's weights than this config's {type(model).__name__} ({listing})")
+
+
 def save_figure(model: LightningModule, data: LightningDataModule, path: pathlib.Path) -> None:
     """Predicted vs true field on a z = 0 slice (data.figure_sample) as a PNG."""
     import matplotlib
@@ -113,6 +130,8 @@ def main(args=None) -> dict:
         args=args,
     )
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    if cli.config.get("ckpt_path"):  # before fit creates the run directory
+        check_checkpoint_fits(pathlib.Path(cli.config.get("ckpt_path")), model)
     trainer.fit(model, datamodule=data, ckpt_path=cli.config.get("ckpt_path"))
     best = "best" if getattr(trainer.checkpoint_callback, "best_model_path", "") else None
     results = trainer.test(model, datamodule=data, ckpt_path=best)[0]  # fast_dev_run: one test batch

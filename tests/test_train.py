@@ -144,6 +144,17 @@ def test_a_corrupt_checkpoint_fails_before_any_work_naming_the_file(tmp_path, co
     assert "Epoch" not in result.stdout + result.stderr  # no data generated, no training started
 
 
+def test_another_models_checkpoint_fails_before_any_work_naming_the_file(tmp_path):
+    path = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"net.other.weight": torch.zeros(4, 3)}, "epoch": 1}, path)  # loads, but is not SDFModel's
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false",
+                      *TINY_SHAPES)
+    assert result.returncode != 0
+    assert f"ckpt_path: {path} holds another model's weights" in result.stderr
+    assert "unexpected: net.other.weight" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_malformed_data_file_fails_before_any_work_naming_it(tmp_path):
     import numpy as np
 
