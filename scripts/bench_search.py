@@ -76,6 +76,10 @@ def cloud(kind: str, n: int, seed: int) -> torch.Tensor:
         return _clustered(n, gen)
     if kind == "surface":
         return _surface(n, seed)
+    if kind.startswith("mesh:"):  # a real mesh sampled as a cloud (scripts/bench_meshes.py)
+        import bench_meshes
+
+        return bench_meshes.cloud(kind[len("mesh:"):], n, seed)
     raise ValueError(kind)
 
 

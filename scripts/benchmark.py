@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+import bench_meshes  # noqa: E402
 import bench_search  # noqa: E402
 import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
@@ -513,7 +514,7 @@ def run_sampling(args, device) -> list[dict]:
     """Forward times of the sampling and grouping ops and their peers on each cloud shape, with
     ratios printed (rows of the same op, cloud, size and number of picks only)."""
     rows = []
-    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS:
+    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n, fn, note, *s in _sampling_cases(args, device, shape):
             ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
             rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": ms, "note": note})
@@ -644,7 +645,7 @@ def run_geometry(args, device) -> list[dict]:
     """Forward (no grad) and forward + backward of each op and its peers on each cloud shape, in one process."""
     results = []
     sizes = GEOMETRY_QUICK if args.quick else GEOMETRY_SIZES
-    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS:
+    for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n_ref, n_query, forward, loss in _geometry_cases(device, sizes, shape):
             row = {"model": op, "variant": variant, "cloud": shape, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
             try:
