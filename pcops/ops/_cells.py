@@ -129,7 +129,7 @@ class CellList:
     wider when that would make more than ``CELLS_PER_POINT`` cells per point of a sample.
 
     One host read: the bounding box and the number of samples, which size the grid (``starts``);
-    the frame is made on the device from the same box (no copy from the host).
+    on a GPU the frame is made on the device from the same box (no copy from the host).
     """
 
     def __init__(self, query, ref, radius: float, query_group, ref_group):
