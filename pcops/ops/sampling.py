@@ -186,28 +186,39 @@ def _kernels(dtype: torch.dtype):
             radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 0)
             radix_pass(keys, order, tmp_keys, tmp_order, hist, hb, base, end, 10)
             radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 20)
+            # within each leaf, its points in index order (a stable counting sort by leaf): the
+            # first farthest point of a leaf scan is then the one with the smallest index
+            for j in range(base, end):
+                inv[base + order[j]] = j - base
+            for leaf in range(1 << h):
+                tmp_keys[base + leaf] = part(leaf, nb, h)
+            for o in range(nb):
+                # the leaf of Morton position p: floor(((p + 1) 2^h - 1) / nb)
+                leaf = int(((wp.int64(inv[base + o]) + wp.int64(1)) * (wp.int64(1) << wp.int64(h)) - wp.int64(1)) / wp.int64(nb))
+                at = tmp_keys[base + leaf]
+                tmp_keys[base + leaf] = at + 1
+                order[base + at] = o
+                inv[base + o] = at
         else:
             for j in range(base, end):
                 order[j] = j - base
+                inv[j] = j - base
         for j in range(base, end):
             pts[j] = points[base + order[j]]
-        # the leaves: box, first index (every distance starts at inf), where each point went
+            dist[j] = s(wp.inf)
+        # the leaves: box, first index (every distance starts at inf)
         for leaf in range(1 << h):
             lo = base + part(leaf, nb, h)
             hi = base + part(leaf + 1, nb, h)
             bl = v(s(wp.inf))
             bh = v(-s(wp.inf))
-            arg = int(-1)
             finite = bool(True)
             for j in range(lo, hi):
                 p = pts[j]
                 bl = wp.min(bl, p)
                 bh = wp.max(bh, p)
                 finite = finite and wp.isfinite(p)
-                o = order[j]
-                inv[base + o] = j - base
-                if arg < 0 or o < arg:
-                    arg = o
+            arg = wp.where(lo < hi, order[wp.min(lo, end - 1)], -1)
             node = root + leaf0 + leaf
             lo_box[node] = wp.where(finite, bl, nan_box)  # a NaN/inf point (validate=False): never skipped
             hi_box[node] = bh
@@ -261,19 +272,17 @@ def _kernels(dtype: torch.dtype):
                     lo = base + part(leaf, nb, h)
                     hi = base + part(leaf + 1, nb, h)
                     top = s(-2.0)
-                    top_o = int(-1)
-                    for j in range(lo, hi):
+                    top_j = lo
+                    for j in range(lo, hi):  # branch-free: the first farthest point (the leaf is in index order)
                         dj = dist[j]
                         x = wp.length_sq(pts[j] - c)
                         dj = wp.where(dj < x, dj, x)  # a NaN point's distance is NaN: never the farthest
                         dist[j] = dj
-                        if dj >= top:  # rarely equal: then the smaller index
-                            o = order[j]
-                            if dj > top or o < top_o:
-                                top = dj
-                                top_o = o
+                        far = dj > top
+                        top = wp.where(far, dj, top)
+                        top_j = wp.where(far, j, top_j)
                     node_max[node] = top
-                    node_arg[node] = top_o
+                    node_arg[node] = wp.where(top > s(-2.0), order[wp.min(top_j, end - 1)], -1)
                 while i > 0 and (i & 1) == 0:  # a right child done: so is its parent
                     i = (i - 1) >> 1
                     node = root + i
@@ -345,24 +354,52 @@ def _height(n: int) -> int:
     return h
 
 
+# Warp's array descriptor: what wp.from_torch(..., return_ctype=True) returns
+_array_t = type(wp.from_torch(torch.zeros(1), requires_grad=False, return_ctype=True))
+
+
+def _view(t: torch.Tensor, at: Optional[int] = None, count: int = 0, width: int = 1):
+    """A Warp array descriptor of ``t`` (its shape and strides; 0 for an expanded dimension),
+    or with ``at``: of ``count`` elements of ``width`` values (1: scalars, 3: vec3) of the
+    contiguous tensor ``t`` from its value ``at``. Built directly (about 1 us, against about
+    5 us for ``wp.from_torch``)."""
+    size = t.element_size()
+    if at is None:
+        return _array_t(t.data_ptr(), 0, t.dim(), tuple(t.shape), tuple(x * size for x in t.stride()))
+    return _array_t(t.data_ptr() + at * size, 0, 1, (count,), (width * size,))
+
+
 def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor) -> None:
     """Bucket FPS into ``idx`` (B, S), -1 filled: points (B, N, 3), one kernel thread per
-    sample (its tree, then its picks)."""
+    sample (its tree, then its picks). The work arrays are views of two allocations (one of
+    the points' dtype, one int32), passed as descriptors made here."""
     b, n, _ = points.shape
     sample, _ = _kernels(points.dtype)
-    vec = _warp.vec3(points.dtype)
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
-    flat = points.reshape(b * n, 3)
-    pts = torch.empty_like(flat)
-    order, keys, tmp_order, tmp_keys, inv = (torch.empty(b * n, dtype=torch.int32, device=points.device) for _ in range(5))
-    hist = torch.empty(b * 1024, dtype=torch.int32, device=points.device)
-    dist = points.new_full((b * n,), float("inf"))
-    lo_box, hi_box = points.new_empty((b * nodes, 3)), points.new_empty((b * nodes, 3))
-    node_max = points.new_empty((b * nodes,))
-    node_arg = torch.empty(b * nodes, dtype=torch.int32, device=points.device)
-    args = [n, nodes, lengths32, counts, start, _warp.array(flat, vec), _warp.array(pts, vec), order, keys, tmp_order,
-            tmp_keys, hist, inv, dist, _warp.array(lo_box, vec), _warp.array(hi_box, vec), node_max, node_arg, idx]
-    _warp.launch(sample, b, args, like=points, min_chunk=1)
+    m, k = b * n, b * nodes
+    # floats: pts (3m), dist (m), lo_box (3k), hi_box (3k), node_max (k)
+    f = points.new_empty((4 * m + 7 * k,))
+    # int32: order, keys, tmp_order, tmp_keys, inv (m each), hist (1024 b), node_arg (k)
+    i = torch.empty(5 * m + 1024 * b + k, dtype=torch.int32, device=points.device)
+    ints = [_view(i, c * m, m) for c in range(5)]
+    values = [n, nodes, _view(lengths32), _view(counts), _view(start), _view(points, 0, m, 3), _view(f, 0, m, 3),
+              *ints[:4], _view(i, 5 * m, 1024 * b), ints[4], _view(f, 3 * m, m), _view(f, 4 * m, k, 3),
+              _view(f, 4 * m + 3 * k, k, 3), _view(f, 4 * m + 6 * k, k), _view(i, 5 * m + 1024 * b, k), _view(idx)]
+    _run_samples(sample, b, values)
+
+
+def _run_samples(kernel, b: int, values: list) -> None:
+    """Threads 0 .. b-1 of ``kernel`` (a sample each) on the CPU: on one thread, the calling
+    one runs them all; on several, the samples are cut into up to 8 chunks per thread (a
+    sample each, for batches up to that size), taken in turn by the first free thread
+    (samples differ in work, and a thread can be descheduled: fixed halves left one thread
+    idle while the other finished its half)."""
+    threads = torch.get_num_threads()
+    chunks = 1 if threads <= 1 else min(b, 8 * threads)
+    bounds = [b * c // chunks for c in range(chunks + 1)]
+    private = [values] * chunks
+    first = _warp._first_load(kernel, "cpu", lambda: _warp._runner(kernel, bounds, private, "cpu", None)(0))
+    _warp._run_chunks(_warp._runner(kernel, bounds, private, "cpu", None), 1 if first else 0, chunks)
 
 
 def _per_pick_fps(points: torch.Tensor, lengths32: torch.Tensor, start: torch.Tensor, n_samples: int, idx: torch.Tensor) -> None:
@@ -429,7 +466,7 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     points = points.contiguous()
     lengths32 = lengths.to(torch.int32).contiguous()
     if not _per_pick(points.device):  # the kernel clamps the start indices (validate=False) and writes counts[b] picks
-        _bucket(points, lengths32, counts.to(torch.int64).contiguous(), start.to(torch.int64).contiguous(), idx)
+        _bucket(points, lengths32, counts.to(torch.int64), start.to(torch.int64), idx)
         return idx
     start = torch.minimum(start.to(torch.int64).clamp(min=0), (lengths.to(torch.int64) - 1).clamp(min=0)[:, None]).contiguous()
     _per_pick_fps(points, lengths32, start, n_samples, idx)
