@@ -8,6 +8,7 @@ from .data import ShapesSDFDataModule, TutorialCloudDataModule
 from .files import FileSDFDataModule
 from .lit import FieldRegressor, KNNProjector, RadiusProjector, SDFModel
 from .modelnet import ModelNetDataModule
+from .ptv3 import PointTransformerV3, PTv3Classifier, PTv3Segmenter
 from .scenes import ShapesClassDataModule, ShapesSegDataModule
 
 __all__ = [
@@ -20,6 +21,9 @@ __all__ = [
     "PointNet2Segmenter",
     "PointNetClassifier",
     "PointNetSegmenter",
+    "PointTransformerV3",
+    "PTv3Classifier",
+    "PTv3Segmenter",
     "RadiusProjector",
     "SDFModel",
     "ShapesClassDataModule",
