@@ -69,3 +69,23 @@ for op in op_table.POINT_OPS:
 def test_non_finite_input_without_validation_terminates_for_every_op():
     out = run_python(NON_FINITE_UNVALIDATED, timeout=300)
     assert out.count("returned") == 3 * len(CASES)
+
+
+HALF = [op for op in op_table.OPS if op.grad or op.points]
+
+
+@pytest.mark.parametrize("op", HALF, ids=lambda op: op.name)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_are_computed_in_float32_and_returned_in_their_dtype(op, dtype):
+    inputs = op.inputs()
+    half = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+    single = {k: v.to(dtype).float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+    got, want = op.call(half), op.call(single)  # the same values in float32: the float32 computation
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        if isinstance(g, torch.Tensor) and g.is_floating_point():
+            assert g.dtype == dtype
+            torch.testing.assert_close(g, w.to(dtype), rtol=0, atol=0, equal_nan=True)
+        elif isinstance(g, torch.Tensor):
+            assert torch.equal(g, w)
