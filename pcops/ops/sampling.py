@@ -49,7 +49,7 @@ class FPS(NamedTuple):
 
 
 # Points per leaf at most (a leaf holds more than LEAF / 2 points unless its sample is smaller).
-LEAF = 128
+LEAF = 64
 
 
 @_warp.kernels
