@@ -48,27 +48,35 @@ def _starts_kernel():
 
 @_warp.kernels
 def _permute_kernel(dtype: torch.dtype):
-    """Rows in another order: ``dst[a] = src[order[a]]``, or ``dst[order[a]] = src[a]`` (inverse)."""
+    """Rows in another order: ``dst[a] = src[order[a]]``, or ``dst[order[a]] = src[a]`` (inverse);
+    the first min(src, dst) columns, and zeros in the rest of a wider ``dst`` (padding)."""
     s = _warp.scalar(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def permute(start: int, src: wp.array2d(dtype=s), order: wp.array(dtype=wp.int64), inverse: int, dst: wp.array2d(dtype=s)):
         a = wp.tid() + start
         j = int(order[a])
-        for c in range(src.shape[1]):
-            if inverse != 0:
+        n = wp.min(src.shape[1], dst.shape[1])
+        if inverse != 0:
+            for c in range(n):
                 dst[j, c] = src[a, c]
-            else:
+        else:
+            for c in range(n):
                 dst[a, c] = src[j, c]
+            for c in range(n, dst.shape[1]):
+                dst[a, c] = s(0.0)
 
     return permute
 
 
-def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: Optional[int] = None) -> torch.Tensor:
     """x[order] (or the inverse) with a Warp kernel: torch's multi-threaded gather would start an
-    OpenMP team, and a forked DataLoader worker hangs in its next torch operation when it has."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel():
+    OpenMP team, and a forked DataLoader worker hangs in its next torch operation when it has.
+    ``width``: the columns of the result (a 2-D ``x``): the first ones of ``x``, zeros after
+    them (rows padded to a vector width) or fewer (the padding dropped)."""
+    shape = x.shape if width is None else (x.shape[0], width)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    if x.numel() and out.numel():
         _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x)
     return out
 

@@ -35,19 +35,49 @@ from .. import _batch, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
 
 
+# Features are handled in blocks of this many columns (Warp vectors; rows padded with zeros):
+# a block is one vector operation on the CPU instead of BLOCK scalar ones.
+BLOCK = 8
+
+# Softmax weights take a fixed shift (m_i = 0: w_ij = exp(-d_ij / sigma)) when radius / sigma is
+# at most this, so no weight falls below exp(-limit) (a normal float32 / float64); above it the
+# forward keeps each query's nearest distance as the shift (an online softmax).
+_FIXED_SHIFT_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
+
+
+def _vector(dtype: torch.dtype):
+    """The Warp vector type of a block of ``BLOCK`` features."""
+    return wp.types.vector(length=BLOCK, dtype=_warp.scalar(dtype))
+
+
+def _padded(columns: int) -> int:
+    return -(-columns // BLOCK) * BLOCK
+
+
+def _blocks(x: torch.Tensor):
+    """A zero-copy Warp view of a contiguous (rows, k * BLOCK) tensor as (rows, k) vectors."""
+    return _warp.array(x.view(x.shape[0], x.shape[1] // BLOCK, BLOCK), dtype=_vector(x.dtype))
+
+
 @functools.cache
 def _weight_funcs(dtype: torch.dtype, weights: str):
     """One weighting's Warp functions (see pcops.ops._weighting); the nearest neighbour weighs most.
 
-    ``key(d, sq)``: what the weight decreases in (d; max(d^2, 1e-16); 0 for uniform), so each
-    row keeps its smallest key m; ``relative(k, m, sigma)``: w(k) / w(m), in (0, 1] for k >= m
-    and never an overflow (a division by sigma after the shift, not a product with 1/sigma);
-    ``log_weight_dq(diff, d, sq, inv_s)``: the gradient of log w_ij with respect to q_i;
-    ``sigma_term(d, m)``: d - m for softmax (times a_ij / sigma^2 it is the sigma gradient), else 0.
+    ``key(d, sq)``: what the weight decreases in (d; max(d^2, 1e-16); 0 for uniform);
+    ``relative(k, m, sigma)``: w(k) / w(m), in (0, 1] for k >= m and never an overflow (a
+    division by sigma after the shift, not a product with 1/sigma); ``fixed(radius, sigma)``:
+    the shift m every key of a query within the radius may take (all weights relative to it
+    normal numbers in (0, 1]), or +inf when there is none (the forward then keeps each query's
+    smallest key); ``log_weight_dq(diff, d, sq, inv_s)``: the gradient of log w_ij with
+    respect to q_i; ``sigma_term(d, m)``: d - m for softmax (times a_ij / sigma^2 it is the
+    sigma gradient), else 0.
     """
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     softmax, inverse = weights == "softmax", weights == "inverse_distance"
     eps = s(_weighting.MIN_SQUARED_DISTANCE)
+    limit = s(_FIXED_SHIFT_LIMIT[dtype])
+    # inverse distance: eps / k >= eps / radius^2 stays normal up to radius^2 = eps * this
+    span = s(1e20 if dtype == torch.float32 else 1e250)
 
     @wp.func
     def key(d: s, sq: s):
@@ -66,6 +96,18 @@ def _weight_funcs(dtype: torch.dtype, weights: str):
         return s(1.0)
 
     @wp.func
+    def fixed(radius: s, sigma: s):
+        if wp.static(softmax):
+            if radius <= limit * sigma:
+                return s(0.0)
+            return s(wp.inf)
+        if wp.static(inverse):
+            if radius * radius <= eps * span:
+                return eps
+            return s(wp.inf)
+        return s(0.0)
+
+    @wp.func
     def log_weight_dq(diff: v, d: s, sq: s, inv_s: s):
         if wp.static(softmax):
             if d > s(0.0):
@@ -81,16 +123,22 @@ def _weight_funcs(dtype: torch.dtype, weights: str):
             return d - m
         return s(0.0)
 
-    return key, relative, log_weight_dq, sigma_term
+    return key, relative, fixed, log_weight_dq, sigma_term
 
 
 @_warp.kernels
 def _kernels(dtype: torch.dtype, weights: str = "softmax"):
-    """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample)."""
+    """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample).
+
+    Features, the output gradient and the forward's sums are (rows, blocks) arrays of
+    ``BLOCK``-vectors (rows padded with zeros); ``out`` is a plain (M, F) array, the feature
+    gradient a plain (N, blocks * BLOCK) one.
+    """
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    vb = _vector(dtype)
     box = _warp_funcs.cell_range(dtype)
-    key, relative, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
+    key, relative, fixed, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
@@ -102,48 +150,56 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         query: wp.array(dtype=v),
         query_group: wp.array(dtype=wp.int32),
         points: wp.array(dtype=v),
-        feats: wp.array2d(dtype=s),
+        feats: wp.array2d(dtype=vb),
         sigma: wp.array(dtype=s),
         radius: s,
+        acc: wp.array2d(dtype=vb),
         out: wp.array2d(dtype=s),
         wsum: wp.array(dtype=s),
         dmin: wp.array(dtype=s),
     ):
         i = int(rows[wp.tid() + start])
         q = query[i]
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return
-        nf = feats.shape[1]
-        base = int(query_group[i]) * dims[2]
-        count = int(0)
-        m = s(0.0)  # the smallest key so far (the largest weight)
+        nb = feats.shape[1]
+        nf = out.shape[1]
+        for b in range(nb):
+            acc[i, b] = vb()
+        sig = sigma[0]
+        m = fixed(radius, sig)  # the shift of the keys; +inf: the smallest key so far (online)
+        online = m == s(wp.inf)
         w_total = s(0.0)
-        lo, hi = box(q, radius, frame, dims)
-        for z in range(lo[2], hi[2] + 1):
-            for y in range(lo[1], hi[1] + 1):
-                row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                    diff = q - points[j]
-                    d = wp.length(diff)
-                    if d <= radius:
-                        k = key(d, wp.dot(diff, diff))
-                        if count == 0:
-                            m = k
-                        if k < m:  # a new nearest neighbour: shift what was accumulated so far
-                            scale = relative(m, k, sigma[0])
-                            w_total = w_total * scale
-                            for c in range(nf):
-                                out[i, c] = out[i, c] * scale
-                            m = k
-                        w = relative(k, m, sigma[0])
-                        w_total = w_total + w
-                        for c in range(nf):
-                            out[i, c] = out[i, c] + w * feats[j, c]
-                        count = count + 1
-        if count > 0:
+        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
+            base = int(query_group[i]) * dims[2]
+            reach = radius * radius * s(1.0001)  # squared distances beyond it are out (d > radius)
+            lo, hi = box(q, radius, frame, dims)
+            for z in range(lo[2], hi[2] + 1):
+                for y in range(lo[1], hi[1] + 1):
+                    row = ((base + z) * dims[1] + y) * dims[0]
+                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
+                        diff = q - points[j]
+                        sq = wp.dot(diff, diff)
+                        if sq <= reach:
+                            d = wp.sqrt(sq)
+                            if d <= radius:
+                                k = key(d, sq)
+                                if online:
+                                    if k < m:  # a new nearest neighbour: shift what was accumulated so far
+                                        scale = relative(m, k, sig)  # 0 for the first one (m = inf)
+                                        w_total = w_total * scale
+                                        for b in range(nb):
+                                            acc[i, b] = acc[i, b] * scale
+                                        m = k
+                                w = relative(k, m, sig)
+                                w_total = w_total + w
+                                for b in range(nb):
+                                    acc[i, b] = acc[i, b] + w * feats[j, b]
+        inv_w = s(0.0)
+        if w_total > s(0.0):
             inv_w = s(1.0) / w_total
-            for c in range(nf):
-                out[i, c] = out[i, c] * inv_w
+        else:
+            m = s(0.0)
+        for c in range(nf):
+            out[i, c] = acc[i, c // BLOCK][c % BLOCK] * inv_w
         wsum[i] = w_total
         dmin[i] = m
 
@@ -157,10 +213,10 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         query: wp.array(dtype=v),
         query_group: wp.array(dtype=wp.int32),
         points: wp.array(dtype=v),
-        feats: wp.array2d(dtype=s),
+        feats: wp.array2d(dtype=vb),
         sigma: wp.array(dtype=s),
         radius: s,
-        grad_out: wp.array2d(dtype=s),
+        grad_out: wp.array2d(dtype=vb),
         need_ref: int,
         need_feats: int,
         out: wp.array2d(dtype=s),
@@ -175,39 +231,45 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         if wsum[i] == s(0.0):
             return
         q = query[i]
-        inv_s = s(1.0) / sigma[0]
+        sig = sigma[0]
+        inv_s = s(1.0) / sig
         inv_w = s(1.0) / wsum[i]
         m = dmin[i]
-        nf = feats.shape[1]
+        nb = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         g_out = s(0.0)  # g_i . out_i
-        for c in range(nf):
-            g_out = g_out + grad_out[i, c] * out[i, c]
+        for c in range(out.shape[1]):
+            g_out = g_out + grad_out[i, c // BLOCK][c % BLOCK] * out[i, c]
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
+        reach = radius * radius * s(1.0001)
         lo, hi = box(q, radius, frame, dims)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 row = ((base + z) * dims[1] + y) * dims[0]
                 for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
                     diff = q - points[j]
-                    d = wp.length(diff)
-                    if d <= radius:
-                        sq = wp.dot(diff, diff)
-                        w = relative(key(d, sq), m, sigma[0]) * inv_w
-                        g_f = s(0.0)  # g_i . f_j
-                        for c in range(nf):
-                            g_f = g_f + grad_out[i, c] * feats[j, c]
-                            if need_feats != 0:
-                                wp.atomic_add(grad_feats, j, c, w * grad_out[i, c])
-                        a = w * (g_f - g_out)  # dL / d log w_ij
-                        g_s = g_s + a * sigma_term(d, m)
-                        g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
-                        g_q = g_q + g_d
-                        if need_ref != 0:
-                            wp.atomic_add(grad_ref, j, 0, -g_d[0])
-                            wp.atomic_add(grad_ref, j, 1, -g_d[1])
-                            wp.atomic_add(grad_ref, j, 2, -g_d[2])
+                    sq = wp.dot(diff, diff)
+                    if sq <= reach:
+                        d = wp.sqrt(sq)
+                        if d <= radius:
+                            w = relative(key(d, sq), m, sig) * inv_w
+                            g_f = s(0.0)  # g_i . f_j
+                            for b in range(nb):
+                                g = grad_out[i, b]
+                                g_f = g_f + wp.dot(g, feats[j, b])
+                                if need_feats != 0:  # (N, blocks * BLOCK) scalars: pcops._warp.launch's private copies
+                                    wg = w * g
+                                    for e in range(BLOCK):
+                                        wp.atomic_add(grad_feats, j, b * BLOCK + e, wg[e])
+                            a = w * (g_f - g_out)  # dL / d log w_ij
+                            g_s = g_s + a * sigma_term(d, m)
+                            g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
+                            g_q = g_q + g_d
+                            if need_ref != 0:
+                                wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                                wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                                wp.atomic_add(grad_ref, j, 2, -g_d[2])
         grad_query[i, 0] = g_q[0]
         grad_query[i, 1] = g_q[1]
         grad_query[i, 2] = g_q[2]
@@ -219,7 +281,8 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
 def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
     """Run a radius kernel over the queries (in cell order). Arguments: (start, rows, starts,
     frame, dims, query, query_group, sorted ref points, sorted features, sigma, radius, *tail);
-    ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into)."""
+    ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into). ``feats`` may be a
+    Warp array already (feature blocks)."""
     _warp.init()
     vec = _warp.vec3(query.dtype)
     query = query.contiguous()
@@ -273,15 +336,16 @@ def _radius_aggregate_cells(
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
     m, f = query.shape[0], features.shape[1]
-    out = query.new_zeros((m, f))
-    wsum = query.new_zeros((m,))
-    dmin = query.new_zeros((m,))
     if m == 0 or ref.shape[0] == 0 or f == 0:
-        return out, wsum, dmin
+        return query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,))
+    out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
     forward, _ = _kernels(query.dtype, weights)
     cells = _cells.CellList.of(order, starts, rows, frame, dims)
-    points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
-    _launch(forward, cells, query, points, feats, sigma, radius, query_group, [out, wsum, dmin])
+    width = _padded(f)
+    points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
+    # the sums of the padded feature blocks: ``out`` itself when F is a whole number of blocks
+    acc = out if width == f else query.new_empty((m, width))
+    _launch(forward, cells, query, points, _blocks(feats), sigma, radius, query_group, [_blocks(acc), out, wsum, dmin])
     return out, wsum, dmin
 
 
@@ -328,14 +392,19 @@ def _radius_aggregate_backward(
             cells = _cells.CellList(query, ref, radius, query_group, ref_group)
         else:
             cells = _cells.CellList.of(order, starts, rows, frame, dims)
-        points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order)
-        # gradients of the sorted points, scattered into with atomic_add (tail 8 and 9)
+        f, width = features.shape[1], _padded(features.shape[1])
+        points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
+        grad_out = grad_out.contiguous()
+        if width != f:  # rows padded to whole blocks
+            grad_out = torch.nn.functional.pad(grad_out, (0, width - f))
+        # gradients of the sorted points, scattered into (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
-        tail = [grad_out.contiguous(), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
+        tail = [_blocks(grad_out), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
                 grad_query, grad_sigma, sorted_ref, sorted_feats]
         scatter = (8,) * need_ref + (9,) * need_features
-        _launch(backward, cells, query, points, feats, sigma, radius, query_group, tail, scatter)
-        grad_ref, grad_feats = _cells.permute(sorted_ref, cells.order, True), _cells.permute(sorted_feats, cells.order, True)
+        _launch(backward, cells, query, points, _blocks(feats), sigma, radius, query_group, tail, scatter)
+        grad_ref = _cells.permute(sorted_ref, cells.order, True)
+        grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

@@ -64,6 +64,37 @@ def test_tiny_sigma_is_finite_and_picks_the_nearest_neighbour(gen, dtype):
     torch.testing.assert_close(out.double(), reference.radius_aggregate(q, p, f, r, 1e-4), rtol=1e-4, atol=1e-4)
 
 
+
+@pytest.mark.parametrize("width", [1, 8, 9, 16])
+def test_any_feature_width_matches_dense_reference_with_gradients(gen, width):
+    """Features run in blocks of 8 columns: whole blocks (the sums kept in the output) and padded ones."""
+    q, p, f, r = _grad_inputs(gen)
+    f = features(gen, p.shape[0], width).requires_grad_()
+    g = torch.randn(q.shape[0], width, generator=gen, dtype=F64)
+    out = pcops.radius_aggregate(q, p, f, r, 0.2)
+    torch.testing.assert_close(out, reference.radius_aggregate(q, p, f.detach(), r, 0.2), rtol=1e-10, atol=1e-12)
+    ours = torch.autograd.grad((out * g).sum(), f)[0]
+    ff = f.detach().clone().requires_grad_()
+    theirs = torch.autograd.grad((reference.radius_aggregate(q, p, ff, r, 0.2) * g).sum(), ff)[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_softmax_either_side_of_the_fixed_shift_limit_matches_dense_reference(gen, dtype):
+    """radius / sigma at most a limit: weights exp(-d / sigma) (no per-query shift); above it the
+    nearest distance is the shift (an online softmax). Both match the float64 reference."""
+    from pcops.ops import radius as radius_module
+
+    q, p, f, r = _grad_inputs(gen)
+    limit = radius_module._FIXED_SHIFT_LIMIT[dtype]
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-12)
+    for sigma in (r / limit * 1.001, r / limit * 0.999):  # fixed shift, online shift
+        leaves = [t.to(dtype).requires_grad_() for t in (q, p, f)]
+        out = pcops.radius_aggregate(*leaves, r, sigma)
+        torch.testing.assert_close(out.double(), reference.radius_aggregate(q, p, f, r, sigma), **tol)
+        grads = torch.autograd.grad(out.square().sum(), leaves)
+        assert all(torch.isfinite(g).all() for g in grads)
+
 def _grad_inputs(gen):
     """Small float64 clouds with every pair well away from the radius boundary and no d == 0."""
     q, p = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(16, 3, generator=gen, dtype=F64)
