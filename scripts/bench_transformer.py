@@ -15,7 +15,7 @@ and the ratio reference / pcops is what to read (> 1: pcops is faster). CPU only
 * segment_reduce (N rows, F = 32, segments of 8 rows on average, some empty): against
   ``torch.segment_reduce`` (CSR offsets) and ``scatter_reduce`` (unsorted ids), forward and
   forward + backward.
-* serialized_pool (N points, F = 32, k = 1): against Pointcept's SerializedPooling body in torch
+* serialized_pool (N points on a grid of about 1.5 points per occupied cell, F = 32, k = 1): against Pointcept's SerializedPooling body in torch
   (``unique`` with inverse and counts, ``sort``, ``torch.segment_reduce`` standing in for
   torch_scatter's ``segment_csr``), forward + backward.
 * gather (N rows of F = 32, N/4 x 16 indices with 10% padding): against PyTorch3D's
@@ -132,9 +132,18 @@ def knn_gather(x, idx):
 
 
 def _cloud_grid(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """A clustered cloud quantised to a 2^16 grid (as a scan at 1 cm in a 655 m cube is not: denser), 4 samples."""
+    """A clustered cloud on an integer grid whose cell holds 1.5 points on average (as after
+    PTv3's grid sampling, which keeps about one point per cell), 4 samples, sorted by sample."""
     points = bench_search.cloud("clustered", n, 5)
-    grid = ((points - points.amin(0)) / (points.amax(0) - points.amin(0)).max() * (2**DEPTH - 1)).long()
+    points = points - points.amin(0)
+    lo, hi = 1e-6, float(points.max())  # cell sizes: the occupied cells fall as the cell grows
+    for _ in range(16):
+        h = (lo * hi) ** 0.5
+        g = torch.floor(points / h).long().clamp_max(2**21 - 1)
+        cells = torch.unique((g[:, 0] << 42) | (g[:, 1] << 21) | g[:, 2]).shape[0]
+        lo, hi = (h, hi) if cells > n / 1.5 else (lo, h)
+    grid = torch.floor(points / hi).long()
+    assert int(grid.max()) < 2**DEPTH
     batch = torch.sort(torch.randint(0, 4, (n,), generator=gen)).values
     return grid, batch
 
