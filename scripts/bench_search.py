@@ -17,8 +17,9 @@ to read (> 1: pcops is faster).
 * knn_aggregate's train step (forward + backward to F = 25 features, k = 7, sigma = 0.1) on the
   tutorial's cloud against pykdtree's search + the same weighting and gather in torch.
 * radius aggregation (the tutorial's 25,000 points, 30^3 grid queries, r = 0.1, sigma = 0.1,
-  F = 25): forward, and forward + backward (gradient for the features), against a
-  multi-threaded numba cell list written here as the reference (search included).
+  F = 25): forward, and forward + backward (gradients for the queries and the features),
+  against a multi-threaded float32 numba cell list written here as the reference (counting
+  sort, online softmax, per-thread gradient buffers; search included).
 
 Peers are imported lazily; a missing one leaves its rows out with a note. They are never
 requirements of pcops.
@@ -127,95 +128,134 @@ KNN_PEERS = {"pykdtree": _pykdtree, "scipy_ckdtree": _ckdtree, "open3d": _open3d
 
 
 def numba_radius():
-    """(forward, backward) numba functions of the radius aggregation over a cell list."""
+    """(forward, backward) numba functions of the radius aggregation over a cell list, float32.
+
+    The standard multi-threaded cell list: a counting sort of the reference points into cells
+    of width r (points and features gathered in cell order), one parallel pass per query over
+    its 27 cells with an online softmax accumulated in the output row; the backward (gradients
+    of the queries and features) repeats the scan, each thread scattering the feature gradient
+    into its own buffer, summed at the end.
+    """
     import numba
 
     @numba.njit(cache=True)
-    def cells(points, low, inv, dims):
-        c = np.empty(points.shape[0], np.int64)
-        for i in range(points.shape[0]):
-            x = min(max(int((points[i, 0] - low[0]) * inv), 0), dims[0] - 1)
-            y = min(max(int((points[i, 1] - low[1]) * inv), 0), dims[1] - 1)
-            z = min(max(int((points[i, 2] - low[2]) * inv), 0), dims[2] - 1)
-            c[i] = (z * dims[1] + y) * dims[0] + x
-        return c
+    def build(points, feats, low, inv, dims):
+        n, nx, ny, nz = points.shape[0], dims[0], dims[1], dims[2]
+        cell = np.empty(n, np.int64)
+        starts = np.zeros(nx * ny * nz + 1, np.int64)
+        for j in range(n):
+            x = min(max(int((points[j, 0] - low[0]) * inv), 0), nx - 1)
+            y = min(max(int((points[j, 1] - low[1]) * inv), 0), ny - 1)
+            z = min(max(int((points[j, 2] - low[2]) * inv), 0), nz - 1)
+            cell[j] = (z * ny + y) * nx + x
+            starts[cell[j] + 1] += 1
+        for c in range(nx * ny * nz):
+            starts[c + 1] += starts[c]
+        fill = starts[:-1].copy()
+        order = np.empty(n, np.int64)
+        for j in range(n):
+            order[fill[cell[j]]] = j
+            fill[cell[j]] += 1
+        return starts, order, points[order], feats[order]
 
-    def build(points, low, radius, dims):
-        cell = cells(points, low, 1.0 / radius, dims)
-        order = np.argsort(cell, kind="stable")
-        starts = np.searchsorted(cell[order], np.arange(dims[0] * dims[1] * dims[2] + 1))
-        return order, starts
-
-    @numba.njit(parallel=True, fastmath=False, cache=True)
-    def forward_kernel(query, ref, feats, order, starts, low, radius, dims, sigma, out, wsum, dmin):
-        inv = 1.0 / radius
+    @numba.njit(parallel=True, cache=True)
+    def forward_kernel(query, pts, feats, starts, low, inv, dims, radius, inv_s, out, wsum, dmin):
+        nf, r2 = feats.shape[1], radius * radius
         for i in numba.prange(query.shape[0]):
             q0, q1, q2 = query[i, 0], query[i, 1], query[i, 2]
             cx, cy, cz = int((q0 - low[0]) * inv), int((q1 - low[1]) * inv), int((q2 - low[2]) * inv)
-            m = 0.0
-            total = 0.0
+            acc = out[i]
+            m = np.float32(0.0)
+            total = np.float32(0.0)
             count = 0
-            acc = np.zeros(feats.shape[1])
             for z in range(max(cz - 1, 0), min(cz + 2, dims[2])):
                 for y in range(max(cy - 1, 0), min(cy + 2, dims[1])):
                     row = (z * dims[1] + y) * dims[0]
-                    for a in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
-                        j = order[a]
-                        d = np.sqrt((q0 - ref[j, 0]) ** 2 + (q1 - ref[j, 1]) ** 2 + (q2 - ref[j, 2]) ** 2)
-                        if d <= radius:
+                    for j in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
+                        dx, dy, dz = q0 - pts[j, 0], q1 - pts[j, 1], q2 - pts[j, 2]
+                        sq = dx * dx + dy * dy + dz * dz
+                        if sq <= r2:
+                            d = np.sqrt(sq)
                             if count == 0:
                                 m = d
-                            if d < m:
-                                scale = np.exp((d - m) / sigma)
+                            if d < m:  # a new nearest neighbour: rescale what was accumulated
+                                scale = np.exp((d - m) * inv_s)
                                 total *= scale
-                                acc *= scale
+                                for c in range(nf):
+                                    acc[c] *= scale
                                 m = d
-                            w = np.exp((m - d) / sigma)
+                            w = np.exp((m - d) * inv_s)
                             total += w
-                            acc += w * feats[j]
+                            for c in range(nf):
+                                acc[c] += w * feats[j, c]
                             count += 1
             if count:
-                out[i] = acc / total
+                inv_w = np.float32(1.0) / total
+                for c in range(nf):
+                    acc[c] *= inv_w
             wsum[i] = total
             dmin[i] = m
 
     @numba.njit(parallel=True, cache=True)
-    def backward_kernel(ref, query, grad_out, order, starts, low, radius, dims, sigma, wsum, dmin, grad_feats):
-        # gather form (over reference points, race free): dL/df_j = sum_i w_ij / W_i g_i
-        inv = 1.0 / radius
-        for j in numba.prange(ref.shape[0]):
-            p0, p1, p2 = ref[j, 0], ref[j, 1], ref[j, 2]
-            cx, cy, cz = int((p0 - low[0]) * inv), int((p1 - low[1]) * inv), int((p2 - low[2]) * inv)
-            for z in range(max(cz - 1, 0), min(cz + 2, dims[2])):
-                for y in range(max(cy - 1, 0), min(cy + 2, dims[1])):
-                    row = (z * dims[1] + y) * dims[0]
-                    for a in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
-                        i = order[a]
-                        d = np.sqrt((p0 - query[i, 0]) ** 2 + (p1 - query[i, 1]) ** 2 + (p2 - query[i, 2]) ** 2)
-                        if d <= radius:
-                            w = np.exp((dmin[i] - d) / sigma) / wsum[i]
-                            grad_feats[j] += w * grad_out[i]
+    def backward_kernel(query, pts, feats, starts, low, inv, dims, radius, inv_s, grad_out, out, wsum, dmin, grad_q, grad_f):
+        nf, r2, chunks, m = feats.shape[1], radius * radius, grad_f.shape[0], query.shape[0]
+        for t in numba.prange(chunks):
+            mine = grad_f[t]
+            for i in range(t * m // chunks, (t + 1) * m // chunks):
+                if wsum[i] == 0:
+                    continue
+                q0, q1, q2 = query[i, 0], query[i, 1], query[i, 2]
+                cx, cy, cz = int((q0 - low[0]) * inv), int((q1 - low[1]) * inv), int((q2 - low[2]) * inv)
+                inv_w = np.float32(1.0) / wsum[i]
+                g_out = np.float32(0.0)
+                for c in range(nf):
+                    g_out += grad_out[i, c] * out[i, c]
+                g0, g1, g2 = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                for z in range(max(cz - 1, 0), min(cz + 2, dims[2])):
+                    for y in range(max(cy - 1, 0), min(cy + 2, dims[1])):
+                        row = (z * dims[1] + y) * dims[0]
+                        for j in range(starts[row + max(cx - 1, 0)], starts[row + min(cx + 2, dims[0])]):
+                            dx, dy, dz = q0 - pts[j, 0], q1 - pts[j, 1], q2 - pts[j, 2]
+                            sq = dx * dx + dy * dy + dz * dz
+                            if sq <= r2:
+                                d = np.sqrt(sq)
+                                w = np.exp((dmin[i] - d) * inv_s) * inv_w
+                                g_f = np.float32(0.0)
+                                for c in range(nf):
+                                    g_f += grad_out[i, c] * feats[j, c]
+                                    mine[j, c] += w * grad_out[i, c]
+                                if d > 0:
+                                    a = -w * (g_f - g_out) * inv_s / d
+                                    g0 += a * dx
+                                    g1 += a * dy
+                                    g2 += a * dz
+                grad_q[i, 0], grad_q[i, 1], grad_q[i, 2] = g0, g1, g2
 
     def frame(query, ref, radius):
-        low = np.minimum(query.min(0), ref.min(0)).astype(np.float64)
-        high = np.maximum(query.max(0), ref.max(0)).astype(np.float64)
-        dims = np.maximum(np.ceil((high - low) / radius).astype(np.int64), 1)
-        return low, dims
+        low = np.minimum(query.min(0), ref.min(0)).astype(np.float32)
+        high = np.maximum(query.max(0), ref.max(0))
+        dims = np.maximum(np.floor((high - low) / radius).astype(np.int64) + 1, 1)
+        return low, np.float32(1.0 / radius), dims
 
     def forward(query, ref, feats, radius, sigma):
-        low, dims = frame(query, ref, radius)
-        order, starts = build(ref, low, radius, dims)
-        out = np.zeros((query.shape[0], feats.shape[1]), feats.dtype)
-        wsum, dmin = np.zeros(query.shape[0]), np.zeros(query.shape[0])
-        forward_kernel(query, ref, feats, order, starts, low, radius, dims, sigma, out, wsum, dmin)
-        return out, wsum, dmin
+        """(out, saved): the weighted means and what the backward reuses (the cell list included)."""
+        low, inv, dims = frame(query, ref, radius)
+        starts, order, pts, fs = build(ref, feats, low, inv, dims)
+        out = np.zeros((query.shape[0], feats.shape[1]), np.float32)
+        wsum, dmin = np.zeros(query.shape[0], np.float32), np.zeros(query.shape[0], np.float32)
+        forward_kernel(query, pts, fs, starts, low, inv, dims, np.float32(radius), np.float32(1.0 / sigma), out, wsum, dmin)
+        return out, (low, inv, dims, starts, order, pts, fs, wsum, dmin)
 
-    def backward(query, ref, feats, radius, sigma, wsum, dmin, grad_out):
-        low, dims = frame(query, ref, radius)
-        order, starts = build(query, low, radius, dims)
-        grad = np.zeros_like(feats)
-        backward_kernel(ref, query, grad_out, order, starts, low, radius, dims, sigma, wsum, dmin, grad)
-        return grad
+    def backward(query, radius, sigma, out, saved, grad_out):
+        """(grad_query, grad_features) in the input order."""
+        low, inv, dims, starts, order, pts, fs, wsum, dmin = saved
+        grad_q = np.zeros((query.shape[0], 3), np.float32)
+        grad_f = np.zeros((numba.get_num_threads(),) + fs.shape, np.float32)
+        backward_kernel(query, pts, fs, starts, low, inv, dims, np.float32(radius), np.float32(1.0 / sigma),
+                        grad_out, out, wsum, dmin, grad_q, grad_f)
+        grad = np.empty_like(fs)
+        grad[order] = grad_f.sum(0)
+        return grad_q, grad
 
     return forward, backward
 
@@ -337,11 +377,12 @@ def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: flo
         p = cloud(kind, n_ref, 0)
         q = grid_queries(grid)
         f = torch.randn(n_ref, features, generator=torch.Generator().manual_seed(2))
-        fg = f.clone().requires_grad_()
+        fg, qg = f.clone().requires_grad_(), q.clone().requires_grad_()
         qn, pn, fn_ = q.numpy(), p.numpy(), f.numpy()
+        ones = np.ones((q.shape[0], features), np.float32)
 
         def train():
-            out = pcops.radius_aggregate(q, p, fg, radius, sigma, validate=False)
+            out = pcops.radius_aggregate(qg, p, fg, radius, sigma, validate=False)
             out.backward(torch.ones_like(out))
 
         fns = {"pcops_forward": lambda: pcops.radius_aggregate(q, p, f, radius, sigma, validate=False), "pcops_train": train}
@@ -349,8 +390,8 @@ def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: flo
             fns["cell_list_forward"] = lambda: forward(qn, pn, fn_, radius, sigma)
 
             def cell_train():
-                out, wsum, dmin = forward(qn, pn, fn_, radius, sigma)
-                backward(qn, pn, fn_, radius, sigma, wsum, dmin, np.ones_like(out))
+                out, saved = forward(qn, pn, fn_, radius, sigma)
+                backward(qn, radius, sigma, out, saved, ones)
 
             fns["cell_list_train"] = cell_train
         row = {"bench": "radius_aggregate", "cloud": kind, "n_ref": n_ref, "n_query": q.shape[0], "ms": interleaved(fns, repeats, budget_s)}
