@@ -538,6 +538,7 @@ GEOMETRY_SIZES = {  # (n_ref, n_query): interpolation coarse -> dense, Chamfer x
     "estimate_normals": (20_000, 20_000),
     "radius_max": (25_000, 27_000),
 }
+NORMALS_SIZES = (5_000, 100_000)  # estimate_normals' extra sizes (full runs), next to GEOMETRY_SIZES'
 GEOMETRY_QUICK = {"knn_interpolate": (500, 2_000), "chamfer_distance": (1_000, 1_000), "estimate_normals": (1_000, 1_000),
                   "radius_max": (2_000, 2_000)}
 
@@ -620,14 +621,17 @@ def _geometry_cases(device, sizes, shape: str = "uniform"):
     yield "chamfer_distance", "pcops_eager", n_y, n_x, ours, ours
     yield "chamfer_distance", "torch_cdist", n_y, n_x, lambda: cdist_chamfer(x, y), lambda: cdist_chamfer(x, y)
 
-    n, _ = sizes["estimate_normals"]
-    surface = bench_search.cloud(shape, n, 8).to(device).requires_grad_()
-    ours = lambda: pcops.estimate_normals(surface, 16, validate=False)  # noqa: E731
-    peer = lambda: torch_normals(surface, 16)  # noqa: E731
-    yield "estimate_normals", "pcops_eager", n, n, ours, lambda: ours()[:, 0].sum()
-    yield "estimate_normals", "pytorch3d_torch", n, n, peer, lambda: peer()[:, 0].sum()
-    if device.type == "cpu":
-        yield "estimate_normals", "open3d", n, n, lambda: open3d_normals(surface, 16), None
+    # normals from 5k to 100k points; the GEOMETRY_SIZES size last (the summary's ratios are those of each
+    # shape's last rows). Forward rows run under no_grad: pcops' one-kernel path; train steps: its torch path.
+    extra = () if sizes is GEOMETRY_QUICK else NORMALS_SIZES
+    for n in extra + (sizes["estimate_normals"][0],):
+        surface = bench_search.cloud(shape, n, 8).to(device).requires_grad_()
+        ours = lambda surface=surface: pcops.estimate_normals(surface, 16, validate=False)  # noqa: E731
+        peer = lambda surface=surface: torch_normals(surface, 16)  # noqa: E731
+        yield "estimate_normals", "pcops_eager", n, n, ours, lambda ours=ours: ours()[:, 0].sum()
+        yield "estimate_normals", "pytorch3d_torch", n, n, peer, lambda peer=peer: peer()[:, 0].sum()
+        if device.type == "cpu":
+            yield "estimate_normals", "open3d", n, n, lambda surface=surface: open3d_normals(surface, 16), None
 
     n_ref, n_query = sizes["radius_max"]
     ref = bench_search.cloud(shape, n_ref, 9).to(device)

@@ -65,17 +65,36 @@ def test_closed_form_eigensolver_matches_eigh(gen, dtype):
     assert (1 - align).max() < (1e-12 if dtype == F64 else 1e-5)
 
 
+def _kernel_normals(neighbourhoods, dtype):
+    """The no-gradient kernel's unoriented normals of neighbourhoods (M, k, 3): each point's
+    neighbour indices are its own neighbourhood's rows."""
+    from pcops.ops.normals import _knn_normals
+
+    m, k, _ = neighbourhoods.shape
+    idx = (torch.arange(m * k) // k * k)[:, None] + torch.arange(k)
+    return _knn_normals(neighbourhoods.reshape(-1, 3).to(dtype), idx, None)[::k]
+
+
+def _torch_normals(neighbourhoods, dtype):
+    """The differentiable path's normals of neighbourhoods (M, k, 3) (covariance in float64)."""
+    from pcops.ops.normals import _SmallestEigenvector
+
+    centred = neighbourhoods - neighbourhoods.mean(1, keepdim=True)
+    cov = centred.transpose(1, 2) @ centred / neighbourhoods.shape[1]
+    return _SmallestEigenvector.apply(cov.to(dtype))[0]
+
+
+@pytest.mark.parametrize("solver", [_torch_normals, _kernel_normals], ids=["torch", "kernel"])
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-def test_strip_shaped_neighbourhoods_get_accurate_normals(gen, dtype):
+def test_strip_shaped_neighbourhoods_get_accurate_normals(gen, dtype, solver):
     # two small covariance eigenvalues next to a large one (an edge, a scan line). An eigenvector
     # computed in a dtype with unit roundoff eps is off by about eps * lambda_max / gap radians
     # (Davis-Kahan: a perturbation of size eps * ||C|| turns it by at most that much over the gap
     # to the next eigenvalue), whatever the machine's BLAS or vector-math kernels; the reference
     # eigh (float64) is off by the same order. So each neighbourhood's bound is 16x its own
     # eps * lambda_3 / (lambda_2 - lambda_1) (measured up to 1.2x in float64, 0.3x in float32),
-    # and float32 stays within 0.1 degree on these cases.
-    from pcops.ops.normals import _SmallestEigenvector
-
+    # and float32 stays within 0.1 degree on these cases. Both solvers: the torch one of the
+    # gradient path and the kernel of the no-gradient path (which sums the covariance in dtype).
     eps = torch.finfo(dtype).eps
     for spread in ([1, 0.02, 1e-3], [1, 0.01, 1e-4]):
         pts = torch.randn(500, 16, 3, generator=gen, dtype=F64) * torch.tensor(spread, dtype=F64)
@@ -83,12 +102,60 @@ def test_strip_shaped_neighbourhoods_get_accurate_normals(gen, dtype):
         centred = pts @ rot - (pts @ rot).mean(1, keepdim=True)
         cov = centred.transpose(1, 2) @ centred / 16
         values, vectors = torch.linalg.eigh(cov)
-        normal, _, _ = _SmallestEigenvector.apply(cov.to(dtype))
+        normal = solver(pts @ rot, dtype)
         sine = torch.linalg.cross(normal.double(), vectors[..., 0], dim=-1).norm(dim=-1)  # of the angle between them
         bound = 16 * eps * values[:, 2] / (values[:, 1] - values[:, 0])
         assert (sine <= bound).all(), (sine / bound).max()
         if dtype != F64:
             assert sine.max() < math.radians(0.1)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_kernel_handles_degenerate_neighbourhoods_as_the_torch_solver(dtype):
+    # a regular grid (equal larger eigenvalues), a line (equal smallest), a cube's corners
+    # (isotropic), one point repeated (zero covariance), a tiny copy of the grid (scaled), a rotated grid
+    g = torch.arange(4, dtype=F64)
+    grid = torch.cat([torch.cartesian_prod(g, g), torch.zeros(16, 1, dtype=F64)], 1) - 1.5
+    line = torch.arange(16, dtype=F64)[:, None] * torch.tensor([0.3, -0.2, 0.5], dtype=F64)
+    cube = torch.cartesian_prod(*[torch.tensor([-1.0, 1.0], dtype=F64)] * 3).repeat(2, 1)
+    same = torch.full((16, 3), 0.25, dtype=F64)
+    hoods = torch.stack([grid, line, cube, same, 1e-15 * grid, grid @ torch.linalg.qr(torch.randn(3, 3, dtype=F64))[0]])
+    ours = _kernel_normals(hoods, dtype).double()
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours.norm(dim=1), torch.ones(len(hoods), dtype=F64), rtol=0, atol=1e-6)
+    tol = 1e-12 if dtype == F64 else 1e-6
+    torch.testing.assert_close(ours[[0, 4]].abs(), torch.tensor([[0.0, 0.0, 1.0]] * 2, dtype=F64), rtol=0, atol=tol)
+    assert (ours[1] @ line[1]).abs() < tol * line[1].norm()  # any direction orthogonal to the line
+    torch.testing.assert_close(ours[[2, 3]], torch.tensor([[1.0, 0.0, 0.0]] * 2, dtype=F64), rtol=0, atol=0)  # eigh's first axis
+    torch.testing.assert_close(ours[5].abs(), _torch_normals(hoods[5:], dtype)[0].double().abs(), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_without_gradient_the_kernel_gives_the_differentiable_paths_normals(gen, kind):
+    # no gradient asked for: one Warp kernel (covariance from the indices, closed-form smallest
+    # eigenvector, sign); asked for: the torch path with its custom backward. Same normals, signs included.
+    _, p, _ = cloud(kind, gen)
+    view = torch.tensor([0.1, 2.0, -3.0], dtype=F64)
+    for orient_to in (None, view):
+        fast = pcops.estimate_normals(p, 9, orient_to=orient_to)
+        differentiable = pcops.estimate_normals(p.clone().requires_grad_(), 9, orient_to=orient_to)
+        assert differentiable.requires_grad and not fast.requires_grad
+        _, values = reference.normals(p, 9)
+        ok = values[:, 1] - values[:, 0] > 1e-9 * values[:, 2]  # where the normal is defined
+        torch.testing.assert_close(fast[ok], differentiable.detach()[ok], rtol=0, atol=1e-8)
+        torch.testing.assert_close(fast.norm(dim=1), torch.ones(len(p), dtype=F64), rtol=0, atol=1e-12)
+
+
+def test_kernel_op_passes_opcheck(gen):
+    from pcops.ops.normals import _knn_normals
+
+    pts = torch.rand(12, 3, generator=gen, dtype=F64)
+    idx = torch.randint(0, 12, (12, 4), generator=gen)
+    idx[3, 2:] = -1  # absent neighbours
+    idx[5] = -1  # a padding row
+    for view in (None, torch.rand(1, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)):
+        torch.library.opcheck(_knn_normals, (pts, idx, view))
+    assert torch.all(_knn_normals(pts, idx, None)[5] == 0)
 
 
 def test_orient_to_a_point_flips_towards_it(gen):
