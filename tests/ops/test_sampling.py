@@ -250,6 +250,16 @@ def test_float32_bucket_fps_equals_plain_fps_in_float32(gen, kind):
     assert torch.equal(pcops.farthest_point_sample(p, s).idx, brute_force(p, s))
 
 
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+def test_few_picks_use_morton_leaves_and_are_plain_fps_too(gen, kind):
+    # below n / KD_PICKS picks a sample's leaves are Morton-ordered, not a kd-tree (the tests above)
+    p = adversarial(kind, gen)
+    s = p.shape[0] // (2 * sampling.KD_PICKS)
+    assert 0 < s * sampling.KD_PICKS < p.shape[0]
+    assert torch.equal(pcops.farthest_point_sample(p, s).idx, reference.farthest_point_sample(p, s))
+    assert torch.equal(pcops.farthest_point_sample(p.float(), s).idx, brute_force(p.float(), s))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 127, 128, 129, 257, 1000])
 def test_small_clouds_and_leaf_boundaries(gen, n):
     p = torch.rand(n, 3, generator=gen, dtype=F64)
@@ -330,6 +340,16 @@ def test_nan_points_are_never_picked_without_validation(gen):
     assert idx[297:].tolist() == [-1, -1, -1]
     keep = finite.nonzero()[:, 0]  # the finite points alone give the same sequence
     assert torch.equal(idx[:50], keep[reference.farthest_point_sample(p[finite], 50)])
+
+
+def test_nan_points_are_never_picked_with_few_picks(gen):
+    # the Morton-ordered leaves (few picks) put NaN points last; the kd-tree (above) anywhere
+    p = torch.rand(3000, 3, generator=gen, dtype=F64)
+    p[[4, 50, 2999, 1500], [1, 0, 2, 1]] = float("nan")
+    finite = torch.isfinite(p).all(1)
+    keep = finite.nonzero()[:, 0]
+    idx = pcops.farthest_point_sample(p, 100, validate=False).idx
+    assert torch.equal(idx, keep[reference.farthest_point_sample(p[finite], 100)])
 
 
 def test_a_batch_of_sixteen_equals_sixteen_calls(gen):
