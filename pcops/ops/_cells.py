@@ -24,6 +24,10 @@ from .. import _validate, _warp, _warp_funcs
 CELL = 0.5
 # At most this many cells per reference point (per sample): sparse clouds get wider cells.
 CELLS_PER_POINT = 2.0
+# The cell list's own kernels (keys, starts, row permutations) do a few nanoseconds of work per
+# row: split over CPU threads only from this many rows per thread (a split launch costs a
+# fork-join of the team, far more than the work below it on a loaded machine).
+_MIN_CHUNK = 1 << 16
 
 
 @_warp.kernels
@@ -77,7 +81,7 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
     shape = x.shape if width is None else (x.shape[0], width)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if x.numel() and out.numel():
-        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x)
+        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x, min_chunk=_MIN_CHUNK)
     return out
 
 
@@ -173,7 +177,7 @@ class CellList:
         total = dims[0] * dims[1] * dims[2] * groups
         self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
         # a Warp kernel, not torch.searchsorted (see permute)
-        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref)
+        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref, min_chunk=_MIN_CHUNK)
         self.rows = torch.sort(self._key(query, query_group)).indices
 
     def _set(self, order, starts, rows, frame, dims: list) -> None:
@@ -198,7 +202,8 @@ class CellList:
         if points.shape[0]:
             groups = groups_of(group, points)
             vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
-            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points)
+            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points,
+                         min_chunk=_MIN_CHUNK)
         return key
 
 
