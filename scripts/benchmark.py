@@ -361,7 +361,8 @@ FPS_BATCH = 16  # clouds of the batch rows: one padded call against 16 calls
 def _fps_cases(args, device, shape: str):
     """Farthest point sampling rows of one cloud shape: (op, variant, n, fn or None, note, S).
 
-    Sizes 10^4 and 10^5 (10^6 with --sweep), S = n/64 and n/4 picks, each against fpsample's
+    Sizes 10^4 and 10^5 (10^6 with --sweep), S = n/64 and n/4 picks (and n/16 from 10^5 points:
+    pcops builds Morton-ordered leaves below n/10 picks, a kd-tree above), each against fpsample's
     fastest exact variant (``bucket_fps_kdline_sampling``: QuickFPS, exact, one thread; its
     start is the first point of its tree, pcops starts at the first point of the cloud) and at
     10^4 its plain ``fps_sampling`` and the torch loop. fpsample 1.0.2 has no multi-threaded
@@ -375,7 +376,7 @@ def _fps_cases(args, device, shape: str):
         cloud = bench_search.cloud(shape, n, 2)
         dev, x = cloud.to(device), cloud.numpy()
         h = 9 if n >= 1_000_000 else (7 if n >= 10_000 else 5)  # fpsample's advice: 5-7 for medium, 9 for large clouds
-        for frac in (64, 4):
+        for frac in (64, 16, 4) if n >= 100_000 else (64, 4):  # n/16: below the kd-tree's threshold (n/10)
             s = n // frac
             cases.append((op, "pcops", n, lambda dev=dev, s=s: pcops.farthest_point_sample(dev, s, validate=False), f"S=n/{frac}", s))
             if fpsample is None:
