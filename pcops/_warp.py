@@ -254,7 +254,11 @@ def kernels(factory):
             return cached(*args)
 
     locked.cache_clear = cached.cache_clear
+    FACTORIES.append(locked)  # every kernel factory of pcops (tests/test_cuda_compile.py compiles each)
     return locked
+
+
+FACTORIES: list = []  # the factories decorated with :func:`kernels`, in import order
 
 
 # (kernel, device) pairs launched once in this process: the first launch of each builds or loads

@@ -30,7 +30,21 @@ FACTORIES = [
     *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
     ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse_conv")._hash_kernels, ()),
+    *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
+    *[(f"segment {r} {d}", importlib.import_module("pcops.ops.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
+    ("serialize codes", importlib.import_module("pcops.ops.serialize")._codes_kernel, ()),
 ]
+# factories of Warp functions, compiled with the kernels that call them
+FUNCTIONS_ONLY = {"pcops.ops.nearest._kdtree._funcs"} | {
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "grid_funcs", "sorted_insert")}
+
+
+def test_every_kernel_factory_of_pcops_is_compiled_here():
+    import pcops  # noqa: F401  (imports every op module, so every factory is registered)
+
+    listed = {f"{f.__module__}.{f.__qualname__}" for _, f, _ in FACTORIES}
+    registered = {f"{f.__module__}.{f.__qualname__}" for f in _warp.FACTORIES}
+    assert registered - FUNCTIONS_ONLY <= listed, f"add these kernel factories to FACTORIES: {sorted(registered - FUNCTIONS_ONLY - listed)}"
 
 
 def _kernels_of(result) -> list:
