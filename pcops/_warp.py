@@ -174,19 +174,6 @@ def cuda_stream(t: torch.Tensor):
     return found
 
 
-def stream(t: torch.Tensor):
-    """A no-op context manager, kept for callers that still wrap an op in it.
-
-    It used to enter ``wp.ScopedStream`` around a whole op, outside any lock: that sets Warp's
-    current stream and default device, which are per device and process-wide, not per thread,
-    so another thread's op could enqueue its grid build on this op's stream (or the reverse).
-    Nothing needs it: :func:`launch` and :func:`recorded` pass ``stream=`` explicitly, and
-    :func:`hash_grid` enters the stream scope itself, under the stream lock, around the only
-    calls that follow the current stream (the grid's creation and build).
-    """
-    return contextlib.nullcontext()
-
-
 def array(t: torch.Tensor, dtype=None):
     """A zero-copy Warp view of ``t`` for a kernel argument (no gradient buffer)."""
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)

@@ -131,11 +131,11 @@ def test_grids_are_created_and_built_on_the_cached_stream(fake_cuda, monkeypatch
 
 
 def test_ops_enter_no_stream_scope_of_their_own(fake_cuda):
-    # the stand-in ScopedStream raises: the old per-op scope changed Warp's process-wide current
-    # stream and default device outside any lock; launches pass stream= instead
-    with _warp.stream(_ON_CUDA):
-        _warp.launch(object(), 10, [1.0], like=_ON_CUDA)
+    # the stand-in ScopedStream raises: the old per-op scope (_warp.stream, gone) changed Warp's
+    # process-wide current stream and default device outside any lock; launches pass stream= instead
+    _warp.launch(object(), 10, [1.0], like=_ON_CUDA)
     assert fake_cuda["launches"] == [_warp.cuda_stream(_ON_CUDA)]
+    assert not hasattr(_warp, "stream")
 
 
 def test_grid_ops_hand_their_grid_to_keep_alive_after_their_last_launch(monkeypatch):

@@ -179,8 +179,7 @@ def _warp_forward(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> t
     forward, _ = _kernels(values.dtype, reduce)
     parts = _parts(values)
     arg_ = arg if arg.numel() else offsets.new_zeros((1, 1))
-    with _warp.stream(values):
-        _warp.launch(forward, segments * parts, [values.contiguous(), offsets.contiguous(), parts, out, arg_], like=values)
+    _warp.launch(forward, segments * parts, [values.contiguous(), offsets.contiguous(), parts, out, arg_], like=values)
     return out, arg
 
 
@@ -215,8 +214,7 @@ def _warp_backward(grad: torch.Tensor, offsets: torch.Tensor, arg: torch.Tensor,
     _, backward = _kernels(grad.dtype, reduce)
     parts = _parts(grad)
     arg_ = arg if arg.numel() else offsets.new_zeros((1, 1))
-    with _warp.stream(grad):
-        _warp.launch(backward, grad.shape[0] * parts, [grad.contiguous(), offsets.contiguous(), parts, arg_, out], like=grad)
+    _warp.launch(backward, grad.shape[0] * parts, [grad.contiguous(), offsets.contiguous(), parts, arg_, out], like=grad)
     return out
 
 

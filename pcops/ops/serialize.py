@@ -145,8 +145,7 @@ def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], de
     grid = grid_coord.to(torch.int32).contiguous()
     ids = grid.new_zeros((1,), dtype=torch.int64) if batch is None else batch.to(torch.int64).contiguous()
     kinds = torch.tensor(orders, dtype=torch.int32, device=grid.device)
-    with _warp.stream(grid):
-        _warp.launch(_codes_kernel(), n, [grid, ids, int(batch is not None), kinds, int(depth), out], like=grid)
+    _warp.launch(_codes_kernel(), n, [grid, ids, int(batch is not None), kinds, int(depth), out], like=grid)
     return out
 
 

@@ -167,18 +167,17 @@ def _kernel_map(
     values = torch.empty(1 << bits, dtype=torch.int64, device=dev)
     duplicate = torch.zeros(1, dtype=torch.int64, device=dev)
     build, query = _hash_kernels()
-    with _warp.stream(coords):
-        # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
-        _warp.launch(build, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=coords, min_chunk=n + 1)
-        found = int(duplicate[0])
-        if found:
-            i = found - 1
-            raise ValueError(
-                f"coords has duplicate sites: site {i} ({', '.join(map(str, coords[i].tolist()))}) appears twice in one sample. "
-                "Submanifold convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
-            )
-        _warp.launch(query, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, kernel_size, dilation, neighbours],
-                     like=coords, min_chunk=256)
+    # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
+    _warp.launch(build, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=coords, min_chunk=n + 1)
+    found = int(duplicate[0])
+    if found:
+        i = found - 1
+        raise ValueError(
+            f"coords has duplicate sites: site {i} ({', '.join(map(str, coords[i].tolist()))}) appears twice in one sample. "
+            "Submanifold convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
+        )
+    _warp.launch(query, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, kernel_size, dilation, neighbours],
+                 like=coords, min_chunk=256)
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, sites ascending
     counts = torch.bincount(torch.div(pair, n, rounding_mode="floor"), minlength=k3)
