@@ -193,13 +193,13 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
                                 w_total = w_total + w
                                 for b in range(nb):
                                     acc[i, b] = acc[i, b] + w * feats[j, b]
-        inv_w = s(0.0)
+        den = s(1.0)  # no neighbour: acc is 0, so 0 / 1
         if w_total > s(0.0):
-            inv_w = s(1.0) / w_total
+            den = w_total
         else:
             m = s(0.0)
-        for c in range(nf):
-            out[i, c] = acc[i, c // BLOCK][c % BLOCK] * inv_w
+        for c in range(nf):  # a division, not a product with 1 / w_total: one neighbour gives its features exactly
+            out[i, c] = acc[i, c // BLOCK][c % BLOCK] / den
         wsum[i] = w_total
         dmin[i] = m
 
