@@ -184,7 +184,7 @@ class VoxelBatchNorm(nn.BatchNorm1d):
 
 
 def _norm_act(channels: int) -> list[nn.Module]:
-    return [VoxelBatchNorm(channels, eps=1e-3, momentum=0.01), nn.GELU()]
+    return [VoxelBatchNorm(channels, eps=1e-3, momentum=0.1), nn.GELU()]
 
 
 class Down(nn.Module):
