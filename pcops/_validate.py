@@ -44,6 +44,16 @@ def points(name: str, t, dim: int = 3) -> None:
     tensor(name, t, ndim=2, last=dim, shape_doc="(P, 3)" if dim == 3 else f"(P, D) with D = {dim}")
 
 
+def grid_coords(name: str, t, what: str) -> None:
+    """``t`` is an integer tensor of shape (N, 3): grid or voxel coordinates (``what`` says which)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype ({what}), got {t.dtype}")
+    if t.dim() != 2 or t.shape[1] != 3:
+        raise ValueError(f"{name} must be a tensor of shape (N, 3), got shape {tuple(t.shape)}")
+
+
 def same_device(**named: torch.Tensor) -> None:
     """All tensors live on one device."""
     devices = {name: t.device for name, t in named.items() if isinstance(t, torch.Tensor)}

@@ -165,12 +165,7 @@ def _sort_rows(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _layout(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     """Checks of serialize's arguments (shapes, dtypes, names): (depth, order indices, one order given)."""
-    if not isinstance(grid_coord, torch.Tensor):
-        raise TypeError(f"grid_coord must be a torch.Tensor, got {type(grid_coord).__name__}")
-    if grid_coord.dtype.is_floating_point or grid_coord.dtype.is_complex or grid_coord.dtype == torch.bool:
-        raise TypeError(f"grid_coord must have an integer dtype (integer grid coordinates), got {grid_coord.dtype}")
-    if grid_coord.dim() != 2 or grid_coord.shape[1] != 3:
-        raise ValueError(f"grid_coord must be a tensor of shape (N, 3), got shape {tuple(grid_coord.shape)}")
+    _validate.grid_coords("grid_coord", grid_coord, "integer grid coordinates")
     _validate.ids("batch", batch, grid_coord.shape[0], "(N,)")
     _validate.same_device(grid_coord=grid_coord, batch=batch)
     single = isinstance(order, str)

@@ -276,12 +276,7 @@ _sparse_conv.register_autograd(_backward, setup_context=_setup)
 
 def _sites(coords, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
-    if not isinstance(coords, torch.Tensor):
-        raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
-    if coords.dtype.is_floating_point or coords.dtype.is_complex or coords.dtype == torch.bool:
-        raise TypeError(f"coords must have an integer dtype (voxel coordinates), got {coords.dtype}")
-    if coords.dim() != 2 or coords.shape[1] != 3:
-        raise ValueError(f"coords must be a tensor of shape (N, 3), got shape {tuple(coords.shape)}")
+    _validate.grid_coords("coords", coords, "voxel coordinates")
     _validate.ids("batch", batch, coords.shape[0], "(N,)")
     _validate.same_device(coords=coords, batch=batch)
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
