@@ -48,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import typing
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -276,8 +277,25 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class Typed(typing.NamedTuple):
+    """A launch argument: ``tensor`` as a Warp array of ``dtype`` (rows of vectors: a (N, k, 8)
+    tensor as a (N, k) array of 8-vectors), also where it is scattered into."""
+
+    tensor: torch.Tensor
+    dtype: typing.Any
+
+
 def _convert(arg):
+    if isinstance(arg, Typed):
+        return array(arg.tensor, dtype=arg.dtype)
     return array(arg) if isinstance(arg, torch.Tensor) else arg
+
+
+def _zeros_like(arg):
+    """A zeroed private copy of a scattered argument (a tensor or a :class:`Typed` one)."""
+    if isinstance(arg, Typed):
+        return Typed(torch.zeros_like(arg.tensor), arg.dtype)
+    return torch.zeros_like(arg)
 
 
 def _chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
@@ -490,8 +508,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     bounds = _chunk_bounds(n, s, min_chunk)
     chunks = len(bounds) - 1
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
-    extras = [{i: torch.zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
-    private = [values] + [[array(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
+    extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
+    private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
     if beside is not None:
         jobs.append((beside[0], [0, 1], [[_convert(a) for a in beside[1]]]))
@@ -507,7 +525,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
             run()
     for extra in extras:
         for i, t in extra.items():
-            args[i].add_(t)
+            (args[i].tensor if isinstance(t, Typed) else args[i]).add_(t.tensor if isinstance(t, Typed) else t)
 
 
 def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):

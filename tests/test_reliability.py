@@ -198,6 +198,21 @@ def test_non_finite_features_are_rejected_when_validating(op, value):
     assert call().shape == (10, 2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finite_values_whose_sum_overflows_pass_the_finite_check(dtype):
+    """The NaN/inf check first sums each tensor (a NaN or inf makes the sum non-finite); a sum
+    that overflows on finite values must fall back to the exact check, not raise."""
+    q, p, _, _ = _separated(dtype)
+    f = torch.full((40, 2), torch.finfo(dtype).max / 2, dtype=dtype)
+    assert not f.sum().isfinite()
+    for call in (lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1), lambda: pcops.knn_interpolate(q, p, f, 3)):
+        assert call().shape == (10, 2)  # no error (the values may overflow in the weighted sums)
+    f[4, 1] = float("nan")
+    for call in (lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1), lambda: pcops.knn_interpolate(q, p, f, 3)):
+        with pytest.raises(ValueError, match="features contains NaN or inf"):
+            call()
+
+
 def test_numpy_scalars_work_wherever_python_numbers_do():
     np = pytest.importorskip("numpy")
     q, p, f, _ = _separated(torch.float32)

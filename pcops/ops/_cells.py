@@ -11,7 +11,6 @@ op's backward reads the forward's (:meth:`CellList.of`) instead of building anot
 """
 
 import contextlib
-import math
 from typing import Optional
 
 import torch
@@ -81,14 +80,17 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
     shape = x.shape if width is None else (x.shape[0], width)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if x.numel() and out.numel():
-        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x, min_chunk=_MIN_CHUNK)
+        rows = _MIN_CHUNK // max(1, out.shape[1] if out.dim() == 2 else 1)  # split by elements moved, not rows
+        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x, min_chunk=max(rows, 1024))
     return out
 
 
 @_warp.kernels
 def _key_kernel(dtype: torch.dtype):
-    """Linear (sample, z, y, x) cell index of each point; coordinates outside the grid (inf
-    included) in its border cells, NaN in cell 0 of its axis."""
+    """Linear (sample, z, y, x) cell index of each point. With ``dropped`` >= 0 (the number of
+    cells of all samples), a point more than half a cell outside the grid (NaN and inf included)
+    gets that key (past every cell: never scanned); with -1, coordinates outside the grid (inf
+    included) fall in its border cells and NaN in cell 0 of its axis."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     cell, _ = _warp_funcs.cells(dtype)
@@ -100,39 +102,125 @@ def _key_kernel(dtype: torch.dtype):
         groups: wp.array(dtype=wp.int32),
         frame: wp.array(dtype=s),
         dims: wp.vec3i,
+        dropped: wp.int64,
         key: wp.array(dtype=wp.int64),
     ):
         i = wp.tid() + start
         p = points[i]
         c = wp.vec3i(0, 0, 0)
-        for a in range(3):
-            c[a] = cell((p[a] - frame[a]) * frame[3], s(dims[a] - 1))
         cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
-        key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
+        outside = False
+        for a in range(3):
+            x = (p[a] - frame[a]) * frame[3]
+            if not (x >= s(-0.5) and x < s(dims[a]) + s(0.5)):
+                outside = True
+            c[a] = cell(x, s(dims[a] - 1))
+        if outside and dropped >= wp.int64(0):
+            key[i] = dropped
+        else:
+            key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
 
     return cell_keys
 
 
-def _box(ref: torch.Tensor) -> torch.Tensor:
-    """(2, 3): the low and high corners of the reference points: on the CPU the plain box; on a
-    GPU that of the finite points (zeros if none), so no host branch is needed (see
-    :func:`_finite_box`)."""
-    if ref.device.type == "cpu":
-        return torch.stack([ref.amin(0), ref.amax(0)])
-    return _finite_box(ref)
+@_warp.kernels
+def _counting_sort_kernel():
+    """One thread (the CPU): ``order`` the indices of ``keys`` (in 0 .. total, ``total`` being
+    the dropped points) stably sorted by key, and ``starts[c]`` the first position of key c, for
+    c = 0 .. total. Linear in points + cells, against n log n for a comparison sort."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def counting_sort(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64)):
+        n = keys.shape[0]
+        for c in range(total + 1):
+            starts[c] = wp.int64(0)
+        for i in range(n):  # counts, one place up
+            k = wp.clamp(int(keys[i]), 0, total)
+            if k < total:
+                starts[k + 1] = starts[k + 1] + wp.int64(1)
+        for c in range(total):
+            starts[c + 1] = starts[c + 1] + starts[c]
+        tail = wp.int64(starts[total])  # the dropped points follow the kept ones
+        for i in range(n):  # scatter; starts[k] advances to the start of key k + 1
+            k = wp.clamp(int(keys[i]), 0, total)
+            if k < total:
+                order[int(starts[k])] = wp.int64(i)
+                starts[k] = starts[k] + wp.int64(1)
+            else:
+                order[int(tail)] = wp.int64(i)
+                tail = tail + wp.int64(1)
+        for c in range(total, 0, -1):  # shift back by one cell
+            starts[c] = starts[c - 1]
+        starts[0] = wp.int64(0)
+
+    return counting_sort
 
 
-def _finite_box(ref: torch.Tensor) -> torch.Tensor:
-    """(2, 3): the low and high corners of the finite reference points (zeros if none):
-    non-finite points (validate=False) would make the grid's frame infinite."""
-    ok = torch.isfinite(ref).all(1, keepdim=True)
-    inf = float("inf")
-    corners = torch.stack([torch.where(ok, ref, inf).amin(0), torch.where(ok, ref, -inf).amax(0)])
+@_warp.kernels
+def _box_kernel(dtype: torch.dtype):
+    """The low and high corners of the finite points of each of ``parts`` ranges of points
+    (+inf / -inf for a range without any)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def box(start: int, points: wp.array(dtype=v), parts: int, corners: wp.array2d(dtype=v)):
+        t = wp.int64(wp.tid() + start)
+        n = wp.int64(points.shape[0])
+        lo = v(s(wp.inf), s(wp.inf), s(wp.inf))
+        hi = -lo
+        for i in range(int(n * t / wp.int64(parts)), int(n * (t + wp.int64(1)) / wp.int64(parts))):
+            p = points[i]
+            if wp.isfinite(p[0]) and wp.isfinite(p[1]) and wp.isfinite(p[2]):
+                lo = wp.min(lo, p)
+                hi = wp.max(hi, p)
+        corners[int(t), 0] = lo
+        corners[int(t), 1] = hi
+
+    return box
+
+
+def _box(points: torch.Tensor) -> torch.Tensor:
+    """(2, 3): the low and high corners of the finite points (zeros if none): non-finite points
+    (validate=False) would make the grid's frame infinite. On the CPU a Warp kernel (torch's
+    reductions over the rows of an (N, 3) tensor are slow there, or start an OpenMP team, which
+    a forked DataLoader worker must not); elsewhere :func:`_finite_box`."""
+    if points.device.type != "cpu":
+        return _finite_box(points)
+    parts = 16 if points.shape[0] >= (1 << 16) else 1
+    corners = points.new_empty((parts, 2, 3))
+    _warp.launch(_box_kernel(points.dtype), parts, [_warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype)), parts, _warp.array(corners, dtype=_warp.vec3(points.dtype))],
+                 like=points, min_chunk=1)
+    corners = torch.stack([corners[:, 0].amin(0), corners[:, 1].amax(0)])
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
+def _finite_box(points: torch.Tensor) -> torch.Tensor:
+    """(2, 3): the low and high corners of the finite points (zeros if none): non-finite points
+    (validate=False) would make the grid's frame infinite."""
+    ok = torch.isfinite(points).all(1, keepdim=True)
+    inf = float("inf")
+    corners = torch.stack([torch.where(ok, points, inf).amin(0), torch.where(ok, points, -inf).amax(0)])
+    return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
+
+
+def _sort(keys: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, starts): the indices of ``keys`` (in 0 .. total) sorted by key, and ``starts[c]``
+    (c = 0 .. total) the first position of key c. On the CPU a counting sort (one thread, linear:
+    several times faster than torch.sort below 10^6 keys); elsewhere torch.sort."""
+    starts = torch.empty(total + 1, dtype=torch.int64, device=keys.device)
+    if keys.device.type == "cpu":
+        order = torch.empty_like(keys)
+        _warp.launch(_counting_sort_kernel(), 1, [keys, total, starts, order], like=keys)
+        return order, starts
+    keys, order = torch.sort(keys)
+    # a Warp kernel, not torch.searchsorted (see permute)
+    _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, starts], like=keys, min_chunk=_MIN_CHUNK)
+    return order, starts
+
+
 class CellList:
-    """Reference points sorted into a dense grid of cells (one grid per sample), built in torch.
+    """Reference points sorted into a dense grid of cells (one grid per sample).
 
     ``order`` sorts the points by (sample, z, y, x) cell; ``starts[c] .. starts[c + 1]`` are the
     sorted points of cell c; ``rows`` orders the queries the same way (for memory locality).
@@ -140,8 +228,14 @@ class CellList:
     side (``wp.vec3i``; ``shape`` the same as a Python list). Cells are ``CELL * radius`` wide,
     wider when that would make more than ``CELLS_PER_POINT`` cells per point of a sample.
 
-    One host read: the bounding box and the number of samples, which size the grid (``starts``);
-    on a GPU the frame is made on the device from the same box (no copy from the host).
+    The grid covers the box of the reference points that can be within ``radius`` of a query:
+    the reference points' box cut to the queries' box grown by the radius (and a margin). The
+    points outside it (and NaN / inf points) follow every cell in ``order`` and are never
+    scanned: queries in part of a large cloud (a grid of queries over the centre of a Gaussian
+    cloud) get cells as fine as where the cloud covers the queries.
+
+    One host read: the two boxes and the number of samples, which size the grid (``starts``);
+    on a GPU the frame is made on the device from the same boxes (no copy from the host).
     """
 
     def __init__(self, query, ref, radius: float, query_group, ref_group):
@@ -150,16 +244,16 @@ class CellList:
             self._set(torch.empty(0, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
                       torch.arange(m, device=dev), ref.new_zeros(4), [1, 1, 1])
             return
-        corners = _box(ref)
+        boxes = torch.stack([_box(ref), _box(query)])  # (ref / query, low / high, 3)
         samples = torch.zeros(1, dtype=torch.float64, device=dev)  # the largest sample id
         if ref_group is not None and ref_group.numel():
             samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
         # the one host read (float64: sample ids up to 2^53 stay exact)
-        host = torch.cat([corners.flatten().double(), samples]).cpu().tolist()
-        if not all(map(math.isfinite, host[0:6])):  # the CPU with NaN / inf points (the GPU's box is finite)
-            corners = _finite_box(ref)
-            host[0:6] = corners.flatten().double().tolist()
-        low, high, groups = host[0:3], host[3:6], max(int(host[6]) + 1, 1)
+        host = torch.cat([boxes.flatten().double(), samples]).cpu().tolist()
+        reach = radius * 1.01  # beyond it no point can be a neighbour, rounding included
+        low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
+        high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
+        groups = max(int(host[12]) + 1, 1)
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
         width = CELL * radius
         volume = max(side[0] * side[1] * side[2], 1e-300)
@@ -171,14 +265,12 @@ class CellList:
         if dev.type == "cpu":  # (low corner, 1 / width)
             frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype)
         else:  # on the device: a fill, not a blocking copy from the host
-            frame = torch.cat([corners[0], torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
+            corner = torch.maximum(boxes[0, 0], boxes[1, 0] - reach)
+            frame = torch.cat([corner, torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
         self._set(None, None, None, frame, dims)
-        key, self.order = torch.sort(self._key(ref, ref_group))
         total = dims[0] * dims[1] * dims[2] * groups
-        self.starts = torch.empty(total + 1, dtype=torch.int64, device=dev)
-        # a Warp kernel, not torch.searchsorted (see permute)
-        _warp.launch(_starts_kernel(), key.shape[0] + 1, [key, total, self.starts], like=ref, min_chunk=_MIN_CHUNK)
-        self.rows = torch.sort(self._key(query, query_group)).indices
+        self.order, self.starts = _sort(self._key(ref, ref_group, total), total)
+        self.rows = _sort(self._key(query, query_group, -1), total)[0]
 
     def _set(self, order, starts, rows, frame, dims: list) -> None:
         self.order, self.starts, self.rows, self.frame = order, starts, rows, frame
@@ -196,13 +288,14 @@ class CellList:
         """(order, starts, rows, frame, dims): ``dims`` (3,) int64 on the CPU, the rest on the device."""
         return self.order, self.starts, self.rows, self.frame, torch.tensor(self.shape, dtype=torch.int64)
 
-    def _key(self, points, group):
-        """Linear (sample, z, y, x) cell index of each point (out-of-grid coordinates clamped)."""
+    def _key(self, points, group, dropped: int):
+        """Linear (sample, z, y, x) cell index of each point; points outside the grid get
+        ``dropped`` (the number of cells), or with -1 the nearest border cell."""
         key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
         if points.shape[0]:
             groups = groups_of(group, points)
             vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
-            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, key], like=points,
+            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, dropped, key], like=points,
                          min_chunk=_MIN_CHUNK)
         return key
 

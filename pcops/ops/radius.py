@@ -198,8 +198,11 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
             den = w_total
         else:
             m = s(0.0)
-        for c in range(nf):  # a division, not a product with 1 / w_total: one neighbour gives its features exactly
-            out[i, c] = acc[i, c // BLOCK][c % BLOCK] / den
+        for b in range(nb):  # a division, not a product with 1 / w_total: one neighbour gives its features exactly
+            mean = acc[i, b] / den
+            for e in range(BLOCK):
+                if b * BLOCK + e < nf:
+                    out[i, b * BLOCK + e] = mean[e]
         wsum[i] = w_total
         dmin[i] = m
 
@@ -219,13 +222,13 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         grad_out: wp.array2d(dtype=vb),
         need_ref: int,
         need_feats: int,
-        out: wp.array2d(dtype=s),
+        g_outs: wp.array(dtype=s),
         wsum: wp.array(dtype=s),
         dmin: wp.array(dtype=s),
         grad_query: wp.array2d(dtype=s),
         grad_sigma: wp.array(dtype=s),
         grad_ref: wp.array2d(dtype=s),
-        grad_feats: wp.array2d(dtype=s),
+        grad_feats: wp.array2d(dtype=vb),
     ):
         i = int(rows[wp.tid() + start])
         if wsum[i] == s(0.0):
@@ -237,9 +240,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         m = dmin[i]
         nb = feats.shape[1]
         base = int(query_group[i]) * dims[2]
-        g_out = s(0.0)  # g_i . out_i
-        for c in range(out.shape[1]):
-            g_out = g_out + grad_out[i, c // BLOCK][c % BLOCK] * out[i, c]
+        g_out = g_outs[i]  # g_i . out_i
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
         reach = radius * radius * s(1.0001)
@@ -258,10 +259,8 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
                             for b in range(nb):
                                 g = grad_out[i, b]
                                 g_f = g_f + wp.dot(g, feats[j, b])
-                                if need_feats != 0:  # (N, blocks * BLOCK) scalars: pcops._warp.launch's private copies
-                                    wg = w * g
-                                    for e in range(BLOCK):
-                                        wp.atomic_add(grad_feats, j, b * BLOCK + e, wg[e])
+                                if need_feats != 0:  # a plain add on the CPU (pcops._warp.launch's private copies)
+                                    wp.atomic_add(grad_feats, j, b, w * g)
                             a = w * (g_f - g_out)  # dL / d log w_ij
                             g_s = g_s + a * sigma_term(d, m)
                             g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
@@ -384,9 +383,10 @@ def _radius_aggregate_backward(
     if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
         torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m = query.shape[0]
-    grad_query, grad_ref, grad_feats = torch.zeros_like(query), torch.zeros_like(ref), torch.zeros_like(features)
-    grad_sigma = query.new_zeros((m,))
-    if m and ref.shape[0] and features.shape[1]:
+    grad_query, grad_sigma = torch.zeros_like(query), query.new_zeros((m,))
+    if not (m and ref.shape[0] and features.shape[1]):
+        grad_ref, grad_feats = torch.zeros_like(ref), torch.zeros_like(features)
+    else:
         _, backward = _kernels(query.dtype, weights)
         if order is None or starts is None or rows is None or frame is None or dims is None:
             cells = _cells.CellList(query, ref, radius, query_group, ref_group)
@@ -399,12 +399,13 @@ def _radius_aggregate_backward(
             grad_out = torch.nn.functional.pad(grad_out, (0, width - f))
         # gradients of the sorted points, scattered into (tail 8 and 9)
         sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
-        tail = [_blocks(grad_out), int(need_ref), int(need_features), out.contiguous(), wsum, dmin,
-                grad_query, grad_sigma, sorted_ref, sorted_feats]
+        g_out = torch.linalg.vecdot(grad_out[:, :f], out)  # g_i . out_i (padding columns are 0 in grad_out)
+        tail = [_blocks(grad_out), int(need_ref), int(need_features), g_out.contiguous(), wsum, dmin,
+                grad_query, grad_sigma, sorted_ref, _warp.Typed(sorted_feats.view(-1, width // BLOCK, BLOCK), _vector(feats.dtype))]
         scatter = (8,) * need_ref + (9,) * need_features
         _launch(backward, cells, query, points, _blocks(feats), sigma, radius, query_group, tail, scatter)
-        grad_ref = _cells.permute(sorted_ref, cells.order, True)
-        grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f)
+        grad_ref = _cells.permute(sorted_ref, cells.order, True) if need_ref else torch.zeros_like(ref)
+        grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f) if need_features else torch.zeros_like(features)
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 

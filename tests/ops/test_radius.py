@@ -337,6 +337,50 @@ def test_sparse_cloud_with_a_tiny_radius_uses_a_bounded_grid_and_stays_exact(gen
     torch.testing.assert_close(out, reference.radius_aggregate(q, p, f, r, 0.05), rtol=1e-10, atol=1e-12)
 
 
+def test_queries_over_part_of_a_large_cloud_match_the_dense_reference_with_gradients(gen):
+    """The cell list covers only the reference points that can be within the radius of a query
+    (their box cut to the queries' box grown by the radius): points just inside that band, at
+    exactly the radius from a query, and far outside it must all be treated as the dense
+    reference treats them, in the forward and in every gradient."""
+    r = 0.125
+    q = torch.rand(200, 3, generator=gen, dtype=F64) * 0.5  # queries in [0, 0.5]^3
+    p = torch.randn(3000, 3, generator=gen, dtype=F64) * 2  # most points far outside
+    corner = q[q[:, 0].argmax()]  # the query farthest along x
+    edge = torch.stack([corner + torch.tensor([r, 0.0, 0.0], dtype=F64),  # at exactly r (a neighbour)
+                        corner + torch.tensor([r * (1 + 1e-9), 0.0, 0.0], dtype=F64),  # just beyond
+                        corner - torch.tensor([0.0, 0.0, 0.9 * r], dtype=F64)])
+    p = torch.cat([p, edge])
+    f = features(gen, p.shape[0], 4)
+    leaves = [t.clone().requires_grad_() for t in (q, p, f, torch.tensor(0.05, dtype=F64))]
+    g = torch.randn(200, 4, generator=gen, dtype=F64)
+    out = pcops.radius_aggregate(*leaves[:3], r, leaves[3])
+    torch.testing.assert_close(out, reference.radius_aggregate(q, p, f, r, 0.05), rtol=1e-10, atol=1e-12)
+    ours = torch.autograd.grad((out * g).sum(), leaves)
+    qq, pp, ff, ss = leaves
+    d = (qq[:, None] - pp[None]).pow(2).sum(-1).sqrt()
+    w = torch.where(d <= r, torch.exp(-(d - d.detach().amin(1, keepdim=True)) / ss), 0)
+    dense = (w @ ff) / w.sum(1, keepdim=True).clamp_min(1e-300)
+    theirs = torch.autograd.grad((dense * g).sum(), leaves)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert (d[:, -3] <= r).any() and (ours[2][-3] != 0).any()  # the point at exactly r counts
+    far = (d > r).all(0)
+    assert far.sum() > 2000 and (ours[1][far] == 0).all() and (ours[2][far] == 0).all()
+
+
+def test_cell_sort_is_a_stable_sort_by_cell_with_the_start_of_each_cell(gen):
+    """The CPU cell list's counting sort: the order of a stable sort of the keys, and the first
+    position of every cell (empty cells and the dropped points, key == total, included)."""
+    from pcops.ops import _cells
+
+    for n, total in ((0, 5), (1, 1), (1000, 7), (5000, 4000), (300, 100_000)):
+        keys = torch.randint(0, total + 1, (n,), generator=gen, dtype=torch.int64)
+        order, starts = _cells._sort(keys, total)
+        expected = torch.sort(keys, stable=True)
+        assert torch.equal(order, expected.indices)
+        assert torch.equal(starts, torch.searchsorted(expected.values, torch.arange(total + 1)))
+
+
 def test_non_finite_points_without_validation_terminate_and_are_never_neighbours(gen):
     q, p = torch.rand(50, 3, generator=gen, dtype=F64), torch.rand(80, 3, generator=gen, dtype=F64)
     f = features(gen, 80)
