@@ -268,13 +268,22 @@ def _pool() -> ThreadPoolExecutor:
 def _after_fork_in_child() -> None:
     """In a forked child only the forking thread exists: the parent's pool threads are gone (its
     executor would wait for them forever) and a lock another thread held stays held."""
-    global _BUILD_LOCK, _STREAM_LOCK
+    global _BUILD_LOCK, _STREAM_LOCK, _forked
     _pool_state.clear()
     _openmp_state[:] = [None]  # torch's OpenMP team is not fork-safe: the pool from now on
     _BUILD_LOCK, _STREAM_LOCK = threading.RLock(), threading.RLock()
+    _forked = True
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+_forked = False
+
+
+def forked() -> bool:
+    """Whether this process is a forked child of one that imported pcops (a DataLoader worker):
+    there torch's multi-threaded CPU ops may hang (its OpenMP team is not fork-safe), so pcops
+    runs its CPU work in Warp kernels on its own pool instead."""
+    return _forked
 
 
 class Typed(typing.NamedTuple):
