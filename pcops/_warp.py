@@ -11,12 +11,9 @@ correct inside PyTorch live in one place (the Warp functions shared by pcops' ke
   stream when its ``wp.Stream`` is garbage-collected, which resets the device's current
   stream to the legacy NULL stream and frees that stream's sort scratch unordered with
   pending work, so wrappers must never be per call. :func:`launch` passes ``stream=``
-  explicitly; the only calls that follow the device's current Warp stream (a HashGrid's creation
-  and build) run in :func:`hash_grid`, in a stream scope held under a lock, since that current
-  stream is per device, not per thread: no op enters a stream scope of its own;
-* Warp-owned objects used on a non-blocking torch stream (a ``torch.cuda.Stream()``) are
-  handed to :func:`keep_alive`, which orders their release after that work as Warp's
-  concurrency guide prescribes (a blocking stream waits for the non-blocking one);
+  explicitly: no op enters a stream scope (the device's current Warp stream is per device,
+  not per thread). Every array a kernel reads is a torch tensor, allocated and released by
+  torch on its stream: pcops keeps no Warp-owned object (a ``HashGrid``) past a call;
 * kernels are built and loaded once per process under one lock (Warp's code generation is
   not thread-safe), each kernel variant is its own Warp module (``module="unique"``), so the
   on-disk kernel cache does not depend on the order in which variants are first used; a
@@ -60,8 +57,7 @@ _MIN_CHUNK = 1024
 # One re-entrant lock for everything in Warp that is not thread-safe and happens once:
 # initialisation, kernel creation (code generation, module hashing) and first module loads.
 _BUILD_LOCK = threading.RLock()
-# The grid builds follow the device's current Warp stream, which is per device, not per
-# thread: builds are serialised so that each one is enqueued on its own op's stream.
+# Guards the cache of wp.Stream wrappers of torch streams (:func:`cuda_stream`).
 _STREAM_LOCK = threading.RLock()
 
 _CUDA_DRIVER_WARNING = "Could not find or load the NVIDIA CUDA driver"
@@ -178,53 +174,6 @@ def cuda_stream(t: torch.Tensor):
 def array(t: torch.Tensor, dtype=None):
     """A zero-copy Warp view of ``t`` for a kernel argument (no gradient buffer)."""
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
-
-
-def hash_grid(points: torch.Tensor, cell: float, groups: torch.Tensor | None = None) -> wp.HashGrid:
-    """A Warp ``HashGrid`` over ``points`` (N, 3) with cubic cells of width ``cell``.
-
-    The number of hash buckets grows with N (about 8 per point, at most 128^3), so small
-    clouds do not pay for clearing a large table and large ones see few foreign candidates.
-    ``groups`` (N,) int32 partitions the grid: a grouped query only visits its own group.
-    On CUDA the grid's creation and build are enqueued on PyTorch's current stream (neither
-    takes a stream argument: they follow the device's current Warp stream, set here under a
-    lock because it is per device, not per thread).
-    """
-    dim = max(8, min(128, int(round(2.0 * max(points.shape[0], 1) ** (1.0 / 3.0)))))
-    pts = wp.from_torch(points, dtype=vec3(points.dtype), requires_grad=False)
-    grp = None if groups is None else wp.from_torch(groups, dtype=wp.int32, requires_grad=False)
-    s = cuda_stream(points)
-    # creating the grid allocates and copies its descriptor on the current stream, as the build does
-    with contextlib.nullcontext() if s is None else _on_stream(s):
-        grid = wp.HashGrid(dim, dim, dim, device=device(points), dtype=scalar(points.dtype))
-        grid.build(pts, float(cell), groups=grp)
-    return grid
-
-
-@contextlib.contextmanager
-def _on_stream(s):
-    with _STREAM_LOCK, wp.ScopedStream(s, sync_enter=False):
-        yield
-
-
-@functools.cache
-def _keepalive_stream(dev) -> wp.Stream:
-    return wp.Stream(dev)  # created by Warp: blocking, so Warp's deferred frees wait for it
-
-
-def keep_alive(resource, like: torch.Tensor) -> None:
-    """Make the release of a Warp-owned ``resource`` (a HashGrid) wait for the work queued on ``like``'s stream.
-
-    Warp frees its objects with ``cudaFreeAsync`` on the legacy NULL stream, which waits for
-    blocking streams only. On a non-blocking torch stream (``torch.cuda.Stream()``) Warp's
-    concurrency guide prescribes a Warp-created blocking stream that waits for the
-    non-blocking one before the object is dropped: no host synchronisation. Call it after the
-    last launch that uses ``resource``, while ``resource`` is still referenced. No-op on the
-    CPU and on blocking streams (PyTorch's default stream).
-    """
-    s = cuda_stream(like)
-    if s is not None and not s.is_blocking:
-        _keepalive_stream(s.device).wait_stream(s)
 
 
 def kernels(factory):

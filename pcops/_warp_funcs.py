@@ -3,15 +3,14 @@
 Each factory returns ``@wp.func`` functions for one float dtype (and variant), cached per
 arguments and created under the build lock (:func:`pcops._warp.kernels`):
 
-* :func:`grid_funcs` -- ``point`` (row i of an (N, 3) array) and ``neighbours`` (a hash-grid
-  query, restricted to a group when grouped): the HashGrid kernels (ball query);
 * :func:`sorted_insert` -- keep a row's k best (distance, index) pairs sorted by insertion
   (ball query; the kd-tree search on squared distances);
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
   and ``morton`` (the Morton code of a point's cell, from a table of spread bits): the cell
   keys of the radius ops' cell list and the kd-tree's Morton order of queries;
-* :func:`cell_range` -- the first and last cell of the cell list a query must scan.
+* :func:`cell_range` -- the first and last cell of the cell list a query must scan (the radius
+  ops and the ball query).
 
 Runtime glue (device and stream binding, conversion, launches) is in :mod:`pcops._warp`. (No
 ``from __future__ import annotations`` in this module: Warp reads the annotations of these
@@ -22,25 +21,6 @@ import torch
 import warp as wp
 
 from ._warp import kernels, scalar, vec3
-
-
-@kernels
-def grid_funcs(dtype: torch.dtype, grouped: bool):
-    """``point(x, i)``: row i of an (N, 3) array as a 3-vector; ``neighbours(grid, q, r, groups,
-    i)``: a hash-grid query around q, restricted to group ``groups[i]`` when ``grouped``."""
-    s, v = scalar(dtype), vec3(dtype)
-
-    @wp.func(module="unique")
-    def point(x: wp.array2d(dtype=s), i: int):
-        return v(x[i, 0], x[i, 1], x[i, 2])
-
-    @wp.func(module="unique")
-    def neighbours(grid: wp.uint64, q: v, radius: s, groups: wp.array(dtype=wp.int32), i: int):
-        if wp.static(grouped):
-            return wp.hash_grid_query(grid, q, radius, groups[i])
-        return wp.hash_grid_query(grid, q, radius)
-
-    return point, neighbours
 
 
 @kernels

@@ -11,10 +11,8 @@ and CuPy's allocator (``cupy.cuda.set_allocator(rmm_cupy_allocator)``); cuML all
 RMM's current device resource already. pcops' ops allocate their outputs and scratch with
 torch, so they draw from the same pool. The pool is wrapped in RMM's statistics adaptor, so
 :func:`max_memory_allocated` / :func:`reset_peak_memory_stats` report the pool's peak (PyTorch's
-own memory statistics raise under a pluggable allocator). Warp still allocates its own
-``HashGrid`` storage through CUDA's default memory pool, which holds nothing between
-synchronisations unless told to (its release threshold stays CUDA's default, 0). See
-docs/gpu.md.
+own memory statistics raise under a pluggable allocator). Warp allocates no memory of its own in
+pcops' calls (every array a kernel reads or writes is a torch tensor). See docs/gpu.md.
 """
 
 from __future__ import annotations

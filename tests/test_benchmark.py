@@ -12,11 +12,18 @@ from tests import op_table
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmark_writes_every_variant(tmp_path):
-    out = tmp_path / "bench.json"
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One `--quick --sweep` run shared by this file's tests: (the finished process, its JSON file)."""
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
     cmd = [sys.executable, str(ROOT / "scripts/benchmark.py"), "--quick", "--sweep", "--json", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result, out
+
+
+def test_quick_benchmark_writes_every_variant(quick_run):
+    result, out = quick_run
     report = json.loads(out.read_text())
     assert {"device", "versions", "results", "cpu", "cores"} <= report.keys()
     assert {"torch", "warp", "scipy", "pcops"} <= report["versions"].keys()
@@ -55,17 +62,58 @@ def test_quick_benchmark_writes_every_variant(tmp_path):
     assert net["config"] == "pointnet_cls" and net["eager"] > 0 and net["compiled"] > 0 and 0 <= net["share"]
 
 
-def _benchmark_module():
+def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
+    """scripts/bench_report.py turns the quick run's JSON into markdown: a titled block for every
+    section, and for a pcops / peer pair of each section its cell with ratio peer / pcops."""
+    _, out = quick_run
+    report = json.loads(out.read_text())
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/bench_report.py"), str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = result.stdout
+    assert text.startswith("## Benchmark run") and report["versions"]["torch"] in text and report["compile_backend"] in text
+    for fallback in ("not known to bench_report", "rows as written", "rows of another shape"):
+        assert fallback not in text  # every section and row of the JSON has its own table
+    titles = {"results": "Models (results)", "search": "CPU search", "geometry_ops": "Geometry ops", "sampling": "Sampling",
+              "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer"}
+    assert {key for key, value in report.items() if isinstance(value, list) and key != "search_notes"} == set(titles)
+    blocks = {key: "".join(b for b in text.split("\n### ")[1:] if b.startswith(title)) for key, title in titles.items()}
+    assert all(blocks.values()), [key for key, block in blocks.items() if not block]
+
+    def row(rows, **fields):
+        return next(r for r in rows if all(r.get(k) == v for k, v in fields.items()))
+
+    results, geometry, sampling = report["results"], report["geometry_ops"], report["sampling"]
+    search = row(report["search"], bench="knn_search")
+    pairs = {  # section: (pcops ms, peer ms) of one row from the JSON
+        "results": (row(results, model="knn_projector", variant="pcops_eager")["train_step_ms"],
+                    row(results, model="knn_projector", variant="torch_eager")["train_step_ms"]),
+        "search": (search["ms"]["pcops"], next(ms for name, ms in search["ms"].items() if name != "pcops")),
+        "geometry_ops": (row(geometry, model="chamfer_distance", variant="pcops_eager")["train_step_ms"],
+                         row(geometry, model="chamfer_distance", variant="torch_cdist")["train_step_ms"]),
+        "sampling": (row(sampling, op="voxel_pool", variant="pcops")["ms"], row(sampling, op="voxel_pool", variant="torch_scatter")["ms"]),
+    }
+    for key in ("sparse", "transformer"):
+        ms = report[key][0]["ms"]
+        pairs[key] = (ms["pcops"], next(v for name, v in ms.items() if name != "pcops"))
+    cell = _script("bench_report").cell
+    for key, (ours, peer) in pairs.items():
+        expected = cell(ours, peer)
+        assert expected.endswith(f" ({peer / ours:.2f}x)")  # the printed ratio is peer / pcops from the JSON
+        assert f"| {expected} |" in blocks[key], (key, expected)
+    assert report["point_networks"][0]["config"] in blocks["point_networks"]
+
+
+def _script(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pcops_benchmark", ROOT / "scripts/benchmark.py")
+    spec = importlib.util.spec_from_file_location(f"pcops_{name}", ROOT / f"scripts/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_ratios_compare_rows_of_the_same_sizes_only():
-    bench = _benchmark_module()
+    bench = _script("benchmark")
     row = lambda variant, n_ref, ms, note="": dict(  # noqa: E731
         model="knn_aggregate", variant=variant, n_ref=n_ref, n_query=n_ref, forward_ms=ms, train_step_ms=ms, note=note
     )

@@ -23,12 +23,14 @@ FACTORIES = [
     *[(f"knn search {d} grouped={g}", nearest._search_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
-    *[(f"ball query {d} grouped={g}", ball_query._kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
+    *[(f"ball query {d}", ball_query._kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],
     ("cells starts", _cells._starts_kernel, ()),
     *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
+    *[(f"cells box {d}", _cells._box_kernel, (d,)) for d in (F32, F64)],
+    ("cells counting sort", _cells._counting_sort_kernel, ()),
     ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse_conv")._hash_kernels, ()),
     *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
     *[(f"segment {r} {d}", importlib.import_module("pcops.ops.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
@@ -36,7 +38,7 @@ FACTORIES = [
 ]
 # factories of Warp functions, compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.nearest._kdtree._funcs"} | {
-    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "grid_funcs", "sorted_insert")}
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "sorted_insert")}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

@@ -1,4 +1,4 @@
-"""pcops/_warp.py: stream binding, keep-alive, build lock, fork safety, kernel cache identity, quiet init.
+"""pcops/_warp.py: stream binding, build lock, fork safety, kernel cache identity, quiet init.
 
 The CUDA stream logic is tested on the CPU with stand-ins for torch's and Warp's stream objects;
 the same behaviour on a real GPU is in the `cuda`-marked tests at the end.
@@ -47,7 +47,7 @@ class _FakeWarpStream:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """torch's current stream is whatever ``state['current']`` is; wp.stream_from_torch is recorded."""
-    state = {"current": _FakeTorchStream(0), "wrapped": [], "launches": [], "waits": []}
+    state = {"current": _FakeTorchStream(0), "wrapped": [], "launches": []}
 
     def stream_from_torch(s):
         state["wrapped"].append(s)
@@ -59,14 +59,12 @@ def fake_cuda(monkeypatch):
     def scoped_stream(*args, **kwargs):
         raise AssertionError("launch() must not open a ScopedStream")
 
-    keepalive = types.SimpleNamespace(wait_stream=lambda s: state["waits"].append(s))
     monkeypatch.setattr(_warp, "_streams", {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: state["current"])
     monkeypatch.setattr(wp, "stream_from_torch", stream_from_torch)
     monkeypatch.setattr(wp, "launch", launch)
     monkeypatch.setattr(wp, "ScopedStream", scoped_stream)
     monkeypatch.setattr(_warp, "device", lambda t: "cuda:0")
-    monkeypatch.setattr(_warp, "_keepalive_stream", lambda dev: keepalive)
     return state
 
 
@@ -98,83 +96,12 @@ def test_launches_receive_the_cached_stream_explicitly(fake_cuda):
     assert [s.torch_stream.cuda_stream for s in streams] == [0, 77, 0, 77]
 
 
-def test_grids_are_created_and_built_on_the_cached_stream(fake_cuda, monkeypatch):
-    current = []  # Warp's current stream of the device, as the stand-in ScopedStream sets it
-
-    class Scope:
-        def __init__(self, stream, sync_enter=True):
-            self.stream, self.sync_enter = stream, sync_enter
-
-        def __enter__(self):
-            # Warp's current stream is per device, not per thread: set only under the stream lock
-            assert _warp._STREAM_LOCK._is_owned()
-            current.append(self.stream)
-
-        def __exit__(self, *exc):
-            current.pop()
-
-    class Grid:
-        def __init__(self, *dims, device, dtype):
-            self.created_on = current[-1] if current else None
-
-        def build(self, points, cell, groups=None):
-            self.built_on = current[-1] if current else None
-
-    monkeypatch.setattr(wp, "ScopedStream", Scope)
-    monkeypatch.setattr(wp, "HashGrid", Grid)
-    monkeypatch.setattr(wp, "from_torch", lambda t, **kw: t)
-    points = types.SimpleNamespace(device=torch.device("cuda", 0), shape=(100, 3), dtype=torch.float32)
-    fake_cuda["current"] = _FakeTorchStream(55)
-    grid = _warp.hash_grid(points, 0.1)
-    assert grid.created_on is grid.built_on is _warp.cuda_stream(points)
-    assert not current  # the scope is left
-
-
 def test_ops_enter_no_stream_scope_of_their_own(fake_cuda):
     # the stand-in ScopedStream raises: the old per-op scope (_warp.stream, gone) changed Warp's
     # process-wide current stream and default device outside any lock; launches pass stream= instead
     _warp.launch(object(), 10, [1.0], like=_ON_CUDA)
     assert fake_cuda["launches"] == [_warp.cuda_stream(_ON_CUDA)]
     assert not hasattr(_warp, "stream")
-
-
-def test_grid_ops_hand_their_grid_to_keep_alive_after_their_last_launch(monkeypatch):
-    # the order the CUDA keep-alive depends on, recorded with stand-ins on the CPU: the grid is
-    # built, the kernel launched, then keep_alive(grid, query) while the grid is referenced
-    bq = importlib.import_module("pcops.ops.ball_query")  # the module (pcops.ops re-exports the function)
-    events, grids = [], []
-    build, launch = _warp.hash_grid, _warp.launch
-
-    def hash_grid(points, cell, groups=None):
-        grid = build(points, cell, groups)
-        grids.append(grid)
-        events.append("build")
-        return grid
-
-    def record_launch(kernel, n, args, like, **kw):
-        events.append("launch")
-        return launch(kernel, n, args, like=like, **kw)
-
-    monkeypatch.setattr(_warp, "hash_grid", hash_grid)
-    monkeypatch.setattr(_warp, "launch", record_launch)
-    monkeypatch.setattr(_warp, "keep_alive", lambda grid, like: events.append(("keep_alive", grid, like)))
-    q, p = torch.rand(30, 3), torch.rand(40, 3)
-    bq._ball_query(q, p, 0.3, 4, False, None, None)
-    assert events[:2] == ["build", "launch"] and events[2][0] == "keep_alive"
-    assert events[2][1] is grids[0] and events[2][2] is q
-    events.clear()
-    pcops.radius_graph(p, 0.3)  # radius_graph searches through the same op
-    assert "build" in events and events[-1][0] == "keep_alive"
-
-
-def test_keep_alive_orders_release_after_non_blocking_streams_only(fake_cuda):
-    _warp.keep_alive(object(), _ON_CUDA)  # PyTorch's default stream is blocking: nothing to do
-    assert fake_cuda["waits"] == []
-    fake_cuda["current"] = _FakeTorchStream(99)
-    _warp.keep_alive(object(), _ON_CUDA)
-    assert fake_cuda["waits"] == [_warp.cuda_stream(_ON_CUDA)]  # the blocking keep-alive stream waits for it
-    _warp.keep_alive(object(), torch.zeros(1))  # CPU: no-op
-    assert len(fake_cuda["waits"]) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -629,7 +556,7 @@ def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
             pcops.radius_aggregate(q, p, f, 0.08, 0.1, validate=False, **batch),
             pcops.knn(q, p, 5, backend="warp", validate=False, **batch).idx,
             pcops.knn_aggregate(q, p, f, 5, 0.1, backend="warp", validate=False, **batch),
-            pcops.ball_query(q, p, 0.08, 8, validate=False, **batch).idx,  # a HashGrid per call
+            pcops.ball_query(q, p, 0.08, 8, validate=False, **batch).idx,  # a cell list per call
         ]
 
     expected = ops(q, p, f, batch)
@@ -648,14 +575,13 @@ def test_cuda_ops_on_a_stalled_side_stream_match_cpu(gen, grouped):
 
 
 @pytest.mark.cuda
-def test_cuda_grids_are_released_after_pending_side_stream_work(gen):
-    # ball_query builds a HashGrid per call and drops it when the call returns. Warp frees it with
-    # cudaFreeAsync on the legacy NULL stream, which does not wait for a non-blocking stream: without
-    # keep_alive, the grids built right after on the default stream (same sizes) reuse that memory
-    # at once and overwrite it while the stalled side stream's kernels have yet to read it.
+def test_cuda_cell_lists_are_released_after_pending_side_stream_work(gen):
+    # ball_query builds a cell list per call (torch tensors) and drops it when the call returns:
+    # torch's caching allocator must not hand that memory to the calls made right after on the
+    # default stream (same sizes) while the stalled side stream's kernels have yet to read it.
     q, p = torch.rand(2000, 3, generator=gen), torch.rand(3000, 3, generator=gen)
     expected = pcops.ball_query(q, p, 0.1, 8)
-    shuffled = [p[torch.randperm(3000, generator=gen)] for _ in range(5)]  # other grids of the same sizes
+    shuffled = [p[torch.randperm(3000, generator=gen)] for _ in range(5)]  # other cell lists of the same sizes
     qc, pc, *others = _on_gpu(q, p, *shuffled)
     side = torch.cuda.Stream()
     outs = []
@@ -705,10 +631,10 @@ def test_cuda_sync_counts(gen):
 
     train()
     assert _syncs(train) == 1
-    ball = torch.ops.pcops.ball_query  # a HashGrid per call: built, searched and kept alive on the device
+    ball = torch.ops.pcops.ball_query  # a cell list per call: its one read of the boxes and the number of samples
     ball(q, p, 0.2, 8, False, None, None)
-    assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 0
-    assert _syncs(lambda: ball(q, p, 0.2, 8, False, qg, pg)) == 0
+    assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 1
+    assert _syncs(lambda: ball(q, p, 0.2, 8, False, qg, pg)) == 1
     backends = pcops.ops.nearest.BACKENDS
     warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
     warp(q, p, 4, False)

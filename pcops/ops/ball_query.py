@@ -7,9 +7,10 @@ For each query q_i, with d_ij = ||q_i - p_j|| and N(i) = {j : d_ij <= radius}:
     counts[i] = |N(i)|, not capped at K, so a truncated neighbourhood is visible
 
 Unlike caps that keep the first K points found (torch_cluster's radius, PyTorch3D's
-ball_query), the result does not depend on the traversal order. A Warp ``HashGrid`` with cells
-of width ``radius`` yields the candidates; each query keeps its K best (distance, index) pairs
-sorted in its output row by insertion. The kernel returns indices only: distances are
+ball_query), the result does not depend on the traversal order. The cell list of the radius
+ops (``pcops.ops._cells``: the reference points sorted by cells of width radius / 2) yields the
+candidates; each query keeps its K best (distance, index) pairs sorted in its output row by
+insertion. The kernel returns indices only: distances are
 recomputed in torch from them, as :func:`pcops.knn` does, so they are differentiable with
 respect to both point sets. Output shapes are static: the op compiles with ``fullgraph=True``.
 """
@@ -20,6 +21,7 @@ import torch
 import warp as wp
 
 from .. import _batch, _validate, _warp, _warp_funcs
+from . import _cells
 from .nearest import _distances
 
 
@@ -32,34 +34,45 @@ class BallQuery(NamedTuple):
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype, grouped: bool):
+def _kernel(dtype: torch.dtype):
+    """One thread per query (in cell order): scan the cells that meet [q - r, q + r], keep the K
+    best (distance, original index) pairs and count every point within the radius."""
     s = _warp.scalar(dtype)
-    point, neighbours = _warp_funcs.grid_funcs(dtype, grouped)
+    v = _warp.vec3(dtype)
+    box = _warp_funcs.cell_range(dtype)
     insert = _warp_funcs.sorted_insert(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
         start: int,
-        grid: wp.uint64,
+        rows: wp.array(dtype=wp.int64),
+        starts: wp.array(dtype=wp.int64),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        query: wp.array(dtype=v),
         query_group: wp.array(dtype=wp.int32),
-        query: wp.array2d(dtype=s),
-        ref: wp.array2d(dtype=s),
+        points: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int64),
         radius: s,
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
         counts: wp.array(dtype=wp.int64),
     ):
-        i = wp.tid() + start
-        q = point(query, i)
+        i = int(rows[wp.tid() + start])
+        q = query[i]
         n = int(0)
         total = int(0)
-        it = neighbours(grid, q, radius, query_group, i)
-        j = int(0)
-        while wp.hash_grid_query_next(it, j):
-            d = wp.length(q - point(ref, j))
-            if d <= radius:
-                total = total + 1
-                n = insert(dists, idx, i, n, d, wp.int64(j))
+        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
+            base = int(query_group[i]) * dims[2]
+            lo, hi = box(q, radius, frame, dims)
+            for z in range(lo[2], hi[2] + 1):
+                for y in range(lo[1], hi[1] + 1):
+                    row = ((base + z) * dims[1] + y) * dims[0]
+                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
+                        d = wp.length(q - points[j])
+                        if d <= radius:
+                            total = total + 1
+                            n = insert(dists, idx, i, n, d, order[j])
         counts[i] = wp.int64(total)
 
     return search
@@ -86,17 +99,13 @@ def _ball_query(
     if m == 0 or ref.shape[0] == 0:
         return idx, counts
     _warp.init()
-    query, ref = query.contiguous(), ref.contiguous()
-    grouped = query_group is not None
     dists = query.new_full((m, max_neighbors), float("inf"))
-    groups = query_group.to(torch.int32).contiguous() if grouped else torch.zeros(1, dtype=torch.int32, device=query.device)
-    # the grid is created and built on torch's current stream (under the stream lock), the launch
-    # passes that stream explicitly: no stream scope around the op (it would change Warp's
-    # per-device current stream under other threads)
-    grid = _warp.hash_grid(ref, radius, ref_group.to(torch.int32).contiguous() if grouped else None)
-    args = [wp.uint64(grid.id), groups, query, ref, radius, dists, idx, counts]
-    _warp.launch(_kernel(query.dtype, grouped), m, args, like=query)
-    _warp.keep_alive(grid, query)
+    cells = _cells.CellList(query, ref, radius, query_group, ref_group)  # one host read (the grid's size)
+    vec = _warp.vec3(query.dtype)
+    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(query.contiguous(), dtype=vec),
+            _cells.groups_of(query_group, query), _warp.array(_cells.permute(ref, cells.order), dtype=vec), cells.order,
+            radius, dists, idx, counts]
+    _warp.launch(_kernel(query.dtype), m, args, like=query)
     return idx, counts
 
 
