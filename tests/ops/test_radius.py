@@ -368,16 +368,21 @@ def test_queries_over_part_of_a_large_cloud_match_the_dense_reference_with_gradi
     assert far.sum() > 2000 and (ours[1][far] == 0).all() and (ours[2][far] == 0).all()
 
 
-def test_cell_sort_is_a_stable_sort_by_cell_with_the_start_of_each_cell(gen):
-    """The CPU cell list's counting sort: the order of a stable sort of the keys, and the first
-    position of every cell (empty cells and the dropped points, key == total, included)."""
+@pytest.mark.parametrize("counting", [True, False])
+def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatch, counting):
+    """The CPU cell list's sort (a counting sort below a size, torch.sort above it): the keys in
+    order (the counting sort: the order of a stable sort), and the first position of every cell
+    (empty cells and the dropped points, key == total, included)."""
     from pcops.ops import _cells
 
+    monkeypatch.setattr(_cells, "_COUNTING_SORT", 1 << 62 if counting else 0)
     for n, total in ((0, 5), (1, 1), (1000, 7), (5000, 4000), (300, 100_000)):
         keys = torch.randint(0, total + 1, (n,), generator=gen, dtype=torch.int64)
         order, starts = _cells._sort(keys, total)
         expected = torch.sort(keys, stable=True)
-        assert torch.equal(order, expected.indices)
+        assert torch.equal(keys[order], expected.values)
+        if counting:
+            assert torch.equal(order, expected.indices)
         assert torch.equal(starts, torch.searchsorted(expected.values, torch.arange(total + 1)))
 
 
