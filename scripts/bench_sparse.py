@@ -7,7 +7,8 @@ torch / pcops is what to read (> 1: pcops is faster).
 * grid_sample (mode "first"): ``pcops.grid_sample`` against ``torch.unique(keys,
   return_inverse=True)`` on the packed int64 voxel keys (floor, per-cloud shift, packing in
   torch) plus the first index per voxel (``scatter_reduce`` amin), on ``uniform`` and
-  ``surface`` clouds (``bench_search.cloud``), about 8 points per voxel on the uniform cloud.
+  ``surface`` clouds (``bench_search.cloud``) and the real meshes of ``bench_meshes.py``
+  sampled as clouds, about 8 points per voxel were the cloud uniform in its box.
 * sparse_kernel_map (K = 3): the Warp hash map against a torch sort + ``searchsorted`` of the
   same packed keys, on the voxelised clouds.
 * sparse_conv3d (K = 3, Cin = Cout = 32): forward, and train step (forward + backward to features
@@ -21,6 +22,7 @@ import time
 
 import torch
 
+import bench_meshes
 import bench_search
 import pcops
 
@@ -80,7 +82,7 @@ def run(quick: bool = False) -> list[dict]:
     repeats = 2 if quick else 5
     channels = 8 if quick else 32
     rows = []
-    for shape in ("uniform",) if quick else CLOUDS:
+    for shape in ("uniform",) if quick else CLOUDS + bench_meshes.clouds():
         points = bench_search.cloud(shape, n, 11)
         size = (8 * float((points.amax(0) - points.amin(0)).prod()) / n) ** (1 / 3)
         ms = _interleaved({"pcops": lambda: pcops.grid_sample(points, size, validate=False),
