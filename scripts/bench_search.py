@@ -13,6 +13,8 @@ to read (> 1: pcops is faster).
   ``surface`` (points sampled on a sphere, a box and a capsule, trimesh), each with N
   queries of the same shape; and ``surface_grid`` (surface points, grid queries, most of
   them far from the surface).
+* kNN self-queries with k = 16 and 32 (DGCNN's graphs, normal estimation) against pykdtree, on
+  the four shapes and the real meshes of ``bench_meshes.py``, at 10^4 and 10^5 points;
 * batched kNN: 16 clouds of 10,000 points as one padded batch against a per-sample loop.
 * knn_aggregate's train step (forward + backward to F = 25 features, k = 7, sigma = 0.1) on the
   tutorial's cloud against pykdtree's search + the same weighting and gather in torch.
@@ -317,6 +319,25 @@ def run_knn(sizes, kinds, grid: int, repeats: int, budget_s: float) -> tuple[lis
     return rows, notes
 
 
+def run_knn_self(sizes, kinds, ks, repeats: int, budget_s: float) -> list[dict]:
+    """Self-queries (the cloud searched against itself, the point itself included) with the k of
+    DGCNN's graphs and of normal estimation, against pykdtree, the strongest kNN peer."""
+    try:
+        from pykdtree.kdtree import KDTree
+    except ImportError:
+        return []
+    rows = []
+    for kind in kinds:
+        for n in sizes:
+            p = cloud(kind, n, 0)
+            for k in ks:
+                fns = {"pcops": lambda: pcops.knn(p, p, k, validate=False), "pykdtree": lambda: KDTree(p.numpy()).query(p.numpy(), k=k)}
+                row = {"bench": "knn_self", "cloud": f"{kind} k={k}", "n_ref": n, "n_query": n, "ms": interleaved(fns, repeats, budget_s)}
+                rows.append(row)
+                print(format_row(row), flush=True)
+    return rows
+
+
 def run_batched_knn(b: int, n: int, repeats: int, budget_s: float) -> list[dict]:
     clouds = torch.stack([cloud("randn", n, s) for s in range(b)])
     queries = torch.stack([cloud("randn", n, 100 + s) for s in range(b)])
@@ -448,6 +469,10 @@ def run(quick: bool, repeats: int = 7, budget_s: float = 20.0, cpu_time: bool = 
     grid = 8 if quick else 30
     repeats = 2 if quick else repeats
     rows, notes = run_knn(sizes, ["randn", "uniform", "clustered", "surface", "surface_grid"], grid, repeats, budget_s)
+    import bench_meshes
+
+    shapes = ["uniform"] if quick else ["randn", "uniform", "clustered", "surface", *bench_meshes.clouds()]
+    rows += run_knn_self([2_000] if quick else [10_000, 100_000], shapes, [16] if quick else [16, 32], repeats, budget_s)
     rows += run_batched_knn(4 if quick else 16, 1_000 if quick else 10_000, repeats, budget_s)
     rows += run_knn_aggregate(2_000 if quick else 100_000, grid, 25, repeats, budget_s)
     radius_rows, radius_notes = run_radius(2_000 if quick else 25_000, grid, 25, repeats, budget_s)
