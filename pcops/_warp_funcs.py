@@ -6,6 +6,8 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`sorted_insert` -- keep a row's k best (distance, index) pairs sorted by insertion
   (ball query; the kd-tree search on squared distances);
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
+* :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
+  list's bounding box on the CPU);
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
   and ``morton`` (the Morton code of a point's cell, from a table of spread bits): the cell
   keys of the radius ops' cell list and the kd-tree's Morton order of queries;
@@ -91,6 +93,26 @@ def bounds(dtype: torch.dtype):
             hy = wp.where(p[1] > hy, p[1], hy)
             hz = wp.where(p[2] > hz, p[2], hz)
         return v(lx, ly, lz), v(hx, hy, hz)
+
+    return box
+
+
+@kernels
+def finite_bounds(dtype: torch.dtype):
+    """``box(points, first, last) -> (lo, hi)``: the box of the finite points of
+    points[first:last] (a point with a NaN or inf coordinate is left out; none: +inf to -inf)."""
+    s, v = scalar(dtype), vec3(dtype)
+
+    @wp.func(module="unique")
+    def box(points: wp.array(dtype=v), first: int, last: int):
+        lo = v(s(wp.inf))
+        hi = v(-s(wp.inf))
+        for j in range(first, last):
+            p = points[j]
+            if wp.isfinite(p):
+                lo = wp.min(lo, p)
+                hi = wp.max(hi, p)
+        return lo, hi
 
     return box
 

@@ -38,7 +38,7 @@ FACTORIES = [
 ]
 # factories of Warp functions, compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.nearest._kdtree._funcs"} | {
-    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "sorted_insert")}
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "finite_bounds", "sorted_insert")}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

@@ -175,20 +175,14 @@ def _counting_sort_kernel():
 def _box_kernel(dtype: torch.dtype):
     """The low and high corners of the finite points of each of ``parts`` ranges of points
     (+inf / -inf for a range without any)."""
-    s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    finite_box = _warp_funcs.finite_bounds(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def box(start: int, points: wp.array(dtype=v), parts: int, corners: wp.array2d(dtype=v)):
         t = wp.int64(wp.tid() + start)
         n = wp.int64(points.shape[0])
-        lo = v(s(wp.inf), s(wp.inf), s(wp.inf))
-        hi = -lo
-        for i in range(int(n * t / wp.int64(parts)), int(n * (t + wp.int64(1)) / wp.int64(parts))):
-            p = points[i]
-            if wp.isfinite(p[0]) and wp.isfinite(p[1]) and wp.isfinite(p[2]):
-                lo = wp.min(lo, p)
-                hi = wp.max(hi, p)
+        lo, hi = finite_box(points, int(n * t / wp.int64(parts)), int(n * (t + wp.int64(1)) / wp.int64(parts)))
         corners[int(t), 0] = lo
         corners[int(t), 1] = hi
 
@@ -219,20 +213,23 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
-def _sort(keys: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sort(keys: torch.Tensor, total: int, starts: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(order, starts): the indices of ``keys`` (in 0 .. total) sorted by key, and ``starts[c]``
     (c = 0 .. total) the first position of key c. On the CPU below ``_COUNTING_SORT`` keys a
     counting sort (one thread, linear; 0.8 against 1.4 ms for torch.sort at 10^5 keys, but
-    13 against 11 ms at 10^6, where its scattered writes leave the caches); else torch.sort."""
-    starts = torch.empty(total + 1, dtype=torch.int64, device=keys.device)
+    13 against 11 ms at 10^6, where its scattered writes leave the caches); else torch.sort.
+    ``starts=False``: the order only (the queries' rows), ``starts`` None."""
+    first = torch.empty(total + 1, dtype=torch.int64, device=keys.device)  # also the counting sort's counts
     if keys.device.type == "cpu" and keys.shape[0] < _COUNTING_SORT:
         order = torch.empty_like(keys)
-        _warp.launch(_counting_sort_kernel(), 1, [keys, total, starts, order], like=keys)
-        return order, starts
+        _warp.launch(_counting_sort_kernel(), 1, [keys, total, first, order], like=keys)
+        return order, first if starts else None
     keys, order = torch.sort(keys)
+    if not starts:
+        return order, None
     # a Warp kernel, not torch.searchsorted (see permute)
-    _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, starts], like=keys, min_chunk=_MIN_CHUNK)
-    return order, starts
+    _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first], like=keys, min_chunk=_MIN_CHUNK)
+    return order, first
 
 
 class CellList:
@@ -286,7 +283,7 @@ class CellList:
         self._set(None, None, None, frame, dims)
         total = dims[0] * dims[1] * dims[2] * groups
         self.order, self.starts = _sort(self._key(ref, ref_group, total), total)
-        self.rows = _sort(self._key(query, query_group, -1), total)[0]
+        self.rows = _sort(self._key(query, query_group, -1), total, starts=False)[0]
 
     def _set(self, order, starts, rows, frame, dims: list) -> None:
         self.order, self.starts, self.rows, self.frame = order, starts, rows, frame

@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp
+from .. import _batch, _validate, _warp, _warp_funcs
 
 
 class FPS(NamedTuple):
@@ -68,6 +68,7 @@ def _kernels(dtype: torch.dtype):
     pick for every block of every sample (the CUDA path)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
+    finite_box = _warp_funcs.finite_bounds(dtype)
     eps = float(torch.finfo(dtype).eps)
     # A skipped node must not hold a point whose computed distance to the pick is below its
     # node_max: the box distance is computed by the same kind of operations on coordinate gaps
@@ -150,13 +151,7 @@ def _kernels(dtype: torch.dtype):
         for k in range(1 << d):
             lo = base + part(k, nb, d)
             hi = base + part(k + 1, nb, d)
-            bl = v(s(wp.inf))
-            bh = v(-s(wp.inf))
-            for j in range(lo, hi):
-                p = src[j]
-                if wp.isfinite(p):
-                    bl = wp.min(bl, p)
-                    bh = wp.max(bh, p)
+            bl, bh = finite_box(src, lo, hi)
             ext = bh - bl
             axis = int(0)
             if ext[1] > ext[0]:
@@ -237,13 +232,7 @@ def _kernels(dtype: torch.dtype):
         # of their cells (2^10 per axis in the sample's box, a radix sort)
         kd = h > 0 and wp.int64(count) * wp.int64(kd_picks) >= wp.int64(nb)
         if h > 0 and not kd:
-            bl = v(s(wp.inf))
-            bh = v(-s(wp.inf))
-            for j in range(base, end):
-                p = points[j]
-                if wp.isfinite(p):
-                    bl = wp.min(bl, p)
-                    bh = wp.max(bh, p)
+            bl, bh = finite_box(points, base, end)
             ext = bh - bl
             scale = v(s(0.0))
             for a in range(3):
