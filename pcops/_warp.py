@@ -456,8 +456,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     (which compiles or loads its module) runs alone, under the build lock, through wp.launch;
     later CPU launches call the kernel's entry point directly (:func:`_runner`).
 
-    ``beside``: (kernel, args) of a one-thread launch run with this one, as one more chunk (on
-    the CPU by a thread of the same team, e.g. one this launch's chunks leave idle).
+    ``beside``: (kernel, args) of a one-thread launch, or (kernel, args, threads), run with this
+    one as one more chunk (on the CPU by a thread of the same team, e.g. one this launch's chunks
+    leave idle): two small independent launches in one fork-join.
     """
     if n <= 0:
         return
@@ -469,8 +470,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
-    if beside is not None:
-        jobs.append((beside[0], [0, 1], [[_convert(a) for a in beside[1]]]))
+    if beside is not None and (len(beside) < 3 or beside[2] > 0):
+        jobs.append((beside[0], [0, beside[2] if len(beside) > 2 else 1], [[_convert(a) for a in beside[1]]]))
     todo = []
     for job in jobs:
         first = _first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))

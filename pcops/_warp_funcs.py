@@ -139,18 +139,19 @@ def cells(dtype: torch.dtype):
 @kernels
 def cell_range(dtype: torch.dtype):
     """``box(q, radius, frame, dims) -> (lo, hi)``: the first and last cell (x, y, z) of a cell
-    list (``frame``: low corner x, y, z and 1 / cell width; ``dims`` cells a side) that may hold
-    a point within ``radius`` of q, clamped to the grid (lo > hi on an axis: none)."""
+    list (``frame``: low corner x, y, z and 1 / the cell widths in x, y, z; ``dims`` cells a
+    side) that may hold a point within ``radius`` of q, clamped to the grid (lo > hi on an
+    axis: none)."""
     s, v = scalar(dtype), vec3(dtype)
 
     @wp.func(module="unique")
     def box(q: v, radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
-        inv_h = frame[3]
-        reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
         lo = wp.vec3i(0, 0, 0)
         hi = wp.vec3i(0, 0, 0)
         for a in range(3):
             n = dims[a]
+            inv_h = frame[3 + a]
+            reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
             # cell coordinates clamped to [-1, n] (inf included) before the conversion to int
             first = int(wp.floor(wp.clamp((q[a] - reach - frame[a]) * inv_h, s(-1.0), s(n))))
             last = int(wp.floor(wp.clamp((q[a] + reach - frame[a]) * inv_h, s(-1.0), s(n))))

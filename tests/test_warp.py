@@ -147,7 +147,7 @@ def test_a_cell_list_reads_the_host_once_and_copies_nothing_to_the_device(monkey
         reads.clear()
         order, starts, rows, frame, dims = cells._cell_list(q, p, 0.2, *groups)
         assert len(reads) == 1 and not to_device
-        assert dims.device.type == "cpu" and frame.shape == (4,)  # the grid's size on the host, its frame with the points
+        assert dims.device.type == "cpu" and frame.shape == (6,)  # the grid's size on the host, its frame with the points
 
 
 # ---------------------------------------------------------------------------------------------

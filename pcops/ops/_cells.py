@@ -3,9 +3,10 @@ dense grid, built once per op call and reused by its backward.
 
 ``CellList(query, ref, radius, query_group, ref_group)`` sorts the reference points (``order``)
 and the queries (``rows``) by cell; ``starts[c] .. starts[c + 1]`` are the sorted points of
-cell c. Cells are ``CELL * radius`` wide, wider when that would make more than
-``CELLS_PER_POINT`` cells per point of a sample. The kernels find the cells around a query with
-``pcops._warp_funcs.cell_range``; ``permute`` reorders rows with a Warp kernel. The custom op
+cell c. Cells are ``CELL`` radii wide (x, y, z: thin in x, a radius in y and z), all wider in
+proportion when that would make more than ``CELLS_PER_POINT`` cells per point of a sample. The
+kernels find the cells around a query with ``pcops._warp_funcs.cell_range``: a run of
+consecutive cells in x for each (y, z) cell; ``permute`` reorders rows. The custom op
 ``pcops::cell_list`` returns a cell list as tensors (:meth:`CellList.tensors`), so that an
 op's backward reads the forward's (:meth:`CellList.of`) instead of building another.
 """
@@ -18,9 +19,12 @@ import warp as wp
 
 from .. import _validate, _warp, _warp_funcs
 
-# Cell width of the cell list, as a fraction of the radius: a query scans the cells that meet
-# the cube [q - r, q + r] (5^3 cells at r / 2, a volume of (2.5 r)^3 against (3 r)^3 at r).
-CELL = 0.5
+# Cell widths of the cell list (x, y, z), in radii. A query scans the cells that meet the cube
+# [q - r, q + r]: a run of contiguous points for each of the 3 x 3 (y, z) cells, 2.33 r long in
+# x (a volume of 21 r^3). The end of each run is a mispredicted branch, which costs more than
+# testing a few more points: measured 1.3-1.4x faster (the radius aggregation's forward on one
+# thread, tutorial size) than cubes of r / 2 (5 x 5 runs, 16 r^3).
+CELL = (1.0 / 3.0, 1.0, 1.0)
 # At most this many cells per reference point (per sample): sparse clouds get wider cells.
 CELLS_PER_POINT = 2.0
 # The cell list's own kernels (keys, starts, row permutations) do a few nanoseconds of work per
@@ -77,22 +81,19 @@ def _permute_kernel(dtype: torch.dtype):
 def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: Optional[int] = None) -> torch.Tensor:
     """x[order] (or the inverse: ``out[order] = x``). ``width``: the columns of the result (a 2-D
     ``x``): the first ones of ``x``, zeros after them (rows padded to a vector width) or fewer
-    (the padding dropped). On the CPU torch's gather and scatter (about ten times faster than a
-    Warp kernel's element loop), except in a forked child (:func:`pcops._warp.forked`: torch's
-    multi-threaded ops may hang there) and on GPUs, where a Warp kernel moves the rows."""
+    (the padding dropped). On the CPU torch's gather (about ten times faster than a Warp
+    kernel's element loop; the inverse gathers by the rank of each row, twice as fast as a
+    scatter), except in a forked child (:func:`pcops._warp.forked`: torch's multi-threaded ops
+    may hang there) and on GPUs, where a Warp kernel moves the rows."""
     shape = x.shape if width is None else (x.shape[0], width)
     if x.device.type == "cpu" and not _warp.forked():
+        if inverse:  # out[order[a]] = x[a]: out[b] = x[rank[b]]
+            order = torch.empty_like(order).index_copy_(0, order, torch.arange(order.shape[0]))
         cols = min(x.shape[1], shape[1]) if x.dim() == 2 else None
-        if inverse:
-            if cols is None:
-                return torch.empty_like(x).index_copy_(0, order, x)
-            out = x.new_zeros(shape) if shape[1] > cols else x.new_empty(shape)
-            out[:, :cols].index_copy_(0, order, x[:, :cols])
-            return out
+        if cols is not None and cols < x.shape[1]:
+            x = x[:, :cols]
         rows = x.index_select(0, order)
-        if cols is None or cols == shape[1]:
-            return rows if cols is None or cols == x.shape[1] else rows[:, :cols].contiguous()
-        return torch.nn.functional.pad(rows, (0, shape[1] - cols))
+        return rows if cols is None or cols == shape[1] else torch.nn.functional.pad(rows, (0, shape[1] - cols))
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if x.numel() and out.numel():
         rows = _MIN_CHUNK // max(1, out.shape[1] if out.dim() == 2 else 1)  # split by elements moved, not rows
@@ -126,7 +127,7 @@ def _key_kernel(dtype: torch.dtype):
         cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
         outside = False
         for a in range(3):
-            x = (p[a] - frame[a]) * frame[3]
+            x = (p[a] - frame[a]) * frame[3 + a]
             if not (x >= s(-0.5) and x < s(dims[a]) + s(0.5)):
                 outside = True
             c[a] = cell(x, s(dims[a] - 1))
@@ -189,19 +190,23 @@ def _box_kernel(dtype: torch.dtype):
     return box
 
 
-def _box(points: torch.Tensor) -> torch.Tensor:
-    """(2, 3): the low and high corners of the finite points (zeros if none): non-finite points
-    (validate=False) would make the grid's frame infinite. On the CPU a Warp kernel (torch's
-    reductions over the rows of an (N, 3) tensor are slow there, or start an OpenMP team, which
-    a forked DataLoader worker must not); elsewhere :func:`_finite_box`."""
-    if points.device.type != "cpu":
-        return _finite_box(points)
-    parts = 16 if points.shape[0] >= (1 << 16) else 1
-    corners = points.new_empty((parts, 2, 3))
-    _warp.launch(_box_kernel(points.dtype), parts, [_warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype)), parts, _warp.array(corners, dtype=_warp.vec3(points.dtype))],
-                 like=points, min_chunk=1)
-    corners = torch.stack([corners[:, 0].amin(0), corners[:, 1].amax(0)])
-    return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
+def _boxes(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """(2, 2, 3): for ``ref`` and ``query``, the low and high corners of their finite points
+    (zeros if none): non-finite points (validate=False) would make the grid's frame infinite.
+    On the CPU one launch of a Warp kernel (torch's reductions over the rows of an (N, 3) tensor
+    are slow there, or start an OpenMP team, which a forked DataLoader worker must not), the
+    queries' box beside the reference points'; elsewhere :func:`_finite_box`."""
+    if ref.device.type != "cpu":
+        return torch.stack([_finite_box(ref), _finite_box(query)])
+    parts = 16 if ref.shape[0] >= (1 << 16) else 1
+    corners = ref.new_empty((parts + 1, 2, 3))  # the reference points' parts, then the queries'
+    vec = _warp.vec3(ref.dtype)
+    kernel = _box_kernel(ref.dtype)
+    beside = (kernel, [_warp.array(query.contiguous(), dtype=vec), 1, _warp.array(corners[parts:], dtype=vec)])
+    _warp.launch(kernel, parts, [_warp.array(ref.contiguous(), dtype=vec), parts, _warp.array(corners[:parts], dtype=vec)],
+                 like=ref, min_chunk=1, beside=beside)
+    boxes = torch.stack([torch.stack([corners[:parts, 0].amin(0), corners[:parts, 1].amax(0)]), corners[parts]])
+    return torch.where(boxes[:, :1] <= boxes[:, 1:], boxes, 0)  # no finite point: a box at 0
 
 
 def _finite_box(points: torch.Tensor) -> torch.Tensor:
@@ -213,23 +218,31 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
-def _sort(keys: torch.Tensor, total: int, starts: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(order, starts): the indices of ``keys`` (in 0 .. total) sorted by key, and ``starts[c]``
-    (c = 0 .. total) the first position of key c. On the CPU below ``_COUNTING_SORT`` keys a
-    counting sort (one thread, linear; 0.8 against 1.4 ms for torch.sort at 10^5 keys, but
-    13 against 11 ms at 10^6, where its scattered writes leave the caches); else torch.sort.
-    ``starts=False``: the order only (the queries' rows), ``starts`` None."""
-    first = torch.empty(total + 1, dtype=torch.int64, device=keys.device)  # also the counting sort's counts
-    if keys.device.type == "cpu" and keys.shape[0] < _COUNTING_SORT:
-        order = torch.empty_like(keys)
-        _warp.launch(_counting_sort_kernel(), 1, [keys, total, first, order], like=keys)
-        return order, first if starts else None
-    keys, order = torch.sort(keys)
-    if not starts:
-        return order, None
-    # a Warp kernel, not torch.searchsorted (see permute)
-    _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first], like=keys, min_chunk=_MIN_CHUNK)
-    return order, first
+def _sort(ref_keys: torch.Tensor, query_keys: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order, starts, rows): the indices of ``ref_keys`` (in 0 .. total) sorted by key,
+    ``starts[c]`` (c = 0 .. total) the first position of key c, and the indices of
+    ``query_keys`` sorted by key. On the CPU below ``_COUNTING_SORT`` keys a counting sort (one
+    thread, linear; 0.8 against 1.4 ms for torch.sort at 10^5 keys, but 13 against 11 ms at
+    10^6, where its scattered writes leave the caches), the queries' beside the reference
+    points' when both are; else torch.sort."""
+    kernel = _counting_sort_kernel()
+    counted = []  # the arguments of the counting sorts
+    results = []
+    for keys in (ref_keys, query_keys):
+        first = torch.empty(total + 1, dtype=torch.int64, device=keys.device)  # also the counting sort's counts
+        if keys.device.type == "cpu" and keys.shape[0] < _COUNTING_SORT:
+            order = torch.empty_like(keys)
+            counted.append([keys, total, first, order])
+        elif keys is ref_keys:
+            keys, order = torch.sort(keys)
+            # a Warp kernel, not torch.searchsorted (see permute)
+            _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first], like=keys, min_chunk=_MIN_CHUNK)
+        else:
+            order = torch.sort(keys)[1]
+        results.append((order, first))
+    if counted:
+        _warp.launch(kernel, 1, counted[0], like=ref_keys, beside=(kernel, counted[1]) if len(counted) > 1 else None)
+    return results[0][0], results[0][1], results[1][0]
 
 
 class CellList:
@@ -237,8 +250,8 @@ class CellList:
 
     ``order`` sorts the points by (sample, z, y, x) cell; ``starts[c] .. starts[c + 1]`` are the
     sorted points of cell c; ``rows`` orders the queries the same way (for memory locality).
-    ``frame`` (4,) on the device: the grid's low corner and 1 / cell width; ``dims``: cells a
-    side (``wp.vec3i``; ``shape`` the same as a Python list). Cells are ``CELL * radius`` wide,
+    ``frame`` (6,) on the device: the grid's low corner and 1 / the cell widths; ``dims``: cells
+    a side (``wp.vec3i``; ``shape`` the same as a Python list). Cells are ``CELL`` radii wide,
     wider when that would make more than ``CELLS_PER_POINT`` cells per point of a sample.
 
     The grid covers the box of the reference points that can be within ``radius`` of a query:
@@ -255,9 +268,9 @@ class CellList:
         dev, n, m = ref.device, ref.shape[0], query.shape[0]
         if n == 0 or m == 0:  # nothing to search: an empty list
             self._set(torch.empty(0, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
-                      torch.arange(m, device=dev), ref.new_zeros(4), [1, 1, 1])
+                      torch.arange(m, device=dev), ref.new_zeros(6), [1, 1, 1])
             return
-        boxes = torch.stack([_box(ref), _box(query)])  # (ref / query, low / high, 3)
+        boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
         samples = torch.zeros(1, dtype=torch.float64, device=dev)  # the largest sample id
         if ref_group is not None and ref_group.numel():
             samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
@@ -268,22 +281,22 @@ class CellList:
         high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
         groups = max(int(host[12]) + 1, 1)
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
-        width = CELL * radius
+        widths = [c * radius for c in CELL]
         volume = max(side[0] * side[1] * side[2], 1e-300)
-        width = max(width, (volume * groups / (CELLS_PER_POINT * max(n, 1))) ** (1.0 / 3.0))
-        dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
+        widen = (volume * groups / (CELLS_PER_POINT * max(n, 1) * widths[0] * widths[1] * widths[2])) ** (1.0 / 3.0)
+        widths = [w * max(widen, 1.0) for w in widths]
+        dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
         while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
-            width *= 1.25  # a flat or thin cloud: the volume bound above was too generous
-            dims = [max(1, min(int(x / width) + 1, 1 << 20)) for x in side]
-        if dev.type == "cpu":  # (low corner, 1 / width)
-            frame = torch.tensor([*low, 1.0 / width], dtype=ref.dtype)
-        else:  # on the device: a fill, not a blocking copy from the host
+            widths = [w * 1.25 for w in widths]  # a flat or thin cloud: the volume bound above was too generous
+            dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
+        if dev.type == "cpu":  # (low corner, 1 / widths)
+            frame = torch.tensor([*low, *(1.0 / w for w in widths)], dtype=ref.dtype)
+        else:  # on the device: fills, not a blocking copy from the host
             corner = torch.maximum(boxes[0, 0], boxes[1, 0] - reach)
-            frame = torch.cat([corner, torch.full((1,), 1.0 / width, dtype=ref.dtype, device=dev)])
+            frame = torch.cat([corner, *(torch.full((1,), 1.0 / w, dtype=ref.dtype, device=dev) for w in widths)])
         self._set(None, None, None, frame, dims)
         total = dims[0] * dims[1] * dims[2] * groups
-        self.order, self.starts = _sort(self._key(ref, ref_group, total), total)
-        self.rows = _sort(self._key(query, query_group, -1), total, starts=False)[0]
+        self.order, self.starts, self.rows = _sort(*self._keys(ref, ref_group, total, query, query_group), total)
 
     def _set(self, order, starts, rows, frame, dims: list) -> None:
         self.order, self.starts, self.rows, self.frame = order, starts, rows, frame
@@ -301,16 +314,19 @@ class CellList:
         """(order, starts, rows, frame, dims): ``dims`` (3,) int64 on the CPU, the rest on the device."""
         return self.order, self.starts, self.rows, self.frame, torch.tensor(self.shape, dtype=torch.int64)
 
-    def _key(self, points, group, dropped: int):
-        """Linear (sample, z, y, x) cell index of each point; points outside the grid get
-        ``dropped`` (the number of cells), or with -1 the nearest border cell."""
-        key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
-        if points.shape[0]:
-            groups = groups_of(group, points)
-            vec = _warp.array(points.contiguous(), dtype=_warp.vec3(points.dtype))
-            _warp.launch(_key_kernel(points.dtype), points.shape[0], [vec, groups, self.frame, self.dims, dropped, key], like=points,
-                         min_chunk=_MIN_CHUNK)
-        return key
+    def _keys(self, ref, ref_group, dropped: int, query, query_group) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linear (sample, z, y, x) cell index of each point of ``ref`` and of ``query`` (one
+        launch, the queries' beside); reference points outside the grid get ``dropped`` (the
+        number of cells), queries the nearest border cell."""
+        kernel, vec = _key_kernel(ref.dtype), _warp.vec3(ref.dtype)
+
+        def args(points, group, outside):
+            key = torch.empty(points.shape[0], dtype=torch.int64, device=points.device)
+            return key, [_warp.array(points.contiguous(), dtype=vec), groups_of(group, points), self.frame, self.dims, outside, key]
+
+        (ref_keys, ref_args), (query_keys, query_args) = args(ref, ref_group, dropped), args(query, query_group, -1)
+        _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]))
+        return ref_keys, query_keys
 
 
 @torch.library.custom_op("pcops::cell_list", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -318,7 +334,7 @@ def _cell_list(
     query: torch.Tensor, ref: torch.Tensor, radius: float, query_group: Optional[torch.Tensor], ref_group: Optional[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The cell list of ``ref`` for ``query`` as tensors: (order (N,), starts (T + 1,), rows (M,),
-    frame (4,), dims (3,) int64 on the CPU); see :class:`CellList`. One host read (on a GPU)."""
+    frame (6,), dims (3,) int64 on the CPU); see :class:`CellList`. One host read (on a GPU)."""
     _validate.positive_number("radius", radius)
     _validate.groups_paired(query_group, ref_group)
     return CellList(query, ref, radius, query_group, ref_group).tensors()
@@ -329,7 +345,7 @@ def _(query, ref, radius, query_group, ref_group):
     total = torch.library.get_ctx().new_dynamic_size(min=1)  # the grid's cells + 1: data-dependent
     long = dict(dtype=torch.int64, device=ref.device)
     return (ref.new_empty((ref.shape[0],), **long), ref.new_empty((total,), **long), ref.new_empty((query.shape[0],), **long),
-            ref.new_empty((4,)), ref.new_empty((3,), dtype=torch.int64, device="cpu"))
+            ref.new_empty((6,)), ref.new_empty((3,), dtype=torch.int64, device="cpu"))
 
 
 def cell_list(query, ref, radius: float, query_group, ref_group) -> tuple:

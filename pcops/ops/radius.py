@@ -7,9 +7,9 @@ For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - 
     out_i = sum_{j in N(i)} w_ij f_j / sum_{j in N(i)} w_ij       (0 when N(i) is empty)
 
 Neighbours are found in a cell list (``pcops.ops._cells``): the reference points sorted by
-(sample, z, y, x) cell of a dense grid with cells of width r / 2 (wider for sparse clouds, at
-most two cells per point), so each query scans 25 contiguous runs of sorted points; no neighbour list and no
-(M, N) matrix is ever built. Queries run in the same cell order, so neighbours are near in
+(sample, z, y, x) cell of a dense grid with cells r / 3 wide in x and r in y and z (wider for
+sparse clouds, at most two cells per point), so each query scans 9 contiguous runs of sorted
+points; no neighbour list and no (M, N) matrix is ever built. Queries run in the same cell order, so neighbours are near in
 memory at any size. The forward kernel keeps a running minimum m_i and rescales its
 accumulators when it drops (an online softmax), so one pass over the neighbours suffices and
 any sigma > 0 stays finite. The backward pass is a hand-written Warp kernel (Warp's automatic
@@ -50,8 +50,9 @@ def _vector(dtype: torch.dtype):
     return wp.types.vector(length=BLOCK, dtype=_warp.scalar(dtype))
 
 
-def _padded(columns: int) -> int:
-    return -(-columns // BLOCK) * BLOCK
+def _padded(columns):
+    """Columns rounded up to whole blocks (a Python or symbolic int)."""
+    return (columns + BLOCK - 1) // BLOCK * BLOCK
 
 
 def _blocks(x: torch.Tensor):
@@ -241,6 +242,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         nb = feats.shape[1]
         base = int(query_group[i]) * dims[2]
         g_out = g_outs[i]  # g_i . out_i
+        ones = vb(s(1.0))
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
         reach = radius * radius * s(1.0001)
@@ -255,12 +257,13 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
                         d = wp.sqrt(sq)
                         if d <= radius:
                             w = relative(key(d, sq), m, sig) * inv_w
-                            g_f = s(0.0)  # g_i . f_j
+                            g_fv = vb()  # g_i * f_j by component: one horizontal sum per neighbour, not one per block
                             for b in range(nb):
                                 g = grad_out[i, b]
-                                g_f = g_f + wp.dot(g, feats[j, b])
+                                g_fv = g_fv + wp.cw_mul(g, feats[j, b])
                                 if need_feats != 0:  # a plain add on the CPU (pcops._warp.launch's private copies)
                                     wp.atomic_add(grad_feats, j, b, w * g)
+                            g_f = wp.dot(g_fv, ones)  # g_i . f_j
                             a = w * (g_f - g_out)  # dL / d log w_ij
                             g_s = g_s + a * sigma_term(d, m)
                             g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
@@ -310,7 +313,10 @@ def _radius_aggregate(query, ref, features, sigma, radius, validate, query_group
     ``dmin`` holds each query's smallest weighting key (softmax: the nearest distance).
     """
     cells = _cells.cell_list(query.detach(), ref.detach(), radius, query_group, ref_group)
-    return torch.ops.pcops.radius_aggregate_cells(query, ref, features, sigma, radius, validate, query_group, ref_group, *cells, weights)
+    out, wsum, dmin, _, _ = torch.ops.pcops.radius_aggregate_cells(
+        query, ref, features, sigma, radius, validate, query_group, ref_group, *cells, weights
+    )
+    return out, wsum, dmin
 
 
 @torch.library.custom_op("pcops::radius_aggregate_cells", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -329,105 +335,107 @@ def _radius_aggregate_cells(
     frame: torch.Tensor,
     dims: torch.Tensor,
     weights: str = "softmax",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """pcops::radius_aggregate on the cell list (order, starts, rows, frame, dims) of pcops::cell_list."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pcops::radius_aggregate on the cell list (order, starts, rows, frame, dims) of
+    pcops::cell_list. Returns (out, wsum, dmin, points, feats): ``points`` (N, 3) the reference
+    points in the cell list's order and ``feats`` (N, F rounded up to blocks) their features,
+    zero-padded: the backward's inputs, saved instead of ``ref`` and ``features`` so that it
+    does not reorder them again."""
     _validate.positive_number("radius", radius)
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
-    m, f = query.shape[0], features.shape[1]
-    if m == 0 or ref.shape[0] == 0 or f == 0:
-        return query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,))
+    m, n, f = query.shape[0], ref.shape[0], features.shape[1]
+    width = _padded(f)
+    if m == 0 or n == 0 or f == 0:
+        return (query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,)), ref.new_zeros((n, 3)),
+                ref.new_zeros((n, width)))
     out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
     forward, _ = _kernels(query.dtype, weights)
     cells = _cells.CellList.of(order, starts, rows, frame, dims)
-    width = _padded(f)
     points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
     # the sums of the padded feature blocks: ``out`` itself when F is a whole number of blocks
     acc = out if width == f else query.new_empty((m, width))
     _launch(forward, cells, query, points, _blocks(feats), sigma, radius, query_group, [_blocks(acc), out, wsum, dmin])
-    return out, wsum, dmin
+    return out, wsum, dmin, points, feats
 
 
 @_radius_aggregate_cells.register_fake
 def _(query, ref, features, sigma, radius, validate, query_group, ref_group, order, starts, rows, frame, dims, weights="softmax"):
-    m = query.shape[0]
-    return query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,))
+    m, n = query.shape[0], ref.shape[0]
+    return (query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,)), ref.new_empty((n, 3)),
+            ref.new_empty((n, _padded(features.shape[1]))))
 
 
 @torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
-    ref: torch.Tensor,
-    features: torch.Tensor,
+    points: torch.Tensor,
+    feats: torch.Tensor,
     sigma: torch.Tensor,
     radius: float,
     query_group: Optional[torch.Tensor],
-    ref_group: Optional[torch.Tensor],
     out: torch.Tensor,
     wsum: torch.Tensor,
     dmin: torch.Tensor,
-    need_ref: bool = True,
-    need_features: bool = True,
-    weights: str = "softmax",
-    order: Optional[torch.Tensor] = None,
-    starts: Optional[torch.Tensor] = None,
-    rows: Optional[torch.Tensor] = None,
-    frame: Optional[torch.Tensor] = None,
-    dims: Optional[torch.Tensor] = None,
+    need_ref: bool,
+    need_features: bool,
+    weights: str,
+    order: torch.Tensor,
+    starts: torch.Tensor,
+    rows: torch.Tensor,
+    frame: torch.Tensor,
+    dims: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns the gradients of (query, ref, features, sigma); those of ref / features stay
-    zero unless ``need_ref`` / ``need_features`` (no scattering for inputs without gradient).
-    (order, starts, rows, frame, dims): the forward's cell list (pcops::cell_list); built
-    again when not given."""
+    """Returns the gradients of (query, ref, features, sigma), in the inputs' order; those of
+    ref / features stay zero unless ``need_ref`` / ``need_features`` (no scattering for inputs
+    without gradient). ``points``, ``feats``, ``out``, ``wsum``, ``dmin``: what
+    pcops::radius_aggregate_cells returned on the cell list (order, starts, rows, frame, dims)."""
     if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
         torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
-    m = query.shape[0]
+    m, n, f = query.shape[0], points.shape[0], out.shape[1]
     grad_query, grad_sigma = torch.zeros_like(query), query.new_zeros((m,))
-    if not (m and ref.shape[0] and features.shape[1]):
-        grad_ref, grad_feats = torch.zeros_like(ref), torch.zeros_like(features)
+    if not (m and n and f):
+        grad_ref, grad_feats = torch.zeros_like(points), points.new_zeros((n, f))
     else:
         _, backward = _kernels(query.dtype, weights)
-        if order is None or starts is None or rows is None or frame is None or dims is None:
-            cells = _cells.CellList(query, ref, radius, query_group, ref_group)
-        else:
-            cells = _cells.CellList.of(order, starts, rows, frame, dims)
-        f, width = features.shape[1], _padded(features.shape[1])
-        points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
+        cells = _cells.CellList.of(order, starts, rows, frame, dims)
+        width = feats.shape[1]
         grad_out = grad_out.contiguous()
         if width != f:  # rows padded to whole blocks
             grad_out = torch.nn.functional.pad(grad_out, (0, width - f))
         # gradients of the sorted points, scattered into (tail 8 and 9)
-        sorted_ref, sorted_feats = torch.zeros_like(points), torch.zeros_like(feats)
+        sorted_ref = torch.zeros_like(points) if need_ref else points.new_zeros((0, 3))
+        sorted_feats = torch.zeros_like(feats) if need_features else feats.new_zeros((0, width))
         g_out = torch.linalg.vecdot(grad_out[:, :f], out)  # g_i . out_i (padding columns are 0 in grad_out)
         tail = [_blocks(grad_out), int(need_ref), int(need_features), g_out.contiguous(), wsum, dmin,
-                grad_query, grad_sigma, sorted_ref, _warp.Typed(sorted_feats.view(-1, width // BLOCK, BLOCK), _vector(feats.dtype))]
+                grad_query, grad_sigma, sorted_ref, _warp.Typed(sorted_feats.view(sorted_feats.shape[0], width // BLOCK, BLOCK), _vector(feats.dtype))]
         scatter = (8,) * need_ref + (9,) * need_features
         _launch(backward, cells, query, points, _blocks(feats), sigma, radius, query_group, tail, scatter)
-        grad_ref = _cells.permute(sorted_ref, cells.order, True) if need_ref else torch.zeros_like(ref)
-        grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f) if need_features else torch.zeros_like(features)
+        grad_ref = _cells.permute(sorted_ref, cells.order, True) if need_ref else torch.zeros_like(points)
+        grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f) if need_features else points.new_zeros((n, f))
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, ref, features, sigma, radius, query_group, ref_group, out, wsum, dmin, need_ref=True, need_features=True,
-      weights="softmax", order=None, starts=None, rows=None, frame=None, dims=None):
-    return torch.empty_like(query), torch.empty_like(ref), torch.empty_like(features), torch.empty_like(sigma)
+def _(grad_out, query, points, feats, sigma, radius, query_group, out, wsum, dmin, need_ref, need_features, weights, order, starts,
+      rows, frame, dims):
+    return torch.empty_like(query), torch.empty_like(points), points.new_empty((points.shape[0], out.shape[1])), torch.empty_like(sigma)
 
 
 def _setup_context(ctx, inputs, output):
-    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group, order, starts, rows, frame, dims, weights = inputs
-    out, wsum, dmin = output
+    query, _ref, _features, sigma, radius, _validate_flag, query_group, _ref_group, order, starts, rows, frame, dims, weights = inputs
+    out, wsum, dmin, points, feats = output
     ctx.radius, ctx.weights = radius, weights
-    ctx.mark_non_differentiable(wsum, dmin)
-    ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, order, starts, rows, frame, dims)
+    ctx.mark_non_differentiable(wsum, dmin, points, feats)
+    ctx.save_for_backward(query, points, feats, sigma, query_group, out, wsum, dmin, order, starts, rows, frame, dims)
 
 
-def _backward(ctx, grad_out, _grad_wsum, _grad_dmin):
-    query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, *cells = ctx.saved_tensors
+def _backward(ctx, grad_out, _grad_wsum, _grad_dmin, _grad_points, _grad_feats):
+    query, points, feats, sigma, query_group, out, wsum, dmin, *cells = ctx.saved_tensors
     need = ctx.needs_input_grad
     grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
+        grad_out, query, points, feats, sigma, ctx.radius, query_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
     )
     return *(g if n else None for g, n in zip(grads, need)), *(None,) * 10
 

@@ -145,10 +145,13 @@ def test_opcheck(gen, dtype):
     q, p, f = (t.to(dtype).requires_grad_() for t in (q, p, f))
     sigma = torch.tensor(0.2, dtype=dtype, requires_grad=True)
     torch.library.opcheck(torch.ops.pcops.radius_aggregate.default, (q, p, f, sigma, r, True, None, None))
-    out, wsum, dmin = torch.ops.pcops.radius_aggregate(q, p, f, sigma, r, True, None, None)
+    cells = torch.ops.pcops.cell_list(q.detach(), p.detach(), r, None, None)
+    torch.library.opcheck(torch.ops.pcops.radius_aggregate_cells.default, (q, p, f, sigma, r, True, None, None, *cells))
+    out, wsum, dmin, points, feats = torch.ops.pcops.radius_aggregate_cells(q, p, f, sigma, r, True, None, None, *cells)
     grad = torch.randn_like(out)
-    args = (grad, q.detach(), p.detach(), f.detach(), sigma.detach(), r, None, None, out.detach(), wsum, dmin)
-    torch.library.opcheck(torch.ops.pcops.radius_aggregate_backward.default, args)
+    for need_ref, need_features in ((True, True), (False, True), (True, False)):
+        args = (grad, q.detach(), points, feats, sigma.detach(), r, None, out.detach(), wsum, dmin, need_ref, need_features, "softmax", *cells)
+        torch.library.opcheck(torch.ops.pcops.radius_aggregate_backward.default, args)
 
 
 def test_multithreaded_cpu_path_equals_single_thread(gen):
@@ -368,22 +371,27 @@ def test_queries_over_part_of_a_large_cloud_match_the_dense_reference_with_gradi
     assert far.sum() > 2000 and (ours[1][far] == 0).all() and (ours[2][far] == 0).all()
 
 
-@pytest.mark.parametrize("counting", [True, False])
-def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatch, counting):
-    """The CPU cell list's sort (a counting sort below a size, torch.sort above it): the keys in
-    order (the counting sort: the order of a stable sort), and the first position of every cell
-    (empty cells and the dropped points, key == total, included)."""
+@pytest.mark.parametrize("limit", ["counting", "torch", "mixed"])
+def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatch, limit):
+    """The CPU cell list's sort of the reference points and the queries (a counting sort below a
+    size, the two in one launch; torch.sort above it): the keys in order (the counting sort: the
+    order of a stable sort), and the first position of every cell of the reference points
+    (empty cells and the dropped points, key == total, included). "mixed": the reference points
+    counted and the more numerous queries sorted by torch.sort, or the other way round."""
     from pcops.ops import _cells
 
-    monkeypatch.setattr(_cells, "_COUNTING_SORT", 1 << 62 if counting else 0)
-    for n, total in ((0, 5), (1, 1), (1000, 7), (5000, 4000), (300, 100_000)):
+    monkeypatch.setattr(_cells, "_COUNTING_SORT", {"counting": 1 << 62, "torch": 0, "mixed": 600}[limit])
+    for n, m, total in ((0, 3, 5), (1, 1, 1), (1000, 10, 7), (5000, 200, 4000), (300, 700, 100_000)):
         keys = torch.randint(0, total + 1, (n,), generator=gen, dtype=torch.int64)
-        order, starts = _cells._sort(keys, total)
-        expected = torch.sort(keys, stable=True)
-        assert torch.equal(keys[order], expected.values)
-        if counting:
-            assert torch.equal(order, expected.indices)
-        assert torch.equal(starts, torch.searchsorted(expected.values, torch.arange(total + 1)))
+        query_keys = torch.randint(0, total, (m,), generator=gen, dtype=torch.int64)
+        order, starts, rows = _cells._sort(keys, query_keys, total)
+        for k, o, counted in ((keys, order, n < _cells._COUNTING_SORT), (query_keys, rows, m < _cells._COUNTING_SORT)):
+            expected = torch.sort(k, stable=True)
+            assert torch.equal(k[o], expected.values)
+            if counted:
+                assert torch.equal(o, expected.indices)
+        expected = torch.sort(keys).values
+        assert torch.equal(starts, torch.searchsorted(expected, torch.arange(total + 1)))
 
 
 def test_non_finite_points_without_validation_terminate_and_are_never_neighbours(gen):
