@@ -15,8 +15,10 @@ them.
 from typing import Optional
 
 import torch
+import warp as wp
 
-from .. import _batch, _validate
+from .. import _batch, _validate, _warp, _warp_funcs
+from . import _cells
 from .ball_query import _ball_query
 from .nearest import _found
 
@@ -35,28 +37,6 @@ def _without_self(idx: torch.Tensor, cap: int, centres: Optional[torch.Tensor] =
     return keep & (torch.cumsum(keep, 1) <= cap)
 
 
-def _merged_edges(tables: list, n: int) -> torch.Tensor:
-    """Edges of several (idx (R, K), keep (R, K), centres (R,)) tables, each centre's kept entries
-    in one table only, grouped by centre in ascending order, each row's entries in table order."""
-    kept = torch.zeros(n, dtype=torch.int64, device=tables[0][0].device)
-    for _, keep, centres in tables:
-        kept.index_add_(0, centres, keep.sum(1))
-    offsets = torch.cumsum(kept, 0) - kept
-    out = torch.empty((2, int(kept.sum())), dtype=torch.int64, device=kept.device)
-    for idx, keep, centres in tables:
-        rank = torch.cumsum(keep, 1) - 1
-        row, col = keep.nonzero(as_tuple=True)
-        at = offsets[centres[row]] + rank[row, col]
-        out[0, at] = idx[row, col]
-        out[1, at] = centres[row]
-    return out
-
-
-# radius_graph without a cap first keeps this many neighbours per point, then searches again
-# (with room for the largest count) only for the points that have more.
-FIRST_COLUMNS = 32
-
-
 @torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _edges_op(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """A neighbour table (M, K) int64 and a keep mask (M, K) -> edge_index (2, E)."""
@@ -69,27 +49,106 @@ def _(idx, keep):
     return idx.new_empty((2, e))
 
 
+@_warp.kernels
+def _within_kernel(dtype: torch.dtype):
+    """One thread per point (in cell order): the points of its sample within the radius of it
+    (itself only with ``loop``). ``fill == 0``: their number, into ``counts``; else the edges
+    (neighbour, centre) into ``edges[:, offsets[i]:offsets[i] + counts[i]]``, by distance, ties
+    by the smaller index (each found neighbour inserted into the point's own sorted run)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    box = _warp_funcs.cell_range(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def within(
+        start: int,
+        rows: wp.array(dtype=wp.int64),
+        starts: wp.array(dtype=wp.int64),
+        frame: wp.array(dtype=s),
+        dims: wp.vec3i,
+        points: wp.array(dtype=v),
+        group: wp.array(dtype=wp.int32),
+        sorted_points: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int64),
+        radius: s,
+        loop: int,
+        fill: int,
+        offsets: wp.array(dtype=wp.int64),
+        counts: wp.array(dtype=wp.int64),
+        dists: wp.array(dtype=s),
+        edges: wp.array2d(dtype=wp.int64),
+    ):
+        i = int(rows[wp.tid() + start])
+        q = points[i]
+        n = int(0)
+        first = int(0)
+        room = int(0)
+        if fill != 0:
+            first = int(offsets[i])
+            room = int(counts[i])
+        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
+            base = int(group[i]) * dims[2]
+            lo, hi = box(q, radius, frame, dims)
+            for z in range(lo[2], hi[2] + 1):
+                for y in range(lo[1], hi[1] + 1):
+                    row = ((base + z) * dims[1] + y) * dims[0]
+                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
+                        d = wp.length(q - sorted_points[j])
+                        if d <= radius:
+                            o = order[j]
+                            if loop != 0 or o != wp.int64(i):
+                                if fill != 0 and n < room:
+                                    pos = first + n  # shift the run's entries after (d, o) up by one
+                                    while pos > first:
+                                        if dists[pos - 1] < d or (dists[pos - 1] == d and edges[0, pos - 1] < o):
+                                            break
+                                        dists[pos] = dists[pos - 1]
+                                        edges[0, pos] = edges[0, pos - 1]
+                                        pos = pos - 1
+                                    dists[pos] = d
+                                    edges[0, pos] = o
+                                    edges[1, first + n] = wp.int64(i)
+                                n = n + 1
+        if fill == 0:
+            counts[i] = wp.int64(n)
+
+    return within
+
+
+def _all_within(points: torch.Tensor, radius: float, loop: bool, group: Optional[torch.Tensor]) -> torch.Tensor:
+    """edge_index (2, E) of every pair within ``radius``: one cell list, a pass that counts each
+    point's neighbours and one that writes them in place (one host read: E)."""
+    n = points.shape[0]
+    _warp.init()
+    cells = _cells.CellList(points, points, radius, group, group)
+    vec = _warp.vec3(points.dtype)
+    long = dict(dtype=torch.int64, device=points.device)
+    counts = torch.empty(n, **long)
+    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(points.contiguous(), dtype=vec), _cells.groups_of(group, points),
+            _warp.array(_cells.permute(points, cells.order), dtype=vec), cells.order, radius, int(loop)]
+    kernel = _within_kernel(points.dtype)
+    _warp.launch(kernel, n, [*args, 0, counts, counts, points.new_empty(0), torch.empty((2, 0), **long)], like=points)
+    ends = torch.cumsum(counts, 0)
+    edges = torch.empty((2, int(ends[-1])), **long)
+    _warp.launch(kernel, n, [*args, 1, ends - counts, counts, points.new_empty(edges.shape[1]), edges], like=points)
+    return edges
+
+
 @torch.library.custom_op("pcops::radius_graph", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_graph(
     points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """points (N, 3), group (N,) int32 or None; max_neighbors 0 means all -> edge_index (2, E)."""
+    if not max_neighbors:
+        _validate.positive_number("radius", radius)
+        if validate:
+            _validate.finite(points=points)
+        if not points.shape[0]:
+            return torch.empty((2, 0), dtype=torch.int64, device=points.device)
+        return _all_within(points, radius, loop, group)
     extra = 0 if loop else 1  # the centre itself is in its own ball
-    n = points.shape[0]
-    k = max_neighbors + extra if max_neighbors else FIRST_COLUMNS
-    cap = k - extra if max_neighbors else n
-    idx, counts = _ball_query(points, points, radius, k, validate, group, group)
-    rows = torch.arange(n, device=points.device)
-    tables = []
-    if not max_neighbors and n:
-        over = rows[counts > k]  # points with more neighbours than columns: search them again
-        if over.numel():
-            wide, _ = _ball_query(points[over], points, radius, int(counts[over].max()), False,
-                                  None if group is None else group[over], group)
-            tables.append((wide, (wide >= 0) if loop else _without_self(wide, cap, over), over))
-            idx[over] = -1  # their first, truncated rows give no edges
-    tables.append((idx, (idx >= 0) if loop else _without_self(idx, cap), rows))
-    return _merged_edges(tables, n)
+    idx, _ = _ball_query(points, points, radius, max_neighbors + extra, validate, group, group)
+    return _edges(idx, (idx >= 0) if loop else _without_self(idx, max_neighbors))
 
 
 @_radius_graph.register_fake

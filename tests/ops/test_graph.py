@@ -162,12 +162,15 @@ def test_radius_graph_keeps_every_neighbour_without_a_cap(gen):
 
 
 @pytest.mark.parametrize("loop", [False, True])
-def test_points_with_more_neighbours_than_the_first_columns_are_searched_again(gen, loop, monkeypatch):
-    monkeypatch.setattr(graph, "FIRST_COLUMNS", 3)  # most points have more: the second search fills them in
+def test_radius_graph_without_a_cap_sorts_long_runs_of_neighbours(gen, loop):
+    """Dozens of neighbours a point, duplicates (ties at equal distances) and three samples: the
+    count pass and the fill pass agree, and each centre's run is sorted by distance, then index."""
     p = torch.rand(200, 3, generator=gen, dtype=F64)
-    batch = torch.randint(0, 3, (200,), generator=gen)
-    edges = pcops.radius_graph(p, 0.3, batch=batch, loop=loop)
-    assert torch.equal(edges, reference.graph(p, batch, loop=loop, radius=0.3))
+    p = torch.cat([p, p[:50]])
+    batch = torch.randint(0, 3, (250,), generator=gen)
+    edges = pcops.radius_graph(p, 0.5, batch=batch, loop=loop)
+    assert torch.bincount(edges[1]).float().mean() > 20
+    assert torch.equal(edges, reference.graph(p, batch, loop=loop, radius=0.5))
 
 
 def test_duplicates_are_neighbours_but_never_self(gen):
