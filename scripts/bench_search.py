@@ -18,8 +18,9 @@ to read (> 1: pcops is faster).
 * batched kNN: 16 clouds of 10,000 points as one padded batch against a per-sample loop.
 * knn_aggregate's train step (forward + backward to F = 25 features, k = 7, sigma = 0.1) on the
   tutorial's cloud against pykdtree's search + the same weighting and gather in torch.
-* radius aggregation (the tutorial's 25,000 points, 30^3 grid queries, r = 0.1, sigma = 0.1,
-  F = 25): forward, and forward + backward (gradients for the queries and the features),
+* radius aggregation (the tutorial's 25,000 points, then 10^5 and 10^6 in the same box; 30^3
+  grid queries, r = 0.1, sigma = 0.1, F = 25): forward, and forward + backward (gradients for
+  the queries and the features),
   against a multi-threaded float32 numba cell list written here as the reference (counting
   sort, online softmax, per-thread gradient buffers; search included).
 
@@ -475,7 +476,10 @@ def run(quick: bool, repeats: int = 7, budget_s: float = 20.0, cpu_time: bool = 
     rows += run_knn_self([2_000] if quick else [10_000, 100_000], shapes, [16] if quick else [16, 32], repeats, budget_s)
     rows += run_batched_knn(4 if quick else 16, 1_000 if quick else 10_000, repeats, budget_s)
     rows += run_knn_aggregate(2_000 if quick else 100_000, grid, 25, repeats, budget_s)
-    radius_rows, radius_notes = run_radius(2_000 if quick else 25_000, grid, 25, repeats, budget_s)
+    radius_rows, radius_notes = [], []
+    for n_ref in [2_000] if quick else [25_000, 100_000, 1_000_000]:  # the tutorial's size, then denser clouds
+        more_rows, radius_notes = run_radius(n_ref, grid, 25, repeats, budget_s)
+        radius_rows += more_rows
     print(table(rows + radius_rows))
     for note in notes + radius_notes:
         print("note:", note)
