@@ -402,10 +402,11 @@ def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: flo
         fg, qg = f.clone().requires_grad_(), q.clone().requires_grad_()
         qn, pn, fn_ = q.numpy(), p.numpy(), f.numpy()
         ones = np.ones((q.shape[0], features), np.float32)
+        ones_t = torch.from_numpy(ones)
 
-        def train():
+        def train():  # fresh gradients, as the cell list returns them (and as after zero_grad(set_to_none=True))
             out = pcops.radius_aggregate(qg, p, fg, radius, sigma, validate=False)
-            out.backward(torch.ones_like(out))
+            return torch.autograd.grad(out, (qg, fg), ones_t)
 
         fns = {"pcops_forward": lambda: pcops.radius_aggregate(q, p, f, radius, sigma, validate=False), "pcops_train": train}
         if forward is not None:
