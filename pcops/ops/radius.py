@@ -9,8 +9,8 @@ For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - 
 Neighbours are found in a cell list (``pcops.ops._cells``): the reference points sorted by
 (sample, z, y, x) cell of a dense grid with cells r / 3 wide in x and r in y and z (wider for
 sparse clouds, at most two cells per point), so each query scans 9 contiguous runs of sorted
-points; no neighbour list and no (M, N) matrix is ever built. Queries run in the same cell order, so neighbours are near in
-memory at any size. The forward kernel keeps a running minimum m_i and rescales its
+points; no neighbour list and no (M, N) matrix is ever built. Queries run in the same cell
+order, so neighbours are near in memory at any size. The forward kernel keeps a running minimum m_i and rescales its
 accumulators when it drops (an online softmax), so one pass over the neighbours suffices and
 any sigma > 0 stays finite. The backward pass is a hand-written Warp kernel (Warp's automatic
 adjoint of a kernel that normalises after a dynamic neighbour loop is wrong: see
