@@ -470,8 +470,11 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
-    if beside is not None and (len(beside) < 3 or beside[2] > 0):
-        jobs.append((beside[0], [0, beside[2] if len(beside) > 2 else 1], [[_convert(a) for a in beside[1]]]))
+    if beside is not None:
+        side_kernel, side_args, *rest = beside
+        threads = rest[0] if rest else 1
+        if threads > 0:
+            jobs.append((side_kernel, [0, threads], [[_convert(a) for a in side_args]]))
     todo = []
     for job in jobs:
         first = _first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))

@@ -230,6 +230,7 @@ _FORK = """
     q, p, f = torch.rand(4096, 3, generator=gen), torch.rand(3000, 3, generator=gen), torch.rand(3000, 2, generator=gen)
     for _ in range(2):  # >= 2048 queries on 2 threads, after the first (build) launch: the threads exist now
         expected = pcops.radius_aggregate(q, p, f, 0.05, 0.1)
+    edges = pcops.radius_graph(p, 0.05)  # the cell list's two-pass kernel, no cap
     assert bool(pcops._warp._pool_state) == (threads == "pool")
     time.sleep(0.5)  # the threads are idle when the workers fork (as between epochs)
 
@@ -243,7 +244,7 @@ _FORK = """
             # Nor does the parent's OpenMP team: the child's chunks go to the pool.
             assert pcops._warp._openmp() is None
             torch.set_num_threads(2)  # pcops' chunks on two threads (its torch ops here are too small to go parallel)
-            return pcops.radius_aggregate(q, p, f, 0.05, 0.1)
+            return pcops.radius_aggregate(q, p, f, 0.05, 0.1), pcops.radius_graph(p, 0.05)
 
     # Workers keep torch's one thread in a forked child: torch's own OpenMP parallel regions are
     # not fork-safe (a plain torch op with 2 threads hangs there too, pcops or not).
@@ -251,7 +252,8 @@ _FORK = """
         Data(), batch_size=1, num_workers=2, multiprocessing_context=mp.get_context("fork"),
     )
     for batch in loader:
-        torch.testing.assert_close(batch[0], expected, rtol=0, atol=0)
+        torch.testing.assert_close(batch[0][0], expected, rtol=0, atol=0)
+        assert torch.equal(batch[1][0], edges)
     print("ok")
 """
 

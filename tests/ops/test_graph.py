@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import graph
 from tests import reference
 from tests.op_suite import F64, TOL, OpSuite, pack
 
