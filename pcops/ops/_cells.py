@@ -6,18 +6,21 @@ and the queries (``rows``) by cell; ``starts[c] .. starts[c + 1]`` are the sorte
 cell c. Cells are ``CELL`` radii wide (x, y, z: thin in x, a radius in y and z), all wider in
 proportion when that would make more than ``CELLS_PER_POINT`` cells per point of a sample. The
 kernels find the cells around a query with ``pcops._warp_funcs.cell_range``: a run of
-consecutive cells in x for each (y, z) cell; ``permute`` reorders rows. The custom op
-``pcops::cell_list`` returns a cell list as tensors (:meth:`CellList.tensors`), so that an
-op's backward reads the forward's (:meth:`CellList.of`) instead of building another.
+consecutive cells in x for each (y, z) cell; ``permute`` reorders rows.
+
+An op whose backward scans the forward's cell list returns it as tensors whose sizes follow
+from the inputs' shapes (:meth:`CellList.tensors`: no ``starts``, whose size is the grid's and
+so data-dependent) and rebuilds ``starts`` from them in the backward (:meth:`CellList.of`, one
+pass over the sorted keys). No op returns a data-dependent size: ``torch.compile`` without
+``fullgraph`` would break the graph there.
 """
 
-import contextlib
 from typing import Optional
 
 import torch
 import warp as wp
 
-from .. import _validate, _warp, _warp_funcs
+from .. import _warp, _warp_funcs
 
 # Cell widths of the cell list (x, y, z), in radii. A query scans the cells that meet the cube
 # [q - r, q + r]: a run of contiguous points for each of the 3 x 3 (y, z) cells, 2.33 r long in
@@ -269,8 +272,7 @@ class CellList:
     def __init__(self, query, ref, radius: float, query_group, ref_group):
         dev, n, m = ref.device, ref.shape[0], query.shape[0]
         if n == 0 or m == 0:  # nothing to search: an empty list
-            self._set(torch.empty(0, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
-                      torch.arange(m, device=dev), ref.new_zeros(6), [1, 1, 1])
+            self._empty(m, ref)
             return
         boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
         samples = torch.zeros(1, dtype=torch.float64, device=dev)  # the largest sample id
@@ -296,25 +298,53 @@ class CellList:
         else:  # on the device: fills, not a blocking copy from the host
             corner = torch.maximum(boxes[0, 0], boxes[1, 0] - reach)
             frame = torch.cat([corner, *(torch.full((1,), 1.0 / w, dtype=ref.dtype, device=dev) for w in widths)])
-        self._set(None, None, None, frame, dims)
-        total = dims[0] * dims[1] * dims[2] * groups
-        self.order, self.starts, self.rows = _sort(*self._keys(ref, ref_group, total, query, query_group), total)
+        self._set(None, None, None, frame, dims, groups)
+        self.keys, query_keys = self._keys(ref, ref_group, self.total, query, query_group)
+        self.order, self.starts, self.rows = _sort(self.keys, query_keys, self.total)
 
-    def _set(self, order, starts, rows, frame, dims: list) -> None:
+    @classmethod
+    def empty(cls, m: int, ref: torch.Tensor) -> "CellList":
+        """A list of one cell holding the reference points, for ``m`` queries (never scanned)."""
+        cells = cls.__new__(cls)
+        cells._empty(m, ref)
+        return cells
+
+    def _empty(self, m: int, ref: torch.Tensor) -> None:
+        n, dev = ref.shape[0], ref.device
+        self._set(torch.arange(n, device=dev), torch.zeros(2, dtype=torch.int64, device=dev), torch.arange(m, device=dev),
+                  ref.new_zeros(6), [1, 1, 1], 1)
+        self.keys = torch.zeros(n, dtype=torch.int64, device=dev)
+
+    def _set(self, order, starts, rows, frame, dims: list, groups: int) -> None:
         self.order, self.starts, self.rows, self.frame = order, starts, rows, frame
         self.shape = [int(d) for d in dims]
         self.dims = wp.vec3i(*self.shape)
+        self.groups = int(groups)
+        self.total = self.shape[0] * self.shape[1] * self.shape[2] * self.groups  # cells of all samples
+        self.keys = None
 
     @classmethod
-    def of(cls, order, starts, rows, frame, dims: torch.Tensor) -> "CellList":
-        """The cell list of :meth:`tensors` (``dims`` a CPU tensor: no host read)."""
+    def of(cls, order, keys, rows, frame, shape: torch.Tensor) -> "CellList":
+        """The cell list of :meth:`tensors` (``shape`` a CPU tensor: no host read), its ``starts``
+        made again from the reference points' keys in sorted order (one pass, linear)."""
         cells = cls.__new__(cls)
-        cells._set(order, starts, rows, frame, dims.tolist())
+        dims, groups = shape[:3].tolist(), int(shape[3])
+        cells._set(order, None, rows, frame, dims, groups)
+        cells.keys = keys
+        cells.starts = torch.empty(cells.total + 1, dtype=torch.int64, device=keys.device)
+        if keys.numel():
+            ordered = keys.index_select(0, order)
+            _warp.launch(_starts_kernel(), ordered.shape[0] + 1, [ordered, cells.total, cells.starts], like=keys, min_chunk=_MIN_CHUNK)
+        else:
+            cells.starts.zero_()
         return cells
 
     def tensors(self) -> tuple:
-        """(order, starts, rows, frame, dims): ``dims`` (3,) int64 on the CPU, the rest on the device."""
-        return self.order, self.starts, self.rows, self.frame, torch.tensor(self.shape, dtype=torch.int64)
+        """(order (N,), keys (N,), rows (M,), frame (6,), shape (4,)): the sorted order and the
+        cell key of each reference point, the queries' order and the grid's frame on the
+        device; ``shape`` (cells in x, y, z and samples) int64 on the CPU. Every size follows
+        from the inputs' shapes (see the module's docstring)."""
+        return self.order, self.keys, self.rows, self.frame, torch.tensor([*self.shape, self.groups], dtype=torch.int64)
 
     def _keys(self, ref, ref_group, dropped: int, query, query_group) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear (sample, z, y, x) cell index of each point of ``ref`` and of ``query`` (one
@@ -329,46 +359,6 @@ class CellList:
         (ref_keys, ref_args), (query_keys, query_args) = args(ref, ref_group, dropped), args(query, query_group, -1)
         _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]))
         return ref_keys, query_keys
-
-
-@torch.library.custom_op("pcops::cell_list", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _cell_list(
-    query: torch.Tensor, ref: torch.Tensor, radius: float, query_group: Optional[torch.Tensor], ref_group: Optional[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The cell list of ``ref`` for ``query`` as tensors: (order (N,), starts (T + 1,), rows (M,),
-    frame (6,), dims (3,) int64 on the CPU); see :class:`CellList`. One host read (on a GPU)."""
-    _validate.positive_number("radius", radius)
-    _validate.groups_paired(query_group, ref_group)
-    return CellList(query, ref, radius, query_group, ref_group).tensors()
-
-
-@_cell_list.register_fake
-def _(query, ref, radius, query_group, ref_group):
-    total = torch.library.get_ctx().new_dynamic_size(min=1)  # the grid's cells + 1: data-dependent
-    long = dict(dtype=torch.int64, device=ref.device)
-    return (ref.new_empty((ref.shape[0],), **long), ref.new_empty((total,), **long), ref.new_empty((query.shape[0],), **long),
-            ref.new_empty((6,)), ref.new_empty((3,), dtype=torch.int64, device="cpu"))
-
-
-def cell_list(query, ref, radius: float, query_group, ref_group) -> tuple:
-    """``pcops::cell_list`` inside the composite op of an op that reuses it in its backward.
-
-    The size of ``starts`` is data-dependent (a fresh unbacked size under ``torch.compile``).
-    When Dynamo runs a composite op on fake tensors as one node, that size is in none of the
-    op's outputs, which Dynamo rejects ("pending unbacked symbols not in returned outputs"):
-    there it is discarded (the composite's outputs do not depend on it). Under AOTAutograd's
-    tracing (a proxy mode is active) the two ops are nodes of their own and the size is bound
-    to this op's output as usual.
-    """
-    if type(query) is torch.Tensor and type(ref) is torch.Tensor:  # real tensors: no tracing (the fast path)
-        return torch.ops.pcops.cell_list(query, ref, radius, query_group, ref_group)
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
-    fake = detect_fake_mode((query, ref))
-    discard = fake is not None and fake.shape_env is not None and get_proxy_mode() is None
-    with fake.shape_env.ignore_fresh_unbacked_symbols() if discard else contextlib.nullcontext():
-        return torch.ops.pcops.cell_list(query, ref, radius, query_group, ref_group)
 
 
 def groups_of(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -295,32 +295,8 @@ def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius,
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-# pcops::radius_aggregate is a composite of two ops: pcops::cell_list (the cell list as tensors:
-# one host read on a GPU) and pcops::radius_aggregate_cells (the forward on that cell list,
-# whose autograd saves it for the backward: one cell list per forward and backward).
-torch.library.define(
-    "pcops::radius_aggregate",
-    "(Tensor query, Tensor ref, Tensor features, Tensor sigma, float radius, bool validate, Tensor? query_group, "
-    "Tensor? ref_group, str weights=\"softmax\") -> (Tensor, Tensor, Tensor)",
-    tags=(torch.Tag.cudagraph_unsafe,),
-)
-
-
-@torch.library.impl("pcops::radius_aggregate", "CompositeImplicitAutograd")
-def _radius_aggregate(query, ref, features, sigma, radius, validate, query_group, ref_group, weights="softmax"):
-    """Returns (out (M, F), wsum (M,), dmin (M,)); the last two are saved for the backward.
-
-    ``dmin`` holds each query's smallest weighting key (softmax: the nearest distance).
-    """
-    cells = _cells.cell_list(query.detach(), ref.detach(), radius, query_group, ref_group)
-    out, wsum, dmin, _, _ = torch.ops.pcops.radius_aggregate_cells(
-        query, ref, features, sigma, radius, validate, query_group, ref_group, *cells, weights
-    )
-    return out, wsum, dmin
-
-
-@torch.library.custom_op("pcops::radius_aggregate_cells", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _radius_aggregate_cells(
+@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
     features: torch.Tensor,
@@ -329,18 +305,17 @@ def _radius_aggregate_cells(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
-    order: torch.Tensor,
-    starts: torch.Tensor,
-    rows: torch.Tensor,
-    frame: torch.Tensor,
-    dims: torch.Tensor,
     weights: str = "softmax",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """pcops::radius_aggregate on the cell list (order, starts, rows, frame, dims) of
-    pcops::cell_list. Returns (out, wsum, dmin, points, feats): ``points`` (N, 3) the reference
-    points in the cell list's order and ``feats`` (N, F rounded up to blocks) their features,
-    zero-padded: the backward's inputs, saved instead of ``ref`` and ``features`` so that it
-    does not reorder them again."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor]:
+    """Returns (out (M, F), wsum (M,), dmin (M,), points (N, 3), feats (N, F rounded up to
+    blocks), *cells): ``wsum`` and ``dmin`` each query's sum of weights and smallest weighting
+    key (softmax: the nearest distance); ``points`` and ``feats`` the reference points and
+    their zero-padded features in the cell list's order, and ``cells`` the cell list
+    (:meth:`pcops.ops._cells.CellList.tensors`): the backward's inputs, saved so that it
+    neither sorts nor reorders again. Every size follows from the inputs' shapes: the op
+    compiles without a graph break under default ``torch.compile``. One host read (the grid's
+    size; on a GPU a synchronisation)."""
     _validate.positive_number("radius", radius)
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref, features=features, sigma=sigma)
@@ -348,22 +323,24 @@ def _radius_aggregate_cells(
     width = _padded(f)
     if m == 0 or n == 0 or f == 0:
         return (query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,)), ref.new_zeros((n, 3)),
-                ref.new_zeros((n, width)))
+                ref.new_zeros((n, width)), *_cells.CellList.empty(m, ref).tensors())
+    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
     out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
     forward, _ = _kernels(query.dtype, weights)
-    cells = _cells.CellList.of(order, starts, rows, frame, dims)
     points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
     # the sums of the padded feature blocks: ``out`` itself when F is a whole number of blocks
     acc = out if width == f else query.new_empty((m, width))
     _launch(forward, cells, query, points, _blocks(feats), sigma, radius, query_group, [_blocks(acc), out, wsum, dmin])
-    return out, wsum, dmin, points, feats
+    return out, wsum, dmin, points, feats, *cells.tensors()
 
 
-@_radius_aggregate_cells.register_fake
-def _(query, ref, features, sigma, radius, validate, query_group, ref_group, order, starts, rows, frame, dims, weights="softmax"):
+@_radius_aggregate.register_fake
+def _(query, ref, features, sigma, radius, validate, query_group, ref_group, weights="softmax"):
     m, n = query.shape[0], ref.shape[0]
+    long = dict(dtype=torch.int64)
     return (query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,)), ref.new_empty((n, 3)),
-            ref.new_empty((n, _padded(features.shape[1]))))
+            ref.new_empty((n, _padded(features.shape[1]))), ref.new_empty((n,), **long), ref.new_empty((n,), **long),
+            query.new_empty((m,), **long), ref.new_empty((6,)), torch.empty((4,), device="cpu", **long))
 
 
 @torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -382,15 +359,15 @@ def _radius_aggregate_backward(
     need_features: bool,
     weights: str,
     order: torch.Tensor,
-    starts: torch.Tensor,
+    keys: torch.Tensor,
     rows: torch.Tensor,
     frame: torch.Tensor,
-    dims: torch.Tensor,
+    shape: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma), in the inputs' order; those of
     ref / features stay zero unless ``need_ref`` / ``need_features`` (no scattering for inputs
-    without gradient). ``points``, ``feats``, ``out``, ``wsum``, ``dmin``: what
-    pcops::radius_aggregate_cells returned on the cell list (order, starts, rows, frame, dims)."""
+    without gradient). ``points``, ``feats``, ``out``, ``wsum``, ``dmin`` and the cell list
+    (order, keys, rows, frame, shape): what pcops::radius_aggregate returned."""
     if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
         torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m, n, f = query.shape[0], points.shape[0], out.shape[1]
@@ -399,7 +376,7 @@ def _radius_aggregate_backward(
         grad_ref, grad_feats = torch.zeros_like(points), points.new_zeros((n, f))
     else:
         _, backward = _kernels(query.dtype, weights)
-        cells = _cells.CellList.of(order, starts, rows, frame, dims)
+        cells = _cells.CellList.of(order, keys, rows, frame, shape)
         width = feats.shape[1]
         grad_out = grad_out.contiguous()
         if width != f:  # rows padded to whole blocks
@@ -418,29 +395,34 @@ def _radius_aggregate_backward(
 
 
 @_radius_aggregate_backward.register_fake
-def _(grad_out, query, points, feats, sigma, radius, query_group, out, wsum, dmin, need_ref, need_features, weights, order, starts,
-      rows, frame, dims):
+def _(grad_out, query, points, feats, sigma, radius, query_group, out, wsum, dmin, need_ref, need_features, weights, order, keys,
+      rows, frame, shape):
     return torch.empty_like(query), torch.empty_like(points), points.new_empty((points.shape[0], out.shape[1])), torch.empty_like(sigma)
 
 
 def _setup_context(ctx, inputs, output):
-    query, _ref, _features, sigma, radius, _validate_flag, query_group, _ref_group, order, starts, rows, frame, dims, weights = inputs
-    out, wsum, dmin, points, feats = output
+    query, ref, features, sigma, radius, _validate_flag, query_group, ref_group, weights = inputs
+    out, wsum, dmin, points, feats, *cells = output
     ctx.radius, ctx.weights = radius, weights
-    ctx.mark_non_differentiable(wsum, dmin, points, feats)
-    ctx.save_for_backward(query, points, feats, sigma, query_group, out, wsum, dmin, order, starts, rows, frame, dims)
+    ctx.mark_non_differentiable(wsum, dmin, points, feats, *cells)
+    ctx.save_for_backward(query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, points, feats, *cells)
 
 
-def _backward(ctx, grad_out, _grad_wsum, _grad_dmin, _grad_points, _grad_feats):
-    query, points, feats, sigma, query_group, out, wsum, dmin, *cells = ctx.saved_tensors
+def _backward(ctx, grad_out, *_grads_of_saved):
+    query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, points, feats, *cells = ctx.saved_tensors
     need = ctx.needs_input_grad
-    grads = torch.ops.pcops.radius_aggregate_backward(
-        grad_out, query, points, feats, sigma, ctx.radius, query_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
-    )
-    return *(g if n else None for g, n in zip(grads, need)), *(None,) * 10
+    if torch.is_grad_enabled():  # create_graph=True: gradients that are differentiable again (pcops.ops._radius_torch)
+        from ._radius_torch import gradients
+
+        grads = gradients(grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, dmin, ctx.weights, need[:4])
+    else:
+        grads = torch.ops.pcops.radius_aggregate_backward(
+            grad_out, query, points, feats, sigma, ctx.radius, query_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
+        )
+    return *(g if n else None for g, n in zip(grads, need)), *(None,) * 5
 
 
-_radius_aggregate_cells.register_autograd(_backward, setup_context=_setup_context)
+_radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_warp.kernels
@@ -620,7 +602,5 @@ def radius_aggregate(
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     else:  # not read by the kernels of the other weightings
         sigma = torch.ones((), dtype=dtype, device=query.device)
-    out, _, _ = torch.ops.pcops.radius_aggregate(
-        q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights,
-    )
+    out = torch.ops.pcops.radius_aggregate(q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights)[0]
     return _batch.unflatten(flat, out.to(out_dtype))

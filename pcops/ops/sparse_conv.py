@@ -43,8 +43,10 @@ class KernelMap(NamedTuple):
     """The kernel map of a set of sites for one kernel size and dilation (see :func:`sparse_kernel_map`).
 
     ``neighbours`` (K^3, N) int64: ``neighbours[k, i]`` is the site at ``coords[i] + d_k`` (or -1); ``in_index`` and
-    ``out_index`` (P,) int64: the pairs (input site j, output site i) of every offset, offset
-    by offset (k ascending, then i ascending); ``counts`` (K^3,) int64: the pairs of each offset.
+    ``out_index`` (K^3 N,) int64: the pairs (input site j, output site i) of every offset, offset
+    by offset (k ascending, then i ascending), in their first P = ``counts.sum()`` entries and -1
+    after them (every size follows from N and K: no graph break under ``torch.compile``);
+    ``counts`` (K^3,) int64: the pairs of each offset.
     """
 
     neighbours: torch.Tensor
@@ -143,9 +145,8 @@ def _kernel_map(
     n, k3, dev = coords.shape[0], kernel_size**3, coords.device
     neighbours = torch.empty((k3, n), dtype=torch.int64, device=dev)
     if n == 0:
-        neighbours = torch.full((k3, n), -1, dtype=torch.int64, device=dev)
         empty = lambda: torch.zeros(0, dtype=torch.int64, device=dev)  # noqa: E731 (outputs must not alias)
-        return neighbours, empty(), empty(), torch.zeros(k3, dtype=torch.int64, device=dev)
+        return empty().view(k3, 0), empty(), empty(), torch.zeros(k3, dtype=torch.int64, device=dev)
     reach = (kernel_size // 2) * dilation
     c = coords.to(torch.int64)
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
@@ -181,15 +182,20 @@ def _kernel_map(
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, sites ascending
     counts = torch.bincount(torch.div(pair, n, rounding_mode="floor"), minlength=k3)
-    return neighbours, flat.index_select(0, pair), torch.remainder(pair, n), counts
+    p = pair.shape[0]
+    in_index, out_index = torch.empty_like(flat), torch.empty_like(flat)  # the pairs, then -1 up to K^3 N
+    torch.index_select(flat, 0, pair, out=in_index[:p])
+    torch.remainder(pair, n, out=out_index[:p])
+    in_index[p:] = -1
+    out_index[p:] = -1
+    return neighbours, in_index, out_index, counts
 
 
 @_kernel_map.register_fake
 def _(coords, batch, kernel_size, dilation):
-    p = torch.library.get_ctx().new_dynamic_size()
-    k3 = kernel_size**3
+    k3, n = kernel_size**3, coords.shape[0]
     like = coords.new_empty((0,), dtype=torch.int64)
-    return like.new_empty((k3, coords.shape[0])), like.new_empty((p,)), like.new_empty((p,)), like.new_empty((k3,))
+    return like.new_empty((k3, n)), like.new_empty((k3 * n,)), like.new_empty((k3 * n,)), like.new_empty((k3,))
 
 
 def _segments(counts: torch.Tensor, n: int):
@@ -291,7 +297,8 @@ def sparse_kernel_map(coords: torch.Tensor, *, batch: Optional[torch.Tensor] = N
     For each site i and offset k (``d_k = ((a, b, c) - K // 2) * dilation``, ``k = (a * K + b) * K + c``),
     the site j of the same sample at ``coords[i] + d_k``. Reuse it across layers with the same
     sites, kernel size and dilation (``sparse_conv3d(..., kernel_map=km)``). Duplicate sites
-    raise ValueError. The number of pairs P is a dynamic size under ``torch.compile``.
+    raise ValueError. Every size of the result follows from N and K (the pairs are padded to
+    K^3 N with -1), so ``torch.compile`` captures it without a graph break.
     """
     kernel_size, dilation = _validate.plain(kernel_size), _validate.plain(dilation)
     _sites(coords, batch, kernel_size, dilation)

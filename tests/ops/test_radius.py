@@ -145,9 +145,7 @@ def test_opcheck(gen, dtype):
     q, p, f = (t.to(dtype).requires_grad_() for t in (q, p, f))
     sigma = torch.tensor(0.2, dtype=dtype, requires_grad=True)
     torch.library.opcheck(torch.ops.pcops.radius_aggregate.default, (q, p, f, sigma, r, True, None, None))
-    cells = torch.ops.pcops.cell_list(q.detach(), p.detach(), r, None, None)
-    torch.library.opcheck(torch.ops.pcops.radius_aggregate_cells.default, (q, p, f, sigma, r, True, None, None, *cells))
-    out, wsum, dmin, points, feats = torch.ops.pcops.radius_aggregate_cells(q, p, f, sigma, r, True, None, None, *cells)
+    out, wsum, dmin, points, feats, *cells = torch.ops.pcops.radius_aggregate(q, p, f, sigma, r, True, None, None)
     grad = torch.randn_like(out)
     for need_ref, need_features in ((True, True), (False, True), (True, False)):
         args = (grad, q.detach(), points, feats, sigma.detach(), r, None, out.detach(), wsum, dmin, need_ref, need_features, "softmax", *cells)

@@ -162,7 +162,10 @@ def test_kernel_map_matches_a_dictionary_of_sites(gen):
                              for a, b, c in offsets])
     assert torch.equal(km.neighbours, expected)
     k, i = (expected >= 0).nonzero(as_tuple=True)
-    assert torch.equal(km.out_index, i) and torch.equal(km.in_index, expected[k, i])
+    pairs = i.shape[0]  # then -1 up to K^3 N (a size that follows from the inputs')
+    assert km.in_index.shape == km.out_index.shape == (expected.numel(),)
+    assert torch.equal(km.out_index[:pairs], i) and torch.equal(km.in_index[:pairs], expected[k, i])
+    assert bool((km.in_index[pairs:] == -1).all()) and bool((km.out_index[pairs:] == -1).all())
     assert torch.equal(km.counts, (expected >= 0).sum(1))
 
 
