@@ -16,6 +16,7 @@ from .ops import Serialization, serialize
 from .ops import SerializedPool, serialized_pool, serialized_unpool
 from .ops import segment_reduce
 from .ops import gather
+from .warp_op import warp_op
 
 __version__ = "0.1.0"
 
@@ -35,3 +36,4 @@ __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]
 __all__ += ["SerializedPool", "serialized_pool", "serialized_unpool"]
+__all__ += ["warp_op"]
