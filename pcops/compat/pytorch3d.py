@@ -200,6 +200,13 @@ def knn_points(
     return KNN(dists=dists, idx=idx, knn=nn)
 
 
+def _square(value: float, dtype: torch.dtype) -> float:
+    """``value * value`` rounded as a multiply in ``dtype`` (float32 or float64) rounds it, on the
+    host: Python numbers only, so torch.compile folds it (a tensor and float() would break the graph)."""
+    v = (np.float64 if dtype == torch.float64 else np.float32)(value)
+    return float(v * v)
+
+
 def ball_query(
     p1: torch.Tensor,
     p2: torch.Tensor,
@@ -242,7 +249,7 @@ def ball_query(
     else:
         fa, ga = _packed(a.detach(), lengths1, n)
         fb, gb = _packed(b.detach(), lengths2, n + 1)
-        bound = float(torch.tensor(float(radius), dtype=dtype).square())  # PyTorch3D: radius * radius in float
+        bound = _square(float(radius), dtype)  # PyTorch3D: radius * radius in float
         table = first_within(fa.contiguous(), fb.contiguous(), ga, gb, float(radius), bound, K, False).view(n, s1, K)
         idx = torch.where(table >= 0, table - torch.arange(n, device=p1.device)[:, None, None] * s2, -1)
     valid = idx >= 0
@@ -287,7 +294,10 @@ def sample_farthest_points(
         per_cloud = torch.as_tensor(K, dtype=torch.int64, device=points.device)
         if per_cloud.shape != (n,):
             raise ValueError("K and points must have the same batch dimension")
-        width = int(per_cloud.max()) if n else 0
+        if isinstance(K, torch.Tensor):  # the width is the largest count: a host read (its size follows the data)
+            width = int(per_cloud.max()) if n else 0
+        else:  # a list: its numbers, no tensor to read
+            width = max(int(c) for c in K) if n else 0
         if width < 1:
             raise ValueError("K must hold at least one count >= 1")
     points = points.to(torch.float32)

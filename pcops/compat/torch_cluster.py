@@ -29,6 +29,7 @@ from typing import List, Optional, Union
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import guard_or_false, has_free_unbacked_symbols
 
 import pcops
 
@@ -96,8 +97,21 @@ def _empty(device) -> torch.Tensor:
     return torch.empty((2, 0), dtype=torch.long, device=device)
 
 
+def _known_empty(t: torch.Tensor) -> bool:
+    """Whether ``t`` is known to be empty. A size that depends on the data (an unbacked symbol
+    under torch.compile: e.g. the points that ``fps`` picked) is not known: the call goes on
+    into the ops, which handle empty inputs when they run, so no branch reads the data."""
+    return guard_or_false(t.numel() == 0)
+
+
+def _data_dependent(t: torch.Tensor) -> bool:
+    """Whether ``t``'s size is data-dependent while compiling (e.g. points picked by ``fps``)."""
+    return has_free_unbacked_symbols(t)
+
+
 def _knn_table(x, y, k: int, batch_x, batch_y, cosine: bool) -> torch.Tensor:
-    """(M, min(k, N)) int64 neighbour table of y in x, by distance, ties by index, -1 padded."""
+    """(M, min(k, N)) int64 neighbour table of y in x, by distance, ties by index, -1 padded;
+    (M, k) when N is data-dependent."""
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
     dtype = compute_dtype(x, y)
@@ -107,6 +121,16 @@ def _knn_table(x, y, k: int, batch_x, batch_y, cosine: bool) -> torch.Tensor:
     if x.shape[1] < 3:
         x, y = pad3(x, "x"), pad3(y, "y")
     bx, by = _pair_batches(batch_x, batch_y, x, y)
+    if _data_dependent(x):
+        # min(k, N) is unknown while tracing: k zero points in an example of their own (never a
+        # neighbour) make N >= k, and an example with fewer than k points gets -1 columns
+        n, m = x.shape[0], y.shape[0]
+        bx = torch.zeros(n, dtype=torch.int64, device=x.device) if bx is None else bx.to(torch.int64)
+        by = torch.zeros(m, dtype=torch.int64, device=y.device) if by is None else by.to(torch.int64)
+        alone = torch.cat([bx, by, bx.new_full((1,), -1)]).max() + 1
+        x = torch.cat([x, x.new_zeros((k, x.shape[1]))])
+        bx = torch.cat([bx, alone.expand(k)])
+        return pcops.knn(y, x, k, query_batch=by, ref_batch=bx).idx
     kw = {} if bx is None else {"query_batch": by, "ref_batch": bx}
     return pcops.knn(y, x, min(k, x.shape[0]), **kw).idx
 
@@ -138,10 +162,10 @@ def knn(
     """
     x, y = _features("x", x), _features("y", y)
     k = _count("k", k)
-    if x.numel() == 0 or y.numel() == 0:
+    if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
     idx = _knn_table(x, y, k, batch_x, batch_y, cosine)
-    if batch_x is None and batch_y is None:  # every query has min(k, N) neighbours: a static size
+    if batch_x is None and batch_y is None and not _data_dependent(x):  # min(k, N) neighbours each: a static size
         rows = torch.arange(y.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
         return torch.stack([rows, idx.reshape(-1)])
     return compact(idx, idx >= 0).flip(0)
@@ -171,7 +195,7 @@ def knn_graph(
         raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
     x = _features("x", x)
     k = _count("k", k)
-    if x.numel() == 0:
+    if _known_empty(x):
         return _empty(x.device)
     idx = _knn_table(x, x, k if loop else k + 1, batch, batch, cosine)
     keep = idx >= 0
@@ -213,7 +237,7 @@ def radius(
     k = _count("max_num_neighbors", max_num_neighbors)
     if not isinstance(ignore_same_index, bool):
         raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
-    if x.numel() == 0 or y.numel() == 0:
+    if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
@@ -274,10 +298,11 @@ def nearest(
         by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
     if bx is not None and not is_compiling() and not torch.equal(bx.unique_consecutive(), by.unique_consecutive()):
         raise ValueError("Some batch indices occur in 'batch_x' that do not occur in 'batch_y'")
-    if x.shape[0] == 0:
+    if guard_or_false(x.shape[0] == 0):
         return torch.empty(0, dtype=torch.long, device=x.device)
-    if y.shape[0] == 0:
+    if guard_or_false(y.shape[0] == 0):
         raise ValueError("y must hold at least one point")
+    torch._check(y.shape[0] > 0, lambda: "y must hold at least one point")  # a data-dependent size: when it runs
     idx = _knn_table(y, x, 1, by, bx, False)  # queries x in the points y
     return idx[:, 0]
 
@@ -302,10 +327,13 @@ def fps(
         batch: optional int tensor (N,) of example ids (sorted or not).
         ratio: fraction of each example to pick, 0 < ratio <= 1 (default 0.5): an example of n
             points gives ceil(n * ratio) picks, computed in float32 as torch_cluster's CPU kernel
-            does (ratio 0.3 and n = 50 give 16). A float, a 0-d tensor or a (B,) tensor.
+            does (ratio 0.3 and n = 50 give 16). A float, a 0-d tensor or a (B,) tensor; a
+            tensor's values are not read on the host (the counts are computed by tensor ops).
         random_start: start each example at a random point drawn from torch's global RNG
             (``torch.manual_seed`` makes it reproducible; not the same draw as torch_cluster);
-            otherwise at its first point.
+            otherwise at its first point. The draw is a tensor op, so under ``torch.compile``
+            it stays in the graph (Inductor draws with its own generator; set
+            ``torch._inductor.config.fallback_random = True`` to get eager's draws).
         batch_size: accepted, not needed.
         ptr: instead of ``batch``, CSR boundaries of contiguous examples (tensor or list).
 
@@ -322,36 +350,42 @@ def fps(
     batch = _batch("batch", batch, n)
     if ratio is None:
         ratio = 0.5
-    per_example = isinstance(ratio, torch.Tensor) and ratio.dim() > 0
-    if isinstance(ratio, torch.Tensor) and not per_example:
-        ratio = float(ratio)
-    if per_example:
-        if not is_compiling() and not bool(((ratio > 0) & (ratio <= 1)).all()):
+    if isinstance(ratio, torch.Tensor):  # its values set the counts: no host read while compiling
+        if ratio.dim() == 0 and not is_compiling():
+            value = float(ratio)
+            if not 0 < value <= 1:
+                raise ValueError(f"ratio must be in (0, 1], got {value}")
+        elif ratio.dim() > 0 and not is_compiling() and not bool(((ratio > 0) & (ratio <= 1)).all()):
             raise ValueError("ratio must be in (0, 1]")
-        top = float(ratio.max())
     else:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.floating)):
             raise TypeError(f"ratio must be a float or a tensor, got {type(ratio).__name__}")
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-        top = float(ratio)
-    if n == 0:
+    if guard_or_false(n == 0):  # a data-dependent n (points picked before) goes on: the op handles 0
         return torch.empty(0, dtype=torch.long, device=src.device)
     points = pad3(src.detach().to(compute_dtype(src)), "src")
-    if batch is None and not per_example:
-        picks = math.ceil(float(np.float32(n) * np.float32(top)))  # as torch_cluster: float32
+    if batch is None and not isinstance(ratio, torch.Tensor) and not _data_dependent(src):
+        picks = math.ceil(float(np.float32(n) * np.float32(ratio)))  # as torch_cluster: float32
         return pcops.farthest_point_sample(points, min(picks, n), random_start=random_start).idx
     if batch is None:
         batch = torch.zeros(n, dtype=torch.int64, device=src.device)
     # pcops' packed FPS with a slightly larger ratio picks at least as many per example; each
-    # example is then cut to its own count (FPS picks are prefixes of longer runs).
-    wide = min(1.0, top * (1 + 2.0**-20))
+    # example is then cut to its own count (FPS picks are prefixes of longer runs). A tensor
+    # ratio stays a tensor (pcops takes a 0-d one): the counts are computed in the graph.
+    if isinstance(ratio, torch.Tensor):
+        wide = (ratio.max().to(torch.float64) * (1 + 2.0**-20)).clamp(max=1.0)
+        r = ratio
+    else:
+        wide = min(1.0, float(ratio) * (1 + 2.0**-20))
+        r = torch.tensor(float(ratio), dtype=torch.float32, device=src.device)
     idx = pcops.farthest_point_sample(points, batch=batch, ratio=wide, random_start=random_start).idx
     example = batch[idx]  # ascending: the picks are grouped by example
     rank = torch.arange(idx.shape[0], device=idx.device) - torch.searchsorted(example, example)
     ordered = batch.sort().values
     sizes = torch.searchsorted(ordered, example, right=True) - torch.searchsorted(ordered, example)
-    r = ratio[example] if per_example else torch.tensor(top, dtype=torch.float32, device=idx.device)
+    if r.dim() > 0:
+        r = r.to(idx.device)[example]
     keep = rank < _fps_counts(sizes, r)
     return compact(idx[:, None], keep[:, None])[0]
 

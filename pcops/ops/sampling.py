@@ -565,11 +565,25 @@ def _counts(lengths: torch.Tensor, n_samples: Optional[int], ratio) -> torch.Ten
     return torch.ceil(lengths.to(torch.float64) * ratio).to(torch.int64).clamp(max=lengths)
 
 
+def _uniform(n, generator, device) -> torch.Tensor:
+    """(n,) float64 uniforms in [0, 1) on ``device``, drawn on the CPU from ``generator`` (torch's
+    global RNG if None). A tensor drawn by torch: under torch.compile the draw is part of the
+    graph (with ``generator=None``) and reaches the op as a tensor, never as a Python number.
+    ``generator=None`` is not passed on: that overload of ``torch.rand`` fails to trace a
+    data-dependent ``n`` (torch 2.13)."""
+    kw = {} if generator is None else {"generator": generator}
+    return torch.rand(n, dtype=torch.float64, device="cpu", **kw).to(device)
+
+
+def _start_from(u: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A random start per sample, floor(u_b n_b) (0 for an empty sample), from uniforms ``u`` (B,)."""
+    return (u * lengths).to(torch.int64).clamp(max=(lengths - 1).clamp(min=0))
+
+
 def _start(lengths: torch.Tensor, random_start: bool, generator) -> torch.Tensor:
     if not random_start:
         return torch.zeros_like(lengths)
-    u = torch.rand(lengths.shape, generator=generator, dtype=torch.float64, device="cpu").to(lengths.device)
-    return (u * lengths).to(torch.int64).clamp(max=(lengths - 1).clamp(min=0))
+    return _start_from(_uniform(lengths.shape, generator, lengths.device), lengths)
 
 
 _INT64_MAX = 2**63 - 1
@@ -583,6 +597,9 @@ def _check_numbers(points, n_samples, ratio) -> None:
         _validate.count("n_samples", n_samples)
         if isinstance(n_samples, int) and n_samples > _INT64_MAX:
             raise ValueError(f"n_samples must be at most 2**63 - 1 (an int64), got {n_samples}")
+    elif isinstance(ratio, torch.Tensor):  # its value is checked by the op (a data-dependent count)
+        if ratio.dim() != 0 or not ratio.dtype.is_floating_point:
+            raise TypeError(f"ratio must be a number or a 0-d floating tensor, got a {ratio.dtype} tensor of shape {tuple(ratio.shape)}")
     else:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
             raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
@@ -634,7 +651,7 @@ def farthest_point_sample(
     *,
     lengths: Optional[torch.Tensor] = None,
     batch: Optional[torch.Tensor] = None,
-    ratio: Optional[float] = None,
+    ratio: Union[float, torch.Tensor, None] = None,
     start_idx: Union[int, Sequence[int], torch.Tensor, None] = None,
     random_start: bool = False,
     generator: Optional[torch.Generator] = None,
@@ -650,7 +667,9 @@ def farthest_point_sample(
         lengths: optional int tensor (B,) of valid rows per sample of padded points.
         batch: optional int tensor (N_total,) of sample ids of packed points (sorted or not).
         ratio: instead of ``n_samples``, for packed (or single) points: pick ceil(ratio * n_b)
-            points of a sample of n_b points, 0 < ratio <= 1 (torch_cluster's ``fps``).
+            points of a sample of n_b points, 0 < ratio <= 1 (torch_cluster's ``fps``). A
+            number, or a 0-d floating tensor (then the result has a data-dependent size even
+            for a single cloud, and the op checks its value).
         start_idx: a start set: an int, a sequence of M distinct ints, or an int tensor (M,)
             (or (B, M) per sample for padded points). Every sample's sequence begins with these
             indices, in this order, and continues with plain FPS from the whole set. Indices
@@ -658,8 +677,15 @@ def farthest_point_sample(
             sample's points in packed order. They must be below the length of every non-empty
             sample; M <= n_samples. With ``ratio``, a sample with fewer than M picks gets the
             first of them. Default: each sample's first point (index 0).
-        random_start: start each sample at a random point (drawn with ``generator``, on the
-            CPU) instead of its first point. Not with ``start_idx``.
+        random_start: start each sample at a random point instead of its first point: the
+            sample's start is floor(u n_b) for a uniform u drawn with torch's RNG on the CPU
+            (``torch.manual_seed`` makes it reproducible). The draw is a tensor passed to the
+            op, so under ``torch.compile`` it is part of the graph (no graph break; Inductor
+            draws with its own generator unless ``torch._inductor.config.fallback_random``).
+            Not with ``start_idx``.
+        generator: optional CPU ``torch.Generator`` for the random start, in eager mode. A
+            generator argument breaks the graph under ``torch.compile`` (torch 2.13): when
+            compiling, leave it None and seed torch's global RNG (``torch.manual_seed``).
         validate: check the points for NaN/inf and lengths, batch ids and ``start_idx`` for
             range. With ``validate=False`` a NaN point is never picked (and once only NaN
             points are left, the remaining picks are -1).
@@ -685,8 +711,9 @@ def farthest_point_sample(
     _check_numbers(points, n_samples, ratio)
     first = _start_set(start_idx, points, n_samples, random_start)
     # the op checks what the layout layer could not: values under torch.compile, a start set's
-    # indices against each sample's length (one more host read, only when a start set is given)
-    check = flat.validate or (validate and first is not None)
+    # indices against each sample's length and a ratio tensor's value (one more host read, only
+    # when a start set or a ratio tensor is given)
+    check = flat.validate or (validate and (first is not None or isinstance(ratio, torch.Tensor)))
     return _sample(points, n_samples, ratio, lengths, batch, first, random_start, generator, check)
 
 
@@ -706,27 +733,37 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
         idx = torch.ops.pcops.farthest_point_sample(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
         gathered = points.gather(1, idx.clamp(min=0)[..., None].expand(b, n_samples, 3))
         return FPS(torch.where(idx[..., None] >= 0, gathered, 0), idx)
-    if batch is None:
+    ratio_tensor = isinstance(ratio, torch.Tensor)
+    if batch is None and not ratio_tensor:
         if ratio is not None:
             n_samples = max(1, math.ceil(points.shape[0] * ratio))
             first = None if first is None else first[: n_samples]
         out = _sample(points[None], n_samples, None, None, None, first, random_start, generator, validate)
         return FPS(out.points[0], out.idx[0])
+    if batch is None:  # one cloud, a count that depends on a tensor's value: the packed op
+        batch = torch.zeros(points.shape[0], dtype=torch.int64, device=points.device)
+    if ratio_tensor:
+        ratio = ratio.to(points.device, torch.float64)
+    elif ratio is not None:
+        ratio = torch.full((), ratio, dtype=torch.float64, device=points.device)
     idx = torch.ops.pcops.farthest_point_sample_packed(
         points.detach().to(dtype), batch, first if first is not None else batch.new_empty((0,), dtype=torch.int64),
-        n_samples or 0, float(ratio or 0.0), random_start, _seed(generator) if random_start else 0, validate,
+        n_samples or 0, ratio, _uniform(points.shape[0], generator, points.device) if random_start else None, validate,
     )
     return FPS(points[idx], idx)
 
 
-def _seed(generator) -> int:
-    return int(torch.randint(0, 2**62, (1,), generator=generator))
-
-
 @torch.library.custom_op("pcops::farthest_point_sample_packed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _fps_packed(points: torch.Tensor, batch: torch.Tensor, start: torch.Tensor, n_samples: int, ratio: float, random_start: bool, seed: int, validate: bool) -> torch.Tensor:
+def _fps_packed(
+    points: torch.Tensor, batch: torch.Tensor, start: torch.Tensor, n_samples: int, ratio: Optional[torch.Tensor],
+    uniform: Optional[torch.Tensor], validate: bool,
+) -> torch.Tensor:
     """Packed points (P, 3) with sample ids (P,) and a start set (M,) of local indices (M = 0:
-    each sample's first point, or a random one): idx (K,) into the points, by sample, in pick order."""
+    each sample's first point, or with ``uniform`` (P,) a random one: floor(u n_b) for the u of
+    the sample's first point in packed order); ``n_samples`` picks per sample, or with ``ratio``
+    (a 0-d float64 tensor) ceil(ratio n_b): idx (K,) into the points, by sample, in pick order."""
+    if validate and ratio is not None and not bool((ratio > 0) & (ratio <= 1)):
+        raise ValueError(f"ratio must be in (0, 1], got {float(ratio)}")
     if points.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=points.device)
     order = torch.sort(batch.to(torch.int64), stable=True)
@@ -738,18 +775,20 @@ def _fps_packed(points: torch.Tensor, batch: torch.Tensor, start: torch.Tensor, 
     slot = torch.searchsorted(samples, ids)
     padded = points.new_zeros((b, n, 3))
     padded[slot, local] = points[perm]
-    counts = _counts(sizes, n_samples or None, ratio or None)
+    counts = _counts(sizes, n_samples or None, ratio)
     if start.numel():
         first = start.to(torch.int64)[None].expand(b, start.shape[0])
+    elif uniform is not None:
+        first = _start_from(uniform.to(torch.float64)[perm[offsets]], sizes)[:, None]
     else:
-        first = _start(sizes, random_start, torch.Generator().manual_seed(seed))[:, None]
+        first = torch.zeros((b, 1), dtype=torch.int64, device=points.device)
     idx = _fps(padded, sizes, counts, first, int(counts.max()), validate)
     keep = idx >= 0
     return perm[(offsets[:, None] + idx.clamp(min=0))[keep]]
 
 
 @_fps_packed.register_fake
-def _(points, batch, start, n_samples, ratio, random_start, seed, validate):
+def _(points, batch, start, n_samples, ratio, uniform, validate):
     k = torch.library.get_ctx().new_dynamic_size()
     return points.new_empty((k,), dtype=torch.int64)
 

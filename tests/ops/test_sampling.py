@@ -63,7 +63,9 @@ class TestFarthestPointSample(OpSuite):
                 cases.append((torch.ops.pcops.farthest_point_sample.default, (p, lengths, counts, start, 10, True)))
             batch = torch.randint(0, 3, (40,), generator=gen)
             for start in (torch.zeros(0, dtype=torch.int64), torch.tensor([1, 0])):
-                cases.append((torch.ops.pcops.farthest_point_sample_packed.default, (p[0], batch, start, 5, 0.0, False, 0, True)))
+                cases.append((torch.ops.pcops.farthest_point_sample_packed.default, (p[0], batch, start, 5, None, None, True)))
+            ratio, uniform = torch.tensor(0.3, dtype=F64), torch.rand(40, generator=gen, dtype=F64)  # a random start
+            cases.append((torch.ops.pcops.farthest_point_sample_packed.default, (p[0], batch, torch.zeros(0, dtype=torch.int64), 0, ratio, uniform, True)))
         return cases
 
     def compile_calls(self, gen):
