@@ -22,12 +22,19 @@ The custom op ``pcops::grid_cluster`` assigns the voxels (integer outputs only; 
 voxels depends on the data and is declared in its fake as a dynamic size). The kept points
 are gathered (or averaged) in torch, so gradients flow to ``points`` and
 ``torch.compile(fullgraph=True)`` traces the whole function.
+
+Bounded form (``max_voxels=M``): the op's ``size`` argument is M and its fake sizes follow
+from the input shapes and M alone (no dynamic size), so default ``torch.compile`` (no
+fullgraph) keeps the whole function in one graph. The result has exactly M voxel rows: the
+first min(V, M) voxels in the usual order, then padding (zero points, -1 coords / index /
+batch); ``count`` is the true V. On overflow (V > M) the voxels past the first M are dropped
+and ``inverse`` is -1 for their points (no host read, no error, no warning).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -54,16 +61,60 @@ class GridSample(NamedTuple):
     batch: torch.Tensor
 
 
+class GridSamplePadded(NamedTuple):
+    """Result of :func:`grid_sample` with ``max_voxels=M``: GridSample's fields with exactly M
+    voxel rows (the first min(count, M) are the voxels, the rest padding: ``points`` 0,
+    ``coords``, ``index`` and ``batch`` -1), ``inverse`` -1 for a point whose voxel was dropped
+    (overflow), and ``count`` 0-dim int64, the true number of voxels V (may exceed M)."""
+
+    points: torch.Tensor
+    coords: torch.Tensor
+    index: Optional[torch.Tensor]
+    inverse: torch.Tensor
+    batch: torch.Tensor
+    count: torch.Tensor
+
+
 @torch.library.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _grid_cluster(
-    points: torch.Tensor, grid_size: float, origin: Optional[torch.Tensor], batch: Optional[torch.Tensor], validate: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    points: torch.Tensor,
+    grid_size: float,
+    origin: Optional[torch.Tensor],
+    batch: Optional[torch.Tensor],
+    validate: bool,
+    size: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """points (N, 3), batch (N,) int64 sample ids (< 0: a row in no voxel) ->
-    (inverse (N,), order (N,), coords (V, 3), voxel batch (V,), counts (V,)), all int64.
+    (inverse (N,), order (N,), coords (V, 3), voxel batch (V,), counts (V,), V as a 0-dim), all int64.
 
     ``order`` lists the points of voxel 0, then of voxel 1, ..., each voxel's by ascending index
     (rows in no voxel last), so voxel c's points are ``order[start_c : start_c + counts[c]]``.
+    ``size`` >= 0: exactly ``size`` voxel rows (the first min(V, size), then coords / batch -1
+    and counts 0), inverse -1 for the points of the dropped voxels; -1: V rows (data-dependent).
     """
+    return _cut(*_cluster(points, grid_size, origin, batch, validate), size)
+
+
+def _cut(inverse, order, coords, voxel_batch, counts, size: int):
+    """The op's outputs cut or padded to ``size`` voxel rows, with the number of voxels V."""
+    v = counts.shape[0]
+    count = torch.tensor(v, dtype=torch.int64, device=counts.device)
+    if size < 0:
+        return inverse, order, coords, voxel_batch, counts, count
+    if v > size:
+        inverse = torch.where(inverse < size, inverse, -1)
+    keep = min(v, size)
+
+    def fit(t, fill):
+        out = t.new_full((size, *t.shape[1:]), fill)
+        out[:keep] = t[:keep]
+        return out
+
+    return inverse, order, fit(coords, -1), fit(voxel_batch, -1), fit(counts, 0), count
+
+
+def _cluster(points, grid_size, origin, batch, validate):
+    """The voxels of :func:`_grid_cluster`, V rows."""
     _validate.positive_number("grid_size", grid_size)
     if validate:
         _validate.finite(points=points)
@@ -157,11 +208,12 @@ def _extent(cells: torch.Tensor) -> tuple[list[float], list[float]]:
 
 
 @_grid_cluster.register_fake
-def _(points, grid_size, origin, batch, validate):
-    v = torch.library.get_ctx().new_dynamic_size()
+def _(points, grid_size, origin, batch, validate, size=-1):
+    v = torch.library.get_ctx().new_dynamic_size() if size < 0 else size
     n = points.shape[0]
     like = points.new_empty((0,), dtype=torch.int64)
-    return like.new_empty((n,)), like.new_empty((n,)), like.new_empty((v, 3)), like.new_empty((v,)), like.new_empty((v,))
+    return (like.new_empty((n,)), like.new_empty((n,)), like.new_empty((v, 3)), like.new_empty((v,)), like.new_empty((v,)),
+            like.new_empty(()))
 
 
 def _layout(points, lengths, batch, validate: bool):
@@ -203,7 +255,8 @@ def grid_sample(
     generator: Optional[torch.Generator] = None,
     origin=None,
     validate: bool = True,
-) -> GridSample:
+    max_voxels: Optional[int] = None,
+) -> Union[GridSample, GridSamplePadded]:
     """Keep one point per occupied voxel of a grid of cubes of side ``grid_size``.
 
     Args:
@@ -220,6 +273,9 @@ def grid_sample(
             sample, as Pointcept's GridSample) or a number / 3 numbers / (3,) tensor: cells
             ``floor((p - origin) / grid_size)``, not shifted.
         validate: check points for NaN/inf and ids / lengths for range.
+        max_voxels: optional int M >= 1, an upper bound on the number of voxels (of all samples
+            together): the result has exactly M voxel rows (static shapes, so ``torch.compile``
+            needs no graph break or dynamic size) and a ``count``. None: V rows.
 
     Returns:
         GridSample(points, coords, index, inverse, batch), packed over all samples, voxels in
@@ -228,6 +284,12 @@ def grid_sample(
         (in ``points`` for packed input, within its sample for padded input); ``inverse`` (N,)
         or (B, N) int64 (-1 at padding); ``batch`` (V,) int64 sample ids. V depends on the data
         (a dynamic size under ``torch.compile``). Differentiable with respect to ``points``.
+
+        With ``max_voxels=M``: GridSamplePadded(points, coords, index, inverse, batch, count),
+        the voxel rows (M, ...): the first min(V, M) are those of the unbounded call, the rest
+        padding (``points`` 0; ``coords``, ``index``, ``batch`` -1); ``count`` a 0-dim int64
+        tensor, the true V (not capped). If V > M the voxels after the first M (in the order
+        above) are dropped and ``inverse`` is -1 for their points.
     """
     grid_size = _validate.plain(grid_size)
     _validate.positive_number("grid_size", grid_size)
@@ -235,9 +297,14 @@ def grid_sample(
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    bound = None if max_voxels is None else _validate.count("max_voxels", _validate.plain(max_voxels))
     flat, ids, padded, check = _layout(points, lengths, batch, validate)
     origin_t = _origin(origin, flat)
-    inverse, order, coords, voxel_batch, counts = torch.ops.pcops.grid_cluster(flat.detach(), float(grid_size), origin_t, ids, check)
+    inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
+        flat.detach(), float(grid_size), origin_t, ids, check, -1 if bound is None else bound
+    )
+    # bounded: padding rows are the voxel rows with no points (every voxel has one)
+    real = None if bound is None else counts > 0
     index = None
     if mode == "mean":
         dtype, out_dtype = _validate.compute_dtype(flat)
@@ -245,23 +312,44 @@ def grid_sample(
         rows = inverse.clamp_min(0)
         live = inverse >= 0
         total = p.new_zeros((counts.shape[0], 3)).index_add(0, rows, torch.where(live[:, None], p, 0))
-        out = (total / counts.to(dtype)[:, None]).to(out_dtype)
+        out = (total / (counts if real is None else counts.clamp_min(1)).to(dtype)[:, None]).to(out_dtype)
     else:
         starts = torch.cumsum(counts, 0) - counts
+        if real is not None:  # a padding row's start may be N: read from one extra row, masked below
+            order = torch.cat([order, order.new_zeros((1,))])
         if mode == "random":
             # N draws, one read per voxel (at its first sorted row): torch.compile cannot make a
             # random tensor of the data-dependent size V
             # (and the generator overload of torch.rand needs concrete sizes: not passed when None)
             draw = {} if generator is None else {"generator": generator}
-            u = torch.rand(flat.shape[0], dtype=torch.float64, device=flat.device, **draw).index_select(0, starts)
-            starts = starts + torch.minimum((u * counts).to(torch.int64), counts - 1)
+            u = torch.rand(flat.shape[0], dtype=torch.float64, device=flat.device, **draw)
+            if real is not None:
+                u = torch.cat([u, u.new_zeros((1,))])
+            u = u.index_select(0, starts)
+            last = counts - 1 if real is None else (counts - 1).clamp_min(0)
+            starts = starts + torch.minimum((u * counts).to(torch.int64), last)
         index = order.index_select(0, starts)
-        out = flat.index_select(0, index)
+        if real is None:
+            out = flat.index_select(0, index)
+        else:
+            out = _padded_rows(flat, index, real)
         if padded is not None:
             index = index - voxel_batch * padded[1]
+        if real is not None:
+            index = torch.where(real, index, -1)
     if padded is not None:
         inverse = inverse.reshape(padded)
-    return GridSample(out, coords, index, inverse, voxel_batch)
+    if bound is None:
+        return GridSample(out, coords, index, inverse, voxel_batch)
+    return GridSamplePadded(out, coords, index, inverse, voxel_batch, count)
 
 
-__all__ = ["GridSample", "grid_sample"]
+def _padded_rows(x: torch.Tensor, index: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` at the real rows, 0 at the padding rows (differentiable in x; x may be empty)."""
+    if x.shape[0] == 0:  # a shape test, not a data read
+        return x.new_zeros((index.shape[0], *x.shape[1:]))
+    rows = x.index_select(0, torch.where(real, index, 0))
+    return torch.where(real.reshape(-1, *[1] * (x.dim() - 1)), rows, 0)
+
+
+__all__ = ["GridSample", "GridSamplePadded", "grid_sample"]

@@ -13,6 +13,15 @@ Codes are Pointcept's ``encode`` codes for the same grid coordinates (x, y, z), 
 One Warp kernel (a thread per point, all requested curves) computes them on the CPU (all
 cores through :func:`pcops._warp.launch`) and CUDA; the sort order (a stable argsort of the
 codes) and its inverse are torch. Integer outputs only: nothing to differentiate.
+
+Serialized pooling's custom op ``pcops::serialized_cluster`` numbers the parents; their number
+depends on the data (a dynamic size in its fake) unless ``serialized_pool`` is given
+``max_clusters=M``: then the op's ``size`` is M, its fake sizes follow from the input shapes and
+M alone, and default ``torch.compile`` (no fullgraph) keeps the whole function in one graph.
+The result has exactly M parent rows (the first min(V, M) parents in increasing code, then
+padding: zero features / coord, -1 codes, order, inverse, grid_coord, batch and head) and the
+true V as ``count``; on overflow the parents past the first M are dropped and ``cluster`` is -1
+for their points (no host read, no error, no warning).
 """
 
 from typing import NamedTuple, Optional, Sequence, Union
@@ -39,6 +48,25 @@ class SerializedPool(NamedTuple):
     batch: Optional[torch.Tensor]  # (V,) sample id of each parent
     cluster: torch.Tensor  # (N,) int64: the parent of each point (Pointcept's pooling_inverse)
     head: torch.Tensor  # (V,) int64: each parent's first point (smallest index)
+
+
+class SerializedPoolPadded(NamedTuple):
+    """Result of :func:`serialized_pool` with ``max_clusters=M``: SerializedPool's fields with
+    exactly M parent rows (the first min(count, M) are the parents, the rest padding: zero
+    ``features`` / ``coord``, -1 in ``code``, ``order``, ``inverse``, ``grid_coord``, ``batch``,
+    ``head``), ``cluster`` -1 for a point whose parent was dropped (overflow), and ``count``
+    0-dim int64, the true number of parents V (may exceed M)."""
+
+    code: torch.Tensor
+    order: torch.Tensor
+    inverse: torch.Tensor
+    features: Optional[torch.Tensor]
+    coord: Optional[torch.Tensor]
+    grid_coord: Optional[torch.Tensor]
+    batch: Optional[torch.Tensor]
+    cluster: torch.Tensor
+    head: torch.Tensor
+    count: torch.Tensor
 
 
 class Serialization(NamedTuple):
@@ -225,24 +253,50 @@ def serialize(
 
 
 @torch.library.custom_op("pcops::serialized_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _serialized_cluster(code: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _serialized_cluster(code: torch.Tensor, shift: int, size: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """code (N,) int64 -> points sharing code >> shift: (cluster (N,), points sorted by parent (N,),
-    where each parent starts among them (V,)); parents in increasing code, points of a parent
-    in increasing index."""
+    a CSR pointer of the parents over them (V + 1,), V as a 0-dim int64); parents in increasing
+    code, points of a parent in increasing index.
+
+    ``size`` >= 0: exactly ``size`` parents (the first min(V, size); the pointer then stays at the
+    end of the kept parents' points: empty padding parents), cluster -1 for the points of the
+    dropped parents; -1: V parents (data-dependent).
+    """
     key = code >> shift
     key, indices = torch.sort(key, stable=True)
     first = torch.ones_like(key, dtype=torch.bool)
     first[1:] = key[1:] != key[:-1]
     cluster = torch.empty_like(indices)
     cluster[indices] = torch.cumsum(first, 0) - 1
-    return cluster, indices, torch.nonzero(first)[:, 0]
+    starts = torch.nonzero(first)[:, 0]
+    v, n = starts.shape[0], indices.shape[0]
+    count = torch.tensor(v, dtype=torch.int64, device=code.device)
+    if size < 0:
+        return cluster, indices, torch.cat([starts, starts.new_full((1,), n)]), count
+    if v > size:
+        cluster = torch.where(cluster < size, cluster, -1)
+    end = int(starts[size]) if v > size else n  # the kept parents' points end here
+    offsets = starts.new_full((size + 1,), end)
+    offsets[: min(v, size)] = starts[:size]
+    return cluster, indices, offsets, count
 
 
 @_serialized_cluster.register_fake
-def _(code, shift):
-    v = torch.library.get_ctx().new_dynamic_size()
+def _(code, shift, size=-1):
+    # the pointer's length V + 1 is the dynamic size itself (an unbacked size must be bare)
+    pointer = torch.library.get_ctx().new_dynamic_size(min=1) if size < 0 else size + 1
     n = code.shape[0]
-    return code.new_empty((n,)), code.new_empty((n,)), code.new_empty((v,))
+    return code.new_empty((n,)), code.new_empty((n,)), code.new_empty((pointer,)), code.new_empty(())
+
+
+def _parent_rows(x: torch.Tensor, head: torch.Tensor, real: Optional[torch.Tensor], fill: int) -> torch.Tensor:
+    """``x[head]`` along dim 0, ``fill`` at the padding rows (``real`` False); x may be empty."""
+    if real is None:
+        return x.index_select(0, head)
+    if x.shape[0] == 0:  # a shape test, not a data read
+        return x.new_full((head.shape[0], *x.shape[1:]), fill)
+    rows = x.index_select(0, torch.where(real, head, 0))
+    return torch.where(real.reshape(-1, *[1] * (x.dim() - 1)), rows, fill)
 
 
 def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce) -> int:
@@ -290,7 +344,9 @@ def serialized_pool(
     grid_coord: Optional[torch.Tensor] = None,
     batch: Optional[torch.Tensor] = None,
     reduce: str = "max",
-) -> SerializedPool:
+    *,
+    max_clusters: Optional[int] = None,
+) -> Union[SerializedPool, SerializedPoolPadded]:
     """Point Transformer V3's serialized pooling (Pointcept's ``SerializedPooling``, without its
     linear projection, norm and activation): points whose codes agree above bit
     3 * pooling_depth (the same cell of a grid 2**pooling_depth times coarser, same sample)
@@ -305,6 +361,9 @@ def serialized_pool(
         grid_coord: optional integer Tensor (N, 3), returned as ``grid_coord >> k`` per parent.
         batch: optional integer Tensor (N,) of sample ids, returned per parent.
         reduce: "max" (PTv3's default), "mean", "sum" or "min" for the features.
+        max_clusters: optional int M >= 1, an upper bound on the number of parents: the result
+            has exactly M parent rows (static shapes, so ``torch.compile`` needs no graph break
+            or dynamic size) and a ``count``. None: V rows.
 
     Returns:
         SerializedPool(code, order, inverse, features, coord, grid_coord, batch, cluster, head):
@@ -316,15 +375,28 @@ def serialized_pool(
         per-point attribute (``x[head]``). V depends on the data (a dynamic size under
         ``torch.compile``). Differentiable with respect to ``features`` and ``coord`` (max/min:
         the gradient goes to the first arg-extremum, see :func:`pcops.segment_reduce`).
+
+        With ``max_clusters=M``: SerializedPoolPadded(..., head, count), the parent rows (M, ...)
+        or (K, M): the first min(V, M) are those of the unbounded call, the rest padding (zero
+        ``features`` / ``coord``; -1 in ``code``, ``order``, ``inverse``, ``grid_coord``,
+        ``batch``, ``head``); ``count`` a 0-dim int64 tensor, the true V (not capped). If V > M
+        the parents after the first M (in increasing code) are dropped and ``cluster`` is -1
+        for their points (``serialized_unpool`` needs cluster >= 0: mask them first).
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
+    bound = None if max_clusters is None else _validate.count("max_clusters", _validate.plain(max_clusters))
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
-    cluster, indices, starts = torch.ops.pcops.serialized_cluster(codes[0].contiguous(), shift)
-    head = indices[starts]
-    offsets = torch.cat([starts, starts.new_full((1,), indices.shape[0])])  # CSR pointer over ``indices``
-    parent = codes.index_select(1, head) >> shift
-    order, inverse = _sort_rows(parent)
+    cluster, indices, offsets, count = torch.ops.pcops.serialized_cluster(codes[0].contiguous(), shift, -1 if bound is None else bound)
+    # bounded: padding parents are the empty segments of the pointer (every parent has a point)
+    real = None if bound is None else offsets[1:] > offsets[:-1]
+    head = _parent_rows(indices, offsets[:-1], real, -1)
+    parent = (codes.index_select(1, head) if real is None else _parent_rows(codes.t(), head, real, -1).t()) >> shift
+    if real is None:
+        order, inverse = _sort_rows(parent)
+    else:  # padding sorts last, then reads -1
+        order, inverse = _sort_rows(torch.where(real, parent, torch.iinfo(torch.int64).max))
+        order, inverse = torch.where(real, order, -1), torch.where(real, inverse, -1)
     if code.dim() == 1:
         parent, order, inverse = parent[0], order[0], inverse[0]
     position = None
@@ -332,9 +404,11 @@ def serialized_pool(
         position = torch.empty_like(indices).scatter_(0, indices, torch.arange(indices.shape[0], device=indices.device))
     pooled = None if features is None else _segment.reduce_sorted(features, offsets, reduce, indices, position)
     mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position)
-    coarse = None if grid_coord is None else grid_coord.index_select(0, head) >> pooling_depth
-    parent_batch = None if batch is None else batch.index_select(0, head)
-    return SerializedPool(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head)
+    coarse = None if grid_coord is None else _parent_rows(grid_coord, head, real, -1) >> pooling_depth
+    parent_batch = None if batch is None else _parent_rows(batch, head, real, -1)
+    if bound is None:
+        return SerializedPool(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head)
+    return SerializedPoolPadded(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head, count)
 
 
 def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor) -> torch.Tensor:
@@ -363,4 +437,4 @@ def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor) -> torch.Te
     return features.index_select(0, cluster.to(torch.int64))
 
 
-__all__ = ["Serialization", "SerializedPool", "serialize", "serialized_pool", "serialized_unpool"]
+__all__ = ["Serialization", "SerializedPool", "SerializedPoolPadded", "serialize", "serialized_pool", "serialized_unpool"]

@@ -12,9 +12,16 @@ The custom op ``pcops::voxel_cluster`` assigns the voxels (it returns indices on
 number of voxels depends on the data and is declared in its fake as a dynamic size). The
 pooling is torch ``index_add`` / ``scatter_reduce`` on those indices, so gradients flow to
 the points and the features, and ``torch.compile(fullgraph=True)`` traces the whole op.
+
+Bounded form (``max_voxels=M``): the op's ``size`` argument is M, its fake sizes follow from
+the input shapes and M alone (no dynamic size), so default ``torch.compile`` (no fullgraph)
+keeps the whole function in one graph. The result has exactly M rows: the first
+min(V, M) voxels in the usual order, then padding (zero points and features); ``count`` is the
+true V. On overflow (V > M) the voxels past the first M are dropped and their points' cluster
+is -1 (no host read, no error, no warning).
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -29,12 +36,30 @@ class VoxelPool(NamedTuple):
     cluster: torch.Tensor
 
 
+class VoxelPoolPadded(NamedTuple):
+    """Result of :func:`voxel_pool` with ``max_voxels=M``: ``points`` (M, 3) and ``features``
+    (M, F) or None, zero past the first min(count, M) rows; ``cluster`` (N,) int64, -1 for a
+    point whose voxel was dropped (overflow); ``count`` 0-dim int64, the true number of voxels V
+    (may exceed M)."""
+
+    points: torch.Tensor
+    features: Optional[torch.Tensor]
+    cluster: torch.Tensor
+    count: torch.Tensor
+
+
 _KEY_LIMIT = 2.0**52  # voxel coordinates stay exact integers in float64 and int64
 
 
 @torch.library.custom_op("pcops::voxel_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _voxel_cluster(points: torch.Tensor, voxel_size: float, batch: Optional[torch.Tensor], validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """points (N, 3) -> (cluster (N,) int64, sample id of each voxel (V,) int64)."""
+def _voxel_cluster(
+    points: torch.Tensor, voxel_size: float, batch: Optional[torch.Tensor], validate: bool, size: int = -1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """points (N, 3) -> (cluster (N,) int64, sample id of each voxel (V,) int64, V as a 0-dim int64).
+
+    ``size`` >= 0: the voxel rows are exactly ``size`` (the first min(V, size) voxels, then -1)
+    and points of the voxels past ``size`` get cluster -1; ``size`` = -1: V rows (data-dependent).
+    """
     _validate.positive_number("voxel_size", voxel_size)
     if validate:
         _validate.finite(points=points)
@@ -44,7 +69,7 @@ def _voxel_cluster(points: torch.Tensor, voxel_size: float, batch: Optional[torc
     n = points.shape[0]
     ids = torch.zeros(n, dtype=torch.int64, device=points.device) if batch is None else batch.to(torch.int64)
     if n == 0:
-        return ids.new_empty((0,)), ids.new_empty((0,))
+        return _bounded(ids.new_empty((0,)), ids.new_empty((0,)), size)
     cells = cells.to(torch.int64)
     cells -= cells.amin(0)
     span = (cells.amax(0) + 1).tolist()
@@ -57,15 +82,30 @@ def _voxel_cluster(points: torch.Tensor, voxel_size: float, batch: Optional[torc
         first[1:] = key[1:] != key[:-1]
         cluster = torch.empty_like(order)
         cluster[order] = torch.cumsum(first, 0) - 1
-        return cluster, ids[order][first]
+        return _bounded(cluster, ids[order][first], size)
     voxels, cluster = torch.unique(torch.cat([ids[:, None], cells], 1), dim=0, sorted=True, return_inverse=True)
-    return cluster.reshape(n), voxels[:, 0].contiguous()
+    return _bounded(cluster.reshape(n), voxels[:, 0].contiguous(), size)
+
+
+def _bounded(cluster: torch.Tensor, voxel_batch: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cluster, voxel_batch, V) cut or padded to ``size`` voxel rows (-1 padding; cluster -1
+    for the points of dropped voxels); unchanged for size < 0."""
+    v = voxel_batch.shape[0]
+    count = torch.tensor(v, dtype=torch.int64, device=cluster.device)
+    if size < 0:
+        return cluster, voxel_batch, count
+    if v > size:
+        cluster = torch.where(cluster < size, cluster, -1)
+    rows = voxel_batch.new_full((size,), -1)
+    rows[: min(v, size)] = voxel_batch[:size]
+    return cluster, rows, count
 
 
 @_voxel_cluster.register_fake
-def _(points, voxel_size, batch, validate):
-    v = torch.library.get_ctx().new_dynamic_size()
-    return points.new_empty((points.shape[0],), dtype=torch.int64), points.new_empty((v,), dtype=torch.int64)
+def _(points, voxel_size, batch, validate, size=-1):
+    v = torch.library.get_ctx().new_dynamic_size() if size < 0 else size
+    like = points.new_empty((0,), dtype=torch.int64)
+    return like.new_empty((points.shape[0],)), like.new_empty((v,)), like.new_empty(())
 
 
 def voxel_pool(
@@ -76,7 +116,8 @@ def voxel_pool(
     batch: Optional[torch.Tensor] = None,
     reduce: str = "mean",
     validate: bool = True,
-) -> VoxelPool:
+    max_voxels: Optional[int] = None,
+) -> Union[VoxelPool, VoxelPoolPadded]:
     """Pool points (and features) into the occupied voxels of a grid of cubes of side ``voxel_size``.
 
     Args:
@@ -86,6 +127,9 @@ def voxel_pool(
         batch: optional int tensor (N,) of sample ids (sorted or not): samples never share a voxel.
         reduce: "mean" or "max", how features are pooled (points are always averaged).
         validate: check the points for NaN/inf and the ids for range.
+        max_voxels: optional int M >= 1, an upper bound on the number of voxels: the result
+            has exactly M rows (static shapes, so ``torch.compile`` needs no graph break or
+            dynamic size) and a ``count``. None: V rows (a data-dependent size).
 
     Returns:
         VoxelPool(points, features, cluster): ``points`` (V, 3), the mean of each occupied
@@ -96,30 +140,45 @@ def voxel_pool(
         the data (declared as a dynamic size under ``torch.compile``). Differentiable with
         respect to ``points`` and ``features`` (for "max", the gradient goes to the maximum,
         split evenly between tied maxima as ``scatter_reduce`` does).
+
+        With ``max_voxels=M``: VoxelPoolPadded(points, features, cluster, count), ``points``
+        (M, 3) and ``features`` (M, F): the first min(V, M) rows are those of the unbounded
+        call, the rest zeros; ``count`` a 0-dim int64 tensor, the true V (not capped). If
+        V > M the voxels after the first M (in the order above) are dropped and ``cluster`` is
+        -1 for their points.
     """
     voxel_size = _validate.plain(voxel_size)  # NumPy scalars as Python numbers
     _validate.points("points", points)
     _validate.positive_number("voxel_size", voxel_size)
     if reduce not in ("mean", "max"):
         raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
+    bound = None if max_voxels is None else _validate.count("max_voxels", _validate.plain(max_voxels))
     flat = _batch.single(points, features, batch=batch, validate=validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
-    cluster, voxel_batch = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, flat.validate)
-    v = voxel_batch.shape[0]
-    counts = pts.new_zeros((v,)).index_add(0, cluster, pts.new_ones((pts.shape[0],)))
-    pooled = (pts.new_zeros((v, 3)).index_add(0, cluster, pts) / counts[:, None]).to(out_dtype)
+    size = -1 if bound is None else bound
+    cluster, voxel_batch, count = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, flat.validate, size)
+    if bound is None:
+        v, rows = voxel_batch.shape[0], cluster
+    else:  # the points of dropped voxels pool into one spare row past the bound, cut off below
+        v, rows = bound + 1, torch.where(cluster >= 0, cluster, bound)
+    counts = pts.new_zeros((v,)).index_add(0, rows, pts.new_ones((pts.shape[0],)))
+    if bound is not None:
+        counts = counts.clamp_min(1)  # empty padding rows: 0 / 1
+    pooled = (pts.new_zeros((v, 3)).index_add(0, rows, pts) / counts[:, None]).to(out_dtype)
     pooled_features = None
     if features is not None:
         fdtype, f_out = _validate.compute_dtype(features)
         f = features.to(fdtype)
         if reduce == "mean":
-            pooled_features = f.new_zeros((v, f.shape[1])).index_add(0, cluster, f) / counts.to(fdtype)[:, None]
+            pooled_features = f.new_zeros((v, f.shape[1])).index_add(0, rows, f) / counts.to(fdtype)[:, None]
         else:
-            index = cluster[:, None].expand(-1, f.shape[1])
+            index = rows[:, None].expand(-1, f.shape[1])
             pooled_features = f.new_zeros((v, f.shape[1])).scatter_reduce(0, index, f, "amax", include_self=False)
         pooled_features = pooled_features.to(f_out)
-    return VoxelPool(pooled, pooled_features, cluster)
+    if bound is None:
+        return VoxelPool(pooled, pooled_features, cluster)
+    return VoxelPoolPadded(pooled[:bound], None if pooled_features is None else pooled_features[:bound], cluster, count)
 
 
-__all__ = ["VoxelPool", "voxel_pool"]
+__all__ = ["VoxelPool", "VoxelPoolPadded", "voxel_pool"]

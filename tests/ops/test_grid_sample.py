@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import pcops
+from pcops.ops.grid_sample import GridSample, GridSamplePadded
 from tests import reference
 from tests.compile_check import assert_compiles
 from tests.op_suite import F64, OpSuite, assert_matches, pack, pad
@@ -237,6 +239,172 @@ def test_empty_cloud():
     assert out.points.shape == (0, 3) and out.coords.shape == (0, 3) and out.index.shape == (0,) and out.inverse.shape == (0,)
 
 
+# -- bounded form: max_voxels (static shapes, padded rows, the true count) ------------------------
+
+PAD = {"points": 0, "coords": -1, "index": -1, "batch": -1}  # the padding of the voxel rows
+
+
+def compiled_breaks(fn, calls, **options):
+    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
+    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="aot_eager", **options)
+    for args in calls:
+        results = []
+        for f in (fn, compiled):
+            out = f(*args)
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
+            results.append((out, torch.autograd.grad(loss, leaves)))
+        (eager, g_eager), (comp, g_comp) = results
+        for a, b in zip(comp + g_comp, eager + g_eager):
+            torch.testing.assert_close(a, b)  # exact for integer outputs
+    return dict(counters["graph_break"])
+
+
+def assert_padded_form(out, full, bound):
+    """``out`` (bounded) holds ``full``'s (unbounded) first min(V, bound) voxels, then padding;
+    inverse -1 for the points of dropped voxels; count V."""
+    v = full.points.shape[0]
+    keep = min(v, bound)
+    assert type(out) is GridSamplePadded and type(full) is GridSample and out._fields == (*GridSample._fields, "count")
+    assert out.count.dtype == torch.int64 and out.count.shape == () and int(out.count) == v
+    for name, fill in PAD.items():
+        a, e = getattr(out, name), getattr(full, name)
+        if e is None:
+            assert a is None
+            continue
+        assert a.shape == (bound, *e.shape[1:]) and a.dtype == e.dtype, name
+        assert torch.equal(a[:keep], e[:keep]), name
+        assert torch.all(a[keep:] == fill), name
+    assert torch.equal(out.inverse, torch.where(full.inverse < bound, full.inverse, -1))
+
+
+@pytest.mark.parametrize("mode", ["first", "mean", "random"])
+@pytest.mark.parametrize("extra", [0, 9, -20], ids=["exact", "padded", "overflow"])
+def test_bounded_equals_unbounded_on_the_first_count_rows(gen, mode, extra):
+    p = torch.rand(150, 3, generator=gen, dtype=F64) * 2 - 1
+    batch = torch.randint(0, 3, (150,), generator=gen)
+    torch.manual_seed(5)
+    full = pcops.grid_sample(p, 0.4, batch=batch, mode=mode)
+    v = full.points.shape[0]
+    assert v > 40
+    torch.manual_seed(5)  # "random": the same draws
+    out = pcops.grid_sample(p, 0.4, batch=batch, mode=mode, max_voxels=v + extra)
+    assert_padded_form(out, full, v + extra)
+    if mode != "random":  # and the independent reference
+        expected = grid_reference(p, 0.4, batch=batch, mode=mode)
+        keep = min(v, v + extra)
+        for a, e, name in zip((out.points, out.coords, out.index, out.batch), expected[:3] + expected[4:], ("points", "coords", "index", "batch")):
+            if e is not None:
+                assert_matches(a[:keep], e[:keep], F64, name)
+
+
+def test_bounded_padded_input_equals_a_per_sample_loop(gen):
+    sizes = [30, 0, 9, 1]
+    pts = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+    padded_pts, lengths = pad(pts)
+    out = pcops.grid_sample(padded_pts, 0.3, lengths=lengths, max_voxels=50)
+    full = pcops.grid_sample(padded_pts, 0.3, lengths=lengths)
+    assert_padded_form(out, full, 50)
+    first = 0
+    for b, n in enumerate(sizes):
+        alone = pcops.grid_sample(pts[b], 0.3)
+        v = alone.points.shape[0]
+        assert torch.equal(out.points[first : first + v], alone.points) and torch.equal(out.index[first : first + v], alone.index)
+        assert torch.equal(out.coords[first : first + v], alone.coords) and torch.all(out.batch[first : first + v] == b)
+        assert torch.equal(out.inverse[b, :n] - first, alone.inverse) and torch.all(out.inverse[b, n:] == -1)
+        first += v
+    assert int(out.count) == first
+
+
+def test_overflow_drops_whole_later_samples_and_marks_their_points(gen):
+    p = torch.rand(40, 3, generator=gen, dtype=F64)
+    batch = torch.arange(40) % 2  # sample 1's voxels all come after sample 0's
+    full = pcops.grid_sample(p, 0.5, batch=batch)
+    first_sample = int((full.batch == 0).sum())
+    out = pcops.grid_sample(p, 0.5, batch=batch, max_voxels=first_sample)
+    assert_padded_form(out, full, first_sample)
+    assert torch.all(out.batch == 0) and torch.all(out.inverse[batch == 1] == -1) and torch.all(out.inverse[batch == 0] >= 0)
+    assert int(out.count) == full.points.shape[0]
+
+
+def test_bounded_empty_cloud_is_all_padding():
+    out = pcops.grid_sample(torch.zeros(0, 3), 0.1, max_voxels=3)
+    assert out.points.shape == (3, 3) and torch.all(out.points == 0) and torch.all(out.coords == -1)
+    assert out.index.tolist() == [-1] * 3 and out.batch.tolist() == [-1] * 3 and out.inverse.shape == (0,)
+    assert int(out.count) == 0
+
+
+@pytest.mark.parametrize("mode", ["first", "mean"])
+def test_bounded_gradcheck(gen, mode):
+    inputs = TestGridSampleFirst().grad_inputs(gen)  # points near voxel centres
+    v = pcops.grid_sample(inputs["points"], 0.25).points.shape[0]
+    for m in (v + 3, v - 2):  # padded, and overflowing (dropped points: zero gradient)
+        fn = lambda x: pcops.grid_sample(x, 0.25, mode=mode, max_voxels=m).points  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (inputs["points"].clone().requires_grad_(),))
+
+
+def test_bounded_opcheck(gen):
+    p = torch.rand(40, 3, generator=gen)
+    batch = torch.randint(0, 3, (40,), generator=gen)
+    padded = torch.where(torch.arange(40) < 30, batch, -1)
+    origin = torch.tensor([-0.1, 0.2, 0.0], dtype=F64)
+    op = torch.ops.pcops.grid_cluster.default
+    for size in (-1, 1, 6, 200):
+        torch.library.opcheck(op, (p, 0.3, None, None, True, size))
+        torch.library.opcheck(op, (p.double(), 0.25, origin, batch, True, size))
+        torch.library.opcheck(op, (p, 0.2, None, padded, True, size))
+    torch.library.opcheck(op, (p[:0], 0.3, None, None, True, 3))
+
+
+def _sample_fn(max_voxels, mode="first"):
+    def fn(points, batch):
+        return tuple(x for x in pcops.grid_sample(points, 0.3, batch=batch, mode=mode, max_voxels=max_voxels) if x is not None)
+
+    return fn
+
+
+def _calls(gen):
+    return [(torch.rand(n, 3, generator=gen).requires_grad_(), torch.randint(0, 3, (n,), generator=gen)) for n in (40, 61)]
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+@pytest.mark.parametrize("mode", ["first", "mean"])
+def test_bounded_compiles_without_graph_breaks(gen, options, mode):
+    for bound in (64, 8):  # padded, and overflowing
+        assert compiled_breaks(_sample_fn(bound, mode), _calls(gen), **options) == {}
+
+
+def test_bounded_compiles_fullgraph(gen):
+    assert_compiles(_sample_fn(64), _calls(gen), ops=("pcops.grid_cluster",), backend="aot_eager")
+
+
+def test_bounded_random_mode_compiles_without_graph_breaks(gen):
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_sample_fn(100, "random"), backend="aot_eager")
+    p = torch.rand(200, 3, generator=gen)
+    points, coords, index, inverse, batch, count = compiled(p, torch.zeros(200, dtype=torch.long))
+    v = int(count)
+    assert not counters["graph_break"] and 0 < v <= 100
+    assert torch.equal(points[:v], p[index[:v]]) and torch.equal(inverse[index[:v]], torch.arange(v))
+    assert torch.all(index[v:] == -1) and torch.all(points[v:] == 0)
+
+
+def test_unbounded_breaks_the_graph_at_the_op_under_default_compile(gen):
+    breaks = compiled_breaks(_sample_fn(None), _calls(gen))
+    assert breaks and all("pcops.grid_cluster" in reason for reason in breaks), breaks
+
+
+def test_bad_max_voxels_raises(gen):
+    p = torch.rand(10, 3, generator=gen)
+    for bad, error in ((0, ValueError), (-1, ValueError), (False, TypeError), (8.0, TypeError), ("8", TypeError)):
+        with pytest.raises(error, match="max_voxels"):
+            pcops.grid_sample(p, 0.1, max_voxels=bad)
+
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu(gen):
     p = torch.rand(5000, 3, generator=gen)
@@ -245,3 +413,17 @@ def test_cuda_matches_cpu(gen):
     gpu = pcops.grid_sample(p.cuda(), 0.05, batch=batch.cuda())
     for a, b in zip(gpu, cpu):
         assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.cuda
+def test_bounded_cuda_matches_cpu(gen):
+    p = torch.rand(5000, 3, generator=gen)
+    batch = torch.randint(0, 4, (5000,), generator=gen)
+    for mode in ("first", "mean"):
+        for m in (20_000, 300):  # padded, and overflowing
+            cpu = pcops.grid_sample(p, 0.05, batch=batch, mode=mode, max_voxels=m)
+            gpu = pcops.grid_sample(p.cuda(), 0.05, batch=batch.cuda(), mode=mode, max_voxels=m)
+            for a, b in zip(gpu, cpu):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a.cpu(), b)

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 import warp as wp
+from torch._dynamo.utils import counters
 
 import pcops
 from pcops import _warp
@@ -445,3 +446,205 @@ def test_pool_compiles_fullgraph_with_a_dynamic_number_of_parents(gen):
         calls.append((grid, torch.randint(0, 2, (n,), generator=gen), torch.randn(n, 3, generator=gen).requires_grad_(),
                       (grid * 0.1).float().requires_grad_()))
     assert_compiles(fn, calls, ops=("pcops.serialize_codes", "pcops.serialized_cluster", "pcops.segment_reduce"), backend="aot_eager")
+
+
+# -- bounded pooling: max_clusters (static shapes, padded rows, the true count) -------------------
+
+INDEX_FIELDS = ("code", "order", "inverse", "grid_coord", "batch", "head")  # padded with -1 (features, coord: 0)
+
+
+def compiled_breaks(fn, calls, **options):
+    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
+    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="aot_eager", **options)
+    for args in calls:
+        results = []
+        for f in (fn, compiled):
+            out = f(*args)
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
+            results.append((out, torch.autograd.grad(loss, leaves)))
+        (eager, g_eager), (comp, g_comp) = results
+        for a, b in zip(comp + g_comp, eager + g_eager):
+            torch.testing.assert_close(a, b)  # exact for integer outputs
+    return dict(counters["graph_break"])
+
+
+def assert_padded_pool(out, full, bound):
+    """``out`` (bounded) holds ``full``'s (unbounded) first min(V, bound) parents, then padding;
+    cluster -1 for the points of dropped parents; count V. With overflow, order / inverse are
+    the argsort of the kept parents (compared by the codes they sort)."""
+    SP = serialize_module.SerializedPool
+    v = full.head.shape[0]
+    keep = min(v, bound)
+    assert type(out) is serialize_module.SerializedPoolPadded and type(full) is SP and out._fields == (*SP._fields, "count")
+    assert out.count.dtype == torch.int64 and out.count.shape == () and int(out.count) == v
+    assert torch.equal(out.cluster, torch.where(full.cluster < bound, full.cluster, -1))
+    for name in SP._fields:
+        a, e = getattr(out, name), getattr(full, name)
+        if name == "cluster" or e is None:
+            assert (a is None) == (e is None), name
+            continue
+        rows_a, rows_e = (a, e) if name in ("code", "order", "inverse") and e.dim() == 2 else (a[None], e[None])  # parents along dim 1
+        assert rows_a.shape[1] == bound and rows_a.shape[2:] == rows_e.shape[2:] and a.dtype == e.dtype, name
+        assert torch.all(rows_a[:, keep:] == (0 if a.dtype.is_floating_point else -1)), name
+        if name in ("order", "inverse") and keep < v:
+            continue
+        assert torch.equal(rows_a[:, :keep], rows_e[:, :keep]), name
+    codes = out.code if out.code.dim() == 2 else out.code[None]
+    order = out.order if out.order.dim() == 2 else out.order[None]
+    for c, o in zip(codes, order):  # order sorts the kept parents' codes
+        assert torch.equal(c[o[:keep]], torch.sort(c[:keep], stable=True).values)
+        assert torch.equal(o[:keep], torch.sort(c[:keep], stable=True).indices)
+
+
+@pytest.mark.parametrize("reduce", ["max", "mean", "sum", "min"])
+@pytest.mark.parametrize("extra", [0, 11, -100], ids=["exact", "padded", "overflow"])
+def test_bounded_pool_equals_unbounded_on_the_first_count_rows(gen, reduce, extra):
+    grid, batch, features, coord = pool_inputs(gen)
+    code = pcops.serialize(grid, batch, depth=5, order=["hilbert", "z"]).code
+    full = pcops.serialized_pool(code, 1, features, coord, grid, batch, reduce=reduce)
+    v = full.head.shape[0]
+    assert v > 100
+    out = pcops.serialized_pool(code, 1, features, coord, grid, batch, reduce=reduce, max_clusters=v + extra)
+    assert_padded_pool(out, full, v + extra)
+    expected = pool_reference(code[0], 1, features, coord, grid, batch, reduce)  # the independent reference
+    keep = min(v, v + extra)
+    for name in ("grid_coord", "batch", "head"):
+        assert torch.equal(getattr(out, name)[:keep], expected[name][:keep]), name
+    assert torch.equal(out.code[0, :keep], expected["code"][:keep])
+    torch.testing.assert_close(out.features[:keep], expected["features"][:keep], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.coord[:keep], expected["coord"][:keep], rtol=1e-12, atol=1e-12)
+
+
+def test_bounded_pool_of_one_order_and_no_attributes(gen):
+    grid = torch.randint(0, 8, (60, 3), generator=gen)
+    code = pcops.serialize(grid, depth=3).code
+    full = pcops.serialized_pool(code, 1)
+    for bound in (3, 100):
+        assert_padded_pool(pcops.serialized_pool(code, 1, max_clusters=bound), full, bound)
+
+
+def test_bounded_pool_batch_equals_a_per_sample_loop(gen):
+    sizes = [50, 0, 9, 1]
+    grids = [torch.randint(0, 16, (n, 3), generator=gen) for n in sizes]
+    feats = [torch.randn(n, 3, generator=gen, dtype=F64) for n in sizes]
+    batch = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
+    perm = torch.randperm(batch.numel(), generator=gen)
+    grid, features, batch = torch.cat(grids)[perm], torch.cat(feats)[perm], batch[perm]
+    code = pcops.serialize(grid, batch, depth=4, order="hilbert").code
+    out = pcops.serialized_pool(code, 1, features, grid_coord=grid, batch=batch, max_clusters=80)
+    first = 0
+    for b in range(len(sizes)):
+        rows = batch == b
+        alone = pcops.serialized_pool(pcops.serialize(grid[rows], depth=4, order="hilbert").code, 1, features[rows], grid_coord=grid[rows])
+        v = alone.features.shape[0]
+        assert torch.equal(out.features[first : first + v], alone.features)
+        assert torch.equal(out.grid_coord[first : first + v], alone.grid_coord)
+        assert torch.equal(out.code[first : first + v], alone.code + (b << 9))
+        assert torch.all(out.batch[first : first + v] == b)
+        assert torch.equal(out.cluster[rows] - first, alone.cluster)
+        first += v
+    assert int(out.count) == first and torch.all(out.batch[first:] == -1)
+
+
+def test_bounded_pool_overflow_drops_the_last_parents_and_marks_their_points(gen):
+    grid, batch, features, _ = pool_inputs(gen, n=80)
+    code = pcops.serialize(grid, batch, depth=5).code
+    full = pcops.serialized_pool(code, 1, features, batch=batch, reduce="sum")
+    out = pcops.serialized_pool(code, 1, features, batch=batch, reduce="sum", max_clusters=10)
+    assert int(out.count) == full.head.shape[0] > 10 and out.features.shape == (10, 4)
+    dropped = full.cluster >= 10
+    assert torch.all(out.cluster[dropped] == -1) and torch.equal(out.cluster[~dropped], full.cluster[~dropped])
+    assert torch.equal(out.features, full.features[:10])  # the kept sums hold none of the dropped points
+    x = features.clone().requires_grad_()
+    (g,) = torch.autograd.grad(pcops.serialized_pool(code, 1, x, max_clusters=10, reduce="sum").features.sum(), x)
+    assert torch.all(g[dropped] == 0) and torch.all(g[~dropped] == 1)
+
+
+def test_bounded_pool_empty_cloud_is_all_padding():
+    code = pcops.serialize(torch.zeros(0, 3, dtype=torch.long), depth=4, order=["z", "hilbert"]).code
+    out = pcops.serialized_pool(code, 1, torch.zeros(0, 2), torch.zeros(0, 3), max_clusters=3)
+    assert out.code.shape == out.order.shape == (2, 3) and torch.all(out.code == -1) and torch.all(out.order == -1)
+    assert out.features.shape == (3, 2) and torch.all(out.features == 0) and out.head.tolist() == [-1] * 3
+    assert out.cluster.shape == (0,) and int(out.count) == 0
+
+
+@pytest.mark.parametrize("reduce, extra", [("mean", 3), ("max", -2)], ids=["padded-mean", "overflow-max"])
+def test_bounded_pool_gradcheck(gen, reduce, extra):
+    grid, batch, features, coord = pool_inputs(gen, n=24, depth=3)
+    code = pcops.serialize(grid, batch, depth=3).code
+    m = pcops.serialized_pool(code, 1).head.shape[0] + extra  # overflowing: the dropped points get zero gradient
+
+    def fn(f, c):
+        out = pcops.serialized_pool(code, 1, f, c, reduce=reduce, max_clusters=m)
+        return out.features, out.coord
+
+    assert torch.autograd.gradcheck(fn, (features.clone().requires_grad_(), coord.clone().requires_grad_()))
+
+
+def test_bounded_pool_opcheck(gen):
+    code = pcops.serialize(torch.randint(0, 8, (60, 3), generator=gen), torch.randint(0, 2, (60,), generator=gen), depth=3).code
+    op = torch.ops.pcops.serialized_cluster.default
+    for shift in (0, 3, 6):
+        for size in (-1, 1, 5, 100):
+            torch.library.opcheck(op, (code, shift, size))
+    torch.library.opcheck(op, (code[:0], 3, 4))
+
+
+def _pool_fn(max_clusters):
+    def fn(grid, batch, features, coord):
+        s = pcops.serialize(grid, batch, depth=4, order=["hilbert", "z-trans"])
+        out = pcops.serialized_pool(s.code, 1, features, coord, grid, batch, reduce="max", max_clusters=max_clusters)
+        return (*(x for x in out if x is not None), pcops.serialized_unpool(out.features, out.cluster.clamp_min(0)))
+
+    return fn
+
+
+def _pool_calls(gen):
+    calls = []
+    for n in (40, 57):
+        grid = torch.randint(0, 16, (n, 3), generator=gen)
+        calls.append((grid, torch.randint(0, 2, (n,), generator=gen), torch.randn(n, 3, generator=gen).requires_grad_(),
+                      (grid * 0.1).float().requires_grad_()))
+    return calls
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_bounded_pool_compiles_without_graph_breaks(gen, options):
+    for bound in (64, 8):  # padded, and overflowing
+        assert compiled_breaks(_pool_fn(bound), _pool_calls(gen), **options) == {}
+
+
+def test_bounded_pool_compiles_fullgraph(gen):
+    ops = ("pcops.serialize_codes", "pcops.serialized_cluster", "pcops.segment_reduce")
+    assert_compiles(_pool_fn(64), _pool_calls(gen), ops=ops, backend="aot_eager")
+
+
+def test_unbounded_pool_breaks_the_graph_at_the_op_under_default_compile(gen):
+    breaks = compiled_breaks(_pool_fn(None), _pool_calls(gen))
+    assert breaks and all("pcops.serialized_cluster" in reason for reason in breaks), breaks
+
+
+def test_bad_max_clusters_raises(gen):
+    code = pcops.serialize(torch.randint(0, 8, (10, 3), generator=gen), depth=3).code
+    for bad, error in ((0, ValueError), (-2, ValueError), (True, TypeError), (4.0, TypeError), ("3", TypeError)):
+        with pytest.raises(error, match="max_clusters"):
+            pcops.serialized_pool(code, 1, max_clusters=bad)
+
+
+@pytest.mark.cuda
+def test_bounded_pool_cuda_matches_cpu(gen):
+    grid = torch.randint(0, 2**8, (10_000, 3), generator=gen)
+    batch = torch.randint(0, 4, (10_000,), generator=gen)
+    features = torch.randn(10_000, 8, generator=gen)
+    code = pcops.serialize(grid, batch, depth=8, order=["z", "hilbert"]).code
+    for m in (20_000, 500):  # padded, and overflowing
+        cpu = pcops.serialized_pool(code, 2, features, grid_coord=grid, batch=batch, max_clusters=m)
+        gpu = pcops.serialized_pool(code.cuda(), 2, features.cuda(), grid_coord=grid.cuda(), batch=batch.cuda(), max_clusters=m)
+        for a, b in zip(gpu, cpu):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a.cpu(), b)

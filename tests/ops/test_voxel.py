@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import pcops
+from pcops.ops.voxel import VoxelPool, VoxelPoolPadded
 from tests import reference
+from tests.compile_check import assert_compiles
 from tests.op_suite import F64, OpSuite, assert_matches, pack
 
 F = 4
@@ -132,6 +135,188 @@ def test_empty_cloud(gen):
     assert out.points.shape == (0, 3) and out.features.shape == (0, 2) and out.cluster.shape == (0,)
 
 
+# -- bounded form: max_voxels (static shapes, padded rows, the true count) ------------------------
+
+
+def bounded_inputs(gen, n=120, samples=3):
+    p = torch.rand(n, 3, generator=gen, dtype=F64)
+    return p, torch.randn(n, F, generator=gen, dtype=F64), torch.randint(0, samples, (n,), generator=gen)
+
+
+def compiled_breaks(fn, calls, **options):
+    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
+    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="aot_eager", **options)
+    for args in calls:
+        results = []
+        for f in (fn, compiled):
+            out = f(*args)
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
+            results.append((out, torch.autograd.grad(loss, leaves)))
+        (eager, g_eager), (comp, g_comp) = results
+        for a, b in zip(comp + g_comp, eager + g_eager):
+            torch.testing.assert_close(a, b)  # exact for integer outputs
+    return dict(counters["graph_break"])
+
+
+def _pool_fn(max_voxels, reduce="mean"):
+    def fn(points, features, batch):
+        out = pcops.voxel_pool(points, 0.3, features, batch=batch, reduce=reduce, max_voxels=max_voxels)
+        return tuple(out)
+
+    return fn
+
+
+def _calls(gen):
+    return [tuple(t.float().requires_grad_() if t.dtype == F64 else t for t in bounded_inputs(gen, n)) for n in (40, 61)]
+
+
+@pytest.mark.parametrize("reduce", ["mean", "max"])
+@pytest.mark.parametrize("extra", [0, 7])
+def test_bounded_equals_unbounded_on_the_first_count_rows_then_pads(gen, reduce, extra):
+    p, f, batch = bounded_inputs(gen)
+    full = pcops.voxel_pool(p, 0.3, f, batch=batch, reduce=reduce)
+    v = full.points.shape[0]
+    out = pcops.voxel_pool(p, 0.3, f, batch=batch, reduce=reduce, max_voxels=v + extra)
+    assert type(out) is VoxelPoolPadded and type(full) is VoxelPool and out._fields == (*VoxelPool._fields, "count")
+    assert out.count.dtype == torch.int64 and out.count.shape == () and int(out.count) == v
+    assert out.points.shape == (v + extra, 3) and out.features.shape == (v + extra, F)
+    assert torch.equal(out.points[:v], full.points) and torch.equal(out.features[:v], full.features)
+    assert torch.equal(out.cluster, full.cluster)
+    assert torch.all(out.points[v:] == 0) and torch.all(out.features[v:] == 0)
+    expected = reference.voxel_pool(p, 0.3, f, batch=batch, reduce=reduce)  # the independent reference
+    for a, e, name in zip((out.points[:v], out.features[:v], out.cluster), expected, ("points", "features", "cluster")):
+        assert_matches(a, e, F64, name)
+
+
+def test_bounded_without_features(gen):
+    p, _, _ = bounded_inputs(gen)
+    out = pcops.voxel_pool(p, 0.5, max_voxels=100)
+    v = int(out.count)
+    assert out.features is None and torch.equal(out.points[:v], pcops.voxel_pool(p, 0.5).points)
+
+
+def test_bounded_batch_equals_a_per_sample_loop(gen):
+    sizes = [30, 0, 9, 1]
+    pts = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+    feats = [torch.randn(n, F, generator=gen, dtype=F64) for n in sizes]
+    points, ids, position = pack(pts, gen)
+    features = torch.empty(sum(sizes), F, dtype=F64)
+    features[position] = torch.cat(feats)
+    out = pcops.voxel_pool(points, 0.3, features, batch=ids, max_voxels=64)
+    first, at = 0, 0
+    for b, n in enumerate(sizes):
+        alone = pcops.voxel_pool(pts[b], 0.3, feats[b])
+        v = alone.points.shape[0]
+        # sums over the shuffled packed rows: equal up to rounding
+        torch.testing.assert_close(out.points[first : first + v], alone.points, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.features[first : first + v], alone.features, rtol=1e-12, atol=1e-12)
+        assert torch.equal(out.cluster[position[at : at + n]] - first, alone.cluster)
+        first, at = first + v, at + n
+    assert int(out.count) == first and torch.all(out.points[first:] == 0)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "max"])
+def test_overflow_keeps_the_first_voxels_in_order_and_marks_dropped_points(gen, reduce):
+    p, f, batch = bounded_inputs(gen)
+    full = pcops.voxel_pool(p, 0.3, f, batch=batch, reduce=reduce)
+    v, m = full.points.shape[0], 10
+    assert v > 2 * m  # whole samples are dropped too: samples are contiguous in the order
+    out = pcops.voxel_pool(p, 0.3, f, batch=batch, reduce=reduce, max_voxels=m)
+    assert int(out.count) == v and out.points.shape == (m, 3) and out.features.shape == (m, F)
+    assert torch.equal(out.points, full.points[:m]) and torch.equal(out.features, full.features[:m])
+    assert torch.equal(out.cluster, torch.where(full.cluster < m, full.cluster, -1))
+    # the dropped points get no gradient, the kept ones the unbounded call's
+    x = p.clone().requires_grad_()
+    (g,) = torch.autograd.grad(pcops.voxel_pool(x, 0.3, batch=batch, max_voxels=m).points.sum(), x)
+    (g_full,) = torch.autograd.grad(pcops.voxel_pool(x, 0.3, batch=batch).points[:m].sum(), x)
+    assert torch.equal(g, g_full) and torch.all(g[out.cluster < 0] == 0)
+
+
+def test_bounded_empty_cloud_is_all_padding():
+    out = pcops.voxel_pool(torch.zeros(0, 3), 0.1, torch.zeros(0, 2), max_voxels=4)
+    assert out.points.shape == (4, 3) and out.features.shape == (4, 2) and out.cluster.shape == (0,)
+    assert int(out.count) == 0 and torch.all(out.points == 0) and torch.all(out.features == 0)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "max"])
+@pytest.mark.parametrize("wrt", ["points", "features"])
+def test_bounded_gradcheck(gen, reduce, wrt):
+    inputs = TestVoxelPoolMean().grad_inputs(gen)  # points near voxel centres
+    v = pcops.voxel_pool(inputs["points"], 0.25).points.shape[0]
+    for m in (v + 3, v - 2):  # padded, and overflowing (dropped points: zero gradient)
+        def fn(x):
+            args = {**inputs, wrt: x}
+            out = pcops.voxel_pool(args["points"], 0.25, args["features"], reduce=reduce, max_voxels=m)
+            return out.points, out.features
+
+        assert torch.autograd.gradcheck(fn, (inputs[wrt].clone().requires_grad_(),))
+
+
+def test_bounded_opcheck(gen):
+    p = torch.rand(40, 3, generator=gen)
+    batch = torch.randint(0, 3, (40,), generator=gen)
+    op = torch.ops.pcops.voxel_cluster.default
+    for size in (-1, 1, 5, 200):
+        torch.library.opcheck(op, (p, 0.3, None, True, size))
+        torch.library.opcheck(op, (p.double(), 0.25, batch, True, size))
+    torch.library.opcheck(op, (p[:0], 0.3, None, True, 3))
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+def test_bounded_compiles_without_graph_breaks(gen, options):
+    for bound in (64, 8):  # padded, and overflowing
+        assert compiled_breaks(_pool_fn(bound, "max"), _calls(gen), **options) == {}
+
+
+def test_bounded_compiles_fullgraph(gen):
+    assert_compiles(_pool_fn(64), _calls(gen), ops=("pcops.voxel_cluster",), backend="aot_eager")
+
+
+def test_bounded_compiles_with_inductor_without_graph_breaks(gen):
+    torch._dynamo.reset()
+    counters.clear()
+    fn = _pool_fn(64)
+    compiled = torch.compile(fn)
+    for args in _calls(gen):
+        out, expected = compiled(*args), fn(*args)
+        for a, e in zip(out, expected):
+            torch.testing.assert_close(a, e)
+        grads = torch.autograd.grad(out[0].sum() + out[1].sum(), args[:2])
+        for g, e in zip(grads, torch.autograd.grad(expected[0].sum() + expected[1].sum(), args[:2])):
+            torch.testing.assert_close(g, e)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_bound_given_as_an_argument_compiles_once_for_every_bound(gen):
+    def fn(points, features, m):
+        return tuple(pcops.voxel_pool(points, 0.3, features, max_voxels=m))
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="aot_eager", dynamic=True)
+    for n, m in ((40, 50), (61, 70), (70, 3)):
+        p, f, _ = bounded_inputs(gen, n)
+        for a, e in zip(compiled(p, f, m), fn(p, f, m)):
+            assert torch.equal(a, e)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_unbounded_breaks_the_graph_at_the_op_under_default_compile(gen):
+    breaks = compiled_breaks(_pool_fn(None), _calls(gen))
+    assert breaks and all("pcops.voxel_cluster" in reason for reason in breaks), breaks
+
+
+def test_bad_max_voxels_raises(gen):
+    p = torch.rand(10, 3, generator=gen)
+    for bad, error in ((0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError), (torch.tensor(4), TypeError)):
+        with pytest.raises(error, match="max_voxels"):
+            pcops.voxel_pool(p, 0.1, max_voxels=bad)
+
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu(gen):
     p, f = torch.rand(5000, 3, generator=gen), torch.randn(5000, 8, generator=gen)
@@ -141,3 +326,15 @@ def test_cuda_matches_cpu(gen):
     assert torch.equal(gpu.cluster.cpu(), cpu.cluster)
     torch.testing.assert_close(gpu.points.cpu(), cpu.points)
     torch.testing.assert_close(gpu.features.cpu(), cpu.features)
+
+
+@pytest.mark.cuda
+def test_bounded_cuda_matches_cpu(gen):
+    p, f = torch.rand(5000, 3, generator=gen), torch.randn(5000, 8, generator=gen)
+    batch = torch.randint(0, 4, (5000,), generator=gen)
+    for m in (20_000, 300):  # padded, and overflowing
+        cpu = pcops.voxel_pool(p, 0.05, f, batch=batch, max_voxels=m)
+        gpu = pcops.voxel_pool(p.cuda(), 0.05, f.cuda(), batch=batch.cuda(), max_voxels=m)
+        assert torch.equal(gpu.cluster.cpu(), cpu.cluster) and torch.equal(gpu.count.cpu(), cpu.count)
+        torch.testing.assert_close(gpu.points.cpu(), cpu.points)
+        torch.testing.assert_close(gpu.features.cpu(), cpu.features)
