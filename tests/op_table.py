@@ -10,7 +10,11 @@ without one fails a test instead of being missed by hand-kept lists. A row says:
 * ``grad``: the differentiable inputs;
 * ``clouds``: 2 for two-cloud ops (pcops._batch.pair), 1 for one-cloud ops (pcops._batch.single),
   0 for ops on other data (grid coordinates, segments, gathers);
-* ``page``: its docs page under docs/ops/; ``bench``: the op name its benchmark rows carry.
+* ``page``: its docs page under docs/ops/; ``bench``: the op name its benchmark rows carry;
+* ``breaks_at``: for an op whose result size depends on the data, the custom op where default
+  ``torch.compile`` (without ``fullgraph``) breaks the graph ("" for ops whose sizes follow from
+  their inputs' shapes: they must compile without a break); ``static``: then the call of its
+  static-size form (a caller-given bound), which must compile without a break.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class Op:
     bench: str = ""
     validates: bool = True  # takes validate= (NaN/inf checks)
     notes: dict = field(default_factory=dict)
+    breaks_at: str = ""
+    static: Callable | None = None
 
     def inputs(self, seed: int = 0) -> dict:
         return self.make(torch.Generator().manual_seed(seed))
@@ -90,15 +96,18 @@ OPS = [
     Op("farthest_point_sample", _one, lambda i, **kw: pcops.farthest_point_sample(i["points"], 20, **kw),
        points=("points",), clouds=1, page="farthest_point_sample", bench="farthest_point_sample"),
     Op("knn_graph", _one, lambda i, **kw: pcops.knn_graph(i["points"], 6, **kw),
-       points=("points",), clouds=1, page="graphs", bench="knn_graph"),
+       points=("points",), clouds=1, page="graphs", bench="knn_graph", breaks_at="pcops.edges",
+       static=lambda i, **kw: pcops.knn_graph(i["points"], 6, max_edges=2000, **kw)),
     Op("radius_graph", _one, lambda i, **kw: pcops.radius_graph(i["points"], 0.15, **kw),
-       points=("points",), clouds=1, page="graphs", bench="radius_graph"),
+       points=("points",), clouds=1, page="graphs", bench="radius_graph", breaks_at="pcops.radius_graph",
+       static=lambda i, **kw: pcops.radius_graph(i["points"], 0.15, max_edges=4000, **kw)),
     Op("estimate_normals", _one, lambda i, **kw: pcops.estimate_normals(i["points"], 8, **kw),
        points=("points",), grad=("points",), clouds=1, page="estimate_normals", bench="estimate_normals"),
     Op("voxel_pool", _one, lambda i, **kw: pcops.voxel_pool(i["points"], 0.2, i["features"], **kw),
-       points=("points", "features"), grad=("points", "features"), clouds=1, page="voxel_pool", bench="voxel_pool"),
+       points=("points", "features"), grad=("points", "features"), clouds=1, page="voxel_pool", bench="voxel_pool",
+       breaks_at="pcops.voxel_cluster"),
     Op("grid_sample", _one, lambda i, **kw: pcops.grid_sample(i["points"], 0.2, **kw),
-       points=("points",), grad=("points",), clouds=1, page="grid_sample", bench="grid_sample"),
+       points=("points",), grad=("points",), clouds=1, page="grid_sample", bench="grid_sample", breaks_at="pcops.grid_cluster"),
     Op("sparse_conv3d", _voxels, lambda i, **kw: pcops.sparse_conv3d(i["features"], i["coords"], i["weight"], kernel_size=3, **kw),
        points=("features", "weight"), grad=("features", "weight"), page="sparse_conv", bench="sparse_conv3d_forward"),
     Op("sparse_kernel_map", _voxels, lambda i, **kw: pcops.sparse_kernel_map(i["coords"], **kw),
@@ -107,7 +116,7 @@ OPS = [
        page="serialize", bench="serialize", validates=False),
     Op("serialized_pool", _codes,
        lambda i, **kw: pcops.serialized_pool(pcops.serialize(i["grid_coord"], depth=4).code, 1, i["features"], **kw),
-       grad=("features",), page="serialize", bench="serialized_pool", validates=False),
+       grad=("features",), page="serialize", bench="serialized_pool", validates=False, breaks_at="pcops.serialized_cluster"),
     Op("serialized_unpool", _gather, lambda i, **kw: pcops.serialized_unpool(i["features"], i["idx"].clamp_min(0)[:, 0], **kw),
        grad=("features",), page="serialize", bench="gather", validates=False),  # a gather by the cluster map
     Op("segment_reduce", _segments, lambda i, **kw: pcops.segment_reduce(i["values"], i["offsets"], **kw),

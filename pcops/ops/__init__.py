@@ -7,7 +7,7 @@ from .normals import estimate_normals
 from .radius import radius_aggregate
 from .sampling import FPS, farthest_point_sample
 from .ball_query import BallQuery, ball_query
-from .graph import knn_graph, radius_graph
+from .graph import PaddedEdges, knn_graph, radius_graph
 from .voxel import VoxelPool, voxel_pool
 from .grid_sample import GridSample, grid_sample
 from .sparse_conv import KernelMap, sparse_conv3d, sparse_kernel_map
@@ -19,7 +19,7 @@ from .gather import gather
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
 __all__ += ["BallQuery", "ball_query"]
-__all__ += ["knn_graph", "radius_graph"]
+__all__ += ["PaddedEdges", "knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]

@@ -9,10 +9,13 @@ neighbour unless ``loop=True``; points only meet points of their own sample (``b
 The number of edges depends on the data (samples smaller than k + 1, points with few
 neighbours within the radius): the ops that produce them declare it in their fakes with
 ``torch.library.get_ctx().new_dynamic_size()``, so ``torch.compile(fullgraph=True)`` traces
-them.
+them, and ``torch.compile`` with default options breaks the graph there (at ``pcops.edges``
+or ``pcops.radius_graph``). ``max_edges=`` gives the static-size form instead: the edges
+padded with -1 to that many columns and their true number (:class:`PaddedEdges`), which
+default ``torch.compile`` captures without a break.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import warp as wp
@@ -37,6 +40,24 @@ def _without_self(idx: torch.Tensor, cap: int, centres: Optional[torch.Tensor] =
     return keep & (torch.cumsum(keep, 1) <= cap)
 
 
+class PaddedEdges(NamedTuple):
+    """The static-size form of a graph (``max_edges=``): ``edge_index`` (2, max_edges) int64, the
+    edges in the usual order in the first min(count, max_edges) columns and -1 after them;
+    ``count`` () int64, the number of edges of the whole graph (more than ``max_edges`` when
+    the bound cut it: then the first ``max_edges`` edges are kept, those of the smallest centres)."""
+
+    edge_index: torch.Tensor
+    count: torch.Tensor
+
+
+def _padded(edges: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(edge_index (2, size) padded with -1 or cut, count ()) of the edges (2, E)."""
+    out = edges.new_full((2, size), -1)
+    kept = min(size, edges.shape[1])
+    out[:, :kept] = edges[:, :kept]
+    return out, torch.tensor(edges.shape[1], dtype=torch.int64, device=edges.device)
+
+
 @torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _edges_op(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """A neighbour table (M, K) int64 and a keep mask (M, K) -> edge_index (2, E)."""
@@ -47,6 +68,17 @@ def _edges_op(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def _(idx, keep):
     e = torch.library.get_ctx().new_dynamic_size()
     return idx.new_empty((2, e))
+
+
+@torch.library.custom_op("pcops::edges_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _edges_padded(idx: torch.Tensor, keep: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pcops::edges in the static-size form: (edge_index (2, size), count ())."""
+    return _padded(_edges(idx, keep), size)
+
+
+@_edges_padded.register_fake
+def _(idx, keep, size):
+    return idx.new_empty((2, size)), idx.new_empty(())
 
 
 @_warp.kernels
@@ -139,6 +171,11 @@ def _radius_graph(
     points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """points (N, 3), group (N,) int32 or None; max_neighbors 0 means all -> edge_index (2, E)."""
+    return _radius_edges(points, radius, max_neighbors, loop, validate, group)
+
+
+def _radius_edges(points, radius: float, max_neighbors: int, loop: bool, validate: bool, group) -> torch.Tensor:
+    """The edges of pcops::radius_graph (its real implementation)."""
     if not max_neighbors:
         _validate.positive_number("radius", radius)
         if validate:
@@ -157,6 +194,24 @@ def _(points, radius, max_neighbors, loop, validate, group):
     return points.new_empty((2, e), dtype=torch.int64)
 
 
+@torch.library.custom_op("pcops::radius_graph_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _radius_graph_padded(
+    points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor], size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pcops::radius_graph in the static-size form: (edge_index (2, size), count ())."""
+    return _padded(_radius_edges(points, radius, max_neighbors, loop, validate, group), size)
+
+
+@_radius_graph_padded.register_fake
+def _(points, radius, max_neighbors, loop, validate, group, size):
+    return points.new_empty((2, size), dtype=torch.int64), points.new_empty((), dtype=torch.int64)
+
+
+def _max_edges(max_edges) -> Optional[int]:
+    """``max_edges``: None or an int >= 1 (the static-size form's bound)."""
+    return None if max_edges is None else _validate.count("max_edges", _validate.plain(max_edges))
+
+
 def _layout(points, batch, loop, validate) -> _batch.Flat:
     """The one-cloud layout of a graph op: packed points (N, 3) with optional ids ``batch``."""
     _validate.points("points", points)
@@ -166,7 +221,7 @@ def _layout(points, batch, loop, validate) -> _batch.Flat:
 
 
 def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
-              validate: bool = True) -> torch.Tensor:
+              validate: bool = True, max_edges: Optional[int] = None):
     """Edges from each point's k nearest points of its sample (PyG's ``knn_graph``).
 
     Args:
@@ -176,25 +231,34 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         batch: optional int tensor (N,) of sample ids (sorted or not).
         loop: also link each point to itself (it is its own nearest neighbour, distance 0).
         validate: check the points for NaN/inf and the ids for range.
+        max_edges: optional int >= 1: the static-size form (see Returns), for
+            ``torch.compile`` without ``fullgraph`` and without a graph break (``N * k``
+            always holds every edge).
 
     Returns:
         edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i; edges grouped by
         centre, each centre's neighbours by distance (ties by the smaller index). E = N * k
-        when every sample has more than k points; otherwise it depends on the data.
+        when every sample has more than k points; otherwise it depends on the data (a
+        dynamic size under ``torch.compile``: default options break the graph at
+        ``pcops.edges``). With ``max_edges``: :class:`PaddedEdges` (edge_index (2, max_edges)
+        padded with -1, count).
     """
-    k = _validate.plain(k)  # NumPy scalars as Python numbers
+    k, size = _validate.plain(k), _max_edges(max_edges)  # NumPy scalars as Python numbers
     flat = _layout(points, batch, loop, validate)
     _validate.count("k", k)
     n = points.shape[0]
     if n == 0:
-        return torch.empty((2, 0), dtype=torch.int64, device=points.device)
+        empty = torch.empty((2, 0), dtype=torch.int64, device=points.device)
+        return empty if size is None else PaddedEdges(*_padded(empty, size))
     _, idx = _found(flat, min(k + (0 if loop else 1), n), "auto", _validate.compute_dtype(points)[0])
     keep = (idx >= 0) if loop else _without_self(idx, k)
+    if size is not None:
+        return PaddedEdges(*torch.ops.pcops.edges_padded(idx, keep, size))
     return torch.ops.pcops.edges(idx, keep)
 
 
 def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
-                 max_neighbors: Optional[int] = None, validate: bool = True) -> torch.Tensor:
+                 max_neighbors: Optional[int] = None, validate: bool = True, max_edges: Optional[int] = None):
     """Edges from each point to the points of its sample within ``radius`` (PyG's ``radius_graph``).
 
     Args:
@@ -205,12 +269,18 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         max_neighbors: keep only the closest ``max_neighbors`` of each point (ties by index);
             None keeps all (no silent cap, unlike torch_cluster's default of 32).
         validate: check the points for NaN/inf and the ids for range.
+        max_edges: optional int >= 1: the static-size form (see Returns), for
+            ``torch.compile`` without ``fullgraph`` and without a graph break.
 
     Returns:
         edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i, grouped by centre,
-        by distance within a centre (ties by the smaller index). E depends on the data.
+        by distance within a centre (ties by the smaller index). E depends on the data (a
+        dynamic size under ``torch.compile``: default options break the graph at
+        ``pcops.radius_graph``). With ``max_edges``: :class:`PaddedEdges` (edge_index
+        (2, max_edges) padded with -1, count; on overflow the edges of the smallest centres).
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
+    size = _max_edges(max_edges)
     flat = _layout(points, batch, loop, validate)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:
@@ -219,7 +289,10 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         if max_neighbors < 1:
             raise ValueError(f"max_neighbors must be >= 1, got {max_neighbors}")
     dtype, _ = _validate.compute_dtype(points)
-    return torch.ops.pcops.radius_graph(points.detach().to(dtype), float(radius), max_neighbors or 0, loop, flat.validate, flat.query_group)
+    args = (points.detach().to(dtype), float(radius), max_neighbors or 0, loop, flat.validate, flat.query_group)
+    if size is not None:
+        return PaddedEdges(*torch.ops.pcops.radius_graph_padded(*args, size))
+    return torch.ops.pcops.radius_graph(*args)
 
 
-__all__ = ["knn_graph", "radius_graph"]
+__all__ = ["PaddedEdges", "knn_graph", "radius_graph"]

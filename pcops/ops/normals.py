@@ -286,6 +286,11 @@ class _SmallestEigenvector(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _values, _vectors):
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # create_graph=True
+            raise RuntimeError(
+                "pcops.estimate_normals does not support gradients of gradients (its eigenvector backward treats the "
+                "eigen-decomposition as constant): take first gradients only (create_graph=False)"
+            )
         values, vectors = ctx.saved_tensors
         v0, rest = vectors[..., 0], vectors[..., 1:]  # (P, 3), (P, 3, 2)
         gap = values[..., :1] - values[..., 1:]  # (P, 2), < 0

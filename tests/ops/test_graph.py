@@ -186,3 +186,34 @@ def test_cuda_matches_cpu(gen):
     batch = torch.randint(0, 4, (2000,), generator=gen)
     for fn in (lambda x, b: pcops.knn_graph(x, 8, batch=b), lambda x, b: pcops.radius_graph(x, 0.08, batch=b)):
         assert torch.equal(fn(p.cuda(), batch.cuda()).cpu(), fn(p, batch))
+
+
+@pytest.mark.parametrize("name", ["knn_graph", "radius_graph"])
+def test_the_static_size_form_pads_the_edges_and_counts_them(gen, name):
+    points = torch.rand(200, 3, generator=gen, dtype=F64)
+    batch = torch.randint(0, 3, (200,), generator=gen)
+    call = (lambda **kw: pcops.knn_graph(points, K, batch=batch, **kw)) if name == "knn_graph" else \
+        (lambda **kw: pcops.radius_graph(points, 0.2, batch=batch, **kw))
+    edges = call()
+    e = edges.shape[1]
+    for size in (e, e + 17, e // 3):  # exact, padded, cut
+        padded = call(max_edges=size)
+        assert isinstance(padded, pcops.PaddedEdges) and padded.edge_index.shape == (2, size)
+        assert padded.count.dtype == torch.int64 and padded.count.shape == () and int(padded.count) == e
+        kept = min(size, e)
+        assert torch.equal(padded.edge_index[:, :kept], edges[:, :kept])  # the first edges: the smallest centres'
+        assert bool((padded.edge_index[:, kept:] == -1).all())
+
+
+@pytest.mark.parametrize("bad,error", [(0, ValueError), (-3, ValueError), (True, TypeError), (2.5, TypeError)])
+def test_a_bad_bound_names_max_edges(gen, bad, error):
+    points = torch.rand(20, 3, generator=gen)
+    for call in (lambda: pcops.knn_graph(points, 3, max_edges=bad), lambda: pcops.radius_graph(points, 0.3, max_edges=bad)):
+        with pytest.raises(error, match="max_edges"):
+            call()
+
+
+def test_the_static_size_forms_of_empty_clouds():
+    empty = torch.zeros(0, 3)
+    for padded in (pcops.knn_graph(empty, 3, max_edges=4), pcops.radius_graph(empty, 0.3, max_edges=4)):
+        assert padded.edge_index.shape == (2, 4) and bool((padded.edge_index == -1).all()) and int(padded.count) == 0
