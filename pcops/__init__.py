@@ -9,11 +9,11 @@ from .ops import PaddedEdges, knn_graph, radius_graph
 from .ops import knn_interpolate
 from .ops import chamfer_distance
 from .ops import estimate_normals
-from .ops import VoxelPool, voxel_pool
-from .ops import GridSample, grid_sample
+from .ops import VoxelPool, VoxelPoolPadded, voxel_pool
+from .ops import GridSample, GridSamplePadded, grid_sample
 from .ops import KernelMap, sparse_conv3d, sparse_kernel_map
 from .ops import Serialization, serialize
-from .ops import SerializedPool, serialized_pool, serialized_unpool
+from .ops import SerializedPool, SerializedPoolPadded, serialized_pool, serialized_unpool
 from .ops import segment_reduce
 from .ops import gather
 from .warp_op import warp_op
@@ -29,11 +29,11 @@ __all__ += ["PaddedEdges", "knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
-__all__ += ["VoxelPool", "voxel_pool"]
-__all__ += ["GridSample", "grid_sample"]
+__all__ += ["VoxelPool", "VoxelPoolPadded", "voxel_pool"]
+__all__ += ["GridSample", "GridSamplePadded", "grid_sample"]
 __all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]
-__all__ += ["SerializedPool", "serialized_pool", "serialized_unpool"]
+__all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
 __all__ += ["warp_op"]

@@ -238,6 +238,26 @@ def _backward(ctx, grad_out, grad_arg):
 torch.library.register_autograd("pcops::segment_reduce", _backward, setup_context=_setup_context)
 
 
+def _backward_setup_context(ctx, inputs, output):
+    _grad, offsets, arg, reduce, _rows = inputs
+    ctx.save_for_backward(offsets, arg)
+    ctx.reduce = reduce
+
+
+def _backward_backward(ctx, grad_grad):
+    """The backward is linear in the output gradient (the arg-max rows are constants): its own
+    gradient is the forward reduction (sum, mean) or the gather at the arg-max rows (max, min)."""
+    offsets, arg = ctx.saved_tensors
+    if ctx.reduce in ("sum", "mean"):
+        grad = torch.ops.pcops.segment_reduce(grad_grad, offsets, ctx.reduce)[0]
+    else:
+        grad = torch.where(arg >= 0, grad_grad.gather(0, arg.clamp_min(0)), 0)
+    return grad, None, None, None, None
+
+
+torch.library.register_autograd("pcops::segment_reduce_backward", _backward_backward, setup_context=_backward_setup_context)
+
+
 class _Permute(torch.autograd.Function):
     """``x[perm]`` for a permutation, with the inverse permutation's gather as its backward
     (index_select's own backward, an index_add, is several times slower on the CPU)."""

@@ -280,6 +280,32 @@ def _backward(ctx, grad):
 _sparse_conv.register_autograd(_backward, setup_context=_setup)
 
 
+def _backward_setup(ctx, inputs, output):
+    grad, features, weight, in_index, out_index, counts, _need_f, _need_w = inputs
+    ctx.save_for_backward(grad, features, weight, in_index, out_index, counts)
+
+
+def _backward_backward(ctx, grad_grad_f, grad_grad_w):
+    """The backward (grad_f = A_W^T g, grad_w = d(g . conv(f, W))/dW) is bilinear: with
+    upstream gradients (u, U) of (grad_f, grad_w), d/dg = conv(u, W) + conv(f, U),
+    d/df = A_U^T g and d/dW = d(g . conv(u, W))/dW: the same two ops again."""
+    grad, features, weight, in_index, out_index, counts = ctx.saved_tensors
+    need_g, need_f, need_w = ctx.needs_input_grad[:3]
+    pairs = (in_index, out_index, counts)
+    u, big_u = grad_grad_f, grad_grad_w
+    d_grad = d_features = d_weight = None
+    if need_g:
+        d_grad = torch.ops.pcops.sparse_conv(u, weight, *pairs) + torch.ops.pcops.sparse_conv(features, big_u, *pairs)
+    if need_f:
+        d_features = torch.ops.pcops.sparse_conv_backward(grad, features, big_u, *pairs, True, False)[0]
+    if need_w:
+        d_weight = torch.ops.pcops.sparse_conv_backward(grad, u, weight, *pairs, False, True)[1]
+    return d_grad, d_features, d_weight, None, None, None, None, None
+
+
+_sparse_conv_backward.register_autograd(_backward_backward, setup_context=_backward_setup)
+
+
 def _sites(coords, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
     _validate.grid_coords("coords", coords, "voxel coordinates")

@@ -288,3 +288,11 @@ def test_gradient_with_no_rows(reduce):
     out = pcops.segment_reduce(values, torch.tensor([0, 0, 0]), reduce=reduce)
     out.sum().backward()
     assert out.shape == (2, 2) and values.grad.shape == (0, 2)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_gradients_of_gradients(reduce):
+    gen = torch.Generator().manual_seed(3)
+    values = torch.rand(20, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    offsets = torch.tensor([0, 4, 4, 11, 20])
+    assert torch.autograd.gradgradcheck(lambda v: pcops.segment_reduce(v, offsets, reduce=reduce), (values,))

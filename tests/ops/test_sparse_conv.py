@@ -244,3 +244,12 @@ def test_cuda_matches_cpu(gen):
     assert torch.equal(gpu_map.neighbours.cpu(), cpu_map.neighbours)
     torch.testing.assert_close(pcops.sparse_conv3d(f.cuda(), coords.cuda(), w.cuda(), batch=batch.cuda()).cpu(),
                                pcops.sparse_conv3d(f, coords, w, batch=batch), rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_of_gradients(gen):
+    """The backward op is differentiable again (gradients of gradients for both inputs)."""
+    coords = torch.unique(torch.randint(0, 5, (40, 3), generator=gen), dim=0)
+    f = torch.rand(coords.shape[0], 2, generator=gen, dtype=torch.float64).requires_grad_()
+    w = torch.rand(27, 2, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    km = pcops.sparse_kernel_map(coords)
+    assert torch.autograd.gradgradcheck(lambda f, w: pcops.sparse_conv3d(f, None, w, kernel_map=km), (f, w))
