@@ -145,7 +145,7 @@ def test_a_cell_list_reads_the_host_once_and_copies_nothing_to_the_device(monkey
     qg, pg = torch.arange(200) % 3, torch.arange(300) % 3
     for groups in ((None, None), (qg, pg)):
         reads.clear()
-        order, keys, rows, frame, shape = cells.CellList(q, p, 0.2, *groups).tensors()
+        order, keys, rows, frame, shape, starts = cells.CellList(q, p, 0.2, *groups).tensors()
         assert len(reads) == 1 and not to_device
         assert shape.device.type == "cpu" and frame.shape == (6,)  # the grid's size on the host, its frame with the points
 

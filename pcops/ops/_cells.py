@@ -9,10 +9,10 @@ kernels find the cells around a query with ``pcops._warp_funcs.cell_range``: a r
 consecutive cells in x for each (y, z) cell; ``permute`` reorders rows.
 
 An op whose backward scans the forward's cell list returns it as tensors whose sizes follow
-from the inputs' shapes (:meth:`CellList.tensors`: no ``starts``, whose size is the grid's and
-so data-dependent) and rebuilds ``starts`` from them in the backward (:meth:`CellList.of`, one
-pass over the sorted keys). No op returns a data-dependent size: ``torch.compile`` without
-``fullgraph`` would break the graph there.
+from the inputs' shapes (:meth:`CellList.tensors`; ``starts`` in a table of :func:`capacity`
+entries, which holds every grid but those of more samples than that, whose starts the
+backward makes again from the keys: :meth:`CellList.of`). No op returns a data-dependent
+size: ``torch.compile`` without ``fullgraph`` would break the graph there.
 """
 
 from typing import Optional
@@ -93,10 +93,12 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
         if inverse:  # out[order[a]] = x[a]: out[b] = x[rank[b]]
             order = torch.empty_like(order).index_copy_(0, order, torch.arange(order.shape[0]))
         cols = min(x.shape[1], shape[1]) if x.dim() == 2 else None
-        if cols is not None and cols < x.shape[1]:
-            x = x[:, :cols]
-        rows = x.index_select(0, order)
-        return rows if cols is None or cols == shape[1] else torch.nn.functional.pad(rows, (0, shape[1] - cols))
+        if cols is None or cols == shape[1]:
+            return (x if cols is None or cols == x.shape[1] else x[:, :cols]).index_select(0, order)
+        out = x.new_empty(shape)  # wider: the rows gathered straight into the first columns, zeros after them
+        out[:, cols:].zero_()
+        torch.index_select(x[:, :cols], 0, order, out=out[:, :cols])
+        return out
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if x.numel() and out.numel():
         rows = _MIN_CHUNK // max(1, out.shape[1] if out.dim() == 2 else 1)  # split by elements moved, not rows
@@ -221,28 +223,40 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
+def capacity(n: int):
+    """The size of the starts table that :meth:`CellList.tensors` returns for ``n`` reference
+    points (a Python or symbolic int): it holds the ``total + 1`` starts of every grid of at
+    most ``CELLS_PER_POINT * n + 64`` cells, the bound :class:`CellList` keeps unless there are
+    more samples than that (sparse sample ids: one cell each)."""
+    return int(CELLS_PER_POINT) * n + 65
+
+
 def _sort(ref_keys: torch.Tensor, query_keys: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(order, starts, rows): the indices of ``ref_keys`` (in 0 .. total) sorted by key,
     ``starts[c]`` (c = 0 .. total) the first position of key c, and the indices of
     ``query_keys`` sorted by key. On the CPU below ``_COUNTING_SORT`` keys a counting sort (one
     thread, linear; 0.8 against 1.4 ms for torch.sort at 10^5 keys, but 13 against 11 ms at
     10^6, where its scattered writes leave the caches), the queries' beside the reference
-    points' when both are; else torch.sort."""
+    points' when both are; else torch.sort. ``starts`` is the first ``total + 1`` entries of a
+    table of ``capacity(N)`` entries where it fits (the rest N: see :meth:`CellList.tensors`)."""
     counted = []  # the arguments of the counting sorts
     results = []
     for keys in (ref_keys, query_keys):
-        first = None
+        first, is_ref = None, keys is ref_keys
+        size = max(total + 1, capacity(keys.shape[0])) if is_ref else total + 1
         if keys.device.type == "cpu" and keys.shape[0] < _COUNTING_SORT:
             order = torch.empty_like(keys)
-            first = torch.empty(total + 1, dtype=torch.int64, device=keys.device)  # also the counting sort's counts
-            counted.append([keys, total, first, order])
-        elif keys is ref_keys:
+            first = torch.empty(size, dtype=torch.int64, device=keys.device)  # also the counting sort's counts
+            counted.append([keys, total, first[: total + 1], order])
+        elif is_ref:
             keys, order = torch.sort(keys)
-            first = torch.empty(total + 1, dtype=torch.int64, device=keys.device)
+            first = torch.empty(size, dtype=torch.int64, device=keys.device)
             # a Warp kernel, not torch.searchsorted (see permute)
-            _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first], like=keys, min_chunk=_MIN_CHUNK)
+            _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first[: total + 1]], like=keys, min_chunk=_MIN_CHUNK)
         else:  # the queries' order only
             order = torch.sort(keys)[1]
+        if is_ref:
+            first[total + 1:] = keys.shape[0]
         results.append((order, first))
     if counted:
         kernel = _counting_sort_kernel()
@@ -311,7 +325,7 @@ class CellList:
 
     def _empty(self, m: int, ref: torch.Tensor) -> None:
         n, dev = ref.shape[0], ref.device
-        self._set(torch.arange(n, device=dev), torch.zeros(2, dtype=torch.int64, device=dev), torch.arange(m, device=dev),
+        self._set(torch.arange(n, device=dev), torch.zeros(capacity(n), dtype=torch.int64, device=dev), torch.arange(m, device=dev),
                   ref.new_zeros(6), [1, 1, 1], 1)
         self.keys = torch.zeros(n, dtype=torch.int64, device=dev)
 
@@ -324,27 +338,33 @@ class CellList:
         self.keys = None
 
     @classmethod
-    def of(cls, order, keys, rows, frame, shape: torch.Tensor) -> "CellList":
-        """The cell list of :meth:`tensors` (``shape`` a CPU tensor: no host read), its ``starts``
-        made again from the reference points' keys in sorted order (one pass, linear)."""
+    def of(cls, order, keys, rows, frame, shape: torch.Tensor, starts: torch.Tensor) -> "CellList":
+        """The cell list of :meth:`tensors` (``shape`` a CPU tensor: no host read). Its starts
+        table is ``starts`` where the grid fits :func:`capacity`, else it is made again from
+        the reference points' keys in sorted order (one pass, linear)."""
         cells = cls.__new__(cls)
         dims, groups = shape[:3].tolist(), int(shape[3])
-        cells._set(order, None, rows, frame, dims, groups)
+        cells._set(order, starts, rows, frame, dims, groups)
         cells.keys = keys
-        cells.starts = torch.empty(cells.total + 1, dtype=torch.int64, device=keys.device)
-        if keys.numel():
+        if cells.total + 1 > starts.shape[0]:  # more samples than the table holds (sparse sample ids)
+            cells.starts = torch.empty(cells.total + 1, dtype=torch.int64, device=keys.device)
             ordered = keys.index_select(0, order)
             _warp.launch(_starts_kernel(), ordered.shape[0] + 1, [ordered, cells.total, cells.starts], like=keys, min_chunk=_MIN_CHUNK)
-        else:
-            cells.starts.zero_()
         return cells
 
     def tensors(self) -> tuple:
-        """(order (N,), keys (N,), rows (M,), frame (6,), shape (4,)): the sorted order and the
-        cell key of each reference point, the queries' order and the grid's frame on the
-        device; ``shape`` (cells in x, y, z and samples) int64 on the CPU. Every size follows
-        from the inputs' shapes (see the module's docstring)."""
-        return self.order, self.keys, self.rows, self.frame, torch.tensor([*self.shape, self.groups], dtype=torch.int64)
+        """(order (N,), keys (N,), rows (M,), frame (6,), shape (4,), starts (capacity(N),)):
+        the sorted order and the cell key of each reference point, the queries' order, the
+        grid's frame, and its starts table where it fits (N after the grid's cells; -1 where the
+        grid does not fit: :meth:`of` makes it again from the keys), on the device; ``shape``
+        (cells in x, y, z and samples) int64 on the CPU. Every size follows from the inputs'
+        shapes (see the module's docstring)."""
+        n = self.order.shape[0]
+        starts = self.starts
+        if starts.shape[0] != capacity(n):
+            starts = torch.full((capacity(n),), -1, dtype=torch.int64, device=starts.device)
+        shape = torch.tensor([*self.shape, self.groups], dtype=torch.int64)
+        return self.order, self.keys, self.rows, self.frame, shape, starts
 
     def _keys(self, ref, ref_group, dropped: int, query, query_group) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear (sample, z, y, x) cell index of each point of ``ref`` and of ``query`` (one

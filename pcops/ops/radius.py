@@ -307,7 +307,7 @@ def _radius_aggregate(
     ref_group: Optional[torch.Tensor],
     weights: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-           torch.Tensor, torch.Tensor]:
+           torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (out (M, F), wsum (M,), dmin (M,), points (N, 3), feats (N, F rounded up to
     blocks), *cells): ``wsum`` and ``dmin`` each query's sum of weights and smallest weighting
     key (softmax: the nearest distance); ``points`` and ``feats`` the reference points and
@@ -340,7 +340,8 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group, wei
     long = dict(dtype=torch.int64)
     return (query.new_empty((m, features.shape[1])), query.new_empty((m,)), query.new_empty((m,)), ref.new_empty((n, 3)),
             ref.new_empty((n, _padded(features.shape[1]))), ref.new_empty((n,), **long), ref.new_empty((n,), **long),
-            query.new_empty((m,), **long), ref.new_empty((6,)), torch.empty((4,), device="cpu", **long))
+            query.new_empty((m,), **long), ref.new_empty((6,)), torch.empty((4,), device="cpu", **long),
+            ref.new_empty((_cells.capacity(n),), **long))
 
 
 @torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -363,11 +364,12 @@ def _radius_aggregate_backward(
     rows: torch.Tensor,
     frame: torch.Tensor,
     shape: torch.Tensor,
+    starts: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns the gradients of (query, ref, features, sigma), in the inputs' order; those of
     ref / features stay zero unless ``need_ref`` / ``need_features`` (no scattering for inputs
     without gradient). ``points``, ``feats``, ``out``, ``wsum``, ``dmin`` and the cell list
-    (order, keys, rows, frame, shape): what pcops::radius_aggregate returned."""
+    (order, keys, rows, frame, shape, starts): what pcops::radius_aggregate returned."""
     if query.is_cuda:  # CUDA atomics add in any order; the CPU path sums per-thread copies in a fixed order
         torch._prims_common.alert_not_deterministic("pcops::radius_aggregate_backward on CUDA")
     m, n, f = query.shape[0], points.shape[0], out.shape[1]
@@ -376,7 +378,7 @@ def _radius_aggregate_backward(
         grad_ref, grad_feats = torch.zeros_like(points), points.new_zeros((n, f))
     else:
         _, backward = _kernels(query.dtype, weights)
-        cells = _cells.CellList.of(order, keys, rows, frame, shape)
+        cells = _cells.CellList.of(order, keys, rows, frame, shape, starts)
         width = feats.shape[1]
         grad_out = grad_out.contiguous()
         if width != f:  # rows padded to whole blocks
@@ -396,7 +398,7 @@ def _radius_aggregate_backward(
 
 @_radius_aggregate_backward.register_fake
 def _(grad_out, query, points, feats, sigma, radius, query_group, out, wsum, dmin, need_ref, need_features, weights, order, keys,
-      rows, frame, shape):
+      rows, frame, shape, starts):
     return torch.empty_like(query), torch.empty_like(points), points.new_empty((points.shape[0], out.shape[1])), torch.empty_like(sigma)
 
 

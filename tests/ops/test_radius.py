@@ -389,7 +389,8 @@ def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatc
             if counted:
                 assert torch.equal(o, expected.indices)
         expected = torch.sort(keys).values
-        assert torch.equal(starts, torch.searchsorted(expected, torch.arange(total + 1)))
+        assert torch.equal(starts[: total + 1], torch.searchsorted(expected, torch.arange(total + 1)))
+        assert starts.shape[0] == max(total + 1, _cells.capacity(n)) and bool((starts[total + 1:] == n).all())
 
 
 def test_non_finite_points_without_validation_terminate_and_are_never_neighbours(gen):
@@ -501,3 +502,22 @@ def test_the_layer_takes_an_eikonal_loss(gen):
     ((g.norm(dim=1) - 1) ** 2).mean().backward()
     assert f.grad is not None and torch.isfinite(f.grad).all() and f.grad.abs().sum() > 0
     assert q.grad is not None and next(layer.parameters()).grad is not None
+
+
+def test_sparse_sample_ids_beyond_the_saved_starts_table(gen):
+    """More samples than the saved starts table holds (ids far apart): the backward makes the
+    table again from the keys; values and gradients equal the per-sample results."""
+    q, p = torch.rand(30, 3, generator=gen, dtype=F64), torch.rand(40, 3, generator=gen, dtype=F64)
+    qb, pb = torch.randint(0, 2, (30,), generator=gen) * 1000, torch.randint(0, 2, (40,), generator=gen) * 1000
+    f = features(gen, 40, 3)
+    leaves = [t.clone().requires_grad_() for t in (q, p, f)]
+    out = pcops.radius_aggregate(*leaves, 0.4, 0.1, query_batch=qb, ref_batch=pb)
+    out.square().sum().backward()
+    for b in (0, 1000):
+        mq, mp = qb == b, pb == b
+        parts = [t.detach()[m].clone().requires_grad_() for t, m in zip((q, p, f), (mq, mp, mp))]
+        alone = pcops.radius_aggregate(*parts, 0.4, 0.1)
+        alone.square().sum().backward()
+        torch.testing.assert_close(out[mq].detach(), alone.detach())
+        for leaf, part, m in zip(leaves, parts, (mq, mp, mp)):
+            torch.testing.assert_close(leaf.grad[m], part.grad)
