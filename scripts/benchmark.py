@@ -46,6 +46,7 @@ import bench_meshes  # noqa: E402
 import bench_search  # noqa: E402
 import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
+import bench_compile  # noqa: E402
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
 from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
@@ -773,7 +774,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
-    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer"],
+    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "compile"],
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
@@ -811,6 +812,8 @@ def main(argv=None) -> dict:
         report["sparse"] = bench_sparse.run(args.quick)
     if "transformer" in sections and device.type == "cpu":  # serialize, segment_reduce, serialized_pool, gather (bench_transformer.py)
         report["transformer"] = bench_transformer.run(args.quick)
+    if "compile" in sections and device.type == "cpu":  # models eager / default compile / fullgraph (bench_compile.py)
+        report["compile"] = bench_compile.run(args.quick)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
     return report
