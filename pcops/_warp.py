@@ -145,8 +145,11 @@ def vec3(dtype: torch.dtype):
 
 
 def device(t: torch.Tensor):
-    """The Warp device of a torch tensor."""
-    return "cpu" if t.device.type == "cpu" else wp.device_from_torch(t.device)
+    """The Warp device of a torch tensor (Warp initialised first: its CUDA devices exist only then)."""
+    if t.device.type == "cpu":
+        return "cpu"
+    init()
+    return wp.device_from_torch(t.device)
 
 
 # (device index, torch stream handle) -> wp.Stream. Never emptied: a wp.Stream must not be

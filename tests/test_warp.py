@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def _run(script: str, timeout: float = 300, **env) -> subprocess.CompletedProcess:
     """Run ``script`` in a fresh interpreter with this checkout's pcops; a hang fails instead of stalling."""
-    environ = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), **env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=timeout, env=environ
     )
@@ -610,7 +610,7 @@ def _syncs(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)  # not the "prototype feature" notice
 
 
 @pytest.mark.cuda
@@ -674,3 +674,15 @@ def test_reduce_overhead_compile_runs_every_op(gen):
     for _ in range(3):  # recording, then replays
         got = compiled(q.cuda(), p.cuda(), f.cuda())
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_the_first_pcops_call_of_a_process_on_cuda_initialises_warp():
+    # the cell list's first launch asked Warp for a CUDA device before anything had initialised Warp
+    script = """
+        import torch, pcops
+        q = torch.rand(100, 3, device="cuda")
+        print(float(pcops.radius_aggregate(q, q, q, 0.2, 0.1).sum()))
+    """
+    result = _run(script)
+    assert result.returncode == 0, result.stderr[-3000:]
