@@ -58,3 +58,22 @@ def assert_compiles_like_eager(model: torch.nn.Module, sizes, gen: torch.Generat
         (torch.rand(m, 3, generator=gen).requires_grad_(), torch.rand(n, 3, generator=gen)) for m, n in sizes
     ]
     assert_compiles(model, calls)
+
+
+def compiled_breaks(fn, calls, **options):
+    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
+    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, backend="aot_eager", **options)
+    for args in calls:
+        results = []
+        for f in (fn, compiled):
+            out = f(*args)
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
+            results.append((out, torch.autograd.grad(loss, leaves)))
+        (eager, g_eager), (comp, g_comp) = results
+        for a, b in zip(comp + g_comp, eager + g_eager):
+            torch.testing.assert_close(a, b)  # exact for integer outputs
+    return dict(counters["graph_break"])

@@ -217,3 +217,13 @@ def test_the_static_size_forms_of_empty_clouds():
     empty = torch.zeros(0, 3)
     for padded in (pcops.knn_graph(empty, 3, max_edges=4), pcops.radius_graph(empty, 0.3, max_edges=4)):
         assert padded.edge_index.shape == (2, 4) and bool((padded.edge_index == -1).all()) and int(padded.count) == 0
+
+
+def test_opcheck_of_the_static_size_ops(gen):
+    points = torch.rand(60, 3, generator=gen, dtype=F64)
+    group = (torch.arange(60) % 2).to(torch.int32)
+    idx = torch.randint(-1, 60, (60, 4), generator=gen)
+    for size in (1, 200):
+        torch.library.opcheck(torch.ops.pcops.edges_padded.default, (idx, idx >= 0, size))
+        torch.library.opcheck(torch.ops.pcops.radius_graph_padded.default, (points, 0.3, 0, False, True, group, size))
+        torch.library.opcheck(torch.ops.pcops.radius_graph_padded.default, (points, 0.3, 5, True, True, None, size))

@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 import pcops
 from pcops.ops.grid_sample import GridSample, GridSamplePadded
 from tests import reference
-from tests.compile_check import assert_compiles
+from tests.compile_check import assert_compiles, compiled_breaks
 from tests.op_suite import F64, OpSuite, assert_matches, pack, pad
 
 
@@ -242,25 +242,6 @@ def test_empty_cloud():
 # -- bounded form: max_voxels (static shapes, padded rows, the true count) ------------------------
 
 PAD = {"points": 0, "coords": -1, "index": -1, "batch": -1}  # the padding of the voxel rows
-
-
-def compiled_breaks(fn, calls, **options):
-    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
-    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(fn, backend="aot_eager", **options)
-    for args in calls:
-        results = []
-        for f in (fn, compiled):
-            out = f(*args)
-            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
-            results.append((out, torch.autograd.grad(loss, leaves)))
-        (eager, g_eager), (comp, g_comp) = results
-        for a, b in zip(comp + g_comp, eager + g_eager):
-            torch.testing.assert_close(a, b)  # exact for integer outputs
-    return dict(counters["graph_break"])
 
 
 def assert_padded_form(out, full, bound):

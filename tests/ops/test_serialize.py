@@ -8,11 +8,10 @@ import itertools
 import pytest
 import torch
 import warp as wp
-from torch._dynamo.utils import counters
 
 import pcops
 from pcops import _warp
-from tests.compile_check import assert_compiles
+from tests.compile_check import assert_compiles, compiled_breaks
 
 serialize_module = importlib.import_module("pcops.ops.serialize")  # pcops.ops.serialize is the function
 
@@ -451,25 +450,6 @@ def test_pool_compiles_fullgraph_with_a_dynamic_number_of_parents(gen):
 # -- bounded pooling: max_clusters (static shapes, padded rows, the true count) -------------------
 
 INDEX_FIELDS = ("code", "order", "inverse", "grid_coord", "batch", "head")  # padded with -1 (features, coord: 0)
-
-
-def compiled_breaks(fn, calls, **options):
-    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
-    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(fn, backend="aot_eager", **options)
-    for args in calls:
-        results = []
-        for f in (fn, compiled):
-            out = f(*args)
-            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
-            results.append((out, torch.autograd.grad(loss, leaves)))
-        (eager, g_eager), (comp, g_comp) = results
-        for a, b in zip(comp + g_comp, eager + g_eager):
-            torch.testing.assert_close(a, b)  # exact for integer outputs
-    return dict(counters["graph_break"])
 
 
 def assert_padded_pool(out, full, bound):

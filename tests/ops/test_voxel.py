@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 import pcops
 from pcops.ops.voxel import VoxelPool, VoxelPoolPadded
 from tests import reference
-from tests.compile_check import assert_compiles
+from tests.compile_check import assert_compiles, compiled_breaks
 from tests.op_suite import F64, OpSuite, assert_matches, pack
 
 F = 4
@@ -141,25 +141,6 @@ def test_empty_cloud(gen):
 def bounded_inputs(gen, n=120, samples=3):
     p = torch.rand(n, 3, generator=gen, dtype=F64)
     return p, torch.randn(n, F, generator=gen, dtype=F64), torch.randint(0, samples, (n,), generator=gen)
-
-
-def compiled_breaks(fn, calls, **options):
-    """``fn`` compiled by Dynamo (aot_eager) with ``options`` equals eager in outputs and in the
-    gradients of its floating outputs, for every call; returns the graph breaks by reason."""
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(fn, backend="aot_eager", **options)
-    for args in calls:
-        results = []
-        for f in (fn, compiled):
-            out = f(*args)
-            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            loss = sum(o.sum() for o in out if o.dtype.is_floating_point)
-            results.append((out, torch.autograd.grad(loss, leaves)))
-        (eager, g_eager), (comp, g_comp) = results
-        for a, b in zip(comp + g_comp, eager + g_eager):
-            torch.testing.assert_close(a, b)  # exact for integer outputs
-    return dict(counters["graph_break"])
 
 
 def _pool_fn(max_voxels, reduce="mean"):
