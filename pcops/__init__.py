@@ -1,7 +1,7 @@
 """pcops: differentiable point-cloud layers for PyTorch, compile-safe custom ops over Warp and cuML."""
 
 from . import _vml
-from .nn import KNNAggregation, RadiusAggregation
+from .nn import KNNAggregation, RadiusAggregation, SparseConv3d
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
 from .ops import BallQuery, ball_query
@@ -31,7 +31,7 @@ __all__ += ["chamfer_distance"]
 __all__ += ["estimate_normals"]
 __all__ += ["VoxelPool", "VoxelPoolPadded", "voxel_pool"]
 __all__ += ["GridSample", "GridSamplePadded", "grid_sample"]
-__all__ += ["KernelMap", "sparse_conv3d", "sparse_kernel_map"]
+__all__ += ["KernelMap", "SparseConv3d", "sparse_conv3d", "sparse_kernel_map"]
 __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]

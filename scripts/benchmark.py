@@ -170,6 +170,13 @@ def _peak_mb(device, base) -> float | None:
     return None if now is None or base is None else max(now - base, 0.0)
 
 
+def speed(ratio: float, digits: int = 1) -> str:
+    """A peer / pcops time ratio in words: "1.3x faster", "1.2x slower" (never "0.8x faster")."""
+    if ratio >= 1:
+        return f"{ratio:.{digits}f}x faster"
+    return f"{1 / ratio:.{digits}f}x slower"
+
+
 def _time(fn, device, iters: int, budget_s: float) -> float:
     """Median milliseconds of fn() after one warm-up call; fewer runs if they are slow."""
     return _time_together({"fn": fn}, device, iters, budget_s)["fn"]
@@ -556,7 +563,7 @@ def run_sampling(args, device) -> list[dict]:
         mine = ours.get(key(r))
         if r["variant"] != "pcops" and r["ms"] and mine:
             size = f"n={r['n']:,}" + (f", S={r['s']:,}" if r["s"] else "")
-            print(f"{r['op']} ({r['cloud']}, {size}): pcops vs {r['variant']}: {r['ms'] / mine['ms']:.2f}x faster")
+            print(f"{r['op']} ({r['cloud']}, {size}): pcops vs {r['variant']}: {speed(r['ms'] / mine['ms'], 2)}")
     return rows
 
 
@@ -696,8 +703,8 @@ def run_geometry(args, device) -> list[dict]:
         ours = by.get((op, shape, "pcops_eager"))
         if variant == "pcops_eager" or ours is None:
             continue
-        step = "" if not r.get("train_step_ms") else f"train step {r['train_step_ms'] / ours['train_step_ms']:.1f}x, "
-        print(f"{op} ({shape}): pcops_eager vs {variant}: {step}forward {r['forward_ms'] / ours['forward_ms']:.1f}x faster")
+        step = "" if not r.get("train_step_ms") else f"train step {speed(r['train_step_ms'] / ours['train_step_ms'])}, "
+        print(f"{op} ({shape}): pcops_eager vs {variant}: {step}forward {speed(r['forward_ms'] / ours['forward_ms'])}")
     return results
 
 
@@ -735,7 +742,7 @@ def ratios(results: list[dict]) -> list[str]:
                 if ref != ours and (model, n_ref, n_query, ref) in by:
                     a, b = by[(model, n_ref, n_query, ours)], by[(model, n_ref, n_query, ref)]
                     lines.append(f"{model} (n_ref={n_ref:,}, n_query={n_query:,}): {ours} vs {ref}: train step "
-                                 f"{b['train_step_ms'] / a['train_step_ms']:.1f}x, forward {b['forward_ms'] / a['forward_ms']:.1f}x faster")
+                                 f"{speed(b['train_step_ms'] / a['train_step_ms'])}, forward {speed(b['forward_ms'] / a['forward_ms'])}")
     return lines
 
 

@@ -140,3 +140,9 @@ def test_gpu_benchmark_with_the_rmm_child_reports_peaks(tmp_path):
             pytest.skip("rmm is not installed: pip install pcops[cuda12]")
         assert r["forward_ms"] > 0 and r["peak_mem_mb"] > 0, r
     assert {r["model"] for r in rows if r["variant"] == "pcops_rmm"} == {"knn_projector", "radius_projector"}
+
+
+def test_ratios_are_put_in_words_the_right_way_round():
+    benchmark = _script("benchmark")
+    assert benchmark.speed(1.25) == "1.2x faster" and benchmark.speed(0.8) == "1.2x slower"
+    assert benchmark.speed(1.0, 2) == "1.00x faster" and benchmark.speed(0.5, 2) == "2.00x slower"

@@ -731,6 +731,8 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
         else:
             start = first.expand(b, first.shape[-1])
         idx = torch.ops.pcops.farthest_point_sample(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
+        if n == 0:  # empty clouds: every pick is -1 (nothing to gather from)
+            return FPS(points.new_zeros((b, n_samples, 3)), idx)
         gathered = points.gather(1, idx.clamp(min=0)[..., None].expand(b, n_samples, 3))
         return FPS(torch.where(idx[..., None] >= 0, gathered, 0), idx)
     ratio_tensor = isinstance(ratio, torch.Tensor)

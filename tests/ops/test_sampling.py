@@ -381,3 +381,11 @@ def test_cuda_matches_cpu(gen):
     gpu = pcops.farthest_point_sample(p.cuda(), 100, lengths=lengths.cuda())
     assert torch.equal(gpu.idx.cpu(), cpu.idx)
     torch.testing.assert_close(gpu.points.cpu(), cpu.points)
+
+
+def test_empty_clouds_give_only_padding():
+    # as a cloud smaller than n_samples: the missing picks are -1 and their points zero
+    for points, shape in ((torch.zeros(0, 3), (4,)), (torch.zeros(2, 0, 3), (2, 4))):
+        out = pcops.farthest_point_sample(points, 4)
+        assert out.idx.shape == shape and bool((out.idx == -1).all())
+        assert out.points.shape == (*shape, 3) and bool((out.points == 0).all())

@@ -253,3 +253,9 @@ def test_gradients_of_gradients(gen):
     w = torch.rand(27, 2, 3, generator=gen, dtype=torch.float64).requires_grad_()
     km = pcops.sparse_kernel_map(coords)
     assert torch.autograd.gradgradcheck(lambda f, w: pcops.sparse_conv3d(f, None, w, kernel_map=km), (f, w))
+
+
+def test_the_layer_is_importable_from_the_top_level_as_readme_lists_it():
+    from pcops import SparseConv3d
+
+    assert SparseConv3d is pcops.nn.SparseConv3d and "SparseConv3d" in pcops.__all__
