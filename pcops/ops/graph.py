@@ -21,7 +21,7 @@ import torch
 import warp as wp
 
 from .. import _batch, _validate, _warp, _warp_funcs
-from . import _cells
+from . import _bound, _cells
 from .ball_query import _ball_query
 from .nearest import _found
 
@@ -52,10 +52,7 @@ class PaddedEdges(NamedTuple):
 
 def _padded(edges: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(edge_index (2, size) padded with -1 or cut, count ()) of the edges (2, E)."""
-    out = edges.new_full((2, size), -1)
-    kept = min(size, edges.shape[1])
-    out[:, :kept] = edges[:, :kept]
-    return out, torch.tensor(edges.shape[1], dtype=torch.int64, device=edges.device)
+    return _bound.fit(edges, size, -1, dim=1), _bound.count(edges.shape[1], edges)
 
 
 @torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -207,11 +204,6 @@ def _(points, radius, max_neighbors, loop, validate, group, size):
     return points.new_empty((2, size), dtype=torch.int64), points.new_empty((), dtype=torch.int64)
 
 
-def _max_edges(max_edges) -> Optional[int]:
-    """``max_edges``: None or an int >= 1 (the static-size form's bound)."""
-    return None if max_edges is None else _validate.count("max_edges", _validate.plain(max_edges))
-
-
 def _layout(points, batch, loop, validate) -> _batch.Flat:
     """The one-cloud layout of a graph op: packed points (N, 3) with optional ids ``batch``."""
     _validate.points("points", points)
@@ -243,7 +235,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         ``pcops.edges``). With ``max_edges``: :class:`PaddedEdges` (edge_index (2, max_edges)
         padded with -1, count).
     """
-    k, size = _validate.plain(k), _max_edges(max_edges)  # NumPy scalars as Python numbers
+    k, size = _validate.plain(k), _bound.bound("max_edges", max_edges)  # NumPy scalars as Python numbers
     flat = _layout(points, batch, loop, validate)
     _validate.count("k", k)
     n = points.shape[0]
@@ -280,7 +272,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         (2, max_edges) padded with -1, count; on overflow the edges of the smallest centres).
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
-    size = _max_edges(max_edges)
+    size = _bound.bound("max_edges", max_edges)
     flat = _layout(points, batch, loop, validate)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:

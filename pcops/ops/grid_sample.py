@@ -39,6 +39,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .. import _batch, _validate
+from . import _bound
 
 # Cells must stay exact integers in float64 and int64 (beyond this, floor() has no meaning).
 _CELL_LIMIT = 2.0**52
@@ -98,19 +99,11 @@ def _grid_cluster(
 def _cut(inverse, order, coords, voxel_batch, counts, size: int):
     """The op's outputs cut or padded to ``size`` voxel rows, with the number of voxels V."""
     v = counts.shape[0]
-    count = torch.tensor(v, dtype=torch.int64, device=counts.device)
+    count = _bound.count(v, counts)
     if size < 0:
         return inverse, order, coords, voxel_batch, counts, count
-    if v > size:
-        inverse = torch.where(inverse < size, inverse, -1)
-    keep = min(v, size)
-
-    def fit(t, fill):
-        out = t.new_full((size, *t.shape[1:]), fill)
-        out[:keep] = t[:keep]
-        return out
-
-    return inverse, order, fit(coords, -1), fit(voxel_batch, -1), fit(counts, 0), count
+    fit = _bound.fit
+    return _bound.drop(inverse, v, size), order, fit(coords, size, -1), fit(voxel_batch, size, -1), fit(counts, size, 0), count
 
 
 def _cluster(points, grid_size, origin, batch, validate):
@@ -297,7 +290,7 @@ def grid_sample(
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    bound = None if max_voxels is None else _validate.count("max_voxels", _validate.plain(max_voxels))
+    bound = _bound.bound("max_voxels", max_voxels)
     flat, ids, padded, check = _layout(points, lengths, batch, validate)
     origin_t = _origin(origin, flat)
     inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
@@ -332,7 +325,7 @@ def grid_sample(
         if real is None:
             out = flat.index_select(0, index)
         else:
-            out = _padded_rows(flat, index, real)
+            out = _bound.rows(flat, index, real)
         if padded is not None:
             index = index - voxel_batch * padded[1]
         if real is not None:
@@ -342,14 +335,6 @@ def grid_sample(
     if bound is None:
         return GridSample(out, coords, index, inverse, voxel_batch)
     return GridSamplePadded(out, coords, index, inverse, voxel_batch, count)
-
-
-def _padded_rows(x: torch.Tensor, index: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``x[index]`` at the real rows, 0 at the padding rows (differentiable in x; x may be empty)."""
-    if x.shape[0] == 0:  # a shape test, not a data read
-        return x.new_zeros((index.shape[0], *x.shape[1:]))
-    rows = x.index_select(0, torch.where(real, index, 0))
-    return torch.where(real.reshape(-1, *[1] * (x.dim() - 1)), rows, 0)
 
 
 __all__ = ["GridSample", "GridSamplePadded", "grid_sample"]

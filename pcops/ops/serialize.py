@@ -30,6 +30,7 @@ import torch
 import warp as wp
 
 from .. import _validate, _warp
+from . import _bound
 from . import segment as _segment
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
@@ -270,15 +271,12 @@ def _serialized_cluster(code: torch.Tensor, shift: int, size: int = -1) -> tuple
     cluster[indices] = torch.cumsum(first, 0) - 1
     starts = torch.nonzero(first)[:, 0]
     v, n = starts.shape[0], indices.shape[0]
-    count = torch.tensor(v, dtype=torch.int64, device=code.device)
+    count = _bound.count(v, code)
     if size < 0:
         return cluster, indices, torch.cat([starts, starts.new_full((1,), n)]), count
-    if v > size:
-        cluster = torch.where(cluster < size, cluster, -1)
+    cluster = _bound.drop(cluster, v, size)
     end = int(starts[size]) if v > size else n  # the kept parents' points end here
-    offsets = starts.new_full((size + 1,), end)
-    offsets[: min(v, size)] = starts[:size]
-    return cluster, indices, offsets, count
+    return cluster, indices, _bound.fit(starts, size + 1, end), count  # (starts[size] is that end)
 
 
 @_serialized_cluster.register_fake
@@ -287,16 +285,6 @@ def _(code, shift, size=-1):
     pointer = torch.library.get_ctx().new_dynamic_size(min=1) if size < 0 else size + 1
     n = code.shape[0]
     return code.new_empty((n,)), code.new_empty((n,)), code.new_empty((pointer,)), code.new_empty(())
-
-
-def _parent_rows(x: torch.Tensor, head: torch.Tensor, real: Optional[torch.Tensor], fill: int) -> torch.Tensor:
-    """``x[head]`` along dim 0, ``fill`` at the padding rows (``real`` False); x may be empty."""
-    if real is None:
-        return x.index_select(0, head)
-    if x.shape[0] == 0:  # a shape test, not a data read
-        return x.new_full((head.shape[0], *x.shape[1:]), fill)
-    rows = x.index_select(0, torch.where(real, head, 0))
-    return torch.where(real.reshape(-1, *[1] * (x.dim() - 1)), rows, fill)
 
 
 def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce) -> int:
@@ -384,14 +372,14 @@ def serialized_pool(
         for their points (``serialized_unpool`` needs cluster >= 0: mask them first).
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
-    bound = None if max_clusters is None else _validate.count("max_clusters", _validate.plain(max_clusters))
+    bound = _bound.bound("max_clusters", max_clusters)
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
     cluster, indices, offsets, count = torch.ops.pcops.serialized_cluster(codes[0].contiguous(), shift, -1 if bound is None else bound)
     # bounded: padding parents are the empty segments of the pointer (every parent has a point)
     real = None if bound is None else offsets[1:] > offsets[:-1]
-    head = _parent_rows(indices, offsets[:-1], real, -1)
-    parent = (codes.index_select(1, head) if real is None else _parent_rows(codes.t(), head, real, -1).t()) >> shift
+    head = _bound.rows(indices, offsets[:-1], real, -1)
+    parent = (codes.index_select(1, head) if real is None else _bound.rows(codes.t(), head, real, -1).t()) >> shift
     if real is None:
         order, inverse = _sort_rows(parent)
     else:  # padding sorts last, then reads -1
@@ -404,8 +392,8 @@ def serialized_pool(
         position = torch.empty_like(indices).scatter_(0, indices, torch.arange(indices.shape[0], device=indices.device))
     pooled = None if features is None else _segment.reduce_sorted(features, offsets, reduce, indices, position)
     mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position)
-    coarse = None if grid_coord is None else _parent_rows(grid_coord, head, real, -1) >> pooling_depth
-    parent_batch = None if batch is None else _parent_rows(batch, head, real, -1)
+    coarse = None if grid_coord is None else _bound.rows(grid_coord, head, real, -1) >> pooling_depth
+    parent_batch = None if batch is None else _bound.rows(batch, head, real, -1)
     if bound is None:
         return SerializedPool(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head)
     return SerializedPoolPadded(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head, count)

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .. import _batch, _validate
+from . import _bound
 
 
 class VoxelPool(NamedTuple):
@@ -91,14 +92,10 @@ def _bounded(cluster: torch.Tensor, voxel_batch: torch.Tensor, size: int) -> tup
     """(cluster, voxel_batch, V) cut or padded to ``size`` voxel rows (-1 padding; cluster -1
     for the points of dropped voxels); unchanged for size < 0."""
     v = voxel_batch.shape[0]
-    count = torch.tensor(v, dtype=torch.int64, device=cluster.device)
+    count = _bound.count(v, cluster)
     if size < 0:
         return cluster, voxel_batch, count
-    if v > size:
-        cluster = torch.where(cluster < size, cluster, -1)
-    rows = voxel_batch.new_full((size,), -1)
-    rows[: min(v, size)] = voxel_batch[:size]
-    return cluster, rows, count
+    return _bound.drop(cluster, v, size), _bound.fit(voxel_batch, size, -1), count
 
 
 @_voxel_cluster.register_fake
@@ -152,7 +149,7 @@ def voxel_pool(
     _validate.positive_number("voxel_size", voxel_size)
     if reduce not in ("mean", "max"):
         raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
-    bound = None if max_voxels is None else _validate.count("max_voxels", _validate.plain(max_voxels))
+    bound = _bound.bound("max_voxels", max_voxels)
     flat = _batch.single(points, features, batch=batch, validate=validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
