@@ -223,6 +223,12 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
+def _starts(ordered: torch.Tensor, total: int, out: torch.Tensor) -> None:
+    """``out[c]`` (c = 0 .. total): the first position of key c in the sorted keys ``ordered``
+    (a Warp kernel, not torch.searchsorted: see permute)."""
+    _warp.launch(_starts_kernel(), ordered.shape[0] + 1, [ordered, total, out], like=ordered, min_chunk=_MIN_CHUNK)
+
+
 def capacity(n: int):
     """The size of the starts table that :meth:`CellList.tensors` returns for ``n`` reference
     points (a Python or symbolic int): it holds the ``total + 1`` starts of every grid of at
@@ -251,8 +257,7 @@ def _sort(ref_keys: torch.Tensor, query_keys: torch.Tensor, total: int) -> tuple
         elif is_ref:
             keys, order = torch.sort(keys)
             first = torch.empty(size, dtype=torch.int64, device=keys.device)
-            # a Warp kernel, not torch.searchsorted (see permute)
-            _warp.launch(_starts_kernel(), keys.shape[0] + 1, [keys, total, first[: total + 1]], like=keys, min_chunk=_MIN_CHUNK)
+            _starts(keys, total, first[: total + 1])
         else:  # the queries' order only
             order = torch.sort(keys)[1]
         if is_ref:
@@ -348,8 +353,7 @@ class CellList:
         cells.keys = keys
         if cells.total + 1 > starts.shape[0]:  # more samples than the table holds (sparse sample ids)
             cells.starts = torch.empty(cells.total + 1, dtype=torch.int64, device=keys.device)
-            ordered = keys.index_select(0, order)
-            _warp.launch(_starts_kernel(), ordered.shape[0] + 1, [ordered, cells.total, cells.starts], like=keys, min_chunk=_MIN_CHUNK)
+            _starts(keys.index_select(0, order), cells.total, cells.starts)
         return cells
 
     def tensors(self) -> tuple:
