@@ -364,14 +364,17 @@ def test_unpool_gives_each_point_its_parent_features(gen):
         torch.testing.assert_close(back[i], features[members].mean(0))
 
 
-def test_pool_batch_equals_a_per_sample_loop(gen):
+def _pool_against_a_per_sample_loop(gen, **bound):
+    """serialized_pool of a shuffled packed batch (an empty sample included) against each sample
+    pooled alone: the same parents in sample order; returns (result, parents of all samples)."""
     sizes = [50, 0, 9, 1]
     grids = [torch.randint(0, 16, (n, 3), generator=gen) for n in sizes]
     feats = [torch.randn(n, 3, generator=gen, dtype=F64) for n in sizes]
     batch = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
     perm = torch.randperm(batch.numel(), generator=gen)
     grid, features, batch = torch.cat(grids)[perm], torch.cat(feats)[perm], batch[perm]
-    out = pcops.serialized_pool(pcops.serialize(grid, batch, depth=4, order="hilbert").code, 1, features, grid_coord=grid, batch=batch)
+    code = pcops.serialize(grid, batch, depth=4, order="hilbert").code
+    out = pcops.serialized_pool(code, 1, features, grid_coord=grid, batch=batch, **bound)
     first = 0
     for b in range(len(sizes)):
         rows = batch == b
@@ -383,6 +386,11 @@ def test_pool_batch_equals_a_per_sample_loop(gen):
         assert torch.all(out.batch[first : first + v] == b)
         assert torch.equal(out.cluster[rows] - first, alone.cluster)
         first += v
+    return out, first
+
+
+def test_pool_batch_equals_a_per_sample_loop(gen):
+    out, first = _pool_against_a_per_sample_loop(gen)
     assert first == out.features.shape[0]
 
 
@@ -508,25 +516,7 @@ def test_bounded_pool_of_one_order_and_no_attributes(gen):
 
 
 def test_bounded_pool_batch_equals_a_per_sample_loop(gen):
-    sizes = [50, 0, 9, 1]
-    grids = [torch.randint(0, 16, (n, 3), generator=gen) for n in sizes]
-    feats = [torch.randn(n, 3, generator=gen, dtype=F64) for n in sizes]
-    batch = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
-    perm = torch.randperm(batch.numel(), generator=gen)
-    grid, features, batch = torch.cat(grids)[perm], torch.cat(feats)[perm], batch[perm]
-    code = pcops.serialize(grid, batch, depth=4, order="hilbert").code
-    out = pcops.serialized_pool(code, 1, features, grid_coord=grid, batch=batch, max_clusters=80)
-    first = 0
-    for b in range(len(sizes)):
-        rows = batch == b
-        alone = pcops.serialized_pool(pcops.serialize(grid[rows], depth=4, order="hilbert").code, 1, features[rows], grid_coord=grid[rows])
-        v = alone.features.shape[0]
-        assert torch.equal(out.features[first : first + v], alone.features)
-        assert torch.equal(out.grid_coord[first : first + v], alone.grid_coord)
-        assert torch.equal(out.code[first : first + v], alone.code + (b << 9))
-        assert torch.all(out.batch[first : first + v] == b)
-        assert torch.equal(out.cluster[rows] - first, alone.cluster)
-        first += v
+    out, first = _pool_against_a_per_sample_loop(gen, max_clusters=80)
     assert int(out.count) == first and torch.all(out.batch[first:] == -1)
 
 
