@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import _validate
-from .ops import _weighting
+from .ops.neighbours import _weighting
 from .ops import knn_aggregate, radius_aggregate
 
 
@@ -150,7 +150,7 @@ class SparseConv3d(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, dilation: int = 1, bias: bool = True):
         super().__init__()
-        from .ops.sparse_conv import _sites  # the checks of kernel_size and dilation
+        from .ops.sparse.sparse_conv import _sites  # the checks of kernel_size and dilation
 
         self.in_channels = _validate.count("in_channels", in_channels)
         self.out_channels = _validate.count("out_channels", out_channels)
@@ -161,7 +161,7 @@ class SparseConv3d(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_channels).uniform_(-bound, bound)) if bias else None
 
     def forward(self, features: torch.Tensor, coords: torch.Tensor | None, batch: torch.Tensor | None = None, kernel_map=None) -> torch.Tensor:
-        from .ops.sparse_conv import sparse_conv3d
+        from .ops.sparse.sparse_conv import sparse_conv3d
 
         return sparse_conv3d(features, coords, self.weight, self.bias, batch=batch, dilation=self.dilation, kernel_map=kernel_map)
 

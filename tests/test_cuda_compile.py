@@ -14,7 +14,8 @@ from pcops import _warp
 
 # the modules (pcops.ops re-exports functions of the same names)
 _cells, ball_query, radius, sampling, nearest = (
-    importlib.import_module(f"pcops.ops.{name}") for name in ("_cells", "ball_query", "radius", "sampling", "nearest._kdtree")
+    importlib.import_module(f"pcops.ops.{name}")
+    for name in ("neighbours._cells", "neighbours.ball_query", "neighbours.radius", "sampling.fps", "neighbours.nearest._kdtree")
 )
 
 F32, F64 = torch.float32, torch.float64
@@ -24,7 +25,7 @@ FACTORIES = [
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_query._kernel, (d,)) for d in (F32, F64)],
-    *[(f"radius graph {d}", importlib.import_module("pcops.ops.graph")._within_kernel, (d,)) for d in (F32, F64)],
+    *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],
     ("cells starts", _cells._starts_kernel, ()),
@@ -32,13 +33,13 @@ FACTORIES = [
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells box {d}", _cells._box_kernel, (d,)) for d in (F32, F64)],
     ("cells counting sort", _cells._counting_sort_kernel, ()),
-    ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse_conv")._hash_kernels, ()),
-    *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
-    *[(f"segment {r} {d}", importlib.import_module("pcops.ops.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
-    ("serialize codes", importlib.import_module("pcops.ops.serialize")._codes_kernel, ()),
+    ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse.sparse_conv")._hash_kernels, ()),
+    *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.geometry.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
+    *[(f"segment {r} {d}", importlib.import_module("pcops.ops.sparse.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
+    ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
 ]
 # factories of Warp functions, compiled with the kernels that call them
-FUNCTIONS_ONLY = {"pcops.ops.nearest._kdtree._funcs"} | {
+FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "finite_bounds", "sorted_insert")}
 
 

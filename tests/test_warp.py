@@ -109,7 +109,7 @@ def test_ops_enter_no_stream_scope_of_their_own(fake_cuda):
 
 
 def test_radius_forward_and_backward_build_one_cell_list(monkeypatch):
-    cells = importlib.import_module("pcops.ops._cells")
+    cells = importlib.import_module("pcops.ops.neighbours._cells")
     built, init = [], cells.CellList.__init__
 
     def counting(self, *args):
@@ -125,7 +125,7 @@ def test_radius_forward_and_backward_build_one_cell_list(monkeypatch):
 
 
 def test_a_cell_list_reads_the_host_once_and_copies_nothing_to_the_device(monkeypatch):
-    cells = importlib.import_module("pcops.ops._cells")
+    cells = importlib.import_module("pcops.ops.neighbours._cells")
     reads, to_device = [], []
     cpu, tensor = torch.Tensor.cpu, torch.tensor
 
@@ -620,7 +620,7 @@ def test_cuda_sync_counts(gen):
     sigma = torch.tensor(0.1, device="cuda")
     pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)  # warm-up: kernels loaded
     # sigma as a CUDA tensor (a Python number is copied to the device, a synchronous copy): the
-    # cell list's one read of the bounding box and the number of samples (pcops.ops._cells); its
+    # cell list's one read of the bounding box and the number of samples (pcops.ops.neighbours._cells); its
     # frame is made on the device
     assert _syncs(lambda: pcops.radius_aggregate(q, p, f, 0.2, sigma, validate=False)) == 1
     torch.ops.pcops.radius_aggregate(q, p, f, sigma, 0.2, False, qg, pg)
@@ -637,7 +637,7 @@ def test_cuda_sync_counts(gen):
     ball(q, p, 0.2, 8, False, None, None)
     assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 1
     assert _syncs(lambda: ball(q, p, 0.2, 8, False, qg, pg)) == 1
-    backends = pcops.ops.nearest.BACKENDS
+    backends = pcops.ops.neighbours.nearest.BACKENDS
     warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
     warp(q, p, 4, False)
     assert _syncs(lambda: warp(q, p, 4, False)) == 0

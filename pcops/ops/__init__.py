@@ -1,20 +1,28 @@
-"""pcops ops: one module per op family (Warp kernels, custom op, fake, autograd, public function)."""
+"""pcops ops, grouped by family; each module holds one op (Warp kernels, custom op, fake, autograd, public function).
 
-from .nearest import KNN, knn, knn_aggregate
-from .interpolate import knn_interpolate
-from .chamfer import chamfer_distance
-from .normals import estimate_normals
-from .radius import radius_aggregate
+- ``neighbours``: kNN search and aggregation, ball query, radius aggregation, graphs, interpolation, gather
+- ``sampling``: farthest point sampling, voxel pooling, grid sampling
+- ``geometry``: Chamfer distance, normal estimation
+- ``sparse``: serialization, segment reductions, sparse convolution
+
+``_bound`` (the padded static-size forms' shared pieces) serves several families.
+"""
+
+from .neighbours import KNN, knn, knn_aggregate
+from .neighbours import knn_interpolate
+from .geometry import chamfer_distance
+from .geometry import estimate_normals
+from .neighbours import radius_aggregate
 from .sampling import FPS, farthest_point_sample
-from .ball_query import BallQuery, ball_query
-from .graph import PaddedEdges, knn_graph, radius_graph
-from .voxel import VoxelPool, VoxelPoolPadded, voxel_pool
-from .grid_sample import GridSample, GridSamplePadded, grid_sample
-from .sparse_conv import KernelMap, sparse_conv3d, sparse_kernel_map
-from .serialize import Serialization, serialize
-from .serialize import SerializedPool, SerializedPoolPadded, serialized_pool, serialized_unpool
-from .segment import segment_reduce
-from .gather import gather
+from .neighbours import BallQuery, ball_query
+from .neighbours import PaddedEdges, knn_graph, radius_graph
+from .sampling import VoxelPool, VoxelPoolPadded, voxel_pool
+from .sampling import GridSample, GridSamplePadded, grid_sample
+from .sparse import KernelMap, sparse_conv3d, sparse_kernel_map
+from .sparse import Serialization, serialize
+from .sparse import SerializedPool, SerializedPoolPadded, serialized_pool, serialized_unpool
+from .sparse import segment_reduce
+from .neighbours import gather
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]

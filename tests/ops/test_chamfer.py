@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import chamfer as chamfer_module
+from pcops.ops.geometry import chamfer as chamfer_module
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
 from tests.reference import CLOUDS, cloud

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import nearest as knn_module
-from pcops.ops.nearest import _cuml
+from pcops.ops.neighbours import nearest as knn_module
+from pcops.ops.neighbours.nearest import _cuml
 from tests import reference
 
 

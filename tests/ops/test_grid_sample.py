@@ -7,7 +7,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import pcops
-from pcops.ops.grid_sample import GridSample, GridSamplePadded
+from pcops.ops.sampling.grid_sample import GridSample, GridSamplePadded
 from tests import reference
 from tests.compile_check import assert_compiles, compiled_breaks
 from tests.op_suite import F64, OpSuite, assert_matches, pack, pad

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import nearest as knn_module
+from pcops.ops.neighbours import nearest as knn_module
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
 from tests.op_suite import TOL, OpSuite, pack_pair, pad, sample_rows
@@ -293,7 +293,7 @@ def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, que
     # each range, so unbalanced or unsorted splits slow the search down but keep it exact; and
     # queries put in Morton order (scattered) or left as given (a grid) find the same
     from pcops import _warp
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     monkeypatch.setattr(tree, "_ROUNDS", rounds)
     p = torch.randn(3000, 3, generator=gen, dtype=F64)
@@ -319,7 +319,7 @@ def test_warp_kd_tree_is_exact_whatever_its_splits(gen, monkeypatch, rounds, que
 def _cell_order(q: torch.Tensor) -> torch.Tensor:
     """The CPU query order by its definition, in torch: a stable sort of the Morton codes of the
     cells (about one per query) on the box of every max(m // 1024, 1)-th query, NaN left out."""
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     m = q.shape[0]
     bits = max(1, min(tree._CPU_BITS, round(math.log2(m + 1) / 3)))
@@ -340,7 +340,7 @@ def test_warp_cpu_query_order_is_a_stable_sort_of_morton_cells(gen, m):
     # exactly the definition's, and the queries copied in that order; NaN, infinite and equal
     # coordinates only move queries to border cells
     from pcops import _warp
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     q = torch.randn(m, 3, generator=gen, dtype=F64) * torch.tensor([1.0, 5.0, 0.1], dtype=F64)
     if m > 100:
@@ -361,7 +361,7 @@ def test_warp_cpu_bounds_chained_from_the_previous_query_find_the_same(gen, monk
     # without it, bit for bit, also where squared distances are subnormal or underflow (tiny
     # scales: without the margins for rounding and underflow, 1e-22 and 3e-23 in float32 and
     # 3e-162 in float64 differ) and for duplicate, non-finite, grouped and grid queries
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     p = torch.randn(5000, 3, generator=gen, dtype=F64)
     p[:500] = p[:500].round(decimals=1)
@@ -386,7 +386,7 @@ def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
     # grouped queries of large CPU trees are sorted in torch into Morton order, unless
     # consecutive queries are near each other already (a grid, a sorted cloud): the sort would
     # cost time and save none (ungrouped ones: the order kernel's own test, in its own terms)
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     axis = torch.linspace(-1, 1, 30, dtype=F64)
     grid = torch.cartesian_prod(axis, axis, axis)
@@ -403,7 +403,7 @@ def test_warp_kd_tree_builds_by_kernels_and_by_sorting_agree(gen, monkeypatch, d
     # node boxes and split axes on a cloud of distinct coordinates, alone or in samples, and the
     # same neighbours with duplicate coordinates and NaN points too (where the builds may send
     # equal keys to different sides, or bound a NaN differently: both exact)
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     p = torch.randn(2500, 3, generator=gen, dtype=F64).to(dtype)
     groups = torch.randint(0, 3, (2500,), generator=gen, dtype=torch.int32)
@@ -434,7 +434,7 @@ def test_warp_kd_tree_builds_are_exact_on_adversarial_clouds(gen, monkeypatch, b
     # the CPU build (Warp kernels) and the GPUs' build (torch sorts, run here on the CPU) find
     # the float64 brute force's neighbours on skewed and heavily duplicated clouds, in samples
     # or not
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
     skewed = torch.randn(4000, 3, generator=gen, dtype=F64)
@@ -462,7 +462,7 @@ def test_warp_kd_tree_builds_are_exact_on_adversarial_clouds(gen, monkeypatch, b
 def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries, by_sorting):
     # many tiny samples: tree nodes spanning several samples are split between samples; the
     # GPUs' build (torch sorts, run here on the CPU) gives the same results
-    from pcops.ops.nearest import _kdtree as tree
+    from pcops.ops.neighbours.nearest import _kdtree as tree
 
     monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
     monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import nearest as knn_module
+from pcops.ops.neighbours import nearest as knn_module
 from tests import reference
 
 F64 = torch.float64

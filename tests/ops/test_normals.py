@@ -41,7 +41,7 @@ def test_plane_normals_are_exact(gen):
 def test_closed_form_eigensolver_matches_eigh(gen, dtype):
     # random SPD matrices and the degenerate ones of point neighbourhoods (discs: a double
     # largest eigenvalue; lines: a double smallest; isotropic; zero), rotated at random
-    from pcops.ops.normals import _eigh3
+    from pcops.ops.geometry.normals import _eigh3
 
     a = torch.randn(2000, 3, 3, generator=gen, dtype=F64)
     spectra = torch.tensor([[0, 1, 1], [1, 1, 3], [2, 2, 2], [0, 0, 1], [0, 0, 0], [1e-9, 1, 2], [0, 1e-6, 1],
@@ -68,7 +68,7 @@ def test_closed_form_eigensolver_matches_eigh(gen, dtype):
 def _kernel_normals(neighbourhoods, dtype):
     """The no-gradient kernel's unoriented normals of neighbourhoods (M, k, 3): each point's
     neighbour indices are its own neighbourhood's rows."""
-    from pcops.ops.normals import _knn_normals
+    from pcops.ops.geometry.normals import _knn_normals
 
     m, k, _ = neighbourhoods.shape
     idx = (torch.arange(m * k) // k * k)[:, None] + torch.arange(k)
@@ -77,7 +77,7 @@ def _kernel_normals(neighbourhoods, dtype):
 
 def _torch_normals(neighbourhoods, dtype):
     """The differentiable path's normals of neighbourhoods (M, k, 3) (covariance in float64)."""
-    from pcops.ops.normals import _SmallestEigenvector
+    from pcops.ops.geometry.normals import _SmallestEigenvector
 
     centred = neighbourhoods - neighbourhoods.mean(1, keepdim=True)
     cov = centred.transpose(1, 2) @ centred / neighbourhoods.shape[1]
@@ -147,7 +147,7 @@ def test_without_gradient_the_kernel_gives_the_differentiable_paths_normals(gen,
 
 
 def test_kernel_op_passes_opcheck(gen):
-    from pcops.ops.normals import _knn_normals
+    from pcops.ops.geometry.normals import _knn_normals
 
     pts = torch.rand(12, 3, generator=gen, dtype=F64)
     idx = torch.randint(0, 12, (12, 4), generator=gen)

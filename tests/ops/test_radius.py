@@ -83,7 +83,7 @@ def test_any_feature_width_matches_dense_reference_with_gradients(gen, width):
 def test_softmax_either_side_of_the_fixed_shift_limit_matches_dense_reference(gen, dtype):
     """radius / sigma at most a limit: weights exp(-d / sigma) (no per-query shift); above it the
     nearest distance is the shift (an online softmax). Both match the float64 reference."""
-    from pcops.ops import radius as radius_module
+    from pcops.ops.neighbours import radius as radius_module
 
     q, p, f, r = _grad_inputs(gen)
     limit = radius_module._FIXED_SHIFT_LIMIT[dtype]
@@ -376,7 +376,7 @@ def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatc
     order of a stable sort), and the first position of every cell of the reference points
     (empty cells and the dropped points, key == total, included). "mixed": the reference points
     counted and the more numerous queries sorted by torch.sort, or the other way round."""
-    from pcops.ops import _cells
+    from pcops.ops.neighbours import _cells
 
     monkeypatch.setattr(_cells, "_COUNTING_SORT", {"counting": 1 << 62, "torch": 0, "mixed": 600}[limit])
     for n, m, total in ((0, 3, 5), (1, 1, 1), (1000, 10, 7), (5000, 200, 4000), (300, 700, 100_000)):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pcops
-from pcops.ops import sampling
+from pcops.ops.sampling import fps as sampling
 from tests import reference
 from tests.compile_check import assert_compiles
 from tests.op_suite import F64, OpSuite, TOL, pack, pad

@@ -12,7 +12,7 @@ from pcops import _warp
 from tests.compile_check import assert_compiles
 from tests.op_suite import TOL
 
-segment_module = importlib.import_module("pcops.ops.segment")
+segment_module = importlib.import_module("pcops.ops.sparse.segment")
 REDUCTIONS = ("sum", "mean", "max", "min")
 F64 = torch.float64
 

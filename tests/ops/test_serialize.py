@@ -13,7 +13,7 @@ import pcops
 from pcops import _warp
 from tests.compile_check import assert_compiles, compiled_breaks
 
-serialize_module = importlib.import_module("pcops.ops.serialize")  # pcops.ops.serialize is the function
+serialize_module = importlib.import_module("pcops.ops.sparse.serialize")  # pcops.ops.sparse.serialize is the function
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")
 F64 = torch.float64

@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import pcops
-from pcops.ops.voxel import VoxelPool, VoxelPoolPadded
+from pcops.ops.sampling.voxel import VoxelPool, VoxelPoolPadded
 from tests import reference
 from tests.compile_check import assert_compiles, compiled_breaks
 from tests.op_suite import F64, OpSuite, assert_matches, pack

@@ -38,8 +38,8 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import _batch, _validate
-from . import _bound
+from ... import _batch, _validate
+from .. import _bound
 
 # Cells must stay exact integers in float64 and int64 (beyond this, floor() has no meaning).
 _CELL_LIMIT = 2.0**52

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from .. import _warp, _warp_funcs
+from ... import _warp, _warp_funcs
 
 # Cell widths of the cell list (x, y, z), in radii. A query scans the cells that meet the cube
 # [q - r, q + r]: a run of contiguous points for each of the 3 x 3 (y, z) cells, 2.33 r long in

@@ -6,7 +6,7 @@ For query points q_i and reference points p_j with features f_j, d_ij = ||q_i - 
     w_ij  = exp(-(d_ij - m_i) / sigma),   m_i = min_{j in N(i)} d_ij
     out_i = sum_{j in N(i)} w_ij f_j / sum_{j in N(i)} w_ij       (0 when N(i) is empty)
 
-Neighbours are found in a cell list (``pcops.ops._cells``): the reference points sorted by
+Neighbours are found in a cell list (``pcops.ops.neighbours._cells``): the reference points sorted by
 (sample, z, y, x) cell of a dense grid with cells r / 3 wide in x and r in y and z (wider for
 sparse clouds, at most two cells per point), so each query scans 9 contiguous runs of sorted
 points; no neighbour list and no (M, N) matrix is ever built. Queries run in the same cell
@@ -31,7 +31,7 @@ import torch
 import torch._prims_common
 import warp as wp
 
-from .. import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
 
 
@@ -62,7 +62,7 @@ def _blocks(x: torch.Tensor):
 
 @functools.cache
 def _weight_funcs(dtype: torch.dtype, weights: str):
-    """One weighting's Warp functions (see pcops.ops._weighting); the nearest neighbour weighs most.
+    """One weighting's Warp functions (see pcops.ops.neighbours._weighting); the nearest neighbour weighs most.
 
     ``key(d, sq)``: what the weight decreases in (d; max(d^2, 1e-16); 0 for uniform);
     ``relative(k, m, sigma)``: w(k) / w(m), in (0, 1] for k >= m and never an overflow (a
@@ -312,7 +312,7 @@ def _radius_aggregate(
     blocks), *cells): ``wsum`` and ``dmin`` each query's sum of weights and smallest weighting
     key (softmax: the nearest distance); ``points`` and ``feats`` the reference points and
     their zero-padded features in the cell list's order, and ``cells`` the cell list
-    (:meth:`pcops.ops._cells.CellList.tensors`): the backward's inputs, saved so that it
+    (:meth:`pcops.ops.neighbours._cells.CellList.tensors`): the backward's inputs, saved so that it
     neither sorts nor reorders again. Every size follows from the inputs' shapes: the op
     compiles without a graph break under default ``torch.compile``. One host read (the grid's
     size; on a GPU a synchronisation)."""
@@ -413,7 +413,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, *_grads_of_saved):
     query, ref, features, sigma, query_group, ref_group, out, wsum, dmin, points, feats, *cells = ctx.saved_tensors
     need = ctx.needs_input_grad
-    if torch.is_grad_enabled():  # create_graph=True: gradients that are differentiable again (pcops.ops._radius_torch)
+    if torch.is_grad_enabled():  # create_graph=True: gradients that are differentiable again (pcops.ops.neighbours._radius_torch)
         from ._radius_torch import gradients
 
         grads = gradients(grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, dmin, ctx.weights, need[:4])

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from .. import _validate, _warp
+from ... import _validate, _warp
 
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing multiplier (2^64 / golden ratio)
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys

@@ -8,7 +8,7 @@ For each query q_i, with d_ij = ||q_i - p_j|| and N(i) = {j : d_ij <= radius}:
 
 Unlike caps that keep the first K points found (torch_cluster's radius, PyTorch3D's
 ball_query), the result does not depend on the traversal order. The cell list of the radius
-ops (``pcops.ops._cells``: the reference points sorted by cells of the grid) yields the
+ops (``pcops.ops.neighbours._cells``: the reference points sorted by cells of the grid) yields the
 candidates; each query keeps its K best (distance, index) pairs sorted in its output row by
 insertion. The kernel returns indices only: distances are
 recomputed in torch from them, as :func:`pcops.knn` does, so they are differentiable with
@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _validate, _warp, _warp_funcs
 from . import _cells
 from .nearest import _distances
 

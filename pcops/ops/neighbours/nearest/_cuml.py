@@ -43,7 +43,7 @@ from typing import Callable
 
 import torch
 
-from ... import memory
+from .... import memory
 from ._registry import backend
 
 _workers: dict = {}  # CUDA device index -> single-thread executor running that device's cuML calls

@@ -29,8 +29,8 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import warp as wp
 
-from .. import _validate, _warp
-from . import _bound
+from ... import _validate, _warp
+from .. import _bound
 from . import segment as _segment
 
 ORDERS = ("z", "z-trans", "hilbert", "hilbert-trans")

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ... import _validate
+from .... import _validate
 
 BACKENDS: dict[str, "Backend"] = {}
 

@@ -15,8 +15,8 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from .. import _batch, _validate
-from .nearest import search
+from ... import _batch, _validate
+from ..neighbours.nearest import search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .. import _validate
+from ... import _validate
 from .nearest import knn_aggregate
 
 

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from .. import _validate, _warp
+from ... import _validate, _warp
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 

@@ -43,7 +43,7 @@ import math
 import torch
 import warp as wp
 
-from ... import _warp, _warp_funcs
+from .... import _warp, _warp_funcs
 from ._registry import backend
 
 LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, 1.01-1.10x faster than 32 from 10^4 to 10^6 points, 8 slower

@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _validate, _warp, _warp_funcs
 
 
 class FPS(NamedTuple):

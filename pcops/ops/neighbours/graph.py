@@ -20,8 +20,9 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp, _warp_funcs
-from . import _bound, _cells
+from ... import _batch, _validate, _warp, _warp_funcs
+from .. import _bound
+from . import _cells
 from .ball_query import _ball_query
 from .nearest import _found
 

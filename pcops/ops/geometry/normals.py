@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 import warp as wp
 
-from .. import _batch, _validate, _warp
-from .nearest import search
+from ... import _batch, _validate, _warp
+from ..neighbours.nearest import search
 
 
 def _cross(a, b):

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _batch, _validate
+from .... import _batch, _validate
 from .. import _weighting
 from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS

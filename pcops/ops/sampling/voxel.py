@@ -25,8 +25,8 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import _batch, _validate
-from . import _bound
+from ... import _batch, _validate
+from .. import _bound
 
 
 class VoxelPool(NamedTuple):
