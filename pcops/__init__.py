@@ -18,7 +18,10 @@ from .ops import segment_reduce
 from .ops import gather
 from .warp_op import warp_op
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (pyproject.toml's), read from its metadata
+    __version__ = __import__("importlib.metadata").metadata.version("pcops")
+except ImportError:  # importlib.metadata.PackageNotFoundError: a source tree that is not installed
+    __version__ = "0+unknown"
 
 _vml.warm_up()  # before torch's threads can first run MKL's math functions at once (see pcops._vml)
 
