@@ -48,6 +48,13 @@ class RadiusAggregation(_Sigma):
 
     Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
     docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
+
+    Example:
+        >>> import torch, pcops
+        >>> layer = pcops.RadiusAggregation(radius=0.2, sigma=0.1, learnable_sigma=True)
+        >>> query, ref, features = torch.rand(100, 3), torch.rand(500, 3), torch.randn(500, 16)
+        >>> layer(query, ref, features).shape
+        torch.Size([100, 16])
     """
 
     def __init__(
@@ -101,6 +108,16 @@ class KNNAggregation(_Sigma):
 
     Shapes: ``forward(query (M, 3), ref (N, 3), features (N, F)) -> (M, F)``, or batched as in
     docs/batching.md (padded with ``*_lengths``, packed with ``*_batch`` keyword arguments).
+
+    Example:
+        >>> import torch, pcops
+        >>> layer = pcops.KNNAggregation(k=8, sigma=0.1)
+        >>> query, ref, features = torch.rand(100, 3), torch.rand(500, 3), torch.randn(500, 16)
+        >>> layer(query, ref, features).shape
+        torch.Size([100, 16])
+        >>> lengths = torch.tensor([80, 100])  # a padded batch of two clouds
+        >>> layer(torch.rand(2, 100, 3), torch.rand(2, 500, 3), torch.randn(2, 500, 16), query_lengths=lengths).shape
+        torch.Size([2, 100, 16])
     """
 
     def __init__(
@@ -146,6 +163,13 @@ class SparseConv3d(nn.Module):
     Cin, Cout)`` is ``conv3d``'s weight permuted (2, 3, 4, 1, 0)). Pass a
     :func:`pcops.sparse_kernel_map` of the sites as ``kernel_map`` to share one search between
     layers. Initialised as ``torch.nn.Conv3d`` (uniform in +-1/sqrt(Cin * K^3)).
+
+    Example:
+        >>> import torch, pcops
+        >>> coords = torch.tensor([[0, 0, 0], [0, 0, 1], [5, 5, 5]])  # three occupied voxels
+        >>> conv = pcops.SparseConv3d(4, 8, kernel_size=3)
+        >>> conv(torch.randn(3, 4), coords).shape
+        torch.Size([3, 8])
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, dilation: int = 1, bias: bool = True):

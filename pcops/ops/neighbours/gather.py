@@ -51,7 +51,7 @@ def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> 
             ``torch.compile``, where an index out of range is an error of ``index_select``).
 
     Returns:
-        Tensor of shape (*idx.shape, F) (flat) or (B, ..., F) (padded; (*idx.shape, F)), the
+        Tensor of shape ``(*idx.shape, F)`` (flat) or (B, ..., F) (padded; ``(*idx.shape, F)``), the
         dtype of ``features``; zero rows where idx == -1. Differentiable with respect to
         ``features`` (rows gathered several times accumulate their gradients; padding gets none).
     """
