@@ -18,7 +18,9 @@ query chunks when the dense matrices would not fit: noted "chunked"), ``scipy_to
 gradients, and a full train step (forward, backward, optimizer step). Peak memory: growth of
 the resident set (CPU) or ``pcops.memory.max_memory_allocated`` (CUDA: torch's peak, or the RMM
 pool's peak from RMM's statistics in the ``pcops_rmm`` child). Speed-up lines compare rows of
-the same model and sizes only.
+the same model and sizes only. The bare ops' inputs come from the op table's builders
+(``tests/op_table.py``: the tests' own inputs at the benchmark's sizes and cloud shapes), and
+each peer is timed on the same tensors as pcops.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
 from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
 from models.shapes import grid as grid_points  # noqa: E402
+from tests.op_table import BY_NAME  # noqa: E402  the tests' input builders (bench_* below use them too)
 
 CHUNK = 2048  # query rows per chunk of the dense references
 COMPILE_BACKEND = "inductor"  # --quick uses "aot_eager": same tracing (fullgraph, fakes, autograd), no codegen
@@ -256,6 +259,30 @@ class _OpNet(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
+# Inputs: the op table's builders (tests/op_table.py), as the tests build them
+
+
+def shaped(kind: str):
+    """A ``cloud`` option of the table's builders: (generator, n) -> n float32 points of the
+    ``bench_search.cloud`` shape ``kind``, each draw seeded from the generator."""
+    return lambda g, n: bench_search.cloud(kind, n, int(torch.randint(0, 2**31 - 1, (), generator=g)))
+
+
+def op_inputs(op: str, seed: int, n: int, device, cloud=None, **options) -> dict:
+    """float32 inputs of the table's row ``op`` with ``n`` points on ``device``: coordinates of
+    the ``bench_search.cloud`` shape ``cloud`` (a name), drawn by ``cloud`` (a function), or in
+    the table's unit cube (None). pcops and its peers are timed on these same tensors."""
+    draw = shaped(cloud) if isinstance(cloud, str) else cloud
+    made = BY_NAME[op].inputs(seed, n=n, dtype=torch.float32, cloud=draw, **options)
+    return {name: t.to(device) for name, t in made.items()}
+
+
+def _box(g, n: int) -> torch.Tensor:
+    """n points uniform in [-1, 1]^3 (the tutorial's box)."""
+    return torch.rand(n, 3, generator=g) * 2 - 1
+
+
+# ----------------------------------------------------------------------------------------------
 # Suites
 
 
@@ -352,10 +379,8 @@ def run_ops(args, device, sizes=None, sweep: bool = False) -> list[dict]:
     f = 16
     cases = sizes or [("knn_aggregate", args.knn_points, args.grid**3), ("radius_aggregate", args.radius_points, args.grid**3)]
     for op, n_ref, n_query in cases:
-        gen = torch.Generator().manual_seed(1)
-        ref = (torch.rand(n_ref, 3, generator=gen) * 2 - 1).to(device)
-        query = (torch.rand(n_query, 3, generator=gen) * 2 - 1).to(device)
-        features = torch.randn(n_ref, f, generator=gen).to(device)
+        made = op_inputs(op, 1, n_ref, device, cloud=_box, n_query=n_query, channels=f)
+        query, ref, features = made["query"], made["ref"], made["features"]
         # radius: about 13 neighbours per query at any size (the tutorial's density at 25,000 points)
         radius = 0.1 * (25_000 / n_ref) ** (1 / 3)
         if op == "knn_aggregate":
@@ -410,7 +435,7 @@ def _fps_cases(args, device, shape: str):
     op = "farthest_point_sample"
     cases = []
     for n in sizes:
-        cloud = bench_search.cloud(shape, n, 2)
+        cloud = op_inputs(op, 2, n, "cpu", shape, channels=1)["points"]
         dev, x = cloud.to(device), cloud.numpy()
         h = 9 if n >= 1_000_000 else (7 if n >= 10_000 else 5)  # fpsample's advice: 5-7 for medium, 9 for large clouds
         for frac in (64, 16, 4) if n >= 100_000 else (64, 4):  # n/16: below the kd-tree's threshold (n/10)
@@ -438,7 +463,7 @@ def _fps_cases(args, device, shape: str):
     # a batch: FPS_BATCH clouds of the smallest size, n/4 picks each
     n = sizes[0]
     s = n // 4
-    clouds = [bench_search.cloud(shape, n, 10 + i) for i in range(FPS_BATCH)]
+    clouds = [op_inputs(op, 10 + i, n, "cpu", shape, channels=1)["points"] for i in range(FPS_BATCH)]
     padded = torch.stack(clouds).to(device)
     singles = [c.to(device) for c in clouds]
     batch_op = f"{op}_batch{FPS_BATCH}"
@@ -464,9 +489,10 @@ def _sampling_cases(args, device, shape: str = "uniform"):
     shape (FPS rows carry their number of picks S); radii and voxel sizes follow the cloud
     (medians of its k-th neighbour distances)."""
     quick = args.quick
-    gen = torch.Generator().manual_seed(2)
     n = 4_000 if quick else 100_000
-    cloud = bench_search.cloud(shape, n, 2)
+    # one cloud for the graphs and voxel pooling (their rows share the table's one-cloud builder), 16 feature channels
+    made = op_inputs("voxel_pool", 2, n, "cpu", shape, channels=16)
+    cloud, feats = made["points"], made["features"]
     o3c = _optional("open3d.core")
     ckdtree = getattr(_optional("scipy.spatial"), "cKDTree", None)
     dev_cloud = cloud.to(device)
@@ -474,19 +500,20 @@ def _sampling_cases(args, device, shape: str = "uniform"):
 
     # ball query: n reference points, n/10 queries, the radius holding 32 points for half of them
     k = 32
-    query = bench_search.cloud(shape, n // 10, 3)
-    radius = float(pcops.knn(query, cloud, k).dists[:, -1].median())
-    dq = query.to(device)
-    cases.append(("ball_query", "pcops", n, lambda: pcops.ball_query(dq, dev_cloud, radius, k, validate=False), f"K={k}"))
+    made = op_inputs("ball_query", 3, n, "cpu", shape, n_query=n // 10, channels=1)
+    query, ref = made["query"], made["ref"]
+    radius = float(pcops.knn(query, ref, k).dists[:, -1].median())
+    dq, dref = query.to(device), ref.to(device)
+    cases.append(("ball_query", "pcops", n, lambda: pcops.ball_query(dq, dref, radius, k, validate=False), f"K={k}"))
     if ckdtree is not None:
-        tree_pts, q_pts = cloud.numpy(), query.numpy()
+        tree_pts, q_pts = ref.numpy(), query.numpy()
         cases.append(("ball_query", "scipy_ckdtree", n,
                       lambda: ckdtree(tree_pts).query(q_pts, k, distance_upper_bound=radius, workers=-1), "K nearest within r, no counts"))
     if o3c is None:
         cases.append(("ball_query", "open3d", n, None, "pip install open3d-cpu to compare"))
     else:
         def o3d_hybrid():
-            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
+            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(ref.numpy()))
             index.hybrid_index(radius)
             return index.hybrid_search(o3c.Tensor(query.numpy()), radius, k)
 
@@ -529,7 +556,6 @@ def _sampling_cases(args, device, shape: str = "uniform"):
 
     # voxel pooling: about 8 points per voxel were the cloud uniform in its box, 16 feature channels
     size = (8 * float((cloud.amax(0) - cloud.amin(0)).prod()) / n) ** (1 / 3)
-    feats = torch.randn(n, 16, generator=gen)
     dev_feats = feats.to(device)
     cases.append(("voxel_pool", "pcops", n, lambda: pcops.voxel_pool(dev_cloud, size, dev_feats, validate=False), "mean, F=16"))
 
@@ -642,19 +668,17 @@ def open3d_normals(points, k: int):
 def _geometry_cases(device, sizes, shape: str = "uniform"):
     """(op, variant, n_ref, n_query, forward(), loss() or None) for each op and peer on one cloud
     shape (``bench_search.cloud``; radius_max's radius holds 13 points for half of the queries)."""
-    gen = torch.Generator().manual_seed(2)
     n_ref, n_query = sizes["knn_interpolate"]
-    coarse = bench_search.cloud(shape, n_ref, 4).to(device)
-    dense = bench_search.cloud(shape, n_query, 5).to(device)
-    feats = torch.randn(n_ref, 64, generator=gen).to(device).requires_grad_()
+    made = op_inputs("knn_interpolate", 4, n_ref, device, shape, n_query=n_query, channels=64)
+    coarse, dense, feats = made["ref"], made["query"], made["features"].requires_grad_()
     ours = lambda: pcops.knn_interpolate(dense, coarse, feats, 3, validate=False)  # noqa: E731
     peer = lambda: pyg_knn_interpolate(dense, coarse, feats, 3)  # noqa: E731
     yield "knn_interpolate", "pcops_eager", n_ref, n_query, ours, lambda: ours().square().mean()
     yield "knn_interpolate", "pyg_torch", n_ref, n_query, peer, lambda: peer().square().mean()
 
     n_x, n_y = sizes["chamfer_distance"]
-    x = bench_search.cloud(shape, n_x, 6).to(device).requires_grad_()
-    y = bench_search.cloud(shape, n_y, 7).to(device)
+    made = op_inputs("chamfer_distance", 6, n_y, device, shape, n_query=n_x)
+    x, y = made["x"].requires_grad_(), made["y"]
     ours = lambda: pcops.chamfer_distance(x, y, validate=False)  # noqa: E731
     yield "chamfer_distance", "pcops_eager", n_y, n_x, ours, ours
     yield "chamfer_distance", "torch_cdist", n_y, n_x, lambda: cdist_chamfer(x, y), lambda: cdist_chamfer(x, y)
@@ -663,7 +687,7 @@ def _geometry_cases(device, sizes, shape: str = "uniform"):
     # shape's last rows). Forward rows run under no_grad: pcops' one-kernel path; train steps: its torch path.
     extra = () if sizes is GEOMETRY_QUICK else NORMALS_SIZES
     for n in extra + (sizes["estimate_normals"][0],):
-        surface = bench_search.cloud(shape, n, 8).to(device).requires_grad_()
+        surface = op_inputs("estimate_normals", 8, n, device, shape, channels=1)["points"].requires_grad_()
         ours = lambda surface=surface: pcops.estimate_normals(surface, 16, validate=False)  # noqa: E731
         peer = lambda surface=surface: torch_normals(surface, 16)  # noqa: E731
         yield "estimate_normals", "pcops_eager", n, n, ours, lambda ours=ours: ours()[:, 0].sum()
@@ -672,9 +696,8 @@ def _geometry_cases(device, sizes, shape: str = "uniform"):
             yield "estimate_normals", "open3d", n, n, lambda surface=surface: open3d_normals(surface, 16), None
 
     n_ref, n_query = sizes["radius_max"]
-    ref = bench_search.cloud(shape, n_ref, 9).to(device)
-    query = bench_search.cloud(shape, n_query, 10).to(device)
-    feats = torch.randn(n_ref, 32, generator=gen).to(device).requires_grad_()
+    made = op_inputs("radius_aggregate", 9, n_ref, device, shape, n_query=n_query, channels=32)
+    ref, query, feats = made["ref"], made["query"], made["features"].requires_grad_()
     radius = float(pcops.knn(query.cpu(), ref.cpu(), 13).dists[:, -1].median())  # 13 neighbours for half the queries
     ours = lambda: pcops.radius_aggregate(query, ref, feats, radius, reduce="max", validate=False)  # noqa: E731
     yield "radius_max", "pcops_eager", n_ref, n_query, ours, lambda: ours().square().mean()

@@ -15,6 +15,13 @@ without one fails a test instead of being missed by hand-kept lists. A row says:
   ``torch.compile`` (without ``fullgraph``) breaks the graph ("" for ops whose sizes follow from
   their inputs' shapes: they must compile without a break); ``static``: then the call of its
   static-size form (a caller-given bound), which must compile without a break.
+
+``make(generator, n, **options)`` builds the inputs: ``n`` points (the reference cloud of a
+two-cloud op, the sites, rows or values of the others; each builder's default is the tests'
+small size) and builder options (``dtype``, ``channels``, ``n_query``, ``cloud``: a function
+``(generator, n) -> (n, 3)`` points drawing the coordinates instead of the unit cube).
+scripts/benchmark.py builds the inputs of the ops it times with these builders, as PyTorch3D's
+benchmarks call its tests' helpers, so tests and benchmarks never drift apart.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import pcops
 @dataclass(frozen=True)
 class Op:
     name: str
-    make: Callable[[torch.Generator], dict]
+    make: Callable[..., dict]  # make(generator, n=<the tests' size>, **options) -> inputs
     call: Callable
     points: tuple[str, ...] = ()
     grad: tuple[str, ...] = ()
@@ -42,39 +49,70 @@ class Op:
     breaks_at: str = ""
     static: Callable | None = None
 
-    def inputs(self, seed: int = 0) -> dict:
-        return self.make(torch.Generator().manual_seed(seed))
+    def inputs(self, seed: int = 0, n: int | None = None, **options) -> dict:
+        """The row's inputs from a generator seeded with ``seed``: ``n`` points (the builder's
+        default when None) and the builder's ``options`` (dtype, channels, n_query, cloud)."""
+        size = {} if n is None else {"n": n}
+        return self.make(torch.Generator().manual_seed(seed), **size, **options)
 
 
-def _cloud(g, n=300, dim=3):
-    return torch.rand(n, dim, generator=g, dtype=torch.float64)
+F64 = torch.float64
 
 
-def _two(g):
-    return dict(query=_cloud(g, 200), ref=_cloud(g, 300), features=torch.rand(300, 4, generator=g, dtype=torch.float64))
+def _points(g, n: int, dtype=F64, cloud=None) -> torch.Tensor:
+    """(n, 3) points in ``dtype``: uniform in the unit cube, or drawn by ``cloud(g, n)``."""
+    if cloud is None:
+        return torch.rand(n, 3, generator=g, dtype=dtype)
+    return cloud(g, n).to(dtype)
 
 
-def _one(g):
-    return dict(points=_cloud(g), features=torch.rand(300, 4, generator=g, dtype=torch.float64))
+def _values(g, n: int, channels: int, dtype=F64) -> torch.Tensor:
+    return torch.rand(n, channels, generator=g, dtype=dtype)
 
 
-def _voxels(g):
-    coords = torch.unique(torch.randint(0, 8, (200, 3), generator=g), dim=0)
-    return dict(features=torch.rand(coords.shape[0], 4, generator=g, dtype=torch.float64), coords=coords,
-                weight=torch.rand(27, 4, 5, generator=g, dtype=torch.float64))
+def _two(g, n=300, *, n_query=None, channels=4, dtype=F64, cloud=None):
+    """query (n_query, 3) (2n/3 by default), ref (n, 3) and its features (n, channels)."""
+    query = _points(g, 2 * n // 3 if n_query is None else n_query, dtype, cloud)
+    return dict(query=query, ref=_points(g, n, dtype, cloud), features=_values(g, n, channels, dtype))
 
 
-def _segments(g):
-    return dict(values=torch.rand(50, 3, generator=g, dtype=torch.float64), offsets=torch.tensor([0, 10, 10, 35, 50]))
+def _xy(g, n=300, *, n_query=None, dtype=F64, cloud=None):
+    """Chamfer's x (n_query, 3) (2n/3 by default) and y (n, 3)."""
+    return dict(x=_points(g, 2 * n // 3 if n_query is None else n_query, dtype, cloud), y=_points(g, n, dtype, cloud))
 
 
-def _gather(g):
-    return dict(features=torch.rand(30, 4, generator=g, dtype=torch.float64), idx=torch.randint(-1, 30, (20, 5), generator=g))
+def _one(g, n=300, *, channels=4, dtype=F64, cloud=None):
+    """points (n, 3) and their features (n, channels)."""
+    return dict(points=_points(g, n, dtype, cloud), features=_values(g, n, channels, dtype))
 
 
-def _codes(g):
-    grid = torch.randint(0, 16, (100, 3), generator=g)
-    return dict(grid_coord=grid, features=torch.rand(100, 4, generator=g, dtype=torch.float64))
+def _voxels(g, n=200, *, channels=4, out_channels=5, dtype=F64):
+    """Unique integer sites (at most n; 8^3 cells at n = 200: about 0.39 draws per cell), their
+    features (sites, channels) and a 3^3 kernel's weight (27, channels, out_channels)."""
+    span = max(2, round((2.56 * n) ** (1 / 3)))
+    coords = torch.unique(torch.randint(0, span, (n, 3), generator=g), dim=0)
+    return dict(features=torch.rand(coords.shape[0], channels, generator=g, dtype=dtype), coords=coords,
+                weight=torch.rand(27, channels, out_channels, generator=g, dtype=dtype))
+
+
+def _segments(g, n=50, *, channels=3, dtype=F64):
+    """values (n, channels) and CSR offsets of about n/12 + 2 segments, one of them empty."""
+    values = _values(g, n, channels, dtype)
+    cuts = torch.randint(0, n + 1, (max(1, n // 12),), generator=g)
+    cuts = torch.sort(torch.cat([cuts, cuts[:1]])).values  # a repeated cut: an empty segment
+    return dict(values=values, offsets=torch.cat([torch.tensor([0]), cuts, torch.tensor([n])]))
+
+
+def _gather(g, n=30, *, n_query=None, k=5, channels=4, dtype=F64):
+    """features (n, channels) and indices (n_query, k) (2n/3 by default) in [-1, n): -1 pads."""
+    m = 2 * n // 3 if n_query is None else n_query
+    return dict(features=_values(g, n, channels, dtype), idx=torch.randint(-1, n, (m, k), generator=g))
+
+
+def _codes(g, n=100, *, channels=4, dtype=F64):
+    """grid_coord (n, 3) in [0, 16) (depth 4 and up) and features (n, channels)."""
+    grid = torch.randint(0, 16, (n, 3), generator=g)
+    return dict(grid_coord=grid, features=_values(g, n, channels, dtype))
 
 
 OPS = [
@@ -90,7 +128,7 @@ OPS = [
     Op("knn_interpolate", _two, lambda i, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], 3, **kw),
        points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn_interpolate",
        bench="knn_interpolate"),
-    Op("chamfer_distance", lambda g: dict(x=_cloud(g, 200), y=_cloud(g, 300)),
+    Op("chamfer_distance", _xy,
        lambda i, **kw: pcops.chamfer_distance(i["x"], i["y"], **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance"),
     Op("farthest_point_sample", _one, lambda i, **kw: pcops.farthest_point_sample(i["points"], 20, **kw),
