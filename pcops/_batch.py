@@ -1,6 +1,6 @@
 """Batch layouts: every op runs on flat point sets with per-point sample ids ("groups").
 
-Three layouts reach the ops:
+Three layouts of point clouds reach the ops:
 
 * single:  query (M, 3), ref (N, 3), features (N, F)
 * padded:  query (B, M, 3), ref (B, N, 3), features (B, N, F), optional ``query_lengths`` and
@@ -19,6 +19,11 @@ padding and ``B + 1`` for reference padding, so padding never meets anything. Pa
 any integer range (int64 above 2**31 included) become int32 groups that are equal exactly where
 the ids are (:func:`_int32_ids`). All of it is static-shape torch code: no host
 synchronisation, nothing that breaks ``torch.compile``.
+
+Integer-data ops (serialize, segment_reduce, gather, sparse convolution) take the second
+layout: integer sites (N, 3) with packed sample ids (:func:`sites`), segment ids, CSR offsets
+or indices, whose values :func:`values` checks in one host read (the counterpart of the
+point layouts' value checks).
 """
 
 from __future__ import annotations
@@ -157,6 +162,37 @@ def single(
     if not flatten:  # an op that takes the layout as it is (FPS runs on padded blocks): checks only
         return Flat(points, points, features, None, None, (), 0, validate and not checked)
     return _flat(points, points, features, padded, layout, validate and not checked)
+
+
+def sites(grid_coord, batch=None, *, size: Optional[int] = None, name: str = "grid_coord", what: str = "integer grid coordinates",
+          batch_name: str = "batch") -> None:
+    """The eager checks of an integer-data op's sites (the second layout, beside :func:`single`):
+    ``grid_coord`` (N, 3) integers (N = ``size`` if given) with optional ``batch`` (N,) sample
+    ids (packed, as PyTorch Geometric), on one device. Values are checked by :func:`values`."""
+    _validate.grid_coords(name, grid_coord, what, size)
+    _validate.ids(batch_name, batch, grid_coord.shape[0], "(N,)")
+    _validate.same_device(**{name: grid_coord, batch_name: batch})
+
+
+def values(validate: bool, *, ranges: Optional[dict] = None, finite: Optional[dict] = None, pointers: Optional[dict] = None) -> bool:
+    """The value checks of an integer-data op, in one host read, with ``validate`` and not under
+    ``torch.compile`` (as :func:`single` checks points): ``ranges`` (name -> (tensor, low, high[,
+    the range as the message says it]): sites, ids, indices within bounds; high None for none), ``finite`` (name -> tensor: no
+    NaN/inf), ``pointers`` (name -> (tensor, low, high): CSR pointers, non-decreasing within
+    bounds). Returns whether they ran; the op checks what they could not (``validate and not
+    values(...)``), and its kernels clamp or mask indices, so that unchecked bad values give
+    unspecified results, never a read out of bounds."""
+    if not validate or torch.compiler.is_compiling():
+        return False
+    checks = _validate.Checks()
+    for name, (t, low, high) in (pointers or {}).items():
+        checks.non_decreasing(name, t, low, high)
+    for name, (t, low, high, *bound) in (ranges or {}).items():
+        checks.in_range(name, t, low, high, *bound)
+    for name, t in (finite or {}).items():
+        checks.finite(name, t)
+    checks.run()
+    return True
 
 
 def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:

@@ -44,14 +44,24 @@ def points(name: str, t, dim: int = 3) -> None:
     tensor(name, t, ndim=2, last=dim, shape_doc="(P, 3)" if dim == 3 else f"(P, D) with D = {dim}")
 
 
-def grid_coords(name: str, t, what: str) -> None:
-    """``t`` is an integer tensor of shape (N, 3): grid or voxel coordinates (``what`` says which)."""
+def integer(name: str, t, *, ndim: int | None = None, size: int | None = None, last: int | None = None,
+            shape_doc: str = "", what: str = "") -> None:
+    """``t`` is an integer tensor (not bool) of rank ``ndim``, first dimension ``size`` and last
+    dimension ``last`` where given: the one check of every integer input (sites, ids, offsets,
+    indices); ``what`` names the quantity in the dtype message."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype ({what}), got {t.dtype}")
-    if t.dim() != 2 or t.shape[1] != 3:
-        raise ValueError(f"{name} must be a tensor of shape (N, 3), got shape {tuple(t.shape)}")
+        raise TypeError(f"{name} must have an integer dtype{f' ({what})' if what else ''}, got {t.dtype}")
+    if ndim is not None and (t.dim() != ndim or (size is not None and t.shape[0] != size) or (last is not None and t.shape[-1] != last)):
+        if size is not None:  # formatted only here: a size read early would specialise a traced shape
+            shape_doc += f" = ({size},)" if ndim == 1 else f" = ({size}, {last})"
+        raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
+
+
+def grid_coords(name: str, t, what: str, size: int | None = None) -> None:
+    """``t`` is an integer tensor of shape (N, 3) (N = ``size`` if given): grid or voxel coordinates (``what`` says which)."""
+    integer(name, t, ndim=2, size=size, last=3, shape_doc="(N, 3)", what=what)
 
 
 def same_device(**named: torch.Tensor) -> None:
@@ -180,14 +190,8 @@ def groups_paired(query_group, ref_group) -> None:
 
 def ids(name: str, t, size: int, shape_doc: str) -> None:
     """``t`` is None or an integer tensor of shape (size,): batch ids or lengths."""
-    if t is None:
-        return
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
-    if t.dim() != 1 or t.shape[0] != size:
-        raise ValueError(f"{name} must be a tensor of shape {shape_doc} = ({size},), got shape {tuple(t.shape)}")
+    if t is not None:
+        integer(name, t, ndim=1, size=size, shape_doc=shape_doc)
 
 
 def ids_in_range(name: str, t, low: int, high) -> None:
@@ -272,13 +276,23 @@ class Checks:
         if t is not None and t.numel():
             self.add(_sum_finite(t), lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: _all_finite(t))
 
-    def in_range(self, name: str, t, low: int, high) -> None:
-        """All values of ``t`` (None is skipped) in [low, high] (no upper bound if high is None)."""
+    def in_range(self, name: str, t, low: int, high, bound=None) -> None:
+        """All values of ``t`` (None is skipped) in [low, high] (no upper bound if high is None);
+        ``bound`` (a function, called only on failure, so that no traced size is read) says the
+        range in the message in the op's terms (default: [low, high])."""
         if t is None or not t.numel():
             return
         ok = (t >= low).all() if high is None else ((t >= low) & (t <= high)).all()
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        self.add(ok, lambda: f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
+        said = lambda: bound() if callable(bound) else bound or (f"[{low}, {high}]" if high is not None else f">= {low}")  # noqa: E731
+        self.add(ok, lambda: f"{name} values must be {said()}, got min {int(t.min())}, max {int(t.max())}")
+
+    def non_decreasing(self, name: str, t, low: int, high: int) -> None:
+        """``t`` (1-d, None is skipped) non-decreasing with values in [low, high]: a CSR pointer."""
+        if t is None or not t.numel():
+            return
+        ok = (t[1:] >= t[:-1]).all() & (t[0] >= low) & (t[-1] <= high)
+        shown = lambda: f"{t.tolist()[:8]}{'...' if t.numel() > 8 else ''}"  # noqa: E731
+        self.add(ok, lambda: f"{name} must be non-decreasing with values in [{low}, {high}] (a CSR pointer), got {shown()}")
 
     def positive(self, name: str, t) -> None:
         """All values finite and > 0 in ``t``'s dtype (the compute dtype)."""

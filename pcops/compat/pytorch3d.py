@@ -91,10 +91,9 @@ def _packed(points: torch.Tensor, lengths: torch.Tensor, pad_id: int) -> tuple[t
 
 
 def _gather(points: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """points (N, P, U), idx (N, L, K) valid indices -> (N, L, K, U) = points[n, idx[n, l, k]]."""
-    n, l, k = idx.shape
-    u = points.shape[2]
-    return points.gather(1, idx.reshape(n, l * k, 1).expand(n, l * k, u)).view(n, l, k, u)
+    """points (N, P, U), idx (N, L, K) -> (N, L, K, U) = points[n, idx[n, l, k]], 0 for an
+    index outside [0, P): pcops.gather, the one gather of pcops."""
+    return pcops.gather(points, idx, validate=False)
 
 
 def knn_gather(x: torch.Tensor, idx: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -127,8 +126,7 @@ def masked_gather(points: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     if idx.dim() not in (2, 3):
         raise ValueError(f"idx format is not supported {tuple(idx.shape)!r}")
     flat = idx if idx.dim() == 3 else idx[:, :, None]
-    out = _gather(points, flat.clamp(min=0))
-    out = torch.where((flat < 0)[..., None], torch.zeros((), dtype=out.dtype, device=out.device), out)
+    out = _gather(points, flat)  # -1 gives zeros
     return out if idx.dim() == 3 else out[:, :, 0]
 
 

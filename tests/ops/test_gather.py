@@ -126,3 +126,25 @@ def test_cuda_matches_cpu(gen):
     features = torch.randn(1000, 8, generator=gen)
     idx = torch.randint(-1, 1000, (500, 16), generator=gen)
     assert torch.equal(pcops.gather(features.cuda(), idx.cuda()).cpu(), pcops.gather(features, idx))
+
+
+def test_an_empty_table_with_only_padding_indices_gives_zeros():
+    # a defect: index_select of row 0 of an empty table raised a raw torch error
+    for features, idx, shape in (
+        (torch.zeros(0, 4), torch.full((3, 2), -1), (3, 2, 4)),
+        (torch.zeros(2, 0, 4), torch.full((2, 3, 2), -1), (2, 3, 2, 4)),
+    ):
+        out = pcops.gather(features, idx)
+        assert out.shape == shape and not out.any()
+
+
+def test_unchecked_indices_out_of_range_give_zeros_not_a_read_out_of_bounds():
+    features = torch.arange(12.0).reshape(4, 3)
+    idx = torch.tensor([[0, 4, -7], [3, 10**9, -1]])
+    out = pcops.gather(features, idx, validate=False)
+    expect = torch.stack([torch.stack([features[0], torch.zeros(3), torch.zeros(3)]),
+                          torch.stack([features[3], torch.zeros(3), torch.zeros(3)])])
+    assert torch.equal(out, expect)
+    padded = features.reshape(2, 2, 3)
+    out = pcops.gather(padded, torch.tensor([[1, 2], [-2, 0]]), validate=False)
+    assert torch.equal(out, torch.stack([torch.stack([padded[0, 1], torch.zeros(3)]), torch.stack([torch.zeros(3), padded[1, 0]])]))

@@ -296,3 +296,17 @@ def test_gradients_of_gradients(reduce):
     values = torch.rand(20, 3, generator=gen, dtype=torch.float64).requires_grad_()
     offsets = torch.tensor([0, 4, 4, 11, 20])
     assert torch.autograd.gradgradcheck(lambda v: pcops.segment_reduce(v, offsets, reduce=reduce), (values,))
+
+
+def test_validate_false_skips_the_value_checks_and_never_reads_out_of_bounds():
+    values = torch.arange(10.0).reshape(5, 2)
+    bad = torch.tensor([0, 3, 1, 99])  # decreasing, past N
+    with pytest.raises(ValueError, match="offsets"):
+        pcops.segment_reduce(values, bad)
+    for reduce in REDUCTIONS:
+        out = pcops.segment_reduce(values, bad, reduce=reduce, validate=False)
+        assert out.shape == (3, 2) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="ids"):
+        pcops.segment_reduce(values, ids=torch.tensor([0, 1, 5, 1, 0]), num_segments=2)
+    out = pcops.segment_reduce(values, ids=torch.tensor([0, 1, 5, 1, 0]), num_segments=2, validate=False)
+    assert torch.equal(out, pcops.segment_reduce(values[[0, 1, 3, 4]], ids=torch.tensor([0, 1, 1, 0]), num_segments=2))

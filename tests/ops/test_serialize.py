@@ -618,3 +618,18 @@ def test_bounded_pool_cuda_matches_cpu(gen):
             assert (a is None) == (b is None)
             if a is not None:
                 torch.testing.assert_close(a.cpu(), b)
+
+
+def test_validate_false_skips_the_value_checks():
+    grid = torch.tensor([[0, 1, 2], [3, 4, 70]])
+    with pytest.raises(ValueError, match="grid_coord"):
+        pcops.serialize(grid, depth=6)
+    assert pcops.serialize(grid, depth=6, validate=False).code.shape == (2,)
+    features = torch.arange(6.0).reshape(3, 2)
+    cluster = torch.tensor([0, 2, 5, -1])
+    with pytest.raises(ValueError, match="cluster"):
+        pcops.serialized_unpool(features, cluster)
+    out = pcops.serialized_unpool(features, cluster, validate=False)  # out of range: zeros, never a read out of bounds
+    assert torch.equal(out, torch.stack([features[0], features[2], torch.zeros(2), torch.zeros(2)]))
+    with pytest.raises(ValueError, match="features contains NaN"):
+        pcops.serialized_pool(pcops.serialize(grid[:1]).code, features=torch.tensor([[float("nan")]]))

@@ -11,16 +11,16 @@ indexing, see :func:`pcops._batch.rows`), and a ``where`` for the padding. It co
 """
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from ... import _batch, _validate
 
 
 def _layout(features, idx) -> bool:
     """Checks of gather's arguments (types, shapes, devices, names); True for padded features."""
     if not isinstance(features, torch.Tensor):
         raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
-    if not isinstance(idx, torch.Tensor):
-        raise TypeError(f"idx must be a torch.Tensor, got {type(idx).__name__}")
-    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-        raise TypeError(f"idx must have an integer dtype, got {idx.dtype}")
+    _validate.integer("idx", idx)
     if features.dim() not in (1, 2, 3):
         raise ValueError(f"features must be a tensor of shape (N,), (N, F) or padded (B, N, F), got shape {tuple(features.shape)}")
     if features.device != idx.device:
@@ -29,14 +29,6 @@ def _layout(features, idx) -> bool:
     if padded and (idx.dim() < 1 or idx.shape[0] != features.shape[0]):
         raise ValueError(f"idx must be a tensor of shape (B, ...) with B = {features.shape[0]} for padded features {tuple(features.shape)}, got shape {tuple(idx.shape)}")
     return padded
-
-
-def _check_values(idx: torch.Tensor, n: int) -> None:
-    """Every index in [-1, n). Reads values."""
-    if idx.numel():
-        low, high = int(idx.min()), int(idx.max())
-        if low < -1 or high >= n:
-            raise ValueError(f"idx values must be in [-1, N) = [-1, {n}) (-1: padding), got min {low}, max {high}")
 
 
 def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> torch.Tensor:
@@ -48,7 +40,8 @@ def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> 
         idx: integer Tensor of any shape (e.g. (M, K)) for flat features, (B, ...) (e.g.
             (B, M, K)) for padded ones; values in [0, N), or -1 for padding.
         validate: check that every index is in [-1, N) (reads the indices; skipped under
-            ``torch.compile``, where an index out of range is an error of ``index_select``).
+            ``torch.compile``). Unchecked, an index out of range gives a zero row, as -1
+            does: never a read out of bounds.
 
     Returns:
         Tensor of shape ``(*idx.shape, F)`` (flat) or (B, ..., F) (padded; ``(*idx.shape, F)``), the
@@ -57,19 +50,25 @@ def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> 
     """
     padded = _layout(features, idx)
     n = features.shape[1] if padded else features.shape[0]
-    if validate and not torch.compiler.is_compiling():
-        _check_values(idx, n)
+    _batch.values(validate, ranges={"idx": (idx, -1, n - 1, lambda: f"in [-1, N) = [-1, {n}) (-1: padding)")})
+    return rows(features, idx, padded)
+
+
+def rows(features: torch.Tensor, idx: torch.Tensor, padded: bool = False) -> torch.Tensor:
+    """gather without checks: rows of flat (N, ...) or padded (B, N, ...) ``features`` at ``idx``
+    (per sample for padded ones), zeros where an index is outside [0, N) (-1: padding)."""
+    n = features.shape[1] if padded else features.shape[0]
+    flat = features.reshape(-1, *features.shape[2:]) if padded else features
+    if guard_or_false(n == 0):  # nothing to read: every index is padding (a traced size unknown here is taken as > 0)
+        return flat.new_zeros((*idx.shape, *flat.shape[1:]))
     idx = idx.to(torch.int64)
-    valid = idx >= 0
-    rows = idx.clamp_min(0)
-    flat = features
+    valid = (idx >= 0) & (idx < n)
+    at = idx.clamp(0, n - 1)
     if padded:
         b = features.shape[0]
-        rows = rows + (torch.arange(b, device=idx.device) * n).reshape(b, *([1] * (idx.dim() - 1)))
-        flat = features.reshape(b * n, *features.shape[2:])
-    out = flat.index_select(0, rows.reshape(-1)).view(*idx.shape, *flat.shape[1:])
-    mask = valid.reshape(*idx.shape, *([1] * (flat.dim() - 1)))
-    return torch.where(mask, out, out.new_zeros(()))
+        at = at + (torch.arange(b, device=idx.device) * n).reshape(b, *([1] * (idx.dim() - 1)))
+    out = _batch.rows(flat, at)
+    return torch.where(valid.reshape(*idx.shape, *([1] * (flat.dim() - 1))), out, out.new_zeros(()))
 
 
 __all__ = ["gather"]

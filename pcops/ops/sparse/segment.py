@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from ... import _validate, _warp
+from ... import _batch, _validate, _warp
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 
@@ -160,10 +160,12 @@ def _torch_spread(grad: torch.Tensor, offsets: torch.Tensor, reduce: str, rows: 
 
 
 @torch.library.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str, validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """values (N, F) float32/64, offsets (S + 1,) int64 -> (out (S, F), arg (S, F) int64 for
-    max/min: the row of each extremum, -1 for an empty segment; (0, F) for sum/mean)."""
-    _check_offsets(offsets, values.shape[0])
+    max/min: the row of each extremum, -1 for an empty segment; (0, F) for sum/mean).
+    ``validate``: check the pointer here (the caller could not: under ``torch.compile``)."""
+    if validate:
+        _check_offsets(offsets, values.shape[0])
     if values.device.type == "cpu" and reduce in ("sum", "mean"):
         return _torch_sum(values, offsets, reduce), values.new_empty(_arg_shape(values, offsets.shape[0] - 1, reduce), dtype=torch.int64)
     return _warp_forward(values, offsets, reduce)
@@ -184,7 +186,7 @@ def _warp_forward(values: torch.Tensor, offsets: torch.Tensor, reduce: str) -> t
 
 
 @_segment_reduce.register_fake
-def _(values, offsets, reduce):
+def _(values, offsets, reduce, validate=False):
     segments = offsets.shape[0] - 1
     return values.new_empty((segments, values.shape[1])), values.new_empty(_arg_shape(values, segments, reduce), dtype=torch.int64)
 
@@ -224,7 +226,7 @@ def _(grad, offsets, arg, reduce, rows):
 
 
 def _setup_context(ctx, inputs, output):
-    values, offsets, reduce = inputs
+    values, offsets, reduce, _validate_offsets = inputs
     ctx.save_for_backward(offsets, output[1])
     ctx.reduce = reduce
     ctx.rows = values.shape[0]
@@ -232,7 +234,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_arg):
     offsets, arg = ctx.saved_tensors
-    return torch.ops.pcops.segment_reduce_backward(grad_out, offsets, arg, ctx.reduce, ctx.rows), None, None
+    return torch.ops.pcops.segment_reduce_backward(grad_out, offsets, arg, ctx.reduce, ctx.rows), None, None, None
 
 
 torch.library.register_autograd("pcops::segment_reduce", _backward, setup_context=_setup_context)
@@ -290,12 +292,8 @@ def _layout(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     if (offsets is None) == (ids is None):
         raise ValueError("give exactly one of offsets (a CSR pointer, (S + 1,)) and ids (a segment id per row, (N,))")
     for name, t in (("offsets", offsets), ("ids", ids)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+        if t is not None:
+            _validate.integer(name, t)
     _validate.same_device(values=values, offsets=offsets, ids=ids)
     if offsets is not None:
         if offsets.dim() != 1 or offsets.shape[0] < 1:
@@ -322,6 +320,7 @@ def segment_reduce(
     ids: Optional[torch.Tensor] = None,
     reduce: str = "sum",
     num_segments: Optional[int] = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Reduce the rows of ``values`` per segment (torch_scatter's ``segment_csr`` / ``scatter``).
 
@@ -336,6 +335,9 @@ def segment_reduce(
         reduce: "sum", "mean", "max" or "min".
         num_segments: S with ``ids`` (default: ``ids.max() + 1``, read from the data, so
             REQUIRED under ``torch.compile``). Not used with ``offsets``.
+        validate: check the values of ``offsets`` / ``ids`` (one host read; skipped under
+            ``torch.compile`` for ``ids``). With False, offsets outside [0, N] or decreasing
+            and ids outside [0, S) give unspecified sums, never a read out of bounds.
 
     Returns:
         Tensor of shape (S, ...) in the dtype of ``values`` (float16/bfloat16 reduced in
@@ -348,27 +350,31 @@ def segment_reduce(
     perm = inverse = None
     if offsets is None:
         if segments is None:
+            _batch.values(validate, ranges={"ids": (ids, 0, None)})
             segments = int(ids.max()) + 1 if ids.numel() else 0
-        elif not torch.compiler.is_compiling():
-            _validate.ids_in_range("ids", ids, 0, segments - 1)
-        if not torch.compiler.is_compiling():
-            _validate.ids_in_range("ids", ids, 0, None)
+        else:
+            _batch.values(validate, ranges={"ids": (ids, 0, segments - 1)})
         sorted_ids, perm = torch.sort(ids.to(torch.int64), stable=True)
         inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(n, device=perm.device))
         offsets = torch.searchsorted(sorted_ids, torch.arange(segments + 1, device=perm.device, dtype=torch.int64))
-    return reduce_sorted(values, offsets, reduce, perm, inverse)
+        return reduce_sorted(values, offsets, reduce, perm, inverse)  # offsets of sorted ids: a CSR pointer
+    if not validate:  # unchecked: clamped into a pointer that reads no row out of bounds
+        offsets = torch.cummax(offsets.clamp(0, n), 0).values
+    return reduce_sorted(values, offsets, reduce, check=validate)
 
 
-def reduce_sorted(values, offsets, reduce, perm=None, inverse=None) -> torch.Tensor:
+def reduce_sorted(values, offsets, reduce, perm=None, inverse=None, check: bool = False) -> torch.Tensor:
     """segment_reduce of ``values[perm]`` (``values`` if perm is None) over the CSR pointer
-    ``offsets``, without checks (``inverse``: the inverse permutation of ``perm``)."""
+    ``offsets`` (``inverse``: the inverse permutation of ``perm``); ``check``: check the pointer
+    (eagerly in one host read, else in the op)."""
     n = values.shape[0]
     shape = values.shape[1:]
     dtype, out_dtype = _validate.compute_dtype(values)
     flat = values.reshape(n, math.prod(shape)).to(dtype)
     if perm is not None:
         flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
-    out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce)
+    check = check and not _batch.values(True, pointers={"offsets": (offsets, 0, n)})
+    out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce, check)
     return out.reshape(out.shape[0], *shape).to(out_dtype)
 
 

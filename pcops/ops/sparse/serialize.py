@@ -29,7 +29,8 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import warp as wp
 
-from ... import _validate, _warp
+from ... import _batch, _validate, _warp
+from ..neighbours.gather import rows as _rows
 from .. import _bound
 from . import segment as _segment
 
@@ -164,9 +165,11 @@ def _check_values(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth
 
 
 @torch.library.custom_op("pcops::serialize_codes", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int, orders: list[int]) -> torch.Tensor:
-    """grid_coord (N, 3) int, batch (N,) int or None -> codes (K, N) int64 for the K ``orders`` (indices into ORDERS)."""
-    _check_values(grid_coord, batch, depth)
+def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int, orders: list[int], validate: bool = True) -> torch.Tensor:
+    """grid_coord (N, 3) int, batch (N,) int or None -> codes (K, N) int64 for the K ``orders`` (indices into ORDERS).
+    ``validate``: check the values (unchecked, values out of range give unspecified codes)."""
+    if validate:
+        _check_values(grid_coord, batch, depth)
     n = grid_coord.shape[0]
     out = torch.empty((len(orders), n), dtype=torch.int64, device=grid_coord.device)
     if n == 0 or not orders:
@@ -179,7 +182,7 @@ def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], de
 
 
 @_serialize_codes.register_fake
-def _(grid_coord, batch, depth, orders):
+def _(grid_coord, batch, depth, orders, validate=True):
     return grid_coord.new_empty((len(orders), grid_coord.shape[0]), dtype=torch.int64)
 
 
@@ -194,9 +197,7 @@ def _sort_rows(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _layout(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     """Checks of serialize's arguments (shapes, dtypes, names): (depth, order indices, one order given)."""
-    _validate.grid_coords("grid_coord", grid_coord, "integer grid coordinates")
-    _validate.ids("batch", batch, grid_coord.shape[0], "(N,)")
-    _validate.same_device(grid_coord=grid_coord, batch=batch)
+    _batch.sites(grid_coord, batch)
     single = isinstance(order, str)
     names = [order] if single else order
     if not isinstance(names, (list, tuple)) or not names:
@@ -221,6 +222,7 @@ def serialize(
     batch: Optional[torch.Tensor] = None,
     depth: Optional[int] = 16,
     order: Union[str, Sequence[str]] = "z",
+    validate: bool = True,
 ) -> Serialization:
     """Codes of integer grid coordinates along space-filling curves, their sort order and its inverse.
 
@@ -235,6 +237,8 @@ def serialize(
         depth: bits per axis, 1 .. 16 (Pointcept's limit). None: the fewest bits that hold
             ``grid_coord.max()`` (Pointcept's adaptive depth; eager only).
         order: "z", "z-trans", "hilbert", "hilbert-trans", or a list/tuple of them.
+        validate: check the values of ``grid_coord`` and ``batch`` (one pass; in the op, so
+            also under ``torch.compile``). Unchecked, values out of range give unspecified codes.
 
     Returns:
         Serialization(code, order, inverse), int64: ``code`` the codes, ``order`` the stable
@@ -246,7 +250,7 @@ def serialize(
     fit in 63 bits (batch < 2**(63 - 3*depth)), a depth outside [1, 16], an unknown order.
     """
     depth, kinds, single = _layout(grid_coord, batch, depth, order)
-    code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds)
+    code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds, bool(validate))
     order_, inverse = _sort_rows(code)
     if single:
         return Serialization(code[0], order_[0], inverse[0])
@@ -313,12 +317,7 @@ def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce
         if coord.shape[0] != n:
             raise ValueError(f"coord must have one row per point: got shape {tuple(coord.shape)} for {n} points")
     if grid_coord is not None:
-        if not isinstance(grid_coord, torch.Tensor):
-            raise TypeError(f"grid_coord must be a torch.Tensor, got {type(grid_coord).__name__}")
-        if grid_coord.dtype.is_floating_point or grid_coord.dtype.is_complex or grid_coord.dtype == torch.bool:
-            raise TypeError(f"grid_coord must have an integer dtype, got {grid_coord.dtype}")
-        if grid_coord.dim() != 2 or grid_coord.shape[1] != 3 or grid_coord.shape[0] != n:
-            raise ValueError(f"grid_coord must be a tensor of shape (N, 3) = ({n}, 3), got shape {tuple(grid_coord.shape)}")
+        _batch.sites(grid_coord, batch, size=n)
     _validate.ids("batch", batch, n, "(N,)")
     _validate.same_device(code=code, features=features, coord=coord, grid_coord=grid_coord, batch=batch)
     return n
@@ -334,6 +333,7 @@ def serialized_pool(
     reduce: str = "max",
     *,
     max_clusters: Optional[int] = None,
+    validate: bool = True,
 ) -> Union[SerializedPool, SerializedPoolPadded]:
     """Point Transformer V3's serialized pooling (Pointcept's ``SerializedPooling``, without its
     linear projection, norm and activation): points whose codes agree above bit
@@ -352,6 +352,7 @@ def serialized_pool(
         max_clusters: optional int M >= 1, an upper bound on the number of parents: the result
             has exactly M parent rows (static shapes, so ``torch.compile`` needs no graph break
             or dynamic size) and a ``count``. None: V rows.
+        validate: check ``features`` and ``coord`` for NaN/inf (one host read, eagerly only).
 
     Returns:
         SerializedPool(code, order, inverse, features, coord, grid_coord, batch, cluster, head):
@@ -372,6 +373,7 @@ def serialized_pool(
         for their points (``serialized_unpool`` needs cluster >= 0: mask them first).
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
+    _batch.values(validate, finite={"features": features, "coord": coord})
     bound = _bound.bound("max_clusters", max_clusters)
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
@@ -399,7 +401,7 @@ def serialized_pool(
     return SerializedPoolPadded(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head, count)
 
 
-def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor) -> torch.Tensor:
+def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Parents' features back to their points (Pointcept's ``SerializedUnpooling`` gather,
     ``point.feat[inverse]``): ``features[cluster]``.
 
@@ -407,22 +409,19 @@ def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor) -> torch.Te
         features: Tensor (V, ...) of the parents (e.g. ``serialized_pool(...).features`` after
             the coarser stages).
         cluster: int64 Tensor (N,), :func:`serialized_pool`'s ``cluster``.
+        validate: check that every value of ``cluster`` is in [0, V) (one host read, eagerly
+            only). Unchecked, a point whose cluster is out of range gets zeros (as the -1 of
+            clusters dropped by ``max_clusters``), never a read out of bounds.
 
     Returns:
         Tensor (N, ...); differentiable with respect to ``features`` (an index_add backward).
     """
     if not isinstance(features, torch.Tensor) or features.dim() < 1:
         raise TypeError(f"features must be a torch.Tensor of shape (V, ...), got {getattr(features, 'shape', type(features).__name__)}")
-    if not isinstance(cluster, torch.Tensor):
-        raise TypeError(f"cluster must be a torch.Tensor, got {type(cluster).__name__}")
-    if cluster.dtype.is_floating_point or cluster.dtype.is_complex or cluster.dtype == torch.bool:
-        raise TypeError(f"cluster must have an integer dtype, got {cluster.dtype}")
-    if cluster.dim() != 1:
-        raise ValueError(f"cluster must be a tensor of shape (N,), got shape {tuple(cluster.shape)}")
+    _validate.integer("cluster", cluster, ndim=1, shape_doc="(N,)")
     _validate.same_device(features=features, cluster=cluster)
-    if not torch.compiler.is_compiling():
-        _validate.ids_in_range("cluster", cluster, 0, features.shape[0] - 1)
-    return features.index_select(0, cluster.to(torch.int64))
+    _batch.values(validate, ranges={"cluster": (cluster, 0, features.shape[0] - 1)})
+    return _rows(features, cluster)
 
 
 __all__ = ["Serialization", "SerializedPool", "SerializedPoolPadded", "serialize", "serialized_pool", "serialized_unpool"]
