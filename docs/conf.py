@@ -10,14 +10,11 @@ import importlib.metadata
 import os
 import pathlib
 import sys
-import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-try:  # the installed package (pip install -e .); else the source tree beside this folder
-    import pcops  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(ROOT))
+# Document (and run the examples against) the source tree beside this folder, installed or not.
+sys.path.insert(0, str(ROOT))
 
 # -- Project -------------------------------------------------------------------------------------
 project = "pcops"
@@ -58,7 +55,6 @@ add_module_names = False
 
 # -- Gallery: examples/ run on the CPU at build time, figures by matplotlib (Agg) -------------------
 os.environ.setdefault("MPLBACKEND", "Agg")
-warnings.filterwarnings("ignore", message="Matplotlib is currently using agg", category=UserWarning)
 sphinx_gallery_conf = {
     "examples_dirs": str(ROOT / "examples"),
     "gallery_dirs": "auto_examples",
