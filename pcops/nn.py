@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from . import _validate
+from . import _deprecated, _validate
 from .ops.neighbours import _weighting
 from .ops import knn_aggregate, radius_aggregate
 
@@ -157,7 +157,7 @@ class KNNAggregation(_Sigma):
 class SparseConv3d(nn.Module):
     """Submanifold sparse 3-d convolution (stride 1, odd ``kernel_size``) over integer voxel sites.
 
-    ``forward(features (N, Cin), coords (N, 3) int, batch=None, kernel_map=None) -> (N, Cout)``:
+    ``forward(features (N, Cin), grid_coord (N, 3) int, batch=None, kernel_map=None) -> (N, Cout)``:
     :func:`pcops.sparse_conv3d` with ``weight`` of shape (K^3, Cin, Cout) (offset
     ``k = (a * K + b) * K + c`` is ``((a, b, c) - K // 2) * dilation``; ``weight.view(K, K, K,
     Cin, Cout)`` is ``conv3d``'s weight permuted (2, 3, 4, 1, 0)). Pass a
@@ -166,9 +166,9 @@ class SparseConv3d(nn.Module):
 
     Example:
         >>> import torch, pcops
-        >>> coords = torch.tensor([[0, 0, 0], [0, 0, 1], [5, 5, 5]])  # three occupied voxels
+        >>> grid_coord = torch.tensor([[0, 0, 0], [0, 0, 1], [5, 5, 5]])  # three occupied voxels
         >>> conv = pcops.SparseConv3d(4, 8, kernel_size=3)
-        >>> conv(torch.randn(3, 4), coords).shape
+        >>> conv(torch.randn(3, 4), grid_coord).shape
         torch.Size([3, 8])
     """
 
@@ -184,10 +184,11 @@ class SparseConv3d(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.kernel_size**3, self.in_channels, self.out_channels).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(self.out_channels).uniform_(-bound, bound)) if bias else None
 
-    def forward(self, features: torch.Tensor, coords: torch.Tensor | None, batch: torch.Tensor | None = None, kernel_map=None) -> torch.Tensor:
+    @_deprecated.renamed(coords="grid_coord")
+    def forward(self, features: torch.Tensor, grid_coord: torch.Tensor | None, batch: torch.Tensor | None = None, kernel_map=None) -> torch.Tensor:
         from .ops.sparse.sparse_conv import sparse_conv3d
 
-        return sparse_conv3d(features, coords, self.weight, self.bias, batch=batch, dilation=self.dilation, kernel_map=kernel_map)
+        return sparse_conv3d(features, grid_coord, self.weight, self.bias, batch=batch, dilation=self.dilation, kernel_map=kernel_map)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "

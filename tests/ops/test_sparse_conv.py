@@ -132,8 +132,8 @@ class TestSparseConv3d(OpSuite):
         sc = pcops.sparse_conv3d
         km = pcops.sparse_kernel_map(coords)
         return {
-            "float coords": (lambda: sc(f, coords.float(), w), TypeError, "coords must have an integer dtype"),
-            "coords shape": (lambda: sc(f, coords[:, :2], w), ValueError, "coords must be a tensor of shape"),
+            "float coords": (lambda: sc(f, coords.float(), w), TypeError, "grid_coord must have an integer dtype"),
+            "coords shape": (lambda: sc(f, coords[:, :2], w), ValueError, "grid_coord must be a tensor of shape"),
             "feature rows": (lambda: sc(f[:7], coords, w), ValueError, "features must have one row per site"),
             "int features": (lambda: sc(f.long(), coords, w), TypeError, "features must have a floating dtype"),
             "weight shape": (lambda: sc(f, coords, w[:26]), ValueError, "weight must have shape"),
@@ -143,11 +143,11 @@ class TestSparseConv3d(OpSuite):
             "dilation": (lambda: sc(f, coords, w, dilation=0), ValueError, "dilation must be an int >= 1"),
             "bias shape": (lambda: sc(f, coords, w, torch.zeros(3)), ValueError, "bias must be a tensor of shape"),
             "batch dtype": (lambda: sc(f, coords, w, batch=torch.zeros(8)), TypeError, "batch must have an integer dtype"),
-            "duplicate sites": (lambda: sc(f, dup, w), ValueError, "coords has duplicate sites"),
+            "duplicate sites": (lambda: sc(f, dup, w), ValueError, "grid_coord has duplicate sites"),
             "kernel_map type": (lambda: sc(f, coords, w, kernel_map=(1, 2)), TypeError, "kernel_map must be a pcops.KernelMap"),
             "kernel_map size": (lambda: sc(f[:7], None, w, kernel_map=km), ValueError, "kernel_map has 8 sites"),
             "kernel_map dilation": (lambda: sc(f, None, w, dilation=2, kernel_map=km), ValueError, "kernel_map is for"),
-            "no coords": (lambda: sc(f, None, w), ValueError, "coords is None"),
+            "no coords": (lambda: sc(f, None, w), ValueError, "grid_coord is None"),
             "NaN features": (lambda: sc(nan, coords, w), ValueError, "features contains NaN or inf"),
         }
 
@@ -259,3 +259,34 @@ def test_the_layer_is_importable_from_the_top_level_as_readme_lists_it():
     from pcops import SparseConv3d
 
     assert SparseConv3d is pcops.nn.SparseConv3d and "SparseConv3d" in pcops.__all__
+
+
+def test_an_even_weight_is_rejected_by_its_own_name(gen):
+    # a defect: a weight with 8 offsets (K = 2) was rejected with a message about kernel_size, which the caller never passed
+    grid_coord = torch.tensor([[0, 0, 0], [1, 0, 0]])
+    with pytest.raises(ValueError, match=r"weight has K = 2 taps per axis \(shape \(8, 4, 2\)\): K must be odd"):
+        pcops.sparse_conv3d(torch.randn(2, 4, generator=gen), grid_coord, torch.randn(8, 4, 2, generator=gen))
+
+
+def test_the_former_keyword_coords_warns_and_gives_the_same_result(gen):
+    grid_coord = torch.tensor([[0, 0, 0], [1, 0, 0], [3, 3, 3]])
+    f, w = torch.randn(3, 4, generator=gen), torch.randn(27, 4, 2, generator=gen)
+    expect = pcops.sparse_conv3d(f, grid_coord, w)
+    with pytest.warns(FutureWarning, match="'coords' is renamed 'grid_coord'"):
+        assert torch.equal(pcops.sparse_conv3d(f, coords=grid_coord, weight=w), expect)
+    with pytest.warns(FutureWarning, match="'coords' is renamed 'grid_coord'"):
+        km = pcops.sparse_kernel_map(coords=grid_coord)
+    assert torch.equal(km.neighbours, pcops.sparse_kernel_map(grid_coord).neighbours)
+    layer = pcops.SparseConv3d(4, 2)
+    with pytest.warns(FutureWarning, match="'coords' is renamed 'grid_coord'"):
+        assert torch.equal(layer(f, coords=grid_coord), layer(f, grid_coord))
+    with pytest.raises(TypeError, match="pass only 'grid_coord'"):
+        pcops.sparse_conv3d(f, weight=w, coords=grid_coord, grid_coord=grid_coord)
+
+
+def test_validate_false_skips_the_duplicate_check():
+    grid_coord = torch.tensor([[0, 0, 0], [0, 0, 0], [0, 0, 1]])
+    with pytest.raises(ValueError, match="duplicate"):
+        pcops.sparse_kernel_map(grid_coord)
+    km = pcops.sparse_kernel_map(grid_coord, validate=False)  # unspecified pairs, no error, no hang
+    assert km.neighbours.shape == (27, 3) and bool(((km.neighbours >= -1) & (km.neighbours < 3)).all())

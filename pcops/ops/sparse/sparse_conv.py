@@ -1,12 +1,12 @@
 """Submanifold sparse 3-d convolution over integer voxel coordinates (spconv's ``SubMConv3d``,
 the sparse convolutions of Point Transformer V3 and MinkowskiNet), stride 1, odd kernel size.
 
-Sites are (sample, x, y, z) with ``coords`` (N, 3) integers and optional ``batch`` sample ids;
+Sites are (sample, x, y, z) with ``grid_coord`` (N, 3) integers and optional ``batch`` sample ids;
 they must be unique. Outputs live at the input sites (submanifold: the active set does not
 grow). With ``r = K // 2`` and the offsets ``d(a, b, c) = ((a, b, c) - r) * dilation`` for
 ``a, b, c = 0 .. K-1``, numbered ``k = (a * K + b) * K + c`` (x slowest, z fastest):
 
-    out[i] = bias + sum_k  features[j] @ weight[k]     over the k with a site j at coords[i] + d_k
+    out[i] = bias + sum_k  features[j] @ weight[k]     over the k with a site j at grid_coord[i] + d_k
                                                            (same sample)
 
 This is ``torch.nn.functional.conv3d`` (a cross-correlation) on the dense grid (D, H, W) =
@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _validate, _warp
+from ... import _batch, _deprecated, _validate, _warp
 
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing multiplier (2^64 / golden ratio)
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
@@ -42,7 +42,7 @@ _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
 class KernelMap(NamedTuple):
     """The kernel map of a set of sites for one kernel size and dilation (see :func:`sparse_kernel_map`).
 
-    ``neighbours`` (K^3, N) int64: ``neighbours[k, i]`` is the site at ``coords[i] + d_k`` (or -1); ``in_index`` and
+    ``neighbours`` (K^3, N) int64: ``neighbours[k, i]`` is the site at ``grid_coord[i] + d_k`` (or -1); ``in_index`` and
     ``out_index`` (K^3 N,) int64: the pairs (input site j, output site i) of every offset, offset
     by offset (k ascending, then i ascending), in their first P = ``counts.sum()`` entries and -1
     after them (every size follows from N and K: no graph break under ``torch.compile``);
@@ -139,16 +139,16 @@ def _hash_kernels():
 
 @torch.library.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _kernel_map(
-    coords: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: int, dilation: int
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: int, dilation: int, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """coords (N, 3) int, batch (N,) int or None -> (neighbours (K^3, N), in_index (P,), out_index (P,), counts (K^3,))."""
-    n, k3, dev = coords.shape[0], kernel_size**3, coords.device
+    """grid_coord (N, 3) int, batch (N,) int or None -> (neighbours (K^3, N), in_index (P,), out_index (P,), counts (K^3,))."""
+    n, k3, dev = grid_coord.shape[0], kernel_size**3, grid_coord.device
     neighbours = torch.empty((k3, n), dtype=torch.int64, device=dev)
     if n == 0:
         empty = lambda: torch.zeros(0, dtype=torch.int64, device=dev)  # noqa: E731 (outputs must not alias)
         return empty().view(k3, 0), empty(), empty(), torch.zeros(k3, dtype=torch.int64, device=dev)
     reach = (kernel_size // 2) * dilation
-    c = coords.to(torch.int64)
+    c = grid_coord.to(torch.int64)
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
     host = torch.cat([c.amin(0), c.amax(0), ids.amin()[None], ids.amax()[None]]).tolist()
     low, high, id_low, id_high = host[0:3], host[3:6], host[6], host[7]
@@ -159,7 +159,7 @@ def _kernel_map(
     span = [h - lo + 2 * reach + 1 for lo, h in zip(low, high)]
     if float(id_high - id_low + 1) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
         raise ValueError(
-            f"coords span {span} sites per axis (with the kernel's reach) over {id_high - id_low + 1} samples: "
+            f"grid_coord spans {span} sites per axis (with the kernel's reach) over {id_high - id_low + 1} samples: "
             "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
         )
     rel = (c - c.new_tensor(low) + reach).contiguous()
@@ -169,16 +169,16 @@ def _kernel_map(
     duplicate = torch.zeros(1, dtype=torch.int64, device=dev)
     build, query = _hash_kernels()
     # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
-    _warp.launch(build, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=coords, min_chunk=n + 1)
-    found = int(duplicate[0])
+    _warp.launch(build, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=grid_coord, min_chunk=n + 1)
+    found = int(duplicate[0]) if validate else 0
     if found:
         i = found - 1
         raise ValueError(
-            f"coords has duplicate sites: site {i} ({', '.join(map(str, coords[i].tolist()))}) appears twice in one sample. "
+            f"grid_coord has duplicate sites: site {i} ({', '.join(map(str, grid_coord[i].tolist()))}) appears twice in one sample. "
             "Submanifold convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
         )
     _warp.launch(query, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, kernel_size, dilation, neighbours],
-                 like=coords, min_chunk=256)
+                 like=grid_coord, min_chunk=256)
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, sites ascending
     counts = torch.bincount(torch.div(pair, n, rounding_mode="floor"), minlength=k3)
@@ -192,9 +192,9 @@ def _kernel_map(
 
 
 @_kernel_map.register_fake
-def _(coords, batch, kernel_size, dilation):
-    k3, n = kernel_size**3, coords.shape[0]
-    like = coords.new_empty((0,), dtype=torch.int64)
+def _(grid_coord, batch, kernel_size, dilation, validate=True):
+    k3, n = kernel_size**3, grid_coord.shape[0]
+    like = grid_coord.new_empty((0,), dtype=torch.int64)
     return like.new_empty((k3, n)), like.new_empty((k3 * n,)), like.new_empty((k3 * n,)), like.new_empty((k3,))
 
 
@@ -306,29 +306,31 @@ def _backward_backward(ctx, grad_grad_f, grad_grad_w):
 _sparse_conv_backward.register_autograd(_backward_backward, setup_context=_backward_setup)
 
 
-def _sites(coords, batch, kernel_size, dilation) -> None:
+def _sites(grid_coord, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
-    _validate.grid_coords("coords", coords, "voxel coordinates")
-    _validate.ids("batch", batch, coords.shape[0], "(N,)")
-    _validate.same_device(coords=coords, batch=batch)
+    _batch.sites(grid_coord, batch)
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be an odd int >= 1, got {kernel_size!r}")
     if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
         raise ValueError(f"dilation must be an int >= 1, got {dilation!r}")
 
 
-def sparse_kernel_map(coords: torch.Tensor, *, batch: Optional[torch.Tensor] = None, kernel_size: int = 3, dilation: int = 1) -> KernelMap:
-    """The kernel map of unique sites ``coords`` (N, 3) (with optional ``batch`` (N,) sample ids).
+@_deprecated.renamed(coords="grid_coord")
+def sparse_kernel_map(grid_coord: torch.Tensor, *, batch: Optional[torch.Tensor] = None, kernel_size: int = 3, dilation: int = 1,
+                      validate: bool = True) -> KernelMap:
+    """The kernel map of unique sites ``grid_coord`` (N, 3) (with optional ``batch`` (N,) sample ids).
 
     For each site i and offset k (``d_k = ((a, b, c) - K // 2) * dilation``, ``k = (a * K + b) * K + c``),
-    the site j of the same sample at ``coords[i] + d_k``. Reuse it across layers with the same
+    the site j of the same sample at ``grid_coord[i] + d_k``. Reuse it across layers with the same
     sites, kernel size and dilation (``sparse_conv3d(..., kernel_map=km)``). Duplicate sites
-    raise ValueError. Every size of the result follows from N and K (the pairs are padded to
-    K^3 N with -1), so ``torch.compile`` captures it without a graph break.
+    raise ValueError (``validate=False`` skips that check: a duplicate site then gets the
+    neighbours of one of its copies). Every size of the result follows from N and K (the pairs are padded to
+    K^3 N with -1), so ``torch.compile`` captures it without a graph break. (``coords`` is the
+    keyword's former name, accepted with a FutureWarning until the next release.)
     """
     kernel_size, dilation = _validate.plain(kernel_size), _validate.plain(dilation)
-    _sites(coords, batch, kernel_size, dilation)
-    neighbours, in_index, out_index, counts = torch.ops.pcops.sparse_kernel_map(coords, batch, kernel_size, dilation)
+    _sites(grid_coord, batch, kernel_size, dilation)
+    neighbours, in_index, out_index, counts = torch.ops.pcops.sparse_kernel_map(grid_coord, batch, kernel_size, dilation, bool(validate))
     return KernelMap(neighbours, in_index, out_index, counts, kernel_size, dilation)
 
 
@@ -342,9 +344,10 @@ def _kernel_size_of(weight: torch.Tensor, kernel_size) -> int:
     return k
 
 
+@_deprecated.renamed(coords="grid_coord")
 def sparse_conv3d(
     features: torch.Tensor,
-    coords: Optional[torch.Tensor],
+    grid_coord: Optional[torch.Tensor],
     weight: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
     *,
@@ -354,11 +357,13 @@ def sparse_conv3d(
     kernel_map: Optional[KernelMap] = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Submanifold sparse convolution (stride 1) of ``features`` at the sites ``coords``.
+    """Submanifold sparse convolution (stride 1) of ``features`` at the sites ``grid_coord``.
 
     Args:
         features: Tensor of shape (N, Cin), one row per site.
-        coords: int tensor (N, 3) of unique voxel coordinates (may be None with ``kernel_map``).
+        grid_coord: int tensor (N, 3) of unique integer grid coordinates (may be None with
+            ``kernel_map``; ``coords``, its former name, is accepted with a FutureWarning
+            until the next release).
         weight: Tensor of shape (K^3, Cin, Cout) or (K, K, K, Cin, Cout), K odd; offset
             ``k = (a * K + b) * K + c`` is ``((a, b, c) - K // 2) * dilation``, so
             ``weight.view(K, K, K, Cin, Cout) == conv3d_weight.permute(2, 3, 4, 1, 0)``.
@@ -368,7 +373,8 @@ def sparse_conv3d(
         dilation: int >= 1, the spacing of the kernel's taps.
         kernel_map: a :class:`KernelMap` of these sites from :func:`sparse_kernel_map` (or an
             earlier call), reused instead of a new search.
-        validate: check features and weight for NaN/inf (eagerly only).
+        validate: check features and weight for NaN/inf (eagerly only) and the sites for
+            duplicates (:func:`sparse_kernel_map`).
 
     Returns:
         Tensor of shape (N, Cout) in the promoted dtype of features and weight (float16 and
@@ -380,6 +386,8 @@ def sparse_conv3d(
     if weight.dim() not in (3, 5):
         raise ValueError(f"weight must have shape (K^3, Cin, Cout) or (K, K, K, Cin, Cout), got shape {tuple(weight.shape)}")
     k = _kernel_size_of(weight, _validate.plain(kernel_size))
+    if k % 2 == 0:
+        raise ValueError(f"weight has K = {k} taps per axis (shape {tuple(weight.shape)}): K must be odd (a submanifold kernel has a centre)")
     cin, cout = weight.shape[-2], weight.shape[-1]
     if features.shape[1] != cin:
         raise ValueError(f"features has {features.shape[1]} channels but weight expects Cin = {cin} (shape {tuple(weight.shape)})")
@@ -387,13 +395,13 @@ def sparse_conv3d(
         _validate.tensor("bias", bias, ndim=1, shape_doc=f"(Cout,) = ({cout},)")
         if bias.shape[0] != cout:
             raise ValueError(f"bias must be a tensor of shape (Cout,) = ({cout},), got shape {tuple(bias.shape)}")
-    _validate.same_device(features=features, weight=weight, bias=bias, coords=coords)
+    _validate.same_device(features=features, weight=weight, bias=bias, grid_coord=grid_coord)
     if kernel_map is None:
-        if coords is None:
-            raise ValueError("coords is None: pass the sites' coords or their kernel_map")
-        if coords.shape[0] != features.shape[0] if isinstance(coords, torch.Tensor) else False:
-            raise ValueError(f"features must have one row per site: got {features.shape[0]} rows for coords of shape {tuple(coords.shape)}")
-        kernel_map = sparse_kernel_map(coords, batch=batch, kernel_size=k, dilation=_validate.plain(dilation))
+        if grid_coord is None:
+            raise ValueError("grid_coord is None: pass the sites' grid_coord or their kernel_map")
+        if grid_coord.shape[0] != features.shape[0] if isinstance(grid_coord, torch.Tensor) else False:
+            raise ValueError(f"features must have one row per site: got {features.shape[0]} rows for grid_coord of shape {tuple(grid_coord.shape)}")
+        kernel_map = sparse_kernel_map(grid_coord, batch=batch, kernel_size=k, dilation=_validate.plain(dilation), validate=validate)
     else:
         if not isinstance(kernel_map, KernelMap):
             raise TypeError(f"kernel_map must be a pcops.KernelMap, got {type(kernel_map).__name__}")

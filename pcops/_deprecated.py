@@ -1,0 +1,27 @@
+"""Renamed public keywords: the old name keeps working for one release with a ``FutureWarning``
+(the version policy in CHANGELOG.md)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+
+def renamed(**old_to_new: str):
+    """Decorate a function whose keyword ``old`` became ``new``: ``f(old=x)`` warns and calls ``f(new=x)``."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__qualname__}() got {old!r} and its new name {new!r}; pass only {new!r}")
+                    warnings.warn(f"{fn.__qualname__}(): the keyword {old!r} is renamed {new!r}; {old!r} will be removed in the next release",
+                                  FutureWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return inner
+
+    return wrap
