@@ -619,8 +619,7 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -
         raise ValueError("give start_idx or random_start=True, not both")
     padded = points.dim() == 3
     if isinstance(start_idx, torch.Tensor):
-        if start_idx.dtype.is_floating_point or start_idx.dtype.is_complex or start_idx.dtype == torch.bool:
-            raise TypeError(f"start_idx must have an integer dtype, got {start_idx.dtype}")
+        _validate.integer("start_idx", start_idx)
         t = start_idx.reshape(1) if start_idx.dim() == 0 else start_idx
         if t.dim() > 2 or (t.dim() == 2 and not (padded and t.shape[0] == points.shape[0])):
             shapes = f"(M,) or (B, M) = ({points.shape[0]}, M)" if padded else "(M,)"
