@@ -17,3 +17,12 @@ BLOCKS = [
 @pytest.mark.parametrize("code", BLOCKS)
 def test_python_block_runs(code):
     exec(compile(code, "<docs>", "exec"), {"__name__": "__docs__"})
+
+
+def test_readme_table_lists_every_public_op():
+    from tests import op_table
+
+    table = (ROOT / "README.md").read_text().split("What exists today:", 1)[1].split("\n\n", 2)[1]
+    named = set(re.findall(r"`([a-z_0-9]+)`", table))
+    missing = sorted({op.name for op in op_table.OPS} - named)
+    assert not missing, f"README's table of ops lacks {missing}"
