@@ -14,7 +14,16 @@ without one fails a test instead of being missed by hand-kept lists. A row says:
 * ``breaks_at``: for an op whose result size depends on the data, the custom op where default
   ``torch.compile`` (without ``fullgraph``) breaks the graph ("" for ops whose sizes follow from
   their inputs' shapes: they must compile without a break); ``static``: then the call of its
-  static-size form (a caller-given bound), which must compile without a break.
+  static-size form (a caller-given bound), which must compile without a break;
+* the number arguments of ``call`` (and ``static``) are its keyword parameters with number
+  defaults (``lambda i, k=4, **kw: pcops.knn(i["query"], i["ref"], k, **kw)``): :attr:`Op.numbers`,
+  the numbers the NumPy-scalar test passes as ``np.int64(4)`` and the like;
+* ``batch``: the keywords of the op's packed sample ids and the input each labels
+  (``{"query_batch": "query", "ref_batch": "ref"}``), for the tests of ids of any integer range;
+* ``notes``: why an op does not take part in a table-driven check, keyed by the check:
+  ``"grad"`` (no differentiable input), ``"numbers"`` (no number argument), ``"batch"`` (no
+  packed sample ids), ``"threads"`` (left out of the concurrent-calls test). Every op takes part
+  in each check or says why here (tests/test_op_table.py), never by being left off a list.
 
 ``make(generator, n, **options)`` builds the inputs: ``n`` points (the reference cloud of a
 two-cloud op, the sites, rows or values of the others; each builder's default is the tests'
@@ -26,6 +35,7 @@ benchmarks call its tests' helpers, so tests and benchmarks never drift apart.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,12 +58,24 @@ class Op:
     notes: dict = field(default_factory=dict)
     breaks_at: str = ""
     static: Callable | None = None
+    batch: dict = field(default_factory=dict)  # keyword of packed sample ids -> the input it labels
+
+    @property
+    def numbers(self) -> dict:
+        """The number arguments of the canonical call and their values: {name: int or float}."""
+        return numbers(self.call)
 
     def inputs(self, seed: int = 0, n: int | None = None, **options) -> dict:
         """The row's inputs from a generator seeded with ``seed``: ``n`` points (the builder's
         default when None) and the builder's ``options`` (dtype, channels, n_query, cloud)."""
         size = {} if n is None else {"n": n}
         return self.make(torch.Generator().manual_seed(seed), **size, **options)
+
+
+def numbers(call: Callable) -> dict:
+    """The keyword parameters of a row's call with number defaults (not bools): {name: value}."""
+    return {p.name: p.default for p in inspect.signature(call).parameters.values()
+            if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)}
 
 
 F64 = torch.float64
@@ -115,54 +137,79 @@ def _codes(g, n=100, *, channels=4, dtype=F64):
     return dict(grid_coord=grid, features=_values(g, n, channels, dtype))
 
 
+PAIR_IDS = {"query_batch": "query", "ref_batch": "ref"}  # a two-cloud op's packed sample ids: the input each labels
+ONE_IDS = {"batch": "points"}
+NO_GRAD = "its outputs are indices (edges, codes, neighbour tables): nothing to differentiate"
+
 OPS = [
-    Op("knn", _two, lambda i, **kw: pcops.knn(i["query"], i["ref"], 4, **kw),
-       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="knn", bench="knn_search"),
-    Op("knn_aggregate", _two, lambda i, **kw: pcops.knn_aggregate(i["query"], i["ref"], i["features"], 4, 0.1, **kw),
-       points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn", bench="knn_aggregate"),
-    Op("radius_aggregate", _two, lambda i, **kw: pcops.radius_aggregate(i["query"], i["ref"], i["features"], 0.2, 0.1, **kw),
+    Op("knn", _two, lambda i, k=4, **kw: pcops.knn(i["query"], i["ref"], k, **kw),
+       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="knn", bench="knn_search", batch=PAIR_IDS),
+    Op("knn_aggregate", _two,
+       lambda i, k=4, sigma=0.1, **kw: pcops.knn_aggregate(i["query"], i["ref"], i["features"], k, sigma, **kw),
+       points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn", bench="knn_aggregate",
+       batch=PAIR_IDS),
+    Op("radius_aggregate", _two,
+       lambda i, radius=0.2, sigma=0.1, **kw: pcops.radius_aggregate(i["query"], i["ref"], i["features"], radius, sigma, **kw),
        points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="radius_aggregate",
-       bench="radius_aggregate"),
-    Op("ball_query", _two, lambda i, **kw: pcops.ball_query(i["query"], i["ref"], 0.2, 8, **kw),
-       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="ball_query", bench="ball_query"),
-    Op("knn_interpolate", _two, lambda i, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], 3, **kw),
+       bench="radius_aggregate", batch=PAIR_IDS),
+    Op("ball_query", _two, lambda i, radius=0.2, max_neighbors=8, **kw: pcops.ball_query(i["query"], i["ref"], radius, max_neighbors, **kw),
+       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="ball_query", bench="ball_query", batch=PAIR_IDS),
+    Op("knn_interpolate", _two, lambda i, k=3, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], k, **kw),
        points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn_interpolate",
-       bench="knn_interpolate"),
-    Op("chamfer_distance", _xy,
-       lambda i, **kw: pcops.chamfer_distance(i["x"], i["y"], **kw),
-       points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance"),
-    Op("farthest_point_sample", _one, lambda i, **kw: pcops.farthest_point_sample(i["points"], 20, **kw),
-       points=("points",), clouds=1, page="farthest_point_sample", bench="farthest_point_sample"),
-    Op("knn_graph", _one, lambda i, **kw: pcops.knn_graph(i["points"], 6, **kw),
+       bench="knn_interpolate", batch=PAIR_IDS),
+    Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
+       points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
+       notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
+                       "ids above int32 ask for 2**32 samples; its per-point costs keep such ids apart (test_reliability.py)"}),
+    Op("farthest_point_sample", _one, lambda i, n_samples=20, **kw: pcops.farthest_point_sample(i["points"], n_samples, **kw),
+       points=("points",), grad=("points",), clouds=1, page="farthest_point_sample", bench="farthest_point_sample", batch=ONE_IDS),
+    Op("knn_graph", _one, lambda i, k=6, **kw: pcops.knn_graph(i["points"], k, **kw),
        points=("points",), clouds=1, page="graphs", bench="knn_graph", breaks_at="pcops.edges",
-       static=lambda i, **kw: pcops.knn_graph(i["points"], 6, max_edges=2000, **kw)),
-    Op("radius_graph", _one, lambda i, **kw: pcops.radius_graph(i["points"], 0.15, **kw),
+       static=lambda i, k=6, max_edges=2000, **kw: pcops.knn_graph(i["points"], k, max_edges=max_edges, **kw),
+       batch=ONE_IDS, notes={"grad": NO_GRAD}),
+    Op("radius_graph", _one, lambda i, radius=0.15, **kw: pcops.radius_graph(i["points"], radius, **kw),
        points=("points",), clouds=1, page="graphs", bench="radius_graph", breaks_at="pcops.radius_graph",
-       static=lambda i, **kw: pcops.radius_graph(i["points"], 0.15, max_edges=4000, **kw)),
-    Op("estimate_normals", _one, lambda i, **kw: pcops.estimate_normals(i["points"], 8, **kw),
-       points=("points",), grad=("points",), clouds=1, page="estimate_normals", bench="estimate_normals"),
-    Op("voxel_pool", _one, lambda i, **kw: pcops.voxel_pool(i["points"], 0.2, i["features"], **kw),
+       static=lambda i, radius=0.15, max_edges=4000, **kw: pcops.radius_graph(i["points"], radius, max_edges=max_edges, **kw),
+       batch=ONE_IDS, notes={"grad": NO_GRAD}),
+    Op("estimate_normals", _one, lambda i, k=8, **kw: pcops.estimate_normals(i["points"], k, **kw),
+       points=("points",), grad=("points",), clouds=1, page="estimate_normals", bench="estimate_normals", batch=ONE_IDS),
+    Op("voxel_pool", _one, lambda i, voxel_size=0.2, **kw: pcops.voxel_pool(i["points"], voxel_size, i["features"], **kw),
        points=("points", "features"), grad=("points", "features"), clouds=1, page="voxel_pool", bench="voxel_pool",
-       breaks_at="pcops.voxel_cluster", static=lambda i, **kw: pcops.voxel_pool(i["points"], 0.2, i["features"], max_voxels=150, **kw)),
-    Op("grid_sample", _one, lambda i, **kw: pcops.grid_sample(i["points"], 0.2, **kw),
+       breaks_at="pcops.voxel_cluster", batch=ONE_IDS,
+       static=lambda i, voxel_size=0.2, max_voxels=150, **kw: pcops.voxel_pool(i["points"], voxel_size, i["features"], max_voxels=max_voxels, **kw)),
+    Op("grid_sample", _one, lambda i, grid_size=0.2, **kw: pcops.grid_sample(i["points"], grid_size, **kw),
        points=("points",), grad=("points",), clouds=1, page="grid_sample", bench="grid_sample", breaks_at="pcops.grid_cluster",
-       static=lambda i, **kw: pcops.grid_sample(i["points"], 0.2, max_voxels=150, **kw)),
-    Op("sparse_conv3d", _voxels, lambda i, **kw: pcops.sparse_conv3d(i["features"], i["coords"], i["weight"], kernel_size=3, **kw),
-       points=("features", "weight"), grad=("features", "weight"), page="sparse_conv", bench="sparse_conv3d_forward"),
-    Op("sparse_kernel_map", _voxels, lambda i, **kw: pcops.sparse_kernel_map(i["coords"], **kw),
-       page="sparse_conv", bench="sparse_kernel_map", validates=False),
-    Op("serialize", _codes, lambda i, **kw: pcops.serialize(i["grid_coord"], **kw),
-       page="serialize", bench="serialize", validates=False),
+       static=lambda i, grid_size=0.2, max_voxels=150, **kw: pcops.grid_sample(i["points"], grid_size, max_voxels=max_voxels, **kw),
+       batch=ONE_IDS),
+    Op("sparse_conv3d", _voxels,
+       lambda i, kernel_size=3, dilation=1, **kw: pcops.sparse_conv3d(
+           i["features"], i["coords"], i["weight"], kernel_size=kernel_size, dilation=dilation, **kw),
+       points=("features", "weight"), grad=("features", "weight"), page="sparse_conv", bench="sparse_conv3d_forward",
+       batch={"batch": "coords"}),
+    Op("sparse_kernel_map", _voxels,
+       lambda i, kernel_size=3, dilation=1, **kw: pcops.sparse_kernel_map(i["coords"], kernel_size=kernel_size, dilation=dilation, **kw),
+       page="sparse_conv", bench="sparse_kernel_map", validates=False, batch={"batch": "coords"}, notes={"grad": NO_GRAD}),
+    Op("serialize", _codes, lambda i, depth=16, **kw: pcops.serialize(i["grid_coord"], depth=depth, **kw),
+       page="serialize", bench="serialize", validates=False,
+       notes={"grad": NO_GRAD, "batch": "its codes hold the sample ids themselves, above bit 3 * depth of an int64 "
+                                         "(ids below 2**15 at depth 16; larger ones raise a ValueError)"}),
     Op("serialized_pool", _codes,
-       lambda i, **kw: pcops.serialized_pool(pcops.serialize(i["grid_coord"], depth=4).code, 1, i["features"], **kw),
+       lambda i, pooling_depth=1, depth=4, **kw: pcops.serialized_pool(
+           pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], **kw),
        grad=("features",), page="serialize", bench="serialized_pool", validates=False, breaks_at="pcops.serialized_cluster",
-       static=lambda i, **kw: pcops.serialized_pool(pcops.serialize(i["grid_coord"], depth=4).code, 1, i["features"], max_clusters=80, **kw)),
+       static=lambda i, pooling_depth=1, depth=4, max_clusters=80, **kw: pcops.serialized_pool(
+           pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], max_clusters=max_clusters, **kw),
+       batch={"batch": "grid_coord"}),  # ids returned per parent (the codes tell the samples apart)
     Op("serialized_unpool", _gather, lambda i, **kw: pcops.serialized_unpool(i["features"], i["idx"].clamp_min(0)[:, 0], **kw),
-       grad=("features",), page="serialize", bench="gather", validates=False),  # a gather by the cluster map
+       grad=("features",), page="serialize", bench="gather", validates=False,  # a gather by the cluster map
+       notes={"numbers": "takes no number", "batch": "takes no sample ids: its cluster map addresses rows"}),
     Op("segment_reduce", _segments, lambda i, **kw: pcops.segment_reduce(i["values"], i["offsets"], **kw),
-       grad=("values",), page="segment_reduce", bench="segment_reduce", validates=False),
+       grad=("values",), page="segment_reduce", bench="segment_reduce", validates=False,
+       notes={"numbers": "takes no number with offsets (num_segments goes with ids)",
+              "batch": "its segments (offsets or ids) are the grouping: no sample ids"}),
     Op("gather", _gather, lambda i, **kw: pcops.gather(i["features"], i["idx"], **kw),
-       grad=("features",), page="gather", bench="gather"),  # copies values as they are: validate checks idx
+       grad=("features",), page="gather", bench="gather",  # copies values as they are: validate checks idx
+       notes={"numbers": "takes no number", "batch": "takes no sample ids: its indices address rows"}),
 ]
 
 BY_NAME = {op.name: op for op in OPS}

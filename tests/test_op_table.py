@@ -42,6 +42,33 @@ def test_the_canonical_call_runs_and_its_differentiable_inputs_get_gradients(op)
             assert inputs[name].grad is not None and torch.isfinite(inputs[name].grad).all(), name
 
 
+# the table-driven checks an op may stay out of (with a note in its row saying why): whether the
+# row's data make it take part, or None for checks every op takes part in unless its notes say why
+CHECKS = {
+    "grad": lambda op: bool(op.grad),  # gradients: the compile sweeps, deterministic gradients, this file
+    "numbers": lambda op: bool(op.numbers),  # NumPy scalars for its number arguments
+    "batch": lambda op: bool(op.batch),  # packed sample ids of any integer range
+    "threads": None,  # concurrent calls equal serial calls
+}
+
+
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_every_op_takes_part_in_each_table_driven_check_or_says_why(op):
+    unknown = set(op.notes) - set(CHECKS)
+    assert not unknown, f"{op.name}: notes for no check: {unknown} (checks: {sorted(CHECKS)})"
+    for check, takes_part in CHECKS.items():
+        if takes_part is not None and takes_part(op):
+            assert check not in op.notes, f"{op.name} takes part in {check!r}: drop its notes[{check!r}]"
+        elif takes_part is not None or check in op.notes:
+            assert op.notes.get(check), f"{op.name} does not take part in {check!r}: say why in its row's notes[{check!r}]"
+
+
+@pytest.mark.parametrize("op", [op for op in op_table.OPS if op.batch], ids=lambda op: op.name)
+def test_sample_id_keywords_of_a_row_are_the_ops_own_and_label_its_inputs(op):
+    assert set(op.batch) <= set(inspect.signature(getattr(pcops, op.name)).parameters)
+    assert set(op.batch.values()) <= set(op.inputs())
+
+
 CASES = [(op, name) for op in op_table.POINT_OPS for name in op.points]
 
 

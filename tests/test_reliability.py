@@ -1,5 +1,8 @@
 """Reliability: garbage in never hangs, batch ids never merge samples, one rule for sigma,
-deterministic gradients, thread safety, far coordinates, bounded memory."""
+deterministic gradients, thread safety, far coordinates, bounded memory.
+
+The lists of ops these tests run come from the op table (tests/op_table.py): a new row takes
+part in each of them, or says in its notes why not (tests/test_op_table.py checks)."""
 
 import os
 import subprocess
@@ -27,6 +30,23 @@ def run_python(code: str, timeout: float) -> str:
         pytest.fail(f"did not finish within {timeout} s (a hang?); output so far:\n{e.stdout}\n{e.stderr}")
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def tensors(out) -> list[torch.Tensor]:
+    """The tensors of an op's result (a tensor, a tuple or a namedtuple), in order."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in tensors(item)]
+    return []
+
+
+def assert_same(got, want, what) -> None:
+    """Equal results: every tensor bitwise equal (inf where inf), the same structure."""
+    got, want = tensors(got), tensors(want)
+    assert len(got) == len(want), what
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"{what}: output {i} differs"
 
 
 # -- NaN/inf points with validate=False terminate -------------------------------------------------
@@ -118,6 +138,57 @@ def test_ids_that_wrap_in_int32_match_small_ids():
     small = pcops.knn(q, p, 3, query_batch=qb, ref_batch=rb)
     huge = pcops.knn(q, p, 3, query_batch=qb * 2**32 + 2**40, ref_batch=rb * 2**32 + 2**40)
     assert torch.equal(small.idx, huge.idx)
+
+
+HUGE = 2**32 + 1  # equal to 1 in its low 32 bits
+
+
+def _huge(ids: torch.Tensor) -> torch.Tensor:
+    """Sample ids 0 and 1 as 1 and 2**32 + 1 (a cast to int32 would merge them); others (-1 padding) kept."""
+    return torch.where(ids == 0, 1, torch.where(ids == 1, HUGE, ids))
+
+
+# every op of the table (tests/op_table.py) that takes packed sample ids (its row's ``batch``);
+# the others say why in their row's notes["batch"]
+BATCHED = [(op, v) for op in op_table.OPS if op.batch for v in ((True, False) if op.validates else (None,))]
+
+
+@pytest.mark.parametrize("op,validate", BATCHED, ids=[f"{op.name}-{v}" for op, v in BATCHED])
+def test_sample_ids_above_int32_give_every_op_the_result_of_small_ids(op, validate):
+    """Two samples, shuffled: ids 1 and 2**32 + 1 give what ids 0 and 1 give (the samples stay
+    apart); outputs that return the ids (``batch`` fields) return the large ids."""
+    inputs = op.inputs()
+    gen = torch.Generator().manual_seed(1)
+    small = {kw: torch.randint(0, 2, (inputs[name].shape[0],), generator=gen) for kw, name in op.batch.items()}
+    extra = {} if validate is None else {"validate": validate}
+    want = op.call(inputs, **small, **extra)
+    got = op.call(inputs, **{kw: _huge(ids) for kw, ids in small.items()}, **extra)
+    names = getattr(want, "_fields", None) or [str(i) for i in range(len(tensors(want)))]
+    pairs = zip(names, got, want) if hasattr(want, "_fields") else zip(names, tensors(got), tensors(want))
+    for name, a, b in pairs:
+        if not isinstance(b, torch.Tensor):
+            assert a == b, name
+        elif name == "batch":
+            assert torch.equal(a, _huge(b)), name
+        elif b.is_floating_point():  # the samples' groups are numbered apart: sums may run in another order
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+        else:
+            assert torch.equal(a, b), name
+
+
+def test_chamfer_per_point_costs_keep_samples_with_ids_above_int32_apart():
+    """chamfer_distance's ids index its per-sample losses (its row's notes["batch"]); its
+    per-point costs take ids of any range."""
+    inputs = op_table.BY_NAME["chamfer_distance"].inputs()
+    x, y = inputs["x"], inputs["y"]
+    gen = torch.Generator().manual_seed(1)
+    xb, yb = torch.randint(0, 2, (len(x),), generator=gen), torch.randint(0, 2, (len(y),), generator=gen)
+    for validate in (True, False):
+        want = pcops.chamfer_distance(x, y, x_batch=xb, y_batch=yb, point_reduction=None, batch_reduction=None, validate=validate)
+        got = pcops.chamfer_distance(x, y, x_batch=_huge(xb), y_batch=_huge(yb), point_reduction=None, batch_reduction=None,
+                                     validate=validate)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_lengths_above_int32_mean_whole_rows_without_validation():
@@ -213,28 +284,38 @@ def test_finite_values_whose_sum_overflows_pass_the_finite_check(dtype):
             call()
 
 
-def test_numpy_scalars_work_wherever_python_numbers_do():
+# every op of the table with a number argument (its row's call and static-size form); the
+# others say why in their row's notes["numbers"]
+NUMBERED = [op for op in op_table.OPS if op.numbers]
+
+
+@pytest.mark.parametrize("op", NUMBERED, ids=lambda op: op.name)
+def test_numpy_scalars_work_wherever_python_numbers_do(op):
+    """Each number argument of the op as a NumPy scalar (np.int64 / np.int32, np.float32 /
+    np.float64), one at a time and all at once, gives the result of the same Python number."""
+    np = pytest.importorskip("numpy")
+    kinds = {int: (np.int64, np.int32), float: (np.float32, np.float64)}
+    inputs = op.inputs()
+    for call in filter(None, (op.call, op.static)):
+        values = op_table.numbers(call)
+        cases = [{name: kind(value)} for name, value in values.items() for kind in kinds[type(value)]]
+        cases.append({name: kinds[type(value)][0](value) for name, value in values.items()})
+        for case in cases:
+            python = {name: type(values[name])(v) for name, v in case.items()}  # the NumPy value as a Python number
+            assert_same(call(inputs, **case), call(inputs, **python), f"{op.name} with {case!r}")
+
+
+def test_numpy_scalars_as_keywords_layer_arguments_and_on_every_backend():
     np = pytest.importorskip("numpy")
     q, p, f, _ = _separated(torch.float32)
-    assert torch.equal(pcops.knn(q, p, np.int64(3)).idx, pcops.knn(q, p, 3).idx)
     assert torch.equal(pcops.knn(q, p, np.int32(3), "torch").idx, pcops.knn(q, p, 3, "torch").idx)
-    assert torch.equal(pcops.knn_aggregate(q, p, f, np.int64(3), np.float32(0.1)), pcops.knn_aggregate(q, p, f, 3, float(np.float32(0.1))))
-    assert torch.equal(pcops.radius_aggregate(q, p, f, np.float32(0.3), np.float64(0.1)), pcops.radius_aggregate(q, p, f, float(np.float32(0.3)), 0.1))
+    assert torch.equal(pcops.knn_aggregate(q, p, f, np.int64(3), np.float32(0.1), "scipy"),
+                       pcops.knn_aggregate(q, p, f, 3, float(np.float32(0.1)), "scipy"))
     layer = pcops.KNNAggregation(np.int64(3), sigma=np.float32(0.1))
     assert layer.k == 3 and type(layer.k) is int
     assert layer(q, p, f).shape == (10, 2)
     assert pcops.RadiusAggregation(np.float32(0.3), sigma=np.float64(0.1))(q, p, f).shape == (10, 2)
-    checks = [
-        (pcops.ball_query(q, p, np.float32(0.3), np.int64(4)).idx, pcops.ball_query(q, p, float(np.float32(0.3)), 4).idx),
-        (pcops.knn_graph(p, np.int64(3)), pcops.knn_graph(p, 3)),
-        (pcops.radius_graph(p, np.float64(0.3), max_neighbors=np.int32(4)), pcops.radius_graph(p, 0.3, max_neighbors=4)),
-        (pcops.knn_interpolate(q, p, f, np.int64(3)), pcops.knn_interpolate(q, p, f, 3)),
-        (pcops.estimate_normals(p, np.int64(8)), pcops.estimate_normals(p, 8)),
-        (pcops.farthest_point_sample(p, np.int64(10)).idx, pcops.farthest_point_sample(p, 10).idx),
-        (pcops.voxel_pool(p, np.float32(0.25)).cluster, pcops.voxel_pool(p, float(np.float32(0.25))).cluster),
-    ]
-    for a, b in checks:
-        assert torch.equal(a, b)
+    assert torch.equal(pcops.radius_graph(p, np.float64(0.3), max_neighbors=np.int32(4)), pcops.radius_graph(p, 0.3, max_neighbors=4))
     batch = torch.zeros(40, dtype=torch.long)
     ratio = pcops.farthest_point_sample(p, ratio=np.float32(0.5), batch=batch).idx
     assert torch.equal(ratio, pcops.farthest_point_sample(p, ratio=0.5, batch=batch).idx)
@@ -261,44 +342,39 @@ def deterministic_two_threads():
     torch.set_num_threads(threads)
 
 
-def _gradients(op, backend):
-    gen = torch.Generator().manual_seed(0)
-    q = torch.rand(6000, 3, generator=gen).requires_grad_()  # > 2 * 1024: Warp's CPU launch is split
-    p = torch.rand(2000, 3, generator=gen).requires_grad_()
-    f = torch.rand(2000, 4, generator=gen).requires_grad_()
-    sigma = torch.tensor(0.05, requires_grad=True)
-    if op == "knn":
-        out = pcops.knn(q, p, 16, backend).dists
-    elif op == "knn_aggregate":
-        out = pcops.knn_aggregate(q, p, f, 16, sigma, backend)
-    elif op == "radius_aggregate":
-        out = pcops.radius_aggregate(q, p, f, 0.1, sigma)
-    else:
-        out = {
-            "knn_aggregate_inverse_distance": lambda: pcops.knn_aggregate(q, p, f, 16, weights="inverse_distance"),
-            "knn_interpolate": lambda: pcops.knn_interpolate(q, p, f, 3),
-            "ball_query": lambda: pcops.ball_query(q, p, 0.1, 16).dists.clamp_max(1.0),
-            "chamfer_distance": lambda: pcops.chamfer_distance(q[None], p[None], point_reduction=None, batch_reduction=None)[0],
-            "estimate_normals": lambda: pcops.estimate_normals(p, 8),
-            "voxel_pool": lambda: pcops.voxel_pool(p, 0.1, f).features,
-        }[op]()
-    (out * torch.rand(out.shape, generator=gen)).sum().backward()
-    return [t.grad for t in (q, p, f, sigma) if t.grad is not None]
+GRAD_SIZE = 4000  # points of each input (2,666 queries of two-cloud ops): > 2 * 1024, Warp's CPU launch is split
+SIGMA = "sigma tensor"  # in a case's keywords: a fresh sigma tensor that requires grad (one more gradient)
+
+# (row of the table, keywords of its call): every op of the table with differentiable inputs
+# (the others say why in notes["grad"]), and the kNN ops on each CPU backend, a sigma tensor
+# and inverse-distance weights
+GRAD_CASES = {op.name: (op.name, {}) for op in op_table.OPS if op.grad}
+GRAD_CASES.update({f"knn-{b}": ("knn", dict(backend=b)) for b in CPU_BACKENDS})
+GRAD_CASES.update({f"knn_aggregate-{b}": ("knn_aggregate", dict(backend=b, sigma=SIGMA)) for b in CPU_BACKENDS})
+GRAD_CASES["radius_aggregate-sigma"] = ("radius_aggregate", dict(sigma=SIGMA))
+GRAD_CASES["knn_aggregate_inverse_distance"] = ("knn_aggregate", dict(sigma=None, weights="inverse_distance"))
+GRADIENTS = {case: len(op_table.BY_NAME[name].grad) + sum(v is SIGMA for v in kw.values()) for case, (name, kw) in GRAD_CASES.items()}
 
 
-GRADIENTS = {"knn": 2, "knn_aggregate": 4, "radius_aggregate": 4, "knn_aggregate_inverse_distance": 3,
-             "knn_interpolate": 3, "ball_query": 2, "chamfer_distance": 2, "estimate_normals": 1, "voxel_pool": 1}
+def _gradients(case):
+    name, keywords = GRAD_CASES[case]
+    op = op_table.BY_NAME[name]
+    inputs = op.inputs(0, n=GRAD_SIZE, dtype=torch.float32)
+    leaves = [inputs[x].requires_grad_() for x in op.grad]
+    kw = {k: torch.tensor(0.05, requires_grad=True) if v is SIGMA else v for k, v in keywords.items()}
+    leaves += [v for v in kw.values() if isinstance(v, torch.Tensor)]
+    gen = torch.Generator().manual_seed(1)
+    outs = [t for t in tensors(op.call(inputs, **kw)) if t.requires_grad]
+    sum((torch.where(torch.isfinite(t), t, 0) * torch.rand(t.shape, generator=gen)).sum() for t in outs).backward()
+    return [t.grad for t in leaves if t.grad is not None]
 
 
-@pytest.mark.parametrize(
-    "op,backend", [("knn", b) for b in CPU_BACKENDS] + [("knn_aggregate", b) for b in CPU_BACKENDS]
-    + [(op, "") for op in GRADIENTS if op not in ("knn", "knn_aggregate")]
-)
-def test_deterministic_mode_gives_bitwise_equal_gradients(deterministic_two_threads, op, backend):
-    first = _gradients(op, backend)
-    assert len(first) == GRADIENTS[op]
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+def test_deterministic_mode_gives_bitwise_equal_gradients(deterministic_two_threads, case):
+    first = _gradients(case)
+    assert len(first) == GRADIENTS[case]
     for _ in range(3):
-        for a, b in zip(first, _gradients(op, backend)):
+        for a, b in zip(first, _gradients(case)):
             assert torch.equal(a, b)
 
 
@@ -369,39 +445,31 @@ def test_a_new_number_of_points_does_not_recompile_with_aot_eager(gen):
 
 # -- threads and memory ---------------------------------------------------------------------------
 
-STEADY_CALLS = {
-    "knn-warp": lambda q, p, f: pcops.knn(q, p, 6, "warp").dists,
-    "knn-scipy": lambda q, p, f: pcops.knn(q, p, 6, "scipy").dists,
-    "knn-torch": lambda q, p, f: pcops.knn(q, p, 6, "torch").dists,
-    "knn_aggregate": lambda q, p, f: pcops.knn_aggregate(q, p, f, 6, 0.05),
-    "radius_aggregate": lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.1, 0.05),
-    "ball_query": lambda q, p, f: pcops.ball_query(q, p, 0.1, 8).idx,
-    "knn_interpolate": lambda q, p, f: pcops.knn_interpolate(q, p, f, 3),
-    "chamfer_distance": lambda q, p, f: pcops.chamfer_distance(q[None], p[None]),
-    "farthest_point_sample": lambda q, p, f: pcops.farthest_point_sample(q, 64).idx,
-    "knn_graph": lambda q, p, f: pcops.knn_graph(p, 4),
-    "radius_graph": lambda q, p, f: pcops.radius_graph(p, 0.08),
-    "estimate_normals": lambda q, p, f: pcops.estimate_normals(p, 8),
-    "voxel_pool": lambda q, p, f: pcops.voxel_pool(p, 0.1, f).features,
-}
+# (row of the table, keywords of its call): every op of the table (an op left out says why in
+# notes["threads"]), and knn on each CPU backend
+STEADY_CALLS = {op.name: (op.name, {}) for op in op_table.OPS if "threads" not in op.notes}
+STEADY_CALLS.update({f"knn-{b}": ("knn", dict(backend=b)) for b in CPU_BACKENDS})
 
 
 def test_steady_state_calls_from_four_threads_match_serial_calls():
     from concurrent.futures import ThreadPoolExecutor
 
-    gen = torch.Generator().manual_seed(0)
-    inputs = []
-    for dtype in (torch.float32, torch.float64):
-        for m in (300, 2500):  # one chunk, and a launch split across the pool
-            q, p, f = torch.rand(m, 3, generator=gen), torch.rand(2000, 3, generator=gen), torch.rand(2000, 3, generator=gen)
-            inputs.append(tuple(t.to(dtype) for t in (q, p, f)))
-    jobs = [(name, i) for name in STEADY_CALLS for i in range(len(inputs))]
-    serial = {job: STEADY_CALLS[job[0]](*inputs[job[1]]) for job in jobs}  # also warms every kernel
+    # float32 and float64; 300 points (one chunk) and 3,200 (2,133 queries: a launch split across the pool)
+    sizes = [(dtype, n) for dtype in (torch.float32, torch.float64) for n in (300, 3200)]
+    inputs = {(name, i): op_table.BY_NAME[name].inputs(i, n=n, dtype=dtype)
+              for name in dict.fromkeys(name for name, _ in STEADY_CALLS.values()) for i, (dtype, n) in enumerate(sizes)}
+
+    def run(job):
+        case, i = job
+        name, kw = STEADY_CALLS[case]
+        return op_table.BY_NAME[name].call(inputs[name, i], **kw)
+
+    jobs = [(case, i) for case in STEADY_CALLS for i in range(len(sizes))]
+    serial = {job: run(job) for job in jobs}  # also warms every kernel
     with ThreadPoolExecutor(4) as pool:
         for _ in range(3):
-            results = list(pool.map(lambda job: (job, STEADY_CALLS[job[0]](*inputs[job[1]])), jobs * 2))
-            for job, out in results:
-                assert torch.equal(out, serial[job]), job
+            for job, out in zip(jobs * 2, pool.map(run, jobs * 2)):
+                assert_same(out, serial[job], job)
 
 
 def _rss_mb() -> float:
