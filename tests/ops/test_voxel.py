@@ -113,6 +113,31 @@ def test_voxels_are_aligned_to_the_origin_and_half_open():
     assert pcops.voxel_pool(p, 1.0).cluster.tolist() == [1, 1, 2, 0]
 
 
+def test_float32_points_are_assigned_in_float64():
+    # float32(-0.3) is a little below -0.3: floor(p / 0.3) = -2 in float64; float32 arithmetic
+    # rounds the quotient to -1.0 and puts it in the voxel of -0.29
+    p = torch.tensor([[-0.3, 0.0, 0.0], [-0.31, 0.0, 0.0], [-0.29, 0.0, 0.0]])
+    assert torch.floor(p.double() / 0.3)[:, 0].tolist() == [-2, -2, -1]
+    assert pcops.voxel_pool(p, 0.3).cluster.tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("size", [0.3, 0.1, 0.05, 0.07, 1 / 3, 0.25, 2.2])
+def test_float32_lattice_clouds_get_the_voxels_of_grid_sample_and_of_a_float64_floor(gen, size):
+    # points at integer multiples of the size (negative too), rounded to float32: exactly where
+    # float32 and float64 arithmetic disagree on the cell
+    batch = torch.randint(0, 2, (60,), generator=gen)
+    for _ in range(30):
+        k = torch.randint(-40, 41, (60, 3), generator=gen)
+        p = (k.double() * size).float()
+        cells = torch.floor(p.double() / size).long()  # the definition, in float64
+        keys = torch.cat([batch[:, None], cells], 1)
+        expected = torch.unique(keys, dim=0, return_inverse=True)[1]  # numbered by (sample, x, y, z)
+        pooled = pcops.voxel_pool(p, size, batch=batch)
+        sampled = pcops.grid_sample(p, size, batch=batch)
+        assert torch.equal(pooled.cluster, expected)
+        assert torch.equal(sampled.inverse, expected)
+
+
 def test_samples_never_share_a_voxel(gen):
     p = torch.rand(20, 3, generator=gen, dtype=F64) * 0.1
     batch = torch.arange(20) % 2

@@ -19,7 +19,8 @@ sample's voxels contiguous, the same order as :func:`pcops.voxel_pool`. For voxe
     coords[c] = the grid coordinates of voxel c;  inverse[i] = c for i in P_c
 
 The custom op ``pcops::grid_cluster`` assigns the voxels (integer outputs only; the number of
-voxels depends on the data and is declared in its fake as a dynamic size). The kept points
+voxels depends on the data and is declared in its fake as a dynamic size) with the voxel
+assignment of ``pcops.ops.sampling._voxels`` that :func:`pcops.voxel_pool` uses too. The kept points
 are gathered (or averaged) in torch, so gradients flow to ``points`` and
 ``torch.compile(fullgraph=True)`` traces the whole function.
 
@@ -33,16 +34,14 @@ and ``inverse`` is -1 for their points (no host read, no error, no warning).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional, Union
 
 import torch
 
 from ... import _batch, _validate
 from .. import _bound
+from . import _voxels
 
-# Cells must stay exact integers in float64 and int64 (beyond this, floor() has no meaning).
-_CELL_LIMIT = 2.0**52
 _MODES = ("first", "random", "mean")
 
 
@@ -93,7 +92,7 @@ def _grid_cluster(
     ``size`` >= 0: exactly ``size`` voxel rows (the first min(V, size), then coords / batch -1
     and counts 0), inverse -1 for the points of the dropped voxels; -1: V rows (data-dependent).
     """
-    return _cut(*_cluster(points, grid_size, origin, batch, validate), size)
+    return _cut(*_voxels.assign(points, grid_size, origin, batch, validate, name="grid_size", shift=origin is None), size)
 
 
 def _cut(inverse, order, coords, voxel_batch, counts, size: int):
@@ -104,100 +103,6 @@ def _cut(inverse, order, coords, voxel_batch, counts, size: int):
         return inverse, order, coords, voxel_batch, counts, count
     fit = _bound.fit
     return _bound.drop(inverse, v, size), order, fit(coords, size, -1), fit(voxel_batch, size, -1), fit(counts, size, 0), count
-
-
-def _cluster(points, grid_size, origin, batch, validate):
-    """The voxels of :func:`_grid_cluster`, V rows."""
-    _validate.positive_number("grid_size", grid_size)
-    if validate:
-        _validate.finite(points=points)
-    n, dev = points.shape[0], points.device
-    ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
-    empty = lambda *shape: ids.new_empty((0, *shape))  # noqa: E731 (outputs must not alias)
-    if n == 0:
-        return empty(), empty(), empty(3), empty(), empty()
-    p = points.double()
-    cells_f = torch.floor(p / grid_size if origin is None else (p - origin.to(p)) / grid_size)
-    valid = ids >= 0
-    live = n if batch is None else int(valid.sum())
-    every = live == n  # no padding row: the masks below are skipped (most of the op's time otherwise)
-    if live == 0:
-        return torch.full_like(ids, -1), torch.arange(n, device=dev), empty(3), empty(), empty()
-    lows, highs = _extent(cells_f if every else cells_f[valid])
-    if not all(map(math.isfinite, lows + highs)):  # NaN / inf points (validate=False): in cell 0, results unspecified
-        cells_f = torch.nan_to_num(cells_f, nan=0.0, posinf=0.0, neginf=0.0)
-        lows, highs = _extent(cells_f if every else cells_f[valid])
-    big = max(abs(x) for x in lows + highs)
-    if big >= _CELL_LIMIT:
-        raise ValueError(
-            f"grid_size={grid_size} is too small for the extent of the points: a grid coordinate reaches "
-            f"{big:.3g}, beyond 2^52 (the voxel keys would overflow)"
-        )
-    cells = (cells_f if every else torch.where(valid[:, None], cells_f, 0)).to(torch.int64)
-    # sample ranks 0 .. S-1 (the ids themselves unless they are sparse or huge)
-    top = 0 if batch is None else int(ids.max())
-    if top < 4 * n + 16:
-        rank, samples = (ids if every else torch.where(valid, ids, 0)), top + 1
-    else:
-        uniq, rank = torch.unique(torch.where(valid, ids, ids[valid][0]), return_inverse=True)
-        samples = uniq.shape[0]
-    if origin is None and samples == 1:  # Pointcept: each sample's smallest cell is 0
-        cells = cells - torch.tensor(lows, dtype=torch.int64, device=dev)
-    elif origin is None:
-        big_i = torch.iinfo(torch.int64).max
-        low = torch.full((samples, 3), big_i, dtype=torch.int64, device=dev)
-        low = low.scatter_reduce(0, rank[:, None].expand(n, 3), cells if every else torch.where(valid[:, None], cells, big_i), "amin")
-        cells = cells - low.index_select(0, rank)
-        if not every:
-            cells = torch.where(valid[:, None], cells, 0)
-    # one int64 key per row, monotone in (sample, x, y, z); rows in no voxel sort last
-    if origin is None and samples > 1:  # shifted per sample: the largest sample's extent
-        rel = cells
-        span = [int(h) + 1 for h in _extent(cells if every else cells[valid])[1]]
-    elif origin is None:  # one sample, shifted to start at 0
-        rel, span = cells, [int(h - lo) + 1 for lo, h in zip(lows, highs)]
-    else:
-        rel = cells - torch.tensor([int(x) for x in lows], dtype=torch.int64, device=dev)
-        if not every:
-            rel = torch.where(valid[:, None], rel, 0)
-        span = [int(h - lo) + 1 for lo, h in zip(lows, highs)]
-    if float(samples) * span[0] * span[1] * span[2] < 2.0**62:
-        key = ((rank * span[0] + rel[:, 0]) * span[1] + rel[:, 1]) * span[2] + rel[:, 2]
-        if not every:
-            key = torch.where(valid, key, torch.iinfo(torch.int64).max)
-        key, order = torch.sort(key, stable=True)
-        first = torch.ones_like(key, dtype=torch.bool)
-        first[1:] = key[1:] != key[:-1]
-        voxel = torch.cumsum(first, 0) - 1
-        if not every:
-            first &= valid.index_select(0, order)
-    else:  # too wide for one key: sort rows lexicographically
-        rows = torch.cat([(~valid).to(torch.int64)[:, None], rank[:, None], rel, torch.arange(n, device=dev)[:, None]], 1)
-        for col in range(4, -1, -1):  # least significant column first, stable sorts
-            perm = torch.sort(rows[:, col], stable=True).indices
-            rows = rows.index_select(0, perm)
-        order = rows[:, 5].contiguous()
-        sorted_rows = rows[:, :5]
-        first = torch.ones(n, dtype=torch.bool, device=dev)
-        first[1:] = (sorted_rows[1:] != sorted_rows[:-1]).any(1)
-        voxel = torch.cumsum(first, 0) - 1
-        first &= valid.index_select(0, order)
-    starts = first.nonzero().reshape(-1)
-    v = starts.shape[0]
-    inverse = torch.empty_like(order)
-    inverse[order] = voxel if every else torch.where(valid.index_select(0, order), voxel, -1)
-    counts = torch.diff(starts, append=starts.new_tensor([live]))
-    kept = order.index_select(0, starts)
-    voxel_batch = ids.index_select(0, kept)
-    return inverse, order, cells.index_select(0, kept).reshape(v, 3), voxel_batch, counts
-
-
-def _extent(cells: torch.Tensor) -> tuple[list[float], list[float]]:
-    """The smallest and largest cell of the rows of ``cells`` (P, 3) on each axis (one host read;
-    over the transposed rows, several times faster than a reduction over dim 0 on the CPU)."""
-    t = cells.t().contiguous()
-    both = torch.cat([t.amin(1), t.amax(1)]).tolist()
-    return both[:3], both[3:]
 
 
 @_grid_cluster.register_fake

@@ -1,17 +1,20 @@
 """Voxel pooling: one point per occupied voxel of a regular grid, with pooled features.
 
-Voxel v(p) = floor(p / voxel_size) (cells [k s, (k + 1) s) per axis, aligned to the origin),
-per sample. Occupied voxels are numbered in lexicographic order of (sample, x, y, z), so the
-result is deterministic and a sample's voxels are contiguous. For voxel c with point set P_c:
+Voxel v(p) = floor(p / voxel_size), computed in float64 whatever the points' dtype (cells
+[k s, (k + 1) s) per axis, aligned to the origin), per sample. Occupied voxels are numbered in
+lexicographic order of (sample, x, y, z), so the result is deterministic and a sample's voxels
+are contiguous. For voxel c with point set P_c:
 
     points_out[c]   = mean_{i in P_c} p_i
     features_out[c] = mean_{i in P_c} f_i      (reduce="mean")   or   max_{i in P_c} f_i   (reduce="max")
     cluster[i]      = c, the voxel of input point i
 
 The custom op ``pcops::voxel_cluster`` assigns the voxels (it returns indices only; the
-number of voxels depends on the data and is declared in its fake as a dynamic size). The
-pooling is torch ``index_add`` / ``scatter_reduce`` on those indices, so gradients flow to
-the points and the features, and ``torch.compile(fullgraph=True)`` traces the whole op.
+number of voxels depends on the data and is declared in its fake as a dynamic size) with the
+voxel assignment of ``pcops.ops.sampling._voxels`` that :func:`pcops.grid_sample` uses too, so
+both ops put every point in the same voxel. The pooling is torch ``index_add`` /
+``scatter_reduce`` on those indices, so gradients flow to the points and the features, and
+``torch.compile(fullgraph=True)`` traces the whole op.
 
 Bounded form (``max_voxels=M``): the op's ``size`` argument is M, its fake sizes follow from
 the input shapes and M alone (no dynamic size), so default ``torch.compile`` (no fullgraph)
@@ -27,6 +30,7 @@ import torch
 
 from ... import _batch, _validate
 from .. import _bound
+from . import _voxels
 
 
 class VoxelPool(NamedTuple):
@@ -49,9 +53,6 @@ class VoxelPoolPadded(NamedTuple):
     count: torch.Tensor
 
 
-_KEY_LIMIT = 2.0**52  # voxel coordinates stay exact integers in float64 and int64
-
-
 @torch.library.custom_op("pcops::voxel_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _voxel_cluster(
     points: torch.Tensor, voxel_size: float, batch: Optional[torch.Tensor], validate: bool, size: int = -1
@@ -61,31 +62,8 @@ def _voxel_cluster(
     ``size`` >= 0: the voxel rows are exactly ``size`` (the first min(V, size) voxels, then -1)
     and points of the voxels past ``size`` get cluster -1; ``size`` = -1: V rows (data-dependent).
     """
-    _validate.positive_number("voxel_size", voxel_size)
-    if validate:
-        _validate.finite(points=points)
-    cells = torch.floor(points / voxel_size)
-    if cells.numel() and float(cells.abs().max()) >= _KEY_LIMIT:
-        raise ValueError(f"voxel_size={voxel_size} is too small for the extent of the points (more than 2^52 voxels per axis)")
-    n = points.shape[0]
-    ids = torch.zeros(n, dtype=torch.int64, device=points.device) if batch is None else batch.to(torch.int64)
-    if n == 0:
-        return _bounded(ids.new_empty((0,)), ids.new_empty((0,)), size)
-    cells = cells.to(torch.int64)
-    cells -= cells.amin(0)
-    span = (cells.amax(0) + 1).tolist()
-    samples = int(ids.max()) + 1
-    if float(samples) * span[0] * span[1] * span[2] < 2.0**62:
-        # one int64 key per point, monotone in (sample, x, y, z): a 1-d sort instead of unique(dim=0)
-        key = ((ids * span[0] + cells[:, 0]) * span[1] + cells[:, 1]) * span[2] + cells[:, 2]
-        key, order = torch.sort(key, stable=True)
-        first = torch.ones_like(key, dtype=torch.bool)
-        first[1:] = key[1:] != key[:-1]
-        cluster = torch.empty_like(order)
-        cluster[order] = torch.cumsum(first, 0) - 1
-        return _bounded(cluster, ids[order][first], size)
-    voxels, cluster = torch.unique(torch.cat([ids[:, None], cells], 1), dim=0, sorted=True, return_inverse=True)
-    return _bounded(cluster.reshape(n), voxels[:, 0].contiguous(), size)
+    cluster, _, _, voxel_batch, _ = _voxels.assign(points, voxel_size, None, batch, validate, name="voxel_size", shift=False, coords=False)
+    return _bounded(cluster, voxel_batch, size)
 
 
 def _bounded(cluster: torch.Tensor, voxel_batch: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -154,7 +132,8 @@ def voxel_pool(
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
     size = -1 if bound is None else bound
-    cluster, voxel_batch, count = torch.ops.pcops.voxel_cluster(pts.detach(), float(voxel_size), batch, flat.validate, size)
+    # the points as given: the op computes the cells in float64
+    cluster, voxel_batch, count = torch.ops.pcops.voxel_cluster(points.detach(), float(voxel_size), batch, flat.validate, size)
     if bound is None:
         v, rows = voxel_batch.shape[0], cluster
     else:  # the points of dropped voxels pool into one spare row past the bound, cut off below
