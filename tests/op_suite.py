@@ -14,6 +14,14 @@ fills in the hooks; pytest then runs, for that op:
 * ``test_bad_inputs_raise``: every bad input raises ValueError/TypeError naming the argument.
 
 Tolerances come from ONE table, per dtype (:data:`TOL`), not per test.
+
+The device axis: the tests whose inputs the suite makes from the hooks (reference, dtypes,
+gradcheck, opcheck, compile) run on every device of :func:`devices`, the op on the inputs moved
+there and compared on the CPU against the CPU reference: ``cpu`` always, ``cuda`` as a
+``cuda``-marked parameter that tests/conftest.py skips, with its reason, where torch sees no
+GPU (so ``pytest -m cuda`` on a GPU machine runs it). The batch and bad-input hooks build and
+call the op themselves: those two run on the CPU. The table-driven tests of
+tests/test_op_table.py take the same axis.
 """
 
 from __future__ import annotations
@@ -25,6 +33,42 @@ from tests.compile_check import assert_compiles
 from tests.reference import CLOUDS
 
 F64 = torch.float64
+
+
+def devices() -> list:
+    """The device axis of the table-driven tests: ``cpu``, and ``cuda`` marked ``cuda`` (generated
+    everywhere, skipped with a reason by tests/conftest.py where ``torch.cuda.is_available()`` is
+    false)."""
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
+
+
+def to_device(value, device):
+    """``value`` (a tensor, or a dict / tuple / list of them and other things) with every tensor on
+    ``device``; a tensor that requires grad stays a leaf that requires grad; on its own device
+    a tensor is returned as it is."""
+    if isinstance(value, torch.Tensor):
+        if value.device == torch.device(device):
+            return value
+        moved = value.detach().to(device)
+        return moved.requires_grad_() if value.requires_grad else moved
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, tuple):  # a namedtuple
+        return type(value)(*(to_device(v, device) for v in value))
+    return value
+
+
+def on_cpu(value):
+    """An op's result (tensors, tuples, namedtuples) with its tensors copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(on_cpu(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_cpu(v) for v in value)
+    return value
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 # Tolerance of a floating output against the float64 reference of the same (rounded) inputs:
@@ -160,20 +204,23 @@ class OpSuite:
             metafunc.parametrize("dtype", metafunc.cls.dtypes, ids=str)
         if "kind" in metafunc.fixturenames:
             metafunc.parametrize("kind", metafunc.cls.clouds)
+        if "device" in metafunc.fixturenames:
+            metafunc.parametrize("device", devices())
 
-    def test_matches_float64_reference(self, gen, kind):
+    def test_matches_float64_reference(self, gen, kind, device):
         inputs = self.inputs(kind, gen)
-        self.compare(self.run(**inputs), self.reference(**inputs), F64, inputs)
+        out = on_cpu(self.run(**to_device(inputs, device)))
+        self.compare(out, self.reference(**inputs), F64, inputs)
 
-    def test_dtypes(self, gen, dtype):
+    def test_dtypes(self, gen, dtype, device):
         inputs = as_dtype(self.inputs("uniform", gen), dtype)
-        out = self.run(**inputs)
+        out = on_cpu(self.run(**to_device(inputs, device)))
         for o in out:
             assert not o.dtype.is_floating_point or o.dtype == dtype, f"output dtype {o.dtype} for {dtype} inputs"
         self.compare(out, self.reference(**as_dtype(inputs, F64)), dtype, inputs)
 
-    def test_gradcheck(self, gen, wrt):
-        inputs = self.grad_inputs(gen)
+    def test_gradcheck(self, gen, wrt, device):
+        inputs = to_device(self.grad_inputs(gen), device)
         x = inputs[wrt].detach().clone().requires_grad_()
 
         def fn(x):
@@ -182,16 +229,16 @@ class OpSuite:
 
         assert torch.autograd.gradcheck(fn, (x,))
 
-    def test_opcheck(self, gen):
+    def test_opcheck(self, gen, device):
         cases = self.opcheck_cases(gen)
         assert cases
         for op, args in cases:
-            torch.library.opcheck(op, args)
+            torch.library.opcheck(op, to_device(args, device))
 
-    def test_compile_fullgraph(self, gen):
+    def test_compile_fullgraph(self, gen, device):
         fn, calls = self.compile_calls(gen)
         assert len(calls) >= 2
-        assert_compiles(fn, calls)
+        assert_compiles(fn, [to_device(args, device) for args in calls])
 
     def test_padded_and_packed_equal_per_sample_loop(self, gen):
         expected, padded, packed = self.batched(gen)

@@ -1,4 +1,7 @@
-"""The op table (tests/op_table.py) covers every public op, and every op speaks the caller's names."""
+"""The op table (tests/op_table.py) covers every public op, and every op speaks the caller's names.
+
+The per-op checks run on every device of the test base's device axis (tests/op_suite.py:
+``cpu``, and ``cuda``, skipped with its reason where torch sees no GPU)."""
 
 import inspect
 import pathlib
@@ -8,6 +11,7 @@ import torch
 
 import pcops
 from tests import op_table
+from tests.op_suite import devices, to_device
 from tests.test_reliability import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,9 +33,10 @@ def test_every_op_has_a_docs_page_that_names_it(op):
     assert f"{op.name}(" in page.read_text(), f"{page} does not show a call of {op.name}"
 
 
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
-def test_the_canonical_call_runs_and_its_differentiable_inputs_get_gradients(op):
-    inputs = op.inputs()
+def test_the_canonical_call_runs_and_its_differentiable_inputs_get_gradients(op, device):
+    inputs = to_device(op.inputs(), device)
     for name in op.grad:
         inputs[name].requires_grad_(True)
     out = op.call(inputs)
@@ -72,10 +77,11 @@ def test_sample_id_keywords_of_a_row_are_the_ops_own_and_label_its_inputs(op):
 CASES = [(op, name) for op in op_table.POINT_OPS for name in op.points]
 
 
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("op,name", CASES, ids=[f"{op.name}-{name}" for op, name in CASES])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_input_raises_an_error_naming_the_argument_as_typed(op, name, value):
-    inputs = op.inputs()
+def test_non_finite_input_raises_an_error_naming_the_argument_as_typed(op, name, value, device):
+    inputs = to_device(op.inputs(), device)
     inputs[name][3, 1] = value
     with pytest.raises(ValueError, match=rf"^{name} contains NaN or inf"):
         op.call(inputs)
@@ -105,10 +111,11 @@ def test_non_finite_input_without_validation_terminates_for_every_op():
 HALF = [op for op in op_table.OPS if op.grad or op.points]
 
 
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("op", HALF, ids=lambda op: op.name)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_inputs_are_computed_in_float32_and_returned_in_their_dtype(op, dtype):
-    inputs = op.inputs()
+def test_half_precision_inputs_are_computed_in_float32_and_returned_in_their_dtype(op, dtype, device):
+    inputs = to_device(op.inputs(), device)
     half = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
     single = {k: v.to(dtype).float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
     got, want = op.call(half), op.call(single)  # the same values in float32: the float32 computation
