@@ -191,6 +191,42 @@ def test_explicit_origin_matches_reference(gen):
         assert torch.equal(a, e)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("origin", [NAN, (0.0, INF, 0.0), [0.0, 0.0, -INF], torch.tensor([0.0, NAN, 0.0]), torch.tensor(INF)],
+                         ids=["nan", "inf tuple", "-inf list", "nan tensor", "inf 0-d tensor"])
+def test_a_nan_or_inf_origin_raises_naming_it(gen, origin):
+    # before: every cell NaN, so every point in one voxel
+    p = torch.rand(50, 3, generator=gen)
+    with pytest.raises(ValueError, match="origin"):
+        pcops.grid_sample(p, 0.1, origin=origin)
+
+
+def test_a_nan_tensor_origin_is_not_read_without_validate(gen):
+    p = torch.rand(50, 3, generator=gen)
+    out = pcops.grid_sample(p, 0.1, origin=torch.tensor([0.0, NAN, 0.0]), validate=False)  # unspecified voxels, no error
+    assert out.inverse.shape == (50,)
+
+
+def test_a_nan_tensor_origin_raises_in_the_op_under_compile(gen):
+    def fn(points, origin):
+        return pcops.grid_sample(points, 0.1, origin=origin).inverse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    p = torch.rand(50, 3, generator=gen)
+    assert torch.equal(compiled(p, torch.zeros(3)), fn(p, torch.zeros(3)))
+    with pytest.raises(ValueError, match="origin contains NaN or inf"):
+        compiled(p, torch.tensor([0.0, NAN, 0.0]))
+
+
+@pytest.mark.parametrize("size", [NAN, INF, -INF])
+def test_a_nan_or_inf_grid_size_raises(gen, size):
+    with pytest.raises(ValueError, match="must be finite and > 0"):
+        pcops.grid_sample(torch.rand(50, 3, generator=gen), size)
+
+
 def test_random_mode_draws_each_member_of_a_voxel(gen):
     p = torch.tensor([[0.1, 0.1, 0.1], [0.2, 0.2, 0.2], [0.3, 0.3, 0.3], [5.0, 5.0, 5.0]])
     seen = set()

@@ -43,11 +43,11 @@ def assign(
     that each sample's smallest cell is 0 on every axis with ``shift`` (Pointcept's
     ``grid_coord``; only with ``origin`` None), as computed otherwise (None with ``coords=False``,
     which skips their gather: a random read of V rows). ``validate``: reject
-    NaN/inf points (unchecked, a non-finite coordinate is in cell 0, results unspecified).
+    NaN/inf points or origin (unchecked, a non-finite cell is cell 0, results unspecified).
     """
     _validate.positive_number(name, size)
     if validate:
-        _validate.finite(points=points)
+        _validate.finite(points=points, origin=origin)
     shift = shift and origin is None
     n, dev = points.shape[0], points.device
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)

@@ -34,6 +34,7 @@ and ``inverse`` is -1 for their points (no host read, no error, no warning).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -114,11 +115,12 @@ def _(points, grid_size, origin, batch, validate, size=-1):
             like.new_empty(()))
 
 
-def _layout(points, lengths, batch, validate: bool):
-    """The layout of :func:`grid_sample` through the layout layer (pcops._batch.single): flat
-    points (P, 3), int64 sample ids (P,) or None (< 0 for padding rows), the padded shape (B, N)
-    or None, and whether the op checks values itself (``Flat.validate``)."""
-    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
+def _layout(points, lengths, batch, origin, validate: bool):
+    """The layout of :func:`grid_sample` through the layout layer (pcops._batch.single, which
+    also checks that a tensor ``origin`` is finite, in the same host read): flat points (P, 3),
+    int64 sample ids (P,) or None (< 0 for padding rows), the padded shape (B, N) or None, and
+    whether the op checks values itself (``Flat.validate``)."""
+    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, finite={"origin": origin}, flatten=False)
     if points.dim() == 3:
         b, n = points.shape[0], points.shape[1]
         ids = torch.arange(b, device=points.device)[:, None].expand(b, n)
@@ -129,7 +131,9 @@ def _layout(points, lengths, batch, validate: bool):
 
 
 def _origin(origin, points: torch.Tensor):
-    """``origin`` (None, a number, 3 numbers or a (3,) tensor) as a float64 (3,) tensor or None."""
+    """``origin`` (None, a number, 3 numbers or a (3,) tensor) as a float64 (3,) tensor or None.
+    Numbers must be finite (free to check: always, as ``grid_size``); a tensor's values are checked
+    with the points' (``validate``)."""
     if origin is None:
         return None
     if isinstance(origin, torch.Tensor):
@@ -140,6 +144,8 @@ def _origin(origin, points: torch.Tensor):
     values = [origin] * 3 if _validate._is_number(_validate.plain(origin)) else list(origin) if isinstance(origin, (list, tuple)) else None
     if values is None or len(values) != 3 or not all(_validate._is_number(_validate.plain(x)) for x in values):
         raise TypeError(f"origin must be None, a number, 3 numbers or a tensor of shape (3,), got {origin!r}")
+    if not torch.compiler.is_compiling() and not all(math.isfinite(x) for x in values):
+        raise ValueError(f"origin must be finite, got {origin!r}")
     return torch.tensor([float(x) for x in values], dtype=torch.float64, device=points.device)
 
 
@@ -168,9 +174,9 @@ def grid_sample(
         generator: optional ``torch.Generator`` for "random" (``torch.compile`` cannot trace a
             generator argument: under compile leave it None and seed with ``torch.manual_seed``).
         origin: None (cells aligned to the world origin, coordinates shifted to start at 0 per
-            sample, as Pointcept's GridSample) or a number / 3 numbers / (3,) tensor: cells
-            ``floor((p - origin) / grid_size)``, not shifted.
-        validate: check points for NaN/inf and ids / lengths for range.
+            sample, as Pointcept's GridSample) or a finite number / 3 numbers / (3,) tensor:
+            cells ``floor((p - origin) / grid_size)``, not shifted.
+        validate: check points and a tensor ``origin`` for NaN/inf and ids / lengths for range.
         max_voxels: optional int M >= 1, an upper bound on the number of voxels (of all samples
             together): the result has exactly M voxel rows (static shapes, so ``torch.compile``
             needs no graph break or dynamic size) and a ``count``. None: V rows.
@@ -196,8 +202,9 @@ def grid_sample(
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     bound = _bound.bound("max_voxels", max_voxels)
-    flat, ids, padded, check = _layout(points, lengths, batch, validate)
-    origin_t = _origin(origin, flat)
+    _validate.tensor("points", points)
+    origin_t = _origin(origin, points)
+    flat, ids, padded, check = _layout(points, lengths, batch, origin_t, validate)
     inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
         flat.detach(), float(grid_size), origin_t, ids, check, -1 if bound is None else bound
     )
