@@ -13,14 +13,14 @@ from tests.compile_check import assert_compiles, compiled_breaks
 from tests.op_suite import F64, OpSuite, assert_matches, pack, pad
 
 
-def grid_reference(points, grid_size, batch=None, mode="first", origin=None):
+def grid_reference(points, voxel_size, batch=None, mode="first", origin=None):
     """Voxels of a Python dict of (sample, cell) keys, cells from Python float arithmetic:
     (points (V, 3), coords (V, 3), index (V,) or None, inverse (N,), batch (V,))."""
     p = points.double().tolist()
     n = len(p)
     ids = [0] * n if batch is None else batch.tolist()
     o = [0.0] * 3 if origin is None else [float(x) for x in origin]
-    cells = [tuple(math.floor((x - oa) / grid_size) for x, oa in zip(row, o)) for row in p]
+    cells = [tuple(math.floor((x - oa) / voxel_size) for x, oa in zip(row, o)) for row in p]
     if origin is None:  # Pointcept: each sample's smallest cell is 0
         low = {}
         for b, c in zip(ids, cells):
@@ -50,14 +50,14 @@ class TestGridSampleFirst(OpSuite):
 
     def inputs(self, kind, gen):
         _, p, r = reference.cloud(kind, gen)
-        return dict(points=p, grid_size=r)
+        return dict(points=p, voxel_size=r)
 
-    def run(self, points, grid_size):
-        out = pcops.grid_sample(points, grid_size, mode=self.mode)
+    def run(self, points, voxel_size):
+        out = pcops.grid_sample(points, voxel_size, mode=self.mode)
         return tuple(x for x in out if x is not None)
 
-    def reference(self, points, grid_size):
-        return tuple(x for x in grid_reference(points, grid_size, mode=self.mode) if x is not None)
+    def reference(self, points, voxel_size):
+        return tuple(x for x in grid_reference(points, voxel_size, mode=self.mode) if x is not None)
 
     def compare(self, out, expected, dtype, inputs=None):
         assert len(out) == len(expected)
@@ -69,7 +69,7 @@ class TestGridSampleFirst(OpSuite):
         # points near voxel centres, so a finite-difference step never changes the voxels
         centres = torch.randint(0, 4, (24, 3), generator=gen).double() + 0.5
         p = (centres + 0.2 * (torch.rand(24, 3, generator=gen, dtype=F64) - 0.5)) * 0.25
-        return dict(points=p, grid_size=0.25)
+        return dict(points=p, voxel_size=0.25)
 
     def opcheck_cases(self, gen):
         p = torch.rand(40, 3, generator=gen)
@@ -129,9 +129,9 @@ class TestGridSampleFirst(OpSuite):
         nan[1, 2] = float("nan")
         gs = pcops.grid_sample
         return {
-            "zero grid_size": (lambda: gs(p, 0.0), ValueError, "grid_size must be finite and > 0"),
-            "tensor grid_size": (lambda: gs(p, torch.tensor(0.1)), TypeError, "grid_size must be a number"),
-            "huge coordinates": (lambda: gs(p * 1e12, 1e-6), ValueError, "grid_size=1e-06 is too small"),
+            "zero voxel_size": (lambda: gs(p, 0.0), ValueError, "voxel_size must be finite and > 0"),
+            "tensor voxel_size": (lambda: gs(p, torch.tensor(0.1)), TypeError, "voxel_size must be a number"),
+            "huge coordinates": (lambda: gs(p * 1e12, 1e-6), ValueError, "voxel_size=1e-06 is too small"),
             "2-d points": (lambda: gs(p[:, :2], 0.1), ValueError, "points must be a tensor of shape"),
             "int points": (lambda: gs(p.long(), 0.1), TypeError, "points must have a floating dtype"),
             "mode": (lambda: gs(p, 0.1, mode="last"), ValueError, "mode must be one of"),
@@ -222,9 +222,22 @@ def test_a_nan_tensor_origin_raises_in_the_op_under_compile(gen):
 
 
 @pytest.mark.parametrize("size", [NAN, INF, -INF])
-def test_a_nan_or_inf_grid_size_raises(gen, size):
+def test_a_nan_or_inf_voxel_size_raises(gen, size):
     with pytest.raises(ValueError, match="must be finite and > 0"):
         pcops.grid_sample(torch.rand(50, 3, generator=gen), size)
+
+
+def test_the_former_keyword_grid_size_warns_and_gives_the_same_result(gen):
+    p = torch.rand(200, 3, generator=gen) * 2 - 1
+    batch = torch.randint(0, 3, (200,), generator=gen)
+    with pytest.warns(FutureWarning, match="'grid_size' is renamed 'voxel_size'"):
+        old = pcops.grid_sample(p, grid_size=0.3, batch=batch, mode="mean")
+    new = pcops.grid_sample(p, voxel_size=0.3, batch=batch, mode="mean")
+    assert old._fields == new._fields
+    for a, b in zip(old, new):
+        assert (a is None and b is None) or torch.equal(a, b)
+    with pytest.raises(TypeError, match="'grid_size' and its new name 'voxel_size'"):
+        pcops.grid_sample(p, voxel_size=0.3, grid_size=0.3)
 
 
 def test_random_mode_draws_each_member_of_a_voxel(gen):

@@ -2,10 +2,12 @@
 ``GridSample``, PyG's ``voxel_grid``), with each voxel's integer grid coordinates and each
 input point's voxel.
 
-Voxel of point p (per sample): ``cell(p) = floor((p - origin) / grid_size)`` computed in
+Voxel of point p (per sample): ``cell(p) = floor((p - origin) / voxel_size)`` computed in
 float64. With ``origin=None`` cells are aligned to the world origin and the returned grid
 coordinates are shifted so that each sample's smallest cell is 0 on every axis, exactly as
-Pointcept's ``GridSample`` computes ``grid_coord = floor(coord / grid_size) - min(...)``.
+Pointcept's ``GridSample`` computes ``grid_coord = floor(coord / grid_size) - min(...)`` (its
+``grid_size`` is ``voxel_size`` here, as in :func:`pcops.voxel_pool`; the old keyword
+``grid_size=`` still works for one release, with a ``FutureWarning``).
 With an explicit ``origin`` the cells are aligned to it and the coordinates are not shifted
 (they may be negative).
 
@@ -39,7 +41,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ... import _batch, _validate
+from ... import _batch, _deprecated, _validate
 from .. import _bound
 from . import _voxels
 
@@ -79,7 +81,7 @@ class GridSamplePadded(NamedTuple):
 @torch.library.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _grid_cluster(
     points: torch.Tensor,
-    grid_size: float,
+    voxel_size: float,
     origin: Optional[torch.Tensor],
     batch: Optional[torch.Tensor],
     validate: bool,
@@ -93,7 +95,7 @@ def _grid_cluster(
     ``size`` >= 0: exactly ``size`` voxel rows (the first min(V, size), then coords / batch -1
     and counts 0), inverse -1 for the points of the dropped voxels; -1: V rows (data-dependent).
     """
-    return _cut(*_voxels.assign(points, grid_size, origin, batch, validate, name="grid_size", shift=origin is None), size)
+    return _cut(*_voxels.assign(points, voxel_size, origin, batch, validate, name="voxel_size", shift=origin is None), size)
 
 
 def _cut(inverse, order, coords, voxel_batch, counts, size: int):
@@ -107,7 +109,7 @@ def _cut(inverse, order, coords, voxel_batch, counts, size: int):
 
 
 @_grid_cluster.register_fake
-def _(points, grid_size, origin, batch, validate, size=-1):
+def _(points, voxel_size, origin, batch, validate, size=-1):
     v = torch.library.get_ctx().new_dynamic_size() if size < 0 else size
     n = points.shape[0]
     like = points.new_empty((0,), dtype=torch.int64)
@@ -132,7 +134,7 @@ def _layout(points, lengths, batch, origin, validate: bool):
 
 def _origin(origin, points: torch.Tensor):
     """``origin`` (None, a number, 3 numbers or a (3,) tensor) as a float64 (3,) tensor or None.
-    Numbers must be finite (free to check: always, as ``grid_size``); a tensor's values are checked
+    Numbers must be finite (free to check: always, as ``voxel_size``); a tensor's values are checked
     with the points' (``validate``)."""
     if origin is None:
         return None
@@ -149,9 +151,10 @@ def _origin(origin, points: torch.Tensor):
     return torch.tensor([float(x) for x in values], dtype=torch.float64, device=points.device)
 
 
+@_deprecated.renamed(grid_size="voxel_size")
 def grid_sample(
     points: torch.Tensor,
-    grid_size: float,
+    voxel_size: float,
     *,
     lengths: Optional[torch.Tensor] = None,
     batch: Optional[torch.Tensor] = None,
@@ -161,12 +164,14 @@ def grid_sample(
     validate: bool = True,
     max_voxels: Optional[int] = None,
 ) -> Union[GridSample, GridSamplePadded]:
-    """Keep one point per occupied voxel of a grid of cubes of side ``grid_size``.
+    """Keep one point per occupied voxel of a grid of cubes of side ``voxel_size``.
 
     Args:
         points: Tensor of shape (N, 3) (one cloud, or packed with ``batch``) or (B, N, 3)
             (padded, with optional ``lengths``).
-        grid_size: Python number > 0, the side of the cubic voxels.
+        voxel_size: Python number > 0, the side of the cubic voxels (named as in
+            :func:`pcops.voxel_pool`; ``grid_size``, its former name, is accepted with a
+            ``FutureWarning`` until the next release).
         lengths: optional int tensor (B,): real rows of each padded sample (the rest is padding).
         batch: optional int tensor (N,) of sample ids >= 0 (sorted or not) of packed points.
         mode: "first" (the voxel's point of smallest index), "random" (a uniform draw among the
@@ -175,7 +180,7 @@ def grid_sample(
             generator argument: under compile leave it None and seed with ``torch.manual_seed``).
         origin: None (cells aligned to the world origin, coordinates shifted to start at 0 per
             sample, as Pointcept's GridSample) or a finite number / 3 numbers / (3,) tensor:
-            cells ``floor((p - origin) / grid_size)``, not shifted.
+            cells ``floor((p - origin) / voxel_size)``, not shifted.
         validate: check points and a tensor ``origin`` for NaN/inf and ids / lengths for range.
         max_voxels: optional int M >= 1, an upper bound on the number of voxels (of all samples
             together): the result has exactly M voxel rows (static shapes, so ``torch.compile``
@@ -195,8 +200,8 @@ def grid_sample(
         tensor, the true V (not capped). If V > M the voxels after the first M (in the order
         above) are dropped and ``inverse`` is -1 for their points.
     """
-    grid_size = _validate.plain(grid_size)
-    _validate.positive_number("grid_size", grid_size)
+    voxel_size = _validate.plain(voxel_size)
+    _validate.positive_number("voxel_size", voxel_size)
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -206,7 +211,7 @@ def grid_sample(
     origin_t = _origin(origin, points)
     flat, ids, padded, check = _layout(points, lengths, batch, origin_t, validate)
     inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
-        flat.detach(), float(grid_size), origin_t, ids, check, -1 if bound is None else bound
+        flat.detach(), float(voxel_size), origin_t, ids, check, -1 if bound is None else bound
     )
     # bounded: padding rows are the voxel rows with no points (every voxel has one)
     real = None if bound is None else counts > 0
