@@ -11,15 +11,64 @@
   models/files.py).
 * :class:`TutorialCloudDataModule` - PhysicsNeMo tutorial's synthetic set-up: a random cloud
   and a 30^3 grid, for the projector models and benchmarks.
+
+The procedural modules make their samples in ``setup``, in memory (nothing is written to disk);
+a :class:`Progress` tells how far that has come on stderr (rank 0 only).
 """
 
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .shapes import PRIMITIVES, Shape, grid, slice_grid
+
+
+PROGRESS_EVERY = 15.0  # seconds between two progress lines
+
+
+@rank_zero_only
+def say(message: str) -> None:
+    """A line on stderr, from rank 0 only (every rank makes its own data under DDP)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def duration(seconds: float) -> str:
+    """``12 s``, ``3.5 min``."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class Progress:
+    """Lines on stderr while a data module makes ``total`` samples (``what``: a plural noun).
+
+    A first line when it starts (``making 1584 scenes (train 1200, val 128, test 256)``), one every
+    :data:`PROGRESS_EVERY` seconds (``making scenes: 200/1584 (31 s, about 3.6 min left)``) and
+    a last one with the total time: a quick set-up prints two lines, a long one a line every
+    15 s. Call :meth:`step` after each sample and :meth:`done` at the end.
+    """
+
+    def __init__(self, total: int, what: str, detail: str = "", every: float | None = None):
+        self.total, self.what, self.count = total, what, 0
+        self.every = PROGRESS_EVERY if every is None else every
+        self.start = self.last = time.monotonic()
+        say(f"making {total} {what}{f' ({detail})' if detail else ''} ...")
+
+    def step(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last >= self.every and self.count < self.total:
+            self.last = now
+            spent = now - self.start
+            left = spent / self.count * (self.total - self.count)
+            say(f"making {self.what}: {self.count}/{self.total} ({duration(spent)}, about {duration(left)} left)")
+
+    def done(self) -> None:
+        say(f"made {self.count} {self.what} in {duration(time.monotonic() - self.start)}")
 
 
 class TensorDictDataset(Dataset):
@@ -87,6 +136,21 @@ class _Module(LightningDataModule):
     def target_mean(self) -> float:
         """Mean target over the training split (the constant predictor's value)."""
         return float(self.splits["train"].tensors["target"].mean())
+
+    def _make_splits(self, sizes: dict[str, int], what: str) -> dict[str, list[dict[str, torch.Tensor]]]:
+        """``self._sample(split, i)`` for i < size, for each split not made yet, with :class:`Progress` lines."""
+        todo = {split: size for split, size in sizes.items() if split not in self.splits}
+        if not todo:
+            return {}
+        progress = Progress(sum(todo.values()), what, ", ".join(f"{split} {size}" for split, size in todo.items()))
+        made = {}
+        for split, size in todo.items():
+            made[split] = []
+            for i in range(size):
+                made[split].append(self._sample(split, i))
+                progress.step()
+        progress.done()
+        return made
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         data = self.splits[split]
@@ -157,9 +221,9 @@ class ShapesSDFDataModule(_Module):
 
     def setup(self, stage: str | None = None) -> None:
         h = self.hparams
-        for split, size in (("train", h.train_size), ("val", h.val_size), ("test", h.test_size)):
-            if split not in self.splits:
-                self.splits[split] = TensorDictDataset.stack([self._sample(split, i) for i in range(size)])
+        made = self._make_splits({"train": h.train_size, "val": h.val_size, "test": h.test_size}, "shapes")
+        for split, samples in made.items():
+            self.splits[split] = TensorDictDataset.stack(samples)
 
     def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
         """The first test shape with queries on the z = 0 slice (resolution^2) and their true SDF."""

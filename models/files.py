@@ -27,7 +27,7 @@ import torch
 
 import pcops
 
-from .data import TensorDictDataset, _Module, sdf_queries
+from .data import Progress, TensorDictDataset, _Module, sdf_queries
 from .shapes import slice_grid
 
 MESH = {".ply", ".off", ".obj", ".stl"}
@@ -238,7 +238,12 @@ class FileSDFDataModule(_Module):
             return
         items = self.items
         order = torch.randperm(len(items), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
-        samples = [self._sample(*items[j], j) for j in order]
+        progress = Progress(len(order), "samples", f"from {len(self.files)} file(s)")
+        samples = []
+        for j in order:
+            samples.append(self._sample(*items[j], j))
+            progress.step()
+        progress.done()
         n = len(samples)
         if n < 3:
             warnings.warn(f"only {n} item(s) in data.paths: train, val and test all use them")

@@ -24,7 +24,7 @@ import pathlib
 import numpy as np
 import torch
 
-from .data import TensorDictDataset, _Module
+from .data import Progress, TensorDictDataset, _Module, say
 
 
 def read_off(path: pathlib.Path):
@@ -49,9 +49,14 @@ def sample_mesh(path: pathlib.Path, n_points: int, seed: int) -> np.ndarray:
     return (points / max(float(np.linalg.norm(points, axis=1).max()), 1e-12)).astype(np.float32)
 
 
+def cache_path(path: pathlib.Path, n_points: int) -> pathlib.Path:
+    """Where the sampled points of the mesh at ``path`` are cached: ``<name>.<n_points>.npz`` beside it."""
+    return path.with_name(f"{path.stem}.{n_points}.npz")
+
+
 def cached_points(path: pathlib.Path, n_points: int, seed: int) -> np.ndarray:
     """``sample_mesh`` through the ``<name>.<n_points>.npz`` cache beside the mesh."""
-    cache = path.with_name(f"{path.stem}.{n_points}.npz")
+    cache = cache_path(path, n_points)
     if cache.exists():
         with np.load(cache) as f:
             return f["points"]
@@ -117,10 +122,17 @@ class ModelNetDataModule(_Module):
         return [(path, label) for label, name in enumerate(self.classes) for path in sorted((self.root / name / split).glob("*.off"))]
 
     def prepare_data(self) -> None:
-        """Sample and cache every mesh once (rank 0 only under DDP)."""
-        for split in ("train", "test"):
-            for path, _ in self.files(split):
-                cached_points(path, self.hparams.n_points, self.hparams.seed)
+        """Sample and cache every mesh once (rank 0 only under DDP), saying where the caches go."""
+        n = self.hparams.n_points
+        todo = [path for split in ("train", "test") for path, _ in self.files(split) if not cache_path(path, n).exists()]
+        if not todo:
+            return
+        progress = Progress(len(todo), "point caches", f"{n} points per mesh, beside the meshes under {self.root}")
+        for path in todo:
+            cached_points(path, n, self.hparams.seed)
+            progress.step()
+        progress.done()
+        say(f"wrote {len(todo)} point caches: {self.root}/<class>/<split>/<mesh>.{n}.npz (delete them to resample)")
 
     def _load(self, files: list[tuple[pathlib.Path, int]]) -> TensorDictDataset:
         h = self.hparams

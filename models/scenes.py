@@ -159,12 +159,13 @@ class _PointModule(_Module):
             batch["points"] = augment(batch["points"], self.hparams.rotation, self.hparams.anisotropy)
         return batch
 
+    what = "clouds"  # the samples' name in the progress lines
+
     def setup(self, stage: str | None = None) -> None:
         h = self.hparams
-        for split, size in (("train", h.train_size), ("val", h.val_size), ("test", h.test_size)):
-            if split not in self.splits:
-                samples = [self._sample(split, i) for i in range(size)]
-                self.splits[split] = TensorDictDataset({key: torch.stack([s[key] for s in samples]) for key in samples[0]})
+        made = self._make_splits({"train": h.train_size, "val": h.val_size, "test": h.test_size}, self.what)
+        for split, samples in made.items():
+            self.splits[split] = TensorDictDataset({key: torch.stack([s[key] for s in samples]) for key in samples[0]})
 
 
 class ShapesClassDataModule(_PointModule):
@@ -221,6 +222,8 @@ class ShapesSegDataModule(_PointModule):
     Each primitive gets a size factor in [0.35, 0.6] and a shift within 0.35 of the origin, so
     they overlap; a point inside another primitive is dropped.
     """
+
+    what = "scenes"
 
     def __init__(
         self,

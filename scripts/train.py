@@ -13,11 +13,22 @@ and missing files are errors before any work. Each run writes to a new directory
 field_slice.png, a predicted vs true slice of the field); an existing run directory is never
 overwritten (Lightning refuses to save a config over an existing one). After training the
 best checkpoint is tested and its metrics printed.
+
+Besides Lightning's own lines it prints the data modules' progress while they make their data
+(stderr), the run directory when training starts, and at the end every file the run wrote
+(``fast_dev_run`` writes none). A config that does not parse (an unknown key, a wrong type, a
+missing config file), a missing or unusable checkpoint, and a GPU config without a GPU give an
+``error: ...`` line (the GPU one: the command that runs it on the CPU) and exit status 2, not a
+usage summary or a traceback.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import pathlib
+import re
+import shlex
 import sys
 from typing import Optional
 
@@ -25,9 +36,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # models/ lives beside pcops/, outside the library
 
-from lightning.pytorch import LightningDataModule, LightningModule  # noqa: E402
+from lightning.pytorch import Callback, LightningDataModule, LightningModule  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 
 import pcops.memory  # noqa: E402
 
@@ -37,7 +48,196 @@ TRAINER_DEFAULTS = {
 }
 
 
+HINT = "run with --help for every option, or add --print_config to see the resolved config"
+
+
+class ConfigError(ValueError):
+    """A config this run cannot use. Run as a script, train.py prints ``error: <message>`` (no
+    traceback) and exits with status 2; called as ``main(args)`` it raises."""
+
+
+class TrainParser(LightningArgumentParser):
+    """Lightning's parser, whose errors are one line saying what is wrong (with the key probably
+    meant, for an unknown one) and a hint, instead of jsonargparse's usage summary of 60-odd lines
+    followed by the nested message of every type the value failed to match."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() in ("1", "true", "yes"):
+            return super().error(message, ex)  # inner parsers raise (jsonargparse relies on it); debug mode raises
+        self._logger.error(message)
+        sys.stderr.write(f"error: {explain(message, self)}\n{HINT}\n")
+        self.exit(2)
+
+
+def _options(parser) -> list[str]:
+    """The parser's long options without their dashes (``trainer.max_epochs``, ...)."""
+    return [option[2:] for option in getattr(parser, "_option_string_actions", {}) if option.startswith("--")]
+
+
+def _class_keys(class_path: str) -> list[str]:
+    """The arguments jsonargparse accepts for the class at ``class_path`` (empty if that fails)."""
+    import importlib
+
+    from jsonargparse import ArgumentParser
+
+    try:
+        module, _, name = class_path.rpartition(".")
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(getattr(importlib.import_module(module), name), fail_untyped=False)
+        return list(parser.get_defaults().keys())
+    except Exception:  # a guess for the message only
+        return []
+
+
+def _guess(name: str, keys: list[str]) -> str | None:
+    """The key most like ``name``: one ending in ``.name`` (a key given at the wrong level), else a near spelling."""
+    ends = [key for key in keys if key.endswith("." + name)]
+    if ends:
+        return ends[0]
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _type_name(text: str) -> str:
+    """``<class 'int'>`` -> ``int``, ``typing.Literal[64, 32]`` -> ``one of 64, 32``."""
+    text = re.sub(r"<class '(?:[\w.]*\.)?([\w]+)'>", r"\1", text.strip())
+    return re.sub(r"^typing\.Literal\[(.*)\]$", r"one of \1", text)
+
+
+def _value(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def explain(message: str, parser) -> str:
+    """One line from a jsonargparse error message: the full key, what is wrong with it and, for an
+    unknown key, the accepted key most like it (``unknown key 'trainer.max_epoch'; did you mean
+    'trainer.max_epochs'?``). Messages of other shapes give their first line."""
+    message = message.strip()
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return "invalid arguments"
+    if m := re.match(r"unrecognized arguments: (.*)", lines[0]):
+        words = [w.split("=")[0] for w in m.group(1).split() if w.startswith("--")] or [m.group(1)]
+        parts = []
+        for word in words:
+            guess = _guess(word[2:], _options(parser)) if word.startswith("--") else None
+            parts.append(f"unknown option {word}" + (f"; did you mean --{guess}?" if guess else ""))
+        return "; ".join(parts)
+    if m := re.search(r"Group '([^']+)' does not accept option '([^']+)'", message):
+        group, name = m.groups()
+        under = [key[len(group) + 1 :] for key in _options(parser) if key.startswith(group + ".")]
+        guess = _guess(name, under)
+        return f"unknown key '{group}.{name}'" + (f"; did you mean '{group}.{guess}'?" if guess else "")
+
+    # Walk the nesting: 'Parser key "model":' > "- Problem with given class_path 'C':" > 'Parser key "x":' > the problem.
+    path: list[str] = []
+    class_path = None
+    expected: list[str] = []
+    given = None
+    for line in lines:
+        if m := re.match(r'Parser key "([^"]+)":\s*(.*)', line):
+            if expected:
+                break
+            path.append(m.group(1))
+            if m.group(2):
+                return f"{'.'.join(path)}: {m.group(2)}"
+        elif m := re.match(r"- Problem with given class_path '([^']+)':", line):
+            if expected:
+                break
+            class_path = m.group(1)
+            path.append("init_args")
+        elif line.startswith(("Does not validate against", "Subtypes:", "Errors:", "Given value type:")):
+            continue
+        elif line.startswith("Given value:"):
+            given = given if given is not None else line[len("Given value:") :].strip()
+        elif m := re.match(r"-?\s*Expected an? (.+)", line):
+            what, _, got = m.group(1).partition(". Got value: ")
+            if "NoneType" not in what:
+                expected.append(_type_name(what))
+            if got and given is None:
+                given = got
+        elif "NoneType" in line or expected:
+            continue
+        elif m := re.search(r"Option '([^']+)' is not accepted", line):
+            name = m.group(1)
+            if inner := re.search(r"class_path='([^']+)'", line):  # an argument of a class given to the class
+                class_path = inner.group(1)
+                path.append("init_args")
+            guess = _guess(name, _class_keys(class_path) if class_path else _options(parser))
+            where = f" ({class_path} has no argument '{name}')" if class_path else ""
+            meant = f"; did you mean '{'.'.join([*path, guess])}'?" if guess else ""
+            return f"unknown key '{'.'.join([*path, name])}'{where}{meant}"
+        elif path and path[-1] == "init_args":  # the class itself failed (not found, not importable)
+            return f"{'.'.join(path[:-1])}: class_path '{class_path}': {line.lstrip('- ')}"
+        else:
+            return f"{'.'.join(path)}: {line.lstrip('- ')}" if path else line
+    if expected:
+        got = f", got {_value(given)}" if given is not None else ""
+        return f"{'.'.join(path) or 'value'}: expected {' or '.join(expected)}{got}"
+    return lines[0]
+
+
+def check_cuda(config, args: list[str]) -> None:
+    """A config that needs CUDA (a GPU accelerator, the RMM pool, the cuML backend) fails here, before
+    any work, when torch sees no CUDA GPU: one paragraph naming the settings and the command that
+    runs the same config on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    needs, fixes = [], []
+    accelerator = config.get("trainer.accelerator")
+    if isinstance(accelerator, str) and accelerator.lower() in ("gpu", "cuda"):
+        needs.append(f"trainer.accelerator: {accelerator}")
+        fixes.append("--trainer.accelerator cpu")
+    if config.get("rmm_pool"):
+        needs.append("rmm_pool: true")
+        fixes.append("--rmm_pool false")
+    model = config.get("model")
+    backend = model.get("init_args.backend") if model is not None and hasattr(model, "get") else None
+    if backend == "cuml":
+        needs.append("model.init_args.backend: cuml")
+        fixes.append("--model.init_args.backend auto")
+    if not needs:
+        return
+    precision = str(config.get("trainer.precision"))
+    if precision not in ("None", "32", "32-true", "64", "64-true"):  # half / mixed: runs on a CPU, but slower there
+        fixes.append("--trainer.precision 32")
+    script = os.path.relpath(__file__)
+    script = script if not script.startswith("..") else os.path.abspath(__file__)
+    fixed = {fix.split()[0] for fix in fixes}
+    kept, skip = [], False
+    for arg in args:  # the given arguments less those the fixes replace (``--rmm_pool true``)
+        if skip or arg.split("=")[0] in fixed:
+            skip = not skip and "=" not in arg
+            continue
+        kept.append(arg)
+    command = shlex.join(["python", script, *kept]) + " " + " ".join(fixes)
+    raise ConfigError(
+        f"this config needs a CUDA GPU ({', '.join(needs)}), but torch sees none (torch.cuda.is_available() "
+        f"is False: no GPU, no driver, or a CPU-only torch build). To run it on the CPU instead:\n    {command}\n"
+        + (f"(--trainer.precision 32 is optional: {precision} runs on a CPU too, but slower on most; " if "--trainer.precision 32" in fixes else "(")
+        + "add --trainer.max_epochs 1 for a quick try)"
+    )
+
+
+class RunDirectory(Callback):
+    """Says where the run writes (its run directory) when training starts."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or trainer.fast_dev_run:
+            return
+        run = trainer.log_dir  # a collective under DDP: every rank asks
+        if trainer.is_global_zero and run:
+            print(f"writing to {run} (config, CSV logs, checkpoints; figures after the test)", flush=True)
+
+
 class TrainCLI(LightningCLI):
+    def __init__(self, *args, **kwargs):
+        given = kwargs.get("args")
+        self.given_args = list(sys.argv[1:] if given is None else given)  # for check_cuda's command line
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # best (by val/mae) + last, always
         parser.set_defaults(
@@ -48,6 +248,8 @@ class TrainCLI(LightningCLI):
         parser.add_argument("--figure", type=bool, default=True, help="save field_slice.png in the run directory")
 
     def before_instantiate_classes(self) -> None:
+        if self.config.get("rmm_pool"):
+            check_cuda(self.config, self.given_args)  # the pool is set up below, before anything touches CUDA
         ckpt = self.config.get("ckpt_path")
         if ckpt:
             check_checkpoint(pathlib.Path(ckpt))
@@ -55,18 +257,23 @@ class TrainCLI(LightningCLI):
             pcops.memory.use_rmm_pool()  # before the model, the data or the trainer touch CUDA
 
 
+    def instantiate_trainer(self, **kwargs):
+        check_cuda(self.config, self.given_args)  # after the data and model modules have checked their arguments
+        return super().instantiate_trainer(**kwargs)
+
+
 def check_checkpoint(path: pathlib.Path) -> None:
     """Fail before any work (and before a run directory exists) unless ``path`` loads as a checkpoint."""
     import torch
 
     if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path: no checkpoint at {path}")
+        raise ConfigError(f"ckpt_path: no checkpoint at {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)  # a checkpoint is trusted code, as for Lightning
     except Exception as err:  # truncated, empty, not a checkpoint: torch raises many kinds
-        raise ValueError(f"ckpt_path: {path} is not a readable checkpoint (empty, truncated or another format): {err}") from err
+        raise ConfigError(f"ckpt_path: {path} is not a readable checkpoint (empty, truncated or another format): {err}") from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
+        raise ConfigError(f"ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
 
 
 def check_checkpoint_fits(path: pathlib.Path, model: LightningModule) -> None:
@@ -83,7 +290,7 @@ def check_checkpoint_fits(path: pathlib.Path, model: LightningModule) -> None:
     if missing or unexpected or shapes:
         listing = "; ".join(f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
                             for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if keys)
-        raise ValueError(f"ckpt_path: {path} holds another model's weights than this config's {type(model).__name__} ({listing})")
+        raise ConfigError(f"ckpt_path: {path} holds another model's weights than this config's {type(model).__name__} ({listing})")
 
 
 def save_figure(model: LightningModule, data: LightningDataModule, path: pathlib.Path) -> None:
@@ -126,10 +333,14 @@ def main(args=None) -> dict:
         run=False,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": False},
-        trainer_defaults=TRAINER_DEFAULTS,
+        trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunDirectory()]},  # persistent: not configurable
+        parser_class=TrainParser,
         args=args,
     )
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    if trainer.fast_dev_run:  # a smoke test writes no file: Lightning's save_last would write ./checkpoints/last.ckpt
+        for callback in trainer.checkpoint_callbacks:
+            callback.save_last = False
     if cli.config.get("ckpt_path"):  # before fit creates the run directory
         check_checkpoint_fits(pathlib.Path(cli.config.get("ckpt_path")), model)
     trainer.fit(model, datamodule=data, ckpt_path=cli.config.get("ckpt_path"))
@@ -138,15 +349,29 @@ def main(args=None) -> dict:
     run_dir = pathlib.Path(trainer.log_dir or ".")  # a collective under DDP: every rank asks
     if trainer.is_global_zero:
         if results.get("test/mae") and results.get("test/mean_baseline_mae"):
-            ratio = results["test/mean_baseline_mae"] / results["test/mae"]
             print(f"test MAE {results['test/mae']:.4f}; predicting the training mean: "
-                  f"{results['test/mean_baseline_mae']:.4f} ({ratio:.1f}x higher)")
-        if cli.config.get("figure") and hasattr(data, "figure_sample"):
-            save_figure(model, data, run_dir / "field_slice.png")
-            print(f"figure: {run_dir / 'field_slice.png'}")
-        print(f"run directory: {run_dir}")
+                  f"{results['test/mean_baseline_mae']:.4f} ({baseline_words(results['test/mean_baseline_mae'] / results['test/mae'])})")
+        if not trainer.fast_dev_run:  # fast_dev_run writes no run directory (and no figure in the working directory)
+            if cli.config.get("figure") and hasattr(data, "figure_sample"):
+                save_figure(model, data, run_dir / "field_slice.png")
+            report_files(run_dir)
     _end_process_group()
     return results
+
+
+def baseline_words(ratio: float) -> str:
+    """The mean predictor's MAE / the model's, in words: "3.2x higher", or "1.3x lower: the model is worse"."""
+    if ratio >= 1:
+        return f"{ratio:.1f}x higher"
+    return f"{1 / ratio:.1f}x lower: the model does worse than the mean"
+
+
+def report_files(run_dir: pathlib.Path) -> None:
+    """Every file in the run directory, which a run makes new (config, logs, checkpoints, figures)."""
+    files = sorted(path for path in run_dir.rglob("*") if path.is_file())
+    print(f"run directory: {run_dir}, {len(files)} files:")
+    for path in files:
+        print(f"  {path}")
 
 
 def _end_process_group() -> None:
@@ -160,4 +385,8 @@ def _end_process_group() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

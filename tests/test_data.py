@@ -196,3 +196,59 @@ def test_min_points_is_the_fewest_distinct_points_of_a_cloud(tmp_path):
     FileSDFDataModule([str(tmp_path / "c.npy")], min_points=40)
     with pytest.raises(ValueError, match="40 distinct point\\(s\\); at least min_points=41"):
         FileSDFDataModule([str(tmp_path / "c.npy")], min_points=41)
+
+
+def _lines(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_making_the_shapes_tells_its_progress_on_stderr(monkeypatch, capsys):
+    import models.data
+
+    monkeypatch.setattr(models.data, "PROGRESS_EVERY", 0.0)  # a line after every sample
+    data = ShapesSDFDataModule(train_size=3, val_size=1, test_size=1, n_points=32, n_queries=32)
+    data.setup()
+    lines = _lines(capsys.readouterr().err)
+    assert lines[0] == "making 5 shapes (train 3, val 1, test 1) ..."
+    assert [line.split(" (")[0] for line in lines[1:-1]] == [f"making shapes: {i}/5" for i in range(1, 5)]
+    assert "left)" in lines[1]
+    assert lines[-1].startswith("made 5 shapes in ") and lines[-1].endswith(" s")
+    data.setup("test")  # made already: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_is_two_lines_when_quick(capsys):
+    from models import ShapesSegDataModule
+
+    ShapesSegDataModule(train_size=2, val_size=1, test_size=1, n_points=64).setup()
+    lines = _lines(capsys.readouterr().err)
+    assert len(lines) == 2 and lines[0].startswith("making 4 scenes") and lines[1].startswith("made 4 scenes")
+
+
+def test_file_data_tells_its_progress(tmp_path, capsys):
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(100, 3)))
+    data = FileSDFDataModule([str(tmp_path / "c.npy")], n_points=32, n_queries=32)
+    with pytest.warns(UserWarning, match="item"):
+        data.setup()
+    lines = _lines(capsys.readouterr().err)
+    assert lines[0] == "making 1 samples (from 1 file(s)) ..." and lines[-1].startswith("made 1 samples in ")
+
+
+def test_modelnet_caches_are_announced_with_their_paths(tmp_path, capsys):
+    import trimesh
+
+    from models import ModelNetDataModule
+
+    for name in ("box", "ball"):
+        for split in ("train", "test"):
+            (tmp_path / name / split).mkdir(parents=True)
+            mesh = trimesh.creation.box() if name == "box" else trimesh.creation.icosphere(1)
+            mesh.export(tmp_path / name / split / f"{name}_0001.off")
+    data = ModelNetDataModule(root=str(tmp_path), n_points=32)
+    data.prepare_data()
+    lines = _lines(capsys.readouterr().err)
+    assert lines[0].startswith(f"making 4 point caches (32 points per mesh, beside the meshes under {tmp_path})")
+    assert lines[-1].startswith(f"wrote 4 point caches: {tmp_path}/<class>/<split>/<mesh>.32.npz")
+    assert len(list(tmp_path.rglob("*.32.npz"))) == 4
+    data.prepare_data()  # cached: nothing to make, nothing to say
+    assert capsys.readouterr().err == ""

@@ -66,7 +66,7 @@ def _fit(tmp_path, name, *extra):
     return runs[-1]
 
 
-def test_a_full_run_writes_config_logs_checkpoints_and_figure(tmp_path, monkeypatch):
+def test_a_full_run_writes_config_logs_checkpoints_and_figure(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     results = train.main(["--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES, "--trainer.max_epochs", "1"])
     run = tmp_path / "runs/sdf/version_0"
@@ -75,6 +75,23 @@ def test_a_full_run_writes_config_logs_checkpoints_and_figure(tmp_path, monkeypa
     assert results["test/mae"] > 0 and results["test/mean_baseline_mae"] > 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["data"]["init_args"]["train_size"] == 8  # the resolved config, overrides included
+    out, err = capsys.readouterr()
+    assert "writing to runs/sdf/version_0 " in out  # where to look, when training starts
+    written = sorted(str(p.relative_to(tmp_path)) for p in run.rglob("*") if p.is_file())
+    listed = out[out.index("run directory: runs/sdf/version_0"):].splitlines()[1:]
+    assert [line.strip() for line in listed] == written  # every file the run wrote, by its path
+    assert "making 16 shapes (train 8, val 4, test 4) ..." in err and "made 16 shapes in " in err
+
+
+def test_the_baseline_ratio_reads_right():
+    assert train.baseline_words(3.21) == "3.2x higher"
+    assert train.baseline_words(1 / 1.5) == "1.5x lower: the model does worse than the mean"  # never "0.8x higher"
+
+
+def test_fast_dev_run_writes_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train.main(["--config", str(ROOT / "configs/sdf.yaml"), *TINY_SHAPES, "--trainer.fast_dev_run", "true"])
+    assert not list(tmp_path.iterdir())  # no run directory, and no figure in the working directory
 
 
 def test_resuming_from_a_checkpoint_continues_identically(tmp_path, monkeypatch):
@@ -127,6 +144,67 @@ def test_bad_config_fails_before_any_work(tmp_path, args, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_typo_is_one_error_line_and_a_hint_not_the_usage(tmp_path):
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--trainer.max_epohs", "3")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2
+    assert lines[0] == "error: unknown option --trainer.max_epohs; did you mean --trainer.max_epochs?", result.stderr
+    assert "--help" in lines[1] and len(lines) == 2, result.stderr  # no usage summary
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "args,first",
+    [
+        (["--trainer.acelerator", "cpu"], "error: unknown option --trainer.acelerator; did you mean --trainer.accelerator?"),
+        (["--data.init_args.batch_sise", "3"], "error: unknown key 'data.init_args.batch_sise' (models.ShapesSDFDataModule has no "
+                                                "argument 'batch_sise'); did you mean 'data.init_args.batch_size'?"),
+        (["--model.init_args.optimizer.init_args.lrr", "1"], "error: unknown key 'model.init_args.optimizer.init_args.lrr' "
+                                                            "(torch.optim.AdamW has no argument 'lrr'); did you mean "
+                                                            "'model.init_args.optimizer.init_args.lr'?"),
+        (["--trainer.max_epochs", "many"], "error: trainer.max_epochs: expected int, got many"),
+        (["--data.init_args.batch_size", "many"], "error: data.init_args.batch_size: expected int, got many"),
+        (["--seed_everything", "x"], "error: seed_everything: expected bool or int, got x"),
+        (["--model.class_path", "models.NoSuch"], "error: model: class_path 'models.NoSuch': module 'models' has no attribute 'NoSuch'"),
+        (["--config", "trainer: {max_epoch: 3}"], "error: unknown key 'trainer.max_epoch'; did you mean 'trainer.max_epochs'?"),
+        (["--config", "model: {init_args: {hiden: 32}}"], "error: unknown key 'model.init_args.hiden' (models.SDFModel has no "
+                                                          "argument 'hiden'); did you mean 'model.init_args.hidden'?"),
+    ],
+    ids=["option", "data-key", "nested-key", "type", "data-type", "union-type", "class-path", "yaml-trainer-key", "yaml-model-key"],
+)
+def test_config_errors_lead_with_the_useful_line(tmp_path, monkeypatch, capsys, args, first):
+    if args[0] == "--config":  # a second config file (YAML text here) over configs/sdf.yaml
+        (tmp_path / "typo.yaml").write_text(args[1] + "\n")
+        args = ["--config", str(tmp_path / "typo.yaml")]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        train.main(["--config", str(ROOT / "configs/sdf.yaml"), *args])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err[err.index("error: "):].splitlines() == [first, train.HINT]  # (before it, at most a warning of pytest's argv)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_gpu_config_without_a_gpu_says_how_to_run_it_on_the_cpu(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible")
+    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf_gpu.yaml"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    error = result.stderr[result.stderr.index("error: "):]
+    assert len(error.splitlines()) <= 3, error
+    assert error.startswith("error: this config needs a CUDA GPU (trainer.accelerator: gpu, rmm_pool: true, "
+                            "model.init_args.backend: cuml), but torch sees none")
+    command = error.splitlines()[1].split()
+    assert command[:4] == ["python", str(ROOT / "scripts/train.py"), "--config", str(ROOT / "configs/sdf_gpu.yaml")]
+    assert command[4:] == ["--trainer.accelerator", "cpu", "--rmm_pool", "false", "--model.init_args.backend", "auto",
+                           "--trainer.precision", "32"]
+    assert not (tmp_path / "runs").exists()
+    # the command runs (tiny data, one batch; uncompiled, which the fast_dev_run of every config tests compiled)
+    monkeypatch.chdir(tmp_path)
+    results = train.main([*command[2:], *TINY_SHAPES, "--trainer.fast_dev_run", "true", "--model.init_args.compile", "false"])
+    assert math.isfinite(results["test/mae"])
 
 
 @pytest.mark.parametrize("corrupt", ["empty", "truncated", "text"])
@@ -190,6 +268,7 @@ def test_rmm_pool_flag_sets_up_the_pool_before_the_model(tmp_path, monkeypatch):
 
     order = []
     monkeypatch.setattr(pcops.memory, "use_rmm_pool", lambda: order.append("pool"))
+    monkeypatch.setattr(train, "check_cuda", lambda config, args: None)  # no GPU needed: the order is what is tested
     original = nets.SDFNet.__init__
 
     def init(self, *args, **kwargs):
