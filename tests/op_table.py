@@ -54,7 +54,7 @@ class Op:
     clouds: int = 0
     page: str = ""
     bench: str = ""
-    validates: bool = True  # takes validate= (NaN/inf checks)
+    validates: bool = True  # takes validate= (value checks: NaN/inf in points, ranges of ids and indices)
     notes: dict = field(default_factory=dict)
     breaks_at: str = ""
     static: Callable | None = None
@@ -113,7 +113,7 @@ def _voxels(g, n=200, *, channels=4, out_channels=5, dtype=F64):
     features (sites, channels) and a 3^3 kernel's weight (27, channels, out_channels)."""
     span = max(2, round((2.56 * n) ** (1 / 3)))
     coords = torch.unique(torch.randint(0, span, (n, 3), generator=g), dim=0)
-    return dict(features=torch.rand(coords.shape[0], channels, generator=g, dtype=dtype), coords=coords,
+    return dict(features=torch.rand(coords.shape[0], channels, generator=g, dtype=dtype), grid_coord=coords,
                 weight=torch.rand(27, channels, out_channels, generator=g, dtype=dtype))
 
 
@@ -177,34 +177,34 @@ OPS = [
        points=("points", "features"), grad=("points", "features"), clouds=1, page="voxel_pool", bench="voxel_pool",
        breaks_at="pcops.voxel_cluster", batch=ONE_IDS,
        static=lambda i, voxel_size=0.2, max_voxels=150, **kw: pcops.voxel_pool(i["points"], voxel_size, i["features"], max_voxels=max_voxels, **kw)),
-    Op("grid_sample", _one, lambda i, grid_size=0.2, **kw: pcops.grid_sample(i["points"], grid_size, **kw),
+    Op("grid_sample", _one, lambda i, voxel_size=0.2, **kw: pcops.grid_sample(i["points"], voxel_size, **kw),
        points=("points",), grad=("points",), clouds=1, page="grid_sample", bench="grid_sample", breaks_at="pcops.grid_cluster",
-       static=lambda i, grid_size=0.2, max_voxels=150, **kw: pcops.grid_sample(i["points"], grid_size, max_voxels=max_voxels, **kw),
+       static=lambda i, voxel_size=0.2, max_voxels=150, **kw: pcops.grid_sample(i["points"], voxel_size, max_voxels=max_voxels, **kw),
        batch=ONE_IDS),
     Op("sparse_conv3d", _voxels,
        lambda i, kernel_size=3, dilation=1, **kw: pcops.sparse_conv3d(
-           i["features"], i["coords"], i["weight"], kernel_size=kernel_size, dilation=dilation, **kw),
+           i["features"], i["grid_coord"], i["weight"], kernel_size=kernel_size, dilation=dilation, **kw),
        points=("features", "weight"), grad=("features", "weight"), page="sparse_conv", bench="sparse_conv3d_forward",
-       batch={"batch": "coords"}),
+       batch={"batch": "grid_coord"}),
     Op("sparse_kernel_map", _voxels,
-       lambda i, kernel_size=3, dilation=1, **kw: pcops.sparse_kernel_map(i["coords"], kernel_size=kernel_size, dilation=dilation, **kw),
-       page="sparse_conv", bench="sparse_kernel_map", validates=False, batch={"batch": "coords"}, notes={"grad": NO_GRAD}),
+       lambda i, kernel_size=3, dilation=1, **kw: pcops.sparse_kernel_map(i["grid_coord"], kernel_size=kernel_size, dilation=dilation, **kw),
+       page="sparse_conv", bench="sparse_kernel_map", batch={"batch": "grid_coord"}, notes={"grad": NO_GRAD}),
     Op("serialize", _codes, lambda i, depth=16, **kw: pcops.serialize(i["grid_coord"], depth=depth, **kw),
-       page="serialize", bench="serialize", validates=False,
+       page="serialize", bench="serialize",
        notes={"grad": NO_GRAD, "batch": "its codes hold the sample ids themselves, above bit 3 * depth of an int64 "
                                          "(ids below 2**15 at depth 16; larger ones raise a ValueError)"}),
     Op("serialized_pool", _codes,
        lambda i, pooling_depth=1, depth=4, **kw: pcops.serialized_pool(
            pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], **kw),
-       grad=("features",), page="serialize", bench="serialized_pool", validates=False, breaks_at="pcops.serialized_cluster",
+       grad=("features",), page="serialize", bench="serialized_pool", breaks_at="pcops.serialized_cluster",
        static=lambda i, pooling_depth=1, depth=4, max_clusters=80, **kw: pcops.serialized_pool(
            pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], max_clusters=max_clusters, **kw),
        batch={"batch": "grid_coord"}),  # ids returned per parent (the codes tell the samples apart)
     Op("serialized_unpool", _gather, lambda i, **kw: pcops.serialized_unpool(i["features"], i["idx"].clamp_min(0)[:, 0], **kw),
-       grad=("features",), page="serialize", bench="gather", validates=False,  # a gather by the cluster map
+       grad=("features",), page="serialize", bench="gather",  # a gather by the cluster map
        notes={"numbers": "takes no number", "batch": "takes no sample ids: its cluster map addresses rows"}),
     Op("segment_reduce", _segments, lambda i, **kw: pcops.segment_reduce(i["values"], i["offsets"], **kw),
-       grad=("values",), page="segment_reduce", bench="segment_reduce", validates=False,
+       grad=("values",), page="segment_reduce", bench="segment_reduce",
        notes={"numbers": "takes no number with offsets (num_segments goes with ids)",
               "batch": "its segments (offsets or ids) are the grouping: no sample ids"}),
     Op("gather", _gather, lambda i, **kw: pcops.gather(i["features"], i["idx"], **kw),

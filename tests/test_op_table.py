@@ -68,9 +68,13 @@ def test_every_op_takes_part_in_each_table_driven_check_or_says_why(op):
             assert op.notes.get(check), f"{op.name} does not take part in {check!r}: say why in its row's notes[{check!r}]"
 
 
-@pytest.mark.parametrize("op", [op for op in op_table.OPS if op.batch], ids=lambda op: op.name)
-def test_sample_id_keywords_of_a_row_are_the_ops_own_and_label_its_inputs(op):
-    assert set(op.batch) <= set(inspect.signature(getattr(pcops, op.name)).parameters)
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_a_rows_validate_and_sample_id_keywords_are_the_ops_own(op):
+    """``validates`` says whether the function takes ``validate=``; each sample-id keyword is a
+    parameter of the function and labels one of the row's inputs."""
+    params = inspect.signature(getattr(pcops, op.name)).parameters
+    assert op.validates == ("validate" in params), f"{op.name}: validates={op.validates} in its row"
+    assert set(op.batch) <= set(params)
     assert set(op.batch.values()) <= set(op.inputs())
 
 
