@@ -14,12 +14,12 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import torch
 from torch._dynamo.utils import counters
 
 import benchmark
+from bench_timer import median_ms, once_s
 
 
 def _models(quick: bool):
@@ -63,11 +63,9 @@ def measure(name: str, variant: str, quick: bool) -> dict:
     steps = {v: benchmark._steps(net.train(), inputs)[1] for v, net in (("eager", eager), ("compiled", compiled))}
     steps["eager"]()
     counters.clear()
-    t0 = time.perf_counter()
-    steps["compiled"]()  # compiles
-    first = time.perf_counter() - t0
+    first = once_s(steps["compiled"])  # compiles
     breaks = _reasons()
-    ms = benchmark._time_together(steps, torch.device("cpu"), iters, budget)
+    ms = median_ms(steps, repeats=iters, budget_s=budget)
     return {"model": name, "variant": variant, "backend": backend, "eager_ms": round(ms["eager"], 2),
             "compiled_ms": round(ms["compiled"], 2), "eager_over_compiled": round(ms["eager"] / ms["compiled"], 3),
             "breaks": breaks, "first_step_s": round(first, 1)}

@@ -2,7 +2,7 @@
 
 Run through ``scripts/benchmark.py`` (``--search`` runs only these; ``--quick`` shrinks them).
 Every row is a median over interleaved repeats (pcops and each peer take turns; in its turn
-each runs twice, the second call timed: see ``interleaved``), and the ratio peer / pcops is what
+each runs twice, the second call timed: ``bench_timer.median_ms``), and the ratio peer / pcops is what
 to read (> 1: pcops is faster).
 
 * kNN search (k = 7, distances and indices, build included): ``pcops.knn`` with the default
@@ -30,13 +30,13 @@ requirements of pcops.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
 import torch
 
 import pcops
+from bench_timer import median_ms
 
 K = 7
 
@@ -268,30 +268,7 @@ def numba_radius():
 
 
 CLOCK = time.perf_counter  # time.process_time with --cpu-time: work in CPU ms, robust to a loaded machine
-
-
-def interleaved(fns: dict, repeats: int, budget_s: float, min_s: float = 1.0) -> dict:
-    """Median ms of each function, the functions taking turns (one warm-up call each first):
-    ``repeats`` turns, more (up to 8x) while the turns took under ``min_s`` seconds in all (fast
-    rows: the median of a few-millisecond row over 7 turns moved by up to 20% between runs), fewer
-    once they took ``budget_s``. In a turn each function runs twice and its second call is
-    timed: a call right after another library's was slowed by that library's threads winding
-    down (at 10^4 points, pcops.knn by 4-9% after open3d or cKDTree, pykdtree by 0-3%), and
-    in a fixed order the same function always followed the same other."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    start = time.perf_counter()
-    for r in range(8 * repeats):
-        for name, fn in fns.items():
-            fn()
-            t0 = CLOCK()
-            fn()
-            times[name].append(1e3 * (CLOCK() - t0))
-        elapsed = time.perf_counter() - start
-        if (r >= 1 and elapsed > budget_s) or (r + 1 >= repeats and elapsed > min_s):
-            break
-    return {name: statistics.median(v) for name, v in times.items()}
+MIN_S = 1.0  # seconds of turns at least (more turns for fast rows): see bench_timer.median_ms
 
 
 def _peers(table: dict, notes: list) -> dict:
@@ -313,7 +290,7 @@ def run_knn(sizes, kinds, grid: int, repeats: int, budget_s: float) -> tuple[lis
             q, p = knn_case(kind, n, grid)
             fns = {"pcops": lambda: pcops.knn(q, p, K, validate=False)}
             fns.update({name: (lambda f=f: f(q, p)) for name, f in peers.items()})
-            ms = interleaved(fns, repeats, budget_s)
+            ms = median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)
             row = {"bench": "knn_search", "cloud": kind, "n_ref": n, "n_query": q.shape[0], "ms": ms}
             rows.append(row)
             print(format_row(row), flush=True)
@@ -333,7 +310,8 @@ def run_knn_self(sizes, kinds, ks, repeats: int, budget_s: float) -> list[dict]:
             p = cloud(kind, n, 0)
             for k in ks:
                 fns = {"pcops": lambda: pcops.knn(p, p, k, validate=False), "pykdtree": lambda: KDTree(p.numpy()).query(p.numpy(), k=k)}
-                row = {"bench": "knn_self", "cloud": f"{kind} k={k}", "n_ref": n, "n_query": n, "ms": interleaved(fns, repeats, budget_s)}
+                row = {"bench": "knn_self", "cloud": f"{kind} k={k}", "n_ref": n, "n_query": n,
+                       "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)}
                 rows.append(row)
                 print(format_row(row), flush=True)
     return rows
@@ -351,7 +329,8 @@ def run_batched_knn(b: int, n: int, repeats: int, budget_s: float) -> list[dict]
         fns["pykdtree_loop"] = lambda: [search(queries[i], clouds[i]) for i in range(b)]
     except ImportError:
         pass
-    row = {"bench": "knn_batched", "cloud": f"{b} x randn", "n_ref": n, "n_query": n, "ms": interleaved(fns, repeats, budget_s)}
+    row = {"bench": "knn_batched", "cloud": f"{b} x randn", "n_ref": n, "n_query": n,
+           "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)}
     print(format_row(row), flush=True)
     return [row]
 
@@ -381,7 +360,8 @@ def run_knn_aggregate(n_ref: int, grid: int, features: int, repeats: int, budget
         fns["pykdtree_torch_train"] = peer_train
     except ImportError:
         pass
-    row = {"bench": "knn_aggregate", "cloud": "randn", "n_ref": n_ref, "n_query": q.shape[0], "ms": interleaved(fns, repeats, budget_s)}
+    row = {"bench": "knn_aggregate", "cloud": "randn", "n_ref": n_ref, "n_query": q.shape[0],
+           "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)}
     print(format_row(row), flush=True)
     return [row]
 
@@ -417,7 +397,8 @@ def run_radius(n_ref: int, grid: int, features: int, repeats: int, budget_s: flo
                 backward(qn, radius, sigma, out, saved, ones)
 
             fns["cell_list_train"] = cell_train
-        row = {"bench": "radius_aggregate", "cloud": kind, "n_ref": n_ref, "n_query": q.shape[0], "ms": interleaved(fns, repeats, budget_s)}
+        row = {"bench": "radius_aggregate", "cloud": kind, "n_ref": n_ref, "n_query": q.shape[0],
+               "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)}
         rows.append(row)
         print(format_row(row), flush=True)
     return rows, notes

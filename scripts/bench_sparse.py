@@ -17,29 +17,19 @@ torch / pcops is what to read (> 1: pcops is faster).
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 import bench_meshes
 import bench_search
 import pcops
+from bench_timer import median_ms
 
 CLOUDS = ("uniform", "surface")
 
 
 def _interleaved(fns: dict, repeats: int) -> dict:
-    """Median ms of each function, the functions taking turns (each warmed up first)."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(1e3 * (time.perf_counter() - t0))
-    return {name: round(statistics.median(t), 3) for name, t in times.items()}
+    """Median ms of each function (rounded to microseconds), the functions taking turns: bench_timer.median_ms."""
+    return {name: round(ms, 3) for name, ms in median_ms(fns, repeats=repeats, budget_s=float("inf")).items()}
 
 
 def torch_grid_sample(points: torch.Tensor, size: float):

@@ -3,7 +3,7 @@ against the torch code models use today, interleaved in one process.
 
 Run through ``scripts/benchmark.py --only transformer`` (``--quick`` shrinks it), or alone:
 ``python scripts/bench_transformer.py [--quick]``. Each row is a median over interleaved
-turns (``bench_search.interleaved``: the functions take turns, each timed on its second call),
+turns (``bench_timer.median_ms``: the functions take turns, each timed on its second call),
 and the ratio reference / pcops is what to read (> 1: pcops is faster). CPU only.
 
 * serialize codes (N points, 16-bit grid, batch of 4): ``torch.ops.pcops.serialize_codes``
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import bench_search  # noqa: E402
 import pcops  # noqa: E402
+from bench_timer import median_ms  # noqa: E402
 
 DEPTH = 16
 F = 32
@@ -230,7 +231,7 @@ def run(quick: bool, repeats: int = 5, budget_s: float = 20.0) -> list[dict]:
     out = []
     for n in ([10_000] if quick else [100_000, 1_000_000]):
         for op, note, fns in cases(n, gen):
-            ms = bench_search.interleaved(fns, 2 if quick else repeats, 2.0 if quick else budget_s, min_s=0.2 if quick else 1.0)
+            ms = median_ms(fns, repeats=2 if quick else repeats, budget_s=2.0 if quick else budget_s, min_s=0.2 if quick else 1.0)
             ours = ms["pcops"]
             row = {"op": op, "n": n, "note": note, "ms": {k: round(v, 3) for k, v in ms.items()}}
             row["ratio"] = {k: round(v / ours, 2) for k, v in ms.items() if k != "pcops"}

@@ -14,8 +14,9 @@ Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch refer
 query chunks when the dense matrices would not fit: noted "chunked"), ``scipy_torch``
 (cKDTree search + torch gather / index_add aggregation), ``pcops_eager``, ``pcops_compiled``
 (``torch.compile(fullgraph=True)``), and on CUDA ``pcops_rmm`` (in a fresh process with
-``pcops.memory.use_rmm_pool()``). Times are medians after a warm-up: forward without
-gradients, and a full train step (forward, backward, optimizer step). Peak memory: growth of
+``pcops.memory.use_rmm_pool()``). Times are medians after a warm-up (scripts/bench_timer.py,
+the one timer of every section): forward without gradients, and a full train step (forward,
+backward, optimizer step). Peak memory: growth of
 the resident set (CPU) or ``pcops.memory.max_memory_allocated`` (CUDA: torch's peak, or the RMM
 pool's peak from RMM's statistics in the ``pcops_rmm`` child). Speed-up lines compare rows of
 the same model and sizes only. The bare ops' inputs come from the op table's builders
@@ -30,10 +31,8 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 for _path in (ROOT, ROOT / "scripts"):
@@ -49,6 +48,7 @@ import bench_search  # noqa: E402
 import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
 import bench_compile  # noqa: E402
+from bench_timer import median_ms, speed  # noqa: E402  the one timer, and its ratios in words
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
 from models.nets import Projector, knn_projector, radius_projector  # noqa: E402
@@ -140,11 +140,6 @@ class ScipyAggregation(nn.Module):
 # Measurement
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _rss_mb() -> float | None:
     try:
         for line in pathlib.Path("/proc/self/status").read_text().splitlines():
@@ -171,45 +166,6 @@ def _peak_mb(device, base) -> float | None:
         return pcops.memory.max_memory_allocated(device) / 2**20
     now = _rss_mb()
     return None if now is None or base is None else max(now - base, 0.0)
-
-
-def speed(ratio: float, digits: int = 1) -> str:
-    """A peer / pcops time ratio in words: "1.3x faster", "1.2x slower" (never "0.8x faster")."""
-    if ratio >= 1:
-        return f"{ratio:.{digits}f}x faster"
-    return f"{1 / ratio:.{digits}f}x slower"
-
-
-def _time(fn, device, iters: int, budget_s: float) -> float:
-    """Median milliseconds of fn() after one warm-up call; fewer runs if they are slow."""
-    return _time_together({"fn": fn}, device, iters, budget_s)["fn"]
-
-
-def _time_together(fns: dict, device, iters: int, budget_s: float) -> dict:
-    """Median milliseconds of each function after one warm-up call each, the functions taking
-    turns (a drift in the machine's speed falls on all of them alike); ``iters`` turns, fewer
-    once they took ``budget_s``."""
-    for fn in fns.values():
-        fn()
-    _sync(device)
-    times = {name: [] for name in fns}
-    start = time.perf_counter()
-    turns = 0
-    while turns < iters and (turns == 0 or time.perf_counter() - start < budget_s):
-        for name, fn in fns.items():
-            if device.type == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize(device)
-                times[name].append(begin.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(1e3 * (time.perf_counter() - t0))
-        turns += 1
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _steps(net: nn.Module, inputs: tuple):
@@ -241,8 +197,8 @@ def measure(net: nn.Module, inputs: tuple, device, iters: int, budget_s: float) 
     """forward_ms (no grad), train_step_ms (Adam step on an MSE loss), peak_mem_mb."""
     forward, step = _steps(net.to(device), inputs)
     base = _reset_peak(device)
-    fwd = _time(forward, device, iters, budget_s)
-    train = _time(step, device, iters, budget_s)
+    fwd = median_ms(forward, repeats=iters, budget_s=budget_s, device=device)
+    train = median_ms(step, repeats=iters, budget_s=budget_s, device=device)
     return {"forward_ms": round(fwd, 3), "train_step_ms": round(train, 3), "peak_mem_mb": _peak_mb(device, base)}
 
 
@@ -335,7 +291,7 @@ def run_models(args, device) -> list[dict]:
                 print(_format(row), flush=True)
         if ours:  # timed one after the other, compiled / eager moved by up to 20% (quiet 2-core machine)
             for key, index in (("forward_ms", 0), ("train_step_ms", 1)):
-                ms = _time_together({v: fns[index] for v, (_, fns) in ours.items()}, device, 2 * args.iters, args.budget)
+                ms = median_ms({v: fns[index] for v, (_, fns) in ours.items()}, repeats=2 * args.iters, budget_s=args.budget, device=device)
                 for variant, (row, _) in ours.items():
                     row[key] = round(ms[variant], 3)
             for row, _ in ours.values():
@@ -580,7 +536,7 @@ def run_sampling(args, device) -> list[dict]:
     rows = []
     for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n, fn, note, *s in _sampling_cases(args, device, shape):
-            ms = None if fn is None else round(_time(fn, device, args.iters, args.budget), 3)
+            ms = None if fn is None else round(median_ms(fn, repeats=args.iters, budget_s=args.budget, device=device), 3)
             rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": ms, "note": note})
             print(f"{op:<28} {variant:<24} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
     key = lambda r: (r["op"], r["cloud"], r["n"], r["s"])  # noqa: E731
@@ -715,8 +671,9 @@ def run_geometry(args, device) -> list[dict]:
             row = {"model": op, "variant": variant, "cloud": shape, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
             try:
                 with torch.no_grad():
-                    row["forward_ms"] = round(_time(forward, device, args.iters, args.budget), 3)
-                row["train_step_ms"] = None if loss is None else round(_time(lambda: loss().backward(), device, args.iters, args.budget), 3)
+                    row["forward_ms"] = round(median_ms(forward, repeats=args.iters, budget_s=args.budget, device=device), 3)
+                row["train_step_ms"] = None if loss is None else round(
+                    median_ms(lambda: loss().backward(), repeats=args.iters, budget_s=args.budget, device=device), 3)
             except ImportError as err:
                 row.update(forward_ms=None, train_step_ms=None, note=f"skipped: {err}")
             results.append(row)
