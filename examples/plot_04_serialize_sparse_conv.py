@@ -26,7 +26,7 @@ points = torch.stack([x, y, torch.zeros_like(t)], dim=1)
 points[:, :2] += 0.01 * torch.randn(4_000, 2)
 
 voxels = pcops.grid_sample(points, grid_size=1 / 32)
-coords = voxels.coords  # (V, 3) int64 voxel coordinates
+coords = voxels.grid_coord  # (V, 3) int64 voxel coordinates
 print(f"{len(points)} points -> {len(coords)} occupied voxels")
 
 codes = pcops.serialize(coords, depth=6, order=["z", "hilbert"])

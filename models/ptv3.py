@@ -4,7 +4,7 @@ The network takes padded clouds ``points`` (B, N, 3) (every row a real point) an
 logits: (B, C) for classification, (B, N, C) for segmentation.
 
 * Voxelisation: ``pcops.grid_sample(mode="mean")`` - one site per occupied voxel of side
-  ``grid_size``, at the mean of its points, with integer grid coordinates and each input
+  ``voxel_size``, at the mean of its points, with integer grid coordinates and each input
   point's voxel (``inverse``). Voxels are numbered by (sample, x, y, z), so nothing downstream
   depends on the order of the input points.
 * Embedding: a submanifold sparse convolution (``pcops.nn.SparseConv3d``) of the voxels'
@@ -222,7 +222,7 @@ class PointTransformerV3(nn.Module):
     ``dec_patch`` (finest first, as in Pointcept).
     """
 
-    def __init__(self, num_classes: int, segment: bool = False, grid_size: float = 0.06, orders=ORDERS,
+    def __init__(self, num_classes: int, segment: bool = False, voxel_size: float = 0.06, orders=ORDERS,
                  channels=(32, 48, 64), depths=(1, 1, 1), heads=(2, 3, 4), patch=(48, 48, 48),
                  dec_channels=(48, 48), dec_depths=(1, 1), dec_heads=(3, 3), dec_patch=(48, 48),
                  mlp_ratio: float = 2.0, drop_path: float = 0.1, embed_kernel: int = 3, hidden: int = 128, dropout: float = 0.3):
@@ -235,7 +235,7 @@ class PointTransformerV3(nn.Module):
         orders = [orders] if isinstance(orders, str) else list(orders)
         if not orders or any(o not in ORDERS for o in orders):
             raise ValueError(f"orders must be a non-empty list of {ORDERS}, got {orders}")
-        self.segment, self.grid_size, self.orders = segment, float(grid_size), orders
+        self.segment, self.voxel_size, self.orders = segment, float(voxel_size), orders
         self.patch = [int(p) for p in patch]
         self.embed = pcops.nn.SparseConv3d(3, channels[0], embed_kernel, bias=False)
         self.embed_norm = nn.Sequential(*_norm_act(channels[0]))
@@ -265,9 +265,9 @@ class PointTransformerV3(nn.Module):
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:
         b = points.shape[0]
-        voxels = grid_sample(points, self.grid_size, mode="mean")  # voxel means, grid coords, point -> voxel
-        s = serialize(voxels.coords, voxels.batch, DEPTH, self.orders)
-        stage = make_stage(voxels.points, voxels.coords, voxels.batch, s.code, s.inverse, b, self.patch[0])
+        voxels = grid_sample(points, self.voxel_size, mode="mean")  # voxel means, grid coords, point -> voxel
+        s = serialize(voxels.grid_coord, voxels.batch, DEPTH, self.orders)
+        stage = make_stage(voxels.points, voxels.grid_coord, voxels.batch, s.code, s.inverse, b, self.patch[0])
         x = self._embed(voxels.points, stage)
         stages, skips, clusters = [], [], []
         for i, blocks in enumerate(self.enc):
@@ -285,7 +285,7 @@ class PointTransformerV3(nn.Module):
             stage = stages[i]
             x = self.dec[i](x, stage, self._curves(x.device))
         per_point = gather(x, voxels.inverse, validate=False)  # (B, N, C): each point's voxel feature
-        offset = (points - gather(voxels.points, voxels.inverse, validate=False)) / self.grid_size
+        offset = (points - gather(voxels.points, voxels.inverse, validate=False)) / self.voxel_size
         h = torch.cat([per_point, offset], -1)
         return self._seg_head(h)
 
@@ -304,25 +304,25 @@ class PointTransformerV3(nn.Module):
 class PTv3Classifier(_PointTask):
     """Point Transformer V3 encoder, per-sample mean + max pooling of the last stage, an MLP head."""
 
-    def __init__(self, num_classes: int = 9, grid_size: float = 0.06, orders: list[str] = list(ORDERS),  # noqa: B006
+    def __init__(self, num_classes: int = 9, voxel_size: float = 0.06, orders: list[str] = list(ORDERS),  # noqa: B006
                  channels: list[int] = [32, 48, 64], depths: list[int] = [1, 1, 1], heads: list[int] = [2, 3, 4],  # noqa: B006
                  patch: list[int] = [48, 48, 48], mlp_ratio: float = 2.0, drop_path: float = 0.1, embed_kernel: int = 3,  # noqa: B006
                  hidden: int = 128, dropout: float = 0.3, **kwargs):
         super().__init__(num_classes, **kwargs)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
-        self.net = PointTransformerV3(num_classes, False, grid_size, orders, channels, depths, heads, patch,
+        self.net = PointTransformerV3(num_classes, False, voxel_size, orders, channels, depths, heads, patch,
                                       mlp_ratio=mlp_ratio, drop_path=drop_path, embed_kernel=embed_kernel, hidden=hidden, dropout=dropout)
 
 
 class PTv3Segmenter(_SegmentTask):
     """Point Transformer V3 encoder-decoder: a label per input point from its voxel's feature and offset."""
 
-    def __init__(self, num_classes: int = 9, grid_size: float = 0.06, orders: list[str] = list(ORDERS),  # noqa: B006
+    def __init__(self, num_classes: int = 9, voxel_size: float = 0.06, orders: list[str] = list(ORDERS),  # noqa: B006
                  channels: list[int] = [32, 48, 64], depths: list[int] = [1, 1, 1], heads: list[int] = [2, 3, 4],  # noqa: B006
                  patch: list[int] = [48, 48, 48], dec_channels: list[int] = [48, 48], dec_depths: list[int] = [1, 1],  # noqa: B006
                  dec_heads: list[int] = [3, 3], dec_patch: list[int] = [48, 48], mlp_ratio: float = 2.0,  # noqa: B006
                  drop_path: float = 0.1, embed_kernel: int = 3, hidden: int = 64, dropout: float = 0.3, **kwargs):
         super().__init__(num_classes, **kwargs)
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
-        self.net = PointTransformerV3(num_classes, True, grid_size, orders, channels, depths, heads, patch,
+        self.net = PointTransformerV3(num_classes, True, voxel_size, orders, channels, depths, heads, patch,
                                       dec_channels, dec_depths, dec_heads, dec_patch, mlp_ratio, drop_path, embed_kernel, hidden, dropout)

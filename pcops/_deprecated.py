@@ -25,3 +25,14 @@ def renamed(**old_to_new: str):
         return inner
 
     return wrap
+
+
+def field(old: str, new: str, owner: str):
+    """A read-only property ``old`` of a result type (a NamedTuple) whose field became ``new``:
+    reading it warns and returns the new field."""
+
+    def get(self):
+        warnings.warn(f"{owner}.{old} is renamed {owner}.{new}; {old!r} will be removed in the next release", FutureWarning, stacklevel=2)
+        return getattr(self, new)
+
+    return property(get, doc=f"Deprecated: the former name of ``{new}``.")

@@ -20,7 +20,7 @@ from models.ptv3 import PatchAttention, PointTransformerV3, patch_slots  # noqa:
 TINY = ["--data.init_args.train_size", "18", "--data.init_args.val_size", "9", "--data.init_args.test_size", "9",
         "--data.init_args.n_points", "128", "--data.init_args.batch_size", "9"]
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true", "--rmm_pool", "false"]
-SMALL = dict(grid_size=0.1, channels=(16, 32), depths=(2, 1), heads=(2, 2), patch=(16, 8),
+SMALL = dict(voxel_size=0.1, channels=(16, 32), depths=(2, 1), heads=(2, 2), patch=(16, 8),
              dec_channels=(16,), dec_depths=(1,), dec_heads=(2,), dec_patch=(16,), hidden=16)
 
 
@@ -104,7 +104,7 @@ def test_output_does_not_depend_on_the_order_of_the_points(gen, segment):
     unique: shuffling a cloud shuffles its labels (segmentation) and leaves its class logits alone."""
     net = small(segment).eval()
     points = clouds(gen, 3, 300)
-    sampled = pcops.grid_sample(points, net.grid_size, mode="mean")
+    sampled = pcops.grid_sample(points, net.voxel_size, mode="mean")
     assert sampled.points.shape[0] < 0.8 * points.shape[0] * points.shape[1]  # voxels do merge points
     perm = torch.randperm(300, generator=gen)
     with torch.no_grad():
@@ -127,7 +127,7 @@ def test_segmentation_labels_points_of_one_voxel_by_their_offsets(gen):
     net = small(True).eval()
     points = clouds(gen, 1, 300)
     pair = torch.cat([points[:, :1], points[:, :1] + 1e-3], 1)  # two points in (almost surely) one voxel
-    assert pcops.grid_sample(pair, net.grid_size).points.shape[0] == 1
+    assert pcops.grid_sample(pair, net.voxel_size).points.shape[0] == 1
     with torch.no_grad():
         out = net(pair)
     assert not torch.allclose(out[0, 0], out[0, 1])

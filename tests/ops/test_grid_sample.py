@@ -46,7 +46,7 @@ def grid_reference(points, voxel_size, batch=None, mode="first", origin=None):
 class TestGridSampleFirst(OpSuite):
     mode = "first"
     differentiable = ("points",)
-    names = ("points", "coords", "index", "inverse", "batch")
+    names = ("points", "grid_coord", "index", "inverse", "batch")
 
     def inputs(self, kind, gen):
         _, p, r = reference.cloud(kind, gen)
@@ -105,7 +105,7 @@ class TestGridSampleFirst(OpSuite):
             mine = out.batch == b
             assert torch.all(out.inverse[b, n:] == -1)
             first = int(mine.nonzero()[0]) if bool(mine.any()) else 0
-            rows = (out.points[mine], out.coords[mine], out.index[mine] if out.index is not None else None,
+            rows = (out.points[mine], out.grid_coord[mine], out.index[mine] if out.index is not None else None,
                     out.inverse[b, :n] - first, torch.zeros(int(mine.sum()), dtype=torch.int64))
             padded_rows.append(tuple(x for x in rows if x is not None))
         points, ids, position = pack(pts, gen, keep_order=True)  # "first" is by row: keep each sample's order
@@ -117,7 +117,7 @@ class TestGridSampleFirst(OpSuite):
             local = torch.empty(points.shape[0], dtype=torch.int64)
             local[position[at : at + n]] = torch.arange(n)  # packed row -> row within sample b
             index = None if out.index is None else local[out.index[mine]]
-            rows = (out.points[mine], out.coords[mine], index, out.inverse[position[at : at + n]] - first,
+            rows = (out.points[mine], out.grid_coord[mine], index, out.inverse[position[at : at + n]] - first,
                     torch.zeros(int(mine.sum()), dtype=torch.int64))
             packed_rows.append(tuple(x for x in rows if x is not None))
             at += n
@@ -166,7 +166,7 @@ def test_inverse_equals_torch_unique_of_the_voxel_keys(gen):
 def test_points_on_voxel_boundaries_belong_to_the_upper_voxel():
     p = torch.tensor([[0.5, 0.25, -0.25], [0.4999, 0.25, -0.25], [0.0, 0.0, 0.0], [-0.25, 0.0, 0.0]], dtype=F64)
     out = pcops.grid_sample(p, 0.25, origin=0.0)
-    by_point = out.coords[out.inverse]
+    by_point = out.grid_coord[out.inverse]
     assert by_point.tolist() == [[2, 1, -1], [1, 1, -1], [0, 0, 0], [-1, 0, 0]]
 
 
@@ -176,10 +176,10 @@ def test_default_origin_shifts_each_sample_like_pointcept(gen):
     p[batch == 1] += 100.0
     out = pcops.grid_sample(p, 0.5, batch=batch)
     for b in (0, 1):
-        assert torch.equal(out.coords[out.batch == b].amin(0), torch.zeros(3, dtype=torch.int64))
+        assert torch.equal(out.grid_coord[out.batch == b].amin(0), torch.zeros(3, dtype=torch.int64))
     # Pointcept: grid_coord = floor(coord / grid_size) - min(floor(coord / grid_size))
     cells = torch.floor(p[batch == 0] / 0.5).long()
-    assert torch.equal(out.coords[out.inverse[batch == 0]], cells - cells.amin(0))
+    assert torch.equal(out.grid_coord[out.inverse[batch == 0]], cells - cells.amin(0))
 
 
 def test_explicit_origin_matches_reference(gen):
@@ -187,7 +187,7 @@ def test_explicit_origin_matches_reference(gen):
     origin = [0.1, -0.3, 0.05]
     out = pcops.grid_sample(p, 0.3, origin=torch.tensor(origin))
     expected = grid_reference(p, 0.3, origin=origin)
-    for a, e in zip((out.points, out.coords, out.index, out.inverse), expected):
+    for a, e in zip((out.points, out.grid_coord, out.index, out.inverse), expected):
         assert torch.equal(a, e)
 
 
@@ -270,7 +270,7 @@ def test_grids_too_wide_for_one_int64_key_still_sort_lexicographically(gen):
     batch = torch.randint(0, 2, (30,), generator=gen)
     out = pcops.grid_sample(p, 1e-9, batch=batch)
     expected = grid_reference(p, 1e-9, batch=batch)
-    for a, e in zip((out.points, out.coords, out.index, out.inverse, out.batch), expected):
+    for a, e in zip((out.points, out.grid_coord, out.index, out.inverse, out.batch), expected):
         assert torch.equal(a, e)
 
 
@@ -279,18 +279,18 @@ def test_sparse_huge_sample_ids_keep_their_values(gen):
     batch = torch.tensor([2**40, 7] * 10)
     out = pcops.grid_sample(p, 0.5, batch=batch)
     expected = grid_reference(p, 0.5, batch=batch)
-    for a, e in zip((out.points, out.coords, out.index, out.inverse, out.batch), expected):
+    for a, e in zip((out.points, out.grid_coord, out.index, out.inverse, out.batch), expected):
         assert torch.equal(a, e)
 
 
 def test_empty_cloud():
     out = pcops.grid_sample(torch.zeros(0, 3), 0.1)
-    assert out.points.shape == (0, 3) and out.coords.shape == (0, 3) and out.index.shape == (0,) and out.inverse.shape == (0,)
+    assert out.points.shape == (0, 3) and out.grid_coord.shape == (0, 3) and out.index.shape == (0,) and out.inverse.shape == (0,)
 
 
 # -- bounded form: max_voxels (static shapes, padded rows, the true count) ------------------------
 
-PAD = {"points": 0, "coords": -1, "index": -1, "batch": -1}  # the padding of the voxel rows
+PAD = {"points": 0, "grid_coord": -1, "index": -1, "batch": -1}  # the padding of the voxel rows
 
 
 def assert_padded_form(out, full, bound):
@@ -326,7 +326,7 @@ def test_bounded_equals_unbounded_on_the_first_count_rows(gen, mode, extra):
     if mode != "random":  # and the independent reference
         expected = grid_reference(p, 0.4, batch=batch, mode=mode)
         keep = min(v, v + extra)
-        for a, e, name in zip((out.points, out.coords, out.index, out.batch), expected[:3] + expected[4:], ("points", "coords", "index", "batch")):
+        for a, e, name in zip((out.points, out.grid_coord, out.index, out.batch), expected[:3] + expected[4:], ("points", "grid_coord", "index", "batch")):
             if e is not None:
                 assert_matches(a[:keep], e[:keep], F64, name)
 
@@ -343,7 +343,7 @@ def test_bounded_padded_input_equals_a_per_sample_loop(gen):
         alone = pcops.grid_sample(pts[b], 0.3)
         v = alone.points.shape[0]
         assert torch.equal(out.points[first : first + v], alone.points) and torch.equal(out.index[first : first + v], alone.index)
-        assert torch.equal(out.coords[first : first + v], alone.coords) and torch.all(out.batch[first : first + v] == b)
+        assert torch.equal(out.grid_coord[first : first + v], alone.grid_coord) and torch.all(out.batch[first : first + v] == b)
         assert torch.equal(out.inverse[b, :n] - first, alone.inverse) and torch.all(out.inverse[b, n:] == -1)
         first += v
     assert int(out.count) == first
@@ -362,7 +362,7 @@ def test_overflow_drops_whole_later_samples_and_marks_their_points(gen):
 
 def test_bounded_empty_cloud_is_all_padding():
     out = pcops.grid_sample(torch.zeros(0, 3), 0.1, max_voxels=3)
-    assert out.points.shape == (3, 3) and torch.all(out.points == 0) and torch.all(out.coords == -1)
+    assert out.points.shape == (3, 3) and torch.all(out.points == 0) and torch.all(out.grid_coord == -1)
     assert out.index.tolist() == [-1] * 3 and out.batch.tolist() == [-1] * 3 and out.inverse.shape == (0,)
     assert int(out.count) == 0
 
@@ -457,3 +457,10 @@ def test_bounded_cuda_matches_cpu(gen):
                 assert (a is None) == (b is None)
                 if a is not None:
                     torch.testing.assert_close(a.cpu(), b)
+
+
+def test_the_former_field_coords_warns_and_is_grid_coord():
+    p = torch.tensor([[0.1, 0.2, 0.3], [0.9, 0.9, 0.9]])
+    for out in (pcops.grid_sample(p, 0.5), pcops.grid_sample(p, 0.5, max_voxels=4)):
+        with pytest.warns(FutureWarning, match=r"\.coords is renamed .*\.grid_coord"):
+            assert out.coords is out.grid_coord

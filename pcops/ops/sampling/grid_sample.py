@@ -18,7 +18,7 @@ sample's voxels contiguous, the same order as :func:`pcops.voxel_pool`. For voxe
     mode="first":  index[c] = min P_c                     points[c] = p[index[c]]
     mode="random": index[c] = a uniform draw from P_c     points[c] = p[index[c]]
     mode="mean":   index is None                          points[c] = mean_{i in P_c} p_i
-    coords[c] = the grid coordinates of voxel c;  inverse[i] = c for i in P_c
+    grid_coord[c] = the grid coordinates of voxel c;  inverse[i] = c for i in P_c
 
 The custom op ``pcops::grid_cluster`` assigns the voxels (integer outputs only; the number of
 voxels depends on the data and is declared in its fake as a dynamic size) with the voxel
@@ -29,7 +29,7 @@ are gathered (or averaged) in torch, so gradients flow to ``points`` and
 Bounded form (``max_voxels=M``): the op's ``size`` argument is M and its fake sizes follow
 from the input shapes and M alone (no dynamic size), so default ``torch.compile`` (no
 fullgraph) keeps the whole function in one graph. The result has exactly M voxel rows: the
-first min(V, M) voxels in the usual order, then padding (zero points, -1 coords / index /
+first min(V, M) voxels in the usual order, then padding (zero points, -1 grid_coord / index /
 batch); ``count`` is the true V. On overflow (V > M) the voxels past the first M are dropped
 and ``inverse`` is -1 for their points (no host read, no error, no warning).
 """
@@ -51,31 +51,35 @@ _MODES = ("first", "random", "mean")
 class GridSample(NamedTuple):
     """Result of :func:`grid_sample`, always packed (voxels of all samples, by (sample, x, y, z)).
 
-    ``points`` (V, 3): the kept point (or mean) of each voxel; ``coords`` (V, 3) int64: the
-    voxel's grid coordinates; ``index`` (V,) int64: the kept point's row (None for "mean");
+    ``points`` (V, 3): the kept point (or mean) of each voxel; ``grid_coord`` (V, 3) int64: the
+    voxel's grid coordinates (``coords``, the former name, warns until the next release); ``index`` (V,) int64: the kept point's row (None for "mean");
     ``inverse``: each input point's voxel, (N,) for packed input, (B, N) for padded input
     (-1 at padding rows); ``batch`` (V,) int64: each voxel's sample.
     """
 
     points: torch.Tensor
-    coords: torch.Tensor
+    grid_coord: torch.Tensor
     index: Optional[torch.Tensor]
     inverse: torch.Tensor
     batch: torch.Tensor
+
+    coords = _deprecated.field("coords", "grid_coord", "GridSample")
 
 
 class GridSamplePadded(NamedTuple):
     """Result of :func:`grid_sample` with ``max_voxels=M``: GridSample's fields with exactly M
     voxel rows (the first min(count, M) are the voxels, the rest padding: ``points`` 0,
-    ``coords``, ``index`` and ``batch`` -1), ``inverse`` -1 for a point whose voxel was dropped
+    ``grid_coord``, ``index`` and ``batch`` -1), ``inverse`` -1 for a point whose voxel was dropped
     (overflow), and ``count`` 0-dim int64, the true number of voxels V (may exceed M)."""
 
     points: torch.Tensor
-    coords: torch.Tensor
+    grid_coord: torch.Tensor
     index: Optional[torch.Tensor]
     inverse: torch.Tensor
     batch: torch.Tensor
     count: torch.Tensor
+
+    coords = _deprecated.field("coords", "grid_coord", "GridSamplePadded")
 
 
 @torch.library.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -187,16 +191,16 @@ def grid_sample(
             needs no graph break or dynamic size) and a ``count``. None: V rows.
 
     Returns:
-        GridSample(points, coords, index, inverse, batch), packed over all samples, voxels in
+        GridSample(points, grid_coord, index, inverse, batch), packed over all samples, voxels in
         lexicographic order of (sample, x, y, z): ``points`` (V, 3) in the input dtype;
-        ``coords`` (V, 3) int64; ``index`` (V,) int64 (None for "mean"): the kept point's row
+        ``grid_coord`` (V, 3) int64; ``index`` (V,) int64 (None for "mean"): the kept point's row
         (in ``points`` for packed input, within its sample for padded input); ``inverse`` (N,)
         or (B, N) int64 (-1 at padding); ``batch`` (V,) int64 sample ids. V depends on the data
         (a dynamic size under ``torch.compile``). Differentiable with respect to ``points``.
 
-        With ``max_voxels=M``: GridSamplePadded(points, coords, index, inverse, batch, count),
+        With ``max_voxels=M``: GridSamplePadded(points, grid_coord, index, inverse, batch, count),
         the voxel rows (M, ...): the first min(V, M) are those of the unbounded call, the rest
-        padding (``points`` 0; ``coords``, ``index``, ``batch`` -1); ``count`` a 0-dim int64
+        padding (``points`` 0; ``grid_coord``, ``index``, ``batch`` -1); ``count`` a 0-dim int64
         tensor, the true V (not capped). If V > M the voxels after the first M (in the order
         above) are dropped and ``inverse`` is -1 for their points.
     """
