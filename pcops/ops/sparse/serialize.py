@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp
+from ... import _batch, _validate, _warp, _warp_funcs
 from ..neighbours.gather import rows as _rows
 from .. import _bound
 from . import segment as _segment
@@ -83,17 +83,7 @@ class Serialization(NamedTuple):
 @_warp.kernels
 def _codes_kernel():
     """codes[o, i]: curve ``orders[o]`` of point i, its batch id above bit 3 * depth."""
-
-    @wp.func(module="unique")
-    def spread(v: wp.int64):
-        """The 21 low bits of v moved to bits 0, 3, 6, ... (a Morton split by masks)."""
-        v = v & wp.int64(0x1FFFFF)
-        v = (v | (v << wp.int64(32))) & wp.int64(0x1F00000000FFFF)
-        v = (v | (v << wp.int64(16))) & wp.int64(0x1F0000FF0000FF)
-        v = (v | (v << wp.int64(8))) & wp.int64(0x100F00F00F00F00F)
-        v = (v | (v << wp.int64(4))) & wp.int64(0x10C30C30C30C30C3)
-        v = (v | (v << wp.int64(2))) & wp.int64(0x1249249249249249)
-        return v
+    spread = _warp_funcs.spread  # the 21 low bits of v moved to bits 0, 3, 6, ... (one Morton axis)
 
     @wp.kernel(enable_backward=False, module="unique")
     def codes(
