@@ -38,9 +38,9 @@ FACTORIES = [
     *[(f"segment {r} {d}", importlib.import_module("pcops.ops.sparse.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
 ]
-# factories of Warp functions, compiled with the kernels that call them
-FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs"} | {
-    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cells", "finite_bounds", "sorted_insert")}
+# factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
+FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type"} | {
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

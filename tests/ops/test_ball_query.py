@@ -146,6 +146,16 @@ def test_more_columns_than_points_and_empty_sets(gen):
     assert pcops.ball_query(q[:0], p, 1.0, 2).idx.shape == (0, 2)
 
 
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_a_query_with_a_non_finite_coordinate_finds_nothing_without_validation(gen, value):
+    # whichever axis: the query's window of cells is empty on it (pcops._warp_funcs.cell_scan)
+    p = torch.rand(40, 3, generator=gen, dtype=F64)
+    q = torch.full((4, 3), 0.5, dtype=F64)
+    q[[0, 1, 2], [0, 1, 2]] = value  # one axis each; the last query is finite
+    dists, idx, counts = pcops.ball_query(q, p, 2.0, 4, validate=False)
+    assert counts.tolist() == [0, 0, 0, 40] and bool((idx[:3] == -1).all()) and bool(dists[:3].isinf().all())
+
 def test_gradient_at_zero_distance_is_finite():
     p = torch.rand(8, 3, dtype=F64)
     q = p[:3].clone().requires_grad_()

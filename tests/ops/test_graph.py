@@ -172,6 +172,14 @@ def test_radius_graph_without_a_cap_sorts_long_runs_of_neighbours(gen, loop):
     assert torch.equal(edges, reference.graph(p, batch, loop=loop, radius=0.5))
 
 
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_radius_graph_leaves_out_points_with_a_non_finite_coordinate_without_validation(gen, value):
+    p = torch.rand(30, 3, generator=gen, dtype=torch.float64)
+    p[[0, 1, 2], [0, 1, 2]] = value  # one axis each
+    edges = pcops.radius_graph(p, 2.0, validate=False)
+    assert edges.shape[1] == 27 * 26 and not bool((edges < 3).any())
+
 def test_duplicates_are_neighbours_but_never_self(gen):
     base = torch.rand(4, 3, generator=gen, dtype=F64)
     p = torch.cat([base, base, base])  # each point has two copies at distance 0

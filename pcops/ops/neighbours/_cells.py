@@ -5,8 +5,9 @@ dense grid, built once per op call and reused by its backward.
 and the queries (``rows``) by cell; ``starts[c] .. starts[c + 1]`` are the sorted points of
 cell c. Cells are ``CELL`` radii wide (x, y, z: thin in x, a radius in y and z), all wider in
 proportion when that would make more than ``CELLS_PER_POINT`` cells per point of a sample. The
-kernels find the cells around a query with ``pcops._warp_funcs.cell_range``: a run of
-consecutive cells in x for each (y, z) cell; ``permute`` reorders rows.
+kernels scan it with ``pcops._warp_funcs.cell_scan`` (the cells around a query: a run of
+consecutive cells in x for each (y, z) cell), given its arrays by :meth:`CellList.scan`;
+``permute`` reorders rows.
 
 An op whose backward scans the forward's cell list returns it as tensors whose sizes follow
 from the inputs' shapes (:meth:`CellList.tensors`; ``starts`` in a table of :func:`capacity`
@@ -370,6 +371,19 @@ class CellList:
         shape = torch.tensor([*self.shape, self.groups], dtype=torch.int64)
         return self.order, self.keys, self.rows, self.frame, shape, starts
 
+    def scan(self, query: torch.Tensor, query_group: Optional[torch.Tensor], points: torch.Tensor):
+        """The launch argument of a kernel that scans this list (the struct of
+        :func:`pcops._warp_funcs.cell_scan`): the list's arrays, the queries (M, 3) and their
+        sample ids, and ``points`` (N, 3), the reference points in the list's order."""
+        scan = _scan_type(query.dtype)()
+        vec = _warp.vec3(query.dtype)
+        scan.tensors = (self.rows, self.starts, self.frame, query.contiguous(), groups_of(query_group, query), points.contiguous(),
+                        self.order)
+        for name, t in zip(("rows", "starts", "frame", "query", "groups", "points", "order"), scan.tensors):
+            setattr(scan, name, _warp.array(t, dtype=vec if t.dim() == 2 else None))
+        scan.dims = self.dims
+        return scan
+
     def _keys(self, ref, ref_group, dropped: int, query, query_group) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear (sample, z, y, x) cell index of each point of ``ref`` and of ``query`` (one
         launch, the queries' beside); reference points outside the grid get ``dropped`` (the
@@ -383,6 +397,20 @@ class CellList:
         (ref_keys, ref_args), (query_keys, query_args) = args(ref, ref_group, dropped), args(query, query_group, -1)
         _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]))
         return ref_keys, query_keys
+
+
+@_warp.kernels  # cached under the build lock: one type per dtype for every thread
+def _scan_type(dtype: torch.dtype):
+    """The ctypes structure of the scan's struct for ``dtype``, as a launch argument both ways:
+    Warp's own launch takes a struct argument's ``__ctype__()``, and pcops._warp's direct CPU
+    calls put the value in a field of that type (the type of the first call's value: one type
+    for all threads). A value keeps its tensors alive (``tensors``)."""
+
+    class Scan(_warp_funcs.cell_scan(dtype)[0].ctype):
+        def __ctype__(self):
+            return self
+
+    return Scan
 
 
 def groups_of(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -38,41 +38,31 @@ def _kernel(dtype: torch.dtype):
     """One thread per query (in cell order): scan the cells that meet [q - r, q + r], keep the K
     best (distance, original index) pairs and count every point within the radius."""
     s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-    box = _warp_funcs.cell_range(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype)
     insert = _warp_funcs.sorted_insert(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
         start: int,
-        rows: wp.array(dtype=wp.int64),
-        starts: wp.array(dtype=wp.int64),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        query: wp.array(dtype=v),
-        query_group: wp.array(dtype=wp.int32),
-        points: wp.array(dtype=v),
-        order: wp.array(dtype=wp.int64),
+        cells: Cells,
         radius: s,
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
         counts: wp.array(dtype=wp.int64),
     ):
-        i = int(rows[wp.tid() + start])
-        q = query[i]
+        i = int(cells.rows[wp.tid() + start])
+        q = cells.query[i]
         n = int(0)
         total = int(0)
-        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
-            base = int(query_group[i]) * dims[2]
-            lo, hi = box(q, radius, frame, dims)
-            for z in range(lo[2], hi[2] + 1):
-                for y in range(lo[1], hi[1] + 1):
-                    row = ((base + z) * dims[1] + y) * dims[0]
-                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                        d = wp.length(q - points[j])
-                        if d <= radius:
-                            total = total + 1
-                            n = insert(dists, idx, i, n, d, order[j])
+        lo, hi = window(cells, i, q, radius)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
+                first, last = run(cells, lo, hi, y, z)
+                for j in range(first, last):
+                    d = wp.length(q - cells.points[j])
+                    if d <= radius:
+                        total = total + 1
+                        n = insert(dists, idx, i, n, d, cells.order[j])
         counts[i] = wp.int64(total)
 
     return search
@@ -101,10 +91,7 @@ def _ball_query(
     _warp.init()
     dists = query.new_full((m, max_neighbors), float("inf"))
     cells = _cells.CellList(query, ref, radius, query_group, ref_group)  # one host read (the grid's size)
-    vec = _warp.vec3(query.dtype)
-    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(query.contiguous(), dtype=vec),
-            _cells.groups_of(query_group, query), _warp.array(_cells.permute(ref, cells.order), dtype=vec), cells.order,
-            radius, dists, idx, counts]
+    args = [cells.scan(query, query_group, _cells.permute(ref, cells.order)), radius, dists, idx, counts]
     _warp.launch(_kernel(query.dtype), m, args, like=query)
     return idx, counts
 

@@ -86,20 +86,12 @@ def _within_kernel(dtype: torch.dtype):
     (neighbour, centre) into ``edges[:, offsets[i]:offsets[i] + counts[i]]``, by distance, ties
     by the smaller index (each found neighbour inserted into the point's own sorted run)."""
     s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-    box = _warp_funcs.cell_range(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def within(
         start: int,
-        rows: wp.array(dtype=wp.int64),
-        starts: wp.array(dtype=wp.int64),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        points: wp.array(dtype=v),
-        group: wp.array(dtype=wp.int32),
-        sorted_points: wp.array(dtype=v),
-        order: wp.array(dtype=wp.int64),
+        cells: Cells,
         radius: s,
         loop: int,
         fill: int,
@@ -108,37 +100,35 @@ def _within_kernel(dtype: torch.dtype):
         dists: wp.array(dtype=s),
         edges: wp.array2d(dtype=wp.int64),
     ):
-        i = int(rows[wp.tid() + start])
-        q = points[i]
+        i = int(cells.rows[wp.tid() + start])
+        q = cells.query[i]
         n = int(0)
         first = int(0)
         room = int(0)
         if fill != 0:
             first = int(offsets[i])
             room = int(counts[i])
-        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
-            base = int(group[i]) * dims[2]
-            lo, hi = box(q, radius, frame, dims)
-            for z in range(lo[2], hi[2] + 1):
-                for y in range(lo[1], hi[1] + 1):
-                    row = ((base + z) * dims[1] + y) * dims[0]
-                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                        d = wp.length(q - sorted_points[j])
-                        if d <= radius:
-                            o = order[j]
-                            if loop != 0 or o != wp.int64(i):
-                                if fill != 0 and n < room:
-                                    pos = first + n  # shift the run's entries after (d, o) up by one
-                                    while pos > first:
-                                        if dists[pos - 1] < d or (dists[pos - 1] == d and edges[0, pos - 1] < o):
-                                            break
-                                        dists[pos] = dists[pos - 1]
-                                        edges[0, pos] = edges[0, pos - 1]
-                                        pos = pos - 1
-                                    dists[pos] = d
-                                    edges[0, pos] = o
-                                    edges[1, first + n] = wp.int64(i)
-                                n = n + 1
+        lo, hi = window(cells, i, q, radius)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
+                begin, end = run(cells, lo, hi, y, z)
+                for j in range(begin, end):
+                    d = wp.length(q - cells.points[j])
+                    if d <= radius:
+                        o = cells.order[j]
+                        if loop != 0 or o != wp.int64(i):
+                            if fill != 0 and n < room:
+                                pos = first + n  # shift the run's entries after (d, o) up by one
+                                while pos > first:
+                                    if dists[pos - 1] < d or (dists[pos - 1] == d and edges[0, pos - 1] < o):
+                                        break
+                                    dists[pos] = dists[pos - 1]
+                                    edges[0, pos] = edges[0, pos - 1]
+                                    pos = pos - 1
+                                dists[pos] = d
+                                edges[0, pos] = o
+                                edges[1, first + n] = wp.int64(i)
+                            n = n + 1
         if fill == 0:
             counts[i] = wp.int64(n)
 
@@ -151,11 +141,9 @@ def _all_within(points: torch.Tensor, radius: float, loop: bool, group: Optional
     n = points.shape[0]
     _warp.init()
     cells = _cells.CellList(points, points, radius, group, group)
-    vec = _warp.vec3(points.dtype)
     long = dict(dtype=torch.int64, device=points.device)
     counts = torch.empty(n, **long)
-    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(points.contiguous(), dtype=vec), _cells.groups_of(group, points),
-            _warp.array(_cells.permute(points, cells.order), dtype=vec), cells.order, radius, int(loop)]
+    args = [cells.scan(points, group, _cells.permute(points, cells.order)), radius, int(loop)]
     kernel = _within_kernel(points.dtype)
     _warp.launch(kernel, n, [*args, 0, counts, counts, points.new_empty(0), torch.empty((2, 0), **long)], like=points)
     ends = torch.cumsum(counts, 0)

@@ -138,19 +138,13 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     vb = _vector(dtype)
-    box = _warp_funcs.cell_range(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype)
     key, relative, fixed, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
         start: int,
-        rows: wp.array(dtype=wp.int64),
-        starts: wp.array(dtype=wp.int64),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        query: wp.array(dtype=v),
-        query_group: wp.array(dtype=wp.int32),
-        points: wp.array(dtype=v),
+        cells: Cells,
         feats: wp.array2d(dtype=vb),
         sigma: wp.array(dtype=s),
         radius: s,
@@ -159,8 +153,8 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         wsum: wp.array(dtype=s),
         dmin: wp.array(dtype=s),
     ):
-        i = int(rows[wp.tid() + start])
-        q = query[i]
+        i = int(cells.rows[wp.tid() + start])
+        q = cells.query[i]
         nb = feats.shape[1]
         nf = out.shape[1]
         for b in range(nb):
@@ -169,31 +163,29 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         m = fixed(radius, sig)  # the shift of the keys; +inf: the smallest key so far (online)
         online = m == s(wp.inf)
         w_total = s(0.0)
-        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
-            base = int(query_group[i]) * dims[2]
-            reach = radius * radius * s(1.0001)  # squared distances beyond it are out (d > radius)
-            lo, hi = box(q, radius, frame, dims)
-            for z in range(lo[2], hi[2] + 1):
-                for y in range(lo[1], hi[1] + 1):
-                    row = ((base + z) * dims[1] + y) * dims[0]
-                    for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                        diff = q - points[j]
-                        sq = wp.dot(diff, diff)
-                        if sq <= reach:
-                            d = wp.sqrt(sq)
-                            if d <= radius:
-                                k = key(d, sq)
-                                if online:
-                                    if k < m:  # a new nearest neighbour: shift what was accumulated so far
-                                        scale = relative(m, k, sig)  # 0 for the first one (m = inf)
-                                        w_total = w_total * scale
-                                        for b in range(nb):
-                                            acc[i, b] = acc[i, b] * scale
-                                        m = k
-                                w = relative(k, m, sig)
-                                w_total = w_total + w
-                                for b in range(nb):
-                                    acc[i, b] = acc[i, b] + w * feats[j, b]
+        reach = radius * radius * s(1.0001)  # squared distances beyond it are out (d > radius)
+        lo, hi = window(cells, i, q, radius)
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
+                first, last = run(cells, lo, hi, y, z)
+                for j in range(first, last):
+                    diff = q - cells.points[j]
+                    sq = wp.dot(diff, diff)
+                    if sq <= reach:
+                        d = wp.sqrt(sq)
+                        if d <= radius:
+                            k = key(d, sq)
+                            if online:
+                                if k < m:  # a new nearest neighbour: shift what was accumulated so far
+                                    scale = relative(m, k, sig)  # 0 for the first one (m = inf)
+                                    w_total = w_total * scale
+                                    for b in range(nb):
+                                        acc[i, b] = acc[i, b] * scale
+                                    m = k
+                            w = relative(k, m, sig)
+                            w_total = w_total + w
+                            for b in range(nb):
+                                acc[i, b] = acc[i, b] + w * feats[j, b]
         den = s(1.0)  # no neighbour: acc is 0, so 0 / 1
         if w_total > s(0.0):
             den = w_total
@@ -210,13 +202,7 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     @wp.kernel(enable_backward=False, module="unique")
     def backward(
         start: int,
-        rows: wp.array(dtype=wp.int64),
-        starts: wp.array(dtype=wp.int64),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        query: wp.array(dtype=v),
-        query_group: wp.array(dtype=wp.int32),
-        points: wp.array(dtype=v),
+        cells: Cells,
         feats: wp.array2d(dtype=vb),
         sigma: wp.array(dtype=s),
         radius: s,
@@ -231,27 +217,26 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         grad_ref: wp.array2d(dtype=s),
         grad_feats: wp.array2d(dtype=vb),
     ):
-        i = int(rows[wp.tid() + start])
+        i = int(cells.rows[wp.tid() + start])
         if wsum[i] == s(0.0):
             return
-        q = query[i]
+        q = cells.query[i]
         sig = sigma[0]
         inv_s = s(1.0) / sig
         inv_w = s(1.0) / wsum[i]
         m = dmin[i]
         nb = feats.shape[1]
-        base = int(query_group[i]) * dims[2]
         g_out = g_outs[i]  # g_i . out_i
         ones = vb(s(1.0))
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
         reach = radius * radius * s(1.0001)
-        lo, hi = box(q, radius, frame, dims)
+        lo, hi = window(cells, i, q, radius)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                    diff = q - points[j]
+                first, last = run(cells, lo, hi, y, z)
+                for j in range(first, last):
+                    diff = q - cells.points[j]
                     sq = wp.dot(diff, diff)
                     if sq <= reach:
                         d = wp.sqrt(sq)
@@ -281,16 +266,13 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
 
 
 def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
-    """Run a radius kernel over the queries (in cell order). Arguments: (start, rows, starts,
-    frame, dims, query, query_group, sorted ref points, sorted features, sigma, radius, *tail);
-    ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into). ``feats`` may be a
-    Warp array already (feature blocks)."""
+    """Run a radius kernel over the queries (in cell order). Arguments: (start, the scan's
+    struct (:meth:`pcops.ops.neighbours._cells.CellList.scan`: the list, the queries, their
+    sample ids, the sorted ref points), sorted features, sigma, radius, *tail); ``scatter``
+    indexes ``tail`` (the arrays the kernel accumulates into). ``feats`` may be a Warp array
+    already (feature blocks)."""
     _warp.init()
-    vec = _warp.vec3(query.dtype)
-    query = query.contiguous()
-    groups = _cells.groups_of(query_group, query)
-    args = [cells.rows, cells.starts, cells.frame, cells.dims, _warp.array(query, dtype=vec), groups,
-            _warp.array(points, dtype=vec), feats, sigma.reshape(1).contiguous(), radius, *tail]
+    args = [cells.scan(query, query_group, points), feats, sigma.reshape(1).contiguous(), radius, *tail]
     offset = len(args) - len(tail)
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
@@ -431,40 +413,31 @@ _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
 def _max_kernel(dtype: torch.dtype):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
     s = _warp.scalar(dtype)
-    v = _warp.vec3(dtype)
-    box = _warp_funcs.cell_range(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(
         start: int,
-        rows: wp.array(dtype=wp.int64),
-        starts: wp.array(dtype=wp.int64),
-        frame: wp.array(dtype=s),
-        dims: wp.vec3i,
-        query: wp.array(dtype=v),
-        query_group: wp.array(dtype=wp.int32),
-        points: wp.array(dtype=v),
+        cells: Cells,
         feats: wp.array2d(dtype=s),
         sigma: wp.array(dtype=s),
         radius: s,
-        order: wp.array(dtype=wp.int64),
         out: wp.array2d(dtype=s),
         arg: wp.array2d(dtype=wp.int64),
     ):
-        i = int(rows[wp.tid() + start])
-        q = query[i]
+        i = int(cells.rows[wp.tid() + start])
+        q = cells.query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return
+            return  # as the scan would (an empty window); measured 2% faster with this return
         nf = feats.shape[1]
-        base = int(query_group[i]) * dims[2]
         count = int(0)
-        lo, hi = box(q, radius, frame, dims)
+        lo, hi = window(cells, i, q, radius)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                row = ((base + z) * dims[1] + y) * dims[0]
-                for j in range(int(starts[row + lo[0]]), int(starts[row + hi[0] + 1])):
-                    if wp.length(q - points[j]) <= radius:
-                        original = order[j]
+                first, last = run(cells, lo, hi, y, z)
+                for j in range(first, last):
+                    if wp.length(q - cells.points[j]) <= radius:
+                        original = cells.order[j]
                         for c in range(nf):
                             f = feats[j, c]
                             best = out[i, c]
@@ -500,7 +473,7 @@ def _radius_max(
     cells = _cells.CellList(query, ref, radius, query_group, ref_group)
     points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
     unit = torch.ones(1, dtype=query.dtype, device=query.device)  # the sigma slot of the launch helper
-    tail = [cells.order.contiguous(), out, arg]
+    tail = [out, arg]
     _launch(_max_kernel(query.dtype), cells, query, points, feats, unit, radius, query_group, tail)
     return out, arg
 
