@@ -25,7 +25,7 @@ x, y = 0.5 + 0.45 * r * torch.cos(t), 0.5 + 0.45 * r * torch.sin(t)
 points = torch.stack([x, y, torch.zeros_like(t)], dim=1)
 points[:, :2] += 0.01 * torch.randn(4_000, 2)
 
-voxels = pcops.grid_sample(points, grid_size=1 / 32)
+voxels = pcops.grid_sample(points, voxel_size=1 / 32)
 coords = voxels.grid_coord  # (V, 3) int64 voxel coordinates
 print(f"{len(points)} points -> {len(coords)} occupied voxels")
 

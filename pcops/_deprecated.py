@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import warnings
 
+import torch
+
 
 def renamed(**old_to_new: str):
     """Decorate a function whose keyword ``old`` became ``new``: ``f(old=x)`` warns and calls ``f(new=x)``."""
@@ -17,8 +19,9 @@ def renamed(**old_to_new: str):
                 if old in kwargs:
                     if new in kwargs:
                         raise TypeError(f"{fn.__qualname__}() got {old!r} and its new name {new!r}; pass only {new!r}")
-                    warnings.warn(f"{fn.__qualname__}(): the keyword {old!r} is renamed {new!r}; {old!r} will be removed in the next release",
-                                  FutureWarning, stacklevel=2)
+                    if not torch.compiler.is_compiling():  # warned eagerly; a traced call is not broken by it
+                        warnings.warn(f"{fn.__qualname__}(): the keyword {old!r} is renamed {new!r}; {old!r} will be removed in the next release",
+                                      FutureWarning, stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
@@ -32,6 +35,8 @@ def field(old: str, new: str, owner: str):
     reading it warns and returns the new field."""
 
     def get(self):
+        if torch.compiler.is_compiling():
+            return getattr(self, new)
         warnings.warn(f"{owner}.{old} is renamed {owner}.{new}; {old!r} will be removed in the next release", FutureWarning, stacklevel=2)
         return getattr(self, new)
 

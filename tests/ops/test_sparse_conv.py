@@ -290,3 +290,10 @@ def test_validate_false_skips_the_duplicate_check():
         pcops.sparse_kernel_map(grid_coord)
     km = pcops.sparse_kernel_map(grid_coord, validate=False)  # unspecified pairs, no error, no hang
     assert km.neighbours.shape == (27, 3) and bool(((km.neighbours >= -1) & (km.neighbours < 3)).all())
+
+
+def test_the_former_keyword_compiles_whole(gen):
+    grid_coord = torch.tensor([[0, 0, 0], [1, 0, 0], [3, 3, 3]])
+    f, w = torch.randn(3, 4, generator=gen), torch.randn(27, 4, 2, generator=gen)
+    fn = torch.compile(lambda f, c, w: pcops.sparse_conv3d(f, coords=c, weight=w), fullgraph=True, backend="eager")
+    assert torch.equal(fn(f, grid_coord, w), pcops.sparse_conv3d(f, grid_coord, w))
