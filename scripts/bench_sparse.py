@@ -79,9 +79,9 @@ def run(quick: bool = False) -> list[dict]:
                            "torch_unique": lambda: torch_grid_sample(points, size)}, repeats)
         sampled = pcops.grid_sample(points, size, validate=False)
         assert torch.equal(sampled.inverse, torch_grid_sample(points, size)[1])
-        rows.append({"bench": "grid_sample", "cloud": shape, "n": n, "sites": int(sampled.coords.shape[0]), "ms": ms})
+        rows.append({"bench": "grid_sample", "cloud": shape, "n": n, "sites": int(sampled.grid_coord.shape[0]), "ms": ms})
 
-        coords = sampled.coords
+        coords = sampled.grid_coord
         ms = _interleaved({"pcops": lambda: pcops.sparse_kernel_map(coords), "torch_searchsorted": lambda: torch_kernel_map(coords)}, repeats)
         km = pcops.sparse_kernel_map(coords)
         assert torch.equal(km.neighbours, torch_kernel_map(coords))
