@@ -194,15 +194,6 @@ def ids(name: str, t, size: int, shape_doc: str) -> None:
         integer(name, t, ndim=1, size=size, shape_doc=shape_doc)
 
 
-def ids_in_range(name: str, t, low: int, high) -> None:
-    """All values of ``t`` (if given) in [low, high] (no upper bound if high is None). Reads values."""
-    if t is None or not t.numel():
-        return
-    if bool((t < low).any()) or (high is not None and bool((t > high).any())):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} values must be {bound}, got min {int(t.min())}, max {int(t.max())}")
-
-
 def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch, dim: int | None = 3, names=None) -> bool:
     """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout.
 
