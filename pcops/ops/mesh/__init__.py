@@ -1,0 +1,5 @@
+"""Mesh ops: distance and signed distance to triangle meshes (``mesh_distance``, ``mesh_bvh``)."""
+
+from .distance import MeshBVH, MeshDistance, mesh_bvh, mesh_distance
+
+__all__ = ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]

@@ -1,0 +1,331 @@
+"""Warp searches of a mesh's hierarchy (:mod:`._tree`), on CPU (all cores) and CUDA.
+
+* ``pcops::mesh_closest``: for each query, the face at the smallest distance (or, with
+  ``faces_to_points``, for each query triangle the point at the smallest distance: the same
+  walk over a hierarchy of points stored as faces of three equal corners). One thread per
+  query walks down to the nearer child first and stacks the farther one with its box distance;
+  boxes farther than the best distance found are skipped. Distances that agree to rounding
+  (``TIE`` eps times the size of the coordinates: faces sharing the closest edge or vertex)
+  are ties, won by the smaller face index. Nothing beyond ``max_dist`` is found (-1).
+* ``pcops::mesh_winding``: the generalised winding number of each query (Jacobson et al.
+  2013), by the hierarchical fast winding number (Barill et al. 2018): a node farther than
+  ``BETA`` times its radius contributes its dipole expansion to second order, nearer nodes
+  are opened, and the leaves' triangles contribute their exact solid angles.
+
+The kernels return indices and winding numbers only; distances, closest points and
+barycentric coordinates are computed in torch from the faces found (:mod:`._triangle`),
+which makes them differentiable, to any order, with respect to points and vertices.
+"""
+
+import math
+
+import torch
+import warp as wp
+
+from ... import _validate, _warp
+from . import _tree
+
+TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distances this close are ties
+FLAT = 64.0  # eps: a triangle whose height is below this times its longest edge is measured by its edges
+BETA = 2.0  # a node contributes its expansion when farther than BETA radii
+_STACK = 64
+
+
+@_warp.kernels
+def _funcs(dtype: torch.dtype):
+    """``triangle_d2(p, a, b, c)``: the squared distance from p to the triangle abc (exact for
+    degenerate ones); ``solid_angle(p, a, b, c)``: the signed solid angle of abc seen from p."""
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    flat = s(FLAT * torch.finfo(dtype).eps)
+
+    @wp.func(module="unique")
+    def segment_d2(p: v, a: v, ab: v):
+        length2 = wp.dot(ab, ab)
+        t = s(0.0)
+        if length2 > s(0.0):
+            t = wp.clamp(wp.dot(p - a, ab) / length2, s(0.0), s(1.0))
+        e = p - (a + t * ab)
+        return wp.dot(e, e)
+
+    @wp.func(module="unique")
+    def triangle_d2(p: v, a: v, b: v, c: v):
+        ab, bc, ca = b - a, c - b, a - c
+        best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
+        n = wp.cross(ab, -ca)
+        nn = wp.dot(n, n)
+        longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ca, ca)))
+        if nn > flat * flat * longest * longest:  # not flat: the interior may be nearest
+            pa, pb, pc = a - p, b - p, c - p
+            if wp.dot(n, wp.cross(pb, pc)) >= s(0.0) and wp.dot(n, wp.cross(pc, pa)) >= s(0.0) and wp.dot(n, wp.cross(pa, pb)) >= s(0.0):
+                h = wp.dot(n, pa)
+                best = wp.min(best, h * h / nn)
+        return best
+
+    @wp.func(module="unique")
+    def solid_angle(p: v, a: v, b: v, c: v):
+        x, y, z = a - p, b - p, c - p
+        lx, ly, lz = wp.length(x), wp.length(y), wp.length(z)
+        num = wp.dot(x, wp.cross(y, z))
+        den = lx * ly * lz + wp.dot(x, y) * lz + wp.dot(y, z) * lx + wp.dot(z, x) * ly
+        return s(2.0) * wp.atan2(num, den)
+
+    return triangle_d2, solid_angle
+
+
+@_warp.kernels
+def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    triangle_d2, _ = _funcs(dtype)
+    eps = torch.finfo(dtype).eps
+    slack = s((1.0 + 64.0 * eps) ** 2)  # a box is skipped only when farther than this times the bound (rounding)
+    tie = s(TIE * eps)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+    _bounds = wp.types.vector(length=_STACK, dtype=s)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def closest(
+        start: int,
+        depth: int,
+        rows: wp.array(dtype=wp.int64),
+        qa: wp.array(dtype=v),
+        qb: wp.array(dtype=v),
+        qc: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int64),
+        ta: wp.array(dtype=v),
+        tb: wp.array(dtype=v),
+        tc: wp.array(dtype=v),
+        group: wp.array(dtype=wp.int64),
+        order: wp.array(dtype=wp.int64),
+        lo: wp.array(dtype=v),
+        hi: wp.array(dtype=v),
+        glo: wp.array(dtype=wp.int64),
+        ghi: wp.array(dtype=wp.int64),
+        scale: wp.array(dtype=s),
+        max_d2: s,
+        found: wp.array(dtype=wp.int64),
+    ):
+        i = int(rows[wp.tid() + start])
+        a, b, c = qa[i], qb[i], qc[i]
+        qlo = wp.min(a, wp.min(b, c))
+        qhi = wp.max(a, wp.max(b, c))
+        found[i] = wp.int64(-1)
+        if not (wp.isfinite(qlo) and wp.isfinite(qhi)):
+            return
+        g = query_group[i]
+        size = wp.max(scale[0], wp.max(wp.max(wp.abs(qlo[0]), wp.abs(qhi[0])), wp.max(wp.max(wp.abs(qlo[1]), wp.abs(qhi[1])), wp.max(wp.abs(qlo[2]), wp.abs(qhi[2])))))
+        near = tie * size * s(2.0)  # two distances closer than this are a tie
+        n = wp.int64(ta.shape[0])
+        zero = v(s(0.0), s(0.0), s(0.0))
+        best = max_d2  # the smallest squared distance found
+        upper = max_d2  # a face farther than this cannot win, not even a tie
+        lower = max_d2  # a face nearer than this wins outright
+        face = wp.int64(-1)
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        stack_bound = _bounds()
+        top = int(1)  # the root: entry 0, depth 0, bound 0
+        while top > 0:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            if stack_bound[top] > upper * slack:
+                continue
+            while True:
+                if g < glo[node] or g > ghi[node]:
+                    break
+                if d == depth:  # a leaf
+                    k = node + 1 - (1 << d)
+                    j0 = int((n * wp.int64(k)) >> wp.int64(depth))
+                    j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
+                    for j in range(j0, j1):
+                        if group[j] == g:
+                            d2 = s(0.0)
+                            if wp.static(faces_to_points):
+                                d2 = triangle_d2(ta[j], a, b, c)
+                            else:
+                                d2 = triangle_d2(a, ta[j], tb[j], tc[j])
+                            f = order[j]
+                            take = False
+                            if face < wp.int64(0):
+                                take = d2 <= upper
+                            else:
+                                take = d2 < lower or (d2 <= upper and f < face)
+                            if take:
+                                face = f
+                                best = wp.min(best, d2)
+                                r = wp.sqrt(best)
+                                upper = wp.min((r + near) * (r + near), max_d2)
+                                lower = wp.max(r - near, s(0.0))
+                                lower = lower * lower
+                    break
+                left = 2 * node + 1
+                gl = wp.max(wp.max(lo[left] - qhi, qlo - hi[left]), zero)
+                gr = wp.max(wp.max(lo[left + 1] - qhi, qlo - hi[left + 1]), zero)
+                dl, dr = wp.dot(gl, gl), wp.dot(gr, gr)
+                first, second, bound, other = left, left + 1, dl, dr
+                if dr < dl:
+                    first, second, bound, other = left + 1, left, dr, dl
+                stack_node[top] = second
+                stack_depth[top] = d + 1
+                stack_bound[top] = other
+                top = top + int(other <= upper * slack)
+                if bound > upper * slack:
+                    break
+                node = first
+                d = d + 1
+        found[i] = face
+
+    return closest
+
+
+@_warp.kernels
+def _winding_kernel(dtype: torch.dtype):
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    m = wp.mat33f if dtype == torch.float32 else wp.mat33d
+    _, solid_angle = _funcs(dtype)
+    beta2 = s(BETA * BETA)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def winding(
+        start: int,
+        depth: int,
+        rows: wp.array(dtype=wp.int64),
+        query: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int64),
+        ta: wp.array(dtype=v),
+        tb: wp.array(dtype=v),
+        tc: wp.array(dtype=v),
+        group: wp.array(dtype=wp.int64),
+        glo: wp.array(dtype=wp.int64),
+        ghi: wp.array(dtype=wp.int64),
+        center: wp.array(dtype=v),
+        normal: wp.array(dtype=v),
+        moment: wp.array(dtype=m),
+        radius: wp.array(dtype=s),
+        out: wp.array(dtype=s),
+    ):
+        i = int(rows[wp.tid() + start])
+        q = query[i]
+        g = query_group[i]
+        n = wp.int64(ta.shape[0])
+        total = s(0.0)
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        top = int(1)
+        while top > 0:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            lo_g, hi_g = glo[node], ghi[node]
+            if g < lo_g or g > hi_g:
+                continue
+            r = center[node] - q
+            r2 = wp.dot(r, r)
+            rad = radius[node]
+            if lo_g == hi_g and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
+                inv = s(1.0) / wp.sqrt(r2)
+                inv3 = inv * inv * inv
+                mo = moment[node]
+                total += wp.dot(normal[node], r) * inv3 + wp.trace(mo) * inv3 - s(3.0) * wp.dot(r, mo * r) * inv3 * inv * inv
+            elif d == depth:
+                k = node + 1 - (1 << d)
+                j0 = int((n * wp.int64(k)) >> wp.int64(depth))
+                j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
+                for j in range(j0, j1):
+                    if group[j] == g:
+                        total += solid_angle(q, ta[j], tb[j], tc[j])
+            else:
+                stack_node[top] = 2 * node + 1
+                stack_depth[top] = d + 1
+                stack_node[top + 1] = 2 * node + 2
+                stack_depth[top + 1] = d + 1
+                top = top + 2
+        out[i] = total / s(4.0 * math.pi)
+
+    return winding
+
+
+@torch.library.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> list[torch.Tensor]:
+    """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 -> the tensors of :class:`._tree.Tree`."""
+    return list(_tree.build(vertices, faces, face_group, vertices.dtype))
+
+
+@_mesh_tree.register_fake
+def _(vertices, faces, face_group):
+    return list(_tree.empty_like(vertices, faces, vertices.dtype))
+
+
+def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> _tree.Tree:
+    """The hierarchy of a flat mesh, in the dtype of ``vertices``."""
+    return _tree.Tree(*torch.ops.pcops.mesh_tree(vertices.detach(), faces, face_group))
+
+
+def _queries(qa: torch.Tensor) -> int:
+    return qa.shape[0]
+
+
+@torch.library.custom_op("pcops::mesh_closest", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_closest(
+    qa: torch.Tensor, qb: torch.Tensor, qc: torch.Tensor, query_group: torch.Tensor,
+    ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
+    lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, scale: torch.Tensor,
+    max_dist: float, faces_to_points: bool, validate: bool,
+) -> torch.Tensor:
+    """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> (M,) int64 the
+    nearest item's row (-1: none within max_dist)."""
+    if validate:
+        _validate.finite(points=qa)
+    m = qa.shape[0]
+    found = torch.full((m,), -1, dtype=torch.int64, device=qa.device)
+    if m == 0 or ta.shape[0] == 0:
+        return found
+    _warp.init()
+    max_d2 = max_dist * max_dist if math.isfinite(max_dist) else float("inf")
+    args = [_tree.depth(ta.shape[0]), _tree.morton_order(qa, query_group), qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_d2, found]
+    _warp.launch(_closest_kernel(qa.dtype, faces_to_points), m, args, like=qa, min_chunk=64)
+    return found
+
+
+@_mesh_closest.register_fake
+def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate):
+    return qa.new_empty((qa.shape[0],), dtype=torch.int64)
+
+
+def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
+            triangles: tuple | None = None) -> torch.Tensor:
+    """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
+    the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``."""
+    qa, qb, qc = (query, query, query) if triangles is None else triangles
+    return torch.ops.pcops.mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
+                                        t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
+                                        float(max_dist), triangles is not None, validate)
+
+
+@torch.library.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_winding(
+    query: torch.Tensor, query_group: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
+    glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor, radius: torch.Tensor,
+) -> torch.Tensor:
+    """query (M, 3) -> (M,) the generalised winding number of each query about its mesh."""
+    m = query.shape[0]
+    out = query.new_zeros((m,))
+    if m == 0 or ta.shape[0] == 0:
+        return out
+    _warp.init()
+    m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
+    args = [_tree.depth(ta.shape[0]), _tree.morton_order(query, query_group), query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius, out]
+    _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64)
+    return out
+
+
+@_mesh_winding.register_fake
+def _(query, query_group, ta, tb, tc, group, glo, ghi, center, normal, moment, radius):
+    return query.new_empty((query.shape[0],))
+
+
+def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree) -> torch.Tensor:
+    """The generalised winding number of each query point about its mesh (M,)."""
+    return torch.ops.pcops.mesh_winding(query.detach().contiguous(), query_group, t.a, t.b, t.c, t.group, t.glo, t.ghi,
+                                        t.center, t.normal, t.moment, t.radius)
