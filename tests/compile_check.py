@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 def _close(a, b, what: str) -> None:
     if a.dtype.is_floating_point:
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")  # fused differently
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, msg=lambda m: f"{what}: {m}")  # fused differently; NaN where eager has NaN
     else:
         assert torch.equal(a, b), f"{what}: compiled and eager differ"
 

@@ -36,6 +36,7 @@ benchmarks call its tests' helpers, so tests and benchmarks never drift apart.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -137,6 +138,23 @@ def _codes(g, n=100, *, channels=4, dtype=F64):
     return dict(grid_coord=grid, features=_values(g, n, channels, dtype))
 
 
+def icosphere(subdivisions: int, dtype=F64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A unit icosphere (trimesh's): vertices (V, 3) and faces (F, 3), F = 20 * 4^subdivisions."""
+    import trimesh
+
+    m = trimesh.creation.icosphere(subdivisions=subdivisions)
+    return torch.tensor(m.vertices, dtype=dtype), torch.tensor(m.faces, dtype=torch.int64)
+
+
+def _mesh(g, n=200, *, faces=80, dtype=F64, cloud=None):
+    """A closed mesh of about ``faces`` faces (an icosphere, its vertices moved radially by up to
+    +-15%) and n query points in [-1.5, 1.5]^3 (or drawn by ``cloud``)."""
+    vertices, tris = icosphere(max(0, round(math.log(max(faces, 20) / 20, 4))), dtype)
+    vertices = vertices * (1 + 0.3 * (torch.rand(vertices.shape[0], 1, generator=g, dtype=dtype) - 0.5))
+    points = 3 * _points(g, n, dtype) - 1.5 if cloud is None else cloud(g, n).to(dtype)
+    return dict(points=points, vertices=vertices, faces=tris)
+
+
 PAIR_IDS = {"query_batch": "query", "ref_batch": "ref"}  # a two-cloud op's packed sample ids: the input each labels
 ONE_IDS = {"batch": "points"}
 NO_GRAD = "its outputs are indices (edges, codes, neighbour tables): nothing to differentiate"
@@ -157,6 +175,16 @@ OPS = [
     Op("knn_interpolate", _two, lambda i, k=3, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], k, **kw),
        points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn_interpolate",
        bench="knn_interpolate", batch=PAIR_IDS),
+    Op("mesh_distance", _mesh,
+       lambda i, max_dist=5.0, **kw: pcops.mesh_distance(i["points"], i["vertices"], i["faces"], signed=True, max_dist=max_dist, **kw),
+       points=("points", "vertices"), grad=("points", "vertices"), page="mesh", bench="mesh_distance",
+       notes={"batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
+                       "tests/ops/test_mesh_distance.py tests ids above int32"}),
+    Op("mesh_bvh", _mesh, lambda i, **kw: pcops.mesh_distance(i["points"], pcops.mesh_bvh(i["vertices"], i["faces"], **kw)).dists,
+       points=("vertices",), grad=("vertices",), page="mesh", bench="mesh_distance",
+       notes={"numbers": "no number argument",
+              "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
+                       "tests/ops/test_mesh_distance.py tests ids above int32"}),
     Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "

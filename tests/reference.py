@@ -204,3 +204,34 @@ def radius_weighted(q, p, f, radius, weights, reduce="mean", sigma=None):
         w = mask.double()
     total = w.sum(1, keepdim=True)
     return torch.where(total > 0, (w @ f) / torch.where(total > 0, total, 1), 0)
+
+
+def winding_number(points, vertices, faces):
+    """The exact generalised winding number (M,) of points about a triangle mesh: the sum of the
+    faces' signed solid angles (Van Oosterom and Strackee) over 4 pi, in float64."""
+    points, corners = points.double(), vertices.double()[faces]
+    out = []
+    for chunk in points.split(256):
+        x, y, z = (corners[None, :, k] - chunk[:, None] for k in range(3))
+        lx, ly, lz = x.norm(dim=-1), y.norm(dim=-1), z.norm(dim=-1)
+        num = (x * torch.linalg.cross(y, z, dim=-1)).sum(-1)
+        den = lx * ly * lz + (x * y).sum(-1) * lz + (y * z).sum(-1) * lx + (z * x).sum(-1) * ly
+        out.append(2 * torch.atan2(num, den).sum(-1) / (4 * torch.pi))
+    return torch.cat(out)
+
+
+def mesh_distance(points, vertices, faces, tie: float = 1e-12):
+    """Dense float64 point-to-mesh distances by trimesh's closest point on each (point, face)
+    pair: (dists (M,), closest (M, 3), face (M,)), ties within ``tie`` times the coordinates'
+    size by the smaller face index."""
+    import numpy as np
+    import trimesh
+
+    p, corners = points.double().numpy(), vertices.double()[faces].numpy()
+    m, f = p.shape[0], corners.shape[0]
+    near = trimesh.triangles.closest_point(np.repeat(corners[None], m, 0).reshape(-1, 3, 3), np.repeat(p, f, 0)).reshape(m, f, 3)
+    d = np.linalg.norm(p[:, None] - near, axis=-1)
+    size = max(np.abs(p).max(initial=0.0), np.abs(corners).max(initial=0.0))
+    face = np.argmax(d <= d.min(1, keepdims=True) + tie * size, axis=1)  # the first (smallest) index within the tie
+    rows = np.arange(m)
+    return torch.from_numpy(d[rows, face]), torch.from_numpy(near[rows, face]), torch.from_numpy(face)

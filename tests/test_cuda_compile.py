@@ -37,9 +37,11 @@ FACTORIES = [
     *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.geometry.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
     *[(f"segment {r} {d}", importlib.import_module("pcops.ops.sparse.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
+    *[(f"mesh closest {d} faces_to_points={t}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t)) for d in (F32, F64) for t in (False, True)],
+    *[(f"mesh winding {d}", importlib.import_module("pcops.ops.mesh._search")._winding_kernel, (d,)) for d in (F32, F64)],
 ]
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
-FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type"} | {
+FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
 
 

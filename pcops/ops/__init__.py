@@ -4,6 +4,7 @@
 - ``sampling``: farthest point sampling, voxel pooling, grid sampling
 - ``geometry``: Chamfer distance, normal estimation
 - ``sparse``: serialization, segment reductions, sparse convolution
+- ``mesh``: distance and signed distance to triangle meshes
 
 ``_bound`` (the padded static-size forms' shared pieces) serves several families.
 """
@@ -23,6 +24,7 @@ from .sparse import Serialization, serialize
 from .sparse import SerializedPool, SerializedPoolPadded, serialized_pool, serialized_unpool
 from .sparse import segment_reduce
 from .neighbours import gather
+from .mesh import MeshBVH, MeshDistance, mesh_bvh, mesh_distance
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -38,3 +40,4 @@ __all__ += ["Serialization", "serialize"]
 __all__ += ["segment_reduce"]
 __all__ += ["gather"]
 __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
+__all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]

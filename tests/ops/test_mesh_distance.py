@@ -1,0 +1,321 @@
+"""pcops.mesh_distance / mesh_bvh against a dense float64 reference: trimesh's closest point on
+every (point, face) pair and the exact winding number (tests/reference.py)."""
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.op_suite import TOL, OpSuite, pack
+from tests.op_table import icosphere
+
+F64 = torch.float64
+SHIFT = torch.tensor([1000.0, -1000.0, 500.0], dtype=F64)
+
+
+def _sphere(gen, subdivisions=1, jitter=0.3):
+    v, f = icosphere(subdivisions)
+    return v * (1 + jitter * (torch.rand(v.shape[0], 1, generator=gen, dtype=F64) - 0.5)), f
+
+
+def _grid(n=4):
+    """A flat (n x n)-square grid in z = 0, two triangles a square: ties everywhere on its edges."""
+    xs = torch.linspace(-1, 1, n + 1, dtype=F64)
+    v = torch.stack(torch.meshgrid(xs, xs, indexing="ij"), -1).reshape(-1, 2)
+    v = torch.cat([v, torch.zeros(v.shape[0], 1, dtype=F64)], 1)
+    i = torch.arange(n)[:, None] * (n + 1) + torch.arange(n)[None, :]
+    a, b, c, d = i.reshape(-1), (i + 1).reshape(-1), (i + n + 1).reshape(-1), (i + n + 2).reshape(-1)
+    return v, torch.cat([torch.stack([a, c, d], 1), torch.stack([a, d, b], 1)])
+
+
+def mesh(kind, gen):
+    """(vertices, faces, points) of an adversarial mesh."""
+    q = 3 * torch.rand(60, 3, generator=gen, dtype=F64) - 1.5
+    if kind in ("sphere", "uniform"):  # "uniform": the suite's default kind
+        v, f = _sphere(gen)
+    elif kind == "open":  # holes: the winding number is fractional near them
+        v, f = _sphere(gen)
+        f = f[torch.rand(f.shape[0], generator=gen) > 0.2]
+    elif kind == "degenerate":  # zero-area faces, repeated corners, a sliver and a duplicated face
+        v, f = _sphere(gen)
+        mid = ((v[f[0, 0]] + v[f[0, 1]]) / 2)[None]
+        v = torch.cat([v, mid, v[:1] + 1e-13])
+        n = v.shape[0]
+        extra = torch.tensor([[0, 0, 1], [2, 2, 2], [f[0, 0], f[0, 1], n - 2], [0, n - 1, 5], *f[:3].tolist()])
+        f = torch.cat([f, extra])
+    elif kind == "far":  # far from the origin: distances from differences of large coordinates
+        v, f = _sphere(gen)
+        v, q = v + SHIFT, q + SHIFT
+    elif kind == "flat":  # queries on the plane and above its vertices and edges
+        v, f = _grid()
+        q = torch.cat([q[:30], v[torch.randint(0, v.shape[0], (15,), generator=gen)] + torch.tensor([0.0, 0.0, 0.3], dtype=F64),
+                       torch.cat([2 * torch.rand(15, 2, generator=gen, dtype=F64) - 1, torch.zeros(15, 1, dtype=F64)], 1)])
+    elif kind == "self_intersecting":  # two overlapping spheres in one mesh: w = 2 where they overlap
+        (v1, f1), (v2, f2) = _sphere(gen, 1, 0.0), _sphere(gen, 1, 0.0)
+        v, f = torch.cat([v1 - 0.3, v2 + 0.3]), torch.cat([f1, f2 + v1.shape[0]])
+    else:
+        raise ValueError(kind)
+    return v, f, q
+
+
+def assert_mesh_distance(out, points, vertices, faces, dtype, signed=True):
+    """out (dists, closest, face, bary) of points against one mesh, checked against the float64
+    reference of the same (rounded) inputs: distances and closest points within the dtype's
+    tolerance of the coordinates' size, the face the reference's (float64) or one as near
+    (others), the weights those of the closest point, the sign that of the exact winding number
+    wherever |w - 1/2| >= 0.1."""
+    d, c, f, b = (t.detach() for t in out)
+    p, v = points.double(), vertices.double()
+    rd, rc, rf = reference.mesh_distance(p, v, faces)
+    size = max(p.abs().max().item(), v.abs().max().item(), 1.0)
+    tol = dict(rtol=0, atol=1e-11 * size) if dtype == F64 else dict(rtol=0, atol=4e-6 * size)
+    if dtype in (torch.float16, torch.bfloat16):
+        tol = dict(rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"] * size)
+    assert f.dtype == torch.int64 and d.dtype == dtype
+    torch.testing.assert_close(d.abs().double(), rd, **tol)
+    if dtype == F64:
+        assert torch.equal(f, rf), (f[f != rf], rf[f != rf])
+    else:  # the face found is as near as the reference's, to the dtype's rounding
+        own = torch.stack([reference.mesh_distance(p[i : i + 1], v, faces[f[i] : f[i] + 1])[0][0] for i in range(len(f))])
+        torch.testing.assert_close(own, rd, **tol)
+    torch.testing.assert_close(c.double(), rc if dtype == F64 else c.double(), **tol)
+    corners = v[faces[f]]
+    assert (b.double() >= -1e-6).all() and torch.allclose(b.double().sum(-1), torch.ones_like(rd), atol=4 * TOL[dtype]["atol"])
+    torch.testing.assert_close((b.double()[:, :, None] * corners).sum(1), c.double(), **{**tol, "atol": 4 * tol["atol"]})
+    if signed:
+        w = reference.winding_number(p, v, faces)
+        clear = (w - 0.5).abs() >= 0.1
+        inside = d < 0
+        assert torch.equal(inside[clear], (w >= 0.5)[clear]), "sign differs from the exact winding number"
+
+
+class TestMeshDistance(OpSuite):
+    differentiable = ("points", "vertices")
+    clouds = ["sphere", "open", "degenerate", "far", "flat", "self_intersecting"]
+
+    def inputs(self, kind, gen):
+        v, f, q = mesh(kind, gen)
+        return dict(points=q, vertices=v, faces=f)
+
+    def run(self, points, vertices, faces):
+        return tuple(pcops.mesh_distance(points, vertices, faces, signed=True))
+
+    def reference(self, points, vertices, faces):
+        return reference.mesh_distance(points, vertices, faces)
+
+    def compare(self, out, expected, dtype, inputs=None):
+        if inputs is None:  # batch test: the per-sample loop of pcops itself, float64
+            for i, (a, e) in enumerate(zip(out, expected)):
+                assert torch.equal(a, e) if not e.dtype.is_floating_point else torch.allclose(a, e, rtol=1e-12, atol=1e-12, equal_nan=True), i
+            return
+        assert_mesh_distance(out, inputs["points"], inputs["vertices"], inputs["faces"], dtype)
+
+    def grad_inputs(self, gen):
+        v, f = icosphere(1)
+        directions = torch.nn.functional.normalize(torch.randn(10, 3, generator=gen, dtype=F64), dim=-1)
+        q = directions * torch.tensor([0.8, 1.2], dtype=F64).repeat(5)[:, None]  # inside and outside
+        return dict(points=q, vertices=v, faces=f)
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            v, f = _sphere(gen)
+            v = v.to(dtype)
+            group = torch.zeros(f.shape[0], dtype=torch.int64)
+            tree = pcops.mesh_bvh(v, f).tree
+            q = (3 * torch.rand(20, 3, generator=gen) - 1.5).to(dtype)
+            qg = torch.zeros(20, dtype=torch.int64)
+            cases.append((torch.ops.pcops.mesh_tree.default, (v, f, group)))
+            cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True)))
+            cases.append((torch.ops.pcops.mesh_winding.default, (q, qg, *tree[1:5], tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius)))
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(points, vertices, faces, pl, fl):
+            out = pcops.mesh_distance(points, vertices, faces, signed=True, points_lengths=pl, faces_lengths=fl)
+            return out.dists, out.closest, out.face, out.bary
+
+        calls = []
+        for b, m, sub in ((2, 21, 0), (3, 27, 1)):  # m != F: duck sizing would tie them
+            v, f = icosphere(sub)
+            vs = torch.stack([v * (1 + 0.1 * k) for k in range(b)]).float()
+            fs = f[None].expand(b, -1, -1).clone()
+            q = (3 * torch.rand(b, m, 3, generator=gen) - 1.5).requires_grad_()
+            calls.append((q, vs, fs, torch.randint(0, m + 1, (b,), generator=gen), torch.randint(1, f.shape[0] + 1, (b,), generator=gen)))
+        return fn, calls
+
+    def batched(self, gen):
+        meshes = [_sphere(gen, 0), _sphere(gen, 1), mesh("open", gen)[:2], _grid(2)]
+        qs = [3 * torch.rand(m, 3, generator=gen, dtype=F64) - 1.5 for m in (9, 0, 7, 5)]
+        expected = [tuple(pcops.mesh_distance(q, v, f, signed=True)) for q, (v, f) in zip(qs, meshes)]
+        # padded: vertices zero-padded, faces -1-padded
+        vmax, fmax, mmax = (max(t.shape[0] for t in ts) for ts in ([v for v, _ in meshes], [f for _, f in meshes], qs))
+        vp = torch.zeros(len(meshes), vmax, 3, dtype=F64)
+        fp = torch.full((len(meshes), fmax, 3), -1)
+        qp = torch.zeros(len(meshes), max(mmax, 1), 3, dtype=F64)
+        for b, ((v, f), q) in enumerate(zip(meshes, qs)):
+            vp[b, : len(v)], fp[b, : len(f)], qp[b, : len(q)] = v, f, q
+        vl, fl, ql = (torch.tensor([len(t) for t in ts]) for ts in ([v for v, _ in meshes], [f for _, f in meshes], qs))
+        out = pcops.mesh_distance(qp, vp, fp, signed=True, points_lengths=ql, vertices_lengths=vl, faces_lengths=fl)
+        assert torch.all(out.face[1] == -1) and torch.all(out.dists[1].isinf())  # padding rows
+        padded = [tuple(t[b, : len(qs[b])] for t in out) for b in range(len(qs))]
+        # packed: vertices shuffled, faces interleaved keeping each mesh's order (ties go to the smaller index)
+        vcat, vb, v_pos = pack([v for v, _ in meshes], gen)
+        offsets = torch.tensor([0] + [len(v) for v, _ in meshes]).cumsum(0)
+        fglobal = [v_pos[f + offsets[b]] for b, (_, f) in enumerate(meshes)]
+        fcat, _, f_pos = pack(fglobal, gen, keep_order=True)
+        qcat, qb, q_pos = pack(qs, gen)
+        d, c, face, bary = pcops.mesh_distance(qcat, vcat, fcat, signed=True, points_batch=qb, vertices_batch=vb)
+        f_local = torch.empty_like(f_pos)  # packed face row -> row within its mesh
+        f_local[f_pos] = torch.cat([torch.arange(len(f)) for _, f in meshes])
+        packed, at = [], 0
+        for q in qs:
+            rows = q_pos[at : at + len(q)]
+            packed.append((d[rows], c[rows], torch.where(face[rows] >= 0, f_local[face[rows].clamp(min=0)], -1), bary[rows]))
+            at += len(q)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        v, f = _sphere(gen, 0)
+        q = torch.rand(4, 3, generator=gen, dtype=F64)
+        md = pcops.mesh_distance
+        nan = v.clone()
+        nan[3, 1] = float("nan")
+        joined = torch.cat([torch.zeros(6), torch.ones(v.shape[0] - 6)]).long()
+        return {
+            "empty faces": (lambda: md(q, v, f[:0]), ValueError, "a mesh needs vertices and faces"),
+            "face out of range": (lambda: md(q, v, torch.cat([f, torch.tensor([[0, 1, v.shape[0]]])])), ValueError, "faces values"),
+            "negative face": (lambda: md(q, v, torch.cat([f, torch.tensor([[0, -1, 2]])])), ValueError, "faces values"),
+            "float faces": (lambda: md(q, v, f.double()), TypeError, "faces must have an integer dtype"),
+            "faces shape": (lambda: md(q, v, f[:, :2]), ValueError, "faces must be a tensor of shape"),
+            "vertices shape": (lambda: md(q, v[:, :2], f), ValueError, "vertices must be a tensor of shape"),
+            "NaN vertices": (lambda: md(q, nan, f), ValueError, "vertices contains NaN"),
+            "NaN points": (lambda: md(torch.full((2, 3), float("nan"), dtype=F64), v, f), ValueError, "points contains NaN"),
+            "padded points for one mesh": (lambda: md(q[None], v, f), ValueError, "points must be a tensor of shape"),
+            "zero faces_lengths": (lambda: md(q[None], v[None], f[None], faces_lengths=torch.tensor([0])), ValueError, "faces_lengths values"),
+            "packed points, one mesh": (lambda: md(q, v, f, points_batch=torch.zeros(4, dtype=torch.long)), ValueError, "points_batch"),
+            "face across samples": (lambda: md(q, v, f, vertices_batch=joined, points_batch=torch.zeros(4, dtype=torch.long)), ValueError, "one sample"),
+            "max_dist": (lambda: md(q, v, f, max_dist=0.0), ValueError, "max_dist must be finite and > 0"),
+            "bvh and faces": (lambda: md(q, pcops.mesh_bvh(v, f), f), ValueError, "a MeshBVH holds its faces"),
+            "no faces": (lambda: md(q, v), TypeError, "needs faces"),
+            "devices": (lambda: md(q, v.to("meta"), f), ValueError, "same device"),
+        }
+
+
+def _cube():
+    v = torch.tensor([[x, y, z] for x in (0.0, 1.0) for y in (0.0, 1.0) for z in (0.0, 1.0)], dtype=F64)
+    f = torch.tensor([[0, 1, 3], [0, 3, 2], [4, 6, 7], [4, 7, 5], [0, 4, 5], [0, 5, 1],
+                      [2, 3, 7], [2, 7, 6], [0, 2, 6], [0, 6, 4], [1, 5, 7], [1, 7, 3]])
+    return v, f
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_ties_on_shared_edges_and_corners_go_to_the_smaller_face(dtype):
+    v, f = _cube()
+    corners = v + 0.5 * (2 * v - 1)  # beyond each corner, along its diagonal: every face at the corner ties
+    edges = torch.tensor([[0.5, -0.5, -0.5], [1.5, 0.5, 1.5], [0.5, 0.5, 0.5]], dtype=F64)  # two edge midpoints' wedges, the centre
+    q = torch.cat([corners, edges]).to(dtype)
+    out = pcops.mesh_distance(q, v.to(dtype), f)
+    d_all = reference.mesh_distance(q.double(), v, f, tie=0)[0]
+    expected = []
+    for p in q.double():
+        dist = torch.stack([reference.mesh_distance(p[None], v, f[k : k + 1])[0][0] for k in range(12)])
+        expected.append(int(torch.nonzero(dist <= dist.min() + 1e-9)[0]))
+    assert out.face.tolist() == expected
+    torch.testing.assert_close(out.dists.double(), d_all)
+
+
+def test_max_dist_is_a_band():
+    gen = torch.Generator().manual_seed(3)
+    v, f, q = mesh("sphere", gen)
+    full = pcops.mesh_distance(q, v, f, signed=True)
+    band = pcops.mesh_distance(q, v, f, signed=True, max_dist=0.3)
+    within = full.dists.abs() <= 0.3
+    assert within.any() and (~within).any()
+    assert torch.equal(band.face[within], full.face[within]) and torch.equal(band.dists[within], full.dists[within])
+    assert (band.face[~within] == -1).all() and band.closest[~within].isnan().all() and band.bary[~within].isnan().all()
+    assert torch.equal(band.dists[~within], torch.where(full.dists[~within] < 0, -torch.inf, torch.inf))
+
+
+def test_a_bvh_built_once_serves_many_queries_and_keeps_the_vertices_graph():
+    gen = torch.Generator().manual_seed(4)
+    v, f, q = mesh("open", gen)
+    v = v.requires_grad_()
+    bvh = pcops.mesh_bvh(v, f)
+    for _ in range(2):
+        q = 3 * torch.rand(50, 3, generator=gen, dtype=F64) - 1.5
+        a, b = pcops.mesh_distance(q, bvh, signed=True), pcops.mesh_distance(q, v, f, signed=True)
+        for x, y in zip(a, b):
+            assert torch.equal(x.detach(), y.detach()) if not x.dtype.is_floating_point else torch.allclose(x, y, equal_nan=True)
+    (g,) = torch.autograd.grad(pcops.mesh_distance(q, bvh).dists.sum(), v)
+    assert g.abs().sum() > 0
+
+
+def test_gradients_of_gradients_with_respect_to_points():
+    v, f = icosphere(1)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.nn.functional.normalize(torch.randn(8, 3, generator=gen, dtype=F64), dim=-1) * 1.3
+    q.requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda x: pcops.mesh_distance(x, v, f, signed=True).dists, (q,))
+    (g,) = torch.autograd.grad(pcops.mesh_distance(q, v, f, signed=True).dists.sum(), q, create_graph=True)
+    torch.testing.assert_close(g.norm(dim=-1), torch.ones(8, dtype=F64))  # eikonal: a unit gradient
+    (g.norm(dim=-1) - 1).pow(2).sum().backward()  # an eikonal loss backpropagates
+
+
+def test_sign_agrees_with_the_exact_winding_number_on_open_and_self_intersecting_meshes():
+    gen = torch.Generator().manual_seed(6)
+    for kind in ("open", "self_intersecting", "degenerate"):
+        v, f, _ = mesh(kind, gen)
+        q = 3 * torch.rand(2000, 3, generator=gen, dtype=F64) - 1.5
+        d = pcops.mesh_distance(q, v, f, signed=True).dists
+        w = reference.winding_number(q, v, f)
+        clear = (w - 0.5).abs() >= 0.1
+        assert torch.equal((d < 0)[clear], (w >= 0.5)[clear]), kind
+        d32 = pcops.mesh_distance(q.float(), v.float(), f, signed=True).dists
+        assert torch.equal((d32 < 0)[clear], (w >= 0.5)[clear]), kind
+
+
+def test_degenerate_faces_do_not_change_the_answer():
+    gen = torch.Generator().manual_seed(7)
+    v, f = _sphere(gen)
+    q = 3 * torch.rand(300, 3, generator=gen, dtype=F64) - 1.5
+    clean = pcops.mesh_distance(q, v, f)
+    junk = torch.stack([f[0, [0, 0, 0]], f[1, [0, 0, 1]], f[2, [1, 2, 1]]])  # a corner, an edge, an edge of faces 0-2: zero area, on the surface
+    dirty = pcops.mesh_distance(q, v, torch.cat([f, junk]))
+    torch.testing.assert_close(dirty.dists, clean.dists, rtol=0, atol=1e-14)
+
+
+@pytest.mark.cuda
+def test_cuda_results_survive_a_side_stream_and_freed_inputs():
+    """Every buffer of the search is a torch tensor on the caller's stream: queued on a side
+    stream, with the mesh's tensors dropped and their memory reused before the stream runs,
+    the results equal the CPU's."""
+    gen = torch.Generator().manual_seed(8)
+    v, f, q = mesh("open", gen)
+    expected = pcops.mesh_distance(q, v, f, signed=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the stream busy so the work below is queued, not run
+        vc, fc, qc = v.cuda(), f.cuda(), q.cuda()
+        out = pcops.mesh_distance(qc, pcops.mesh_bvh(vc, fc), signed=True)
+        del vc, fc
+        torch.empty(1 << 24, device="cuda").fill_(float("nan"))  # reuses freed blocks on this stream
+    side.synchronize()
+    for a, e in zip(out, expected):
+        assert torch.allclose(a.cpu(), e, equal_nan=True) if a.dtype.is_floating_point else torch.equal(a.cpu(), e)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_sample_ids_above_int32_keep_packed_meshes_apart(validate):
+    gen = torch.Generator().manual_seed(9)
+    (v1, f1), (v2, f2) = _sphere(gen, 0), _sphere(gen, 1)
+    v, f = torch.cat([v1, v2 + 0.5]), torch.cat([f1, f2 + v1.shape[0]])
+    q = 3 * torch.rand(40, 3, generator=gen, dtype=F64) - 1.5
+    vb = torch.cat([torch.zeros(v1.shape[0]), torch.ones(v2.shape[0])]).long()
+    qb = torch.randint(0, 2, (40,), generator=gen)
+    small = pcops.mesh_distance(q, v, f, signed=True, points_batch=qb, vertices_batch=vb, validate=validate)
+    huge = pcops.mesh_distance(q, v, f, signed=True, points_batch=qb * 2**32 + 1, vertices_batch=vb * 2**32 + 1, validate=validate)
+    for a, b in zip(huge, small):
+        assert torch.equal(a, b) if not b.dtype.is_floating_point else torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    first = pcops.mesh_distance(q[qb == 0], v1, f1, signed=True)
+    torch.testing.assert_close(small.dists[qb == 0], first.dists, rtol=0, atol=0)
