@@ -16,7 +16,7 @@ from .ops import Serialization, serialize
 from .ops import SerializedPool, SerializedPoolPadded, serialized_pool, serialized_unpool
 from .ops import segment_reduce
 from .ops import gather
-from .ops import MeshBVH, MeshDistance, mesh_bvh, mesh_distance
+from .ops import MeshBVH, MeshDistance, mesh_bvh, mesh_distance, point_mesh_face_distance
 from .warp_op import warp_op
 
 try:  # the installed distribution's version (pyproject.toml's), read from its metadata
@@ -41,4 +41,4 @@ __all__ += ["segment_reduce"]
 __all__ += ["gather"]
 __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
 __all__ += ["warp_op"]
-__all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]
+__all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance", "point_mesh_face_distance"]

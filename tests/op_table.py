@@ -185,6 +185,11 @@ OPS = [
        notes={"numbers": "no number argument",
               "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
                        "tests/ops/test_mesh_distance.py tests ids above int32"}),
+    Op("point_mesh_face_distance", _mesh, lambda i, **kw: pcops.point_mesh_face_distance(i["points"], i["vertices"], i["faces"], **kw),
+       points=("points", "vertices"), grad=("points", "vertices"), page="mesh", bench="point_mesh_face_distance",
+       notes={"numbers": "no number argument",
+              "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
+                       "tests/ops/test_mesh_loss.py packs with other ids"}),
     Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "

@@ -220,18 +220,45 @@ def winding_number(points, vertices, faces):
     return torch.cat(out)
 
 
-def mesh_distance(points, vertices, faces, tie: float = 1e-12):
-    """Dense float64 point-to-mesh distances by trimesh's closest point on each (point, face)
-    pair: (dists (M,), closest (M, 3), face (M,)), ties within ``tie`` times the coordinates'
-    size by the smaller face index."""
-    import numpy as np
-    import trimesh
+def _segment_points(p, a, b):
+    """Closest points of segments ab to points p (broadcast), the parameter clamped to [0, 1]."""
+    ab = b - a
+    length2 = (ab * ab).sum(-1, keepdim=True)
+    t = ((p - a) * ab).sum(-1, keepdim=True) / torch.where(length2 > 0, length2, 1)
+    return a + torch.where(length2 > 0, t.clamp(0, 1), 0) * ab
 
-    p, corners = points.double().numpy(), vertices.double()[faces].numpy()
-    m, f = p.shape[0], corners.shape[0]
-    near = trimesh.triangles.closest_point(np.repeat(corners[None], m, 0).reshape(-1, 3, 3), np.repeat(p, f, 0)).reshape(m, f, 3)
-    d = np.linalg.norm(p[:, None] - near, axis=-1)
-    size = max(np.abs(p).max(initial=0.0), np.abs(corners).max(initial=0.0))
-    face = np.argmax(d <= d.min(1, keepdims=True) + tie * size, axis=1)  # the first (smallest) index within the tie
-    rows = np.arange(m)
-    return torch.from_numpy(d[rows, face]), torch.from_numpy(near[rows, face]), torch.from_numpy(face)
+
+def triangle_points(p, a, b, c):
+    """The closest point of each triangle abc to each point p (broadcast shapes (..., 3)), float64:
+    the nearest of the three edges' closest points and, where the normal equations of the plane
+    a + s (b - a) + t (c - a) put the stationary point inside (s, t >= 0, s + t <= 1; solved by
+    the pseudo-inverse, so slivers and degenerate faces are safe), that point. Every candidate is
+    a point of the triangle, so the result is never nearer than the triangle."""
+    p, a, b, c = (x.double() for x in (p, a, b, c))
+    e0, e1 = b - a, c - a
+    gram = torch.stack([torch.stack([(e0 * e0).sum(-1), (e0 * e1).sum(-1)], -1), torch.stack([(e0 * e1).sum(-1), (e1 * e1).sum(-1)], -1)], -2)
+    w = p - a
+    rhs = torch.stack([(w * e0).sum(-1), (w * e1).sum(-1)], -1)
+    st = (torch.linalg.pinv(gram) @ rhs[..., None])[..., 0]
+    s_, t_ = st[..., 0:1], st[..., 1:2]
+    interior = a + s_ * e0 + t_ * e1
+    inside = ((s_ >= 0) & (t_ >= 0) & (s_ + t_ <= 1))[..., 0]
+    candidates = torch.stack([_segment_points(p, a, b), _segment_points(p, b, c), _segment_points(p, c, a), interior.expand_as(_segment_points(p, a, b))], -2)
+    d = (p[..., None, :] - candidates).norm(dim=-1)
+    d[..., 3] = torch.where(inside, d[..., 3], torch.inf)
+    pick = d.argmin(-1)
+    return candidates.gather(-2, pick[..., None, None].expand(*pick.shape, 1, 3))[..., 0, :]
+
+
+def mesh_distance(points, vertices, faces, tie: float = 1e-12):
+    """Dense float64 point-to-mesh distances from the closest point on every (point, face) pair
+    (:func:`triangle_points`): (dists (M,), closest (M, 3), face (M,)), ties within ``tie``
+    times the coordinates' size by the smaller face index."""
+    p, corners = points.double(), vertices.double()[faces]
+    near = torch.cat([triangle_points(chunk[:, None], corners[None, :, 0], corners[None, :, 1], corners[None, :, 2]) for chunk in p.split(64)]) \
+        if p.shape[0] else p.new_zeros((0, corners.shape[0], 3))
+    d = (p[:, None] - near).norm(dim=-1)
+    size = max(p.abs().max().item() if p.numel() else 0.0, corners.abs().max().item())
+    face = (d <= d.min(1, keepdim=True).values + tie * size).to(torch.int8).argmax(1)  # the first (smallest) index within the tie
+    rows = torch.arange(p.shape[0])
+    return d[rows, face], near[rows, face], face

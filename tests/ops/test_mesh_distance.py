@@ -1,5 +1,6 @@
-"""pcops.mesh_distance / mesh_bvh against a dense float64 reference: trimesh's closest point on
-every (point, face) pair and the exact winding number (tests/reference.py)."""
+"""pcops.mesh_distance / mesh_bvh against a dense float64 reference: the closest point on every
+(point, face) pair and the exact winding number (tests/reference.py). (trimesh's closest point
+is not a reference: on a sliver it returned a point 15% nearer than the triangle.)"""
 
 import pytest
 import torch
@@ -111,9 +112,9 @@ class TestMeshDistance(OpSuite):
         assert_mesh_distance(out, inputs["points"], inputs["vertices"], inputs["faces"], dtype)
 
     def grad_inputs(self, gen):
-        v, f = icosphere(1)
+        v, f = icosphere(0)  # 12 vertices: a short gradcheck
         directions = torch.nn.functional.normalize(torch.randn(10, 3, generator=gen, dtype=F64), dim=-1)
-        q = directions * torch.tensor([0.8, 1.2], dtype=F64).repeat(5)[:, None]  # inside and outside
+        q = directions * torch.tensor([0.5, 1.3], dtype=F64).repeat(5)[:, None]  # inside and outside
         return dict(points=q, vertices=v, faces=f)
 
     def opcheck_cases(self, gen):

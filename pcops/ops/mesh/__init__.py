@@ -1,5 +1,7 @@
 """Mesh ops: distance and signed distance to triangle meshes (``mesh_distance``, ``mesh_bvh``)."""
 
 from .distance import MeshBVH, MeshDistance, mesh_bvh, mesh_distance
+from .loss import point_mesh_face_distance
 
 __all__ = ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]
+__all__ += ["point_mesh_face_distance"]

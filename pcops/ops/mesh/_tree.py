@@ -126,7 +126,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
         return torch.cat([t, pad]).contiguous()
 
     scale = torch.nan_to_num(corners.abs(), nan=0.0, posinf=0.0).amax().to(dtype)
-    cast = lambda t: t.to(dtype).contiguous()  # noqa: E731
+    cast = lambda t: t.to(dtype, copy=True, memory_format=torch.contiguous_format)  # noqa: E731  (a copy: views of one tensor would alias)
     return Tree(order, cast(corners[:, 0]), cast(corners[:, 1]), cast(corners[:, 2]), group.contiguous(),
                 out(lo), out(hi), out(glo), out(ghi), out(center), out(normal), out(moment), out(radius), scale)
 
