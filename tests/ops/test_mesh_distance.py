@@ -320,3 +320,17 @@ def test_sample_ids_above_int32_keep_packed_meshes_apart(validate):
         assert torch.equal(a, b) if not b.dtype.is_floating_point else torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
     first = pcops.mesh_distance(q[qb == 0], v1, f1, signed=True)
     torch.testing.assert_close(small.dists[qb == 0], first.dists, rtol=0, atol=0)
+
+
+def test_the_cpu_chain_of_bounds_changes_nothing(monkeypatch):
+    """On the CPU a query starts from the face its thread's previous query found (a bound); the
+    result equals the walk from scratch, ties included."""
+    from pcops.ops.mesh import _search
+
+    gen = torch.Generator().manual_seed(10)
+    v, f = _grid(6)
+    q = torch.cat([3 * torch.rand(3000, 3, generator=gen, dtype=F64) - 1.5, v + torch.tensor([0.0, 0.0, 0.2], dtype=F64)])
+    chained = pcops.mesh_distance(q, v, f, max_dist=1.0)
+    monkeypatch.setattr(_search, "CHAIN", False)
+    plain = pcops.mesh_distance(q, v, f, max_dist=1.0)
+    assert torch.equal(chained.face, plain.face) and torch.equal(chained.dists, plain.dists)

@@ -29,6 +29,7 @@ TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distan
 FLAT = 64.0  # eps: a triangle whose height is below this times its longest edge is measured by its edges
 BETA = 2.0  # a node contributes its expansion when farther than BETA radii
 _STACK = 64
+CHAIN = True  # CPU: a query starts from the face found by the query before it on its thread (tests compare with False)
 
 
 @_warp.kernels
@@ -102,6 +103,8 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         ghi: wp.array(dtype=wp.int64),
         scale: wp.array(dtype=s),
         max_d2: s,
+        chain: int,
+        slot: wp.array(dtype=wp.int64),
         found: wp.array(dtype=wp.int64),
     ):
         i = int(rows[wp.tid() + start])
@@ -109,6 +112,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         qlo = wp.min(a, wp.min(b, c))
         qhi = wp.max(a, wp.max(b, c))
         found[i] = wp.int64(-1)
+        slot[i] = wp.int64(-1)
         if not (wp.isfinite(qlo) and wp.isfinite(qhi)):
             return
         g = query_group[i]
@@ -120,6 +124,24 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         upper = max_d2  # a face farther than this cannot win, not even a tie
         lower = max_d2  # a face nearer than this wins outright
         face = wp.int64(-1)
+        at = wp.int64(-1)
+        if chain != 0 and wp.tid() > 0:  # CPU: thread t - 1 ran before t; its face bounds this query's distance
+            prev = int(rows[wp.tid() + start - 1])
+            jp = slot[prev]
+            if jp >= wp.int64(0) and query_group[prev] == g:
+                d2 = s(0.0)
+                if wp.static(faces_to_points):
+                    d2 = triangle_d2(ta[jp], a, b, c)
+                else:
+                    d2 = triangle_d2(a, ta[jp], tb[jp], tc[jp])
+                if d2 <= max_d2:
+                    face = order[jp]
+                    at = jp
+                    best = d2
+                    r = wp.sqrt(best)
+                    upper = wp.min((r + near) * (r + near), max_d2)
+                    lower = wp.max(r - near, s(0.0))
+                    lower = lower * lower
         stack_node = _nodes()
         stack_depth = _nodes()
         stack_bound = _bounds()
@@ -152,6 +174,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                                 take = d2 < lower or (d2 <= upper and f < face)
                             if take:
                                 face = f
+                                at = wp.int64(j)
                                 best = wp.min(best, d2)
                                 r = wp.sqrt(best)
                                 upper = wp.min((r + near) * (r + near), max_d2)
@@ -174,6 +197,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                 node = first
                 d = d + 1
         found[i] = face
+        slot[i] = at
 
     return closest
 
@@ -283,7 +307,10 @@ def _mesh_closest(
         return found
     _warp.init()
     max_d2 = max_dist * max_dist if math.isfinite(max_dist) else float("inf")
-    args = [_tree.depth(ta.shape[0]), _tree.morton_order(qa, query_group), qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_d2, found]
+    slot = torch.empty_like(found)  # each query's face as a row of the sorted faces (the next query's first bound)
+    chain = int(qa.device.type == "cpu" and CHAIN)
+    args = [_tree.depth(ta.shape[0]), _tree.morton_order(qa, query_group), qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
+            scale, max_d2, chain, slot, found]
     _warp.launch(_closest_kernel(qa.dtype, faces_to_points), m, args, like=qa, min_chunk=64)
     return found
 
