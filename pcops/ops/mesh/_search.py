@@ -241,30 +241,32 @@ def _winding_kernel(dtype: torch.dtype):
             top = top - 1
             node = stack_node[top]
             d = stack_depth[top]
-            lo_g, hi_g = glo[node], ghi[node]
-            if g < lo_g or g > hi_g:
-                continue
-            r = center[node] - q
-            r2 = wp.dot(r, r)
-            rad = radius[node]
-            if lo_g == hi_g and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
-                inv = s(1.0) / wp.sqrt(r2)
-                inv3 = inv * inv * inv
-                mo = moment[node]
-                total += wp.dot(normal[node], r) * inv3 + wp.trace(mo) * inv3 - s(3.0) * wp.dot(r, mo * r) * inv3 * inv * inv
-            elif d == depth:
-                k = node + 1 - (1 << d)
-                j0 = int((n * wp.int64(k)) >> wp.int64(depth))
-                j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
-                for j in range(j0, j1):
-                    if group[j] == g:
-                        total += solid_angle(q, ta[j], tb[j], tc[j])
-            else:
-                stack_node[top] = 2 * node + 1
+            while True:  # down the left children, stacking the right ones
+                lo_g, hi_g = glo[node], ghi[node]
+                if g < lo_g or g > hi_g:
+                    break
+                r = center[node] - q
+                r2 = wp.dot(r, r)
+                rad = radius[node]
+                if lo_g == hi_g and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
+                    inv = s(1.0) / wp.sqrt(r2)
+                    inv3 = inv * inv * inv
+                    mo = moment[node]
+                    total += (wp.dot(normal[node], r) + wp.trace(mo) - s(3.0) * wp.dot(r, mo * r) * inv * inv) * inv3
+                    break
+                if d == depth:
+                    k = node + 1 - (1 << d)
+                    j0 = int((n * wp.int64(k)) >> wp.int64(depth))
+                    j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
+                    for j in range(j0, j1):
+                        if group[j] == g:
+                            total += solid_angle(q, ta[j], tb[j], tc[j])
+                    break
+                stack_node[top] = 2 * node + 2
                 stack_depth[top] = d + 1
-                stack_node[top + 1] = 2 * node + 2
-                stack_depth[top + 1] = d + 1
-                top = top + 2
+                top = top + 1
+                node = 2 * node + 1
+                d = d + 1
         out[i] = total / s(4.0 * math.pi)
 
     return winding
