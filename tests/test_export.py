@@ -8,9 +8,27 @@ import sys
 
 import pytest
 import torch
+
+import pcops
 from torch.export import Dim, export
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _MeshSDF(torch.nn.Module):
+    """The signed distance to a fixed mesh (a buffer), as a neural-SDF pipeline queries its target."""
+
+    def __init__(self):
+        super().__init__()
+        from tests.op_table import icosphere
+
+        vertices, faces = icosphere(1, torch.float32)
+        self.register_buffer("vertices", vertices * torch.tensor([1.0, 0.7, 1.2]))
+        self.register_buffer("faces", faces)
+
+    def forward(self, points):
+        out = pcops.mesh_distance(points, self.vertices, self.faces, signed=True)
+        return out.dists, out.closest
 
 
 def _models():
@@ -33,12 +51,13 @@ def _models():
         "sdf": (nets.SDFNet(hidden=8, scales=((4, 0.05), (8, 0.1))), (cloud(2, 300, 3), normals(2, 300, 3), cloud(2, 100, 3)),
                 (cloud(2, 350, 3), normals(2, 350, 3), cloud(2, 60, 3)), ({1: n}, {1: n}, {1: m})),
         "pointnet2": (PointNet2(3, levels=small, global_widths=(16, 16), hidden=16), (cloud(2, 300, 3),), (cloud(2, 333, 3),), ({1: n},)),
+        "mesh_distance": (_MeshSDF(), (3 * cloud(300, 3) - 1.5,), (3 * cloud(420, 3) - 1.5,), ({0: Dim("M", min=2, max=100_000)},)),
         "ptv3": (PointTransformerV3(3, channels=(16, 32), depths=(1, 1), heads=(2, 2), patch=(8, 8)), (cloud(2, 200, 3),),
                  (cloud(2, 260, 3),), ({1: Dim("N", min=16, max=100_000)},)),
     }
 
 
-@pytest.mark.parametrize("name", ["radius_projector", "knn_projector", "sdf", "pointnet2", "ptv3"])
+@pytest.mark.parametrize("name", ["radius_projector", "knn_projector", "sdf", "pointnet2", "ptv3", "mesh_distance"])
 def test_models_export_with_dynamic_sizes_and_load_in_a_fresh_process(name, tmp_path):
     model, args, other, shapes = _models()[name]
     model = model.eval()
