@@ -24,6 +24,7 @@ REQUIRED = {
     "point_networks": ("config", "eager", "compiled"),
     "sparse": ("bench", "ms"),
     "transformer": ("op", "ms"),
+    "mesh": ("bench",),
 }
 # train-step targets of the tutorial's models (docs/benchmarks.md): (model, pcops, reference) -> peer / pcops at least
 TARGETS = {
@@ -124,18 +125,21 @@ def partner(name: str, ms: dict):
 
 
 def ms_tables(section: str, rows: list, group, notes=()) -> str:
-    """Rows with an ``ms`` dict of pcops and its peers: a table per group, a column per peer."""
+    """Rows with an ``ms`` dict of pcops and its peers: a table per group, a column per peer (a
+    row's ``vs`` dict, where it has one, names the pcops timing each peer compares with, and
+    only those peers get a column)."""
     out = []
     groups = unique(group(r) for r in rows)
+    mate = lambda p, r: r["vs"].get(p) if "vs" in r else partner(p, r["ms"])  # noqa: E731
     for i, name in enumerate(groups):
         grp = [r for r in rows if group(r) == name]
-        lead = unique(k for r in grp for k in r if k not in ("ms", "ratio", "bench"))
+        lead = unique(k for r in grp for k in r if k not in ("ms", "ratio", "bench", "vs"))
         pairs = {}
         for r in grp:
             for p in r["ms"]:
-                if partner(p, r["ms"]) and p not in pairs:
-                    pairs[p] = partner(p, r["ms"])
-        body = [[num(r.get(k)) for k in lead] + [cell(r["ms"].get(partner(p, r["ms"]) or ""), r["ms"][p]) if p in r["ms"] else "-"
+                if mate(p, r) and p not in pairs:
+                    pairs[p] = mate(p, r)
+        body = [[num(r.get(k)) for k in lead] + [cell(r["ms"].get(mate(p, r) or ""), r["ms"][p]) if p in r["ms"] else "-"
                                                   for p in pairs] for r in grp]
         headers = lead + [f"{ours} / {p} ms" for p, ours in pairs.items()]
         out.append(table(f"{section}: {name}", headers, body, notes if i == len(groups) - 1 else ()))
@@ -191,6 +195,26 @@ def networks(rows: list, report: dict) -> str:
     return table("Point networks: training throughput (samples/s)", headers, body)
 
 
+def meshes(rows: list, report: dict) -> str:
+    """bench_mesh.py: timed rows by bench, the agreement with each peer, and the notes."""
+    timed = [r for r in rows if isinstance(r.get("ms"), dict)]
+    shown = lambda r: {**{k: v for k, v in r.items() if k != "ms"}, "pcops ms (build included)": r["ms"].get("pcops"),  # noqa: E731
+                       "pcops_prebuilt ms": r["ms"].get("pcops_prebuilt"), "ms": r["ms"]}
+    timed = [shown(r) if "pcops_prebuilt" in r["ms"] else r for r in timed]
+    agree = [r for r in rows if r["bench"] == "mesh_agreement"]
+    notes = [r["note"] for r in rows if r["bench"] == "mesh_note"]
+    out = [ms_tables("Meshes", timed, lambda r: r["bench"])] if timed else []
+    if agree:
+        fields = ("mesh", "faces", "queries", "peer", "max_abs_diff", "max_closest_gap", "sign_disagree", "checked", "pcops_right", "near_half")
+        show = lambda r, k: "-" if r.get(k) is None else (f"{100 * r[k]:.2f}%" if k == "sign_disagree" else  # noqa: E731
+                                                          f"{r[k]:.1e}" if isinstance(r[k], float) else num(r[k]))
+        out.append(table("Meshes: agreement with pcops (unsigned distance; sign, checked against the exact winding number)",
+                         list(fields), [[show(r, k) for k in fields] for r in agree], notes))
+    elif notes:
+        out.append("\n".join(f"* {n}" for n in notes) + "\n")
+    return "\n".join(out)
+
+
 SECTIONS = {
     "results": models,
     "search": lambda rows, report: ms_tables("CPU search", rows, lambda r: r["bench"], report.get("search_notes") or ()),
@@ -199,6 +223,7 @@ SECTIONS = {
     "point_networks": networks,
     "sparse": lambda rows, report: ms_tables("Sparse", rows, lambda r: r["bench"]),
     "transformer": lambda rows, report: ms_tables("Transformer", rows, lambda r: r["op"].split(":")[0]),
+    "mesh": meshes,
 }
 
 

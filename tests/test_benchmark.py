@@ -74,7 +74,7 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
     for fallback in ("not known to bench_report", "rows as written", "rows of another shape"):
         assert fallback not in text  # every section and row of the JSON has its own table
     titles = {"results": "Models (results)", "search": "CPU search", "geometry_ops": "Geometry ops", "sampling": "Sampling",
-              "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer"}
+              "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer", "mesh": "Meshes"}
     assert {key for key, value in report.items() if isinstance(value, list) and key != "search_notes"} == set(titles)
     blocks = {key: "".join(b for b in text.split("\n### ")[1:] if b.startswith(title)) for key, title in titles.items()}
     assert all(blocks.values()), [key for key, block in blocks.items() if not block]
@@ -95,6 +95,8 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
     for key in ("sparse", "transformer"):
         ms = report[key][0]["ms"]
         pairs[key] = (ms["pcops"], next(v for name, v in ms.items() if name != "pcops"))
+    loss = row(report["mesh"], bench="point_mesh_face_distance")["ms"]  # its rows need no peer but torch
+    pairs["mesh"] = (loss["pcops"], loss["torch_dense"])
     cell = _script("bench_report").cell
     for key, (ours, peer) in pairs.items():
         expected = cell(ours, peer)
