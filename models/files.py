@@ -1,9 +1,15 @@
 """The signed-distance task from files: meshes, point clouds and ModelNet-style HDF5.
 
 * meshes (.ply, .off, .obj, .stl; ModelNet's .off included), read with trimesh: surface
-  points and face normals sampled area-uniformly; targets from the mesh
-  (``trimesh.proximity.signed_distance``, sign flipped to negative inside; a mesh that is
-  not watertight gets a warning, its sign is unreliable);
+  points and face normals sampled area-uniformly; targets are the exact distances to the
+  mesh, negative inside, in float64 (``pcops.mesh_distance(..., signed=True)`` on the mesh's
+  hierarchy, built once per mesh with ``pcops.mesh_bvh``). Inside means a generalised winding
+  number >= 1/2, so the sign stays right on meshes that are not watertight (holes, gaps,
+  non-manifold edges, self-intersections), where the ray tests of
+  ``trimesh.proximity.signed_distance`` (the targets before) flip; the sign follows the
+  orientation of the faces, so a mesh whose faces are not consistently oriented gets a
+  warning (its sign is unreliable), and a mesh that is inside out (negative signed volume)
+  has its faces flipped when it is read;
 * point clouds: .npy (P, 3) or (P, 6) with normals, .npz with ``points`` (and ``normals``),
   .xyz text with 3 or 6 columns;
 * HDF5 (.h5, .hdf5), read with h5py: ``data`` (S, P, 3), optional ``normal`` (S, P, 3) and
@@ -13,7 +19,10 @@ Clouds without normals get PCA normals from their 16 nearest neighbours (``pcops
 oriented away from the centroid (right for star-shaped objects). A cloud's targets are
 ``sign((q - p) . n) * ||q - p||`` for its nearest point p with normal n.
 
-Everything is centred and scaled into [-0.9, 0.9]^3 before sampling.
+Each item (a mesh or a cloud) gives ``draws`` samples, each with its own surface points and
+queries (and, with ``rotate``, a random rotation); all of an item's samples go to the same
+split. Everything is centred and scaled into [-0.9, 0.9]^3 (after the rotation) before
+sampling.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch
 import pcops
 
 from .data import Progress, TensorDictDataset, _Module, sdf_queries
-from .shapes import slice_grid
+from .shapes import _rotation, slice_grid
 
 MESH = {".ply", ".off", ".obj", ".stl"}
 CLOUD = {".npy", ".npz", ".xyz"}
@@ -121,7 +130,31 @@ def _load_mesh(path: pathlib.Path):
         raise _problem(path, "vertices contain NaN or inf")
     if not float(mesh.area) > 0:
         raise _problem(path, "a mesh with zero surface area")
+    if not mesh.is_winding_consistent:
+        warnings.warn(f"{path}: its faces are not consistently oriented: the sign of its distances (winding number) is unreliable")
+    elif _signed_volume(mesh.vertices, mesh.faces) < 0:
+        mesh.invert()  # inside out: its inside would have winding number -1
     return mesh
+
+
+def _signed_volume(vertices: np.ndarray, faces: np.ndarray) -> float:
+    """The volume the faces enclose, positive for outward faces (about the bounding box centre,
+    so that an open mesh gets a meaningful sign too)."""
+    corners = np.asarray(vertices, dtype=np.float64)[np.asarray(faces)]
+    corners = corners - (corners.reshape(-1, 3).min(0) + corners.reshape(-1, 3).max(0)) / 2
+    return float(np.linalg.det(corners).sum() / 6)
+
+
+def mesh_sdf(vertices: np.ndarray, faces: np.ndarray):
+    """Signed distance to a triangle mesh in float64, negative inside (generalised winding number
+    >= 1/2): ``pcops.mesh_distance`` on the mesh's hierarchy, built once here."""
+    bvh = pcops.mesh_bvh(torch.from_numpy(np.asarray(vertices, dtype=np.float64)),
+                         torch.from_numpy(np.asarray(faces, dtype=np.int64)))
+
+    def sdf(queries: torch.Tensor) -> torch.Tensor:
+        return pcops.mesh_distance(queries.double(), bvh, signed=True).dists
+
+    return sdf
 
 
 def load_items(files: list[pathlib.Path], min_points: int = NORMAL_K) -> list[tuple[str, object]]:
@@ -179,6 +212,10 @@ class FileSDFDataModule(_Module):
         n_points, n_queries, near_std, grid_resolution: as in ShapesSDFDataModule.
         val_fraction, test_fraction: share of the items held out (at least one each when
             there are 3 or more items; with fewer, every split uses all items, with a warning).
+        draws: samples per item, each with its own surface points and queries; an item's
+            samples all go to the split of the item.
+        rotate: turn each sample (the first included) by its own uniformly random rotation
+            before it is scaled into [-0.9, 0.9]^3.
     """
 
     def __init__(
@@ -194,33 +231,41 @@ class FileSDFDataModule(_Module):
         seed: int = 0,
         num_workers: int = 0,
         min_points: int = NORMAL_K,
+        draws: int = 1,
+        rotate: bool = False,
     ):
         super().__init__(batch_size, seed, num_workers)
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+            raise ValueError(f"draws must be a positive integer, got {draws!r}")
         self.files = expand(paths)  # fail before any work on a missing file
         self.items = load_items(self.files, min_points)  # ... or on a malformed one
         self.save_hyperparameters()
+        self._figure_sdf = None  # the first test sample's true field, for a mesh
 
-    def _sample(self, kind, payload, i: int) -> dict[str, torch.Tensor]:
+    def _sample(self, kind, payload, i: int, draw: int = 0):
+        """Item i's sample number ``draw`` and its signed distance function."""
         h = self.hparams
-        gen = torch.Generator().manual_seed(h.seed * 1_000_003 + i)
+        seed = h.seed * 1_000_003 + i + draw * 1_000_000_007  # draw 0: the seed of one draw per item
+        gen = torch.Generator().manual_seed(seed)
+        rotation = _rotation(gen).numpy() if h.rotate else None
         if kind == "mesh":
             import trimesh
 
-            path, mesh = payload[0], payload[1].copy()
-            if not mesh.is_watertight:
-                warnings.warn(f"{path} is not watertight: the sign of its distances is unreliable")
+            mesh = payload[1].copy()
+            if rotation is not None:
+                mesh.vertices = mesh.vertices @ rotation.T
             centre, scale = _normalise(np.asarray(mesh.vertices))
             mesh.apply_translation(-centre)
             mesh.apply_scale(1.0 / scale)
-            points, faces = trimesh.sample.sample_surface(mesh, h.n_points, seed=h.seed * 1_000_003 + i)
+            points, faces = trimesh.sample.sample_surface(mesh, h.n_points, seed=seed)
             points = torch.from_numpy(np.asarray(points, dtype=np.float64))
             normals = torch.from_numpy(np.asarray(mesh.face_normals[faces], dtype=np.float64))
-
-            def sdf(q: torch.Tensor) -> torch.Tensor:
-                return -torch.from_numpy(trimesh.proximity.signed_distance(mesh, q.numpy()))
-
+            sdf = mesh_sdf(mesh.vertices, mesh.faces)
         else:
             cloud, cloud_normals = payload
+            if rotation is not None:
+                cloud = cloud @ rotation.T
+                cloud_normals = None if cloud_normals is None else cloud_normals @ rotation.T
             centre, scale = _normalise(cloud)
             all_points = torch.from_numpy((cloud - centre) / scale)
             if cloud_normals is None:
@@ -231,34 +276,47 @@ class FileSDFDataModule(_Module):
             points, normals = all_points[pick], all_normals[pick]
             sdf = cloud_sdf(all_points, all_normals)
         queries, target = sdf_queries(sdf, points, h.n_queries, gen, h.near_std, h.grid_resolution)
-        return {"points": points, "normals": normals, "queries": queries, "target": target}
+        return {"points": points, "normals": normals, "queries": queries, "target": target}, (sdf if kind == "mesh" else None)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        items = self.items
-        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
-        progress = Progress(len(order), "samples", f"from {len(self.files)} file(s)")
-        samples = []
-        for j in order:
-            samples.append(self._sample(*items[j], j))
-            progress.step()
-        progress.done()
-        n = len(samples)
+        h, items = self.hparams, self.items
+        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(h.seed)).tolist()
+        n = len(order)
         if n < 3:
             warnings.warn(f"only {n} item(s) in data.paths: train, val and test all use them")
+            n_val = n_test = 0
+        else:
+            n_val = max(1, round(h.val_fraction * n))
+            n_test = max(1, round(h.test_fraction * n))
+        first_test = n_val if n >= 3 else 0  # the item whose first sample the figure shows
+        progress = Progress(n * h.draws, "samples", f"from {len(self.files)} file(s)" + (f", {h.draws} per item" if h.draws > 1 else ""))
+        samples = []
+        for position, j in enumerate(order):
+            for draw in range(h.draws):
+                sample, sdf = self._sample(*items[j], j, draw)
+                samples.append(sample)
+                if position == first_test and draw == 0:
+                    self._figure_sdf = sdf
+                progress.step()
+        progress.done()
+        if n < 3:
             parts = {"train": samples, "val": samples, "test": samples}
         else:
-            n_val = max(1, round(self.hparams.val_fraction * n))
-            n_test = max(1, round(self.hparams.test_fraction * n))
-            parts = {"val": samples[:n_val], "test": samples[n_val : n_val + n_test], "train": samples[n_val + n_test :]}
+            val, test = n_val * h.draws, (n_val + n_test) * h.draws
+            parts = {"val": samples[:val], "test": samples[val:test], "train": samples[test:]}
         for split, part in parts.items():
             self.splits[split] = TensorDictDataset.stack(part)
 
     def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
-        """The first test item's cloud with queries on the z = 0 slice (targets: nearest-point SDF)."""
+        """The first test sample's cloud with queries on the z = 0 slice; targets: the mesh's
+        signed distance for a mesh, the nearest-point SDF of the sample's cloud for a cloud."""
         self.setup()
         sample = self.splits["test"][0]
         queries = slice_grid(resolution)
-        target = cloud_sdf(sample["points"].double(), sample["normals"].double())(queries.double()).float()
+        if self._figure_sdf is not None:
+            target = self._figure_sdf(queries.double()).float()
+        else:
+            target = cloud_sdf(sample["points"].double(), sample["normals"].double())(queries.double()).float()
         return {"points": sample["points"][None], "normals": sample["normals"][None], "queries": queries[None], "target": target[None]}

@@ -1,5 +1,7 @@
 """The data modules of models/: exact shapes, determinism, and every file format."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -114,6 +116,129 @@ def test_files_split_into_train_val_test(tmp_path):
     data = FileSDFDataModule([str(tmp_path / "*.stl")], n_points=64, n_queries=64, val_fraction=0.2, test_fraction=0.2)
     data.setup()
     assert [len(data.splits[s]) for s in ("train", "val", "test")] == [4, 1, 1]
+
+
+def _one_mesh_sample(path, **kwargs):
+    """The one sample of a one-mesh FileSDFDataModule as the module makes it (float64, before the
+    splits store it in float32), and the mesh scaled as the module scales it."""
+    import trimesh
+
+    from models.files import _normalise
+
+    data = FileSDFDataModule([str(path)], **kwargs)
+    sample, _ = data._sample(*data.items[0], 0)
+    mesh = trimesh.load(path, force="mesh")
+    centre, scale = _normalise(np.asarray(mesh.vertices))
+    mesh.apply_translation(-centre)
+    mesh.apply_scale(1.0 / scale)
+    return sample, mesh
+
+
+def _winding_number(queries: np.ndarray, vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    """The exact generalised winding number (float64, every face's solid angle)."""
+    d = vertices[faces][None] - queries[:, None, None]  # (Q, F, 3, 3)
+    a, b, c = d[..., 0, :], d[..., 1, :], d[..., 2, :]
+    la, lb, lc = (np.linalg.norm(x, axis=-1) for x in (a, b, c))
+    det = (a * np.cross(b, c)).sum(-1)
+    den = la * lb * lc + (a * b).sum(-1) * lc + (b * c).sum(-1) * la + (c * a).sum(-1) * lb
+    return np.arctan2(det, den).sum(-1) / (2 * np.pi)
+
+
+def test_mesh_targets_are_the_exact_signed_distance_on_a_closed_mesh(tmp_path):
+    import trimesh
+
+    trimesh.creation.icosphere(2).export(tmp_path / "ball.ply")
+    sample, mesh = _one_mesh_sample(tmp_path / "ball.ply", n_points=256, n_queries=1024)
+    queries, target = sample["queries"].double().numpy(), sample["target"].double().numpy()
+    assert sample["target"].dtype == torch.float64
+    _, distance, _ = trimesh.proximity.closest_point(mesh, queries)  # float64 brute force
+    np.testing.assert_allclose(np.abs(target), distance, rtol=0, atol=1e-12)
+    # inside a convex mesh: behind every face's plane
+    inside = (np.einsum("qfi,fi->qf", queries[:, None] - mesh.triangles[None, :, 0], mesh.face_normals) < 0).all(1)
+    assert 100 < inside.sum() < len(queries) - 100
+    clear = distance > 1e-9
+    assert ((target < 0) == inside)[clear].all()
+
+
+def test_mesh_targets_on_an_open_mesh_take_the_sign_of_the_winding_number(tmp_path):
+    import trimesh
+
+    ball = trimesh.creation.icosphere(2)
+    keep = ball.triangles_center[:, 2] < 0.6  # a hole: the cap above z = 0.6 cut away
+    open_ball = trimesh.Trimesh(ball.vertices, ball.faces[keep])
+    assert not open_ball.is_watertight
+    open_ball.export(tmp_path / "bowl.ply")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(sign|orient|watertight)")  # no warning about the sign
+        sample, mesh = _one_mesh_sample(tmp_path / "bowl.ply", n_points=256, n_queries=1024)
+    queries, target = sample["queries"].double().numpy(), sample["target"].double().numpy()
+    _, distance, _ = trimesh.proximity.closest_point(mesh, queries)
+    np.testing.assert_allclose(np.abs(target), distance, rtol=0, atol=1e-12)
+    w = _winding_number(queries, np.asarray(mesh.vertices), np.asarray(mesh.faces))
+    clear = np.abs(w - 0.5) >= 0.1  # the sign's promise (a fast winding number within that)
+    assert ((target < 0) == (w >= 0.5))[clear].all()
+    assert 100 < (w >= 0.6).sum() and 100 < (w <= 0.4).sum()
+    assert ((w > 0.1) & (w < 0.9)).sum() > 10  # queries near the hole, neither clearly in nor out
+
+
+def test_an_inside_out_mesh_is_flipped_and_an_inconsistent_one_warned_about(tmp_path):
+    import trimesh
+
+    ball = trimesh.creation.icosphere(2)
+    ball.export(tmp_path / "ball.ply")
+    inverted = ball.copy()
+    inverted.invert()
+    inverted.export(tmp_path / "inverted.ply")
+    sample, _ = _one_mesh_sample(tmp_path / "ball.ply", n_points=64, n_queries=256)
+    flipped, _ = _one_mesh_sample(tmp_path / "inverted.ply", n_points=64, n_queries=256)
+    torch.testing.assert_close(flipped["target"], sample["target"], rtol=0, atol=1e-12)
+    assert (sample["target"] < 0).any()
+    mixed = ball.faces.copy()
+    mixed[::3] = mixed[::3, ::-1]
+    trimesh.Trimesh(ball.vertices, mixed, process=False).export(tmp_path / "mixed.ply")
+    with pytest.warns(UserWarning, match="not consistently oriented"):
+        FileSDFDataModule([str(tmp_path / "mixed.ply")])
+
+
+def test_draws_give_each_item_several_samples_in_its_own_split(tmp_path):
+    import trimesh
+
+    for i in range(4):
+        trimesh.creation.box(extents=(1, 1 + 0.2 * i, 1)).export(tmp_path / f"box{i}.stl")
+    one = FileSDFDataModule([str(tmp_path / "*.stl")], n_points=32, n_queries=32, val_fraction=0.25, test_fraction=0.25)
+    three = FileSDFDataModule([str(tmp_path / "*.stl")], n_points=32, n_queries=32, val_fraction=0.25, test_fraction=0.25,
+                              draws=3)
+    one.setup()
+    three.setup()
+    assert [len(three.splits[s]) for s in ("train", "val", "test")] == [6, 3, 3]
+    for split in ("train", "val", "test"):  # draw 0 is the sample of one draw; the others are new
+        for j in range(len(one.splits[split])):
+            torch.testing.assert_close(three.splits[split][3 * j], one.splits[split][j], rtol=0, atol=0)
+            assert not torch.equal(three.splits[split][3 * j + 1]["points"], three.splits[split][3 * j]["points"])
+    # an item's draws share its split: the same box (extents) in every draw of a test item
+    extents = [three.splits["test"][k]["points"].abs().amax(0) for k in range(3)]
+    torch.testing.assert_close(extents[1], extents[0], rtol=0, atol=0.05)
+    with pytest.raises(ValueError, match="draws must be a positive integer"):
+        FileSDFDataModule([str(tmp_path / "*.stl")], draws=0)
+
+
+def test_rotated_draws_have_the_rotated_meshes_signed_distance(tmp_path):
+    import trimesh
+
+    trimesh.creation.box(extents=(1.0, 1.6, 0.6)).export(tmp_path / "box.stl")
+    data = FileSDFDataModule([str(tmp_path / "box.stl")], n_points=512, n_queries=512, draws=2, rotate=True)
+    for k in range(2):
+        sample, _ = data._sample(*data.items[0], 0, k)
+        # the box's axes are its face normals (up to sign): a random rotation, not the file's axes
+        axes = torch.unique(torch.round(sample["normals"].abs(), decimals=6), dim=0)
+        axes = torch.stack([sample["normals"][(sample["normals"].abs() - a).abs().sum(-1) < 1e-5][0] for a in axes])
+        assert axes.shape == (3, 3) and (axes.abs().amax(-1) < 0.999).any()
+        torch.testing.assert_close(axes @ axes.T, torch.eye(3, dtype=torch.float64), rtol=0, atol=1e-9)
+        local = sample["points"] @ axes.T  # the box's frame (centred by the scaling)
+        half = local.abs().amax(0)
+        q = (sample["queries"] @ axes.T).abs() - half
+        box_sdf = q.clamp_min(0).norm(dim=-1) + q.amax(-1).clamp_max(0)
+        torch.testing.assert_close(sample["target"], box_sdf, rtol=0, atol=1e-12)
 
 
 def _malformed(tmp_path, kind):

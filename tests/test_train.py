@@ -31,7 +31,8 @@ def overrides(config: pathlib.Path, files: list[str]) -> list[str]:
     elif data.endswith(("ShapesClassDataModule", "ShapesSegDataModule", "ModelNetDataModule")):
         pytest.skip("the point-network configs run in tests/test_models.py (tiny data, a synthetic ModelNet tree)")
     elif data.endswith("FileSDFDataModule"):
-        args += ["--data.init_args.paths", str(files), "--data.init_args.n_points", "128", "--data.init_args.n_queries", "128"]
+        args += ["--data.init_args.paths", str(files), "--data.init_args.n_points", "128", "--data.init_args.n_queries", "128",
+                 "--data.init_args.draws", "2"]
     if "backend: cuml" in config.read_text():
         args += ["--model.init_args.backend", "auto"]  # cuML needs a GPU; the rest of the config is tested as is
     return args
