@@ -17,6 +17,7 @@ from .ops import SerializedPool, SerializedPoolPadded, serialized_pool, serializ
 from .ops import segment_reduce
 from .ops import gather
 from .ops import MeshBVH, MeshDistance, mesh_bvh, mesh_distance, point_mesh_face_distance
+from .ops import MeshSamples, sample_points_on_mesh
 from .warp_op import warp_op
 
 try:  # the installed distribution's version (pyproject.toml's), read from its metadata
@@ -42,3 +43,4 @@ __all__ += ["gather"]
 __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
 __all__ += ["warp_op"]
 __all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance", "point_mesh_face_distance"]
+__all__ += ["MeshSamples", "sample_points_on_mesh"]

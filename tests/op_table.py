@@ -190,6 +190,12 @@ OPS = [
        notes={"numbers": "no number argument",
               "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
                        "tests/ops/test_mesh_loss.py packs with other ids"}),
+    Op("sample_points_on_mesh", _mesh,
+       lambda i, n_samples=64, seed=0, **kw: pcops.sample_points_on_mesh(i["vertices"], i["faces"], n_samples, seed=seed, **kw),
+       points=("vertices",), grad=("vertices",), page="mesh_sampling", bench="sample_points_on_mesh",
+       notes={"batch": "packed meshes need every face's vertices in one sample, which random ids per row break, and its "
+                       "ids number its B * n_samples rows (B = the largest id + 1 unless batch_size says): ids above int32 "
+                       "ask for 2**32 meshes; tests/ops/test_mesh_sample.py packs meshes"}),
     Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "

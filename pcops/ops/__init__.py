@@ -25,6 +25,7 @@ from .sparse import SerializedPool, SerializedPoolPadded, serialized_pool, seria
 from .sparse import segment_reduce
 from .neighbours import gather
 from .mesh import MeshBVH, MeshDistance, mesh_bvh, mesh_distance, point_mesh_face_distance
+from .mesh import MeshSamples, sample_points_on_mesh
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -41,3 +42,4 @@ __all__ += ["segment_reduce"]
 __all__ += ["gather"]
 __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
 __all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance", "point_mesh_face_distance"]
+__all__ += ["MeshSamples", "sample_points_on_mesh"]
