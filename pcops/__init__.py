@@ -4,7 +4,7 @@ from . import _vml
 from .nn import KNNAggregation, RadiusAggregation, SparseConv3d
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
-from .ops import BallQuery, ball_query
+from .ops import BallQuery, ball_queries, ball_query
 from .ops import PaddedEdges, knn_graph, radius_graph
 from .ops import knn_interpolate
 from .ops import chamfer_distance
@@ -29,7 +29,7 @@ _vml.warm_up()  # before torch's threads can first run MKL's math functions at o
 
 __all__ = ["KNN", "KNNAggregation", "RadiusAggregation", "knn", "knn_aggregate", "radius_aggregate", "__version__"]
 __all__ += ["FPS", "farthest_point_sample"]
-__all__ += ["BallQuery", "ball_query"]
+__all__ += ["BallQuery", "ball_query", "ball_queries"]
 __all__ += ["PaddedEdges", "knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]

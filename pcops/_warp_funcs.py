@@ -4,7 +4,7 @@ Each factory returns ``@wp.func`` functions for one float dtype (and variant), c
 arguments and created under the build lock (:func:`pcops._warp.kernels`):
 
 * :func:`sorted_insert` -- keep a row's k best (distance, index) pairs sorted by insertion
-  (ball query; the kd-tree search on squared distances);
+  (ball query, in a range of columns per radius; the kd-tree search on squared distances);
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
   list's bounding box on the CPU);
@@ -31,10 +31,14 @@ from ._warp import kernels, scalar, vec3
 
 
 @kernels
-def sorted_insert(dtype: torch.dtype, squared: bool = False):
+def sorted_insert(dtype: torch.dtype, squared: bool = False, columns: bool = False):
     """``insert(dists, idx, i, n, d, j) -> n``: put (d, j) into row i of (M, k) arrays that hold
     the row's n best pairs sorted by distance, ties by the smaller index; returns the new count.
     A pair worse than a full row's last is dropped.
+
+    ``columns``: ``insert(dists, idx, i, first, k, n, d, j) -> n``, the same in the k columns
+    ``first .. first + k - 1`` of row i (several sorted rows side by side: the ball queries of
+    several radii). The plain form is this one on all the columns.
 
     ``squared``: the row holds squared distances, in the order of their square roots (the
     distances returned), ties by the smaller index: two squares a few ulps apart can have the
@@ -58,12 +62,11 @@ def sorted_insert(dtype: torch.dtype, squared: bool = False):
         return a < b or (a == b and ja < jb)
 
     @wp.func(module="unique")
-    def insert(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, d: s, j: wp.int64):
-        k = dists.shape[1]
-        last = wp.min(n, k - 1)
+    def insert_in(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, first: int, k: int, n: int, d: s, j: wp.int64):
+        last = first + wp.min(n, k - 1)
         if n < k or before(d, j, dists[i, last], idx[i, last]):
             pos = last
-            while pos > 0:
+            while pos > first:
                 if before(dists[i, pos - 1], idx[i, pos - 1], d, j):
                     break
                 dists[i, pos] = dists[i, pos - 1]
@@ -74,7 +77,11 @@ def sorted_insert(dtype: torch.dtype, squared: bool = False):
             return wp.min(n + 1, k)
         return n
 
-    return insert
+    @wp.func(module="unique")
+    def insert(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, d: s, j: wp.int64):
+        return insert_in(dists, idx, i, 0, dists.shape[1], n, d, j)
+
+    return insert_in if columns else insert
 
 
 @kernels

@@ -441,6 +441,50 @@ def _fps_cases(args, device, shape: str):
     return cases
 
 
+# PhysicsNeMo's radius_search benchmark (physicsnemo/nn/functional/neighbors/radius_search:
+# torch.rand points and queries, r = 0.1, at most 32) and GeoTransolver's six ball queries per
+# forward (radii and caps of its volume configs), on the same unit-cube inputs
+RADIUS_SEARCH_SIZES = ((1_024, 512), (4_096, 2_048), (8_192, 4_096))  # (points, queries)
+GEOTRANSOLVER = ([0.01, 0.05, 0.25, 1.0, 2.5, 5.0], [4, 8, 16, 64, 128, 256])
+
+
+def _radius_search_cases(args, device, ckdtree, o3c):
+    """(op, variant, n, fn or None, note, queries) rows at PhysicsNeMo's radius_search sizes (the
+    first only with --quick): ``ball_query:physicsnemo`` (r = 0.1, K = 32) and
+    ``ball_queries:geotransolver`` (six radii 0.01-5.0, caps 4-256) against separate ball_query
+    calls, cKDTree's query_ball_point (workers=-1; every point within r, no cap, not sorted by
+    distance, no counts: less than a ball query returns) and Open3D's hybrid_search (the K
+    nearest within r, d < r), each peer's index built in the call."""
+    cases = []
+    for n, m in RADIUS_SEARCH_SIZES[:1] if args.quick else RADIUS_SEARCH_SIZES:
+        made = op_inputs("ball_query", 20, n, "cpu", None, n_query=m, channels=1)  # the table's unit cube: torch.rand
+        query, ref = made["query"], made["ref"]
+        dq, dref = query.to(device), ref.to(device)
+        q_pts, p_pts = query.numpy(), ref.numpy()
+        for op, (radii, caps) in (("ball_query:physicsnemo", ([0.1], [32])), ("ball_queries:geotransolver", GEOTRANSOLVER)):
+            shown = f"{m:,} queries, r={radii[0]}, K={caps[0]}" if len(radii) == 1 else f"{m:,} queries, radii 0.01-5.0, K 4-256"
+            if len(radii) == 1:
+                cases.append((op, "pcops", n, lambda r=radii[0], k=caps[0]: pcops.ball_query(dq, dref, r, k, validate=False), shown, m))
+            else:
+                cases.append((op, "pcops", n, lambda: pcops.ball_queries(dq, dref, *GEOTRANSOLVER, validate=False), shown, m))
+                cases.append((op, "pcops_calls", n, lambda: [pcops.ball_query(dq, dref, r, k, validate=False) for r, k in zip(*GEOTRANSOLVER)],
+                              f"{shown}: one ball_query call per radius", m))
+            if ckdtree is not None:
+                def ball_point(radii=radii):
+                    tree = ckdtree(p_pts)
+                    return [tree.query_ball_point(q_pts, r, workers=-1) for r in radii]
+
+                cases.append((op, "scipy_ckdtree", n, ball_point, f"{shown}: query_ball_point, workers=-1, all within r, no cap", m))
+            if o3c is not None:
+                def hybrid(radii=radii, caps=caps):
+                    index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p_pts))
+                    index.hybrid_index(max(radii))
+                    return [index.hybrid_search(o3c.Tensor(q_pts), r, k) for r, k in zip(radii, caps)]
+
+                cases.append((op, "open3d", n, hybrid, f"{shown}: hybrid_search (d < r)", m))
+    return cases
+
+
 def _sampling_cases(args, device, shape: str = "uniform"):
     """(op, variant, n, fn or None, note[, S]) for every row of the sampling section on one cloud
     shape (FPS rows carry their number of picks S); radii and voxel sizes follow the cloud
@@ -475,6 +519,8 @@ def _sampling_cases(args, device, shape: str = "uniform"):
             return index.hybrid_search(o3c.Tensor(query.numpy()), radius, k)
 
         cases.append(("ball_query", "open3d", n, o3d_hybrid, "hybrid_search (d < r)"))
+    if shape == "uniform":  # PhysicsNeMo's own inputs (the unit cube), once
+        cases += _radius_search_cases(args, device, ckdtree, o3c)
 
     # graphs over the cloud: k = 16, and a radius with 16 neighbours for half of the points
     k = 16

@@ -155,6 +155,11 @@ def _mesh(g, n=200, *, faces=80, dtype=F64, cloud=None):
     return dict(points=points, vertices=vertices, faces=tris)
 
 
+def _flat(results: tuple) -> tuple:
+    """The tensors of a tuple of results (NamedTuples), one after another."""
+    return tuple(t for result in results for t in result)
+
+
 PAIR_IDS = {"query_batch": "query", "ref_batch": "ref"}  # a two-cloud op's packed sample ids: the input each labels
 ONE_IDS = {"batch": "points"}
 NO_GRAD = "its outputs are indices (edges, codes, neighbour tables): nothing to differentiate"
@@ -172,6 +177,9 @@ OPS = [
        bench="radius_aggregate", batch=PAIR_IDS),
     Op("ball_query", _two, lambda i, radius=0.2, max_neighbors=8, **kw: pcops.ball_query(i["query"], i["ref"], radius, max_neighbors, **kw),
        points=("query", "ref"), grad=("query", "ref"), clouds=2, page="ball_query", bench="ball_query", batch=PAIR_IDS),
+    Op("ball_queries", _two,  # its tuple of BallQuery results flattened: the table's checks read a tuple of tensors
+       lambda i, radius=0.1, max_neighbors=8, **kw: _flat(pcops.ball_queries(i["query"], i["ref"], (radius, 1.5 * radius, 3 * radius), max_neighbors, **kw)),
+       points=("query", "ref"), grad=("query", "ref"), clouds=2, page="ball_query", bench="ball_queries", batch=PAIR_IDS),
     Op("knn_interpolate", _two, lambda i, k=3, **kw: pcops.knn_interpolate(i["query"], i["ref"], i["features"], k, **kw),
        points=("query", "ref", "features"), grad=("query", "ref", "features"), clouds=2, page="knn_interpolate",
        bench="knn_interpolate", batch=PAIR_IDS),

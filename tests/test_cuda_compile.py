@@ -25,6 +25,7 @@ FACTORIES = [
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_query._kernel, (d,)) for d in (F32, F64)],
+    *[(f"ball queries {d}", ball_query._kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],

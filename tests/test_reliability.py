@@ -85,6 +85,7 @@ for (op, backend), where, value, grouped in cases:
         try:
             {{
                 "ball_query": lambda: pcops.ball_query(q, p, 0.1, 8, validate=False, **kw),
+                "ball_queries": lambda: pcops.ball_queries(q, p, [0.1, 0.05, 0.3], 8, validate=False, **kw),
                 "knn_interpolate": lambda: pcops.knn_interpolate(q, p, f, 3, validate=False, **kw),
                 "chamfer_distance": lambda: pcops.chamfer_distance(q, p, x_batch=kw.get("query_batch"), y_batch=kw.get("ref_batch"), validate=False),
                 "knn_graph": lambda: pcops.knn_graph(p, 6, **one),

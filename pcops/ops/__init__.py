@@ -15,7 +15,7 @@ from .geometry import chamfer_distance
 from .geometry import estimate_normals
 from .neighbours import radius_aggregate
 from .sampling import FPS, farthest_point_sample
-from .neighbours import BallQuery, ball_query
+from .neighbours import BallQuery, ball_queries, ball_query
 from .neighbours import PaddedEdges, knn_graph, radius_graph
 from .sampling import VoxelPool, VoxelPoolPadded, voxel_pool
 from .sampling import GridSample, GridSamplePadded, grid_sample
@@ -29,7 +29,7 @@ from .mesh import MeshSamples, sample_points_on_mesh
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
-__all__ += ["BallQuery", "ball_query"]
+__all__ += ["BallQuery", "ball_query", "ball_queries"]
 __all__ += ["PaddedEdges", "knn_graph", "radius_graph"]
 __all__ += ["knn_interpolate"]
 __all__ += ["chamfer_distance"]

@@ -8,9 +8,9 @@ gradient of the radius aggregation).
 from .nearest import KNN, knn, knn_aggregate
 from .interpolate import knn_interpolate
 from .radius import radius_aggregate
-from .ball_query import BallQuery, ball_query
+from .ball_query import BallQuery, ball_queries, ball_query
 from .graph import PaddedEdges, knn_graph, radius_graph
 from .gather import gather
 
-__all__ = ["KNN", "knn", "knn_aggregate", "knn_interpolate", "radius_aggregate", "BallQuery", "ball_query"]
+__all__ = ["KNN", "knn", "knn_aggregate", "knn_interpolate", "radius_aggregate", "BallQuery", "ball_query", "ball_queries"]
 __all__ += ["PaddedEdges", "knn_graph", "radius_graph", "gather"]

@@ -224,6 +224,18 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
+def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) -> tuple[torch.Tensor, list]:
+    """(boxes, host): the boxes of the finite reference and query points (2, 2, 3) on their
+    device (:func:`_boxes`), and on the host (one read, float64: sample ids up to 2^53 stay
+    exact) the same 12 numbers followed by the largest sample id (0 for one cloud): what sizes
+    the grid of a :class:`CellList` of any radius over these points."""
+    boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
+    samples = torch.zeros(1, dtype=torch.float64, device=ref.device)  # the largest sample id
+    if ref_group is not None and ref_group.numel():
+        samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
+    return boxes, torch.cat([boxes.flatten().double(), samples]).cpu().tolist()
+
+
 def _starts(ordered: torch.Tensor, total: int, out: torch.Tensor) -> None:
     """``out[c]`` (c = 0 .. total): the first position of key c in the sorted keys ``ordered``
     (a Warp kernel, not torch.searchsorted: see permute)."""
@@ -287,19 +299,16 @@ class CellList:
 
     One host read: the two boxes and the number of samples, which size the grid (``starts``);
     on a GPU the frame is made on the device from the same boxes (no copy from the host).
+    ``extent``: that read's result (:func:`extent_of`), for lists of several radii over the
+    same points (one read for all of them).
     """
 
-    def __init__(self, query, ref, radius: float, query_group, ref_group):
+    def __init__(self, query, ref, radius: float, query_group, ref_group, extent: Optional[tuple] = None):
         dev, n, m = ref.device, ref.shape[0], query.shape[0]
         if n == 0 or m == 0:  # nothing to search: an empty list
             self._empty(m, ref)
             return
-        boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
-        samples = torch.zeros(1, dtype=torch.float64, device=dev)  # the largest sample id
-        if ref_group is not None and ref_group.numel():
-            samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
-        # the one host read (float64: sample ids up to 2^53 stay exact)
-        host = torch.cat([boxes.flatten().double(), samples]).cpu().tolist()
+        boxes, host = extent if extent is not None else extent_of(query, ref, query_group, ref_group)
         reach = radius * 1.01  # beyond it no point can be a neighbour, rounding included
         low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
         high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]

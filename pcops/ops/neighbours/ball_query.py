@@ -13,6 +13,12 @@ candidates; each query keeps its K best (distance, index) pairs sorted in its ou
 insertion. The kernel returns indices only: distances are
 recomputed in torch from them, as :func:`pcops.knn` does, so they are differentiable with
 respect to both point sets. Output shapes are static: the op compiles with ``fullgraph=True``.
+
+:func:`ball_queries` runs it at several radii in one call (one result per radius, each equal to
+:func:`ball_query`'s): one layout, one check, and per group of close radii (``GROUP_RATIO``)
+one cell list and one scan that tests each point against every radius of the group. Both ops
+call :func:`_search` and its one kernel (``_kernel``); a group of several radii compiles a
+kernel for its caps (their columns are constants of the kernel), once per set of caps.
 """
 
 from typing import NamedTuple, Optional
@@ -34,38 +40,113 @@ class BallQuery(NamedTuple):
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype):
-    """One thread per query (in cell order): scan the cells that meet [q - r, q + r], keep the K
-    best (distance, original index) pairs and count every point within the radius."""
+def _kernel(dtype: torch.dtype, columns: tuple = ()):
+    """(kernel, Radii, Ints): one thread per query (in cell order) scans the cells that meet
+    [q - r, q + r] for the largest of G radii r_0 <= ... <= r_{G-1} (the cell list's), and for
+    each radius g keeps the K_g best (distance, original index) pairs of the points within r_g
+    in its own columns of the row and counts them in column ``slot[g]`` of ``counts``: one scan
+    for all the radii of a group, a point measured once and tested against each radius.
+
+    ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
+    at run time made the insertion 1.2x slower on the CPU, in register pressure); () for one
+    radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
+    a wider buffer). ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype)
     insert = _warp_funcs.sorted_insert(dtype)
+    insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
+    radii = max(len(columns), 1)
+    Radii = wp.types.vector(radii, s)
+    Ints = wp.types.vector(radii, int)
+    first = Ints(*(c[0] for c in columns)) if columns else Ints()
+    width = Ints(*(c[1] for c in columns)) if columns else Ints()
+    last = radii - 1
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
         start: int,
         cells: Cells,
-        radius: s,
+        radius: Radii,
+        slot: Ints,
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
-        counts: wp.array(dtype=wp.int64),
+        counts: wp.array2d(dtype=wp.int64),
     ):
         i = int(cells.rows[wp.tid() + start])
         q = cells.query[i]
-        n = int(0)
-        total = int(0)
-        lo, hi = window(cells, i, q, radius)
+        n = Ints()  # per radius: pairs held, points within it
+        total = Ints()
+        reach = radius[wp.static(last)]
+        lo, hi = window(cells, i, q, reach)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                first, last = run(cells, lo, hi, y, z)
-                for j in range(first, last):
+                first_j, last_j = run(cells, lo, hi, y, z)
+                for j in range(first_j, last_j):
                     d = wp.length(q - cells.points[j])
-                    if d <= radius:
-                        total = total + 1
-                        n = insert(dists, idx, i, n, d, cells.order[j])
-        counts[i] = wp.int64(total)
+                    if d <= reach:
+                        for g in range(wp.static(radii)):  # unrolled: g, first[g], width[g] are constants
+                            if d <= radius[g]:
+                                total[g] = total[g] + 1
+                                if wp.static(len(columns) > 0):
+                                    n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], d, cells.order[j])
+                                else:
+                                    n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
+        for g in range(wp.static(radii)):
+            counts[i, slot[g]] = wp.int64(total[g])
 
-    return search
+    return search, Radii, Ints
+
+
+# Radii of one ball_queries call share a cell list and a scan while the largest of a group is at
+# most this many times its smallest. A shared scan measures each point of the largest radius'
+# cells once for all the radii of the group, but tests each of them against every radius: for a
+# smaller radius that costs more than its own scan once (r / R)^3 is small. Measured against
+# separate ball_query calls (docs/ops/ball_query.md): one group for all of GeoTransolver's radii
+# 0.01-5.0 was up to 1.12x slower (surface cloud, 30,000 points), radii up to 4x apart in one
+# group up to 1.04x slower; groups within 2x were never slower beyond the noise.
+GROUP_RATIO = 2.0
+
+
+def _groups(radii: list) -> list[list[int]]:
+    """The indices of ``radii`` by ascending radius, in groups that share a cell list sized by
+    their largest radius and one kernel launch (a scan of that radius' cells)."""
+    order = sorted(range(len(radii)), key=lambda g: radii[g])
+    groups = [[order[0]]]
+    for g in order[1:]:
+        if radii[g] > GROUP_RATIO * radii[groups[-1][0]]:
+            groups.append([])
+        groups[-1].append(g)
+    return groups
+
+
+def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_group, ref_group):
+    """The search of ball_query and ball_queries: (idx (M, sum K) int64, radius g's K_g columns
+    after those of the radii before it; counts (M, G) int64)."""
+    _validate.groups_paired(query_group, ref_group)
+    if validate:
+        _validate.finite(query=query, ref=ref)
+    m, width = query.shape[0], sum(max_neighbors)
+    idx = torch.full((m, width), -1, dtype=torch.int64, device=query.device)
+    counts = torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device)
+    if m == 0 or ref.shape[0] == 0:
+        return idx, counts
+    _warp.init()
+    dists = query.new_full((m, width), float("inf"))
+    first = [sum(max_neighbors[:g]) for g in range(len(radii))]
+    groups = _groups(radii)
+    extent = _cells.extent_of(query, ref, query_group, ref_group) if len(groups) > 1 else None  # one host read for all
+    for group in groups:
+        cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
+        if len(group) == 1:  # its own columns, as a view: a kernel for any K
+            (g,), columns = group, ()
+            rows = [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
+        else:
+            columns, rows = tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
+        kernel, Radii, Ints = _kernel(query.dtype, columns)
+        scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
+        args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
+        _warp.launch(kernel, m, args, like=query)
+    return idx, counts
 
 
 @torch.library.custom_op("pcops::ball_query", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -80,26 +161,36 @@ def _ball_query(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64)."""
     _validate.positive_number("radius", radius)
-    _validate.groups_paired(query_group, ref_group)
-    if validate:
-        _validate.finite(query=query, ref=ref)
-    m = query.shape[0]
-    idx = torch.full((m, max_neighbors), -1, dtype=torch.int64, device=query.device)
-    counts = torch.zeros((m,), dtype=torch.int64, device=query.device)
-    if m == 0 or ref.shape[0] == 0:
-        return idx, counts
-    _warp.init()
-    dists = query.new_full((m, max_neighbors), float("inf"))
-    cells = _cells.CellList(query, ref, radius, query_group, ref_group)  # one host read (the grid's size)
-    args = [cells.scan(query, query_group, _cells.permute(ref, cells.order)), radius, dists, idx, counts]
-    _warp.launch(_kernel(query.dtype), m, args, like=query)
-    return idx, counts
+    idx, counts = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group)
+    return idx, counts[:, 0].clone()
 
 
 @_ball_query.register_fake
 def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
     m = query.shape[0]
     return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)
+
+
+@torch.library.custom_op("pcops::ball_queries", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _ball_queries(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    radii: list[float],
+    max_neighbors: list[int],
+    validate: bool,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, sum K) int64, radius g's K_g
+    columns after those of the radii before it; counts (M, G) int64)."""
+    _check_radii(radii, max_neighbors)
+    return _search(query, ref, list(radii), list(max_neighbors), validate, query_group, ref_group)
+
+
+@_ball_queries.register_fake
+def _(query, ref, radii, max_neighbors, validate, query_group, ref_group):
+    m = query.shape[0]
+    return query.new_empty((m, sum(max_neighbors)), dtype=torch.int64), query.new_empty((m, len(radii)), dtype=torch.int64)
 
 
 def _check_max_neighbors(max_neighbors) -> None:
@@ -151,6 +242,12 @@ def ball_query(
     idx, counts = torch.ops.pcops.ball_query(
         q.detach(), p.detach(), float(radius), max_neighbors, flat.validate, flat.query_group, flat.ref_group
     )
+    return _result(flat, q, p, idx, counts, out_dtype)
+
+
+def _result(flat: _batch.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, out_dtype) -> BallQuery:
+    """The caller's BallQuery from a search's flat ``idx`` (M, K) and ``counts`` (M,): distances
+    recomputed in torch from the points (differentiable), indices as the caller indexes ref."""
     valid = idx >= 0
     rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
     dists = torch.where(valid, _distances(q, _batch.rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
@@ -158,4 +255,85 @@ def ball_query(
     return BallQuery(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx), _batch.unflatten(flat, counts))
 
 
-__all__ = ["BallQuery", "ball_query"]
+def _check_radii(radii, max_neighbors) -> tuple[list, list]:
+    """``radii`` (a sequence of numbers > 0, at least one) and ``max_neighbors`` (an int >= 1, or
+    a sequence of as many as there are radii) as lists of Python numbers, one K per radius."""
+    if isinstance(radii, (torch.Tensor, str, bytes)) or not hasattr(radii, "__len__") or not hasattr(radii, "__iter__"):
+        raise TypeError(f"radii must be a sequence of numbers (a list or tuple), got {type(radii).__name__}")
+    radii = [_validate.plain(r) for r in radii]
+    if not radii:
+        raise ValueError("radii must not be empty: give at least one radius")
+    for g, r in enumerate(radii):
+        _validate.positive_number(f"radii[{g}]", r)
+    if isinstance(max_neighbors, (torch.Tensor, str, bytes)) or not hasattr(max_neighbors, "__len__"):
+        ks = [_validate.plain(max_neighbors)] * len(radii)
+        _validate.count("max_neighbors", ks[0])
+    else:
+        ks = [_validate.plain(k) for k in max_neighbors]
+        if len(ks) != len(radii):
+            raise ValueError(f"max_neighbors must be an int or have one entry per radius ({len(radii)} radii), got {len(ks)} entries")
+        for g, k in enumerate(ks):
+            _validate.count(f"max_neighbors[{g}]", k)
+    return radii, ks
+
+
+def ball_queries(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    radii,
+    max_neighbors,
+    *,
+    query_lengths: Optional[torch.Tensor] = None,
+    ref_lengths: Optional[torch.Tensor] = None,
+    query_batch: Optional[torch.Tensor] = None,
+    ref_batch: Optional[torch.Tensor] = None,
+    validate: bool = True,
+) -> tuple[BallQuery, ...]:
+    """:func:`ball_query` at several radii in one call: one result per radius, each equal to
+    ``ball_query(query, ref, radii[g], max_neighbors[g], ...)``.
+
+    The radii share the layout, the checks and the search: radii within ``GROUP_RATIO`` of
+    each other share one cell list (sized by the largest) and one scan, which tests each point
+    against every radius of the group (docs/ops/ball_query.md says what was measured).
+
+    Args:
+        query: Tensor of shape (M, 3); (B, M, 3) padded; or (M_total, 3) packed.
+        ref: Tensor of shape (N, 3); (B, N, 3) padded; or (N_total, 3) packed.
+        radii: a sequence of G >= 1 Python numbers > 0 (any order, repeats allowed).
+        max_neighbors: K >= 1 for every radius, or a sequence of G such ints, one per radius.
+        query_lengths, ref_lengths: optional int tensors (B,) for padded inputs.
+        query_batch, ref_batch: int sample ids (M_total,) / (N_total,) of packed inputs.
+        validate: check the points for NaN/inf and lengths/ids for range.
+
+    Returns:
+        A tuple of G :class:`BallQuery` (dists, idx, counts), in the order of ``radii``: result g
+        is the one of :func:`ball_query` at ``radii[g]`` with ``max_neighbors[g]`` columns
+        (same shapes, padding, sorting, ties and gradients).
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.rand(1000, 3)
+        >>> near, far = pcops.ball_queries(points, points, [0.05, 0.2], [8, 32])
+        >>> near.idx.shape, far.idx.shape, far.counts.shape
+        (torch.Size([1000, 8]), torch.Size([1000, 32]), torch.Size([1000]))
+        >>> bool((far.counts >= near.counts).all())
+        True
+    """
+    flat = _batch.pair(
+        query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
+        query_batch=query_batch, ref_batch=ref_batch, validate=validate,
+    )
+    radii, ks = _check_radii(radii, max_neighbors)
+    dtype, out_dtype = _validate.compute_dtype(query, ref)
+    q, p = flat.query.to(dtype), flat.ref.to(dtype)
+    idx, counts = torch.ops.pcops.ball_queries(
+        q.detach(), p.detach(), [float(r) for r in radii], ks, flat.validate, flat.query_group, flat.ref_group
+    )
+    if len(ks) == 1:
+        return (_result(flat, q, p, idx, counts[:, 0], out_dtype),)
+    first = [sum(ks[:g]) for g in range(len(ks))]
+    return tuple(_result(flat, q, p, idx[:, a:a + k].contiguous(), counts[:, g].contiguous(), out_dtype)
+                 for g, (a, k) in enumerate(zip(first, ks)))
+
+
+__all__ = ["BallQuery", "ball_query", "ball_queries"]
