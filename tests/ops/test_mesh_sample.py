@@ -178,9 +178,9 @@ class TestSampleOnMesh(OpSuite):
             seeds = torch.tensor([3, -7])
             uniform = torch.rand(2, 9, 3, generator=gen, dtype=F64)
             grad = lambda t: t.clone().requires_grad_()  # noqa: E731
-            cases.append((torch.ops.pcops.mesh_sample.default, (area, one, corners, normals, seeds[:1], None, 11)))
-            cases.append((torch.ops.pcops.mesh_sample.default, (area, two, grad(corners), grad(normals), seeds, None, 7)))
-            cases.append((torch.ops.pcops.mesh_sample.default, (area, two, grad(corners), normals, None, uniform, 9)))
+            cases.append((torch.ops.pcops.mesh_sample.default, (area, one, corners, normals, seeds[:1], None, 11, True)))
+            cases.append((torch.ops.pcops.mesh_sample.default, (area, two, grad(corners), grad(normals), seeds, None, 7, False)))
+            cases.append((torch.ops.pcops.mesh_sample.default, (area, two, grad(corners), normals, None, uniform, 9, True)))
         return cases
 
     def compile_calls(self, gen):
@@ -458,3 +458,18 @@ def test_the_global_generator_form_compiles_whole():
     torch._dynamo.reset()
     out = torch.compile(lambda v: pcops.sample_points_on_mesh(v, f, 50).points, fullgraph=True, backend="aot_eager")(v)
     assert out.shape == (50, 3) and bool((out.norm(dim=-1) <= 1 + 1e-12).all())
+
+
+def test_value_checks_run_inside_the_op_under_compile():
+    v, f = icosphere(0)
+    nan, line = v.clone(), torch.zeros_like(v)
+    nan[3, 1] = float("nan")
+    line[:, 0] = torch.arange(len(v))
+    torch._dynamo.reset()
+    sample = torch.compile(lambda v, validate: pcops.sample_points_on_mesh(v, f, 5, seed=0, validate=validate).points,
+                           fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="vertices contains NaN or inf"):
+        sample(nan, True)
+    with pytest.raises(Exception, match="faces must include a face of positive area in every mesh: the mesh has none"):
+        sample(line, True)
+    assert sample(line, False).shape == (5, 3)  # unspecified values, no error

@@ -162,14 +162,18 @@ def _draw_kernel(dtype: torch.dtype, from_seeds: bool):
 
 @torch.library.custom_op("pcops::mesh_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sample(area: torch.Tensor, owner: torch.Tensor, corners: torch.Tensor, normals: torch.Tensor, seeds: Optional[torch.Tensor],
-            uniform: Optional[torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            uniform: Optional[torch.Tensor], n: int, validate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """n draws per mesh on the faces of B meshes in a row: ``area`` (F,) float64 (owner (F,) int64
     their mesh, ascending), ``corners`` (F, 3, 3) and unit ``normals`` (F, 3) in the compute
     dtype; draws from ``seeds`` (B,) int64 (hashed in the kernel) or ``uniform`` (B, n, 3)
     float64. Returns points (B * n, 3), their normals (B * n, 3), chosen rows (B * n,) int64,
-    weights (B * n, 3), and each mesh's total units (B,) int64 (0: no face of positive area)."""
+    weights (B * n, 3), and each mesh's total units (B,) int64 (0: no face of positive area).
+    ``validate``: check the corners for NaN/inf and every mesh for a face of positive area (the
+    value checks the caller could not run: under torch.compile)."""
     b = (seeds if seeds is not None else uniform).shape[0]
     device, dtype = area.device, corners.dtype
+    if validate:
+        _validate.finite(vertices=corners)
     meshes = torch.arange(b, device=device)
     first = torch.searchsorted(owner, meshes)
     last = torch.searchsorted(owner, meshes, right=True)
@@ -185,6 +189,8 @@ def _sample(area: torch.Tensor, owner: torch.Tensor, corners: torch.Tensor, norm
     size = (last - first).clamp_min(1).index_select(0, g)
     at = start.index_select(0, g) + torch.floor(k.to(torch.float64) / size * total.index_select(0, g)).to(torch.int64)
     guide = torch.searchsorted(cum, at, right=True)
+    if validate and not bool((total > 0).all()):
+        raise ValueError(_no_area(total))
     chosen = torch.empty(b * n, dtype=torch.int64, device=device)
     bary = torch.empty((b * n, 3), dtype=dtype, device=device)
     points = torch.empty((b * n, 3), dtype=dtype, device=device)
@@ -198,8 +204,14 @@ def _sample(area: torch.Tensor, owner: torch.Tensor, corners: torch.Tensor, norm
     return points, point_normals, chosen, bary, total
 
 
+def _no_area(total: torch.Tensor) -> str:
+    """The message for meshes without a face of positive area (their ``total`` units 0)."""
+    where = f"mesh {int((total <= 0).nonzero()[0, 0])} of {total.shape[0]}" if total.shape[0] > 1 else "the mesh"
+    return f"faces must include a face of positive area in every mesh: {where} has none (zero-area faces are never sampled)"
+
+
 @_sample.register_fake
-def _(area, owner, corners, normals, seeds, uniform, n):
+def _(area, owner, corners, normals, seeds, uniform, n, validate):
     b = (seeds if seeds is not None else uniform).shape[0]
     rows = lambda *shape, dtype=corners.dtype: corners.new_empty(shape, dtype=dtype)  # noqa: E731
     return rows(b * n, 3), rows(b * n, 3), rows(b * n, dtype=torch.int64), rows(b * n, 3), rows(b, dtype=torch.int64)
@@ -220,7 +232,7 @@ def _backward(ctx, grad_points, grad_normals, *_):
         corners = grad_points.new_zeros(ctx.faces, 3, 3).index_add(0, chosen, bary[:, :, None] * grad_points[:, None, :])
     if grad_normals is not None:
         normals = grad_normals.new_zeros(ctx.faces, 3).index_add(0, chosen, grad_normals)
-    return None, None, corners, normals, None, None, None
+    return None, None, corners, normals, None, None, None, None
 
 
 _sample.register_autograd(_backward, setup_context=_setup)
@@ -358,11 +370,9 @@ def sample_points_on_mesh(
     uniform = None
     if seeds is None:
         uniform = torch.rand((b, n_samples, 3), dtype=torch.float64, device=device, generator=generator)
-    points, normals, chosen, bary, total = _sample(area, owner, corners, normals, seeds, uniform, n_samples)
+    points, normals, chosen, bary, total = _sample(area, owner, corners, normals, seeds, uniform, n_samples, validate and checks is None)
     if checks is not None:
-        where = lambda: f"mesh {int((total <= 0).nonzero()[0, 0])} of {b}" if b > 1 else "the mesh"  # noqa: E731
-        checks.add((total > 0).all(), lambda: f"faces must include a face of positive area in every mesh: {where()} has none "
-                                              "(zero-area faces are never sampled)")
+        checks.add((total > 0).all(), lambda: _no_area(total))
         checks.run()
 
     face = chosen if order is None else order.index_select(0, chosen)
