@@ -2,6 +2,7 @@
 
 from . import _vml
 from .nn import KNNAggregation, RadiusAggregation, SparseConv3d
+from .nn import EMDLoss, SinkhornLoss
 from .ops import KNN, knn, knn_aggregate, radius_aggregate
 from .ops import FPS, farthest_point_sample
 from .ops import BallQuery, ball_queries, ball_query
@@ -18,6 +19,7 @@ from .ops import segment_reduce
 from .ops import gather
 from .ops import MeshBVH, MeshDistance, mesh_bvh, mesh_distance, point_mesh_face_distance
 from .ops import MeshSamples, sample_points_on_mesh
+from .ops import EarthMoversDistance, SinkhornDivergence, earth_movers_distance, sinkhorn_divergence
 from .warp_op import warp_op
 
 try:  # the installed distribution's version (pyproject.toml's), read from its metadata
@@ -44,3 +46,5 @@ __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serial
 __all__ += ["warp_op"]
 __all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance", "point_mesh_face_distance"]
 __all__ += ["MeshSamples", "sample_points_on_mesh"]
+__all__ += ["EarthMoversDistance", "SinkhornDivergence", "earth_movers_distance", "sinkhorn_divergence"]
+__all__ += ["EMDLoss", "SinkhornLoss"]

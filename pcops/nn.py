@@ -10,6 +10,7 @@ from torch import nn
 from . import _deprecated, _validate
 from .ops.neighbours import _weighting
 from .ops import knn_aggregate, radius_aggregate
+from .ops.transport import earth_movers_distance, sinkhorn_divergence
 
 
 class _Sigma(nn.Module):
@@ -193,3 +194,80 @@ class SparseConv3d(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, dilation={self.dilation}, "
                 f"bias={self.bias is not None}")
+
+
+class SinkhornLoss(nn.Module):
+    """The debiased Sinkhorn divergence as a loss: :func:`pcops.sinkhorn_divergence` with its
+    options fixed (GeomLoss's ``SamplesLoss("sinkhorn", p=p, blur=blur, scaling=scaling)``).
+
+    ``forward(x, y, x_weights=None, y_weights=None, **batch)``: clouds as in docs/batching.md
+    (padded with ``x_lengths``/``y_lengths``, packed with ``x_batch``/``y_batch``); returns the
+    loss reduced over the batch by ``batch_reduction``.
+
+    Example:
+        >>> import torch, pcops
+        >>> loss = pcops.nn.SinkhornLoss(blur=0.02)
+        >>> x = torch.rand(2, 300, 3, requires_grad=True)
+        >>> value = loss(x, torch.rand(2, 250, 3))
+        >>> value.backward()
+        >>> value.shape, x.grad.shape
+        (torch.Size([]), torch.Size([2, 300, 3]))
+    """
+
+    def __init__(self, p: int = 2, blur: float = 0.05, scaling: float = 0.5, *, debias: bool = True,
+                 diameter: float | None = None, batch_reduction: str | None = "mean", validate: bool = True):
+        super().__init__()
+        from .ops.transport.sinkhorn import _check_options
+
+        _check_options(p, blur, scaling, diameter)
+        self.p, self.blur, self.scaling, self.debias, self.diameter = int(p), float(blur), float(scaling), bool(debias), diameter
+        self.batch_reduction, self.validate = batch_reduction, bool(validate)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, x_weights: torch.Tensor | None = None,
+                y_weights: torch.Tensor | None = None, **batch) -> torch.Tensor:
+        """``batch``: ``x_lengths``/``y_lengths`` (padded), ``x_batch``/``y_batch`` and ``batch_size`` (packed)."""
+        return sinkhorn_divergence(
+            x, y, x_weights=x_weights, y_weights=y_weights, p=self.p, blur=self.blur, scaling=self.scaling,
+            diameter=self.diameter, debias=self.debias, batch_reduction=self.batch_reduction, validate=self.validate, **batch,
+        )
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, blur={self.blur}, scaling={self.scaling}, debias={self.debias}"
+
+
+class EMDLoss(nn.Module):
+    """The exact earth mover's distance as a loss: :func:`pcops.earth_movers_distance`'s
+    ``distance`` (equal-size clouds, an optimal matching solved on the CPU, at most
+    ``max_points`` points per sample; gradients at the fixed matching).
+
+    ``forward(x, y, **batch)``: clouds as in docs/batching.md; returns the distance reduced by
+    ``point_reduction`` and ``batch_reduction``.
+
+    Example:
+        >>> import torch, pcops
+        >>> loss = pcops.nn.EMDLoss()
+        >>> x = torch.rand(2, 256, 3, requires_grad=True)
+        >>> value = loss(x, torch.rand(2, 256, 3))
+        >>> value.backward()
+        >>> value.shape, x.grad.shape
+        (torch.Size([]), torch.Size([2, 256, 3]))
+    """
+
+    def __init__(self, p: int = 2, *, point_reduction: str | None = "mean", batch_reduction: str | None = "mean",
+                 max_points: int | None = None, validate: bool = True):
+        super().__init__()
+        from .ops.transport.emd import MAX_POINTS, _check_options
+
+        self.max_points = MAX_POINTS if max_points is None else max_points
+        _check_options(p, point_reduction, batch_reduction, self.max_points)
+        self.p, self.point_reduction, self.batch_reduction, self.validate = int(p), point_reduction, batch_reduction, bool(validate)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, **batch) -> torch.Tensor:
+        """``batch``: ``x_lengths``/``y_lengths`` (padded), ``x_batch``/``y_batch`` and ``batch_size`` (packed)."""
+        return earth_movers_distance(
+            x, y, p=self.p, point_reduction=self.point_reduction, batch_reduction=self.batch_reduction,
+            max_points=self.max_points, validate=self.validate, **batch,
+        ).distance
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, point_reduction={self.point_reduction!r}, batch_reduction={self.batch_reduction!r}"

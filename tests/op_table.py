@@ -104,6 +104,11 @@ def _xy(g, n=300, *, n_query=None, dtype=F64, cloud=None):
     return dict(x=_points(g, 2 * n // 3 if n_query is None else n_query, dtype, cloud), y=_points(g, n, dtype, cloud))
 
 
+def _equal(g, n=300, *, dtype=F64, cloud=None):
+    """x and y of n points each (the exact earth mover's distance matches equal-size clouds)."""
+    return dict(x=_points(g, n, dtype, cloud), y=_points(g, n, dtype, cloud))
+
+
 def _one(g, n=300, *, channels=4, dtype=F64, cloud=None):
     """points (n, 3) and their features (n, channels)."""
     return dict(points=_points(g, n, dtype, cloud), features=_values(g, n, channels, dtype))
@@ -208,6 +213,16 @@ OPS = [
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
                        "ids above int32 ask for 2**32 samples; its per-point costs keep such ids apart (test_reliability.py)"}),
+    Op("sinkhorn_divergence", _xy, lambda i, blur=0.05, **kw: pcops.sinkhorn_divergence(i["x"], i["y"], blur=blur, **kw),
+       points=("x", "y"), grad=("x", "y"), clouds=2, page="transport", bench="sinkhorn_divergence",
+       notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
+                       "ids above int32 ask for 2**32 samples; tests/ops/test_transport.py packs batches against a loop"}),
+    Op("earth_movers_distance", _equal, lambda i, p=2, **kw: pcops.earth_movers_distance(i["x"], i["y"], p=p, **kw).distance,
+       points=("x", "y"), grad=("x", "y"), clouds=2, page="transport", bench="earth_movers_distance",
+       notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
+                       "ids above int32 ask for 2**32 samples; tests/ops/test_transport.py packs batches against a loop",
+              "threads": "its solver is scipy's linear_sum_assignment (O(n^3), seconds at the test's 3,200 points per call); "
+                         "pcops keeps no state between calls (the matching is computed per call on the CPU)"}),
     Op("farthest_point_sample", _one, lambda i, n_samples=20, **kw: pcops.farthest_point_sample(i["points"], n_samples, **kw),
        points=("points",), grad=("points",), clouds=1, page="farthest_point_sample", bench="farthest_point_sample", batch=ONE_IDS),
     Op("knn_graph", _one, lambda i, k=6, **kw: pcops.knn_graph(i["points"], k, **kw),

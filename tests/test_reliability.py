@@ -88,6 +88,8 @@ for (op, backend), where, value, grouped in cases:
                 "ball_queries": lambda: pcops.ball_queries(q, p, [0.1, 0.05, 0.3], 8, validate=False, **kw),
                 "knn_interpolate": lambda: pcops.knn_interpolate(q, p, f, 3, validate=False, **kw),
                 "chamfer_distance": lambda: pcops.chamfer_distance(q, p, x_batch=kw.get("query_batch"), y_batch=kw.get("ref_batch"), validate=False),
+                "sinkhorn_divergence": lambda: pcops.sinkhorn_divergence(q, p, x_batch=kw.get("query_batch"), y_batch=kw.get("ref_batch"), validate=False),
+                "earth_movers_distance": lambda: pcops.earth_movers_distance(q, p[:m], x_batch=kw.get("query_batch"), y_batch=kw["ref_batch"][:m] if kw else None, validate=False),
                 "knn_graph": lambda: pcops.knn_graph(p, 6, **one),
                 "radius_graph": lambda: pcops.radius_graph(p, 0.1, **one),
                 "estimate_normals": lambda: pcops.estimate_normals(p, 8, **one),

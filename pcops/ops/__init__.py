@@ -5,6 +5,7 @@
 - ``geometry``: Chamfer distance, normal estimation
 - ``sparse``: serialization, segment reductions, sparse convolution
 - ``mesh``: distance and signed distance to triangle meshes
+- ``transport``: the Sinkhorn divergence and the exact earth mover's distance
 
 ``_bound`` (the padded static-size forms' shared pieces) serves several families.
 """
@@ -26,6 +27,7 @@ from .sparse import segment_reduce
 from .neighbours import gather
 from .mesh import MeshBVH, MeshDistance, mesh_bvh, mesh_distance, point_mesh_face_distance
 from .mesh import MeshSamples, sample_points_on_mesh
+from .transport import EarthMoversDistance, SinkhornDivergence, earth_movers_distance, sinkhorn_divergence
 
 __all__ = ["KNN", "knn", "knn_aggregate", "radius_aggregate"]
 __all__ += ["FPS", "farthest_point_sample"]
@@ -43,3 +45,4 @@ __all__ += ["gather"]
 __all__ += ["SerializedPool", "SerializedPoolPadded", "serialized_pool", "serialized_unpool"]
 __all__ += ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance", "point_mesh_face_distance"]
 __all__ += ["MeshSamples", "sample_points_on_mesh"]
+__all__ += ["EarthMoversDistance", "SinkhornDivergence", "earth_movers_distance", "sinkhorn_divergence"]

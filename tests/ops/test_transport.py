@@ -1,0 +1,436 @@
+"""pcops.sinkhorn_divergence against a dense float64 Sinkhorn written from GeomLoss's definition
+and against GeomLoss's tensorized backend itself; pcops.earth_movers_distance against POT's
+exact ``ot.emd2`` and scipy's ``linear_sum_assignment``; the stated bound between the two.
+
+GeomLoss and POT are test-only extras (``pip install -e ".[test]"``): the tests that need them
+skip without them."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.op_suite import OpSuite, pack, pad
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------
+# Dense references
+
+
+def _cost(u, v, p):
+    d2 = ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1)
+    return d2 / 2 if p == 2 else d2.clamp_min(1e-8).sqrt()
+
+
+def _schedule(p, diameter, blur, scaling):
+    """GeomLoss's temperatures, from its documented definition."""
+    inner = np.arange(p * math.log(diameter), p * math.log(blur), p * math.log(scaling))
+    return [diameter**p] + [math.exp(e) for e in inner] + [blur**p]
+
+
+def dense_sinkhorn(x, y, a, b, p=2, blur=0.05, scaling=0.5, diameter=None, debias=True):
+    """(value, F, G) of the debiased (or not) Sinkhorn divergence on dense (N, M) costs in float64."""
+    x, y, a, b = x.double(), y.double(), a.double(), b.double()
+    if diameter is None:
+        both = torch.cat([x, y])
+        diameter = float((both.max(0).values - both.min(0).values).norm())
+    la, lb = torch.log(a), torch.log(b)  # -inf for zero weights: no mass
+
+    def smin(eps, c, h):
+        return -eps * torch.logsumexp(h[None, :] - c / eps, dim=1)
+
+    cxy, cyx, cxx, cyy = _cost(x, y, p), _cost(y, x, p), _cost(x, x, p), _cost(y, y, p)
+    eps_list = _schedule(p, diameter, blur, scaling)
+    e0 = eps_list[0]
+    f, g, faa, gbb = smin(e0, cxy, lb), smin(e0, cyx, la), smin(e0, cxx, la), smin(e0, cyy, lb)
+    for eps in eps_list:
+        f, g, faa, gbb = (0.5 * (f + smin(eps, cxy, lb + g / eps)), 0.5 * (g + smin(eps, cyx, la + f / eps)),
+                          0.5 * (faa + smin(eps, cxx, la + faa / eps)), 0.5 * (gbb + smin(eps, cyy, lb + gbb / eps)))
+    eps = blur**p
+    f, g, faa, gbb = smin(eps, cxy, lb + g / eps), smin(eps, cyx, la + f / eps), smin(eps, cxx, la + faa / eps), smin(eps, cyy, lb + gbb / eps)
+    if not debias:
+        faa, gbb = torch.zeros_like(f), torch.zeros_like(g)
+    F, G = f - faa, g - gbb
+    return (a * F).sum() + (b * G).sum(), F, G
+
+
+def exact_emd(x, y, p=2):
+    """POT's exact network simplex on uniform weights and direct-difference costs |x - y|^p."""
+    ot = pytest.importorskip("ot")
+    c = _cost(x.double(), y.double(), 2) * 2
+    c = c if p == 2 else c.sqrt()
+    n = x.shape[0]
+    return float(ot.emd2(np.full(n, 1 / n), np.full(y.shape[0], 1 / y.shape[0]), c.numpy()))
+
+
+def _weights(gen, n, zeros=3):
+    w = torch.rand(n, generator=gen, dtype=F64) + 0.1
+    w[:zeros] = 0
+    return w / w.sum()
+
+
+# ----------------------------------------------------------------------------------------------
+# The Sinkhorn divergence
+
+
+class TestSinkhornDivergence(OpSuite):
+    differentiable = ("x", "y", "x_weights", "y_weights")
+
+    def inputs(self, kind, gen):
+        x, y, _ = reference.cloud(kind, gen, m=40, n=55)
+        a, b = _weights(gen, x.shape[0]), _weights(gen, y.shape[0], zeros=1)
+        return dict(x=x, y=y, x_weights=a, y_weights=b, blur=0.05, scaling=0.5, diameter=None)
+
+    def run(self, x, y, x_weights, y_weights, blur, scaling, diameter):
+        return (pcops.sinkhorn_divergence(x, y, x_weights=x_weights, y_weights=y_weights, blur=blur, scaling=scaling, diameter=diameter),)
+
+    def reference(self, x, y, x_weights, y_weights, blur, scaling, diameter):
+        return (dense_sinkhorn(x, y, x_weights, y_weights, 2, blur, scaling, diameter)[0],)
+
+    def compare(self, out, expected, dtype, inputs=None):
+        tol = {F64: 1e-11, torch.float32: 2e-5}.get(dtype, 2e-3 if dtype == torch.float16 else 1e-2)
+        for a, e in zip(out, expected):
+            torch.testing.assert_close(a.double(), e.double(), rtol=tol, atol=tol)
+
+    def grad_inputs(self, gen):
+        # a converged problem (many steps at a large temperature), where the envelope-theorem
+        # gradient is the derivative of the computed value itself
+        x, y = torch.rand(9, 3, generator=gen, dtype=F64), torch.rand(7, 3, generator=gen, dtype=F64)
+        return dict(x=x, y=y, x_weights=_weights(gen, 9, 0), y_weights=_weights(gen, 7, 0), blur=0.6, scaling=0.999, diameter=0.63)
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            x, y = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+            a, b = torch.full((20,), 1 / 20, dtype=dtype), torch.full((30,), 1 / 30, dtype=dtype)
+            xg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32)
+            yg = torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+            xr = x.clone().requires_grad_()
+            cases.append((torch.ops.pcops.sinkhorn.default, (xr, y, a, b, None, None, 1, 2, 0.1, 0.5, None, True, True)))
+            cases.append((torch.ops.pcops.sinkhorn.default, (x, y, a, b, xg, yg, 3, 1, 0.1, 0.7, 2.0, False, False)))
+            _, state = torch.ops.pcops.sinkhorn(x, y, a, b, xg, yg, 3, 2, 0.1, 0.5, None, True, True)
+            grad = torch.rand(3, generator=gen, dtype=dtype)
+            cases.append((torch.ops.pcops.sinkhorn_backward.default, (x, y, a, b, xg, yg, state, grad, 3, 2, 0.1, True, True, True)))
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(x, y, xl, yl):
+            return pcops.sinkhorn_divergence(x, y, x_lengths=xl, y_lengths=yl, blur=0.1, batch_reduction=None)
+
+        calls = []
+        for b, m, n in ((2, 20, 30), (3, 27, 41)):
+            x = torch.rand(b, m, 3, generator=gen).requires_grad_()
+            y = torch.rand(b, n, 3, generator=gen)
+            calls.append((x, y, torch.randint(1, m + 1, (b,), generator=gen), torch.randint(1, n + 1, (b,), generator=gen)))
+        return fn, calls
+
+    def batched(self, gen):
+        xs = [torch.rand(m, 3, generator=gen, dtype=F64) for m in (9, 0, 7, 5)]
+        ys = [torch.rand(n, 3, generator=gen, dtype=F64) + 0.2 for n in (12, 5, 0, 3)]
+        ws = [_weights(gen, len(x), 1) if len(x) else x.new_zeros(0) for x in xs]
+        kw = dict(blur=0.05, potentials=True)
+
+        def one(out, b):
+            return out.loss[b], out.x_potential[b, : len(xs[b])], out.y_potential[b, : len(ys[b])]
+
+        expected = []
+        for x, y, w in zip(xs, ys, ws):
+            out = pcops.sinkhorn_divergence(x, y, x_weights=w, **kw)
+            expected.append((out.loss, out.x_potential, out.y_potential))
+        (x, xl), (y, yl) = pad(xs), pad(ys)
+        w = torch.zeros(x.shape[:2], dtype=F64)
+        for b, wb in enumerate(ws):
+            w[b, : len(wb)] = wb
+        out = pcops.sinkhorn_divergence(x, y, x_weights=w, x_lengths=xl, y_lengths=yl, batch_reduction=None, **kw)
+        padded = [one(out, b) for b in range(len(xs))]
+        xp, xb, x_pos = pack(xs, gen)
+        yp, yb, y_pos = pack(ys, gen)
+        wp = torch.empty(len(xp), dtype=F64)
+        wp[x_pos] = torch.cat(ws)
+        out = pcops.sinkhorn_divergence(xp, yp, x_weights=wp, x_batch=xb, y_batch=yb, batch_size=len(xs), batch_reduction=None, **kw)
+        packed, ax, ay = [], 0, 0
+        for b in range(len(xs)):
+            rx, ry = x_pos[ax : ax + len(xs[b])], y_pos[ay : ay + len(ys[b])]
+            packed.append((out.loss[b], out.x_potential[rx], out.y_potential[ry]))
+            ax, ay = ax + len(xs[b]), ay + len(ys[b])
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        x, y = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen)
+        sd = pcops.sinkhorn_divergence
+        negative = torch.tensor([0.5, 0.5, 0.5, -0.5])
+        nan = torch.tensor([0.5, float("nan"), 0.25, 0.25])
+        return {
+            "p": (lambda: sd(x, y, p=3), ValueError, "p must be 1 or 2"),
+            "zero blur": (lambda: sd(x, y, blur=0.0), ValueError, "blur must be finite and > 0"),
+            "scaling": (lambda: sd(x, y, scaling=1.0), ValueError, r"scaling must be in \(0, 1\)"),
+            "diameter": (lambda: sd(x, y, diameter=-1.0), ValueError, "diameter must be finite and > 0"),
+            "negative weight": (lambda: sd(x, y, x_weights=negative), ValueError, "x_weights must be >= 0"),
+            "nan weight": (lambda: sd(x, y, x_weights=nan), ValueError, "x_weights contains NaN or inf"),
+            "weight shape": (lambda: sd(x, y, y_weights=torch.ones(5) / 5), ValueError, r"y_weights must have shape \(6,\)"),
+            "int weights": (lambda: sd(x, y, y_weights=torch.ones(6, dtype=torch.int64)), TypeError, "y_weights must be a floating"),
+            "reduction": (lambda: sd(x, y, batch_reduction="max"), ValueError, "batch_reduction must be one of"),
+            "debias": (lambda: sd(x, y, debias=1), TypeError, "debias must be a bool"),
+            "2-d x": (lambda: sd(x[:, :2], y), ValueError, "x must be a tensor of shape"),
+            "devices": (lambda: sd(x, y.to("meta")), ValueError, "same device"),
+        }
+
+
+def _geomloss(p, blur, scaling, debias=True, potentials=False):
+    geomloss = pytest.importorskip("geomloss")
+    return geomloss.SamplesLoss("sinkhorn", p=p, blur=blur, scaling=scaling, debias=debias, potentials=potentials, backend="tensorized")
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("debias", [True, False])
+@pytest.mark.parametrize("blur", [0.5, 0.05, 0.01])
+def test_value_potentials_and_gradients_equal_geomloss_tensorized(gen, p, debias, blur):
+    """Unequal sizes, random weights with zeros: GeomLoss's value, potentials and gradients (to
+    the points and the weights) in float64, to the rounding of its matmul-formula costs."""
+    x, y = torch.rand(70, 3, generator=gen, dtype=F64), torch.rand(45, 3, generator=gen, dtype=F64) + 0.3
+    a, b = _weights(gen, 70, 5), _weights(gen, 45, 2)
+    leaves = [t.clone().requires_grad_() for t in (x, y, a, b)]
+    want = _geomloss(p, blur, 0.5, debias)(leaves[2], leaves[0], leaves[3], leaves[1])
+    want_grads = torch.autograd.grad(want, leaves)
+    fw, gw = _geomloss(p, blur, 0.5, debias, potentials=True)(a, x, b, y)
+    mine = [t.clone().requires_grad_() for t in (x, y, a, b)]
+    out = pcops.sinkhorn_divergence(mine[0], mine[1], x_weights=mine[2], y_weights=mine[3], p=p, blur=blur, debias=debias, potentials=True)
+    grads = torch.autograd.grad(out.loss, mine)
+    tol = dict(rtol=1e-8, atol=1e-8)  # GeomLoss's |x|^2 + |y|^2 - 2 x.y costs round to ~1e-16 of |x|^2, divided by eps
+    torch.testing.assert_close(out.loss, want.detach(), **tol)
+    torch.testing.assert_close(out.x_potential, fw.reshape(-1), **tol)
+    torch.testing.assert_close(out.y_potential, gw.reshape(-1), **tol)
+    for name, g, w in zip(("x", "y", "x_weights", "y_weights"), grads, want_grads):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, name=name: f"gradient of {name}: {m}")
+
+
+def test_float32_equals_geomloss_float32(gen):
+    x, y = torch.rand(200, 3, generator=gen), torch.rand(150, 3, generator=gen) + 0.2
+    want = _geomloss(2, 0.02, 0.5)(x, y)
+    got = pcops.sinkhorn_divergence(x, y, blur=0.02)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_with_a_shared_diameter_equals_geomloss_batched(gen):
+    """GeomLoss's batched call takes one schedule for the batch (the diameter of all its points):
+    pcops takes each sample's own, and GeomLoss's with ``diameter=``."""
+    geomloss = pytest.importorskip("geomloss")
+    x, y = torch.rand(3, 30, 3, generator=gen, dtype=F64), torch.rand(3, 25, 3, generator=gen, dtype=F64) * 2
+    loss = geomloss.SamplesLoss("sinkhorn", p=2, blur=0.05, diameter=4.0, backend="tensorized")
+    got = pcops.sinkhorn_divergence(x, y, diameter=4.0, batch_reduction=None)
+    torch.testing.assert_close(got, loss(x, y), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_divergence_is_within_the_stated_bound_of_the_exact_emd(gen, p):
+    """|p S_eps - EMD_p| <= p blur^p log(n) for the converged divergence (scaling near 1)."""
+    n = 80
+    x, y = torch.rand(n, 3, generator=gen, dtype=F64), torch.rand(n, 3, generator=gen, dtype=F64) + 0.25
+    emd = float(pcops.earth_movers_distance(x, y, p=p).distance)
+    assert emd == pytest.approx(exact_emd(x, y, p), rel=1e-12, abs=1e-12)
+    for blur in (0.1, 0.03) if p == 2 else (0.05, 0.02):
+        s = float(pcops.sinkhorn_divergence(x, y, p=p, blur=blur, scaling=0.99))
+        assert abs(p * s - emd) <= p * blur**p * math.log(n), (blur, p * s, emd)
+
+
+def test_float32_is_stable_at_small_blur(gen):
+    """Log-domain iterations: no overflow at eps = 1e-6 in float32, and float64's value."""
+    x, y = torch.rand(150, 3, generator=gen), torch.rand(150, 3, generator=gen) + 0.5
+    for blur in (1e-3, 1e-4):
+        single = pcops.sinkhorn_divergence(x, y, blur=blur, potentials=True)
+        double = pcops.sinkhorn_divergence(x.double(), y.double(), blur=blur)
+        assert torch.isfinite(single.loss) and torch.isfinite(single.x_potential).all()
+        torch.testing.assert_close(single.loss.double(), double, rtol=2e-4, atol=1e-5)
+
+
+def test_a_sample_with_an_empty_cloud_is_zero(gen):
+    x, y = torch.rand(2, 6, 3, generator=gen), torch.rand(2, 5, 3, generator=gen)
+    out = pcops.sinkhorn_divergence(x, y, x_lengths=torch.tensor([6, 0]), batch_reduction=None)
+    assert out[1] == 0 and out[0] > 0
+    assert pcops.sinkhorn_divergence(x[0, :0], y[0]) == 0
+
+
+def test_identical_clouds_give_zero(gen):
+    x = torch.rand(50, 3, generator=gen, dtype=F64)
+    assert abs(float(pcops.sinkhorn_divergence(x, x.clone()))) < 1e-12
+
+
+def test_sinkhorn_loss_module_equals_the_function(gen):
+    x, y = torch.rand(2, 40, 3, generator=gen), torch.rand(2, 30, 3, generator=gen)
+    loss = pcops.nn.SinkhornLoss(p=1, blur=0.02, scaling=0.7)
+    torch.testing.assert_close(loss(x, y), pcops.sinkhorn_divergence(x, y, p=1, blur=0.02, scaling=0.7))
+    assert "blur=0.02" in repr(loss)
+
+
+# ----------------------------------------------------------------------------------------------
+# The exact earth mover's distance
+
+
+def _emd_reference(x, y, p=2):
+    """scipy's linear_sum_assignment on direct-difference costs: (value, per-point costs at its matching)."""
+    from scipy.optimize import linear_sum_assignment
+
+    c = _cost(x.double(), y.double(), 2) * 2
+    c = c if p == 2 else c.sqrt()
+    rows, cols = linear_sum_assignment(c.numpy())
+    per_point = torch.zeros(x.shape[0], dtype=F64)
+    per_point[rows] = c[rows, cols]
+    return per_point.mean() if x.shape[0] else per_point.sum(), per_point
+
+
+class TestEarthMoversDistance(OpSuite):
+    differentiable = ("x", "y")
+
+    def inputs(self, kind, gen):
+        x, y, _ = reference.cloud(kind, gen, m=48, n=48)
+        n = min(x.shape[0], y.shape[0])  # (duplicates: fewer queries)
+        return dict(x=x[:n], y=y[:n])
+
+    def run(self, x, y):
+        out = pcops.earth_movers_distance(x, y)
+        return out.distance, out.match
+
+    def reference(self, x, y):
+        value = exact_emd(x, y) if x.shape[0] else 0.0
+        return torch.tensor(value, dtype=F64), torch.arange(x.shape[0])
+
+    def compare(self, out, expected, dtype, inputs=None):
+        tol = {F64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-3 if dtype == torch.float16 else 1e-2)
+        torch.testing.assert_close(out[0].double(), expected[0].double(), rtol=tol, atol=tol)
+        match = out[1]
+        assert match.dtype == torch.int64
+        assert torch.equal(torch.sort(match).values, torch.arange(match.numel())), "not a permutation"
+        if inputs is not None and dtype == F64:  # the matching's own cost is the optimum
+            x, y = inputs["x"], inputs["y"]
+            torch.testing.assert_close((x - y[match]).square().sum(-1).mean(), expected[0], rtol=1e-12, atol=1e-12)
+
+    def grad_inputs(self, gen):
+        return dict(x=torch.rand(20, 3, generator=gen, dtype=F64), y=torch.rand(20, 3, generator=gen, dtype=F64))
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            x, y = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(20, 3, generator=gen, dtype=dtype)
+            g = torch.arange(20, dtype=torch.int32) % 3
+            cases.append((torch.ops.pcops.emd_match.default, (x, y, None, None, 1, 2, 100, True)))
+            cases.append((torch.ops.pcops.emd_match.default, (x, y, g, g.flip(0), 3, 1, 100, False)))
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(x, y, lengths):
+            return pcops.earth_movers_distance(x, y, x_lengths=lengths, y_lengths=lengths, batch_reduction=None).distance
+
+        calls = []
+        for b, n in ((2, 20), (3, 27)):
+            lengths = torch.randint(1, n + 1, (b,), generator=gen)
+            calls.append((torch.rand(b, n, 3, generator=gen).requires_grad_(), torch.rand(b, n, 3, generator=gen), lengths))
+        return fn, calls
+
+    def batched(self, gen):
+        sizes = (9, 0, 7, 5)
+        xs = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+        ys = [torch.rand(n, 3, generator=gen, dtype=F64) for n in sizes]
+        expected = []
+        for x, y in zip(xs, ys):
+            out = pcops.earth_movers_distance(x, y, point_reduction=None, batch_reduction=None)
+            expected.append((out.distance.mean() if len(x) else out.distance.sum(), out.distance))
+        (x, xl), (y, yl) = pad(xs), pad(ys)
+        dist = pcops.earth_movers_distance(x, y, x_lengths=xl, y_lengths=yl, batch_reduction=None).distance
+        costs = pcops.earth_movers_distance(x, y, x_lengths=xl, y_lengths=yl, point_reduction=None, batch_reduction=None).distance
+        padded = [(dist[b], costs[b, : sizes[b]]) for b in range(len(sizes))]
+        xp, xb, x_pos = pack(xs, gen)
+        yp, yb, _ = pack(ys, gen)
+        dist = pcops.earth_movers_distance(xp, yp, x_batch=xb, y_batch=yb, batch_size=len(sizes), batch_reduction=None).distance
+        costs = pcops.earth_movers_distance(xp, yp, x_batch=xb, y_batch=yb, point_reduction=None, batch_reduction=None).distance
+        packed, at = [], 0
+        for b, n in enumerate(sizes):
+            packed.append((dist[b], costs[x_pos[at : at + n]]))
+            at += n
+        return expected, padded, packed
+
+    def test_padded_and_packed_equal_per_sample_loop(self, gen):
+        expected, padded, packed = self.batched(gen)
+        for e, a, b in zip(expected, padded, packed):
+            for u, v, w in zip(e, a, b):
+                torch.testing.assert_close(v, u, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(w, u, rtol=1e-12, atol=1e-12)
+
+    def bad_inputs(self, gen):
+        x, y = torch.rand(20, 3, generator=gen), torch.rand(20, 3, generator=gen)
+        emd = pcops.earth_movers_distance
+        return {
+            "unequal sizes": (lambda: emd(x, y[:15]), ValueError, "same number of points.*sinkhorn_divergence"),
+            "unequal samples": (lambda: emd(x, y, x_batch=torch.arange(20) % 2, y_batch=(torch.arange(20) < 5).long()), ValueError,
+                                "in sample 0: use pcops.sinkhorn_divergence"),
+            "too large": (lambda: emd(x, y, max_points=10), ValueError, "max_points=10 .*sinkhorn_divergence"),
+            "p": (lambda: emd(x, y, p=3), ValueError, "p must be 1 or 2"),
+            "point_reduction": (lambda: emd(x, y, point_reduction="max"), ValueError, "point_reduction must be one of"),
+            "batch without points": (lambda: emd(x, y, point_reduction=None), ValueError, "batch_reduction must be None"),
+            "max_points": (lambda: emd(x, y, max_points=0), ValueError, "max_points must be >= 1"),
+            "2-d y": (lambda: emd(x, y[:, :2]), ValueError, "y must be a tensor of shape"),
+        }
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("kind", ["uniform", "far_apart", "duplicates", "all_equal", "grid"])
+def test_emd_equals_pot_and_scipy_on_adversarial_clouds(gen, p, kind):
+    n = 64
+    if kind == "far_apart":
+        x, y = torch.rand(n, 3, generator=gen, dtype=F64), torch.rand(n, 3, generator=gen, dtype=F64) + 1000
+    elif kind == "duplicates":  # every point three times, in both clouds
+        base = torch.rand(n // 4, 3, generator=gen, dtype=F64)
+        x = torch.cat([base.repeat(3, 1), torch.rand(n - 3 * (n // 4), 3, generator=gen, dtype=F64)])
+        y = torch.cat([base[torch.randperm(n // 4, generator=gen)].repeat(3, 1), torch.rand(n - 3 * (n // 4), 3, generator=gen, dtype=F64)])
+    elif kind == "all_equal":  # every pairing optimal
+        x, y = torch.zeros(n, 3, dtype=F64), torch.ones(n, 3, dtype=F64)
+    elif kind == "grid":  # many equal costs
+        g = torch.stack(torch.meshgrid(*[torch.arange(4, dtype=F64)] * 3, indexing="ij"), -1).reshape(-1, 3)
+        x, y = g, g + torch.tensor([0.5, 0.0, 0.0], dtype=F64)
+    else:
+        x, y = torch.rand(n, 3, generator=gen, dtype=F64), torch.rand(n, 3, generator=gen, dtype=F64)
+    out = pcops.earth_movers_distance(x, y, p=p)
+    want, _ = _emd_reference(x, y, p)
+    torch.testing.assert_close(out.distance, want, rtol=1e-12, atol=1e-12)
+    assert out.distance.item() == pytest.approx(exact_emd(x, y, p), rel=1e-12, abs=1e-12)
+    assert torch.equal(torch.sort(out.match).values, torch.arange(n))
+
+
+def test_emd_gradient_is_the_gradient_of_the_cost_at_the_matching(gen):
+    x = torch.rand(30, 3, generator=gen, dtype=F64, requires_grad=True)
+    y = torch.rand(30, 3, generator=gen, dtype=F64, requires_grad=True)
+    out = pcops.earth_movers_distance(x, y, p=1)
+    gx, gy = torch.autograd.grad(out.distance, (x, y))
+    match = out.match
+    ref = torch.linalg.vector_norm(x - y[match], dim=-1).mean()
+    rx, ry = torch.autograd.grad(ref, (x, y))
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gy, ry)
+
+
+def test_emd_of_coincident_points_has_finite_gradients(gen):
+    x = torch.rand(10, 3, generator=gen, dtype=F64)
+    for p in (1, 2):
+        xr = x.clone().requires_grad_()
+        out = pcops.earth_movers_distance(xr, x.clone(), p=p)
+        out.distance.backward()
+        assert out.distance == 0 and torch.isfinite(xr.grad).all()
+
+
+def test_emd_reductions(gen):
+    x, y = torch.rand(3, 8, 3, generator=gen, dtype=F64), torch.rand(3, 8, 3, generator=gen, dtype=F64)
+    per = pcops.earth_movers_distance(x, y, batch_reduction=None).distance
+    assert per.shape == (3,)
+    torch.testing.assert_close(pcops.earth_movers_distance(x, y).distance, per.mean())
+    torch.testing.assert_close(pcops.earth_movers_distance(x, y, point_reduction="sum", batch_reduction="sum").distance, 8 * per.sum())
+    single = pcops.earth_movers_distance(x[0], y[0], batch_reduction=None)
+    assert single.distance.shape == () and single.match.shape == (8,)
+
+
+def test_emd_loss_module_equals_the_function(gen):
+    x, y = torch.rand(2, 16, 3, generator=gen), torch.rand(2, 16, 3, generator=gen)
+    torch.testing.assert_close(pcops.nn.EMDLoss(p=1)(x, y), pcops.earth_movers_distance(x, y, p=1).distance)
