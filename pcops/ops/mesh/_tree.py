@@ -83,24 +83,29 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     n = faces.shape[0]
     d = depth(n)
     device = vertices.device
-    corners = vertices.detach().to(torch.float64)[faces]  # (F, 3, 3)
+    corners = vertices.detach().to(torch.float64).index_select(0, faces.reshape(-1)).view(n, 3, 3)
     order = morton_order(corners.mean(1), group)
-    corners, group = corners[order], group[order]
+    corners, group = corners.index_select(0, order), group.index_select(0, order)
     # per face: box, area vector, area, centroid (in float64)
     area_vec = 0.5 * torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
     area = torch.linalg.vector_norm(area_vec, dim=1)
     centroid = corners.mean(1)
-    # the leaves: sorted faces F i / 2^d .. F (i + 1) / 2^d
+    # the leaves: sorted faces F i / 2^d .. F (i + 1) / 2^d, as a (leaves, LEAF) table of rows
+    # (row n: padding), so that every reduction is a gather and a reduction over a short axis
+    # (scatters and index_add ran 20-50x slower on two threads with another process on a core)
     leaves = 1 << d
     bounds = (n * torch.arange(leaves + 1, device=device, dtype=torch.int64)) >> d
-    leaf = torch.searchsorted(bounds[1:], torch.arange(n, device=device), right=True)
-    lo = torch.full((leaves, 3), float("inf"), dtype=torch.float64, device=device)
-    hi = torch.full((leaves, 3), float("-inf"), dtype=torch.float64, device=device)
-    index = leaf[:, None].expand(n, 3)
-    lo = lo.scatter_reduce(0, index, corners.amin(1), "amin")
-    hi = hi.scatter_reduce(0, index, corners.amax(1), "amax")
+    table = bounds[:-1, None] + torch.arange(LEAF, device=device)
+    table = torch.where(table < bounds[1:, None], table, n)
+
+    def per_leaf(values: torch.Tensor, pad: float) -> torch.Tensor:  # (n, ...) -> (leaves, LEAF, ...)
+        padded = torch.cat([values, values.new_full((1, *values.shape[1:]), pad)])
+        return padded.index_select(0, table.reshape(-1)).view(leaves, LEAF, *values.shape[1:])
+
+    lo = per_leaf(corners.amin(1), float("inf")).amin(1)
+    hi = per_leaf(corners.amax(1), float("-inf")).amax(1)
     sums = torch.cat([area[:, None], area[:, None] * centroid, area_vec, (area_vec[:, :, None] * centroid[:, None, :]).reshape(n, 9)], 1)
-    sums = torch.zeros((leaves, 16), dtype=torch.float64, device=device).index_add_(0, leaf, sums)
+    sums = per_leaf(sums, 0.0).sum(1)
     glo, ghi = group[bounds[:-1]], group[bounds[1:] - 1]
     levels = [(lo, hi, glo, ghi, sums)]
     for _ in range(d):  # parents from pairs of children, up to the root
@@ -110,14 +115,17 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     area, weighted, normal, second = sums[:, 0], sums[:, 1:4], sums[:, 4:7], sums[:, 7:].reshape(-1, 3, 3)
     center = torch.where(area[:, None] > 0, weighted / area.clamp_min(1e-300)[:, None], 0.5 * (lo + hi))
     moment = second - normal[:, :, None] * center[:, None, :]  # sum a n (c - center)^T
-    # the radius: the farthest corner of the node's faces from its center, one pass per depth
-    radius = torch.zeros_like(area)
-    far = corners.reshape(n, 1, 3, 3)
+    # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
+    # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
+    # ancestor's center, then the largest over the node's leaves
+    leaf_corners = per_leaf(corners, float("nan")).reshape(leaves, 3 * LEAF, 3)
+    radius = []
     for level in range(d + 1):
         first = (1 << level) - 1
-        node = first + (leaf >> (d - level))
-        reach = torch.linalg.vector_norm(far[:, 0] - center[node][:, None], dim=-1).amax(1)
-        radius = radius.scatter_reduce(0, node, torch.nan_to_num(reach), "amax")
+        ancestors = center[first : first + (1 << level)].repeat_interleave(1 << (d - level), 0)
+        reach = torch.linalg.vector_norm(leaf_corners - ancestors[:, None], dim=-1).nan_to_num(nan=0.0, posinf=0.0).amax(1)
+        radius.append(reach.view(1 << level, -1).amax(1))
+    radius = torch.cat(radius)
     size = node_count(n)
 
     def out(t, fill=0):
