@@ -177,18 +177,26 @@ def _sample(area: torch.Tensor, owner: torch.Tensor, corners: torch.Tensor, norm
     meshes = torch.arange(b, device=device)
     first = torch.searchsorted(owner, meshes)
     last = torch.searchsorted(owner, meshes, right=True)
+    faces = area.shape[0]
     g = owner.clamp(0, b - 1)
-    largest = area.new_zeros(b).scatter_reduce_(0, g, area, "amax")
+    if b == 1:  # one mesh: per-mesh values broadcast, no gathers
+        largest = area.max().reshape(1) if faces else area.new_zeros(1)
+        per_face = lambda t: t  # noqa: E731
+    else:
+        largest = area.new_zeros(b).scatter_reduce_(0, g, area, "amax")
+        per_face = lambda t: t.index_select(0, g)  # noqa: E731
     scale = (2.0**AREA_BITS) / torch.where(largest > 0, largest, 1.0)
-    cum = torch.cumsum(torch.floor(area * scale.index_select(0, g) + 0.5).to(torch.int64), 0)
+    cum = torch.cumsum(torch.floor(area * per_face(scale) + 0.5).to(torch.int64), 0)
     cum0 = torch.cat([cum.new_zeros(1), cum])
     start = cum0.index_select(0, first)
     total = cum0.index_select(0, last) - start
-    # the guide table: the k-th of the K faces of mesh g holds the answer for u0 = k / K
-    k = torch.arange(area.shape[0], device=device) - first.index_select(0, g)
-    size = (last - first).clamp_min(1).index_select(0, g)
-    at = start.index_select(0, g) + torch.floor(k.to(torch.float64) / size * total.index_select(0, g)).to(torch.int64)
-    guide = torch.searchsorted(cum, at, right=True)
+    # the guide table: bucket k of the K faces of mesh g (u0 in [k / K, (k + 1) / K)) holds the
+    # last face whose interval starts in bucket k or before (O(F): a scatter and a running max)
+    size = (last - first).to(torch.float64)
+    bucket = torch.floor((cum0[:-1] - per_face(start)).to(torch.float64) * per_face(size / torch.where(total > 0, total, 1)))
+    at = per_face(first) + torch.minimum(bucket.to(torch.int64), per_face(size.to(torch.int64) - 1).clamp_min(0))
+    rows = torch.arange(faces, device=device)
+    guide = torch.zeros_like(rows).scatter_reduce_(0, at.clamp(0, max(faces - 1, 0)), rows, "amax").cummax(0).values
     if validate and not bool((total > 0).all()):
         raise ValueError(_no_area(total))
     chosen = torch.empty(b * n, dtype=torch.int64, device=device)
@@ -276,9 +284,11 @@ def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     normal = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
     normals = normal / torch.where(length > 0, length, 1.0)  # zero-area faces are never chosen
-    exact = corners.detach().to(torch.float64)
-    area = torch.linalg.vector_norm(torch.linalg.cross(exact[:, 1] - exact[:, 0], exact[:, 2] - exact[:, 0]), dim=-1)
-    return corners, normals, torch.where(torch.isfinite(area), area, 0.0)
+    exact = normal.detach() if dtype == torch.float64 else corners.detach().to(torch.float64)
+    if dtype != torch.float64:
+        exact = torch.linalg.cross(exact[:, 1] - exact[:, 0], exact[:, 2] - exact[:, 0])
+    area = torch.linalg.vector_norm(exact, dim=-1)
+    return corners, normals, torch.nan_to_num(area, 0.0, 0.0, 0.0)
 
 
 def sample_points_on_mesh(
