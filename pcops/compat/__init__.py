@@ -1,14 +1,19 @@
-"""Drop-in modules for PyTorch Geometric (torch_cluster) and PyTorch3D users.
+"""Drop-in modules for PyTorch Geometric (torch_cluster, torch_scatter), Pointcept (torch_scatter)
+and PyTorch3D users.
 
-``pcops.compat.torch_cluster`` and ``pcops.compat.pytorch3d`` take the arguments, defaults and
-return conventions of ``torch_cluster`` and ``pytorch3d.ops`` / ``pytorch3d.loss`` and map them
-onto pcops' native ops; no module here has a search of its own. Change one import::
+``pcops.compat.torch_cluster``, ``pcops.compat.torch_scatter`` and ``pcops.compat.pytorch3d``
+take the arguments, defaults and return conventions of ``torch_cluster``, ``torch_scatter`` and
+``pytorch3d.ops`` / ``pytorch3d.loss`` and map them onto pcops' native ops (and torch's own
+scatter / gather ops); no module here has a search of its own. Change one import::
 
     from torch_cluster import fps, radius, knn_graph          # before
     from pcops.compat.torch_cluster import fps, radius, knn_graph
 
     from pytorch3d.ops import knn_points, ball_query            # before
     from pcops.compat.pytorch3d import knn_points, ball_query
+
+    from torch_scatter import scatter, segment_csr               # before
+    from pcops.compat.torch_scatter import scatter, segment_csr
 
 Conventions and every difference: docs/interop.md.
 
@@ -136,6 +141,6 @@ def compact(table: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.ops.pcops.edges(table, keep)
 
 
-from . import pytorch3d, torch_cluster  # noqa: E402  (they use the helpers above)
+from . import pytorch3d, torch_cluster, torch_scatter  # noqa: E402  (they use the helpers above)
 
-__all__ = ["pytorch3d", "torch_cluster"]
+__all__ = ["pytorch3d", "torch_cluster", "torch_scatter"]
