@@ -577,6 +577,74 @@ def _sampling_cases(args, device, shape: str = "uniform"):
     return cases
 
 
+# Surface sampling: pcops.sample_points_on_mesh against PyTorch3D's sample_points_from_meshes
+# formula in plain torch and trimesh.sample.sample_surface, on the real meshes of bench_meshes
+# (pyvista's example meshes, and the airplane subdivided three times: 157k faces; --quick: the
+# op table's icosphere)
+
+MESH_SAMPLES = (10_000, 100_000, 1_000_000)
+
+
+def pytorch3d_sample(vertices, faces, n: int):
+    """PyTorch3D's sample_points_from_meshes for one mesh with return_normals, its formula in
+    torch: face areas (no graph), multinomial with replacement, the square-root barycentrics,
+    the weighted corners and the faces' unit normals."""
+    corners = vertices[faces]
+    v0, v1, v2 = corners.unbind(1)
+    cross = torch.linalg.cross(v1 - v0, v2 - v0)
+    with torch.no_grad():
+        face = (cross.norm(dim=-1) / 2).multinomial(n, replacement=True)
+    u, v = torch.rand(n, dtype=vertices.dtype, device=vertices.device), torch.rand(n, dtype=vertices.dtype, device=vertices.device)
+    root = u.sqrt()
+    w0, w1, w2 = 1.0 - root, root * (1.0 - v), root * v
+    points = w0[:, None] * v0[face] + w1[:, None] * v1[face] + w2[:, None] * v2[face]
+    normals = torch.nn.functional.normalize(cross, dim=-1)[face]
+    return points, normals
+
+
+def _sample_meshes(quick: bool) -> list:
+    """(name, vertices float32, faces int64, trimesh.Trimesh) of the meshes the sampling rows use."""
+    import trimesh
+
+    if quick:
+        made = BY_NAME["sample_points_on_mesh"].inputs(0, dtype=torch.float32, faces=1280)
+        v, f = made["vertices"], made["faces"]
+        return [("icosphere", v, f, trimesh.Trimesh(v.double().numpy(), f.numpy(), process=False))]
+    out = []
+    for name in bench_meshes.available():
+        m = bench_meshes.mesh(name)
+        out.append((name, m))
+        if name == "airplane":
+            v, f = trimesh.remesh.subdivide(m.vertices, m.faces)
+            for _ in range(2):
+                v, f = trimesh.remesh.subdivide(v, f)
+            out.append(("airplane/64", trimesh.Trimesh(v, f, process=False)))
+    return [(name, torch.tensor(m.vertices, dtype=torch.float32), torch.tensor(m.faces, dtype=torch.int64), m) for name, m in out]
+
+
+def run_mesh_sampling(args, device) -> list[dict]:
+    """Rows of report["sampling"] for sample_points_on_mesh (op, variant, cloud "mesh:<name>",
+    n draws): the three functions interleaved in one timing (scripts/bench_timer.py)."""
+    import trimesh
+
+    rows = []
+    for name, v, f, m in _sample_meshes(args.quick):
+        dv, df = v.to(device), f.to(device)
+        for n in (1_000, 4_000) if args.quick else MESH_SAMPLES:
+            fns = {"pcops": lambda n=n: pcops.sample_points_on_mesh(dv, df, n, seed=n, validate=False),
+                   "pytorch3d_torch": lambda n=n: pytorch3d_sample(dv, df, n),
+                   "trimesh": lambda n=n: trimesh.sample.sample_surface(m, n, seed=n)}
+            times = median_ms(fns, repeats=args.iters, budget_s=args.budget, device=device)
+            notes = {"pcops": "seed=, points, faces, weights, normals",
+                     "pytorch3d_torch": "multinomial + sqrt barycentrics, points and normals, float32",
+                     "trimesh": "sample_surface(seed=): points and faces, float64, NumPy"}
+            for variant, ms in times.items():
+                rows.append({"op": "sample_points_on_mesh", "variant": variant, "cloud": f"mesh:{name}", "n": n, "s": None,
+                             "ms": round(ms, 3), "note": notes[variant]})
+                print(f"{'sample_points_on_mesh':<28} {variant:<24} {name:<10} n={n:>9,} {ms:>10,.1f} ms  F={len(f):,}", flush=True)
+    return rows
+
+
 def run_sampling(args, device) -> list[dict]:
     """Forward times of the sampling and grouping ops and their peers on each cloud shape, with
     ratios printed (rows of the same op, cloud, size and number of picks only)."""
@@ -586,6 +654,7 @@ def run_sampling(args, device) -> list[dict]:
             ms = None if fn is None else round(median_ms(fn, repeats=args.iters, budget_s=args.budget, device=device), 3)
             rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": ms, "note": note})
             print(f"{op:<28} {variant:<24} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
+    rows += run_mesh_sampling(args, device)
     key = lambda r: (r["op"], r["cloud"], r["n"], r["s"])  # noqa: E731
     ours = {key(r): r for r in rows if r["variant"] == "pcops" and r["ms"]}
     for r in rows:
