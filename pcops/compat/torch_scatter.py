@@ -11,9 +11,11 @@ position along ``dim`` of the extremum, ``src.size(dim)`` for an empty slot, who
 ``scatter_logsumexp`` and ``scatter_std``. ``index`` broadcasts as in torch_scatter (a 1-D
 index runs along ``dim``; missing trailing dimensions are expanded).
 
-Everything is plain torch (``scatter_reduce``, ``gather``, ``searchsorted``): no compiled
-extension, gradients by torch's autograd (``max`` / ``min`` send the gradient to the arg
-element only, as torch_scatter), and every function is scriptable (``torch.jit.script``) and
+No compiled extension: torch's ``scatter_reduce``, ``gather`` and ``searchsorted``, and pcops'
+segment reduction op for ``segment_csr`` with a 1-D pointer and for ``scatter_max`` /
+``scatter_min`` with a 1-D index (rows sorted by slot) of float32 / float64 values. Gradients
+by autograd (``max`` / ``min`` send the gradient to the arg element only, as torch_scatter),
+and every function is scriptable (``torch.jit.script``) and
 traces under ``torch.compile(fullgraph=True)`` without a host read when the output size is
 known (``dim_size=`` or ``out=``; ``segment_csr`` / ``gather_coo`` always; ``gather_csr`` with
 ``out=``). Where torch_scatter leaves the result open, pcops returns one fixed result: the arg
@@ -129,6 +131,33 @@ def _reduce_arg(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[
     return res, arg
 
 
+def _flat(rows: torch.Tensor) -> torch.Tensor:
+    """(N, ...) as (N, F) (no -1 in the shape: N may be 0)."""
+    cols = 1
+    for k in rows.shape[1:]:
+        cols = cols * k
+    return rows.reshape(rows.shape[0], cols)
+
+
+def _sorted_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, size: int, reduce: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """max / min of a float32/float64 ``src`` by a 1-D ``index`` along ``dim``: the rows sorted
+    by slot (a stable sort: tied rows keep their order, so the first arg stays the smallest
+    position), then pcops' segment_reduce op over the sorted rows' pointer (one pass, its arg
+    mapped back through the sort). An index outside [0, size) joins no slot."""
+    n = src.shape[dim]
+    rows = src.movedim(dim, 0)
+    keys, perm = torch.sort(index.to(torch.long), stable=True)
+    ptr = torch.searchsorted(keys, torch.arange(size + 1, device=src.device))
+    res, arg = torch.ops.pcops.segment_reduce(_flat(rows).index_select(0, perm), ptr, reduce, False)
+    arg = torch.where(arg < 0, n, perm.index_select(0, arg.clamp(min=0).reshape(-1)).view(arg.shape))
+    shape: List[int] = [size] + list(rows.shape[1:])
+    return res.reshape(shape).movedim(0, dim), arg.reshape(shape).movedim(0, dim)
+
+
+def _use_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.Tensor]) -> bool:
+    return out is None and index.dim() == 1 and src.dim() > 0 and index.shape[0] == src.shape[dim] > 0 and (src.dtype == torch.float32 or src.dtype == torch.float64)
+
+
 # ----------------------------------------------------------------------------------------------
 # scatter
 
@@ -184,6 +213,8 @@ def scatter_min(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     ``dim`` (``src.size(dim)`` for an empty slot)."""
     _check_index(index, "index")
     d = _dim(dim, src.dim())
+    if _use_kernel(src, index, d, out):
+        return _sorted_kernel(src, index, d, _size(index, dim_size), "min")
     index = _broadcast(index, src, d)
     size = out.shape[d] if out is not None else _size(index, dim_size)
     return _reduce_arg(src, index, d, out, size, "amin")
@@ -201,6 +232,8 @@ def scatter_max(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     """
     _check_index(index, "index")
     d = _dim(dim, src.dim())
+    if _use_kernel(src, index, d, out):
+        return _sorted_kernel(src, index, d, _size(index, dim_size), "max")
     index = _broadcast(index, src, d)
     size = out.shape[d] if out is not None else _size(index, dim_size)
     return _reduce_arg(src, index, d, out, size, "amax")
@@ -330,7 +363,7 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str) -> Tuple[t
     pass, no atomics; its gradient goes to the first arg-extremum). The pointer is clamped into
     [0, N] and made non-decreasing, so that a bad one reads no row out of bounds."""
     n = src.shape[0]
-    flat = src.reshape(n, -1)
+    flat = _flat(src)
     ptr = torch.cummax(indptr.to(torch.long).clamp(0, n), 0).values
     res, arg = torch.ops.pcops.segment_reduce(flat, ptr, reduce, False)
     shape: List[int] = [res.shape[0]] + list(src.shape[1:])

@@ -98,6 +98,24 @@ def test_ties_give_the_first_position_and_empty_slots_the_size(gen):
     assert out.isnan().all() and arg.tolist() == [1]
 
 
+@pytest.mark.parametrize("reduce", ["min", "max"])
+def test_both_min_max_paths_agree(gen, reduce):
+    """A 1-D index of float rows runs pcops' segment kernel after a stable sort; a full index
+    runs torch's scatter_reduce and an arg pass: the same values, args and gradients (ties
+    everywhere: small integers)."""
+    src = torch.randint(0, 4, (50, 3, 2), generator=gen).double().requires_grad_()
+    index = torch.randint(0, 9, (50,), generator=gen)
+    fn = getattr(ts, "scatter_" + reduce)
+    a, arg_a = fn(src, index, 0, dim_size=10)
+    b, arg_b = fn(src, index.view(50, 1, 1).expand(50, 3, 2), 0, dim_size=10)
+    assert torch.equal(a, b) and torch.equal(arg_a, arg_b)
+    (ga,) = torch.autograd.grad(a.sum(), src)
+    (gb,) = torch.autograd.grad(b.sum(), src)
+    assert torch.equal(ga, gb)
+    c, arg_c = fn(src.transpose(0, 1), index, 1, dim_size=10)  # along a middle dimension
+    assert torch.equal(c, a.transpose(0, 1)) and torch.equal(arg_c, arg_a.transpose(0, 1))
+
+
 def test_out_is_updated_in_place():
     src = torch.tensor([1.0, 3.0, 2.0, 4.0])
     index = torch.tensor([0, 1, 0, 1])
