@@ -285,8 +285,8 @@ def _coo_index(src: torch.Tensor, index: torch.Tensor, name: str) -> Tuple[torch
 
 def _coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor], dim_size: Optional[int], reduce: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     idx, d = _coo_index(src, index, "index")
-    if out is None and dim_size is None and idx.numel() > 0:
-        dim_size = int(idx.select(d, -1).max()) + 1  # sorted: the last entries hold the largest
+    if index.dim() == 1:
+        idx = index  # scatter broadcasts it along dim 0 (and picks the sorted kernel for max / min)
     if reduce == "sum":
         return scatter_sum(src, idx, d, out, dim_size), None
     if reduce == "mean":
