@@ -25,6 +25,7 @@ REQUIRED = {
     "sparse": ("bench", "ms"),
     "transformer": ("op", "ms"),
     "mesh": ("bench",),
+    "transport": ("bench", "ms"),
 }
 # train-step targets of the tutorial's models (docs/benchmarks.md): (model, pcops, reference) -> peer / pcops at least
 TARGETS = {
@@ -224,6 +225,7 @@ SECTIONS = {
     "sparse": lambda rows, report: ms_tables("Sparse", rows, lambda r: r["bench"]),
     "transformer": lambda rows, report: ms_tables("Transformer", rows, lambda r: r["op"].split(":")[0]),
     "mesh": meshes,
+    "transport": lambda rows, report: ms_tables("Transport", rows, lambda r: r["bench"]),
 }
 
 

@@ -7,7 +7,7 @@ machine in one process.
     python scripts/benchmark.py --quick          # everything at small sizes (a smoke test)
     python scripts/benchmark.py --json out.json  # also write every figure as JSON
     python scripts/benchmark.py --search         # only the CPU search rows (kNN, radius) against peers
-    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling, networks, sparse, transformer, mesh
+    python scripts/benchmark.py --only sampling  # only some sections: search, models, geometry, sampling, networks, sparse, transformer, mesh, transport
     OMP_NUM_THREADS=1 python scripts/benchmark.py --search --cpu-time   # their work, on a busy machine
 
 Variants: ``torch_eager`` / ``torch_compiled`` (the tutorial's dense torch references, run in
@@ -49,6 +49,7 @@ import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
 import bench_mesh  # noqa: E402
 import bench_compile  # noqa: E402
+import bench_transport  # noqa: E402
 from bench_timer import median_ms, speed  # noqa: E402  the one timer, and its ratios in words
 import pcops  # noqa: E402
 import pcops.memory  # noqa: E402
@@ -877,7 +878,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
-    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "compile"],
+    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport", "compile"],
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
@@ -894,7 +895,7 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
-    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh"]))
+    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport"]))
     if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
     if "models" in sections:
@@ -917,6 +918,8 @@ def main(argv=None) -> dict:
         report["transformer"] = bench_transformer.run(args.quick)
     if "mesh" in sections and device.type == "cpu":  # mesh_distance, mesh_bvh, point_mesh_face_distance against Open3D / trimesh / PhysicsNeMo (bench_mesh.py)
         report["mesh"] = bench_mesh.run(args.quick)
+    if "transport" in sections and device.type == "cpu":  # sinkhorn_divergence against GeomLoss, earth_movers_distance against POT (bench_transport.py)
+        report["transport"] = bench_transport.run(args.quick)
     if "compile" in sections and device.type == "cpu":  # models eager / default compile / fullgraph (bench_compile.py)
         report["compile"] = bench_compile.run(args.quick)
     if args.json:

@@ -74,7 +74,8 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
     for fallback in ("not known to bench_report", "rows as written", "rows of another shape"):
         assert fallback not in text  # every section and row of the JSON has its own table
     titles = {"results": "Models (results)", "search": "CPU search", "geometry_ops": "Geometry ops", "sampling": "Sampling",
-              "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer", "mesh": "Meshes"}
+              "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer", "mesh": "Meshes",
+              "transport": "Transport"}
     assert {key for key, value in report.items() if isinstance(value, list) and key != "search_notes"} == set(titles)
     blocks = {key: "".join(b for b in text.split("\n### ")[1:] if b.startswith(title)) for key, title in titles.items()}
     assert all(blocks.values()), [key for key, block in blocks.items() if not block]
@@ -92,7 +93,7 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
                          row(geometry, model="chamfer_distance", variant="torch_cdist")["train_step_ms"]),
         "sampling": (row(sampling, op="voxel_pool", variant="pcops")["ms"], row(sampling, op="voxel_pool", variant="torch_scatter")["ms"]),
     }
-    for key in ("sparse", "transformer"):
+    for key in ("sparse", "transformer", "transport"):
         ms = report[key][0]["ms"]
         pairs[key] = (ms["pcops"], next(v for name, v in ms.items() if name != "pcops"))
     loss = row(report["mesh"], bench="point_mesh_face_distance")["ms"]  # its rows need no peer but torch
