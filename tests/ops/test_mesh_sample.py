@@ -473,3 +473,17 @@ def test_value_checks_run_inside_the_op_under_compile():
     with pytest.raises(Exception, match="faces must include a face of positive area in every mesh: the mesh has none"):
         sample(line, True)
     assert sample(line, False).shape == (5, 3)  # unspecified values, no error
+
+
+def test_a_seed_tensor_compiles_one_graph_for_every_seed():
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    v, f = icosphere(1)
+    torch._dynamo.reset()
+    counters.clear()
+    count = CompileCounter()
+    sample = torch.compile(lambda v, s: pcops.sample_points_on_mesh(v, f, 20, seed=s).points, backend=count)
+    for s in (1, 2, 3):
+        assert torch.equal(sample(v, torch.tensor(s)), pcops.sample_points_on_mesh(v, f, 20, seed=s).points)
+    assert count.frame_count == 1 and not counters["graph_break"]
