@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import pcops
+from tests import op_table
 from tests.compile_check import assert_compiles
 from tests.op_suite import F64, TOL, OpSuite, assert_matches, pack
 
@@ -18,11 +19,8 @@ N = 200  # draws per mesh of the suite's tests
 
 
 def icosphere(subdivisions: int, gen=None, jitter: float = 0.0):
-    """A unit icosphere (trimesh's), its vertices moved radially by up to +-jitter / 2."""
-    import trimesh
-
-    m = trimesh.creation.icosphere(subdivisions=subdivisions)
-    v, f = torch.tensor(m.vertices, dtype=F64), torch.tensor(m.faces, dtype=torch.int64)
+    """The op table's unit icosphere, its vertices moved radially by up to +-jitter / 2."""
+    v, f = op_table.icosphere(subdivisions)
     if jitter:
         v = v * (1 + jitter * (torch.rand(v.shape[0], 1, generator=gen, dtype=F64) - 0.5))
     return v, f
