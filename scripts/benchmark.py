@@ -465,22 +465,22 @@ def _radius_search_cases(args, device, ckdtree, o3c):
         for op, (radii, caps) in (("ball_query:physicsnemo", ([0.1], [32])), ("ball_queries:geotransolver", GEOTRANSOLVER)):
             shown = f"{m:,} queries, r={radii[0]}, K={caps[0]}" if len(radii) == 1 else f"{m:,} queries, radii 0.01-5.0, K 4-256"
             if len(radii) == 1:
-                cases.append((op, "pcops", n, lambda r=radii[0], k=caps[0]: pcops.ball_query(dq, dref, r, k, validate=False), shown, m))
+                cases.append((op, "pcops", n, lambda q=dq, p=dref, r=radii[0], k=caps[0]: pcops.ball_query(q, p, r, k, validate=False), shown, m))
             else:
-                cases.append((op, "pcops", n, lambda: pcops.ball_queries(dq, dref, *GEOTRANSOLVER, validate=False), shown, m))
-                cases.append((op, "pcops_calls", n, lambda: [pcops.ball_query(dq, dref, r, k, validate=False) for r, k in zip(*GEOTRANSOLVER)],
+                cases.append((op, "pcops", n, lambda q=dq, p=dref: pcops.ball_queries(q, p, *GEOTRANSOLVER, validate=False), shown, m))
+                cases.append((op, "pcops_calls", n, lambda q=dq, p=dref: [pcops.ball_query(q, p, r, k, validate=False) for r, k in zip(*GEOTRANSOLVER)],
                               f"{shown}: one ball_query call per radius", m))
             if ckdtree is not None:
-                def ball_point(radii=radii):
-                    tree = ckdtree(p_pts)
-                    return [tree.query_ball_point(q_pts, r, workers=-1) for r in radii]
+                def ball_point(q=q_pts, p=p_pts, radii=radii):
+                    tree = ckdtree(p)
+                    return [tree.query_ball_point(q, r, workers=-1) for r in radii]
 
                 cases.append((op, "scipy_ckdtree", n, ball_point, f"{shown}: query_ball_point, workers=-1, all within r, no cap", m))
             if o3c is not None:
-                def hybrid(radii=radii, caps=caps):
-                    index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p_pts))
+                def hybrid(q=q_pts, p=p_pts, radii=radii, caps=caps):
+                    index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p))
                     index.hybrid_index(max(radii))
-                    return [index.hybrid_search(o3c.Tensor(q_pts), r, k) for r, k in zip(radii, caps)]
+                    return [index.hybrid_search(o3c.Tensor(q), r, k) for r, k in zip(radii, caps)]
 
                 cases.append((op, "open3d", n, hybrid, f"{shown}: hybrid_search (d < r)", m))
     return cases

@@ -102,7 +102,7 @@ def _kernel(dtype: torch.dtype, columns: tuple = ()):
 # cells once for all the radii of the group, but tests each of them against every radius: for a
 # smaller radius that costs more than its own scan once (r / R)^3 is small. Measured against
 # separate ball_query calls (docs/ops/ball_query.md): one group for all of GeoTransolver's radii
-# 0.01-5.0 was up to 1.12x slower (surface cloud, 30,000 points), radii up to 4x apart in one
+# 0.01-5.0 was up to 1.14x slower (surface cloud, 30,000 points), radii up to 4x apart in one
 # group up to 1.04x slower; groups within 2x were never slower beyond the noise.
 GROUP_RATIO = 2.0
 
