@@ -34,6 +34,7 @@ import torch
 import warp as wp
 
 from ... import _batch, _validate, _warp
+from ..geometry.chamfer import _batch_size
 
 BATCH_REDUCTIONS = ("mean", "sum", None)
 _NO_MASS = -1e30  # the log-weight of a zero weight: never a term of a log-sum-exp (the kernels skip it)
@@ -474,20 +475,7 @@ def _weights(name: str, w, points: torch.Tensor, flat_group, samples: int, dtype
     return torch.where(g < samples, 1 / counts.clamp_min(1)[g], 0)
 
 
-def _samples(x, x_batch, y_batch, batch_size) -> tuple[int, Optional[dict]]:
-    """The number of samples, and the range checks of packed ids it implies."""
-    if x.dim() == 3:
-        return x.shape[0], None
-    if x_batch is None:
-        return 1, None
-    if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, torch.SymInt)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        return batch_size, dict(x_batch=(x_batch, 0, batch_size - 1), y_batch=(y_batch, 0, batch_size - 1))
-    if torch.compiler.is_compiling():
-        raise ValueError("packed inputs under torch.compile need batch_size= (the number of samples), so no host read is traced")
-    ids = [t for t in (x_batch, y_batch) if t is not None and t.numel()]
-    return max((int(t.max()) for t in ids), default=0) + 1, None
+_samples = _batch_size  # the number of samples of a pair of clouds: chamfer_distance's rule
 
 
 def _reduce(loss: torch.Tensor, x, x_batch, batch_reduction) -> torch.Tensor:
