@@ -45,7 +45,7 @@ every side, float32.
 Threads: pcops runs on torch's threads, Open3D on all cores, trimesh and PhysicsNeMo's Warp CPU
 kernels on one. Turns: 3 (2 at 10^6 queries; PhysicsNeMo: 3 timed calls after its warm-up), 5 for
 the loss, 7 for the build. The first note row gives the CPU and the load average at the start and
-the end of the section.
+the end of the section; each timed row has the 1-minute load average after its turns (``load``).
 """
 
 from __future__ import annotations
@@ -109,6 +109,11 @@ def queries(vertices: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     pad = 0.1 * (hi - lo)
     u = torch.rand(n, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return (lo - pad + u * (hi - lo + 2 * pad)).float()
+
+
+def _load() -> float:
+    """The 1-minute load average now (the machine may be shared: a row's ``load`` says how busy)."""
+    return round(os.getloadavg()[0], 2)
 
 
 def _interleaved(fns: dict, repeats: int, budget_s: float = float("inf")) -> dict:
@@ -234,7 +239,7 @@ def run_distance(mesh: str, v, f, n: int, repeats: int, budget_s: float, with_tr
         if variant == "signed":
             for name, t in pn_ms.items():
                 times[name], vs[name] = t, "pcops"
-        rows.append({**base, "variant": variant, "ms": times, "vs": vs})
+        rows.append({**base, "variant": variant, "ms": times, "vs": vs, "load": _load()})
 
     # agreement, from one more call of each (outside the timing)
     rows.append(_exact_check(mesh, faces, n, q, v, f, ours_s, seed + 1))
@@ -304,11 +309,11 @@ def run_loss(mesh: str, v, f, n: int, repeats: int) -> list[dict]:
         rel = float((ours.double() - dense.double()).abs() / dense.double().abs())
         ms = _interleaved({"pcops": lambda: pcops.point_mesh_face_distance(points, v, f),
                            "torch_dense": lambda: dense_point_mesh_face_distance(points, v, f)}, repeats)
-    rows = [{**base, "pass": "forward", "ms": ms, "rel_diff": rel}]
+    rows = [{**base, "pass": "forward", "ms": ms, "rel_diff": rel, "load": _load()}]
     p, vv = points.clone().requires_grad_(), v.clone().requires_grad_()
     ms = _interleaved({"pcops": lambda: pcops.point_mesh_face_distance(p, vv, f).backward(),
                        "torch_dense": lambda: dense_point_mesh_face_distance(p, vv, f).backward()}, repeats)
-    rows.append({**base, "pass": "forward_backward", "ms": ms, "rel_diff": rel})
+    rows.append({**base, "pass": "forward_backward", "ms": ms, "rel_diff": rel, "load": _load()})
     return rows
 
 
@@ -329,7 +334,7 @@ def run_build(mesh: str, v, f, repeats: int) -> dict:
         return s.compute_distance(one, nthreads=0)
 
     ms = _interleaved({"pcops": lambda: pcops.mesh_bvh(v, f), "open3d": scene}, repeats)
-    return {"bench": "mesh_bvh", "mesh": mesh, "faces": int(f.shape[0]), "ms": ms}
+    return {"bench": "mesh_bvh", "mesh": mesh, "faces": int(f.shape[0]), "ms": ms, "load": _load()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,7 +359,7 @@ def _print(row: dict) -> None:
              "mesh_bvh": lambda: ""}[row["bench"]]()
     ours = " ".join(f"{k} {_fmt(t)} ms" for k, t in ms.items() if k.startswith("pcops"))
     peers = "  ".join(f"{k} {_fmt(t)} ms ({t / ms[vs.get(k, 'pcops')]:.2f}x)" for k, t in ms.items() if not k.startswith("pcops"))
-    print(f"{row['bench']:<25} {row['mesh']:<9} F={row['faces']:>5,} {label}  {ours}  |  {peers}", flush=True)
+    print(f"{row['bench']:<25} {row['mesh']:<9} F={row['faces']:>5,} {label}  {ours}  |  {peers}  (load {row.get('load')})", flush=True)
 
 
 def run(quick: bool = False, meshes=None, sizes=None) -> list[dict]:
