@@ -207,7 +207,7 @@ def meshes(rows: list, report: dict) -> str:
     out = [ms_tables("Meshes", timed, lambda r: r["bench"])] if timed else []
     if agree:
         fields = ("mesh", "faces", "queries", "peer", "max_abs_diff", "max_closest_gap", "sign_disagree", "checked", "pcops_right", "near_half")
-        show = lambda r, k: "-" if r.get(k) is None else (f"{100 * r[k]:.2f}%" if k == "sign_disagree" else  # noqa: E731
+        show = lambda r, k: "-" if r.get(k) is None else (f"{100 * r[k]:.2g}%" if k == "sign_disagree" else  # noqa: E731
                                                           f"{r[k]:.1e}" if isinstance(r[k], float) else num(r[k]))
         out.append(table("Meshes: agreement with pcops (unsigned distance; sign, checked against the exact winding number)",
                          list(fields), [[show(r, k) for k in fields] for r in agree], notes))
