@@ -198,8 +198,12 @@ def _(grid_coord, batch, kernel_size, dilation, validate=True):
     return like.new_empty((k3, n)), like.new_empty((k3 * n,)), like.new_empty((k3 * n,)), like.new_empty((k3,))
 
 
-def _segments(counts: torch.Tensor, n: int):
-    """(k, start, stop) of the offsets with pairs, the centre (the identity map) first if it is complete."""
+def _segments(counts: torch.Tensor, n: int, submanifold: bool):
+    """(k, start, stop) of the offsets with pairs, and whether the centre offset is the identity
+    map (then left out of the segments). Only a submanifold map (outputs = inputs, the kernel
+    centred on them) can have one: there the centre offset pairs each site with itself, and
+    with all N pairs present it is ``out = features @ weight[centre]``. In a strided map or its
+    transpose the centre offset links different sites, so it stays a segment like the others."""
     k3 = counts.shape[0]
     host = counts.tolist()
     centre = k3 // 2
@@ -207,21 +211,26 @@ def _segments(counts: torch.Tensor, n: int):
     for c in host:
         bounds.append(bounds[-1] + c)
     segments = [(k, bounds[k], bounds[k + 1]) for k in range(k3) if host[k]]
-    identity = host[centre] == n
+    identity = submanifold and host[centre] == n
     return [s for s in segments if not (identity and s[0] == centre)], identity, centre
 
 
 @torch.library.custom_op("pcops::sparse_conv", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sparse_conv(
-    features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor, counts: torch.Tensor
+    features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor, counts: torch.Tensor,
+    num_out: Optional[int] = None,
 ) -> torch.Tensor:
-    """features (N, Cin), weight (K^3, Cin, Cout), a kernel map's pairs -> (N, Cout)."""
+    """features (N, Cin), weight (K^3, Cin, Cout), a kernel map's pairs -> (M, Cout).
+
+    ``num_out`` None: the pairs are a submanifold map of the N sites (M = N); else M = ``num_out``
+    output sites (a strided map, or a map's transpose with its pairs swapped)."""
     n = features.shape[0]
-    segments, identity, centre = _segments(counts, n)
+    m = n if num_out is None else num_out
+    segments, identity, centre = _segments(counts, n, num_out is None)
     if identity:
         out = features @ weight[centre]
     else:
-        out = features.new_zeros((n, weight.shape[2]))
+        out = features.new_zeros((m, weight.shape[2]))
     for k, a, b in segments:
         rows, cols = out_index[a:b], in_index[a:b]
         # each offset reaches an output site at most once: a plain indexed write, no accumulation
@@ -230,18 +239,18 @@ def _sparse_conv(
 
 
 @_sparse_conv.register_fake
-def _(features, weight, in_index, out_index, counts):
-    return features.new_empty((features.shape[0], weight.shape[2]))
+def _(features, weight, in_index, out_index, counts, num_out=None):
+    return features.new_empty((features.shape[0] if num_out is None else num_out, weight.shape[2]))
 
 
 @torch.library.custom_op("pcops::sparse_conv_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sparse_conv_backward(
     grad: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor,
-    counts: torch.Tensor, need_features: bool, need_weight: bool,
+    counts: torch.Tensor, need_features: bool, need_weight: bool, num_out: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad of features (N, Cin), grad of weight (K^3, Cin, Cout)); zeros where not needed."""
+    """(grad of features (N, Cin), grad of weight (K^3, Cin, Cout)) from grad (M, Cout); zeros where not needed."""
     n = features.shape[0]
-    segments, identity, centre = _segments(counts, n)
+    segments, identity, centre = _segments(counts, n, num_out is None)
     grad_f = features.new_zeros(features.shape)
     grad_w = weight.new_zeros(weight.shape)
     grad = grad.contiguous()
@@ -261,28 +270,31 @@ def _sparse_conv_backward(
 
 
 @_sparse_conv_backward.register_fake
-def _(grad, features, weight, in_index, out_index, counts, need_features, need_weight):
+def _(grad, features, weight, in_index, out_index, counts, need_features, need_weight, num_out=None):
     return features.new_empty(features.shape), weight.new_empty(weight.shape)
 
 
 def _setup(ctx, inputs, output):
-    features, weight, in_index, out_index, counts = inputs
+    features, weight, in_index, out_index, counts, num_out = inputs
     ctx.save_for_backward(features, weight, in_index, out_index, counts)
+    ctx.num_out = num_out
 
 
 def _backward(ctx, grad):
     features, weight, in_index, out_index, counts = ctx.saved_tensors
     need_f, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_f, grad_w = torch.ops.pcops.sparse_conv_backward(grad, features, weight, in_index, out_index, counts, need_f, need_w)
-    return (grad_f if need_f else None), (grad_w if need_w else None), None, None, None
+    grad_f, grad_w = torch.ops.pcops.sparse_conv_backward(grad, features, weight, in_index, out_index, counts, need_f, need_w,
+                                                          ctx.num_out)
+    return (grad_f if need_f else None), (grad_w if need_w else None), None, None, None, None
 
 
 _sparse_conv.register_autograd(_backward, setup_context=_setup)
 
 
 def _backward_setup(ctx, inputs, output):
-    grad, features, weight, in_index, out_index, counts, _need_f, _need_w = inputs
+    grad, features, weight, in_index, out_index, counts, _need_f, _need_w, num_out = inputs
     ctx.save_for_backward(grad, features, weight, in_index, out_index, counts)
+    ctx.num_out = num_out
 
 
 def _backward_backward(ctx, grad_grad_f, grad_grad_w):
@@ -291,19 +303,26 @@ def _backward_backward(ctx, grad_grad_f, grad_grad_w):
     d/df = A_U^T g and d/dW = d(g . conv(u, W))/dW: the same two ops again."""
     grad, features, weight, in_index, out_index, counts = ctx.saved_tensors
     need_g, need_f, need_w = ctx.needs_input_grad[:3]
-    pairs = (in_index, out_index, counts)
+    pairs, m = (in_index, out_index, counts), ctx.num_out
     u, big_u = grad_grad_f, grad_grad_w
     d_grad = d_features = d_weight = None
     if need_g:
-        d_grad = torch.ops.pcops.sparse_conv(u, weight, *pairs) + torch.ops.pcops.sparse_conv(features, big_u, *pairs)
+        d_grad = torch.ops.pcops.sparse_conv(u, weight, *pairs, m) + torch.ops.pcops.sparse_conv(features, big_u, *pairs, m)
     if need_f:
-        d_features = torch.ops.pcops.sparse_conv_backward(grad, features, big_u, *pairs, True, False)[0]
+        d_features = torch.ops.pcops.sparse_conv_backward(grad, features, big_u, *pairs, True, False, m)[0]
     if need_w:
-        d_weight = torch.ops.pcops.sparse_conv_backward(grad, u, weight, *pairs, False, True)[1]
-    return d_grad, d_features, d_weight, None, None, None, None, None
+        d_weight = torch.ops.pcops.sparse_conv_backward(grad, u, weight, *pairs, False, True, m)[1]
+    return d_grad, d_features, d_weight, None, None, None, None, None, None
 
 
 _sparse_conv_backward.register_autograd(_backward_backward, setup_context=_backward_setup)
+
+
+def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor,
+              counts: torch.Tensor, num_out: Optional[int] = None) -> torch.Tensor:
+    """The convolution op on a kernel map's pairs (features (N, Cin) and weight (K^3, Cin, Cout)
+    contiguous, of one dtype): (N, Cout) for a submanifold map (``num_out`` None), else (num_out, Cout)."""
+    return torch.ops.pcops.sparse_conv(features, weight, in_index, out_index, counts, num_out)
 
 
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
@@ -414,7 +433,7 @@ def sparse_conv3d(
         _validate.finite(features=features, weight=weight, bias=bias)
     dtype, out_dtype = _validate.compute_dtype(features, weight, *(() if bias is None else (bias,)))
     w = weight.to(dtype).reshape(k**3, cin, cout)
-    out = torch.ops.pcops.sparse_conv(features.to(dtype).contiguous(), w.contiguous(), kernel_map.in_index, kernel_map.out_index, kernel_map.counts)
+    out = _convolve(features.to(dtype).contiguous(), w.contiguous(), kernel_map.in_index, kernel_map.out_index, kernel_map.counts)
     if bias is not None:
         out = out + bias.to(dtype)
     return out.to(out_dtype)
