@@ -114,12 +114,14 @@ def _offset(name: str, offset, device) -> torch.Tensor:
     return offset.to(torch.int64)
 
 
-def _check_offsets(**named) -> None:
-    """name -> (offset, total): every offset non-decreasing from >= 0 and ending at its total
-    (one host read for all; skipped under torch.compile)."""
+def _check_offsets(points: dict, **named) -> None:
+    """name -> (offset, total): every offset non-decreasing from >= 0 and ending at its total;
+    ``points`` (name -> tensor) free of NaN/inf. One host read for all (the pcops ops then run
+    with ``validate=False``, so messages name the caller's arguments); skipped under torch.compile."""
     if is_compiling():
         return
-    values = torch.cat([o for o, _ in named.values()]).tolist()
+    finite = [torch.isfinite(t).all().to(torch.int64).reshape(1) for t in points.values()]
+    values = torch.cat([o for o, _ in named.values()] + finite).tolist()
     at = 0
     for name, (o, total) in named.items():
         v, at = values[at : at + o.shape[0]], at + o.shape[0]
@@ -127,6 +129,9 @@ def _check_offsets(**named) -> None:
             raise ValueError(f"{name} must be non-decreasing cumulative point counts >= 0, got {v}")
         if v[-1] != total:
             raise ValueError(f"{name}[-1] must equal the number of points ({total}), got {v[-1]}")
+    for name, ok in zip(points, values[at:]):
+        if not ok:
+            raise ValueError(f"{name} contains NaN or inf")
 
 
 def _ids(offset: torch.Tensor, n) -> torch.Tensor:
@@ -157,7 +162,8 @@ def _queries(xyz, offset, new_xyz, new_offset):
     new_offset = _offset("new_offset", new_offset, xyz.device)
     if offset.shape[0] != new_offset.shape[0]:
         raise ValueError(f"offset and new_offset must have one entry per sample alike, got {offset.shape[0]} and {new_offset.shape[0]}")
-    _check_offsets(offset=(offset, xyz.shape[0]), new_offset=(new_offset, new_xyz.shape[0]))
+    pts = {"xyz": xyz} if new_xyz is xyz else {"xyz": xyz, "new_xyz": new_xyz}
+    _check_offsets(pts, offset=(offset, xyz.shape[0]), new_offset=(new_offset, new_xyz.shape[0]))
     return xyz, new_xyz, offset, new_offset, _ids(offset, xyz.shape[0]), _ids(new_offset, new_xyz.shape[0])
 
 
@@ -210,7 +216,7 @@ def knn_query(nsample: int, xyz: torch.Tensor, offset: Offsets, new_xyz: Optiona
         idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
         dist = torch.full((m, k), _PAD_DIST, dtype=query.dtype, device=query.device)
     else:
-        found = pcops.knn(query, ref, kk, query_batch=query_ids, ref_batch=ref_ids)
+        found = pcops.knn(query, ref, kk, query_batch=query_ids, ref_batch=ref_ids, validate=False)
         idx = found.idx
         dist = torch.where(idx >= 0, found.dists, torch.full((), _PAD_DIST, dtype=found.dists.dtype, device=idx.device))
         if kk < k:
@@ -270,13 +276,13 @@ def _ball(
     f = np.float64 if query.dtype == torch.float64 else np.float32
     hi, lo = float(f(max_radius) * f(max_radius)), float(f(min_radius) * f(min_radius))  # as the kernel squares them
     search = max(max_radius, _NEAR2**0.5) * (1 + _WIDEN)
-    _, table, counts = pcops.ball_query(query, ref, search, nsample, query_batch=query_ids, ref_batch=ref_ids)
+    _, table, counts = pcops.ball_query(query, ref, search, nsample, query_batch=query_ids, ref_batch=ref_ids, validate=False)
     rows = torch.arange(m, device=query.device)
     out = _pick(query, ref, table, rows, hi, lo, nsample, key)  # complete where counts <= nsample
     over = rows[counts > nsample]
     if over.numel():
         most = int(counts[over].max())
-        _, wide, _ = pcops.ball_query(query[over], ref, search, most, query_batch=query_ids[over], ref_batch=ref_ids)
+        _, wide, _ = pcops.ball_query(query[over], ref, search, most, query_batch=query_ids[over], ref_batch=ref_ids, validate=False)
         out[over] = _pick(query, ref, wide, over, hi, lo, nsample, key)
     return out
 
@@ -355,7 +361,7 @@ def farthest_point_sampling(xyz: torch.Tensor, offset: Offsets, new_offset: Offs
     new_offset = _offset("new_offset", new_offset, xyz.device)
     if offset.shape[0] != new_offset.shape[0]:
         raise ValueError(f"offset and new_offset must have one entry per sample alike, got {offset.shape[0]} and {new_offset.shape[0]}")
-    _check_offsets(offset=(offset, xyz.shape[0]))
+    _check_offsets({"xyz": xyz}, offset=(offset, xyz.shape[0]))
     zero = offset.new_zeros(1)
     have = torch.diff(offset, prepend=zero)
     want = torch.diff(new_offset, prepend=zero)
@@ -371,7 +377,7 @@ def farthest_point_sampling(xyz: torch.Tensor, offset: Offsets, new_offset: Offs
         return out.to(torch.int32)
     (points,) = _as_search(xyz)
     ids = _ids(offset, xyz.shape[0])
-    picked = pcops.farthest_point_sample(points.detach(), most, batch=ids).idx  # min(most, n_b) per sample, grouped
+    picked = pcops.farthest_point_sample(points.detach(), most, batch=ids, validate=False).idx  # min(most, n_b) per sample, grouped
     sample = ids[picked]
     rank = torch.arange(picked.shape[0], device=picked.device) - torch.searchsorted(sample, sample)
     keep = rank < want[sample]
