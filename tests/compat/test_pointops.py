@@ -471,3 +471,22 @@ def test_bad_input_raises_naming_the_argument(gen, call, name):
     xyz, offset = _cloud(gen, [4, 6])
     with pytest.raises((ValueError, TypeError), match=name):
         call(xyz, offset)
+
+
+def test_knn_query_and_group_and_interpolation_compile_dynamic_over_two_batch_sizes(gen):
+    from torch._dynamo.utils import counters
+
+    def f(feat, xyz, offset, new_xyz, new_offset):
+        grouped, idx = po.knn_query_and_group(feat, xyz, offset, new_xyz, new_offset, nsample=4, with_xyz=True)
+        return grouped, po.interpolation(new_xyz, xyz, grouped.sum(1), new_offset, offset)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend="aot_eager")
+    for sizes, queries in (([13, 4, 21], [6, 2, 9]), ([30, 7], [11, 5])):
+        xyz, offset = _cloud(gen, sizes)
+        new_xyz, new_offset = _cloud(gen, queries)
+        feat = torch.randn(xyz.shape[0], 2, generator=gen)
+        for a, b in zip(compiled(feat, xyz, offset, new_xyz, new_offset), f(feat, xyz, offset, new_xyz, new_offset)):
+            torch.testing.assert_close(a, b)
+    assert not counters["graph_break"], dict(counters["graph_break"])
