@@ -614,5 +614,7 @@ def batch2offset(batch: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(batch.bincount(), dim=0).int()
 
 
-# ``pointops/__init__.py`` is ``from .functions import *``: ``pointops.functions`` holds the same names.
-__aliases__ = {"pointops.functions": sys.modules[__name__]}
+# ``pointops/__init__.py`` is ``from .functions import *``: ``pointops.functions`` holds the same
+# names, so it is this module too (the attribute serves ``import pointops.functions``).
+functions = sys.modules[__name__]
+__aliases__ = {"pointops.functions": functions}

@@ -395,6 +395,17 @@ def test_module_exports_pointops_public_names_and_aliases():
     assert po.__aliases__ == {"pointops.functions": sys.modules["pcops.compat.pointops"]}
 
 
+def test_import_pointops_and_pointops_functions_resolve_to_the_drop_in(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pointops", po)
+    for name, module in po.__aliases__.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    import pointops
+    import pointops.functions
+    from pointops.functions import knn_query
+
+    assert pointops is po and pointops.functions is po and knn_query is po.knn_query
+
+
 def test_ball_op_passes_opcheck(gen):
     xyz, offset = _cloud(gen, [30, 20])
     ids = po.offset2batch(offset)
