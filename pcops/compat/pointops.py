@@ -460,7 +460,9 @@ def query_and_group(nsample, xyz, new_xyz, feat, idx, offset, new_offset, dilati
     """
     k = _count("nsample", nsample)
     if idx is None:
-        d = _count("dilation + 1", dilation + 1) - 1
+        if isinstance(dilation, bool) or not isinstance(dilation, (int, np.integer)) or dilation < 0:
+            raise ValueError(f"dilation must be an int >= 0, got {dilation!r}")
+        d = int(dilation)
         total = 1 + (k - 1) * (d + 1)
         full, _ = knn_query(total, xyz, offset, new_xyz, new_offset)
         if new_xyz is None:
@@ -471,7 +473,7 @@ def query_and_group(nsample, xyz, new_xyz, feat, idx, offset, new_offset, dilati
         col = torch.arange(k, device=xyz.device)
         if k > 1:
             soft = (have - 1) / (k - 1) - 1
-            soft_cols = ((soft + 1)[:, None] * col.to(torch.float64)[None, :]).to(torch.int64)
+            soft_cols = ((soft + 1)[:, None] * col.to(torch.float64)[None, :]).to(torch.int64).clamp(min=0)  # < 0: an empty sample (all -1)
         else:
             soft_cols = col[None, :].expand(have.shape[0], k)
         cols = torch.where((have < total)[:, None], soft_cols, (d + 1) * col[None, :])

@@ -296,6 +296,16 @@ def test_query_and_group_dilation_matches_reference(gen, dilation):
     assert torch.equal(po.query_and_group(4, xyz, new_xyz, feat, None, offset, new_offset, dilation, with_feat=False), idx)
 
 
+def test_query_and_group_gives_minus_one_and_zero_rows_for_a_sample_without_points(gen):
+    xyz, _ = _cloud(gen, [9])
+    offset, new_offset = torch.tensor([5, 5, 9]), torch.tensor([2, 3, 5])  # sample 1 of xyz is empty
+    new_xyz = torch.rand(5, 3, generator=gen)
+    feat = torch.randn(9, 2, generator=gen)
+    grouped, idx = po.query_and_group(2, xyz, new_xyz, feat, None, offset, new_offset, dilation=1)
+    assert bool((idx[2] == -1).all()) and bool((grouped[2] == 0).all())
+    assert torch.equal(idx.long(), _ref_dilated(2, xyz, [5, 5, 9], new_xyz, [2, 3, 5], 1))
+
+
 # ----------------------------------------------------------------------------------------------
 # interpolation
 
@@ -472,6 +482,7 @@ def test_queries_grouping_interpolation_subtraction_aggregation_compile_fullgrap
         (lambda x, o: po.grouping(torch.tensor([[0, 10]]), x, x), "idx"),
         (lambda x, o: po.grouping(torch.zeros(3, 2, dtype=torch.int32), x[0], x), "feat"),
         (lambda x, o: po.knn_query_and_group(x, x, o), "nsample"),
+        (lambda x, o: po.query_and_group(2, x, x, x, None, o, o, dilation=-1), "dilation"),
         (lambda x, o: po.interpolation(x, x, x[:4], o, o), "feat"),
         (lambda x, o: po.interpolation2(x, x, x[:4], o, o), "input"),
         (lambda x, o: po.subtraction(x, x, torch.zeros(4, 2, dtype=torch.int32)), "idx"),
