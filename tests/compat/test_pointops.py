@@ -184,6 +184,8 @@ def test_ball_query_keeps_the_query_itself_inside_min_radius(gen):
 
 def test_ball_query_float32_matches_reference_away_from_the_radius(gen):
     xyz, offset = _cloud(gen, SIZES)
+    pairs = (xyz.double()[:, None] - xyz.double()[None]).norm(dim=-1)
+    assert bool(((pairs - 0.3).abs() > 1e-5).all())  # no pair where float32 and float64 could disagree
     idx, dist = po.ball_query(5, 0.3, 0.0, xyz, offset)
     ridx, rdist = ref_ball(5, 0.3, 0.0, xyz, offset, xyz, offset)
     assert torch.equal(idx.long(), ridx)
@@ -193,7 +195,7 @@ def test_ball_query_float32_matches_reference_away_from_the_radius(gen):
 def test_random_ball_query_returns_a_random_subset_of_the_candidates(gen):
     xyz, offset = _cloud(gen, [80, 50], torch.float64)
     nsample, max_r, min_r = 5, 0.4, 0.1
-    _, full = None, ref_ball(200, max_r, min_r, xyz, offset, xyz, offset)[0]
+    full = ref_ball(200, max_r, min_r, xyz, offset, xyz, offset)[0]
     torch.manual_seed(0)
     idx, dist = po.random_ball_query(nsample, max_r, min_r, xyz, offset)
     torch.manual_seed(0)
