@@ -393,6 +393,8 @@ class SparseConvolution(SparseModule):
             pairs, num_out, out_indices, shape = (data.out_index, data.in_index, data.counts), data.indices.shape[0], data.indices, data.spatial_shape
         else:
             num_out, out_indices, shape = (None if self.subm else data.out_indices.shape[0]), data.out_indices, data.out_spatial_shape
+            if self.record_voxel_count and num_out is not None:
+                self.max_num_voxels_during_training.clamp_(min=num_out)
         out = _sc._convolve(features.to(dtype).contiguous(), _weight_rows(self.weight, dtype), *pairs, num_out)
         result = SparseConvTensor(self._finish(out, dtype, out_dtype, add_input), out_indices, shape, input.batch_size,
                                   indice_dict=indice_dict, benchmark=input.benchmark)
@@ -443,17 +445,23 @@ class SparseConvolution(SparseModule):
 
 
 def _find_map(input: SparseConvTensor, ksize, stride, padding, dilation, subm: bool) -> IndiceData:
-    """The kernel map of a submanifold or strided convolution of ``input``'s sites."""
+    """The kernel map of a submanifold or strided convolution (or pooling) of ``input``'s sites."""
     indices = input.indices
     batch, grid_coord = indices[:, 0], indices[:, 1:]
     if subm:
-        if len(set(ksize)) != 1 or ksize[0] % 2 == 0 or len(set(dilation)) != 1:
-            raise NotImplementedError(f"SubMConv3d needs one odd kernel size and one dilation for all axes here, got "
-                                      f"kernel_size={ksize}, dilation={dilation}")
-        km = _sc.sparse_kernel_map(grid_coord, batch=batch, kernel_size=ksize[0], dilation=dilation[0])
-        return IndiceData(indices, indices, km.in_index, km.out_index, km.counts, input.spatial_shape, input.spatial_shape,
-                          True, ksize, stride, padding, dilation)
-    raise NotImplementedError("strided SparseConv3d is not provided yet")
+        if min(k % 2 for k in ksize) == 0:
+            raise ValueError(f"SubMConv3d needs an odd kernel_size on every axis here (a kernel centred on the site), got {ksize}")
+        reach = [(k // 2) * d for k, d in zip(ksize, dilation)]  # outputs = inputs, stride 1, the kernel centred
+        out_indices, out_shape, out_coord, out_batch, step = indices, input.spatial_shape, grid_coord, batch, [1, 1, 1]
+    else:
+        out_shape = _conv_output_size(input.spatial_shape, ksize, stride, padding, dilation)
+        out_coord, out_batch = torch.ops.pcops.sparse_conv_sites(grid_coord, batch, ksize, stride, padding, dilation, out_shape)
+        out_indices = torch.cat([out_batch[:, None], out_coord], 1).to(indices.dtype)
+        reach, step = padding, stride
+    _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(grid_coord, batch, out_coord, out_batch, ksize, step, reach,
+                                                                     dilation, True)
+    return IndiceData(out_indices, indices, in_index, out_index, counts, input.spatial_shape, out_shape, subm,
+                      list(ksize), list(stride), list(padding), list(dilation))
 
 
 class SubMConv3d(SparseConvolution):
@@ -488,6 +496,47 @@ class SparseInverseConv3d(SparseConvolution):
                          fp32_accum=fp32_accum, large_kernel_fast_algo=large_kernel_fast_algo, name=name)
 
 
+class SparseMaxPool3d(SparseModule):
+    """Sparse 3-d max pooling (spconv's ``SparseMaxPool3d``): the output sites of the strided
+    convolution of the same geometry, each the channel-wise max over the input sites its window
+    holds (inactive cells take no part). With an ``indice_key`` it records its map, which a
+    ``SparseInverseConv3d`` with that key inverts. ``stride`` None is ``kernel_size``."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, indice_key=None, algo=None,
+                 record_voxel_count: bool = False, name=None):
+        super().__init__(name=name)
+        self.ndim = 3
+        self.kernel_size = _triple("kernel_size", kernel_size, 1)
+        self.stride = list(self.kernel_size) if stride is None else _triple("stride", stride, 1)
+        self.padding = _triple("padding", padding, 0)
+        self.dilation = _triple("dilation", dilation, 1)
+        self.subm, self.indice_key, self.algo = False, indice_key, algo
+        self.record_voxel_count = bool(record_voxel_count)
+        if self.record_voxel_count:
+            self.register_buffer("max_num_voxels_during_training", torch.zeros(1, dtype=torch.int32))
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, dilation={self.dilation}"
+
+    def forward(self, input: SparseConvTensor) -> SparseConvTensor:
+        _check_input(input)
+        indice_dict = dict(input.indice_dict)
+        if self.indice_key is not None and self.indice_key in indice_dict:
+            raise ValueError(f"indice_key={self.indice_key!r} is already recorded in this tensor")
+        data = _find_map(input, self.kernel_size, self.stride, self.padding, self.dilation, False)
+        if self.indice_key is not None:
+            indice_dict[self.indice_key] = data
+        f = input.features
+        m, p = data.out_indices.shape[0], int(data.counts.sum())
+        rows, cols = data.out_index[:p], data.in_index[:p]
+        out = f.new_zeros((m, f.shape[1])).scatter_reduce(0, rows[:, None].expand(p, f.shape[1]), f.index_select(0, cols), "amax",
+                                                          include_self=False)
+        if self.record_voxel_count:
+            self.max_num_voxels_during_training.clamp_(min=m)
+        return SparseConvTensor(out, data.out_indices, data.out_spatial_shape, input.batch_size, indice_dict=indice_dict,
+                                benchmark=input.benchmark)
+
+
 def _namespace(name: str, doc: str, **members) -> types.ModuleType:
     module = types.ModuleType(name, doc)
     for key, value in members.items():
@@ -512,5 +561,5 @@ __aliases__ = {
 }
 
 __all__ = ["SparseConvTensor", "SparseModule", "SparseSequential", "SubMConv3d", "SparseConv3d", "SparseInverseConv3d",
-           "SparseConvolution", "ToDense", "Identity", "SparseBatchNorm", "SparseReLU", "SparseIdentity", "RemoveGrid",
+           "SparseConvolution", "SparseMaxPool3d", "ToDense", "Identity", "SparseBatchNorm", "SparseReLU", "SparseIdentity", "RemoveGrid",
            "modules", "is_spconv_module"]

@@ -1,5 +1,7 @@
-"""Submanifold sparse 3-d convolution over integer voxel coordinates (spconv's ``SubMConv3d``,
-the sparse convolutions of Point Transformer V3 and MinkowskiNet), stride 1, odd kernel size.
+"""Sparse 3-d convolution over integer voxel coordinates: submanifold (spconv's ``SubMConv3d``,
+the sparse convolutions of Point Transformer V3 and MinkowskiNet; stride 1, odd kernel size),
+and the strided maps and their transposes behind :mod:`pcops.compat.spconv`'s ``SparseConv3d``
+and ``SparseInverseConv3d``.
 
 Sites are (sample, x, y, z) with ``grid_coord`` (N, 3) integers and optional ``batch`` sample ids;
 they must be unique. Outputs live at the input sites (submanifold: the active set does not
@@ -14,13 +16,23 @@ This is ``torch.nn.functional.conv3d`` (a cross-correlation) on the dense grid (
 ``weight[k] = conv3d_weight[:, :, a, b, c].T`` (i.e. ``weight.view(K, K, K, Cin, Cout) ==
 conv3d_weight.permute(2, 3, 4, 1, 0)``) and the inactive voxels hold zeros.
 
-The kernel map (which site j feeds site i through offset k) is found with a hash table of the
-sites, keys (sample, x, y, z) packed into one int64: built and queried by Warp kernels (the
-build on one CPU thread, as Warp's CPU atomics are plain operations; the queries on all
-cores). It is returned as a :class:`KernelMap` that layers with the same sites reuse. The
+One kernel map serves every kind: output site o (of M) reads, through offset (a, b, c), the
+input at ``o * stride - padding + (a, b, c) * dilation`` (per-axis kernel sizes, strides,
+paddings and dilations). The submanifold map is the case outputs = inputs, stride 1, padding
+``r * dilation``; a strided convolution's outputs are the cells of its output grid that some
+input reaches (``pcops::sparse_conv_sites``, a data-dependent count declared with
+``new_dynamic_size()``); its transpose (spconv's inverse convolution) runs the same pairs
+swapped. Each offset pairs an output with at most one input and an input with at most one
+output, in every kind, so the convolution's adds are plain indexed writes both ways.
+
+The kernel map is found with a hash table of the input sites, keys (sample, x, y, z) packed
+into one int64: built and queried by Warp kernels (the build on one CPU thread, as Warp's CPU
+atomics are plain operations; the queries on all cores; a query cell outside the inputs' box
+holds none). It is returned as a :class:`KernelMap` that layers with the same sites reuse. The
 convolution gathers, per offset, the rows of the pairs, multiplies them by the offset's
 weight and adds them to their outputs (offsets hit each output at most once, so the adds are
-plain indexed writes); the centre offset maps every site to itself and is one matrix product.
+plain indexed writes); in a submanifold map the centre offset maps every site to itself and
+is one matrix product (only there: in a strided map it links different sites).
 The backward pass is the same with the pairs reversed. Both are custom ops with exact fakes
 and registered autograd (gradients to features, weight and bias).
 """
@@ -100,69 +112,98 @@ def _hash_kernels():
     @wp.kernel(enable_backward=False, module="unique")
     def query(
         start: int,
-        rel: wp.array2d(dtype=wp.int64),
-        ids: wp.array(dtype=wp.int64),
+        origin: wp.array2d(dtype=wp.int64),
+        qids: wp.array(dtype=wp.int64),
+        samples: wp.int64,
         sx: wp.int64,
         sy: wp.int64,
         sz: wp.int64,
         bits: int,
         keys: wp.array(dtype=wp.int64),
         values: wp.array(dtype=wp.int64),
-        ksize: int,
-        dilation: int,
+        kx: int,
+        ky: int,
+        kz: int,
+        dx: int,
+        dy: int,
+        dz: int,
         neighbours: wp.array2d(dtype=wp.int64),
     ):
-        i = wp.tid() + start  # neighbours is (K^3, N): the pairs come out offset by offset
-        half = ksize // 2
+        # output i reads the input at origin[i] + (a dx, b dy, c dz) (origin: o s - p, relative to the
+        # inputs' box); a cell outside the box or a sample without inputs holds none
+        i = wp.tid() + start  # neighbours is (K, M): the pairs come out offset by offset
         mask = keys.shape[0] - 1
-        for a in range(ksize):
-            x = rel[i, 0] + wp.int64((a - half) * dilation)
-            for b in range(ksize):
-                y = rel[i, 1] + wp.int64((b - half) * dilation)
-                for c in range(ksize):
-                    z = rel[i, 2] + wp.int64((c - half) * dilation)
-                    key = pack(ids[i], x, y, z, sy, sz, sx)
-                    h = slot(key, bits)
+        sample = qids[i]
+        for a in range(kx):
+            x = origin[i, 0] + wp.int64(a * dx)
+            for b in range(ky):
+                y = origin[i, 1] + wp.int64(b * dy)
+                for c in range(kz):
+                    z = origin[i, 2] + wp.int64(c * dz)
                     found = wp.int64(-1)
-                    for _probe in range(keys.shape[0]):
-                        t = keys[h]
-                        if t == key:
-                            found = values[h]
-                            break
-                        if t == wp.int64(-1):
-                            break
-                        h = (h + 1) & mask
-                    neighbours[(a * ksize + b) * ksize + c, i] = found
+                    inside = sample >= wp.int64(0) and sample < samples
+                    inside = inside and x >= wp.int64(0) and x < sx and y >= wp.int64(0) and y < sy
+                    if inside and z >= wp.int64(0) and z < sz:
+                        key = pack(sample, x, y, z, sy, sz, sx)
+                        h = slot(key, bits)
+                        for _probe in range(keys.shape[0]):
+                            t = keys[h]
+                            if t == key:
+                                found = values[h]
+                                break
+                            if t == wp.int64(-1):
+                                break
+                            h = (h + 1) & mask
+                    neighbours[(a * ky + b) * kz + c, i] = found
 
     return build, query
 
 
-@torch.library.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _kernel_map(
-    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: int, dilation: int, validate: bool = True
+def _sample_ranks(ids: torch.Tensor, out_ids: torch.Tensor, n: int):
+    """(input ids, output ids, number of samples) as 0-based: shifted by the smallest input id,
+    or their ranks among the input ids where those are sparse or huge (an output id that no input
+    has becomes -1)."""
+    host = torch.stack([ids.amin(), ids.amax()]).tolist()
+    low, high = host
+    if high - low < n:
+        return ids - low, out_ids - low, high - low + 1
+    values, ranks = torch.unique(ids, return_inverse=True)
+    where = torch.searchsorted(values, out_ids).clamp_(max=values.shape[0] - 1)
+    return ranks, torch.where(values[where] == out_ids, where, -1), values.shape[0]
+
+
+def _map_pairs(
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], out_coord: torch.Tensor, out_batch: Optional[torch.Tensor],
+    kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """grid_coord (N, 3) int, batch (N,) int or None -> (neighbours (K^3, N), in_index (P,), out_index (P,), counts (K^3,))."""
-    n, k3, dev = grid_coord.shape[0], kernel_size**3, grid_coord.device
-    neighbours = torch.empty((k3, n), dtype=torch.int64, device=dev)
-    if n == 0:
-        empty = lambda: torch.zeros(0, dtype=torch.int64, device=dev)  # noqa: E731 (outputs must not alias)
-        return empty().view(k3, 0), empty(), empty(), torch.zeros(k3, dtype=torch.int64, device=dev)
-    reach = (kernel_size // 2) * dilation
+    """The kernel map from the N input sites to the M output sites: output i, offset (a, b, c)
+    (``k = (a K1 + b) K2 + c``) reads the input at ``out_coord[i] * stride - padding + (a, b, c) *
+    dilation`` in the same sample. -> (neighbours (K, M), in_index (K M,), out_index (K M,), counts (K,)).
+
+    Every offset is injective both ways (the input of an output is one cell; an input cell is
+    reached through offset k from one output cell at most), which the convolution ops' plain
+    indexed writes rely on, in the map and in its transpose."""
+    n, m, dev = grid_coord.shape[0], out_coord.shape[0], grid_coord.device
+    k3 = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    neighbours = torch.full((k3, m), -1, dtype=torch.int64, device=dev)
+    in_index, out_index = torch.full((k3 * m,), -1, dtype=torch.int64, device=dev), torch.full((k3 * m,), -1, dtype=torch.int64, device=dev)
+    counts = torch.zeros(k3, dtype=torch.int64, device=dev)
+    if n == 0 or m == 0:
+        return neighbours, in_index, out_index, counts
     c = grid_coord.to(torch.int64)
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
-    host = torch.cat([c.amin(0), c.amax(0), ids.amin()[None], ids.amax()[None]]).tolist()
-    low, high, id_low, id_high = host[0:3], host[3:6], host[6], host[7]
-    if id_high - id_low >= n:  # sparse or huge sample ids: their ranks
-        ids = torch.unique(ids, return_inverse=True)[1]
-        id_low, id_high = 0, int(ids.max())
-    ids = ids - id_low
-    span = [h - lo + 2 * reach + 1 for lo, h in zip(low, high)]
-    if float(id_high - id_low + 1) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
+    out_ids = torch.zeros(m, dtype=torch.int64, device=dev) if out_batch is None else out_batch.to(torch.int64)
+    ids, out_ids, samples = _sample_ranks(ids, out_ids, n)
+    host = torch.cat([c.amin(0), c.amax(0)]).tolist()
+    low, high = host[0:3], host[3:6]
+    span = [h - lo + 1 for lo, h in zip(low, high)]
+    if float(samples) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
         raise ValueError(
-            f"grid_coord spans {span} sites per axis (with the kernel's reach) over {id_high - id_low + 1} samples: "
+            f"grid_coord spans {span} sites per axis over {samples} samples: "
             "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
         )
-    rel = (c - c.new_tensor(low) + reach).contiguous()
+    rel = (c - c.new_tensor(low)).contiguous()
+    origin = (out_coord.to(torch.int64) * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)).contiguous()
     bits = max(4, math.ceil(math.log2(2 * n)))
     keys = torch.full((1 << bits,), -1, dtype=torch.int64, device=dev)
     values = torch.empty(1 << bits, dtype=torch.int64, device=dev)
@@ -175,20 +216,28 @@ def _kernel_map(
         i = found - 1
         raise ValueError(
             f"grid_coord has duplicate sites: site {i} ({', '.join(map(str, grid_coord[i].tolist()))}) appears twice in one sample. "
-            "Submanifold convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
+            "Sparse convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
         )
-    _warp.launch(query, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, kernel_size, dilation, neighbours],
-                 like=grid_coord, min_chunk=256)
+    _warp.launch(query, m, [origin, out_ids.contiguous(), samples, span[0], span[1], span[2], bits, keys, values,
+                            *kernel_size, *dilation, neighbours], like=grid_coord, min_chunk=256)
     flat = neighbours.view(-1)
-    pair = (flat >= 0).nonzero().view(-1)  # offset by offset, sites ascending
-    counts = torch.bincount(torch.div(pair, n, rounding_mode="floor"), minlength=k3)
+    pair = (flat >= 0).nonzero().view(-1)  # offset by offset, outputs ascending
+    counts.copy_(torch.bincount(torch.div(pair, m, rounding_mode="floor"), minlength=k3))
     p = pair.shape[0]
-    in_index, out_index = torch.empty_like(flat), torch.empty_like(flat)  # the pairs, then -1 up to K^3 N
     torch.index_select(flat, 0, pair, out=in_index[:p])
-    torch.remainder(pair, n, out=out_index[:p])
-    in_index[p:] = -1
-    out_index[p:] = -1
+    torch.remainder(pair, m, out=out_index[:p])
     return neighbours, in_index, out_index, counts
+
+
+@torch.library.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _kernel_map(
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: int, dilation: int, validate: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grid_coord (N, 3) int, batch (N,) int or None -> (neighbours (K^3, N), in_index (P,), out_index (P,), counts (K^3,)).
+
+    The submanifold map: the map to other sites with outputs = inputs, stride 1 and padding r d."""
+    r = (kernel_size // 2) * dilation
+    return _map_pairs(grid_coord, batch, grid_coord, batch, [kernel_size] * 3, [1, 1, 1], [r, r, r], [dilation] * 3, validate)
 
 
 @_kernel_map.register_fake
@@ -196,6 +245,61 @@ def _(grid_coord, batch, kernel_size, dilation, validate=True):
     k3, n = kernel_size**3, grid_coord.shape[0]
     like = grid_coord.new_empty((0,), dtype=torch.int64)
     return like.new_empty((k3, n)), like.new_empty((k3 * n,)), like.new_empty((k3 * n,)), like.new_empty((k3,))
+
+
+@torch.library.custom_op("pcops::sparse_conv_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _conv_map(
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], out_coord: torch.Tensor, out_batch: Optional[torch.Tensor],
+    kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel map from input sites (N, 3) to output sites (M, 3) of a strided convolution (see
+    :func:`_map_pairs`) -> (neighbours (K, M), in_index (K M,), out_index (K M,), counts (K,))."""
+    return _map_pairs(grid_coord, batch, out_coord, out_batch, kernel_size, stride, padding, dilation, validate)
+
+
+@_conv_map.register_fake
+def _(grid_coord, batch, out_coord, out_batch, kernel_size, stride, padding, dilation, validate=True):
+    k3, m = kernel_size[0] * kernel_size[1] * kernel_size[2], out_coord.shape[0]
+    like = grid_coord.new_empty((0,), dtype=torch.int64)
+    return like.new_empty((k3, m)), like.new_empty((k3 * m,)), like.new_empty((k3 * m,)), like.new_empty((k3,))
+
+
+@torch.library.custom_op("pcops::sparse_conv_sites", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _conv_sites(
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
+    dilation: list[int], out_shape: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output sites of a strided convolution: every cell o of the output grid ``[0, out_shape)``
+    with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset, sorted by
+    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64)."""
+    dev = grid_coord.device
+    n = grid_coord.shape[0]
+    ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
+    id_low, id_high = torch.stack([ids.amin(), ids.amax()]).tolist() if n else (0, 0)
+    if float(id_high - id_low + 1) * out_shape[0] * out_shape[1] * out_shape[2] >= _KEY_LIMIT:
+        raise ValueError(f"the output grid {out_shape} over {id_high - id_low + 1} samples is too wide for int64 keys (at most 2^62 cells)")
+    c = grid_coord.to(torch.int64)
+    valid, cells = [], []
+    for axis in range(3):  # per axis: which taps a of each input land on an output cell, and which cell
+        taps = torch.arange(kernel_size[axis], device=dev) * dilation[axis]
+        q = c[:, axis : axis + 1] + padding[axis] - taps  # (N, K_axis) = o * stride when a cell
+        o = torch.div(q, stride[axis], rounding_mode="floor")
+        valid.append((o * stride[axis] == q) & (o >= 0) & (o < out_shape[axis]))
+        cells.append(o)
+    row, a, b, k = (valid[0][:, :, None, None] & valid[1][:, None, :, None] & valid[2][:, None, None, :]).nonzero(as_tuple=True)
+    sx, sy, sz = out_shape
+    key = (((ids[row] - id_low) * sx + cells[0][row, a]) * sy + cells[1][row, b]) * sz + cells[2][row, k]
+    key = torch.unique(key)  # sorted
+    z, rest = key % sz, torch.div(key, sz, rounding_mode="floor")
+    y, rest = rest % sy, torch.div(rest, sy, rounding_mode="floor")
+    x, sample = rest % sx, torch.div(rest, sx, rounding_mode="floor")
+    return torch.stack([x, y, z], 1).to(grid_coord.dtype), sample + id_low
+
+
+@_conv_sites.register_fake
+def _(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape):
+    m = torch.library.get_ctx().new_dynamic_size()
+    return grid_coord.new_empty((m, 3)), grid_coord.new_empty((m,), dtype=torch.int64)
 
 
 def _segments(counts: torch.Tensor, n: int, submanifold: bool):
