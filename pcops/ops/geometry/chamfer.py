@@ -46,7 +46,8 @@ def _l1_brute(query, ref, query_group, ref_group) -> torch.Tensor:
 
 
 def _l1_scipy(query, ref, query_group, ref_group) -> torch.Tensor:
-    """The same with scipy's cKDTree (p=1, all cores), one tree per group."""
+    """The same with scipy's cKDTree (p=1, all cores), one tree per group; ties by the smaller
+    index, as the brute force (the tree returns any of the tied points: see :func:`_first_tied`)."""
     from scipy.spatial import cKDTree
 
     q, r = query.numpy(), ref.numpy()
@@ -60,11 +61,37 @@ def _l1_scipy(query, ref, query_group, ref_group) -> torch.Tensor:
         q_split = np.split(q_order, np.cumsum(np.bincount(qg, minlength=size))[:-1])
         r_split = np.split(r_order, np.cumsum(np.bincount(rg, minlength=size))[:-1])
         sets = zip(q_split, r_split)
-    for rows, cols in sets:
+    for rows, cols in sets:  # cols ascending: the smallest local index is the smallest index
         if rows.size and cols.size:
-            _, nearest = cKDTree(r[cols]).query(q[rows], k=1, p=1, workers=-1)
-            out[rows] = cols[nearest]
+            out[rows] = cols[_first_tied(cKDTree(r[cols]), q[rows], r[cols])]
     return torch.from_numpy(out)
+
+
+_TIE = 1e-12  # relative: distances this close to the smallest are re-measured (the tree's own sums may round otherwise)
+
+
+def _first_tied(tree, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """(P,) index into ``r`` of each query's L1-nearest point, ties by the smaller index. The
+    tree's two nearest tell which queries may have a tie; for those, every point within the
+    nearest distance (widened by ``_TIE``) is measured again in float64 and the smallest
+    (distance, index) wins."""
+    k = min(2, r.shape[0])
+    dist, near = tree.query(q, k=k, p=1, workers=-1)
+    if k == 1:
+        return near
+    best = near[:, 0].copy()
+    bound = dist[:, 0] * (1 + _TIE)
+    tied = np.flatnonzero(dist[:, 1] <= bound)
+    if tied.size:
+        balls = tree.query_ball_point(q[tied], bound[tied], p=1, workers=-1)
+        row = np.repeat(np.arange(tied.size), [len(b) for b in balls])
+        cand = np.concatenate([np.asarray(b, dtype=np.int64) for b in balls])
+        diff = np.abs(q[tied][row].astype(np.float64) - r[cand].astype(np.float64))
+        d = (diff[:, 0] + diff[:, 1]) + diff[:, 2]
+        order = np.lexsort((cand, d, row))  # by row, then distance, then index
+        first = np.flatnonzero(np.r_[True, row[order][1:] != row[order][:-1]])
+        best[tied] = cand[order][first]
+    return best
 
 
 @torch.library.custom_op("pcops::nearest_l1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
