@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 import pcops
+from pcops import _validate
 
 # pcops' ball is inclusive (d <= radius, d computed by the kernel); the originals test the squared
 # distance strictly (d^2 < r^2 in the points' precision). The search is widened by this relative
@@ -61,7 +62,7 @@ def pad3(points: torch.Tensor, name: str, most: int = 3) -> torch.Tensor:
     """(..., D) points with D <= ``most`` as (..., 3) (zero columns change no distance)."""
     d = points.shape[-1]
     if d > most:
-        raise ValueError(f"{name} must have at most {most} coordinates per point here (pcops searches 3-D points), got {d}")
+        raise ValueError(f"{name} must have at most {most} coordinates per point here (pcops searches in 3-D), got {d}")
     if d == 3:
         return points
     return torch.cat([points, points.new_zeros(points.shape[:-1] + (3 - d,))], -1)
@@ -69,6 +70,28 @@ def pad3(points: torch.Tensor, name: str, most: int = 3) -> torch.Tensor:
 
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def check_finite(**named) -> None:
+    """No NaN or inf in the named floating tensors (None and integer tensors are skipped), in
+    the caller's names: one host read for all of them. Skipped while compiling (a value read
+    would break the graph). The drop-ins check their own inputs here and call pcops' ops with
+    ``validate=False``, so no message names pcops' internal arguments or suggests an argument
+    the drop-in does not take."""
+    if is_compiling():
+        return
+    items = [(n, t) for n, t in named.items() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    if not items:
+        return
+    oks = torch.stack([_validate._sum_finite(t).to(items[0][1].device) for _, t in items]).tolist()  # the one host read
+    for ok, (name, t) in zip(oks, items):
+        if not ok and not _validate._all_finite(t):
+            raise ValueError(f"{name} contains NaN or inf")
+
+
+def same_device(**named) -> None:
+    """All the named tensors (None skipped) on one device, in the caller's names."""
+    _validate.same_device(**{n: t for n, t in named.items() if t is not None})
 
 
 def squared(diff: torch.Tensor) -> torch.Tensor:
@@ -119,13 +142,13 @@ def first_within(
     cols = k + int(exclude_same)
     grouped = query_group is not None
     kw = {"query_batch": query_group, "ref_batch": ref_group} if grouped else {}
-    dists, idx, counts = pcops.ball_query(query, ref, search, cols, **kw)
+    dists, idx, counts = pcops.ball_query(query, ref, search, cols, validate=False, **kw)
     rows = torch.arange(m, device=query.device)
     out = _first(query, ref, idx, dists, rows, radius, bound_t, k, exclude_same)  # exact where counts <= cols
     over = rows[counts > cols]  # truncated to the closest: search them again with room for all
     if over.numel():
         wide_kw = {"query_batch": query_group[over], "ref_batch": ref_group} if grouped else {}
-        dists, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), **wide_kw)
+        dists, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), validate=False, **wide_kw)
         out[over] = _first(query, ref, wide, dists, over, radius, bound_t, k, exclude_same)
     return out
 

@@ -15,6 +15,7 @@ Details: docs/interop.md.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 from typing import List, Optional, Tuple, Union
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 import pcops
 
-from . import check_tensor, compute_dtype, first_within, is_compiling, pad3, squared
+from . import check_finite, check_tensor, compute_dtype, first_within, is_compiling, pad3, same_device, squared
 
 __all__ = [
     "KNN",
@@ -63,12 +64,16 @@ def _lengths(name: str, lengths, n: int, p: int, device) -> torch.Tensor:
     return lengths.to(torch.int64)
 
 
-def _pair(p1, p2, names=("p1", "p2")):
-    p1, p2 = _clouds(names[0], p1), _clouds(names[1], p2)
+def _pair(p1, p2, lengths1, lengths2):
+    """The checks of a two-cloud op (p1, p2, lengths1, lengths2 in the caller's names): shapes,
+    devices, then NaN / inf in the points (one host read; pcops' ops then run with validate=False)."""
+    p1, p2 = _clouds("p1", p1), _clouds("p2", p2)
     if p1.shape[0] != p2.shape[0]:
-        raise ValueError("pts1 and pts2 must have the same batch dimension.")
+        raise ValueError("p1 and p2 must have the same batch dimension.")
     if p1.shape[2] != p2.shape[2]:
-        raise ValueError("pts1 and pts2 must have the same point dimension.")
+        raise ValueError("p1 and p2 must have the same point dimension.")
+    same_device(p1=p1, p2=p2, lengths1=lengths1, lengths2=lengths2)
+    check_finite(p1=p1, p2=p2)
     return p1, p2
 
 
@@ -158,7 +163,7 @@ def knn_points(
         differentiable with respect to p1 and p2 and have p1's dtype (float16/bfloat16 are
         searched in float32).
     """
-    p1, p2 = _pair(p1, p2)
+    p1, p2 = _pair(p1, p2, lengths1, lengths2)
     if norm not in (1, 2):
         raise ValueError("Support for 1 or 2 norm.")
     K = _count("K", K)
@@ -173,14 +178,14 @@ def knn_points(
         idx = torch.full((n, s1, k), -1, dtype=torch.int64, device=p1.device)
     elif norm == 2:
         qa, qb = (pad3(a.detach(), "p1"), pad3(b.detach(), "p2")) if d < 3 else (a.detach(), b.detach())
-        idx = pcops.knn(qa, qb, k, query_lengths=lengths1, ref_lengths=lengths2).idx
+        idx = pcops.knn(qa, qb, k, query_lengths=lengths1, ref_lengths=lengths2, validate=False).idx
     else:
         if K != 1:
             raise ValueError("pcops.compat.pytorch3d.knn_points supports norm=1 with K=1 only (pcops' L1 search finds the nearest point)")
         qa, qb = pad3(a.detach(), "p1"), pad3(b.detach(), "p2")
         fa, ga = _packed(qa, lengths1, n)
         fb, gb = _packed(qb, lengths2, n + 1)
-        near = torch.ops.pcops.nearest_l1(fa.contiguous(), fb.contiguous(), True, ga, gb)
+        near = torch.ops.pcops.nearest_l1(fa.contiguous(), fb.contiguous(), False, ga, gb)
         local = near - torch.arange(n, device=p1.device).repeat_interleave(s1) * s2
         idx = torch.where(near >= 0, local, -1).view(n, s1, 1)
     valid = idx >= 0
@@ -230,12 +235,12 @@ def ball_query(
         KNN(dists (N, P1, K) squared, 0 padded; idx (N, P1, K) int64 ascending, -1 padded;
         knn (N, P1, K, D) or None). dists are differentiable with respect to p1 and p2.
     """
-    p1, p2 = _pair(p1, p2)
+    p1, p2 = _pair(p1, p2, lengths1, lengths2)
     K = _count("K", K)
     if isinstance(radius, torch.Tensor) and radius.numel() == 1:
         radius = float(radius)
-    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not radius > 0:
-        raise ValueError(f"radius must be a number > 0, got {radius!r}")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not (math.isfinite(radius) and radius > 0):
+        raise ValueError(f"radius must be a finite number > 0, got {radius!r}")
     n, s1, d = p1.shape
     s2 = p2.shape[1]
     lengths1 = _lengths("lengths1", lengths1, n, s1, p1.device)
@@ -283,6 +288,8 @@ def sample_farthest_points(
     points = _clouds("points", points)
     n, p, d = points.shape
     lengths = _lengths("lengths", lengths, n, p, points.device)
+    same_device(points=points, lengths=lengths)
+    check_finite(points=points)
     if isinstance(K, np.integer):
         K = int(K)
     if isinstance(K, int) and not isinstance(K, bool):
@@ -303,7 +310,7 @@ def sample_farthest_points(
         idx = torch.full((n, width), -1, dtype=torch.int64, device=points.device)
     else:
         idx = pcops.farthest_point_sample(pad3(points.detach(), "points"), width, lengths=lengths,
-                                          random_start=random_start_point).idx
+                                          random_start=random_start_point, validate=False).idx
     if per_cloud is not None:
         idx = torch.where(torch.arange(width, device=idx.device)[None] < per_cloud[:, None], idx, -1)
     return masked_gather(points, idx), idx
@@ -394,6 +401,9 @@ def chamfer_distance(
     return_normals = x_normals is not None and y_normals is not None
     if weights is not None:
         check_tensor("weights", weights)
+    same_device(x=x, y=y, x_lengths=x_lengths, y_lengths=y_lengths, x_normals=x_normals, y_normals=y_normals, weights=weights)
+    check_finite(x=x, y=y, x_normals=x_normals, y_normals=y_normals, weights=weights)
+    if weights is not None:
         if weights.shape[0] != n:
             raise ValueError("weights must be of shape (N,).")
         if not is_compiling():
@@ -407,7 +417,7 @@ def chamfer_distance(
     if not return_normals and weights is None and x.shape[2] == 3:
         loss = pcops.chamfer_distance(
             x, y, x_lengths=x_lengths, y_lengths=y_lengths, norm=norm, single_directional=single_directional,
-            point_reduction=point_reduction, batch_reduction=batch_reduction,
+            point_reduction=point_reduction, batch_reduction=batch_reduction, validate=False,
         )
         loss = tuple(t.to(x.dtype) for t in loss) if isinstance(loss, tuple) else loss.to(x.dtype)
         return loss, None
@@ -464,11 +474,12 @@ def estimate_pointcloud_normals(
     k = _count("neighborhood_size", neighborhood_size)
     if points.shape[1] <= k:
         raise ValueError("The neighborhood_size argument has to be >= size of each of the point clouds.")
+    check_finite(pointclouds=points)
     centred = points - points.mean(1, keepdim=True)  # PyTorch3D undoes the mean first
-    normals = pcops.estimate_normals(centred, k)
+    normals = pcops.estimate_normals(centred, k, validate=False)
     if not disambiguate_directions:
         return normals
-    idx = pcops.knn(centred.detach(), centred.detach(), k).idx  # (N, P, k), the same neighbourhoods
+    idx = pcops.knn(centred.detach(), centred.detach(), k, validate=False).idx  # (N, P, k), the same neighbourhoods
     offsets = _gather(centred.detach(), idx) - centred.detach()[:, :, None]
     positive = ((normals.detach()[:, :, None] * offsets).sum(3) > 0).sum(2)
     flip = positive < 0.5 * k

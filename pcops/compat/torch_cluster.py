@@ -18,24 +18,37 @@ returns one fixed result:
 * ``fps``: ties by the smaller index; a point is never picked twice.
 
 ``num_workers`` is accepted and ignored (pcops uses torch's threads); ``batch_size`` is
-accepted (pcops needs no sample count). Batches need not be sorted. Details: docs/interop.md.
+accepted (pcops needs no sample count). Batches need not be sorted. A NaN or inf in the points
+raises a ValueError naming the argument (``x``, ``y``, ``src``, ``pos``), outside
+``torch.compile``.
+
+Every function scripts with ``torch.jit.script``, as torch_cluster's do: each public function
+is a typed signature whose body calls its implementation, which TorchScript leaves to Python
+(``@torch.jit.ignore``); eager calls and ``torch.compile`` run the same implementation. No
+module-level ``from __future__ import annotations`` here: TorchScript reads the annotations
+of the ignored implementations as objects. torch_cluster's graph functions
+(``graclus_cluster``, ``random_walk``, ``neighbor_sampler``) exist with their signatures, so
+that code importing them (PyTorch Geometric 2.5 / 2.6) imports, and raise NotImplementedError.
+Details: docs/interop.md.
 """
 
-from __future__ import annotations
-
 import math
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false, has_free_unbacked_symbols
 
 import pcops
 
-from . import check_tensor, compact, compute_dtype, first_within, is_compiling, pad3
+from . import check_finite, check_tensor, compact, compute_dtype, first_within, is_compiling, pad3, same_device
 
-__all__ = ["fps", "grid_cluster", "knn", "knn_graph", "nearest", "radius", "radius_graph"]
+__all__ = [
+    "fps", "graclus_cluster", "grid_cluster", "knn", "knn_graph", "nearest", "neighbor_sampler", "radius",
+    "radius_graph", "random_walk",
+]
 
 _FLOWS = ("source_to_target", "target_to_source")
 
@@ -83,13 +96,13 @@ def _count(name: str, value, least: int = 1) -> int:
     return value
 
 
-def _radius(value) -> float:
+def _positive_r(value) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"r must be a number, got {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"r must be > 0, got {value}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"r must be finite and > 0, got {value}")
     return float(value)
 
 
@@ -130,9 +143,238 @@ def _knn_table(x, y, k: int, batch_x, batch_y, cosine: bool) -> torch.Tensor:
         alone = torch.cat([bx, by, bx.new_full((1,), -1)]).max() + 1
         x = torch.cat([x, x.new_zeros((k, x.shape[1]))])
         bx = torch.cat([bx, alone.expand(k)])
-        return pcops.knn(y, x, k, query_batch=by, ref_batch=bx).idx
+        return pcops.knn(y, x, k, query_batch=by, ref_batch=bx, validate=False).idx
     kw = {} if bx is None else {"query_batch": by, "ref_batch": bx}
-    return pcops.knn(y, x, min(k, x.shape[0]), **kw).idx
+    return pcops.knn(y, x, min(k, x.shape[0]), validate=False, **kw).idx
+
+
+@torch.jit.ignore
+def _knn(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    batch_x: Optional[torch.Tensor] = None,
+    batch_y: Optional[torch.Tensor] = None,
+    cosine: bool = False,
+    num_workers: int = 1,
+    batch_size: Optional[int] = None,
+) -> torch.Tensor:
+    x, y = _features("x", x), _features("y", y)
+    k = _count("k", k)
+    same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
+    check_finite(x=x, y=y)
+    if _known_empty(x) or _known_empty(y):
+        return _empty(x.device)
+    idx = _knn_table(x, y, k, batch_x, batch_y, cosine)
+    if batch_x is None and batch_y is None and not _data_dependent(x):  # min(k, N) neighbours each: a static size
+        rows = torch.arange(y.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
+        return torch.stack([rows, idx.reshape(-1)])
+    return compact(idx, idx >= 0).flip(0)
+
+
+@torch.jit.ignore
+def _knn_graph(
+    x: torch.Tensor,
+    k: int,
+    batch: Optional[torch.Tensor] = None,
+    loop: bool = False,
+    flow: str = "source_to_target",
+    cosine: bool = False,
+    num_workers: int = 1,
+    batch_size: Optional[int] = None,
+) -> torch.Tensor:
+    if flow not in _FLOWS:
+        raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
+    x = _features("x", x)
+    k = _count("k", k)
+    same_device(x=x, batch=batch)
+    check_finite(x=x)
+    if _known_empty(x):
+        return _empty(x.device)
+    idx = _knn_table(x, x, k if loop else k + 1, batch, batch, cosine)
+    keep = idx >= 0
+    if not loop:
+        keep &= idx != torch.arange(x.shape[0], device=idx.device)[:, None]
+    edges = compact(idx, keep)  # (neighbour, centre)
+    return edges if flow == "source_to_target" else edges.flip(0)
+
+
+@torch.jit.ignore
+def _radius(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    r: float,
+    batch_x: Optional[torch.Tensor] = None,
+    batch_y: Optional[torch.Tensor] = None,
+    max_num_neighbors: int = 32,
+    num_workers: int = 1,
+    batch_size: Optional[int] = None,
+    ignore_same_index: bool = False,
+) -> torch.Tensor:
+    x, y = _features("x", x), _features("y", y)
+    r = _positive_r(r)
+    k = _count("max_num_neighbors", max_num_neighbors)
+    if not isinstance(ignore_same_index, bool):
+        raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
+    same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
+    check_finite(x=x, y=y)
+    if _known_empty(x) or _known_empty(y):
+        return _empty(x.device)
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
+    dtype = compute_dtype(x, y)
+    xs, ys = pad3(x.detach().to(dtype), "x"), pad3(y.detach().to(dtype), "y")
+    bx, by = _pair_batches(batch_x, batch_y, xs, ys)
+    table = first_within(ys, xs, by, bx, r, r * r, k, ignore_same_index)
+    return compact(table, table >= 0).flip(0)
+
+
+@torch.jit.ignore
+def _radius_graph(
+    x: torch.Tensor,
+    r: float,
+    batch: Optional[torch.Tensor] = None,
+    loop: bool = False,
+    max_num_neighbors: int = 32,
+    flow: str = "source_to_target",
+    num_workers: int = 1,
+    batch_size: Optional[int] = None,
+) -> torch.Tensor:
+    if flow not in _FLOWS:
+        raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
+    edges = _radius(x, x, r, batch, batch, max_num_neighbors, num_workers, batch_size, not loop)
+    return edges.flip(0) if flow == "source_to_target" else edges
+
+
+@torch.jit.ignore
+def _nearest(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_x: Optional[torch.Tensor] = None,
+    batch_y: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    x, y = _features("x", x), _features("y", y)
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
+    bx, by = _batch("batch_x", batch_x, x.shape[0]), _batch("batch_y", batch_y, y.shape[0])
+    same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
+    check_finite(x=x, y=y)
+    if not is_compiling():
+        for name, b in (("batch_x", bx), ("batch_y", by)):
+            if b is not None and bool((b[1:] < b[:-1]).any()):
+                raise ValueError(f"'{name}' is not sorted")
+    if bx is None and by is not None:
+        bx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    if by is None and bx is not None:
+        by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
+    if bx is not None and not is_compiling() and not torch.equal(bx.unique_consecutive(), by.unique_consecutive()):
+        raise ValueError("Some batch indices occur in 'batch_x' that do not occur in 'batch_y'")
+    if guard_or_false(x.shape[0] == 0):
+        return torch.empty(0, dtype=torch.long, device=x.device)
+    if guard_or_false(y.shape[0] == 0):
+        raise ValueError("y must hold at least one point")
+    torch._check(y.shape[0] > 0, lambda: "y must hold at least one point")  # a data-dependent size: when it runs
+    idx = _knn_table(y, x, 1, by, bx, False)  # queries x in the points y
+    return idx[:, 0]
+
+
+def _fps_counts(n: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """Picks per example as torch_cluster's CPU kernel computes them: ceil(float32(n) * ratio) in float32."""
+    return torch.ceil(n.to(torch.float32) * ratio.to(torch.float32)).to(torch.int64)
+
+
+@torch.jit.ignore
+def _fps(
+    src: torch.Tensor,
+    batch: Optional[torch.Tensor] = None,
+    ratio: Optional[Union[torch.Tensor, float]] = None,
+    random_start: bool = True,
+    batch_size: Optional[int] = None,
+    ptr: Optional[Union[torch.Tensor, List[int]]] = None,
+) -> torch.Tensor:
+    check_tensor("src", src)
+    src = src.view(src.shape[0], -1) if src.dim() != 2 else src
+    n = src.shape[0]
+    if ptr is not None:
+        ptr_t = torch.as_tensor(ptr, dtype=torch.int64, device=src.device)
+        batch = torch.repeat_interleave(torch.arange(ptr_t.numel() - 1, device=src.device), ptr_t.diff())
+    batch = _batch("batch", batch, n)
+    same_device(src=src, batch=batch)
+    check_finite(src=src)
+    if ratio is None:
+        ratio = 0.5
+    if isinstance(ratio, torch.Tensor):  # its values set the counts: no host read while compiling
+        if ratio.dim() == 0 and not is_compiling():
+            value = float(ratio)
+            if not 0 < value <= 1:
+                raise ValueError(f"ratio must be in (0, 1], got {value}")
+        elif ratio.dim() > 0 and not is_compiling() and not bool(((ratio > 0) & (ratio <= 1)).all()):
+            raise ValueError("ratio must be in (0, 1]")
+    else:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.floating)):
+            raise TypeError(f"ratio must be a float or a tensor, got {type(ratio).__name__}")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+    if guard_or_false(n == 0):  # a data-dependent n (points picked before) goes on: the op handles 0
+        return torch.empty(0, dtype=torch.long, device=src.device)
+    points = pad3(src.detach().to(compute_dtype(src)), "src")
+    if batch is None and not isinstance(ratio, torch.Tensor) and not _data_dependent(src):
+        picks = math.ceil(float(np.float32(n) * np.float32(ratio)))  # as torch_cluster: float32
+        return pcops.farthest_point_sample(points, min(picks, n), random_start=random_start, validate=False).idx
+    if batch is None:
+        batch = torch.zeros(n, dtype=torch.int64, device=src.device)
+    # pcops' packed FPS with a slightly larger ratio picks at least as many per example; each
+    # example is then cut to its own count (FPS picks are prefixes of longer runs). A tensor
+    # ratio stays a tensor (pcops takes a 0-d one): the counts are computed in the graph.
+    if isinstance(ratio, torch.Tensor):
+        wide = (ratio.max().to(torch.float64) * (1 + 2.0**-20)).clamp(max=1.0)
+        r = ratio
+    else:
+        wide = min(1.0, float(ratio) * (1 + 2.0**-20))
+        r = torch.tensor(float(ratio), dtype=torch.float32, device=src.device)
+    idx = pcops.farthest_point_sample(points, batch=batch, ratio=wide, random_start=random_start, validate=False).idx
+    example = batch[idx]  # ascending: the picks are grouped by example
+    rank = torch.arange(idx.shape[0], device=idx.device) - torch.searchsorted(example, example)
+    ordered = batch.sort().values
+    sizes = torch.searchsorted(ordered, example, right=True) - torch.searchsorted(ordered, example)
+    if r.dim() > 0:
+        r = r.to(idx.device)[example]
+    keep = rank < _fps_counts(sizes, r)
+    return compact(idx[:, None], keep[:, None])[0]
+
+
+@torch.jit.ignore
+def _grid_cluster(
+    pos: torch.Tensor,
+    size: torch.Tensor,
+    start: Optional[torch.Tensor] = None,
+    end: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    check_tensor("pos", pos)
+    size = check_tensor("size", size)
+    pos = pos.view(pos.shape[0], -1)
+    d = pos.shape[1]
+    if size.numel() != d:
+        raise ValueError(f"size must have one entry per dimension of pos ({d}), got {size.numel()}")
+    for name, t in (("start", start), ("end", end)):
+        if t is not None and check_tensor(name, t).numel() != d:
+            raise ValueError(f"{name} must have one entry per dimension of pos ({d}), got {t.numel()}")
+    check_finite(pos=pos, size=size, start=start, end=end)
+    if pos.shape[0] == 0:
+        return torch.empty(0, dtype=torch.long, device=pos.device)
+    start = pos.min(0).values if start is None else start.reshape(d).to(pos.device)
+    end = pos.max(0).values if end is None else end.reshape(d).to(pos.device)
+    size = size.reshape(d).to(pos.device)
+    cell = torch.true_divide(pos - start, size).to(torch.long)
+    extent = torch.true_divide(end - start, size).to(torch.long) + 1
+    stride = torch.cat([extent.new_ones(1), extent.cumprod(0)[:-1]])
+    return (cell * stride).sum(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The public functions: typed signatures that torch.jit.script compiles; each calls its
+# implementation above, which TorchScript leaves to Python (@torch.jit.ignore) and torch.compile
+# traces as any Python function.
 
 
 def knn(
@@ -160,15 +402,7 @@ def knn(
         LongTensor (2, E): row 0 the index into ``y``, row 1 into ``x``; grouped by ``y``
         (ascending), each group by distance, ties by the smaller index of ``x``.
     """
-    x, y = _features("x", x), _features("y", y)
-    k = _count("k", k)
-    if _known_empty(x) or _known_empty(y):
-        return _empty(x.device)
-    idx = _knn_table(x, y, k, batch_x, batch_y, cosine)
-    if batch_x is None and batch_y is None and not _data_dependent(x):  # min(k, N) neighbours each: a static size
-        rows = torch.arange(y.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
-        return torch.stack([rows, idx.reshape(-1)])
-    return compact(idx, idx >= 0).flip(0)
+    return _knn(x, y, k, batch_x, batch_y, cosine, num_workers, batch_size)
 
 
 def knn_graph(
@@ -191,18 +425,7 @@ def knn_graph(
         LongTensor (2, E): ``flow="source_to_target"``: row 0 the neighbour, row 1 the centre;
         ``"target_to_source"``: swapped. Grouped by centre, by distance within a centre.
     """
-    if flow not in _FLOWS:
-        raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
-    x = _features("x", x)
-    k = _count("k", k)
-    if _known_empty(x):
-        return _empty(x.device)
-    idx = _knn_table(x, x, k if loop else k + 1, batch, batch, cosine)
-    keep = idx >= 0
-    if not loop:
-        keep &= idx != torch.arange(x.shape[0], device=idx.device)[:, None]
-    edges = compact(idx, keep)  # (neighbour, centre)
-    return edges if flow == "source_to_target" else edges.flip(0)
+    return _knn_graph(x, k, batch, loop, flow, cosine, num_workers, batch_size)
 
 
 def radius(
@@ -232,20 +455,7 @@ def radius(
         LongTensor (2, E): row 0 the index into ``y``, row 1 into ``x``; grouped by ``y``
         (ascending), each group in ascending index of ``x``.
     """
-    x, y = _features("x", x), _features("y", y)
-    r = _radius(r)
-    k = _count("max_num_neighbors", max_num_neighbors)
-    if not isinstance(ignore_same_index, bool):
-        raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
-    if _known_empty(x) or _known_empty(y):
-        return _empty(x.device)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
-    dtype = compute_dtype(x, y)
-    xs, ys = pad3(x.detach().to(dtype), "x"), pad3(y.detach().to(dtype), "y")
-    bx, by = _pair_batches(batch_x, batch_y, xs, ys)
-    table = first_within(ys, xs, by, bx, r, r * r, k, ignore_same_index)
-    return compact(table, table >= 0).flip(0)
+    return _radius(x, y, r, batch_x, batch_y, max_num_neighbors, num_workers, batch_size, ignore_same_index)
 
 
 def radius_graph(
@@ -266,10 +476,7 @@ def radius_graph(
         LongTensor (2, E): ``flow="source_to_target"``: row 0 the neighbour, row 1 the centre;
         ``"target_to_source"``: swapped. Grouped by centre, in ascending neighbour index.
     """
-    if flow not in _FLOWS:
-        raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
-    edges = radius(x, x, r, batch, batch, max_num_neighbors, num_workers, batch_size, ignore_same_index=not loop)
-    return edges.flip(0) if flow == "source_to_target" else edges
+    return _radius_graph(x, r, batch, loop, max_num_neighbors, flow, num_workers, batch_size)
 
 
 def nearest(
@@ -284,32 +491,7 @@ def nearest(
     Raises ValueError, as torch_cluster, when a batch vector is not sorted or when the examples
     of ``x`` and ``y`` differ.
     """
-    x, y = _features("x", x), _features("y", y)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
-    bx, by = _batch("batch_x", batch_x, x.shape[0]), _batch("batch_y", batch_y, y.shape[0])
-    if not is_compiling():
-        for name, b in (("batch_x", bx), ("batch_y", by)):
-            if b is not None and bool((b[1:] < b[:-1]).any()):
-                raise ValueError(f"'{name}' is not sorted")
-    if bx is None and by is not None:
-        bx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    if by is None and bx is not None:
-        by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
-    if bx is not None and not is_compiling() and not torch.equal(bx.unique_consecutive(), by.unique_consecutive()):
-        raise ValueError("Some batch indices occur in 'batch_x' that do not occur in 'batch_y'")
-    if guard_or_false(x.shape[0] == 0):
-        return torch.empty(0, dtype=torch.long, device=x.device)
-    if guard_or_false(y.shape[0] == 0):
-        raise ValueError("y must hold at least one point")
-    torch._check(y.shape[0] > 0, lambda: "y must hold at least one point")  # a data-dependent size: when it runs
-    idx = _knn_table(y, x, 1, by, bx, False)  # queries x in the points y
-    return idx[:, 0]
-
-
-def _fps_counts(n: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
-    """Picks per example as torch_cluster's CPU kernel computes them: ceil(float32(n) * ratio) in float32."""
-    return torch.ceil(n.to(torch.float32) * ratio.to(torch.float32)).to(torch.int64)
+    return _nearest(x, y, batch_x, batch_y)
 
 
 def fps(
@@ -341,53 +523,7 @@ def fps(
         LongTensor (K,) of indices into ``src``, grouped by example (ascending id), each in pick
         order. Ties go to the smaller index; a point is never picked twice.
     """
-    check_tensor("src", src)
-    src = src.view(src.shape[0], -1) if src.dim() != 2 else src
-    n = src.shape[0]
-    if ptr is not None:
-        ptr_t = torch.as_tensor(ptr, dtype=torch.int64, device=src.device)
-        batch = torch.repeat_interleave(torch.arange(ptr_t.numel() - 1, device=src.device), ptr_t.diff())
-    batch = _batch("batch", batch, n)
-    if ratio is None:
-        ratio = 0.5
-    if isinstance(ratio, torch.Tensor):  # its values set the counts: no host read while compiling
-        if ratio.dim() == 0 and not is_compiling():
-            value = float(ratio)
-            if not 0 < value <= 1:
-                raise ValueError(f"ratio must be in (0, 1], got {value}")
-        elif ratio.dim() > 0 and not is_compiling() and not bool(((ratio > 0) & (ratio <= 1)).all()):
-            raise ValueError("ratio must be in (0, 1]")
-    else:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.floating)):
-            raise TypeError(f"ratio must be a float or a tensor, got {type(ratio).__name__}")
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-    if guard_or_false(n == 0):  # a data-dependent n (points picked before) goes on: the op handles 0
-        return torch.empty(0, dtype=torch.long, device=src.device)
-    points = pad3(src.detach().to(compute_dtype(src)), "src")
-    if batch is None and not isinstance(ratio, torch.Tensor) and not _data_dependent(src):
-        picks = math.ceil(float(np.float32(n) * np.float32(ratio)))  # as torch_cluster: float32
-        return pcops.farthest_point_sample(points, min(picks, n), random_start=random_start).idx
-    if batch is None:
-        batch = torch.zeros(n, dtype=torch.int64, device=src.device)
-    # pcops' packed FPS with a slightly larger ratio picks at least as many per example; each
-    # example is then cut to its own count (FPS picks are prefixes of longer runs). A tensor
-    # ratio stays a tensor (pcops takes a 0-d one): the counts are computed in the graph.
-    if isinstance(ratio, torch.Tensor):
-        wide = (ratio.max().to(torch.float64) * (1 + 2.0**-20)).clamp(max=1.0)
-        r = ratio
-    else:
-        wide = min(1.0, float(ratio) * (1 + 2.0**-20))
-        r = torch.tensor(float(ratio), dtype=torch.float32, device=src.device)
-    idx = pcops.farthest_point_sample(points, batch=batch, ratio=wide, random_start=random_start).idx
-    example = batch[idx]  # ascending: the picks are grouped by example
-    rank = torch.arange(idx.shape[0], device=idx.device) - torch.searchsorted(example, example)
-    ordered = batch.sort().values
-    sizes = torch.searchsorted(ordered, example, right=True) - torch.searchsorted(ordered, example)
-    if r.dim() > 0:
-        r = r.to(idx.device)[example]
-    keep = rank < _fps_counts(sizes, r)
-    return compact(idx[:, None], keep[:, None])[0]
+    return _fps(src, batch, ratio, random_start, batch_size, ptr)
 
 
 def grid_cluster(
@@ -407,21 +543,40 @@ def grid_cluster(
     Returns:
         LongTensor (N,).
     """
-    check_tensor("pos", pos)
-    size = check_tensor("size", size)
-    pos = pos.view(pos.shape[0], -1)
-    d = pos.shape[1]
-    if size.numel() != d:
-        raise ValueError(f"size must have one entry per dimension of pos ({d}), got {size.numel()}")
-    for name, t in (("start", start), ("end", end)):
-        if t is not None and check_tensor(name, t).numel() != d:
-            raise ValueError(f"{name} must have one entry per dimension of pos ({d}), got {t.numel()}")
-    if pos.shape[0] == 0:
-        return torch.empty(0, dtype=torch.long, device=pos.device)
-    start = pos.min(0).values if start is None else start.reshape(d).to(pos.device)
-    end = pos.max(0).values if end is None else end.reshape(d).to(pos.device)
-    size = size.reshape(d).to(pos.device)
-    cell = torch.true_divide(pos - start, size).to(torch.long)
-    extent = torch.true_divide(end - start, size).to(torch.long) + 1
-    stride = torch.cat([extent.new_ones(1), extent.cumprod(0)[:-1]])
-    return (cell * stride).sum(1)
+    return _grid_cluster(pos, size, start, end)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch_cluster's graph functions: not point-cloud ops, so not provided. They exist (with
+# torch_cluster's signatures) so that code importing them, as PyTorch Geometric 2.5 / 2.6 do at
+# import time with ``torch_cluster`` aliased to this module, imports; a call raises.
+
+
+def graclus_cluster(
+    row: Tensor,
+    col: Tensor,
+    weight: Optional[Tensor] = None,
+    num_nodes: Optional[int] = None,
+) -> Tensor:
+    """Not provided (torch_cluster's greedy graph clustering): raises NotImplementedError."""
+    raise NotImplementedError("pcops.compat.torch_cluster does not provide graclus_cluster (a graph op, not a point-cloud op): install torch_cluster for it")
+
+
+def random_walk(
+    row: Tensor,
+    col: Tensor,
+    start: Tensor,
+    walk_length: int,
+    p: float = 1,
+    q: float = 1,
+    coalesced: bool = True,
+    num_nodes: Optional[int] = None,
+    return_edge_indices: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Not provided (torch_cluster's biased random walks): raises NotImplementedError."""
+    raise NotImplementedError("pcops.compat.torch_cluster does not provide random_walk (a graph op, not a point-cloud op): install torch_cluster for it")
+
+
+def neighbor_sampler(start: Tensor, rowptr: Tensor, size: float) -> Tensor:
+    """Not provided (torch_cluster's neighbour sampling of a CSR graph): raises NotImplementedError."""
+    raise NotImplementedError("pcops.compat.torch_cluster does not provide neighbor_sampler (a graph op, not a point-cloud op): install torch_cluster for it")

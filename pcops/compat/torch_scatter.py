@@ -537,6 +537,7 @@ def scatter_logsumexp(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out
     empty slots 0. With ``out``: its values join each slot's sum, in place; slots whose result
     is not finite keep ``out``'s value (torch_scatter's rule)."""
     _floating(src, "scatter_logsumexp")
+    _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is not None:

@@ -260,7 +260,7 @@ def test_radius_half_precision_searches_in_float32(gen, dtype):
 
 def test_radius_errors(gen):
     x = _cloud(gen, 10)
-    with pytest.raises(ValueError, match="r must be > 0"):
+    with pytest.raises(ValueError, match="r must be finite and > 0"):
         tc.radius(x, x, 0.0)
     with pytest.raises(ValueError, match="max_num_neighbors"):
         tc.radius(x, x, 0.1, max_num_neighbors=0)
