@@ -1,0 +1,234 @@
+"""A stand-in for pyg-lib's point-cloud operators, so that PyTorch Geometric runs its own
+``fps``, ``knn``, ``knn_graph``, ``radius``, ``radius_graph``, ``nearest``, ``voxel_grid`` and the
+layers built on them (``DynamicEdgeConv``, ``XConv``, ``GravNetConv``, ``knn_interpolate``) on
+pcops. Installed by ``pcops.compat.install("pyg")`` (or ``install()``) where no real pyg-lib is.
+
+Since 2.7 PyG calls ``torch.ops.pyg.fps`` / ``knn`` / ``radius`` / ``nearest`` / ``grid_cluster``
+and decides once, when ``torch_geometric`` is imported, whether they exist: ``import pyg_lib``
+must succeed and ``pyg_lib.ops`` must have the attribute (``torch_geometric.typing.WITH_FPS =
+hasattr(pyg_lib.ops, 'fps')`` and so on). This module is what ``import pyg_lib`` then returns:
+
+- ``ops`` has exactly those five functions (pyg-lib's Python signatures), and ``sampler`` the
+  ``neighbor_sample`` PyG's probe inspects (it raises: pcops samples no graphs). No other pyg-lib
+  attribute exists, so PyG's other probes (``segment_matmul``, ``softmax_csr``, ``index_sort``,
+  ``spline_basis``, ``partition``...) stay False and PyG keeps its torch fallbacks there.
+- ``register()`` (run by ``install``, never by importing this module) defines the five operators
+  in the ``pyg`` namespace with pyg-lib's schemas, names and defaults, as ``torch.library``
+  custom ops over ``pcops.compat.torch_cluster`` (whose results follow torch_cluster, pyg-lib's
+  origin: same edge layout, ``ceil(float32(n) * ratio)`` FPS picks, strict ``d^2 < r^2``), with
+  exact fakes (``new_dynamic_size()`` where the result size depends on the data).
+
+What PyG then believes: ``WITH_PYG_LIB`` is True, so graph features that need pyg-lib's other
+operators (``NeighborLoader`` sampling, ``Node2Vec``, ``dropout_path``, ``RootedRWSubgraph``)
+call operators that do not exist here and fail ("no attribute 'neighbor_sample'") instead of
+raising PyG's ImportError; with torch-sparse installed ``NeighborLoader`` would switch from
+torch-sparse to that missing operator, and ``install`` warns. Batches are CSR pointers ``ptr``
+(``ptr[0] = 0``, ``ptr[-1] =`` the number of rows); a pointer of one tensor and ``None`` for the
+other means no batching, as pyg-lib's CPU kernels read it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import torch_cluster as _tc
+
+# pyg-lib's TORCH_LIBRARY_FRAGMENT(pyg, m) schemas (pyg_lib/csrc/ops/{fps,knn,radius,nearest,cluster}.cpp)
+SCHEMAS = {
+    "fps": "(Tensor src, Tensor ptr, float ratio=0.5, bool random_start=True) -> Tensor",
+    "knn": "(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None, int k=1, bool cosine=False, "
+    "int num_workers=1) -> Tensor",
+    "radius": "(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None, float r=1.0, "
+    "int max_num_neighbors=32, int num_workers=1, bool ignore_same_index=False) -> Tensor",
+    "nearest": "(Tensor x, Tensor y, Tensor? ptr_x=None, Tensor? ptr_y=None) -> Tensor",
+    "grid_cluster": "(Tensor pos, Tensor size, Tensor? start=None, Tensor? end=None) -> Tensor",
+}
+_registered = {}
+
+
+def _batch_of(name: str, ptr: Tensor, n: int) -> Optional[Tensor]:
+    """The example id of each of ``n`` rows from a CSR pointer (None for a single example)."""
+    if ptr.dim() != 1 or ptr.numel() < 1 or ptr.dtype.is_floating_point or ptr.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D integer tensor of B + 1 offsets, got {ptr.dtype} of shape {tuple(ptr.shape)}")
+    first, last, sorted_ = torch.stack([ptr[0], ptr[-1], (ptr.diff() >= 0).all().to(ptr.dtype)]).tolist()
+    if first != 0 or last != n or not sorted_:
+        raise ValueError(f"{name} must rise from 0 to the number of rows ({n}), got {first} ... {last}")
+    if ptr.numel() == 2:
+        return None
+    ids = torch.arange(ptr.numel() - 1, device=ptr.device)
+    return ids.repeat_interleave(ptr.diff().to(torch.int64), output_size=n)
+
+
+def _batches(x: Tensor, y: Tensor, ptr_x: Optional[Tensor], ptr_y: Optional[Tensor]):
+    if ptr_x is None:  # pyg-lib's kernels read ptr_y only with ptr_x
+        return None, None
+    if ptr_y is None:
+        raise ValueError("ptr_y is required with ptr_x")
+    bx, by = _batch_of("ptr_x", ptr_x, x.shape[0]), _batch_of("ptr_y", ptr_y, y.shape[0])
+    if bx is None and by is None:
+        return None, None
+    if bx is None:  # one example in x, several in y (or the reverse)
+        bx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    if by is None:
+        by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
+    return bx, by
+
+
+def _fps(src: Tensor, ptr: Tensor, ratio: float = 0.5, random_start: bool = True) -> Tensor:
+    src = src.view(src.shape[0], -1)
+    batch = _batch_of("ptr", ptr, src.shape[0])
+    return _tc.fps(src, batch, ratio=ratio, random_start=random_start)
+
+
+def _knn(x, y, ptr_x=None, ptr_y=None, k: int = 1, cosine: bool = False, num_workers: int = 1) -> Tensor:
+    bx, by = _batches(x, y, ptr_x, ptr_y)
+    return _tc.knn(x, y, k, bx, by, cosine=cosine)
+
+
+def _radius(x, y, ptr_x=None, ptr_y=None, r: float = 1.0, max_num_neighbors: int = 32, num_workers: int = 1,
+            ignore_same_index: bool = False) -> Tensor:
+    bx, by = _batches(x, y, ptr_x, ptr_y)
+    return _tc.radius(x, y, r, bx, by, max_num_neighbors, ignore_same_index=ignore_same_index)
+
+
+def _nearest(x, y, ptr_x=None, ptr_y=None) -> Tensor:
+    x, y = x.view(x.shape[0], -1), y.view(y.shape[0], -1)
+    bx, by = _batches(x, y, ptr_x, ptr_y)
+    # the nearest point is the single nearest neighbour (ties by the smaller index); examples of
+    # y without points of x are allowed, as in pyg-lib
+    edges = _tc.knn(y, x, 1, by, bx)
+    if edges.shape[1] != x.shape[0]:
+        raise ValueError("every example of x must hold at least one point of y")
+    return edges[1].clone()
+
+
+def _grid_cluster(pos, size, start=None, end=None) -> Tensor:
+    return _tc.grid_cluster(pos, size, start, end)
+
+
+def _edges(x: Tensor) -> Tensor:
+    return x.new_empty((2, torch.library.get_ctx().new_dynamic_size()), dtype=torch.int64)
+
+
+def _fps_fake(src, ptr, ratio=0.5, random_start=True):
+    return src.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.int64)
+
+
+def _knn_fake(x, y, ptr_x=None, ptr_y=None, k=1, cosine=False, num_workers=1):
+    if ptr_x is None:  # min(k, N) neighbours for each row of y
+        return x.new_empty((2, y.shape[0] * torch.sym_min(k, x.shape[0])), dtype=torch.int64)
+    if ptr_y is None:
+        raise ValueError("ptr_y is required with ptr_x")
+    return _edges(x)
+
+
+def _radius_fake(x, y, ptr_x=None, ptr_y=None, r=1.0, max_num_neighbors=32, num_workers=1, ignore_same_index=False):
+    return _edges(x)
+
+
+def _rows_fake(x, y, start_or_ptr=None, end_or_ptr=None):
+    return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
+# The impls carry the schema's defaults: the dispatcher leaves out trailing arguments equal to
+# their defaults when it calls back into Python.
+_IMPLS = {
+    "fps": (_fps, _fps_fake),
+    "knn": (_knn, _knn_fake),
+    "radius": (_radius, _radius_fake),
+    "nearest": (_nearest, _rows_fake),
+    "grid_cluster": (_grid_cluster, _rows_fake),
+}
+
+
+def _exists(name: str) -> bool:
+    try:
+        getattr(torch.ops.pyg, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def register() -> None:
+    """Define ``torch.ops.pyg.{fps, knn, radius, nearest, grid_cluster}`` (once per process).
+
+    Raises RuntimeError where a real pyg-lib is importable: its library defines these operators
+    itself, and a second definition would make loading it fail.
+    """
+    if len(_registered) == len(SCHEMAS):
+        return
+    spec = importlib.util.find_spec("pyg_lib")  # this module's own spec once installed
+    if spec is not None and spec.name == "pyg_lib":
+        raise RuntimeError("a real pyg_lib is installed; it defines torch.ops.pyg itself")
+    for name, (impl, fake) in _IMPLS.items():
+        if name in _registered:
+            continue
+        if _exists(name):
+            raise RuntimeError(f"torch.ops.pyg.{name} is already defined by another library")
+        op = torch.library.custom_op(
+            f"pyg::{name}", impl, mutates_args=(), schema=SCHEMAS[name], tags=(torch.Tag.cudagraph_unsafe,)
+        )
+        op.register_fake(fake)
+        _registered[name] = op
+
+
+def __install__() -> None:
+    """Run by ``pcops.compat.install("pyg")`` before ``pyg_lib`` is pointed here."""
+    register()
+    if importlib.util.find_spec("torch_sparse") is not None:
+        warnings.warn(
+            "torch_sparse is installed: with pcops' pyg_lib stand-in PyG's NeighborLoader calls "
+            "torch.ops.pyg.neighbor_sample (which pcops does not provide) instead of torch_sparse",
+            stacklevel=4)
+
+
+def _call(name: str):
+    return getattr(torch.ops.pyg, name)
+
+
+def fps(src: Tensor, ptr: Tensor, ratio: float = 0.5, random_start: bool = True) -> Tensor:
+    """pyg-lib's ``fps``: farthest point sampling per example of the CSR pointer ``ptr``."""
+    return _call("fps")(src, ptr, ratio, random_start)
+
+
+def knn(x: Tensor, y: Tensor, k: int = 1, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None,
+        cosine: bool = False, num_workers: int = 1) -> Tensor:
+    """pyg-lib's ``knn``: (2, E) edges, row 0 indexes ``y``, row 1 ``x``."""
+    return _call("knn")(x, y, ptr_x, ptr_y, k, cosine, num_workers)
+
+
+def radius(x: Tensor, y: Tensor, r: float = 1.0, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None,
+           max_num_neighbors: int = 32, num_workers: int = 1, ignore_same_index: bool = False) -> Tensor:
+    """pyg-lib's ``radius``: (2, E) edges, row 0 indexes ``y``, row 1 ``x``."""
+    return _call("radius")(x, y, ptr_x, ptr_y, r, max_num_neighbors, num_workers, ignore_same_index)
+
+
+def nearest(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optional[Tensor] = None) -> Tensor:
+    """pyg-lib's ``nearest``: for each row of ``x`` the index of its nearest row of ``y``."""
+    return _call("nearest")(x, y, ptr_x, ptr_y)
+
+
+def grid_cluster(pos: Tensor, size: Tensor, start: Optional[Tensor] = None, end: Optional[Tensor] = None) -> Tensor:
+    """pyg-lib's ``grid_cluster``: the voxel index of each point."""
+    return _call("grid_cluster")(pos, size, start, end)
+
+
+def _no_sampling(*args, **kwargs):
+    raise NotImplementedError(
+        "pcops' pyg_lib stand-in has only the point-cloud operators (fps, knn, radius, nearest, "
+        "grid_cluster); graph sampling needs the real pyg-lib")
+
+
+ops = types.ModuleType("pyg_lib.ops", "pcops' stand-in: the point-cloud operators of pyg_lib.ops")
+for _f in (fps, knn, radius, nearest, grid_cluster):
+    setattr(ops, _f.__name__, _f)
+sampler = types.ModuleType("pyg_lib.sampler", "pcops' stand-in: PyG probes neighbor_sample's signature")
+sampler.neighbor_sample = _no_sampling
+__version__ = "0.0.0+pcops"
+__aliases__ = {"pyg_lib.ops": ops, "pyg_lib.sampler": sampler}
