@@ -274,6 +274,28 @@ def test_grids_too_wide_for_one_int64_key_still_sort_lexicographically(gen):
         assert torch.equal(a, e)
 
 
+@pytest.mark.parametrize("size", [0.3, 1e-3], ids=["4-byte-keys", "8-byte-keys"])
+def test_keys_of_either_width_match_the_reference(gen, size):
+    # a grid of < 2^31 cells sorts 4-byte keys, a wider one (here ~10^10 cells) 8-byte keys
+    p = torch.rand(200, 3, generator=gen, dtype=F64) * 2
+    batch = torch.randint(0, 3, (200,), generator=gen)
+    out = pcops.grid_sample(p, size, batch=batch)
+    for a, e in zip((out.points, out.grid_coord, out.index, out.inverse, out.batch), grid_reference(p, size, batch=batch)):
+        assert torch.equal(a, e)
+    # padded samples: the padding rows are in no voxel
+    lengths = torch.tensor([70, 20, 50])
+    padded = torch.full((3, 70, 3), 100.0, dtype=F64)  # far-away padding, in no voxel
+    padded[0], padded[1, :20], padded[2, :50] = p[:70], p[70:90], p[90:140]
+    real = torch.arange(70)[None] < lengths[:, None]
+    out = pcops.grid_sample(padded, size, lengths=lengths)
+    ids = torch.arange(3)[:, None].expand(3, 70)[real]
+    e_points, e_coords, e_index, e_inverse, e_batch = grid_reference(padded[real], size, batch=ids)
+    first = torch.cumsum(lengths, 0) - lengths
+    assert torch.equal(out.inverse[real], e_inverse) and bool((out.inverse[~real] == -1).all())
+    assert torch.equal(out.points, e_points) and torch.equal(out.grid_coord, e_coords) and torch.equal(out.batch, e_batch)
+    assert torch.equal(out.index, e_index - first[e_batch])
+
+
 def test_sparse_huge_sample_ids_keep_their_values(gen):
     p = torch.rand(20, 3, generator=gen, dtype=F64)
     batch = torch.tensor([2**40, 7] * 10)
