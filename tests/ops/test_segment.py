@@ -220,6 +220,7 @@ def test_opcheck(gen):
     for reduce in REDUCTIONS:
         torch.library.opcheck(torch.ops.pcops.segment_reduce.default, (v, o, reduce))
         torch.library.opcheck(torch.ops.pcops.segment_reduce.default, (v.double().requires_grad_(), o, reduce))
+        torch.library.opcheck(torch.ops.pcops.segment_reduce.default, (v, o, reduce, True, False))
         s = torch.randn(6, 4, generator=gen)
         arg = torch.randint(0, 30, (6, 4), generator=gen) if reduce in ("max", "min") else torch.zeros(0, 4, dtype=torch.long)
         torch.library.opcheck(torch.ops.pcops.segment_reduce_backward.default, (s, o, arg, reduce, 30))
@@ -280,6 +281,35 @@ def test_warp_kernels_equal_the_cpu_torch_path(gen, reduce):
     (expected,) = torch.autograd.grad(
         pcops.segment_reduce(values.requires_grad_(), offsets, reduce=reduce), values, grad)
     torch.testing.assert_close(back, expected, **TOL[F64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_extremum_without_arg_is_bitwise_the_kernels(gen, dtype, reduce):
+    # no gradient asked for: the CPU max/min run in torch, the Warp kernel (which records the
+    # arg-extremum) only under autograd; both give the same bits: NaN, signed zeros, ties, empty segments
+    values = torch.randint(-3, 4, (400, 7), generator=gen).to(dtype)
+    values[torch.rand(values.shape, generator=gen) < 0.03] = float("nan")
+    values[torch.rand(values.shape, generator=gen) < 0.2] = -0.0
+    values[torch.rand(values.shape, generator=gen) < 0.01] = -float("inf")
+    offsets = torch.cat([torch.tensor([5]), random_offsets(gen, 60, 380)[1:-1] + 5, torch.tensor([385])])
+    assert (offsets[1:] == offsets[:-1]).any()
+    kernel, arg = segment_module._warp_forward(values, offsets, reduce)
+    out, none = torch.ops.pcops.segment_reduce(values, offsets, reduce, False, False)
+    assert none.shape == (0, 7) and arg.shape == (60, 7)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(out.view(bits), kernel.view(bits))
+    leaf = values.clone().requires_grad_()
+    assert torch.equal(pcops.segment_reduce(leaf, offsets, reduce=reduce).detach().view(bits), kernel.view(bits))
+    assert torch.equal(pcops.segment_reduce(values, offsets, reduce=reduce).view(bits), kernel.view(bits))
+
+
+def test_extremum_without_arg_has_no_gradient(gen):
+    values = torch.randn(10, 2, generator=gen, requires_grad=True)
+    out, arg = torch.ops.pcops.segment_reduce(values, torch.tensor([0, 4, 10]), "max", False, False)
+    assert arg.shape == (0, 2)
+    with pytest.raises(RuntimeError, match="with_arg=False"):
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("reduce", REDUCTIONS)
