@@ -158,7 +158,6 @@ big = batch != 1  # XConv needs at least K points in every example
 xpos, xbatch = pos[big], torch.unique(batch[big], return_inverse=True)[1]
 xconv = XConv(16, 8, dim=3, kernel_size=K, hidden_channels=4)
 got = xconv(feat.detach()[big], xpos, xbatch)
-real_knn = torch.ops.pyg.knn
 setattr(torch.ops.pyg, "knn", brute_knn)
 ref = xconv(feat.detach()[big], xpos, xbatch)
 delattr(torch.ops.pyg, "knn")
@@ -180,20 +179,16 @@ out["pnc_feat"] = feat.detach()
 # opcheck of every operator, deterministic arguments (fps without a random start)
 ptr = pos_ptr
 ptr_y = torch.tensor([0] + torch.bincount(by, minlength=3).cumsum(0).tolist())
-cases = {
-    "fps": (pos, ptr, RATIO, False),
-    "knn": (pos, y, ptr, ptr_y, K, False, 1),
-    "knn_nobatch": (pos, y, None, None, K, False, 1),
-    "radius": (pos, y, ptr, ptr_y, R, CAP, 1, False),
-    "radius_same": (pos, pos, ptr, ptr, R, CAP, 1, True),
-    "nearest": (y, pos, ptr_y, ptr),
-    "grid_cluster": (pos, torch.tensor([0.25, 0.25, 0.25]), None, None),
+cases = {  # case: (operator, arguments)
+    "fps": ("fps", (pos, ptr, RATIO, False)),
+    "knn": ("knn", (pos, y, ptr, ptr_y, K, False, 1)),
+    "knn_nobatch": ("knn", (pos, y, None, None, K, False, 1)),
+    "radius": ("radius", (pos, y, ptr, ptr_y, R, CAP, 1, False)),
+    "radius_same": ("radius", (pos, pos, ptr, ptr, R, CAP, 1, True)),
+    "nearest": ("nearest", (y, pos, ptr_y, ptr)),
+    "grid_cluster": ("grid_cluster", (pos, torch.tensor([0.25, 0.25, 0.25]), None, None)),
 }
-checks = {}
-for name, args in cases.items():
-    op = getattr(torch.ops.pyg, name.split("_no")[0].split("_same")[0])
-    res = torch.library.opcheck(op, args)
-    checks[name] = {k: v for k, v in res.items()}
+checks = {case: dict(torch.library.opcheck(getattr(torch.ops.pyg, op), args)) for case, (op, args) in cases.items()}
 
 # a fullgraph compile of PyG's own call pattern: knn and radius with CSR pointers
 def edges(x, y, px, py):
