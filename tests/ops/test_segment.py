@@ -247,7 +247,7 @@ def test_ids_without_num_segments_cannot_be_compiled(gen):
 def test_kernels_compile_for_a_gpu(tmp_path, reduce):
     _warp.init()
     for dtype in (torch.float32, F64):
-        for kernel in segment_module._kernels(dtype, reduce):
+        for kernel in (*segment_module._kernels(dtype, reduce), segment_module._kernels(dtype, reduce, False)[0]):
             try:
                 paths = wp.compile_aot_module(kernel.module, arch=90, module_dir=tmp_path, use_ptx=True)
             except Exception as err:  # noqa: BLE001 (no NVRTC in this Warp build)
@@ -284,24 +284,38 @@ def test_warp_kernels_equal_the_cpu_torch_path(gen, reduce):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("reduce", ["max", "min"])
-def test_extremum_without_arg_is_bitwise_the_kernels(gen, dtype, reduce):
-    # no gradient asked for: the CPU max/min run in torch, the Warp kernel (which records the
-    # arg-extremum) only under autograd; both give the same bits: NaN, signed zeros, ties, empty segments
-    values = torch.randint(-3, 4, (400, 7), generator=gen).to(dtype)
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_cpu_forward_is_bitwise_torchs_segment_reduce(gen, dtype, reduce):
+    # the row-at-a-time loop (sum, mean, max/min without arg) and the column-at-a-time one
+    # (max/min recording the arg, under autograd) give torch's bits: NaN wins, ties keep the
+    # first row (signed zeros), sums run in row order; empty segments give 0
+    values = torch.randn(400, 7, generator=gen, dtype=dtype)
+    if reduce in ("max", "min"):
+        values = torch.randint(-3, 4, (400, 7), generator=gen).to(dtype)
+        values[torch.rand(values.shape, generator=gen) < 0.2] = -0.0
+        values[torch.rand(values.shape, generator=gen) < 0.01] = -float("inf")
     values[torch.rand(values.shape, generator=gen) < 0.03] = float("nan")
-    values[torch.rand(values.shape, generator=gen) < 0.2] = -0.0
-    values[torch.rand(values.shape, generator=gen) < 0.01] = -float("inf")
     offsets = torch.cat([torch.tensor([5]), random_offsets(gen, 60, 380)[1:-1] + 5, torch.tensor([385])])
     assert (offsets[1:] == offsets[:-1]).any()
-    kernel, arg = segment_module._warp_forward(values, offsets, reduce)
-    out, none = torch.ops.pcops.segment_reduce(values, offsets, reduce, False, False)
-    assert none.shape == (0, 7) and arg.shape == (60, 7)
+    expected = torch.segment_reduce(values, reduce, offsets=offsets, axis=0)
+    expected = expected.masked_fill((offsets[1:] == offsets[:-1])[:, None], 0)
     bits = torch.int32 if dtype == torch.float32 else torch.int64
-    assert torch.equal(out.view(bits), kernel.view(bits))
+    out, none = torch.ops.pcops.segment_reduce(values, offsets, reduce, False, False)
+    assert none.shape == (0, 7)
+    assert torch.equal(out.view(bits), expected.view(bits))
     leaf = values.clone().requires_grad_()
-    assert torch.equal(pcops.segment_reduce(leaf, offsets, reduce=reduce).detach().view(bits), kernel.view(bits))
-    assert torch.equal(pcops.segment_reduce(values, offsets, reduce=reduce).view(bits), kernel.view(bits))
+    assert torch.equal(pcops.segment_reduce(leaf, offsets, reduce=reduce).detach().view(bits), expected.view(bits))
+    assert torch.equal(pcops.segment_reduce(values, offsets, reduce=reduce).view(bits), expected.view(bits))
+    if reduce in ("max", "min"):
+        kernel, arg = segment_module._warp_forward(values, offsets, reduce)
+        assert torch.equal(kernel.view(bits), expected.view(bits)) and arg.shape == (60, 7)
+    # CUDA's layout (a thread per (segment, column)), run here on the CPU
+    forward, _ = segment_module._kernels(dtype, reduce, True, True)
+    out, arg = torch.empty(60, 7, dtype=dtype), torch.empty(60, 7, dtype=torch.int64)
+    _warp.launch(forward, 60 * 7, [values, offsets, out, arg], like=values)
+    assert torch.equal(out.view(bits), expected.view(bits))
+    if reduce in ("max", "min"):
+        assert torch.equal(arg, segment_module._warp_forward(values, offsets, reduce)[1])
 
 
 def test_extremum_without_arg_has_no_gradient(gen):
