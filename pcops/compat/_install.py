@@ -81,11 +81,12 @@ def _where(found) -> str:
     return origin or "sys.modules"
 
 
-def _one(name: str) -> Outcome:
+def _one(name: str, replace: bool = False) -> Outcome:
     module, consumers = _TARGETS[name]
     found = _real(module)
-    if found is not None:
-        return Outcome(False, f"a real {module} is installed ({_where(found)}); left alone")
+    if found is not None and (not replace or module in sys.modules):
+        why = "already imported" if module in sys.modules else "installed"
+        return Outcome(False, f"a real {module} is {why} ({_where(found)}); left alone")
     late = [m for m in (module,) + consumers if m in sys.modules and sys.modules[m] is not None]
     try:
         compat = importlib.import_module(_COMPAT + module)
@@ -98,7 +99,7 @@ def _one(name: str) -> Outcome:
     if hook is not None:
         hook()
     sys.modules.update(entries)
-    reason = f"{module} -> {compat.__name__}"
+    reason = f"{module} -> {compat.__name__}" + (f" (replacing the real {module} at {_where(found)})" if found is not None else "")
     if late and late != [module]:
         imported = ", ".join(m for m in late if m != module)
         reason += f"; {imported} was imported before install() and keeps what it saw then"
@@ -108,12 +109,15 @@ def _one(name: str) -> Outcome:
     return Outcome(True, reason, tuple(entries))
 
 
-def install(*names: str) -> InstallReport:
+def install(*names: str, replace: bool = False) -> InstallReport:
     """Point ``import <name>`` at pcops' drop-in for each name (all that apply when none given).
 
     Args:
         names: any of ``"torch_cluster"``, ``"torch_scatter"``, ``"spconv"``, ``"pointops"`` and
             ``"pyg"`` (PyTorch Geometric's pyg-lib point-cloud ops; ``"pyg_lib"`` is the same).
+        replace: use the drop-in even where the real package is installed (not yet imported), for
+            the names given explicitly: e.g. spconv's CPU wheel, which has no backward pass.
+            Never for ``"pyg"``: a real pyg-lib is always left alone.
 
     Returns:
         InstallReport ``{name: Outcome(installed, reason, modules)}``; ``.installed`` and
@@ -125,6 +129,10 @@ def install(*names: str) -> InstallReport:
         import torch_geometric   # fps, knn, radius, ... and DynamicEdgeConv now run on pcops
     """
     explicit = bool(names)
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__}")
+    if replace and not explicit:
+        raise ValueError("replace=True needs the names to replace, e.g. install('spconv', replace=True)")
     asked = names if explicit else tuple(_TARGETS)
     report = InstallReport()
     for raw in asked:
@@ -136,7 +144,9 @@ def install(*names: str) -> InstallReport:
         if name == "pyg" and not explicit and importlib.util.find_spec("torch_geometric") is None:
             report[name] = Outcome(False, "torch_geometric is not installed")
             continue
-        report[name] = outcome = _one(name)
+        if replace and name == "pyg":
+            raise ValueError("replace=True does not apply to 'pyg': a real pyg-lib is never shadowed")
+        report[name] = outcome = _one(name, replace)
         if explicit and not outcome.installed:
             warnings.warn(f"pcops.compat.install({raw!r}) skipped: {outcome.reason}", stacklevel=2)
     return report

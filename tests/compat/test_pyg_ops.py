@@ -351,7 +351,7 @@ def test_fullgraph_compile_of_the_operators_gives_the_eager_edges(pyg):
 
 def test_install_never_shadows_a_real_package(tmp_path):
     site = tmp_path / "site"
-    for name, body in (("torch_cluster", "REAL = True\n"), ("pyg_lib", "REAL = True\nclass ops: pass\n")):
+    for name, body in (("torch_cluster", "REAL = True\n"), ("pyg_lib", "REAL = True\nclass ops: pass\n"), ("spconv", "REAL = True\n")):
         (site / name).mkdir(parents=True)
         (site / name / "__init__.py").write_text(body)
     meta = run_child(
@@ -369,7 +369,7 @@ def test_install_never_shadows_a_real_package(tmp_path):
         except (AttributeError, RuntimeError):
             defined = False
         print(json.dumps({"report": {n: list(o) for n, o in report.items()},
-                          "real": [torch_cluster.REAL, pyg_lib.REAL, spconv.__name__ == "spconv"],
+                          "real": [torch_cluster.REAL, pyg_lib.REAL, getattr(spconv, "REAL", False)],
                           "pyg_op_defined": defined, "warnings": [str(w.message) for w in caught]}))
         """, tmp_path, pythonpath=str(site))
     assert meta["real"] == [True, True, True]
@@ -378,6 +378,32 @@ def test_install_never_shadows_a_real_package(tmp_path):
         installed, reason, modules = meta["report"][name]
         assert not installed and "real" in reason and modules == []
     assert len(meta["warnings"]) == 3
+
+
+def test_install_replace_takes_the_named_package_but_never_pyg_lib(tmp_path):
+    site = tmp_path / "site"
+    (site / "torch_cluster").mkdir(parents=True)
+    (site / "torch_cluster" / "__init__.py").write_text("REAL = True\n")
+    meta = run_child(
+        """
+        import json
+        import pcops.compat
+        report = pcops.compat.install("torch_cluster", replace=True)
+        import torch_cluster
+        errors = []
+        for call in (lambda: pcops.compat.install("pyg", replace=True), lambda: pcops.compat.install(replace=True),
+                     lambda: pcops.compat.install("spconv", replace=1)):
+            try:
+                call()
+            except (ValueError, TypeError) as exc:
+                errors.append(type(exc).__name__ + ": " + str(exc))
+        print(json.dumps({"installed": report.installed, "reason": report["torch_cluster"].reason,
+                          "module": torch_cluster.__name__, "errors": errors}))
+        """, tmp_path, pythonpath=str(site))
+    assert meta["installed"] == ["torch_cluster"] and meta["module"] == "pcops.compat.torch_cluster"
+    assert "replacing the real torch_cluster" in meta["reason"]
+    assert len(meta["errors"]) == 3
+    assert "'pyg'" in meta["errors"][0] and "needs the names" in meta["errors"][1] and meta["errors"][2].startswith("TypeError: replace")
 
 
 def test_install_sets_the_aliases_and_is_idempotent(tmp_path):
