@@ -465,7 +465,24 @@ def _find_map(input: SparseConvTensor, ksize, stride, padding, dilation, subm: b
 
 
 class SubMConv3d(SparseConvolution):
-    """Submanifold 3-d convolution (spconv's ``SubMConv3d``): outputs at the input sites."""
+    """Submanifold 3-d convolution (spconv's ``SubMConv3d``): outputs at the input sites.
+
+    Example:
+        >>> import torch
+        >>> from pcops.compat import spconv
+        >>> indices = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1], [1, 5, 5, 5]], dtype=torch.int32)  # batch, x, y, z
+        >>> x = spconv.SparseConvTensor(torch.randn(3, 4), indices, spatial_shape=[8, 8, 8], batch_size=2)
+        >>> conv = spconv.SubMConv3d(4, 8, 3, bias=False, indice_key="subm1")
+        >>> y = conv(x)
+        >>> y.features.shape, y.indices is x.indices, tuple(conv.weight.shape)
+        (torch.Size([3, 8]), True, (8, 3, 3, 3, 4))
+        >>> down = spconv.SparseConv3d(8, 16, 2, stride=2, indice_key="down1")(y)  # outputs where inputs reach
+        >>> down.indices.tolist(), down.spatial_shape
+        ([[0, 0, 0, 0], [1, 2, 2, 2]], [4, 4, 4])
+        >>> up = spconv.SparseInverseConv3d(16, 8, 2, indice_key="down1")(down)  # back to y's sites
+        >>> torch.equal(up.indices, y.indices)
+        True
+    """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  indice_key=None, algo=None, fp32_accum=None, large_kernel_fast_algo=False, name=None):
