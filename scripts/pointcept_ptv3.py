@@ -256,7 +256,7 @@ def train_step_pointcept(model, data, classes: int = 13):
         loss = torch.nn.functional.cross_entropy(head(point.feat), labels)
         loss.backward()
         opt.step()
-        return float(loss)
+        return loss.item()
 
     return step
 
@@ -283,7 +283,7 @@ def train_step_pcops(data, classes: int = 13):
         loss = torch.nn.functional.cross_entropy(model(points).reshape(-1, classes), labels.reshape(-1))
         loss.backward()
         opt.step()
-        return float(loss)
+        return loss.item()
 
     return step, points.shape[0] * n
 
