@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 import pcops
@@ -45,6 +46,17 @@ _NO_INDEX = torch.iinfo(torch.int64).max
 def check_tensor(name: str, value, what: str = "a torch.Tensor") -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def check_count(name: str, value, least: int = 1) -> int:
+    """An int (or numpy int, or a SymInt under compile) >= ``least``, named ``name`` in the errors."""
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
     return value
 
 

@@ -49,7 +49,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 import pcops
 
 from .. import _validate
-from . import _WIDEN, check_tensor, compute_dtype, is_compiling, squared
+from . import _WIDEN, check_count, check_tensor, compute_dtype, is_compiling, squared
 
 __all__ = [
     "aggregation",
@@ -80,16 +80,6 @@ Offsets = Union[torch.Tensor, Sequence[int]]
 
 # ----------------------------------------------------------------------------------------------
 # arguments
-
-
-def _count(name: str, value) -> int:
-    if isinstance(value, np.integer):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def _number(name: str, value) -> float:
@@ -207,7 +197,7 @@ def knn_query(nsample: int, xyz: torch.Tensor, offset: Offsets, new_xyz: Optiona
         float32 / float16 / bfloat16), differentiable in xyz and new_xyz. A sample with fewer
         than nsample points pads its rows with idx -1 and dist 1e5.
     """
-    k = _count("nsample", nsample)
+    k = check_count("nsample", nsample)
     xyz, new_xyz, offset, new_offset, ref_ids, query_ids = _queries(xyz, offset, new_xyz, new_offset)
     ref, query = _as_search(xyz, new_xyz)
     m, n = query.shape[0], ref.shape[0]
@@ -293,7 +283,7 @@ def _(query, ref, query_ids, ref_ids, max_radius, min_radius, nsample, key):
 
 
 def _ball_query(nsample, max_radius, min_radius, xyz, offset, new_xyz, new_offset, randomised: bool):
-    k = _count("nsample", nsample)
+    k = check_count("nsample", nsample)
     hi, lo = _number("max_radius", max_radius), _number("min_radius", min_radius)
     if not lo < hi:
         raise ValueError(f"min_radius must be < max_radius, got min_radius={lo}, max_radius={hi}")
@@ -458,7 +448,7 @@ def query_and_group(nsample, xyz, new_xyz, feat, idx, offset, new_offset, dilati
     grouped ``[xyz[idx] - new_xyz, feat[idx]]`` (m, nsample, 3 + c) (``with_xyz``) or
     ``feat[idx]``. -1 entries group as zeros (pointops indexes row -1, the last point).
     """
-    k = _count("nsample", nsample)
+    k = check_count("nsample", nsample)
     if idx is None:
         if isinstance(dilation, bool) or not isinstance(dilation, (int, np.integer)) or dilation < 0:
             raise ValueError(f"dilation must be an int >= 0, got {dilation!r}")
@@ -497,7 +487,7 @@ def _interpolate(xyz, new_xyz, feat, offset, new_offset, k, name: str, positions
         raise ValueError(f"{name} must be a tensor of shape (m, c) with m = {xyz.shape[0]} (the rows of xyz), got shape {tuple(feat.shape)}")
     if not positions:
         xyz, new_xyz = xyz.detach(), new_xyz.detach()
-    idx, dist = knn_query(_count("k", k), xyz, offset, new_xyz, new_offset)
+    idx, dist = knn_query(check_count("k", k), xyz, offset, new_xyz, new_offset)
     valid = idx >= 0
     recip = torch.where(valid, 1.0 / (dist + _EPS), torch.zeros((), dtype=dist.dtype, device=dist.device))
     norm = recip.sum(1, keepdim=True)

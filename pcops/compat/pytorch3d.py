@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import pcops
 
-from . import check_finite, check_tensor, compute_dtype, first_within, is_compiling, pad3, same_device, squared
+from . import check_count, check_finite, check_tensor, compute_dtype, first_within, is_compiling, pad3, same_device, squared
 
 __all__ = [
     "KNN",
@@ -75,16 +75,6 @@ def _pair(p1, p2, lengths1, lengths2):
     same_device(p1=p1, p2=p2, lengths1=lengths1, lengths2=lengths2)
     check_finite(p1=p1, p2=p2)
     return p1, p2
-
-
-def _count(name: str, value) -> int:
-    if isinstance(value, np.integer):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def _packed(points: torch.Tensor, lengths: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +156,7 @@ def knn_points(
     p1, p2 = _pair(p1, p2, lengths1, lengths2)
     if norm not in (1, 2):
         raise ValueError("Support for 1 or 2 norm.")
-    K = _count("K", K)
+    K = check_count("K", K)
     n, s1, d = p1.shape
     s2 = p2.shape[1]
     lengths1 = _lengths("lengths1", lengths1, n, s1, p1.device)
@@ -236,7 +226,7 @@ def ball_query(
         knn (N, P1, K, D) or None). dists are differentiable with respect to p1 and p2.
     """
     p1, p2 = _pair(p1, p2, lengths1, lengths2)
-    K = _count("K", K)
+    K = check_count("K", K)
     if isinstance(radius, torch.Tensor) and radius.numel() == 1:
         radius = float(radius)
     if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not (math.isfinite(radius) and radius > 0):
@@ -294,7 +284,7 @@ def sample_farthest_points(
         K = int(K)
     if isinstance(K, int) and not isinstance(K, bool):
         per_cloud = None
-        width = _count("K", K)
+        width = check_count("K", K)
     else:
         per_cloud = torch.as_tensor(K, dtype=torch.int64, device=points.device)
         if per_cloud.shape != (n,):
@@ -471,7 +461,7 @@ def estimate_pointcloud_normals(
     points = _clouds("pointclouds", pointclouds)
     if points.shape[2] != 3:
         raise ValueError("The pointclouds argument has to be of shape (minibatch, N, 3)")
-    k = _count("neighborhood_size", neighborhood_size)
+    k = check_count("neighborhood_size", neighborhood_size)
     if points.shape[1] <= k:
         raise ValueError("The neighborhood_size argument has to be >= size of each of the point clouds.")
     check_finite(pointclouds=points)

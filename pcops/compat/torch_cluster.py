@@ -43,7 +43,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false, has_free_unbac
 
 import pcops
 
-from . import check_finite, check_tensor, compact, compute_dtype, first_within, is_compiling, pad3, same_device
+from . import check_count, check_finite, check_tensor, compact, compute_dtype, first_within, is_compiling, pad3, same_device
 
 __all__ = [
     "fps", "graclus_cluster", "grid_cluster", "knn", "knn_graph", "nearest", "neighbor_sampler", "radius",
@@ -84,16 +84,6 @@ def _pair_batches(batch_x, batch_y, x, y):
     if by is None:
         by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
     return bx, by
-
-
-def _count(name: str, value, least: int = 1) -> int:
-    if isinstance(value, (np.integer,)):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return value
 
 
 def _positive_r(value) -> float:
@@ -160,7 +150,7 @@ def _knn(
     batch_size: Optional[int] = None,
 ) -> torch.Tensor:
     x, y = _features("x", x), _features("y", y)
-    k = _count("k", k)
+    k = check_count("k", k)
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
     check_finite(x=x, y=y)
     if _known_empty(x) or _known_empty(y):
@@ -186,7 +176,7 @@ def _knn_graph(
     if flow not in _FLOWS:
         raise ValueError(f"flow must be one of {_FLOWS}, got {flow!r}")
     x = _features("x", x)
-    k = _count("k", k)
+    k = check_count("k", k)
     same_device(x=x, batch=batch)
     check_finite(x=x)
     if _known_empty(x):
@@ -213,7 +203,7 @@ def _radius(
 ) -> torch.Tensor:
     x, y = _features("x", x), _features("y", y)
     r = _positive_r(r)
-    k = _count("max_num_neighbors", max_num_neighbors)
+    k = check_count("max_num_neighbors", max_num_neighbors)
     if not isinstance(ignore_same_index, bool):
         raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
