@@ -179,4 +179,4 @@ def compact(table: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 from . import pytorch3d, torch_cluster, torch_scatter  # noqa: E402  (they use the helpers above)
 from ._install import install  # noqa: E402  (pcops.compat.install(): point other libraries' imports at the drop-ins)
 
-__all__ = ["pytorch3d", "torch_cluster", "torch_scatter"]
+__all__ = ["install", "pytorch3d", "torch_cluster", "torch_scatter"]
