@@ -111,19 +111,17 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
     return diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
 
 
-def _first(query, ref, table, dists, rows, radius: float, bound, k: int, exclude_same: bool) -> torch.Tensor:
-    """Of a ball-query table (R, W) of the queries ``rows`` (indices and their Euclidean
-    distances): the first k indices (ascending) with squared distance < bound (and j != row if
-    ``exclude_same``), -1 padded, as (R, k). Entries well inside the radius are kept by their
-    distance; the exact test runs only on the thin shell near the radius."""
-    valid = table >= 0
-    keep = valid & (dists < radius * (1 - _WIDEN))
-    shell_r, shell_c = (valid & ~keep).nonzero(as_tuple=True)
-    if shell_r.numel():
-        j = table[shell_r, shell_c]
-        keep[shell_r, shell_c] = squared(query[rows[shell_r]] - ref[j]) < bound
+def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.Tensor:
+    """Of a ball-query index table (R, W) of the queries ``rows``: the first k indices
+    (ascending) with squared distance < bound (and j != row if ``exclude_same``), -1 padded, as
+    (R, k). The exact test runs on the table's found entries only (compacted)."""
+    found_r, found_c = (table >= 0).nonzero(as_tuple=True)
+    j = table[found_r, found_c]
+    ok = squared(query[rows[found_r]] - ref[j]) < bound
     if exclude_same:
-        keep &= table != rows[:, None]
+        ok &= j != rows[found_r]
+    keep = torch.zeros(table.shape, dtype=torch.bool, device=table.device)
+    keep[found_r, found_c] = ok
     key = torch.where(keep, table, _NO_INDEX).sort(1).values[:, :k]
     if key.shape[1] < k:
         key = torch.cat([key, key.new_full((key.shape[0], k - key.shape[1]), _NO_INDEX)], 1)
@@ -152,16 +150,16 @@ def first_within(
     bound_t = torch.tensor(bound, dtype=query.dtype, device=query.device)
     search = radius * (1 + _WIDEN)
     cols = k + int(exclude_same)
-    grouped = query_group is not None
-    kw = {"query_batch": query_group, "ref_batch": ref_group} if grouped else {}
-    dists, idx, counts = pcops.ball_query(query, ref, search, cols, validate=False, **kw)
+    # pcops' ball-query op itself: indices and counts (the public function's differentiable
+    # distances are not needed here: the exact test is the squared one below)
+    idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group)
     rows = torch.arange(m, device=query.device)
-    out = _first(query, ref, idx, dists, rows, radius, bound_t, k, exclude_same)  # exact where counts <= cols
+    out = _first(query, ref, idx, rows, bound_t, k, exclude_same)  # exact where counts <= cols
     over = rows[counts > cols]  # truncated to the closest: search them again with room for all
     if over.numel():
-        wide_kw = {"query_batch": query_group[over], "ref_batch": ref_group} if grouped else {}
-        dists, wide, _ = pcops.ball_query(query[over], ref, search, int(counts[over].max()), validate=False, **wide_kw)
-        out[over] = _first(query, ref, wide, dists, over, radius, bound_t, k, exclude_same)
+        wide_group = None if query_group is None else query_group[over]
+        wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group)
+        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)
     return out
 
 
