@@ -20,10 +20,11 @@ Conventions and every difference: docs/interop.md.
 This package also holds the few helpers both modules share: argument checks that name the
 caller's arguments, and ``pcops_compat::first_within``, the custom op behind the "first K
 points within the radius, in index order" caps of ``torch_cluster.radius`` (its CUDA kernel)
-and ``pytorch3d.ops.ball_query``. It runs pcops' ball query (the K closest within a radius and
-how many there are) and, for the queries with more than K neighbours, a second, wider ball
-query, then keeps the first K by index; as a custom op with a static (M, K) result it keeps
-``torch.compile(fullgraph=True)`` graphs whole.
+and ``pytorch3d.ops.ball_query``. It runs pcops' ball query keyed by index (the K smallest
+indices within a radius and how many there are), tests those exactly, and searches again with
+room for all only the rare queries that lost one of them to the exact test and have more
+beyond; as a custom op with a static (M, K) result it keeps ``torch.compile(fullgraph=True)``
+graphs whole.
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
     return diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
 
 
-def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.Tensor:
-    """Of a ball-query index table (R, W) of the queries ``rows``: the first k indices
-    (ascending) with squared distance < bound (and j != row if ``exclude_same``), -1 padded, as
-    (R, k). The exact test runs on the table's found entries only (compacted)."""
+def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of a ball-query table (R, W) of the queries ``rows`` holding indices in ascending order
+    (the by-index search), -1 padded: (the first k of them with squared distance < bound, and
+    j != row if ``exclude_same``, -1 padded, as (R, k); how many of the W pass, (R,)). The exact
+    test runs on the table's found entries only (compacted)."""
     found_r, found_c = (table >= 0).nonzero(as_tuple=True)
     j = table[found_r, found_c]
     ok = squared(query[rows[found_r]] - ref[j]) < bound
@@ -122,10 +124,11 @@ def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> torch.
         ok &= j != rows[found_r]
     keep = torch.zeros(table.shape, dtype=torch.bool, device=table.device)
     keep[found_r, found_c] = ok
-    key = torch.where(keep, table, _NO_INDEX).sort(1).values[:, :k]
-    if key.shape[1] < k:
-        key = torch.cat([key, key.new_full((key.shape[0], k - key.shape[1]), _NO_INDEX)], 1)
-    return torch.where(key == _NO_INDEX, -1, key)
+    place = keep.cumsum(1) - 1  # an entry's column in the result
+    kept_r, kept_c = (keep & (place < k)).nonzero(as_tuple=True)
+    out = table.new_full((table.shape[0], k), -1)
+    out[kept_r, place[kept_r, kept_c]] = table[kept_r, kept_c]
+    return out, place[:, -1] + 1
 
 
 @torch.library.custom_op("pcops_compat::first_within", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -150,16 +153,17 @@ def first_within(
     bound_t = torch.tensor(bound, dtype=query.dtype, device=query.device)
     search = radius * (1 + _WIDEN)
     cols = k + int(exclude_same)
-    # pcops' ball-query op itself: indices and counts (the public function's differentiable
-    # distances are not needed here: the exact test is the squared one below)
-    idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group)
+    # pcops' ball-query op keyed by index: the cols smallest indices within the widened radius
+    # (a superset of the points the exact test keeps) and how many there are
+    idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group, True)
     rows = torch.arange(m, device=query.device)
-    out = _first(query, ref, idx, rows, bound_t, k, exclude_same)  # exact where counts <= cols
-    over = rows[counts > cols]  # truncated to the closest: search them again with room for all
+    out, passed = _first(query, ref, idx, rows, bound_t, k, exclude_same)
+    # exact unless a query kept fewer than k and found more than cols: search those again with room for all
+    over = rows[(passed < k) & (counts > cols)]
     if over.numel():
         wide_group = None if query_group is None else query_group[over]
-        wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group)
-        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)
+        wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group, True)
+        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)[0]
     return out
 
 

@@ -238,6 +238,19 @@ def test_radius_is_strict_at_the_boundary():
     assert tc.radius(x, y, 0.5000001)[1].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("ignore_same_index", [False, True])
+def test_radius_cap_on_a_lattice_with_points_exactly_at_r(gen, dtype, ignore_same_index):
+    # integer points (exact squares): many at d = r exactly, which the search's margin finds
+    # and the strict test drops; with a small cap some queries lose kept points to it and
+    # must be searched again for the ones after them
+    x = torch.randint(0, 5, (300, 3), generator=gen).to(dtype)
+    bx = torch.arange(300) // 150
+    for r, cap in ((1.0, 2), (2.0, 5), (3.0, 40)):
+        out = tc.radius(x, x, r, bx, bx, max_num_neighbors=cap, ignore_same_index=ignore_same_index)
+        assert torch.equal(out, ref_radius(x, x, r, bx, bx, cap=cap, ignore_same_index=ignore_same_index))
+
+
 def test_radius_ignore_same_index_skips_before_the_cap(gen):
     x = torch.rand(50, 3, generator=gen) * 0.05
     out = tc.radius(x, x, 0.2, max_num_neighbors=4, ignore_same_index=True)

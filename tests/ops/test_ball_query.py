@@ -128,6 +128,23 @@ def test_keeps_the_closest_not_the_first_found(gen):
     assert torch.all(dists[0, 1:] >= dists[0, :-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_the_op_by_index_keeps_the_smallest_indices_within_the_radius(gen, dtype):
+    # the op's by_index mode (pcops.compat's "first K" caps): per query the K smallest indices
+    # within the radius, ascending, -1 padded, and the same counts; in two samples
+    p = torch.rand(400, 3, generator=gen, dtype=dtype)
+    q = torch.rand(60, 3, generator=gen, dtype=dtype)
+    gp, gq = torch.arange(400) // 200, torch.arange(60) // 30
+    radius = reference.safe_radius(q.double(), p.double(), 0.2, gap=1e-3)
+    for k in (1, 7, 300):
+        idx, counts = torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp, True)
+        within = (reference.distances(q.double(), p.double()) <= radius) & (gq[:, None] == gp[None, :])
+        assert torch.equal(counts, within.sum(1))
+        first = torch.where(within, torch.arange(400), 400).sort(1).values[:, :k]
+        assert torch.equal(idx, torch.where(first == 400, -1, first))
+        assert torch.equal(counts, torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp)[1])
+
+
 def test_ties_go_to_the_smaller_index():
     axes = torch.cat([torch.eye(3), -torch.eye(3)]).double()
     p = torch.cat([axes, axes])[torch.tensor([7, 3, 11, 0, 9, 1, 5, 10, 2, 6, 4, 8])]

@@ -40,7 +40,7 @@ class BallQuery(NamedTuple):
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype, columns: tuple = ()):
+def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
     """(kernel, Radii, Ints): one thread per query (in cell order) scans the cells that meet
     [q - r, q + r] for the largest of G radii r_0 <= ... <= r_{G-1} (the cell list's), and for
     each radius g keeps the K_g best (distance, original index) pairs of the points within r_g
@@ -50,7 +50,9 @@ def _kernel(dtype: torch.dtype, columns: tuple = ()):
     ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
     at run time made the insertion 1.2x slower on the CPU, in register pressure); () for one
     radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
-    a wider buffer). ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
+    a wider buffer). ``by_index``: every pair's key is 0, so a row keeps the K smallest
+    indices within the radius, ascending (the "first K" of :func:`_ball_query`'s ``by_index``).
+    ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype)
     insert = _warp_funcs.sorted_insert(dtype)
@@ -84,13 +86,16 @@ def _kernel(dtype: torch.dtype, columns: tuple = ()):
                 for j in range(first_j, last_j):
                     d = wp.length(q - cells.points[j])
                     if d <= reach:
+                        key = d  # the insertion's key: the distance, or 0 (by index alone)
+                        if wp.static(by_index):
+                            key = s(0.0)
                         for g in range(wp.static(radii)):  # unrolled: g, first[g], width[g] are constants
                             if d <= radius[g]:
                                 total[g] = total[g] + 1
                                 if wp.static(len(columns) > 0):
-                                    n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], d, cells.order[j])
+                                    n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], key, cells.order[j])
                                 else:
-                                    n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
+                                    n[g] = insert(dists, idx, i, n[g], key, cells.order[j])
         for g in range(wp.static(radii)):
             counts[i, slot[g]] = wp.int64(total[g])
 
@@ -119,9 +124,10 @@ def _groups(radii: list) -> list[list[int]]:
     return groups
 
 
-def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_group, ref_group):
+def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_group, ref_group, by_index: bool = False):
     """The search of ball_query and ball_queries: (idx (M, sum K) int64, radius g's K_g columns
-    after those of the radii before it; counts (M, G) int64)."""
+    after those of the radii before it; counts (M, G) int64). ``by_index``: the K smallest
+    indices within the radius instead of the K closest (see :func:`_kernel`)."""
     _validate.groups_paired(query_group, ref_group)
     if validate:
         _validate.finite(query=query, ref=ref)
@@ -142,7 +148,7 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
             rows = [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
         else:
             columns, rows = tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
-        kernel, Radii, Ints = _kernel(query.dtype, columns)
+        kernel, Radii, Ints = _kernel(query.dtype, columns, by_index)
         scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
         _warp.launch(kernel, m, args, like=query)
@@ -158,15 +164,18 @@ def _ball_query(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
+    by_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64)."""
+    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64).
+    ``by_index``: idx holds the K smallest indices within the radius, ascending, instead of the
+    K closest (pcops.compat's "first K" caps); counts are the same."""
     _validate.positive_number("radius", radius)
-    idx, counts = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group)
+    idx, counts = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
     return idx, counts[:, 0].clone()
 
 
 @_ball_query.register_fake
-def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
+def _(query, ref, radius, max_neighbors, validate, query_group, ref_group, by_index=False):
     m = query.shape[0]
     return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)
 
