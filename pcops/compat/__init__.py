@@ -41,7 +41,10 @@ from pcops import _validate
 # distance strictly (d^2 < r^2 in the points' precision). The search is widened by this relative
 # margin so that it finds every point the originals count, and the exact test runs afterwards.
 _WIDEN = 1e-5
-_NO_INDEX = torch.iinfo(torch.int64).max
+# first_within keeps this many columns past k (and the query itself): a query that loses this
+# many of its kept points to the exact test (points in the margin) needs no second search,
+# which builds a cell list of all the reference points again.
+_SPARE = 2
 
 
 def check_tensor(name: str, value, what: str = "a torch.Tensor") -> torch.Tensor:
@@ -112,23 +115,34 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
     return diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
 
 
-def _first(query, ref, table, rows, bound, k: int, exclude_same: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Of a ball-query table (R, W) of the queries ``rows`` holding indices in ascending order
-    (the by-index search), -1 padded: (the first k of them with squared distance < bound, and
-    j != row if ``exclude_same``, -1 padded, as (R, k); how many of the W pass, (R,)). The exact
-    test runs on the table's found entries only (compacted)."""
-    found_r, found_c = (table >= 0).nonzero(as_tuple=True)
-    j = table[found_r, found_c]
-    ok = squared(query[rows[found_r]] - ref[j]) < bound
+def _first(query, ref, table, rows, found, bound, k: int, exclude_same: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of a ball-query table (R, W >= k) of the queries ``rows``, each row ``found`` (R,) indices
+    in ascending order (the by-index search), then -1: (the first k of them with squared
+    distance < bound, and j != row if ``exclude_same``, -1 padded, as (R, k); whether fewer
+    than k pass, (R,)). The exact test runs on the found entries only; the rows that lose an
+    entry to it (few but for ``exclude_same``, which drops each query itself) are compacted."""
+    dev, (r, w) = table.device, table.shape
+    local = torch.arange(r, device=dev).repeat_interleave(found)  # the row and column of each found entry
+    col = torch.arange(local.shape[0], device=dev) - (found.cumsum(0) - found).index_select(0, local)
+    at = rows.index_select(0, local)
+    j = table.view(-1).index_select(0, local * w + col)
+    ok = squared(query.index_select(0, at) - ref.index_select(0, j)) < bound
     if exclude_same:
-        ok &= j != rows[found_r]
-    keep = torch.zeros(table.shape, dtype=torch.bool, device=table.device)
-    keep[found_r, found_c] = ok
-    place = keep.cumsum(1) - 1  # an entry's column in the result
-    kept_r, kept_c = (keep & (place < k)).nonzero(as_tuple=True)
-    out = table.new_full((table.shape[0], k), -1)
-    out[kept_r, place[kept_r, kept_c]] = table[kept_r, kept_c]
-    return out, place[:, -1] + 1
+        ok &= j != at
+    out = table[:, :k].clone()
+    short = found < k
+    lost = (~ok).nonzero().squeeze(1)
+    if lost.numel():  # compact the rows that lost an entry
+        sick = torch.zeros(r, dtype=torch.bool, device=dev).index_fill_(0, local[lost], True).nonzero().squeeze(1)
+        keep = table.index_select(0, sick) >= 0
+        keep[torch.searchsorted(sick, local[lost]), col[lost]] = False
+        place = keep.cumsum(1) - 1  # an entry's column in the result
+        kept_r, kept_c = (keep & (place < k)).nonzero(as_tuple=True)
+        part = table.new_full((sick.shape[0], k), -1)
+        part[kept_r, place[kept_r, kept_c]] = table[sick[kept_r], kept_c]
+        out[sick] = part
+        short[sick] = place[:, -1] + 1 < k
+    return out, short
 
 
 @torch.library.custom_op("pcops_compat::first_within", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -152,18 +166,18 @@ def first_within(
         return out
     bound_t = torch.tensor(bound, dtype=query.dtype, device=query.device)
     search = radius * (1 + _WIDEN)
-    cols = k + int(exclude_same)
+    cols = k + int(exclude_same) + _SPARE
     # pcops' ball-query op keyed by index: the cols smallest indices within the widened radius
     # (a superset of the points the exact test keeps) and how many there are
     idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group, True)
     rows = torch.arange(m, device=query.device)
-    out, passed = _first(query, ref, idx, rows, bound_t, k, exclude_same)
+    out, short = _first(query, ref, idx, rows, counts.clamp(max=cols), bound_t, k, exclude_same)
     # exact unless a query kept fewer than k and found more than cols: search those again with room for all
-    over = rows[(passed < k) & (counts > cols)]
+    over = rows[short & (counts > cols)]
     if over.numel():
         wide_group = None if query_group is None else query_group[over]
         wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group, True)
-        out[over] = _first(query, ref, wide, over, bound_t, k, exclude_same)[0]
+        out[over] = _first(query, ref, wide, over, (wide >= 0).sum(1), bound_t, k, exclude_same)[0]
     return out
 
 
