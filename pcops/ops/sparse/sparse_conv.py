@@ -50,6 +50,7 @@ from ... import _batch, _deprecated, _validate, _warp
 
 _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing multiplier (2^64 / golden ratio)
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
+_GROUP = 3  # keys equal but for their low 3 bits (z-neighbours) hash to one run of 8 slots (one cache line)
 
 
 class KernelMap(NamedTuple):
@@ -76,8 +77,11 @@ def _hash_kernels():
 
     @wp.func
     def slot(key: wp.int64, bits: int):
-        h = wp.uint64(key) * wp.uint64(_GOLDEN)
-        return int(h >> wp.uint64(64 - bits))
+        # the Fibonacci hash of key // 8 picks an aligned run of 8 slots, key % 8 the slot in it
+        g = wp.uint64(_GROUP)
+        u = wp.uint64(key)
+        h = (u >> g) * wp.uint64(_GOLDEN)
+        return int(((h >> (wp.uint64(64 - bits) + g)) << g) | (u & ((wp.uint64(1) << g) - wp.uint64(1))))
 
     @wp.func
     def pack(sample: wp.int64, x: wp.int64, y: wp.int64, z: wp.int64, sy: wp.int64, sz: wp.int64, sx: wp.int64):
@@ -205,7 +209,7 @@ def _map_pairs(
         )
     rel = (c - c.new_tensor(low)).contiguous()
     origin = (out_coord.to(torch.int64) * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)).contiguous()
-    bits = max(4, math.ceil(math.log2(2 * n)))
+    bits = max(_GROUP + 1, math.ceil(math.log2(4 * n)))  # 4N to 8N slots
     keys = torch.full((1 << bits,), -1, dtype=torch.int64, device=dev)
     values = torch.empty(1 << bits, dtype=torch.int64, device=dev)
     duplicate = torch.zeros(1, dtype=torch.int64, device=dev)
