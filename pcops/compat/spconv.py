@@ -354,7 +354,7 @@ class SparseConvolution(SparseModule):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Uniform in +-1/sqrt(fan_in), fan_in = Cin K0 K1 K2 (kaiming_uniform_ with a = sqrt(5), as spconv)."""
+        """Uniform in +-1/sqrt(fan_in), fan_in = Cin K0 K1 K2 (``kaiming_uniform_`` with a = sqrt(5), as spconv)."""
         bound = 1.0 / math.sqrt(self.in_channels * math.prod(self.kernel_size))
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
