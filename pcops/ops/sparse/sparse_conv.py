@@ -28,7 +28,10 @@ output, in every kind, so each offset's adds touch every row at most once, both 
 The kernel map is found with a hash table of the input sites, keys (sample, x, y, z) packed
 into one int64: built and queried by Warp kernels (the build on one CPU thread, as Warp's CPU
 atomics are plain operations; the queries on all cores; a query cell outside the inputs' box
-holds none). It is returned as a :class:`KernelMap` that layers with the same sites reuse. The
+holds none). Where each input reaches one output cell at most (kernel <= stride, no dilation, e.g.
+SpUNet's k2 s2 down-sampling) the roles swap: a table of the outputs, looked up once per input
+(the cell floor((c + p) / s), through the tap (c + p) mod s). It is returned as a
+:class:`KernelMap` that layers with the same sites reuse. The
 convolution gathers, per offset, the rows of the pairs, multiplies them by the offset's
 weight and adds them to their outputs with one ``index_add_`` (an offset hits each output at
 most once, so every row gets one add per offset, in offset order: deterministic on every device;
@@ -177,6 +180,78 @@ def _sample_ranks(ids: torch.Tensor, out_ids: torch.Tensor, n: int):
     return ranks, torch.where(values[where] == out_ids, where, -1), values.shape[0]
 
 
+def _duplicate(grid_coord: torch.Tensor, i: int):
+    return ValueError(
+        f"grid_coord has duplicate sites: site {i} ({', '.join(map(str, grid_coord[i].tolist()))}) appears twice in one sample. "
+        "Sparse convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
+    )
+
+
+def _table(rel: torch.Tensor, ids: torch.Tensor, span: list[int]):
+    """The hash table of the sites ``rel`` (relative to their box of ``span`` cells per axis) ->
+    (bits, keys, values, the first duplicate site + 1 or 0)."""
+    n = rel.shape[0]
+    bits = max(_GROUP + 1, math.ceil(math.log2(4 * n)))  # 4N to 8N slots
+    keys = torch.full((1 << bits,), -1, dtype=torch.int64, device=rel.device)
+    values = torch.empty(1 << bits, dtype=torch.int64, device=rel.device)
+    duplicate = torch.zeros(1, dtype=torch.int64, device=rel.device)
+    # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
+    _warp.launch(_hash_kernels()[0], n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=rel,
+                 min_chunk=n + 1)
+    return bits, keys, values, duplicate
+
+
+def _searched_map(c, ids, out_coord, out_ids, samples, low, span, kernel_size, stride, padding, dilation, validate):
+    """(K, M) neighbours: a table of the N inputs, looked up at every output's K cells."""
+    rel = (c - c.new_tensor(low)).contiguous()
+    origin = (out_coord * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)).contiguous()
+    bits, keys, values, duplicate = _table(rel, ids, span)
+    found = int(duplicate[0]) if validate else 0
+    if found:
+        raise _duplicate(c, found - 1)
+    k3, m = kernel_size[0] * kernel_size[1] * kernel_size[2], out_coord.shape[0]
+    neighbours = torch.empty((k3, m), dtype=torch.int64, device=c.device)  # the query writes every entry
+    _warp.launch(_hash_kernels()[1], m, [origin, out_ids.contiguous(), samples, *span, bits, keys, values, *kernel_size, *dilation,
+                                         neighbours], like=c, min_chunk=256)
+    return neighbours
+
+
+def _direct_map(c, ids, out_coord, out_ids, samples, kernel_size, stride, padding, validate):
+    """(K, M) neighbours where each input reaches one output cell at most (kernel <= stride, no
+    dilation: the cell floor((c + p) / s), through the tap (c + p) mod s): a table of the M outputs,
+    looked up once per input, the pairs scattered into place. None (use the search) where the outputs
+    are not unique, have samples without inputs, or span too many cells."""
+    host = torch.cat([out_coord.amin(0), out_coord.amax(0), out_ids.amin(0, keepdim=True)]).tolist()
+    low, span = host[0:3], [h - lo + 1 for lo, h in zip(host[0:3], host[3:6])]
+    if host[6] < 0 or float(samples) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
+        return None
+    bits, keys, values, duplicate = _table((out_coord - out_coord.new_tensor(low)).contiguous(), out_ids, span)
+    if int(duplicate[0]):
+        return None
+    q = c + c.new_tensor(padding)
+    step = c.new_tensor(stride)
+    tap, cell = torch.remainder(q, step), torch.div(q, step, rounding_mode="floor") - c.new_tensor(low)
+    hit = (tap < c.new_tensor(kernel_size)).all(1)
+    origin = torch.where(hit[:, None], cell, -1).contiguous()  # no tap lands: a cell outside the outputs' box
+    n, m = c.shape[0], out_coord.shape[0]
+    found = torch.empty((1, n), dtype=torch.int64, device=c.device)
+    _warp.launch(_hash_kernels()[1], n, [origin, ids.contiguous(), samples, *span, bits, keys, values, 1, 1, 1, 1, 1, 1, found],
+                 like=c, min_chunk=256)
+    found = found[0]
+    rows = (found >= 0).nonzero().view(-1)
+    k = (tap[:, 0] * kernel_size[1] + tap[:, 1]) * kernel_size[2] + tap[:, 2]
+    slot = k.index_select(0, rows) * m + found.index_select(0, rows)
+    neighbours = torch.full((kernel_size[0] * kernel_size[1] * kernel_size[2], m), -1, dtype=torch.int64, device=c.device)
+    flat = neighbours.view(-1)
+    flat.index_put_((slot,), rows)
+    if validate:  # two inputs on one (offset, output) pair are one site twice
+        kept = flat.index_select(0, slot)
+        lost = (kept != rows).nonzero().view(-1)
+        if lost.shape[0]:
+            raise _duplicate(c, max(int(rows[lost[0]]), int(kept[lost[0]])))
+    return neighbours
+
+
 def _map_pairs(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], out_coord: torch.Tensor, out_batch: Optional[torch.Tensor],
     kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], validate: bool,
@@ -207,25 +282,12 @@ def _map_pairs(
             f"grid_coord spans {span} sites per axis over {samples} samples: "
             "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
         )
-    rel = (c - c.new_tensor(low)).contiguous()
-    origin = (out_coord.to(torch.int64) * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)).contiguous()
-    bits = max(_GROUP + 1, math.ceil(math.log2(4 * n)))  # 4N to 8N slots
-    keys = torch.full((1 << bits,), -1, dtype=torch.int64, device=dev)
-    values = torch.empty(1 << bits, dtype=torch.int64, device=dev)
-    duplicate = torch.zeros(1, dtype=torch.int64, device=dev)
-    neighbours = torch.empty((k3, m), dtype=torch.int64, device=dev)  # the query writes every entry
-    build, query = _hash_kernels()
-    # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
-    _warp.launch(build, n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=grid_coord, min_chunk=n + 1)
-    found = int(duplicate[0]) if validate else 0
-    if found:
-        i = found - 1
-        raise ValueError(
-            f"grid_coord has duplicate sites: site {i} ({', '.join(map(str, grid_coord[i].tolist()))}) appears twice in one sample. "
-            "Sparse convolution needs unique sites (as spconv does); merge them first (e.g. pcops.grid_sample)"
-        )
-    _warp.launch(query, m, [origin, out_ids.contiguous(), samples, span[0], span[1], span[2], bits, keys, values,
-                            *kernel_size, *dilation, neighbours], like=grid_coord, min_chunk=256)
+    neighbours = None
+    if all(k <= s and d == 1 for k, s, d in zip(kernel_size, stride, dilation)):
+        neighbours = _direct_map(c, ids, out_coord.to(torch.int64), out_ids, samples, kernel_size, stride, padding, validate)
+    if neighbours is None:
+        neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, samples, low, span, kernel_size, stride, padding,
+                                   dilation, validate)
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, outputs ascending
     # pair is sorted: offset k's pairs are those in [k m, (k + 1) m)
@@ -281,7 +343,10 @@ def _conv_sites(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output sites of a strided convolution: every cell o of the output grid ``[0, out_shape)``
     with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset, sorted by
-    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64)."""
+    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64).
+
+    The candidates are built per axis (the taps that land on a cell: at most ceil(K / (s / gcd(d, s)))
+    of the K), N innermost, and deduplicated by one sort of their packed keys."""
     dev = grid_coord.device
     n = grid_coord.shape[0]
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
@@ -289,16 +354,31 @@ def _conv_sites(
     if float(id_high - id_low + 1) * out_shape[0] * out_shape[1] * out_shape[2] >= _KEY_LIMIT:
         raise ValueError(f"the output grid {out_shape} over {id_high - id_low + 1} samples is too wide for int64 keys (at most 2^62 cells)")
     c = grid_coord.to(torch.int64)
-    valid, cells = [], []
-    for axis in range(3):  # per axis: which taps a of each input land on an output cell, and which cell
-        taps = torch.arange(kernel_size[axis], device=dev) * dilation[axis]
-        q = c[:, axis : axis + 1] + padding[axis] - taps  # (N, K_axis) = o * stride when a cell
-        o = torch.div(q, stride[axis], rounding_mode="floor")
-        valid.append((o * stride[axis] == q) & (o >= 0) & (o < out_shape[axis]))
-        cells.append(o)
-    row, a, b, k = (valid[0][:, :, None, None] & valid[1][:, None, :, None] & valid[2][:, None, None, :]).nonzero(as_tuple=True)
     sx, sy, sz = out_shape
-    key = (((ids[row] - id_low) * sx + cells[0][row, a]) * sy + cells[1][row, b]) * sz + cells[2][row, k]
+    key, valid = (ids - id_low)[None, :], None
+    for axis, size in enumerate(out_shape):  # per axis: which taps a of each input land on an output cell, and which cell
+        k, s = kernel_size[axis], stride[axis]
+        taps = torch.arange(k, device=dev)[:, None] * dilation[axis]
+        q = c[:, axis] + padding[axis] - taps  # (K_axis, N) = o * stride when a cell
+        o = torch.div(q, s, rounding_mode="floor")
+        ok = o * s == q
+        # a tap lands on a cell iff a d = c + p (mod s): the taps a0, a0 + t, ... (a0 < t, t = s / gcd(d, s)),
+        # at most J = ceil(K / t) of them; keep those J rows, not all K
+        t = s // math.gcd(dilation[axis], s)
+        j = -(-k // t)
+        if j < k:
+            a = torch.zeros_like(c[:, axis])
+            for r in range(min(t, k) - 1, 0, -1):
+                a = torch.where(ok[r], r, a)
+            a = a + torch.arange(j, device=dev)[:, None] * t
+            inside = a < k
+            a = a.clamp_(max=k - 1)
+            ok, o = ok.gather(0, a) & inside, o.gather(0, a)
+        ok &= (o >= 0) & (o < size)
+        # the candidates (J_x, ..., N) of the axes so far, N innermost (contiguous broadcasts)
+        key = key.unsqueeze(-2) * size + o
+        valid = ok if valid is None else valid.unsqueeze(-2) & ok
+    key = key.masked_select(valid)
     key = torch.unique(key)  # sorted
     z, rest = key % sz, torch.div(key, sz, rounding_mode="floor")
     y, rest = rest % sy, torch.div(rest, sy, rounding_mode="floor")
