@@ -50,8 +50,11 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
     ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
     at run time made the insertion 1.2x slower on the CPU, in register pressure); () for one
     radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
-    a wider buffer). ``by_index``: every pair's key is 0, so a row keeps the K smallest
-    indices within the radius, ascending (the "first K" of :func:`_ball_query`'s ``by_index``).
+    a wider buffer). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
+    indices within the radius, ascending, in ``idx`` alone (``dists`` is not read or written),
+    and the test is the squared one, ``|q - p|^2 <= r^2`` (the "first K" of
+    :func:`_ball_query`'s ``by_index``): no square root per point and no distance column to
+    shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
     ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype)
@@ -63,6 +66,23 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
     first = Ints(*(c[0] for c in columns)) if columns else Ints()
     width = Ints(*(c[1] for c in columns)) if columns else Ints()
     last = radii - 1
+
+    @wp.func(module="unique")
+    def insert_index(idx: wp.array2d(dtype=wp.int64), i: int, n: int, j: wp.int64):
+        """Put j into row i of ``idx``, which holds the row's n smallest indices so far,
+        ascending; returns the new count (an index past a full row's last is dropped)."""
+        k = idx.shape[1]
+        last = wp.min(n, k - 1)
+        if n < k or j < idx[i, last]:
+            pos = last
+            while pos > 0:
+                if idx[i, pos - 1] < j:
+                    break
+                idx[i, pos] = idx[i, pos - 1]
+                pos = pos - 1
+            idx[i, pos] = j
+            return wp.min(n + 1, k)
+        return n
 
     @wp.kernel(enable_backward=False, module="unique")
     def search(
@@ -80,22 +100,27 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
         total = Ints()
         reach = radius[wp.static(last)]
         lo, hi = window(cells, i, q, reach)
+        if wp.static(by_index):
+            reach = reach * reach
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 first_j, last_j = run(cells, lo, hi, y, z)
                 for j in range(first_j, last_j):
-                    d = wp.length(q - cells.points[j])
-                    if d <= reach:
-                        key = d  # the insertion's key: the distance, or 0 (by index alone)
-                        if wp.static(by_index):
-                            key = s(0.0)
-                        for g in range(wp.static(radii)):  # unrolled: g, first[g], width[g] are constants
-                            if d <= radius[g]:
-                                total[g] = total[g] + 1
-                                if wp.static(len(columns) > 0):
-                                    n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], key, cells.order[j])
-                                else:
-                                    n[g] = insert(dists, idx, i, n[g], key, cells.order[j])
+                    if wp.static(by_index):  # squared, against reach^2; idx alone
+                        e = q - cells.points[j]
+                        if wp.dot(e, e) <= reach:
+                            total[0] = total[0] + 1
+                            n[0] = insert_index(idx, i, n[0], cells.order[j])
+                    else:
+                        d = wp.length(q - cells.points[j])
+                        if d <= reach:
+                            for g in range(wp.static(radii)):  # unrolled: g, first[g], width[g] are constants
+                                if d <= radius[g]:
+                                    total[g] = total[g] + 1
+                                    if wp.static(len(columns) > 0):
+                                        n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], d, cells.order[j])
+                                    else:
+                                        n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
         for g in range(wp.static(radii)):
             counts[i, slot[g]] = wp.int64(total[g])
 
@@ -137,7 +162,7 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
     if m == 0 or ref.shape[0] == 0:
         return idx, counts
     _warp.init()
-    dists = query.new_full((m, width), float("inf"))
+    dists = query.new_empty((0, width)) if by_index else query.new_full((m, width), float("inf"))  # (by_index: unused)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     groups = _groups(radii)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(groups) > 1 else None  # one host read for all
@@ -168,7 +193,10 @@ def _ball_query(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64).
     ``by_index``: idx holds the K smallest indices within the radius, ascending, instead of the
-    K closest (pcops.compat's "first K" caps); counts are the same."""
+    K closest (pcops.compat's "first K" caps), and a point is within it when
+    ``|q - p|^2 <= radius^2`` in the points' dtype (the squared test: at the boundary it may
+    differ from ``|q - p| <= radius`` by rounding; pcops.compat searches a widened radius and
+    tests exactly afterwards)."""
     _validate.positive_number("radius", radius)
     idx, counts = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
     return idx, counts[:, 0].clone()
