@@ -28,9 +28,10 @@ output, in every kind, so each offset's adds touch every row at most once, both 
 The kernel map is found with a hash table of the input sites, keys (sample, x, y, z) packed
 into one int64: built and queried by Warp kernels (the build on one CPU thread, as Warp's CPU
 atomics are plain operations; the queries on all cores; a query cell outside the inputs' box
-holds none). Where each input reaches one output cell at most (kernel <= stride, no dilation, e.g.
-SpUNet's k2 s2 down-sampling) the roles swap: a table of the outputs, looked up once per input
-(the cell floor((c + p) / s), through the tap (c + p) mod s). It is returned as a
+holds none). Where the inputs reach fewer cells than the outputs' K cells (a strided map: per
+axis at most ceil(K / (s / gcd(d, s))) taps of an input land on a cell, e.g. one in SpUNet's k2 s2
+down-sampling, two of three in a k3 s2) the roles swap: a table of the outputs, looked up at the
+cells each input reaches, the pairs scattered into place. It is returned as a
 :class:`KernelMap` that layers with the same sites reuse. The
 convolution gathers, per offset, the rows of the pairs, multiplies them by the offset's
 weight and adds them to their outputs with one ``index_add_`` (an offset hits each output at
@@ -216,11 +217,34 @@ def _searched_map(c, ids, out_coord, out_ids, samples, low, span, kernel_size, s
     return neighbours
 
 
-def _direct_map(c, ids, out_coord, out_ids, samples, kernel_size, stride, padding, validate):
-    """(K, M) neighbours where each input reaches one output cell at most (kernel <= stride, no
-    dilation: the cell floor((c + p) / s), through the tap (c + p) mod s): a table of the M outputs,
-    looked up once per input, the pairs scattered into place. None (use the search) where the outputs
-    are not unique, have samples without inputs, or span too many cells."""
+def _reach(c: torch.Tensor, kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int]):
+    """Per axis, the taps of each input that land on an output cell: a tap a lands iff a d = c + p
+    (mod s), i.e. a = a0, a0 + t, ... (a0 < t, t = s / gcd(d, s)): at most J = ceil(K / t) of the K,
+    on the cells o0, o0 - d / gcd(d, s), ... -> per axis (cells (J, N), lowest first; their taps
+    (J, N); where a tap lands (J, N); the cells' step)."""
+    axes = []
+    for axis in range(3):
+        k, s, d = kernel_size[axis], stride[axis], dilation[axis]
+        t = s // math.gcd(d, s)
+        q = c[:, axis] + padding[axis]
+        a0 = torch.full_like(q, -1)
+        for r in range(min(t, k) - 1, -1, -1):
+            a0 = torch.where(torch.remainder(q - r * d, s) == 0, r, a0)
+        tap = a0 + torch.arange(-(-k // t) - 1, -1, -1, device=c.device)[:, None] * t
+        axes.append((torch.div(q - tap * d, s, rounding_mode="floor"), tap, (a0 >= 0) & (tap < k), d // (s // t)))
+    return axes
+
+
+def _direct_map(c, ids, out_coord, out_ids, samples, kernel_size, stride, padding, dilation, validate):
+    """(K, M) neighbours from the inputs' side: a table of the M outputs, looked up at the J_x J_y J_z
+    cells each input reaches (:func:`_reach`), the pairs scattered into place. None (use the search)
+    where that is more lookups than the search's K M, or the outputs are not unique, have samples
+    without inputs or span too many cells."""
+    n, m = c.shape[0], out_coord.shape[0]
+    k3 = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    reached = math.prod(-(-k // (s // math.gcd(d, s))) for k, s, d in zip(kernel_size, stride, dilation))
+    if reached * n >= k3 * m:
+        return None
     host = torch.cat([out_coord.amin(0), out_coord.amax(0), out_ids.amin(0, keepdim=True)]).tolist()
     low, span = host[0:3], [h - lo + 1 for lo, h in zip(host[0:3], host[3:6])]
     if host[6] < 0 or float(samples) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
@@ -228,20 +252,21 @@ def _direct_map(c, ids, out_coord, out_ids, samples, kernel_size, stride, paddin
     bits, keys, values, duplicate = _table((out_coord - out_coord.new_tensor(low)).contiguous(), out_ids, span)
     if int(duplicate[0]):
         return None
-    q = c + c.new_tensor(padding)
-    step = c.new_tensor(stride)
-    tap, cell = torch.remainder(q, step), torch.div(q, step, rounding_mode="floor") - c.new_tensor(low)
-    hit = (tap < c.new_tensor(kernel_size)).all(1)
-    origin = torch.where(hit[:, None], cell, -1).contiguous()  # no tap lands: a cell outside the outputs' box
-    n, m = c.shape[0], out_coord.shape[0]
-    found = torch.empty((1, n), dtype=torch.int64, device=c.device)
-    _warp.launch(_hash_kernels()[1], n, [origin, ids.contiguous(), samples, *span, bits, keys, values, 1, 1, 1, 1, 1, 1, found],
-                 like=c, min_chunk=256)
-    found = found[0]
-    rows = (found >= 0).nonzero().view(-1)
-    k = (tap[:, 0] * kernel_size[1] + tap[:, 1]) * kernel_size[2] + tap[:, 2]
-    slot = k.index_select(0, rows) * m + found.index_select(0, rows)
-    neighbours = torch.full((kernel_size[0] * kernel_size[1] * kernel_size[2], m), -1, dtype=torch.int64, device=c.device)
+    axes = _reach(c, kernel_size, stride, padding, dilation)
+    origin = torch.stack([a[0][0] for a in axes], 1) - c.new_tensor(low)
+    jx, jy, jz = (a[0].shape[0] for a in axes)
+    found = torch.empty((reached, n), dtype=torch.int64, device=c.device)
+    _warp.launch(_hash_kernels()[1], n, [origin.contiguous(), ids.contiguous(), samples, *span, bits, keys, values, jx, jy, jz,
+                                         *(a[3] for a in axes), found], like=c, min_chunk=256)
+    k, ok = None, None
+    for (_cells, tap, hit, _step), size in zip(axes, kernel_size):
+        k = tap if k is None else k.unsqueeze(-2) * size + tap
+        ok = hit if ok is None else ok.unsqueeze(-2) & hit
+    ok = ok.reshape(-1, n) & (found >= 0)
+    where = ok.view(-1).nonzero().view(-1)
+    rows = torch.remainder(where, n)
+    slot = k.reshape(-1).index_select(0, where) * m + found.view(-1).index_select(0, where)
+    neighbours = torch.full((k3, m), -1, dtype=torch.int64, device=c.device)
     flat = neighbours.view(-1)
     flat.index_put_((slot,), rows)
     if validate:  # two inputs on one (offset, output) pair are one site twice
@@ -282,9 +307,7 @@ def _map_pairs(
             f"grid_coord spans {span} sites per axis over {samples} samples: "
             "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
         )
-    neighbours = None
-    if all(k <= s and d == 1 for k, s, d in zip(kernel_size, stride, dilation)):
-        neighbours = _direct_map(c, ids, out_coord.to(torch.int64), out_ids, samples, kernel_size, stride, padding, validate)
+    neighbours = _direct_map(c, ids, out_coord.to(torch.int64), out_ids, samples, kernel_size, stride, padding, dilation, validate)
     if neighbours is None:
         neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, samples, low, span, kernel_size, stride, padding,
                                    dilation, validate)
@@ -345,8 +368,8 @@ def _conv_sites(
     with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset, sorted by
     (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64).
 
-    The candidates are built per axis (the taps that land on a cell: at most ceil(K / (s / gcd(d, s)))
-    of the K), N innermost, and deduplicated by one sort of their packed keys."""
+    The candidates are the cells each input reaches (:func:`_reach`: per axis at most
+    ceil(K / (s / gcd(d, s))) of the K taps land), N innermost, deduplicated by one sort of their keys."""
     dev = grid_coord.device
     n = grid_coord.shape[0]
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
@@ -356,27 +379,10 @@ def _conv_sites(
     c = grid_coord.to(torch.int64)
     sx, sy, sz = out_shape
     key, valid = (ids - id_low)[None, :], None
-    for axis, size in enumerate(out_shape):  # per axis: which taps a of each input land on an output cell, and which cell
-        k, s = kernel_size[axis], stride[axis]
-        taps = torch.arange(k, device=dev)[:, None] * dilation[axis]
-        q = c[:, axis] + padding[axis] - taps  # (K_axis, N) = o * stride when a cell
-        o = torch.div(q, s, rounding_mode="floor")
-        ok = o * s == q
-        # a tap lands on a cell iff a d = c + p (mod s): the taps a0, a0 + t, ... (a0 < t, t = s / gcd(d, s)),
-        # at most J = ceil(K / t) of them; keep those J rows, not all K
-        t = s // math.gcd(dilation[axis], s)
-        j = -(-k // t)
-        if j < k:
-            a = torch.zeros_like(c[:, axis])
-            for r in range(min(t, k) - 1, 0, -1):
-                a = torch.where(ok[r], r, a)
-            a = a + torch.arange(j, device=dev)[:, None] * t
-            inside = a < k
-            a = a.clamp_(max=k - 1)
-            ok, o = ok.gather(0, a) & inside, o.gather(0, a)
-        ok &= (o >= 0) & (o < size)
+    for (o, _tap, ok, _step), size in zip(_reach(c, kernel_size, stride, padding, dilation), out_shape):
         # the candidates (J_x, ..., N) of the axes so far, N innermost (contiguous broadcasts)
         key = key.unsqueeze(-2) * size + o
+        ok = ok & (o >= 0) & (o < size)
         valid = ok if valid is None else valid.unsqueeze(-2) & ok
     key = key.masked_select(valid)
     key = torch.unique(key)  # sorted
