@@ -116,26 +116,30 @@ def squared(diff: torch.Tensor) -> torch.Tensor:
 
 
 def _first(query, ref, table, rows, found, bound, k: int, exclude_same: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Of a ball-query table (R, W >= k) of the queries ``rows``, each row ``found`` (R,) indices
-    in ascending order (the by-index search), then -1: (the first k of them with squared
-    distance < bound, and j != row if ``exclude_same``, -1 padded, as (R, k); whether fewer
-    than k pass, (R,)). The exact test runs on the found entries only; the rows that lose an
-    entry to it (few but for ``exclude_same``, which drops each query itself) are compacted."""
-    dev, (r, w) = table.device, table.shape
-    local = torch.arange(r, device=dev).repeat_interleave(found)  # the row and column of each found entry
-    col = torch.arange(local.shape[0], device=dev) - (found.cumsum(0) - found).index_select(0, local)
-    at = rows.index_select(0, local)
-    j = table.view(-1).index_select(0, local * w + col)
-    ok = squared(query.index_select(0, at) - ref.index_select(0, j)) < bound
+    """Of a ball-query table (R, W >= k) of the queries ``rows`` (None: all of them, in order),
+    each row ``found`` (R,) indices in ascending order (the by-index search), then -1: (the
+    first k of them with squared distance < bound, and j != row if ``exclude_same``, -1
+    padded, as (R, k); whether fewer than k pass, (R,)). The exact test runs on the found
+    entries only; the rows that lose an entry to it (few but for ``exclude_same``, which drops
+    each query itself) are compacted."""
+    dev, r = table.device, table.shape[0]
+    j = table.masked_select(table >= 0)  # the found entries, row by row
+    local = torch.arange(r, device=dev).repeat_interleave(found, output_size=j.shape[0])  # the row of each
+    at = local if rows is None else rows.index_select(0, local)
+    diff = ref.index_select(0, j).sub_(query.index_select(0, at))  # p - q: the same squares as q - p
+    diff.mul_(diff)
+    ok = (diff[:, 0] + diff[:, 1]).add_(diff[:, 2]) < bound  # summed left to right, as squared()
     if exclude_same:
         ok &= j != at
     out = table[:, :k].clone()
     short = found < k
     lost = (~ok).nonzero().squeeze(1)
     if lost.numel():  # compact the rows that lost an entry
-        sick = torch.zeros(r, dtype=torch.bool, device=dev).index_fill_(0, local[lost], True).nonzero().squeeze(1)
+        row = local.index_select(0, lost)
+        col = lost - (found.cumsum(0) - found).index_select(0, row)
+        sick = torch.zeros(r, dtype=torch.bool, device=dev).index_fill_(0, row, True).nonzero().squeeze(1)
         keep = table.index_select(0, sick) >= 0
-        keep[torch.searchsorted(sick, local[lost]), col[lost]] = False
+        keep[torch.searchsorted(sick, row), col] = False
         place = keep.cumsum(1) - 1  # an entry's column in the result
         kept_r, kept_c = (keep & (place < k)).nonzero(as_tuple=True)
         part = table.new_full((sick.shape[0], k), -1)
@@ -170,10 +174,9 @@ def first_within(
     # pcops' ball-query op keyed by index: the cols smallest indices within the widened radius
     # (a superset of the points the exact test keeps) and how many there are
     idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group, True)
-    rows = torch.arange(m, device=query.device)
-    out, short = _first(query, ref, idx, rows, counts.clamp(max=cols), bound_t, k, exclude_same)
+    out, short = _first(query, ref, idx, None, counts.clamp(max=cols), bound_t, k, exclude_same)
     # exact unless a query kept fewer than k and found more than cols: search those again with room for all
-    over = rows[short & (counts > cols)]
+    over = (short & (counts > cols)).nonzero().squeeze(1)
     if over.numel():
         wide_group = None if query_group is None else query_group[over]
         wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group, True)
