@@ -490,3 +490,13 @@ def test_max_pool_equals_spconv_forward_on_non_negative_features(gen):
     a, b = sort_rows(ours.indices, ours.features), sort_rows(theirs.indices, theirs.features)
     assert torch.equal(a[0], b[0])
     torch.testing.assert_close(a[1], b[1])
+
+
+@pytest.mark.parametrize("kernel_size,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 0)], ids=["k2s2", "k3s2p1", "k3s1"])
+def test_strided_conv_rejects_duplicate_sites(gen, kernel_size, stride, padding):
+    x = random_tensor(gen)
+    dup = sp.SparseConvTensor(torch.cat([x.features, x.features[5:6]]), torch.cat([x.indices, x.indices[5:6]]), x.spatial_shape, x.batch_size)
+    conv = sp.SparseConv3d(3, 4, kernel_size, stride=stride, padding=padding).double()
+    conv(x)  # unique sites: fine
+    with pytest.raises(ValueError, match="duplicate"):
+        conv(dup)
