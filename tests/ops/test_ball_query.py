@@ -145,6 +145,17 @@ def test_the_op_by_index_keeps_the_smallest_indices_within_the_radius(gen, dtype
         assert torch.equal(counts, torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp)[1])
 
 
+
+def test_the_op_by_index_passes_opcheck_and_terminates_on_nan(gen):
+    p = torch.rand(300, 3, generator=gen, dtype=F64)
+    q = torch.rand(40, 3, generator=gen, dtype=F64)
+    gp, gq = torch.arange(300) // 150, torch.arange(40) // 20
+    torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, gq, gp, True))
+    torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, None, None, True))
+    p[5], q[3] = float("nan"), float("inf")  # validate=False: terminates, and no NaN point is ever within the radius
+    idx, counts = torch.ops.pcops.ball_query(q, p, 0.2, 9, False, None, None, True)
+    assert not (idx == 5).any() and counts[3] == 0
+
 def test_ties_go_to_the_smaller_index():
     axes = torch.cat([torch.eye(3), -torch.eye(3)]).double()
     p = torch.cat([axes, axes])[torch.tensor([7, 3, 11, 0, 9, 1, 5, 10, 2, 6, 4, 8])]
