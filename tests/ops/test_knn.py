@@ -556,15 +556,17 @@ def _samples(gen, with_features=False):
 
 
 def _search_op_cases(gen):
-    """Every CPU search op, both dtypes, single cloud and grouped (packed) inputs."""
+    """Every installed search op on the devices it runs on, both dtypes, single cloud and grouped (packed) inputs."""
     cases = []
-    for backend in CPU_BACKENDS:
-        op = knn_module.BACKENDS[backend].op._opoverload
+    for backend in knn_module.BACKENDS.values():
+        if not backend.available():
+            continue
+        op, devices = backend.op._opoverload, backend.devices
         for dtype in (torch.float32, F64):
             q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
             qg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32)
             rg = torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
-            cases += [(op, (q, p, 4, True)), (op, (q, p, 4, True, qg, rg))]
+            cases += [(op, (q, p, 4, True), devices), (op, (q, p, 4, True, qg, rg), devices)]
     return cases
 
 
