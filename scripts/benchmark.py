@@ -204,6 +204,26 @@ def measure(net: nn.Module, inputs: tuple, device, iters: int, budget_s: float) 
     return {"forward_ms": round(fwd, 3), "train_step_ms": round(train, 3), "peak_mem_mb": _peak_mb(device, base)}
 
 
+def measured(row: dict, fields: tuple, figures, peer: bool) -> dict:
+    """``row`` updated with ``figures()`` (a dict of its timings), or, when they cannot be had, with
+    None for each of ``fields`` and a note: "skipped: ..." (a peer not installed), "out of memory
+    (...)", or "failed: <the error's first line>" when a peer's call raises a RuntimeError on this
+    device (torch's batched eigh on CUDA raised a cuSOLVER error). pcops' own RuntimeErrors are
+    raised: the benchmark does not hide a failing op. The rows of the models, bare ops,
+    geometry and sampling sections go through here."""
+    try:
+        row.update(figures())
+    except (torch.OutOfMemoryError, MemoryError) as err:  # before RuntimeError: torch's is one
+        row.update(dict.fromkeys(fields), note=f"out of memory ({type(err).__name__})")
+    except ImportError as err:
+        row.update(dict.fromkeys(fields), note=f"skipped: {err}")
+    except RuntimeError as err:
+        if not peer:
+            raise
+        row.update(dict.fromkeys(fields), note=f"failed: {(str(err).strip().splitlines() or [type(err).__name__])[0]}")
+    return row
+
+
 class _OpNet(nn.Module):
     """A bare op as a module with features as its parameter (so a train step has gradients)."""
 
@@ -282,12 +302,11 @@ def run_models(args, device) -> list[dict]:
         ours = {}  # the pcops variants: timed again, taking turns (eager against compiled)
         for variant, net, note in model_variants(kind, device, args.hidden):
             row = {"model": kind, "variant": variant, "n_ref": n_ref, "n_query": queries.shape[1], "note": note}
-            try:
-                row.update(measure(net, (points, queries), device, args.iters, args.budget))
-                if variant.startswith("pcops"):
-                    ours[variant] = row, _steps(net, (points, queries))
-            except (torch.OutOfMemoryError, MemoryError) as err:
-                row.update(forward_ms=None, train_step_ms=None, peak_mem_mb=None, note=f"out of memory ({type(err).__name__})")
+            mine = variant.startswith("pcops")
+            measured(row, ("forward_ms", "train_step_ms", "peak_mem_mb"),
+                     lambda net=net: measure(net, (points, queries), device, args.iters, args.budget), peer=not mine)
+            if mine and row["forward_ms"] is not None:
+                ours[variant] = row, _steps(net, (points, queries))
             results.append(row)
             if variant not in ours:
                 print(_format(row), flush=True)
@@ -315,7 +334,10 @@ def run_rmm_variant(args) -> list[dict]:
            "--knn-points", str(args.knn_points), "--radius-points", str(args.radius_points), "--grid", str(args.grid),
            "--hidden", str(args.hidden), "--budget", str(args.budget)]
     subprocess.run(cmd, check=True)
-    return json.loads(out.read_text())["results"]
+    rows = json.loads(out.read_text())["results"]
+    for row in rows:  # printed too: a log without the JSON keeps them
+        print(_format(row), flush=True)
+    return rows
 
 
 def rmm_child(args) -> None:
@@ -350,7 +372,9 @@ def run_ops(args, device, sizes=None, sweep: bool = False) -> list[dict]:
         variants = [("pcops_eager", ours)] + ([("scipy_torch", peer)] if device.type == "cpu" else [])
         for variant, fn in variants:
             row = {"model": op, "variant": variant, "n_ref": n_ref, "n_query": n_query, "note": "sweep" if sweep else ""}
-            row.update(measure(_OpNet(fn, features), (query, ref), device, args.iters, args.budget))
+            measured(row, ("forward_ms", "train_step_ms", "peak_mem_mb"),
+                     lambda fn=fn: measure(_OpNet(fn, features), (query, ref), device, args.iters, args.budget),
+                     peer=not variant.startswith("pcops"))
             results.append(row)
             print(_format(row), flush=True)
     return results
@@ -652,9 +676,13 @@ def run_sampling(args, device) -> list[dict]:
     rows = []
     for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n, fn, note, *s in _sampling_cases(args, device, shape):
-            ms = None if fn is None else round(median_ms(fn, repeats=args.iters, budget_s=args.budget, device=device), 3)
-            rows.append({"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": ms, "note": note})
-            print(f"{op:<28} {variant:<24} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {note}", flush=True)
+            row = {"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": None, "note": note}
+            if fn is not None:
+                measured(row, ("ms",), lambda fn=fn: {"ms": round(median_ms(fn, repeats=args.iters, budget_s=args.budget, device=device), 3)},
+                         peer=not variant.startswith("pcops"))
+            rows.append(row)
+            ms = row["ms"]
+            print(f"{op:<28} {variant:<24} {shape:<10} n={n:>9,} {'-' if ms is None else f'{ms:,.1f}':>10} ms  {row['note']}", flush=True)
     rows += run_mesh_sampling(args, device)
     key = lambda r: (r["op"], r["cloud"], r["n"], r["s"])  # noqa: E731
     ours = {key(r): r for r in rows if r["variant"] == "pcops" and r["ms"]}
@@ -709,13 +737,28 @@ def cdist_chamfer(x, y):
     return d.min(1).values.mean() + d.min(0).values.mean()
 
 
+EIGH_CHUNK = 16_384  # 3 x 3 matrices per torch.linalg.eigh call on CUDA (see smallest_eigenvectors)
+
+
+def smallest_eigenvectors(cov, chunk: int | None = None):
+    """The eigenvector of the smallest eigenvalue of each symmetric matrix of ``cov`` (B, 3, 3):
+    torch.linalg.eigh in one call, or in calls of ``chunk`` matrices. On CUDA one call of 100,000
+    matrices raised CUSOLVER_STATUS_INTERNAL_ERROR in cusolverDnXsyevBatched (H200, torch
+    2.11.0+cu130; 5,000 ran), so the peer runs it in chunks there; every matrix is solved alone
+    either way, so the chunks change no value."""
+    if chunk is None or cov.shape[0] <= chunk:
+        return torch.linalg.eigh(cov).eigenvectors[..., 0]
+    return torch.cat([torch.linalg.eigh(part).eigenvectors[..., 0] for part in cov.split(chunk)])
+
+
 def torch_normals(points, k: int):
-    """PyTorch3D's estimate_pointcloud_normals method in torch: kNN, covariances, torch.linalg.eigh."""
+    """PyTorch3D's estimate_pointcloud_normals method in torch: kNN, covariances, torch.linalg.eigh
+    (one call on the CPU, chunks of EIGH_CHUNK matrices on CUDA)."""
     idx = _knn_indices_peer(points, points, k)
     nb = points[idx]
     centred = nb - nb.mean(1, keepdim=True)
     cov = centred.transpose(1, 2) @ centred / k
-    return torch.linalg.eigh(cov).eigenvectors[..., 0]
+    return smallest_eigenvectors(cov, None if points.device.type == "cpu" else EIGH_CHUNK)
 
 
 def scipy_radius_max(query, ref, features, radius: float):
@@ -786,13 +829,15 @@ def run_geometry(args, device) -> list[dict]:
     for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n_ref, n_query, forward, loss in _geometry_cases(device, sizes, shape):
             row = {"model": op, "variant": variant, "cloud": shape, "n_ref": n_ref, "n_query": n_query, "peak_mem_mb": None, "note": ""}
-            try:
+
+            def figures(forward=forward, loss=loss):
                 with torch.no_grad():
-                    row["forward_ms"] = round(median_ms(forward, repeats=args.iters, budget_s=args.budget, device=device), 3)
-                row["train_step_ms"] = None if loss is None else round(
+                    fwd = round(median_ms(forward, repeats=args.iters, budget_s=args.budget, device=device), 3)
+                step = None if loss is None else round(
                     median_ms(lambda: loss().backward(), repeats=args.iters, budget_s=args.budget, device=device), 3)
-            except ImportError as err:
-                row.update(forward_ms=None, train_step_ms=None, note=f"skipped: {err}")
+                return {"forward_ms": fwd, "train_step_ms": step}
+
+            measured(row, ("forward_ms", "train_step_ms"), figures, peer=not variant.startswith("pcops"))
             results.append(row)
             print(_format(row) + f" {shape}", flush=True)
     by = {(r["model"], r["cloud"], r["variant"]): r for r in results if r.get("forward_ms")}

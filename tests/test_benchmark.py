@@ -5,7 +5,9 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 from tests import op_table
 
@@ -143,6 +145,70 @@ def test_gpu_benchmark_with_the_rmm_child_reports_peaks(tmp_path):
             pytest.skip("rmm is not installed: pip install pcops[cuda12]")
         assert r["forward_ms"] > 0 and r["peak_mem_mb"] > 0, r
     assert {r["model"] for r in rows if r["variant"] == "pcops_rmm"} == {"knn_projector", "radius_projector"}
+
+
+def test_a_peer_failing_at_run_time_gets_an_empty_row_with_the_error_and_pcops_errors_are_raised():
+    bench = _script("benchmark")
+    fields = ("forward_ms", "train_step_ms")
+
+    def raising(err):
+        def figures():
+            raise err
+        return figures
+
+    cusolver = RuntimeError("cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `x`.\nIf you keep seeing this error")
+    row = bench.measured({"variant": "pytorch3d_torch", "note": ""}, fields, raising(cusolver), peer=True)
+    assert row == {"variant": "pytorch3d_torch", "forward_ms": None, "train_step_ms": None,
+                   "note": "failed: cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `x`."}
+    with pytest.raises(RuntimeError, match="CUSOLVER"):  # pcops' own failure is not hidden
+        bench.measured({"variant": "pcops_eager", "note": ""}, fields, raising(cusolver), peer=False)
+    oom = bench.measured({"note": ""}, fields, raising(torch.OutOfMemoryError("CUDA out of memory")), peer=False)
+    assert oom["forward_ms"] is None and oom["note"] == "out of memory (OutOfMemoryError)"
+    missing = bench.measured({"note": ""}, fields, raising(ImportError("No module named 'open3d'")), peer=True)
+    assert missing["train_step_ms"] is None and missing["note"] == "skipped: No module named 'open3d'"
+    fine = bench.measured({"note": "x"}, fields, lambda: {"forward_ms": 1.5, "train_step_ms": 2.5}, peer=True)
+    assert fine == {"note": "x", "forward_ms": 1.5, "train_step_ms": 2.5}
+
+
+def test_the_geometry_section_goes_on_past_a_failing_peer(monkeypatch):
+    """The GPU run stopped at the torch normals peer's cuSOLVER error; now its row says so and the
+    section's other rows are timed."""
+    bench = _script("benchmark")
+
+    def torch_normals(points, k):
+        raise RuntimeError("cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR\nmore")
+
+    monkeypatch.setattr(bench, "torch_normals", torch_normals)
+    args = bench.argparse.Namespace(quick=True, iters=1, budget=1.0)
+    rows = {(r["model"], r["variant"]): r for r in bench.run_geometry(args, torch.device("cpu"))}
+    failed = rows[("estimate_normals", "pytorch3d_torch")]
+    assert failed["forward_ms"] is None and failed["train_step_ms"] is None
+    assert failed["note"] == "failed: cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR"
+    for key in (("estimate_normals", "pcops_eager"), ("radius_max", "pcops_eager"), ("radius_max", "scipy_torch")):
+        assert rows[key]["forward_ms"] > 0 and rows[key]["train_step_ms"] > 0, key
+
+
+def test_the_torch_normals_peer_solves_in_chunks_the_same_eigenvectors(monkeypatch):
+    bench = _script("benchmark")
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(20, 3, 3, generator=g, dtype=torch.float64)
+    cov = a @ a.transpose(1, 2)
+    sizes = []
+    eigh = torch.linalg.eigh
+    monkeypatch.setattr(torch.linalg, "eigh", lambda m: sizes.append(m.shape[0]) or eigh(m))
+    chunked = bench.smallest_eigenvectors(cov, chunk=7)
+    assert sizes == [7, 7, 6]
+    sizes.clear()
+    whole = bench.smallest_eigenvectors(cov)
+    assert sizes == [20]
+    w, v = np.linalg.eigh(cov.numpy())  # ascending eigenvalues: column 0 is the smallest's
+    for got in (chunked, whole):
+        cos = np.abs(np.einsum("bi,bi->b", got.numpy(), v[:, :, 0]))  # an eigenvector's sign is free
+        np.testing.assert_allclose(cos, 1.0, atol=1e-12)
+    sizes.clear()
+    points = torch.randn(300, 3, generator=g)
+    normals = bench.torch_normals(points, 16)  # the CPU path: one call, as before
+    assert sizes == [300] and normals.shape == (300, 3)
 
 
 def test_ratios_are_put_in_words_the_right_way_round():
