@@ -34,7 +34,7 @@ FACTORIES = [
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells box {d}", _cells._box_kernel, (d,)) for d in (F32, F64)],
     ("cells counting sort", _cells._counting_sort_kernel, ()),
-    ("sparse conv kernel map hash", importlib.import_module("pcops.ops.sparse.sparse_conv")._hash_kernels, ()),
+    ("sparse conv kernel map merge", importlib.import_module("pcops.ops.sparse.sparse_conv")._merge_kernel, ()),
     *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.geometry.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
     *[(f"segment {r} {d}", importlib.import_module("pcops.ops.sparse.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),

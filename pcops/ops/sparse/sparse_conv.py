@@ -25,13 +25,13 @@ input reaches (``pcops::sparse_conv_sites``, a data-dependent count declared wit
 swapped. Each offset pairs an output with at most one input and an input with at most one
 output, in every kind, so each offset's adds touch every row at most once, both ways.
 
-The kernel map is found with a hash table of the input sites, keys (sample, x, y, z) packed
-into one int64: built and queried by Warp kernels (the build on one CPU thread, as Warp's CPU
-atomics are plain operations; the queries on all cores; a query cell outside the inputs' box
-holds none). Where the inputs reach fewer cells than the outputs' K cells (a strided map: per
-axis at most ceil(K / (s / gcd(d, s))) taps of an input land on a cell, e.g. one in SpUNet's k2 s2
-down-sampling, two of three in a k3 s2) the roles swap: a table of the outputs, looked up at the
-cells each input reaches, the pairs scattered into place. It is returned as a
+The kernel map is found by sorting: the input sites' keys (sample, x, y, z) packed into one
+int64 are sorted once, and a Warp kernel walks them along the output cells in key order, one
+thread per two leading taps (a, b) of the offsets and block of outputs: a binary search for the
+block's first cell, then a merge (the cells of every output shift by the same key step per
+offset, so they stay in order; a cell outside the inputs' box holds none). A submanifold map's
+outputs are its inputs, in the order already sorted; a strided map's outputs are sorted once
+more. It is returned as a
 :class:`KernelMap` that layers with the same sites reuse. The
 convolution gathers, per offset, the rows of the pairs, multiplies them by the offset's
 weight and adds them to their outputs with one ``index_add_`` (an offset hits each output at
@@ -52,9 +52,9 @@ import warp as wp
 
 from ... import _batch, _deprecated, _validate, _warp
 
-_GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing multiplier (2^64 / golden ratio)
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
-_GROUP = 3  # keys equal but for their low 3 bits (z-neighbours) hash to one run of 8 slots (one cache line)
+_SENTINEL = 2**63 - 1  # after the last input key: above every query
+_BLOCK, _CUDA_BLOCK = 128, 8  # outputs per thread of the map's query (one binary search, then a walk)
 
 
 class KernelMap(NamedTuple):
@@ -76,60 +76,21 @@ class KernelMap(NamedTuple):
 
 
 @_warp.kernels
-def _hash_kernels():
-    """(build, query) kernels of the open-addressing hash table of packed site keys."""
-
-    @wp.func
-    def slot(key: wp.int64, bits: int):
-        # the Fibonacci hash of key // 8 picks an aligned run of 8 slots, key % 8 the slot in it
-        g = wp.uint64(_GROUP)
-        u = wp.uint64(key)
-        h = (u >> g) * wp.uint64(_GOLDEN)
-        return int(((h >> (wp.uint64(64 - bits) + g)) << g) | (u & ((wp.uint64(1) << g) - wp.uint64(1))))
-
-    @wp.func
-    def pack(sample: wp.int64, x: wp.int64, y: wp.int64, z: wp.int64, sy: wp.int64, sz: wp.int64, sx: wp.int64):
-        return ((sample * sx + x) * sy + y) * sz + z
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def build(
-        start: int,
-        rel: wp.array2d(dtype=wp.int64),
-        ids: wp.array(dtype=wp.int64),
-        sx: wp.int64,
-        sy: wp.int64,
-        sz: wp.int64,
-        bits: int,
-        keys: wp.array(dtype=wp.int64),
-        values: wp.array(dtype=wp.int64),
-        duplicate: wp.array(dtype=wp.int64),
-    ):
-        i = wp.tid() + start
-        key = pack(ids[i], rel[i, 0], rel[i, 1], rel[i, 2], sy, sz, sx)
-        mask = keys.shape[0] - 1
-        h = slot(key, bits)
-        for _probe in range(keys.shape[0]):
-            prev = wp.atomic_cas(keys, h, wp.int64(-1), key)
-            if prev == wp.int64(-1):
-                values[h] = wp.int64(i)
-                return
-            if prev == key:
-                duplicate[0] = wp.int64(i) + wp.int64(1)
-                return
-            h = (h + 1) & mask
+def _merge_kernel():
+    """The query of the kernel map: sorted input keys against sorted output cells, one merge per offset."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def query(
         start: int,
-        origin: wp.array2d(dtype=wp.int64),
-        qids: wp.array(dtype=wp.int64),
-        samples: wp.int64,
+        block: int,
+        keys: wp.array(dtype=wp.int64),
+        order: wp.array(dtype=wp.int64),
+        qkey: wp.array(dtype=wp.int64),
+        qpos: wp.array2d(dtype=wp.int64),
+        qrow: wp.array(dtype=wp.int64),
         sx: wp.int64,
         sy: wp.int64,
         sz: wp.int64,
-        bits: int,
-        keys: wp.array(dtype=wp.int64),
-        values: wp.array(dtype=wp.int64),
         kx: int,
         ky: int,
         kz: int,
@@ -138,34 +99,52 @@ def _hash_kernels():
         dz: int,
         neighbours: wp.array2d(dtype=wp.int64),
     ):
-        # output i reads the input at origin[i] + (a dx, b dy, c dz) (origin: o s - p, relative to the
-        # inputs' box); a cell outside the box or a sample without inputs holds none
-        i = wp.tid() + start  # neighbours is (K, M): the pairs come out offset by offset
-        mask = keys.shape[0] - 1
-        sample = qids[i]
-        for a in range(kx):
-            x = origin[i, 0] + wp.int64(a * dx)
-            for b in range(ky):
-                y = origin[i, 1] + wp.int64(b * dy)
-                for c in range(kz):
-                    z = origin[i, 2] + wp.int64(c * dz)
-                    found = wp.int64(-1)
-                    inside = sample >= wp.int64(0) and sample < samples
-                    inside = inside and x >= wp.int64(0) and x < sx and y >= wp.int64(0) and y < sy
-                    if inside and z >= wp.int64(0) and z < sz:
-                        key = pack(sample, x, y, z, sy, sz, sx)
-                        h = slot(key, bits)
-                        for _probe in range(keys.shape[0]):
-                            t = keys[h]
-                            if t == key:
-                                found = values[h]
-                                break
-                            if t == wp.int64(-1):
-                                break
-                            h = (h + 1) & mask
-                    neighbours[(a * ky + b) * kz + c, i] = found
+        # thread: one (a, b) of the offsets and one block of the outputs in key order; output i
+        # reads, through offset (a, b, c), the input whose key is qkey[i] + (a dx sy + b dy) sz + c dz,
+        # if that cell (qpos[i] + the offset) is in the inputs' box. The queries of a block ascend,
+        # so after one binary search the input keys (ascending, ending in a sentinel above every
+        # query) are walked once for c = 0; the other c continue from there.
+        m = qkey.shape[0]
+        t = wp.tid() + start
+        blocks = (m + block - 1) // block
+        row = t // blocks
+        lo = (t - row * blocks) * block
+        hi = wp.min(lo + block, m)
+        a = row // ky
+        b = row - a * ky
+        ox = wp.int64(a * dx)
+        oy = wp.int64(b * dy)
+        step = (ox * sy + oy) * sz
+        target = qkey[lo] + step
+        p = int(0)
+        h = keys.shape[0] - 1
+        while p < h:
+            mid = (p + h) // 2
+            if keys[mid] < target:
+                p = mid + 1
+            else:
+                h = mid
+        first = row * kz
+        for i in range(lo, hi):
+            q = qkey[i] + step
+            while keys[p] < q:
+                p += 1
+            x = qpos[i, 1] + ox
+            y = qpos[i, 2] + oy
+            inside = qpos[i, 0] >= wp.int64(0) and x >= wp.int64(0) and x < sx and y >= wp.int64(0) and y < sy
+            out = qrow[i]
+            r = p
+            for c in range(kz):
+                z = qpos[i, 3] + wp.int64(c * dz)
+                qc = q + wp.int64(c * dz)
+                while keys[r] < qc:
+                    r += 1
+                found = wp.int64(-1)
+                if inside and z >= wp.int64(0) and z < sz and keys[r] == qc:
+                    found = order[r]
+                neighbours[first + c, out] = found
 
-    return build, query
+    return query
 
 
 def _sample_ranks(ids: torch.Tensor, out_ids: torch.Tensor, n: int):
@@ -188,32 +167,30 @@ def _duplicate(grid_coord: torch.Tensor, i: int):
     )
 
 
-def _table(rel: torch.Tensor, ids: torch.Tensor, span: list[int]):
-    """The hash table of the sites ``rel`` (relative to their box of ``span`` cells per axis) ->
-    (bits, keys, values, the first duplicate site + 1 or 0)."""
-    n = rel.shape[0]
-    bits = max(_GROUP + 1, math.ceil(math.log2(4 * n)))  # 4N to 8N slots
-    keys = torch.full((1 << bits,), -1, dtype=torch.int64, device=rel.device)
-    values = torch.empty(1 << bits, dtype=torch.int64, device=rel.device)
-    duplicate = torch.zeros(1, dtype=torch.int64, device=rel.device)
-    # the build on one CPU thread: Warp's CPU compare-and-swap is not atomic across threads
-    _warp.launch(_hash_kernels()[0], n, [rel, ids, span[0], span[1], span[2], bits, keys, values, duplicate], like=rel,
-                 min_chunk=n + 1)
-    return bits, keys, values, duplicate
-
-
-def _searched_map(c, ids, out_coord, out_ids, samples, low, span, kernel_size, stride, padding, dilation, validate):
-    """(K, M) neighbours: a table of the N inputs, looked up at every output's K cells."""
-    rel = (c - c.new_tensor(low)).contiguous()
-    origin = (out_coord * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)).contiguous()
-    bits, keys, values, duplicate = _table(rel, ids, span)
-    found = int(duplicate[0]) if validate else 0
-    if found:
-        raise _duplicate(c, found - 1)
-    k3, m = kernel_size[0] * kernel_size[1] * kernel_size[2], out_coord.shape[0]
-    neighbours = torch.empty((k3, m), dtype=torch.int64, device=c.device)  # the query writes every entry
-    _warp.launch(_hash_kernels()[1], m, [origin, out_ids.contiguous(), samples, *span, bits, keys, values, *kernel_size, *dilation,
-                                         neighbours], like=c, min_chunk=256)
+def _searched_map(c, ids, out_coord, out_ids, low, span, kernel_size, stride, padding, dilation, validate):
+    """(K, M) neighbours: the inputs' packed keys sorted, and the outputs' cells in key order walked
+    along them, one merge per offset and block of outputs (:func:`_merge_kernel`)."""
+    m, dev = out_coord.shape[0], c.device
+    k3 = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    rel = c - c.new_tensor(low)
+    keys, order = torch.sort(((ids * span[0] + rel[:, 0]) * span[1] + rel[:, 1]) * span[2] + rel[:, 2])
+    if validate:
+        same = (keys[1:] == keys[:-1]).nonzero()
+        if same.shape[0]:
+            first = int(same[0, 0])
+            raise _duplicate(c, max(int(order[first]), int(order[first + 1])))
+    origin = out_coord * c.new_tensor(stride) - c.new_tensor(padding) - c.new_tensor(low)
+    if stride == [1, 1, 1] and out_coord.shape == c.shape and torch.equal(out_coord, c) and torch.equal(out_ids, ids):
+        # outputs = inputs (a submanifold map): their cells' keys are the inputs' keys, shifted
+        qrow, qkey = order, keys - ((padding[0] * span[1] + padding[1]) * span[2] + padding[2])
+    else:
+        qkey, qrow = torch.sort(((out_ids * span[0] + origin[:, 0]) * span[1] + origin[:, 1]) * span[2] + origin[:, 2])
+    qpos = torch.cat([out_ids[:, None], origin], 1).index_select(0, qrow)
+    keys = torch.cat([keys, keys.new_full((1,), _SENTINEL)])
+    neighbours = torch.empty((k3, m), dtype=torch.int64, device=dev)  # the query writes every entry
+    block = _BLOCK if dev.type == "cpu" else _CUDA_BLOCK
+    _warp.launch(_merge_kernel(), kernel_size[0] * kernel_size[1] * -(-m // block), [block, keys, order, qkey, qpos, qrow, *span, *kernel_size, *dilation,
+                                                        neighbours], like=c, min_chunk=8)
     return neighbours
 
 
@@ -233,48 +210,6 @@ def _reach(c: torch.Tensor, kernel_size: list[int], stride: list[int], padding: 
         tap = a0 + torch.arange(-(-k // t) - 1, -1, -1, device=c.device)[:, None] * t
         axes.append((torch.div(q - tap * d, s, rounding_mode="floor"), tap, (a0 >= 0) & (tap < k), d // (s // t)))
     return axes
-
-
-def _direct_map(c, ids, out_coord, out_ids, samples, kernel_size, stride, padding, dilation, validate):
-    """(K, M) neighbours from the inputs' side: a table of the M outputs, looked up at the J_x J_y J_z
-    cells each input reaches (:func:`_reach`), the pairs scattered into place. None (use the search)
-    where that is more lookups than the search's K M, or the outputs are not unique, have samples
-    without inputs or span too many cells."""
-    n, m = c.shape[0], out_coord.shape[0]
-    k3 = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    reached = math.prod(-(-k // (s // math.gcd(d, s))) for k, s, d in zip(kernel_size, stride, dilation))
-    if reached * n >= k3 * m:
-        return None
-    host = torch.cat([out_coord.amin(0), out_coord.amax(0), out_ids.amin(0, keepdim=True)]).tolist()
-    low, span = host[0:3], [h - lo + 1 for lo, h in zip(host[0:3], host[3:6])]
-    if host[6] < 0 or float(samples) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
-        return None
-    bits, keys, values, duplicate = _table((out_coord - out_coord.new_tensor(low)).contiguous(), out_ids, span)
-    if int(duplicate[0]):
-        return None
-    axes = _reach(c, kernel_size, stride, padding, dilation)
-    origin = torch.stack([a[0][0] for a in axes], 1) - c.new_tensor(low)
-    jx, jy, jz = (a[0].shape[0] for a in axes)
-    found = torch.empty((reached, n), dtype=torch.int64, device=c.device)
-    _warp.launch(_hash_kernels()[1], n, [origin.contiguous(), ids.contiguous(), samples, *span, bits, keys, values, jx, jy, jz,
-                                         *(a[3] for a in axes), found], like=c, min_chunk=256)
-    k, ok = None, None
-    for (_cells, tap, hit, _step), size in zip(axes, kernel_size):
-        k = tap if k is None else k.unsqueeze(-2) * size + tap
-        ok = hit if ok is None else ok.unsqueeze(-2) & hit
-    ok = ok.reshape(-1, n) & (found >= 0)
-    where = ok.view(-1).nonzero().view(-1)
-    rows = torch.remainder(where, n)
-    slot = k.reshape(-1).index_select(0, where) * m + found.view(-1).index_select(0, where)
-    neighbours = torch.full((k3, m), -1, dtype=torch.int64, device=c.device)
-    flat = neighbours.view(-1)
-    flat.index_put_((slot,), rows)
-    if validate:  # two inputs on one (offset, output) pair are one site twice
-        kept = flat.index_select(0, slot)
-        lost = (kept != rows).nonzero().view(-1)
-        if lost.shape[0]:
-            raise _duplicate(c, max(int(rows[lost[0]]), int(kept[lost[0]])))
-    return neighbours
 
 
 def _map_pairs(
@@ -307,10 +242,8 @@ def _map_pairs(
             f"grid_coord spans {span} sites per axis over {samples} samples: "
             "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
         )
-    neighbours = _direct_map(c, ids, out_coord.to(torch.int64), out_ids, samples, kernel_size, stride, padding, dilation, validate)
-    if neighbours is None:
-        neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, samples, low, span, kernel_size, stride, padding,
-                                   dilation, validate)
+    neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, low, span, kernel_size, stride, padding, dilation,
+                               validate)
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, outputs ascending
     # pair is sorted: offset k's pairs are those in [k m, (k + 1) m)
