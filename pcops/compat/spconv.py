@@ -452,14 +452,14 @@ def _find_map(input: SparseConvTensor, ksize, stride, padding, dilation, subm: b
         if min(k % 2 for k in ksize) == 0:
             raise ValueError(f"SubMConv3d needs an odd kernel_size on every axis here (a kernel centred on the site), got {ksize}")
         reach = [(k // 2) * d for k, d in zip(ksize, dilation)]  # outputs = inputs, stride 1, the kernel centred
-        out_indices, out_shape, out_coord, out_batch, step = indices, input.spatial_shape, grid_coord, batch, [1, 1, 1]
-    else:
+        out_indices, out_shape = indices, input.spatial_shape
+        _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(grid_coord, batch, grid_coord, batch, ksize, [1, 1, 1],
+                                                                         reach, dilation, True)
+    else:  # the output sites and the map to them from one sort
         out_shape = _conv_output_size(input.spatial_shape, ksize, stride, padding, dilation)
-        out_coord, out_batch = torch.ops.pcops.sparse_conv_sites(grid_coord, batch, ksize, stride, padding, dilation, out_shape)
+        out_coord, out_batch, in_index, out_index, counts = torch.ops.pcops.sparse_conv_sites_map(
+            grid_coord, batch, ksize, stride, padding, dilation, out_shape, True)
         out_indices = torch.cat([out_batch[:, None], out_coord], 1).to(indices.dtype)
-        reach, step = padding, stride
-    _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(grid_coord, batch, out_coord, out_batch, ksize, step, reach,
-                                                                     dilation, True)
     return IndiceData(out_indices, indices, in_index, out_index, counts, input.spatial_shape, out_shape, subm,
                       list(ksize), list(stride), list(padding), list(dilation))
 

@@ -2,6 +2,7 @@
 max_pool3d on each sample's dense grid, read at the sites), against spconv 2.x's own CPU
 forward where it is installed, by gradcheck, and its state_dicts, indice_key and aliases."""
 
+import contextlib
 import sys
 
 import pytest
@@ -196,6 +197,18 @@ def spconv_or_skip():
     return pytest.importorskip("spconv.pytorch")
 
 
+@contextlib.contextmanager
+def one_thread():
+    """spconv 2.3.8's CPU kernels race on more than one torch thread (Pointcept's PTv3 here: 33 of 92
+    convolutions off on 2 threads, none on 1): the originals run on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def spconv_input(spconv, x, dtype=torch.float32):
     return spconv.SparseConvTensor(x.features.to(dtype), x.indices, x.spatial_shape, x.batch_size)
 
@@ -228,7 +241,8 @@ def test_submconv_equals_spconv_forward(gen, kernel_size, dilation):
     ours = sp.SubMConv3d(6, 7, kernel_size, dilation=dilation)
     ours.load_state_dict({"weight": theirs.weight.detach(), "bias": torch.randn(7, generator=gen)})
     with torch.no_grad():
-        expected = theirs(spconv_input(spconv, x))
+        with one_thread():
+            expected = theirs(spconv_input(spconv, x))
         y = ours(x)
     assert torch.equal(y.indices, expected.indices)
     if kernel_size == 1:
@@ -385,6 +399,7 @@ def test_conv_ops_pass_opcheck(gen):
     m = out_coord.shape[0]
     torch.library.opcheck(torch.ops.pcops.sparse_conv_sites.default, (coord, batch, *geometry, [3, 3, 3]))
     torch.library.opcheck(torch.ops.pcops.sparse_conv_map.default, (coord, batch, out_coord, out_batch, *geometry))
+    torch.library.opcheck(torch.ops.pcops.sparse_conv_sites_map.default, (coord, batch, *geometry, [3, 3, 3]))
     torch.library.opcheck(torch.ops.pcops.sparse_conv.default, (f, w, in_index, out_index, counts, m))
     torch.library.opcheck(torch.ops.pcops.sparse_conv.default, (w.new_ones(m, 2).requires_grad_(), w.transpose(1, 2).contiguous(),
                                                                 out_index, in_index, counts, 50))
@@ -393,12 +408,33 @@ def test_conv_ops_pass_opcheck(gen):
                                                                          True, True, m))
 
 
+@pytest.mark.parametrize("geometry", [([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1]), ([3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]),
+                                      ([3, 2, 3], [1, 2, 3], [0, 1, 2], [2, 1, 1])])
+def test_sites_and_map_in_one_equal_the_two_ops(gen, geometry):
+    """pcops::sparse_conv_sites_map: the sites of pcops::sparse_conv_sites and the pairs (unpadded) of
+    pcops::sparse_conv_map to them; duplicate input sites raise."""
+    x = random_tensor(gen, n=300, shape=[9, 11, 10], shuffle=True)
+    coord, batch = x.indices[:, 1:].contiguous(), x.indices[:, 0].contiguous()
+    out_shape = [-(-(s + 2 * p - d * (k - 1)) // st) for s, k, st, p, d in zip([9, 11, 10], *geometry)]
+    out_coord, out_batch = torch.ops.pcops.sparse_conv_sites(coord, batch, *geometry, out_shape)
+    _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(coord, batch, out_coord, out_batch, *geometry)
+    got = torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry, out_shape)
+    p = int(counts.sum())
+    assert p > 0 and got[2].shape == (p,) and torch.equal(got[4], counts)
+    for a, b in zip(got, (out_coord, out_batch, in_index[:p], out_index[:p])):
+        assert torch.equal(a, b)
+    twice = torch.cat([coord, coord[7:8]]), torch.cat([batch, batch[7:8]])
+    with pytest.raises(ValueError, match="duplicate sites"):
+        torch.ops.pcops.sparse_conv_sites_map(*twice, *geometry, out_shape)
+
+
 def test_strided_sites_compile_with_a_dynamic_size(gen):
     x = random_tensor(gen, n=50, shape=[6, 6, 6])
     coord, batch = x.indices[:, 1:].contiguous(), x.indices[:, 0].contiguous()
 
     def fn(coord, batch):
-        return torch.ops.pcops.sparse_conv_sites(coord, batch, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [3, 3, 3])
+        geometry = ([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [3, 3, 3])
+        return (*torch.ops.pcops.sparse_conv_sites(coord, batch, *geometry), *torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry))
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(coord, batch), fn(coord, batch)):
@@ -456,7 +492,8 @@ def test_strided_and_inverse_conv_equal_spconv_forward(gen, kernel_size, stride,
     ours_down.load_state_dict(theirs_down.state_dict())
     ours_up.load_state_dict(theirs_up.state_dict())
     with torch.no_grad():
-        their_y = theirs_down(spconv_input(spconv, x))
+        with one_thread():
+            their_y = theirs_down(spconv_input(spconv, x))
         y = ours_down(x)
         z = ours_up(y)
     assert y.spatial_shape == list(their_y.spatial_shape)
@@ -471,7 +508,8 @@ def test_strided_and_inverse_conv_equal_spconv_forward(gen, kernel_size, stride,
     their_features = torch.empty_like(their_y.features)
     their_features[their_rows] = y.features[our_rows]
     with torch.no_grad():
-        their_z = theirs_up(their_y.replace_feature(their_features))
+        with one_thread():
+            their_z = theirs_up(their_y.replace_feature(their_features))
     assert torch.equal(z.indices, x.indices) and torch.equal(their_z.indices, x.indices)
     reference = transpose_reference(y, ours_up.weight, ours_down.kernel_size, ours_down.stride, ours_down.padding,
                                     ours_down.dilation, x.indices)
@@ -484,7 +522,8 @@ def test_max_pool_equals_spconv_forward_on_non_negative_features(gen):
     x = random_tensor(gen, channels=5, n=400, shape=[14, 12, 13], dtype=torch.float32, shuffle=True)
     x = x.replace_feature(x.features.relu())
     with torch.no_grad():
-        theirs = spconv.SparseMaxPool3d(3, 2, padding=1)(spconv_input(spconv, x))
+        with one_thread():
+            theirs = spconv.SparseMaxPool3d(3, 2, padding=1)(spconv_input(spconv, x))
     ours = sp.SparseMaxPool3d(3, 2, padding=1)(x)
     assert ours.spatial_shape == list(theirs.spatial_shape)
     a, b = sort_rows(ours.indices, ours.features), sort_rows(theirs.indices, theirs.features)

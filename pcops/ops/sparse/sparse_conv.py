@@ -244,6 +244,14 @@ def _map_pairs(
         )
     neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, low, span, kernel_size, stride, padding, dilation,
                                validate)
+    return (neighbours, *_pairs(neighbours))
+
+
+def _pairs(neighbours: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(K, M) neighbours -> the pairs (in_index (K M,), out_index (K M,), counts (K,)) of a kernel map."""
+    (k3, m), dev = neighbours.shape, neighbours.device
+    if m == 0:
+        return neighbours.new_empty((0,)), neighbours.new_empty((0,)), torch.zeros(k3, dtype=torch.int64, device=dev)
     flat = neighbours.view(-1)
     pair = (flat >= 0).nonzero().view(-1)  # offset by offset, outputs ascending
     # pair is sorted: offset k's pairs are those in [k m, (k + 1) m)
@@ -254,7 +262,7 @@ def _map_pairs(
     torch.remainder(pair, m, out=out_index[:p])
     in_index[p:] = -1
     out_index[p:] = -1
-    return neighbours, in_index, out_index, counts
+    return in_index, out_index, counts
 
 
 @torch.library.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -292,6 +300,40 @@ def _(grid_coord, batch, out_coord, out_batch, kernel_size, stride, padding, dil
     return like.new_empty((k3, m)), like.new_empty((k3 * m,)), like.new_empty((k3 * m,)), like.new_empty((k3,))
 
 
+def _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps: bool):
+    """The output cells each input reaches (:func:`_reach`: per axis at most ceil(K / (s / gcd(d, s)))
+    of the K taps land) -> (their keys (sample, x, y, z) packed in the output grid, the smallest
+    sample id, and with ``taps`` the input and the offset k of each), candidates ordered
+    (J_x, J_y, J_z, N), N innermost."""
+    dev, n = grid_coord.device, grid_coord.shape[0]
+    ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
+    id_low, id_high = torch.stack([ids.amin(), ids.amax()]).tolist() if n else (0, 0)
+    if float(id_high - id_low + 1) * out_shape[0] * out_shape[1] * out_shape[2] >= _KEY_LIMIT:
+        raise ValueError(f"the output grid {out_shape} over {id_high - id_low + 1} samples is too wide for int64 keys (at most 2^62 cells)")
+    key, valid, k = (ids - id_low)[None, :], None, None
+    for (o, tap, ok, _step), size, ksize in zip(_reach(grid_coord.to(torch.int64), kernel_size, stride, padding, dilation), out_shape,
+                                               kernel_size):
+        # the candidates (J_x, ..., N) of the axes so far, N innermost (contiguous broadcasts)
+        key = key.unsqueeze(-2) * size + o
+        ok = ok & (o >= 0) & (o < size)
+        valid = ok if valid is None else valid.unsqueeze(-2) & ok
+        if taps:
+            k = tap if k is None else k.unsqueeze(-2) * ksize + tap
+    if not taps:
+        return key.masked_select(valid), id_low, None, None
+    where = valid.view(-1).nonzero().view(-1)
+    return key.view(-1).index_select(0, where), id_low, torch.remainder(where, max(n, 1)), k.reshape(-1).index_select(0, where)
+
+
+def _decode(key: torch.Tensor, out_shape: list[int], id_low: int, dtype: torch.dtype):
+    """Packed output keys -> (out_coord (M, 3) of ``dtype``, out_batch (M,) int64)."""
+    sx, sy, sz = out_shape
+    z, rest = key % sz, torch.div(key, sz, rounding_mode="floor")
+    y, rest = rest % sy, torch.div(rest, sy, rounding_mode="floor")
+    x, sample = rest % sx, torch.div(rest, sx, rounding_mode="floor")
+    return torch.stack([x, y, z], 1).to(dtype), sample + id_low
+
+
 @torch.library.custom_op("pcops::sparse_conv_sites", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _conv_sites(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
@@ -299,36 +341,54 @@ def _conv_sites(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The output sites of a strided convolution: every cell o of the output grid ``[0, out_shape)``
     with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset, sorted by
-    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64).
-
-    The candidates are the cells each input reaches (:func:`_reach`: per axis at most
-    ceil(K / (s / gcd(d, s))) of the K taps land), N innermost, deduplicated by one sort of their keys."""
-    dev = grid_coord.device
-    n = grid_coord.shape[0]
-    ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
-    id_low, id_high = torch.stack([ids.amin(), ids.amax()]).tolist() if n else (0, 0)
-    if float(id_high - id_low + 1) * out_shape[0] * out_shape[1] * out_shape[2] >= _KEY_LIMIT:
-        raise ValueError(f"the output grid {out_shape} over {id_high - id_low + 1} samples is too wide for int64 keys (at most 2^62 cells)")
-    c = grid_coord.to(torch.int64)
-    sx, sy, sz = out_shape
-    key, valid = (ids - id_low)[None, :], None
-    for (o, _tap, ok, _step), size in zip(_reach(c, kernel_size, stride, padding, dilation), out_shape):
-        # the candidates (J_x, ..., N) of the axes so far, N innermost (contiguous broadcasts)
-        key = key.unsqueeze(-2) * size + o
-        ok = ok & (o >= 0) & (o < size)
-        valid = ok if valid is None else valid.unsqueeze(-2) & ok
-    key = key.masked_select(valid)
-    key = torch.unique(key)  # sorted
-    z, rest = key % sz, torch.div(key, sz, rounding_mode="floor")
-    y, rest = rest % sy, torch.div(rest, sy, rounding_mode="floor")
-    x, sample = rest % sx, torch.div(rest, sx, rounding_mode="floor")
-    return torch.stack([x, y, z], 1).to(grid_coord.dtype), sample + id_low
+    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64): the cells
+    the inputs reach (:func:`_candidates`), deduplicated by one sort of their keys."""
+    key, id_low, _, _ = _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps=False)
+    return _decode(torch.unique(key), out_shape, id_low, grid_coord.dtype)
 
 
 @_conv_sites.register_fake
 def _(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape):
     m = torch.library.get_ctx().new_dynamic_size()
     return grid_coord.new_empty((m, 3)), grid_coord.new_empty((m,), dtype=torch.int64)
+
+
+@torch.library.custom_op("pcops::sparse_conv_sites_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _conv_sites_map(
+    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
+    dilation: list[int], out_shape: list[int], validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pcops::sparse_conv_sites`` and ``pcops::sparse_conv_map`` to those sites in one: the
+    cells the inputs reach sorted once, each cell's rank among them its output, each candidate one
+    pair (input, offset, output) -> (out_coord (M, 3), out_batch (M,), in_index (P,), out_index
+    (P,), counts (K,)): the P pairs offset by offset, outputs ascending, unpadded (M is a dynamic
+    size already, so P costs no other graph break). Two inputs on one (offset, output) pair are
+    one site twice (ValueError with ``validate``)."""
+    k3, dev = kernel_size[0] * kernel_size[1] * kernel_size[2], grid_coord.device
+    key, id_low, rows, k = _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps=True)
+    key, order = torch.sort(key)
+    first = torch.ones_like(key, dtype=torch.bool)
+    torch.ne(key[1:], key[:-1], out=first[1:])
+    out = torch.cumsum(first, 0) - 1  # the output of each sorted candidate
+    unique = key.masked_select(first)
+    m = unique.shape[0]
+    slot, by = torch.sort(k.index_select(0, order) * m + out)  # offset by offset, outputs ascending
+    in_index, out_index = rows.index_select(0, order.index_select(0, by)), out.index_select(0, by)
+    if validate:  # two inputs on one (offset, output) pair are one site twice
+        same = (slot[1:] == slot[:-1]).nonzero()
+        if same.shape[0]:
+            first_same = int(same[0, 0])
+            raise _duplicate(grid_coord, max(int(in_index[first_same]), int(in_index[first_same + 1])))
+    counts = torch.searchsorted(slot, torch.arange(k3 + 1, dtype=torch.int64, device=dev) * m).diff()
+    return (*_decode(unique, out_shape, id_low, grid_coord.dtype), in_index, out_index, counts)
+
+
+@_conv_sites_map.register_fake
+def _(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, validate=True):
+    k3, ctx = kernel_size[0] * kernel_size[1] * kernel_size[2], torch.library.get_ctx()
+    m, p = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    like = grid_coord.new_empty((0,), dtype=torch.int64)
+    return grid_coord.new_empty((m, 3)), like.new_empty((m,)), like.new_empty((p,)), like.new_empty((p,)), like.new_empty((k3,))
 
 
 def _segments(counts: torch.Tensor, n: int, submanifold: bool):
