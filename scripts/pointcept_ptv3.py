@@ -164,7 +164,8 @@ def load_model_class(pointcept: Path, backend: str):
     import spconv.pytorch
     import torch_scatter
 
-    print(f"spconv.pytorch from {spconv.pytorch.__file__}; torch_scatter from {torch_scatter.__file__}")
+    where = [getattr(m, "__file__", None) or "a stub (not installed)" for m in (spconv.pytorch, torch_scatter)]
+    print(f"spconv.pytorch from {where[0]}; torch_scatter from {where[1]}")
     return module.PointTransformerV3
 
 

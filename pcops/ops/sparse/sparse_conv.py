@@ -55,6 +55,7 @@ from ... import _batch, _deprecated, _validate, _warp
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
 _SENTINEL = 2**63 - 1  # after the last input key: above every query
 _BLOCK, _CUDA_BLOCK = 128, 8  # outputs per thread of the map's query (one binary search, then a walk)
+_CHUNK = 8192  # pairs per gather-multiply-add step of the convolution on the CPU
 
 
 class KernelMap(NamedTuple):
@@ -424,10 +425,29 @@ def _sparse_conv(
         out = features @ weight[centre]
     else:
         out = features.new_zeros((m, weight.shape[2]))
-    for k, a, b in segments:
-        # each offset reaches an output site at most once: the add of one offset is a plain add per row (deterministic)
-        out.index_add_(0, out_index[a:b], features.index_select(0, in_index[a:b]) @ weight[k])
+    _accumulate(out, out_index, features, in_index, weight, segments)
     return out
+
+
+def _accumulate(out: torch.Tensor, out_rows: torch.Tensor, source: torch.Tensor, source_rows: torch.Tensor, weight: torch.Tensor,
+                segments: list, transpose: bool = False) -> None:
+    """``out[out_rows[p]] += source[source_rows[p]] @ weight[k]`` (``weight[k].T`` with ``transpose``)
+    for the pairs p of each segment (k, a, b). Each offset reaches a row at most once, so the add of
+    one offset is a plain add per row (deterministic). On the CPU in steps of at most ``_CHUNK``
+    pairs through two reused buffers, which stay in cache between the gather, the product and the add."""
+    if not segments:
+        return
+    longest = max(b - a for _, a, b in segments)
+    step = _CHUNK if out.device.type == "cpu" else longest
+    gathered = source.new_empty((min(step, longest), source.shape[1]))
+    product = out.new_empty((min(step, longest), out.shape[1]))
+    for k, a, b in segments:
+        w = weight[k].t() if transpose else weight[k]
+        for start in range(a, b, step):
+            stop = min(start + step, b)
+            torch.mm(torch.index_select(source, 0, source_rows[start:stop], out=gathered[: stop - start]), w,
+                     out=product[: stop - start])
+            out.index_add_(0, out_rows[start:stop], product[: stop - start])
 
 
 @_sparse_conv.register_fake
@@ -451,13 +471,11 @@ def _sparse_conv_backward(
             grad_f = grad @ weight[centre].t()
         if need_weight:
             grad_w[centre] = features.t() @ grad
-    for k, a, b in segments:
-        rows, cols = out_index[a:b], in_index[a:b]
-        g = grad.index_select(0, rows)
-        if need_features:  # an input site feeds each offset at most once: a plain add per row
-            grad_f.index_add_(0, cols, g @ weight[k].t())
-        if need_weight:
-            grad_w[k] = features.index_select(0, cols).t() @ g
+    if need_features:  # the pairs reversed: an input site feeds each offset at most once
+        _accumulate(grad_f, in_index, grad, out_index, weight, segments, transpose=True)
+    if need_weight:
+        for k, a, b in segments:
+            grad_w[k] = features.index_select(0, in_index[a:b]).t() @ grad.index_select(0, out_index[a:b])
     return grad_f, grad_w
 
 
