@@ -539,3 +539,28 @@ def test_strided_conv_rejects_duplicate_sites(gen, kernel_size, stride, padding)
     conv(x)  # unique sites: fine
     with pytest.raises(ValueError, match="duplicate"):
         conv(dup)
+
+
+def _stack_run(x, device):
+    """A SpUNet-style stack (submanifold, strided k2 s2 and k3 s2 p1, pooling, the inverse of the
+    k2 s2) on ``device``: (sites and features of its two ends, gradients of the input and weights)."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList([sp.SubMConv3d(4, 8, 3, indice_key="stem"), sp.SparseConv3d(8, 16, 2, stride=2, indice_key="down"),
+                            sp.SubMConv3d(16, 16, 3, indice_key="mid"), sp.SparseConv3d(16, 16, 3, stride=2, padding=1),
+                            sp.SparseMaxPool3d(2, 2), sp.SparseInverseConv3d(16, 8, 2, indice_key="down")]).to(device)
+    stem, down, mid, deep, pool, up = layers
+    xi = sp.SparseConvTensor(x.features.to(device).requires_grad_(), x.indices.to(device), x.spatial_shape, x.batch_size)
+    m = mid(down(stem(xi)))
+    deepest, back = pool(deep(m)), up(m)
+    (deepest.features.square().sum() + back.features.square().sum()).backward()
+    return [t.detach().cpu() for t in (deepest.indices, deepest.features, back.indices, back.features, xi.features.grad,
+                                       *(p.grad for p in layers.parameters()))]
+
+
+@pytest.mark.cuda
+def test_cuda_results_and_gradients_equal_the_cpu_ones(gen):
+    x = random_tensor(gen, channels=4, n=3000, shape=[40, 36, 30], shuffle=True, dtype=torch.float32)
+    cpu, cuda = _stack_run(x, "cpu"), _stack_run(x, "cuda")
+    assert torch.equal(cpu[2], x.indices) and torch.equal(cuda[0], cpu[0]) and torch.equal(cuda[2], cpu[2])
+    for a, b in zip(cpu[1:], cuda[1:]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
