@@ -227,7 +227,8 @@ class OpSuite:
             out = self.run(**{**inputs, wrt: x})
             return tuple(torch.where(torch.isfinite(o), o, 0) for o in out if o.dtype.is_floating_point)
 
-        assert torch.autograd.gradcheck(fn, (x,))
+        # on CUDA, torch's index_select / gather backward adds with atomics: float64 sums in any order
+        assert torch.autograd.gradcheck(fn, (x,), nondet_tol=1e-12 if device.startswith("cuda") else 0.0)
 
     def test_opcheck(self, gen, device):
         cases = self.opcheck_cases(gen)

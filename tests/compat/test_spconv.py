@@ -549,11 +549,12 @@ def _stack_run(x, device):
                             sp.SubMConv3d(16, 16, 3, indice_key="mid"), sp.SparseConv3d(16, 16, 3, stride=2, padding=1),
                             sp.SparseMaxPool3d(2, 2), sp.SparseInverseConv3d(16, 8, 2, indice_key="down")]).to(device)
     stem, down, mid, deep, pool, up = layers
-    xi = sp.SparseConvTensor(x.features.to(device).requires_grad_(), x.indices.to(device), x.spatial_shape, x.batch_size)
+    features = x.features.detach().to(device).requires_grad_()  # a leaf on every device
+    xi = sp.SparseConvTensor(features, x.indices.to(device), x.spatial_shape, x.batch_size)
     m = mid(down(stem(xi)))
     deepest, back = pool(deep(m)), up(m)
     (deepest.features.square().sum() + back.features.square().sum()).backward()
-    return [t.detach().cpu() for t in (deepest.indices, deepest.features, back.indices, back.features, xi.features.grad,
+    return [t.detach().cpu() for t in (deepest.indices, deepest.features, back.indices, back.features, features.grad,
                                        *(p.grad for p in layers.parameters()))]
 
 
