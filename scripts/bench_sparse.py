@@ -9,7 +9,7 @@ torch / pcops is what to read (> 1: pcops is faster).
   torch) plus the first index per voxel (``scatter_reduce`` amin), on ``uniform`` and
   ``surface`` clouds (``bench_search.cloud``) and the real meshes of ``bench_meshes.py``
   sampled as clouds, about 8 points per voxel were the cloud uniform in its box.
-* sparse_kernel_map (K = 3): the Warp hash map against a torch sort + ``searchsorted`` of the
+* sparse_kernel_map (K = 3): pcops' sort-and-walk map against a torch sort + ``searchsorted`` of the
   same packed keys, on the voxelised clouds.
 * sparse_conv3d (K = 3, Cin = Cout = 32): forward, and train step (forward + backward to features
   and weight), against a per-offset gather + matmul + ``index_add`` in torch on the same kernel map.

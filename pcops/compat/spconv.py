@@ -17,7 +17,7 @@ OA-CNNs run with no compiled extension, on the CPU as on a GPU.
   convolution (or pooling) it inverts by the key and sends its features back to that layer's
   input sites, as spconv does.
 
-The arithmetic is pcops' (:mod:`pcops.ops.sparse.sparse_conv`): a hash-table kernel map and a
+The arithmetic is pcops' (:mod:`pcops.ops.sparse.sparse_conv`): a kernel map by sorting and a
 gather-matmul-scatter convolution with registered gradients to features, weight and bias.
 Differences from spconv and what was measured: docs/interop.md, section "spconv".
 """
