@@ -190,8 +190,9 @@ def _searched_map(c, ids, out_coord, out_ids, low, span, kernel_size, stride, pa
     keys = torch.cat([keys, keys.new_full((1,), _SENTINEL)])
     neighbours = torch.empty((k3, m), dtype=torch.int64, device=dev)  # the query writes every entry
     block = _BLOCK if dev.type == "cpu" else _CUDA_BLOCK
-    _warp.launch(_merge_kernel(), kernel_size[0] * kernel_size[1] * -(-m // block), [block, keys, order, qkey, qpos, qrow, *span, *kernel_size, *dilation,
-                                                        neighbours], like=c, min_chunk=8)
+    threads = kernel_size[0] * kernel_size[1] * -(-m // block)  # one per (a, b) and block of outputs
+    _warp.launch(_merge_kernel(), threads, [block, keys, order, qkey, qpos, qrow, *span, *kernel_size, *dilation, neighbours],
+                 like=c, min_chunk=8)
     return neighbours
 
 
@@ -199,7 +200,7 @@ def _reach(c: torch.Tensor, kernel_size: list[int], stride: list[int], padding: 
     """Per axis, the taps of each input that land on an output cell: a tap a lands iff a d = c + p
     (mod s), i.e. a = a0, a0 + t, ... (a0 < t, t = s / gcd(d, s)): at most J = ceil(K / t) of the K,
     on the cells o0, o0 - d / gcd(d, s), ... -> per axis (cells (J, N), lowest first; their taps
-    (J, N); where a tap lands (J, N); the cells' step)."""
+    (J, N); where a tap lands (J, N))."""
     axes = []
     for axis in range(3):
         k, s, d = kernel_size[axis], stride[axis], dilation[axis]
@@ -209,7 +210,7 @@ def _reach(c: torch.Tensor, kernel_size: list[int], stride: list[int], padding: 
         for r in range(min(t, k) - 1, -1, -1):
             a0 = torch.where(torch.remainder(q - r * d, s) == 0, r, a0)
         tap = a0 + torch.arange(-(-k // t) - 1, -1, -1, device=c.device)[:, None] * t
-        axes.append((torch.div(q - tap * d, s, rounding_mode="floor"), tap, (a0 >= 0) & (tap < k), d // (s // t)))
+        axes.append((torch.div(q - tap * d, s, rounding_mode="floor"), tap, (a0 >= 0) & (tap < k)))
     return axes
 
 
@@ -312,8 +313,8 @@ def _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_s
     if float(id_high - id_low + 1) * out_shape[0] * out_shape[1] * out_shape[2] >= _KEY_LIMIT:
         raise ValueError(f"the output grid {out_shape} over {id_high - id_low + 1} samples is too wide for int64 keys (at most 2^62 cells)")
     key, valid, k = (ids - id_low)[None, :], None, None
-    for (o, tap, ok, _step), size, ksize in zip(_reach(grid_coord.to(torch.int64), kernel_size, stride, padding, dilation), out_shape,
-                                               kernel_size):
+    axes = _reach(grid_coord.to(torch.int64), kernel_size, stride, padding, dilation)
+    for (o, tap, ok), size, ksize in zip(axes, out_shape, kernel_size):
         # the candidates (J_x, ..., N) of the axes so far, N innermost (contiguous broadcasts)
         key = key.unsqueeze(-2) * size + o
         ok = ok & (o >= 0) & (o < size)
