@@ -26,8 +26,9 @@ def _sample_of(i, offset):
     return next(b for b, e in enumerate(int(v) for v in offset) if i < e)
 
 
-def ref_knn(nsample, xyz, offset, new_xyz, new_offset):
-    """idx (m, nsample) by (d2, index) within the query's sample, -1 padded; dist sqrt(d2), 1e5 padded."""
+def _ref_rows(nsample, xyz, offset, new_xyz, new_offset, pick):
+    """(idx (m, nsample) -1 padded, dist (m, nsample) 1e5 padded): for each query, ``pick(d2)`` of the
+    squared distances {j: d2} to the points of its sample, in float64, their distances sqrt(d2)."""
     a, q = xyz.double(), new_xyz.double()
     m = q.shape[0]
     idx = torch.full((m, nsample), -1, dtype=torch.long)
@@ -36,28 +37,26 @@ def ref_knn(nsample, xyz, offset, new_xyz, new_offset):
     for i in range(m):
         s, e = spans[_sample_of(i, new_offset)]
         d2 = {j: float((q[i] - a[j]).square().sum()) for j in range(s, e)}
-        for c, j in enumerate(sorted(d2, key=lambda j: (d2[j], j))[:nsample]):
-            idx[i, c], dist[i, c] = j, math.sqrt(d2[j])
+        for t, j in enumerate(pick(d2)):
+            idx[i, t], dist[i, t] = j, math.sqrt(d2[j])
     return idx, dist
+
+
+def ref_knn(nsample, xyz, offset, new_xyz, new_offset):
+    """idx (m, nsample) by (d2, index) within the query's sample, -1 padded; dist sqrt(d2), 1e5 padded."""
+    return _ref_rows(nsample, xyz, offset, new_xyz, new_offset, lambda d2: sorted(d2, key=lambda j: (d2[j], j))[:nsample])
 
 
 def ref_ball(nsample, max_r, min_r, xyz, offset, new_xyz, new_offset):
     """Candidates d2 <= 1e-5 or min_r^2 <= d2 < max_r^2 sorted by (d2, index); c <= nsample: all,
     -1 / 1e5 padded; else positions int(float32(c) / nsample * i) in float32 (the kernel's)."""
-    a, q = xyz.double(), new_xyz.double()
-    m = q.shape[0]
-    idx = torch.full((m, nsample), -1, dtype=torch.long)
-    dist = torch.full((m, nsample), 1e5, dtype=torch.float64)
-    spans = _bounds(offset)
-    for i in range(m):
-        s, e = spans[_sample_of(i, new_offset)]
-        d2 = {j: float((q[i] - a[j]).square().sum()) for j in range(s, e)}
+
+    def pick(d2):
         cand = sorted((j for j in d2 if d2[j] <= 1e-5 or min_r * min_r <= d2[j] < max_r * max_r), key=lambda j: (d2[j], j))
         c = len(cand)
-        picks = cand if c <= nsample else [cand[int(np.float32(c) / np.float32(nsample) * np.float32(t))] for t in range(nsample)]
-        for t, j in enumerate(picks):
-            idx[i, t], dist[i, t] = j, math.sqrt(d2[j])
-    return idx, dist
+        return cand if c <= nsample else [cand[int(np.float32(c) / np.float32(nsample) * np.float32(t))] for t in range(nsample)]
+
+    return _ref_rows(nsample, xyz, offset, new_xyz, new_offset, pick)
 
 
 def ref_fps(xyz, offset, new_offset):

@@ -3,6 +3,7 @@ max_pool3d on each sample's dense grid, read at the sites), against spconv 2.x's
 forward where it is installed, by gradcheck, and its state_dicts, indice_key and aliases."""
 
 import contextlib
+import itertools
 import sys
 
 import pytest
@@ -392,12 +393,10 @@ def test_conv_ops_pass_opcheck(gen):
     x = random_tensor(gen, n=50, shape=[5, 5, 5])
     coord, batch = x.indices[:, 1:].contiguous(), x.indices[:, 0].contiguous()
     geometry = ([3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1])
-    out_coord, out_batch = torch.ops.pcops.sparse_conv_sites(coord, batch, *geometry, [3, 3, 3])
-    _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(coord, batch, out_coord, out_batch, *geometry)
+    out_coord, out_batch, in_index, out_index, counts = torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry, [3, 3, 3])
     f = torch.randn(50, 3, generator=gen, dtype=F64, requires_grad=True)
     w = torch.randn(27, 3, 2, generator=gen, dtype=F64, requires_grad=True)
     m = out_coord.shape[0]
-    torch.library.opcheck(torch.ops.pcops.sparse_conv_sites.default, (coord, batch, *geometry, [3, 3, 3]))
     torch.library.opcheck(torch.ops.pcops.sparse_conv_map.default, (coord, batch, out_coord, out_batch, *geometry))
     torch.library.opcheck(torch.ops.pcops.sparse_conv_sites_map.default, (coord, batch, *geometry, [3, 3, 3]))
     torch.library.opcheck(torch.ops.pcops.sparse_conv.default, (f, w, in_index, out_index, counts, m))
@@ -410,19 +409,26 @@ def test_conv_ops_pass_opcheck(gen):
 
 @pytest.mark.parametrize("geometry", [([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1]), ([3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]),
                                       ([3, 2, 3], [1, 2, 3], [0, 1, 2], [2, 1, 1])])
-def test_sites_and_map_in_one_equal_the_two_ops(gen, geometry):
-    """pcops::sparse_conv_sites_map: the sites of pcops::sparse_conv_sites and the pairs (unpadded) of
-    pcops::sparse_conv_map to them; duplicate input sites raise."""
+def test_strided_sites_and_map_equal_brute_force_and_the_walked_map(gen, geometry):
+    """pcops::sparse_conv_sites_map: the output sites are the cells of the output grid that some
+    input reaches (every input and tap tried in Python), sorted by (sample, x, y, z); its pairs
+    (unpadded) are those of pcops::sparse_conv_map's walk to the same sites; duplicate inputs raise."""
     x = random_tensor(gen, n=300, shape=[9, 11, 10], shuffle=True)
     coord, batch = x.indices[:, 1:].contiguous(), x.indices[:, 0].contiguous()
+    ksize, stride, padding, dilation = geometry
     out_shape = [-(-(s + 2 * p - d * (k - 1)) // st) for s, k, st, p, d in zip([9, 11, 10], *geometry)]
-    out_coord, out_batch = torch.ops.pcops.sparse_conv_sites(coord, batch, *geometry, out_shape)
-    _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(coord, batch, out_coord, out_batch, *geometry)
-    got = torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry, out_shape)
-    p = int(counts.sum())
-    assert p > 0 and got[2].shape == (p,) and torch.equal(got[4], counts)
-    for a, b in zip(got, (out_coord, out_batch, in_index[:p], out_index[:p])):
-        assert torch.equal(a, b)
+    expected = set()
+    for b, *c in x.indices.tolist():
+        for taps in itertools.product(*(range(k) for k in ksize)):
+            cell = [(ci + p - t * d) / s for ci, p, t, d, s in zip(c, padding, taps, dilation, stride)]
+            if all(v == int(v) and 0 <= v < size for v, size in zip(cell, out_shape)):
+                expected.add((b, *(int(v) for v in cell)))
+    out_coord, out_batch, in_index, out_index, counts = torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry, out_shape)
+    assert [tuple(r) for r in torch.cat([out_batch[:, None], out_coord.long()], 1).tolist()] == sorted(expected)
+    _, walked_in, walked_out, walked_counts = torch.ops.pcops.sparse_conv_map(coord, batch, out_coord, out_batch, *geometry)
+    p = int(walked_counts.sum())
+    assert p > 0 and in_index.shape == (p,) and torch.equal(counts, walked_counts)
+    assert torch.equal(in_index, walked_in[:p]) and torch.equal(out_index, walked_out[:p])
     twice = torch.cat([coord, coord[7:8]]), torch.cat([batch, batch[7:8]])
     with pytest.raises(ValueError, match="duplicate sites"):
         torch.ops.pcops.sparse_conv_sites_map(*twice, *geometry, out_shape)
@@ -434,7 +440,7 @@ def test_strided_sites_compile_with_a_dynamic_size(gen):
 
     def fn(coord, batch):
         geometry = ([2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [3, 3, 3])
-        return (*torch.ops.pcops.sparse_conv_sites(coord, batch, *geometry), *torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry))
+        return torch.ops.pcops.sparse_conv_sites_map(coord, batch, *geometry)
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(coord, batch), fn(coord, batch)):

@@ -20,7 +20,7 @@ One kernel map serves every kind: output site o (of M) reads, through offset (a,
 input at ``o * stride - padding + (a, b, c) * dilation`` (per-axis kernel sizes, strides,
 paddings and dilations). The submanifold map is the case outputs = inputs, stride 1, padding
 ``r * dilation``; a strided convolution's outputs are the cells of its output grid that some
-input reaches (``pcops::sparse_conv_sites``, a data-dependent count declared with
+input reaches (``pcops::sparse_conv_sites_map``, a data-dependent count declared with
 ``new_dynamic_size()``); its transpose (spconv's inverse convolution) runs the same pairs
 swapped. Each offset pairs an output with at most one input and an input with at most one
 output, in every kind, so each offset's adds touch every row at most once, both ways.
@@ -302,11 +302,11 @@ def _(grid_coord, batch, out_coord, out_batch, kernel_size, stride, padding, dil
     return like.new_empty((k3, m)), like.new_empty((k3 * m,)), like.new_empty((k3 * m,)), like.new_empty((k3,))
 
 
-def _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps: bool):
+def _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape):
     """The output cells each input reaches (:func:`_reach`: per axis at most ceil(K / (s / gcd(d, s)))
     of the K taps land) -> (their keys (sample, x, y, z) packed in the output grid, the smallest
-    sample id, and with ``taps`` the input and the offset k of each), candidates ordered
-    (J_x, J_y, J_z, N), N innermost."""
+    sample id, the input and the offset k of each), candidates ordered (J_x, J_y, J_z, N), N
+    innermost."""
     dev, n = grid_coord.device, grid_coord.shape[0]
     ids = torch.zeros(n, dtype=torch.int64, device=dev) if batch is None else batch.to(torch.int64)
     id_low, id_high = torch.stack([ids.amin(), ids.amax()]).tolist() if n else (0, 0)
@@ -319,10 +319,7 @@ def _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_s
         key = key.unsqueeze(-2) * size + o
         ok = ok & (o >= 0) & (o < size)
         valid = ok if valid is None else valid.unsqueeze(-2) & ok
-        if taps:
-            k = tap if k is None else k.unsqueeze(-2) * ksize + tap
-    if not taps:
-        return key.masked_select(valid), id_low, None, None
+        k = tap if k is None else k.unsqueeze(-2) * ksize + tap
     where = valid.view(-1).nonzero().view(-1)
     return key.view(-1).index_select(0, where), id_low, torch.remainder(where, max(n, 1)), k.reshape(-1).index_select(0, where)
 
@@ -336,38 +333,20 @@ def _decode(key: torch.Tensor, out_shape: list[int], id_low: int, dtype: torch.d
     return torch.stack([x, y, z], 1).to(dtype), sample + id_low
 
 
-@torch.library.custom_op("pcops::sparse_conv_sites", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _conv_sites(
-    grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
-    dilation: list[int], out_shape: list[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output sites of a strided convolution: every cell o of the output grid ``[0, out_shape)``
-    with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset, sorted by
-    (sample, x, y, z) -> (out_coord (M, 3) in grid_coord's dtype, out_batch (M,) int64): the cells
-    the inputs reach (:func:`_candidates`), deduplicated by one sort of their keys."""
-    key, id_low, _, _ = _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps=False)
-    return _decode(torch.unique(key), out_shape, id_low, grid_coord.dtype)
-
-
-@_conv_sites.register_fake
-def _(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape):
-    m = torch.library.get_ctx().new_dynamic_size()
-    return grid_coord.new_empty((m, 3)), grid_coord.new_empty((m,), dtype=torch.int64)
-
-
 @torch.library.custom_op("pcops::sparse_conv_sites_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _conv_sites_map(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
     dilation: list[int], out_shape: list[int], validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``pcops::sparse_conv_sites`` and ``pcops::sparse_conv_map`` to those sites in one: the
-    cells the inputs reach sorted once, each cell's rank among them its output, each candidate one
-    pair (input, offset, output) -> (out_coord (M, 3), out_batch (M,), in_index (P,), out_index
+    """The output sites of a strided convolution, every cell o of the output grid ``[0, out_shape)``
+    with an input site at ``o * stride - padding + (a, b, c) * dilation`` for some offset (sorted by
+    (sample, x, y, z)), and its kernel map to them: the cells the inputs reach sorted once, each
+    cell's rank among them its output, each candidate one pair (input, offset, output) -> (out_coord (M, 3), out_batch (M,), in_index (P,), out_index
     (P,), counts (K,)): the P pairs offset by offset, outputs ascending, unpadded (M is a dynamic
     size already, so P costs no other graph break). Two inputs on one (offset, output) pair are
     one site twice (ValueError with ``validate``)."""
     k3, dev = kernel_size[0] * kernel_size[1] * kernel_size[2], grid_coord.device
-    key, id_low, rows, k = _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape, taps=True)
+    key, id_low, rows, k = _candidates(grid_coord, batch, kernel_size, stride, padding, dilation, out_shape)
     key, order = torch.sort(key)
     first = torch.ones_like(key, dtype=torch.bool)
     torch.ne(key[1:], key[:-1], out=first[1:])
