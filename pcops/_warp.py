@@ -39,9 +39,11 @@ import ctypes
 import errno
 import functools
 import json
+import math
 import os
 import re
 import shutil
+import struct
 import sys
 import tempfile
 import threading
@@ -175,8 +177,59 @@ def cuda_stream(t: torch.Tensor):
 
 
 def array(t: torch.Tensor, dtype=None):
-    """A zero-copy Warp view of ``t`` for a kernel argument (no gradient buffer)."""
+    """A zero-copy Warp view of ``t`` for a kernel argument (no gradient buffer): the descriptor
+    ``wp.from_torch(t, dtype, requires_grad=False, return_ctype=True)`` returns, packed here in
+    one step (a fifth of its cost: conversions are most of a small call's). Anything this does
+    not pack (an incompatible dtype, non-contiguous element dims, sizes past int32) goes to
+    ``wp.from_torch``, which raises its own errors."""
+    element = _element(t.dtype, dtype)
+    if element is not None:
+        size, inner = element
+        shape, strides = t.shape, t.stride()
+        if inner:
+            d = len(inner)
+            if tuple(shape[-d:]) != inner or strides[-1] != 1 or (d > 1 and strides[-2] != inner[-1]):
+                return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
+            shape, strides = tuple(shape[:-d]) or (1,), tuple(strides[:-d]) or (1,)
+        ndim = len(shape)
+        if ndim <= _MAX_DIMS:
+            pad = (0,) * (_MAX_DIMS - ndim)
+            try:
+                out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(t.data_ptr(), 0, *shape, *pad, *(x * size for x in strides), *pad, ndim, 0))
+            except struct.error:  # a size past int32: Warp's own conversion decides
+                pass
+            else:
+                out._ref = t  # the descriptor keeps its tensor alive, as Warp's does (a temporary's memory)
+                return out
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
+
+
+# Warp's array descriptor (data, grad, shape, strides, ndim, flags), packed by :func:`array` where
+# its layout is the one this expects (checked once against Warp's own conversion)
+_ARRAY_T = type(wp.from_torch(torch.zeros(1), requires_grad=False, return_ctype=True))
+_MAX_DIMS = 4
+_DESCRIPTOR = struct.Struct(f"<QQ{_MAX_DIMS}i{_MAX_DIMS}iHH")
+_DESCRIPTOR = struct.Struct(_DESCRIPTOR.format + "x" * (ctypes.sizeof(_ARRAY_T) - _DESCRIPTOR.size))
+
+
+@functools.cache
+def _element(dtype: torch.dtype, wp_dtype):
+    """(bytes per scalar, element dims) of a Warp array of ``wp_dtype`` (None: Warp's match of
+    ``dtype``) viewing a tensor of ``dtype``; None where :func:`array` leaves the conversion to Warp."""
+    try:
+        if wp_dtype is None:
+            wp_dtype = wp.dtype_from_torch(dtype)
+        size, inner = ctypes.sizeof(wp_dtype._type_), tuple(getattr(wp_dtype, "_shape_", ()))
+        probe = torch.zeros((2, 3, *inner), dtype=dtype)[:, 1]
+        expected = wp.from_torch(probe, dtype=wp_dtype, requires_grad=False, return_ctype=True)  # raises if incompatible
+    except Exception:  # noqa: BLE001 (Warp raises its own error in array())
+        return None
+    if ctypes.sizeof(_ARRAY_T) < _DESCRIPTOR.size or type(expected) is not _ARRAY_T:
+        return None
+    shape, strides = (2,), (3 * math.prod(inner) * size,)
+    pad = (0,) * (_MAX_DIMS - 1)
+    packed = _DESCRIPTOR.pack(probe.data_ptr(), 0, *shape, *pad, *strides, *pad, 1, 0)
+    return (size, inner) if packed == bytes(expected) else None
 
 
 def kernels(factory):
@@ -446,7 +499,8 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
     return lambda c: forward(*calls[c])  # ``packed`` lives as long as ``calls`` refers to it
 
 
-def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK, beside=None) -> None:
+def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK, beside=None,
+           work: typing.Optional[int] = None) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
     The kernel's first parameter is the index of its first thread (``start``), followed by
@@ -462,35 +516,51 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     ``beside``: (kernel, args) of a one-thread launch, or (kernel, args, threads), run with this
     one as one more chunk (on the CPU by a thread of the same team, e.g. one this launch's chunks
     leave idle): two small independent launches in one fork-join.
+
+    ``work``: the caller's estimate of the launch's elementary steps (points touched, beside's
+    included). Below :data:`SERIAL_WORK` the CPU runs everything on the calling thread, one
+    launch after the other: a fork-join costs more than such work, and on a shared machine a
+    helper thread that is not scheduled holds the join up for a time slice.
     """
     if n <= 0:
         return
-    dev = device(like)
     s = cuda_stream(like)
-    bounds = _chunk_bounds(n, s, min_chunk)
+    dev = "cpu" if s is None else device(like)
+    serial = s is None and work is not None and work < SERIAL_WORK
+    bounds = [0, n] if serial else _chunk_bounds(n, s, min_chunk)
     chunks = len(bounds) - 1
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
+    if beside is not None and (beside[2] if len(beside) > 2 else 1) <= 0:
+        beside = None
+    if chunks == 1 and (beside is None or serial) and s is None and (kernel, dev) in _loaded:
+        _runner(kernel, bounds, [values], dev, s)(0)  # the common small launch: no fork-join
+        if beside is not None:
+            launch(beside[0], beside[2] if len(beside) > 2 else 1, beside[1], like, work=0)
+        return
     extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
     if beside is not None:
         side_kernel, side_args, *rest = beside
-        threads = rest[0] if rest else 1
-        if threads > 0:
-            jobs.append((side_kernel, [0, threads], [[_convert(a) for a in side_args]]))
+        jobs.append((side_kernel, [0, rest[0] if rest else 1], [[_convert(a) for a in side_args]]))
     todo = []
     for job in jobs:
         first = _first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))
         run = _runner(*job, dev, s)
         todo += [functools.partial(run, c) for c in range(1 if first else 0, len(job[1]) - 1)]
-    if s is None:
+    if s is None and not serial:
         _run_chunks(lambda c: todo[c](), 0, len(todo))
-    else:  # one stream: in order
+    else:  # one stream, or one thread: in order
         for run in todo:
             run()
     for extra in extras:
         for i, t in extra.items():
             (args[i].tensor if isinstance(t, Typed) else args[i]).add_(t.tensor if isinstance(t, Typed) else t)
+
+
+# Launches whose ``work`` (see :func:`launch`) is below this run on the calling thread alone:
+# torch's own grain size for its parallel loops (at::internal::GRAIN_SIZE).
+SERIAL_WORK = 1 << 15
 
 
 def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):

@@ -19,6 +19,7 @@ ENV = ("device", "cpu", "cores", "torch_threads", "versions", "compile_backend",
 REQUIRED = {
     "results": ("model", "variant"),
     "search": ("bench", "ms"),
+    "small": ("bench", "points", "neighbour", "ms"),
     "geometry_ops": ("model", "variant", "cloud"),
     "sampling": ("op", "variant", "cloud"),
     "point_networks": ("config", "eager", "compiled"),
@@ -219,6 +220,7 @@ def meshes(rows: list, report: dict) -> str:
 SECTIONS = {
     "results": models,
     "search": lambda rows, report: ms_tables("CPU search", rows, lambda r: r["bench"], report.get("search_notes") or ()),
+    "small": lambda rows, report: ms_tables("Small clouds", rows, lambda r: r["bench"]),
     "geometry_ops": geometry,
     "sampling": sampling,
     "point_networks": networks,

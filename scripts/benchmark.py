@@ -45,6 +45,7 @@ from torch import nn  # noqa: E402
 
 import bench_meshes  # noqa: E402
 import bench_search  # noqa: E402
+import bench_small  # noqa: E402
 import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
 import bench_mesh  # noqa: E402
@@ -923,7 +924,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--grid", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=25)
     parser.add_argument("--search", action="store_true", help="only the CPU neighbour-search rows against peers (bench_search.py)")
-    parser.add_argument("--only", action="append", choices=["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport", "compile"],
+    parser.add_argument("--only", action="append", choices=["search", "small", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport", "compile"],
                         help="run only these sections (repeatable; default: all)")
     parser.add_argument("--cpu-time", action="store_true", help="search rows in CPU time (run with OMP_NUM_THREADS=1)")
     parser.add_argument("--rmm-child", action="store_true", help=argparse.SUPPRESS)
@@ -940,9 +941,11 @@ def main(argv=None) -> dict:
     report = environment(device)
     report["compile_backend"] = COMPILE_BACKEND
     print(json.dumps(report))
-    sections = set(args.only or (["search"] if args.search else ["search", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport"]))
+    sections = set(args.only or (["search"] if args.search else ["search", "small", "models", "geometry", "sampling", "networks", "sparse", "transformer", "mesh", "transport"]))
     if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
+    if device.type == "cpu" and "small" in sections:  # one small cloud per call, quiet and beside a busy process (bench_small.py)
+        report["small"] = bench_small.run(args.quick)
     if "models" in sections:
         results = run_models(args, device) + run_ops(args, device)
         if args.sweep:

@@ -9,6 +9,7 @@ import torch
 
 import pcops
 from pcops.ops.neighbours import nearest as knn_module
+from pcops.ops.neighbours.nearest import _kdtree
 from tests import reference
 from tests.compile_check import assert_compiles_like_eager
 from tests.op_suite import TOL, OpSuite, pack_pair, pad, sample_rows
@@ -16,6 +17,14 @@ from tests.reference import CLOUDS, cloud
 
 F64 = torch.float64
 CPU_BACKENDS = ["warp", "scipy", "torch"]
+
+
+@pytest.fixture(autouse=True)
+def _kd_tree_in_warp_tests(request, monkeypatch):
+    """The warp backend's tests here are of its kd-tree: their small clouds would otherwise
+    take the every-pair path (tests/ops/test_small_clouds.py tests that one and the switch)."""
+    if "warp" in request.node.name:
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

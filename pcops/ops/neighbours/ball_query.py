@@ -40,7 +40,7 @@ class BallQuery(NamedTuple):
 
 
 @_warp.kernels
-def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
+def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dense: bool = False):
     """(kernel, Radii, Ints): one thread per query (in cell order) scans the cells that meet
     [q - r, q + r] for the largest of G radii r_0 <= ... <= r_{G-1} (the cell list's), and for
     each radius g keeps the K_g best (distance, original index) pairs of the points within r_g
@@ -55,6 +55,9 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
     and the test is the squared one, ``|q - p|^2 <= r^2`` (the "first K" of
     :func:`_ball_query`'s ``by_index``): no square root per point and no distance column to
     shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
+    ``dense`` (one cloud, no groups): the thread scans every reference point, ``cells.points``
+    in the order ``cells.order`` (small clouds, where building the cell list costs more than
+    the pairs: the same tests and insertions, so the same result, in one launch).
     ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype)
@@ -99,12 +102,20 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
         n = Ints()  # per radius: pairs held, points within it
         total = Ints()
         reach = radius[wp.static(last)]
-        lo, hi = window(cells, i, q, reach)
+        lo = wp.vec3i(0, 0, 0)
+        hi = wp.vec3i(0, 0, 0)
+        if wp.static(dense):  # every point, for a finite query (the window is empty for others)
+            if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+                hi = wp.vec3i(-1, -1, -1)
+        else:
+            lo, hi = window(cells, i, q, reach)
         if wp.static(by_index):
             reach = reach * reach
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                first_j, last_j = run(cells, lo, hi, y, z)
+                first_j, last_j = int(0), cells.points.shape[0]
+                if wp.static(not dense):
+                    first_j, last_j = run(cells, lo, hi, y, z)
                 for j in range(first_j, last_j):
                     if wp.static(by_index):  # squared, against reach^2; idx alone
                         e = q - cells.points[j]
@@ -135,6 +146,10 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False):
 # 0.01-5.0 was up to 1.14x slower (surface cloud, 30,000 points), radii up to 4x apart in one
 # group up to 1.04x slower; groups within 2x were never slower beyond the noise.
 GROUP_RATIO = 2.0
+# One cloud on the CPU with at most this many (query, reference point) pairs: every pair is
+# measured (``dense`` kernels), all radii in one scan, instead of building cell lists: the same
+# result in one launch (docs/ops/ball_query.md).
+SCAN_PAIRS = 1 << 18
 
 
 def _groups(radii: list) -> list[list[int]]:
@@ -164,19 +179,23 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
     _warp.init()
     dists = query.new_empty((0, width)) if by_index else query.new_full((m, width), float("inf"))  # (by_index: unused)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
-    groups = _groups(radii)
+    dense = query.device.type == "cpu" and query_group is None and m * ref.shape[0] <= SCAN_PAIRS
+    groups = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else _groups(radii)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(groups) > 1 else None  # one host read for all
     for group in groups:
-        cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
         if len(group) == 1:  # its own columns, as a view: a kernel for any K
             (g,), columns = group, ()
             rows = [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
         else:
             columns, rows = tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
-        kernel, Radii, Ints = _kernel(query.dtype, columns, by_index)
-        scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
+        kernel, Radii, Ints = _kernel(query.dtype, columns, by_index, dense)
+        if dense:  # small: every pair, no cell list
+            scan = _cells.every_point(query, ref)
+        else:
+            cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
+            scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
-        _warp.launch(kernel, m, args, like=query)
+        _warp.launch(kernel, m, args, like=query, min_chunk=1 if dense else _warp._MIN_CHUNK, work=m * ref.shape[0] if dense else None)
     return idx, counts
 
 

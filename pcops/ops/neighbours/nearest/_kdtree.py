@@ -55,6 +55,9 @@ _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up 
 _PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
 _CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
+# CPU: at most this many (query, reference point) pairs are measured one by one (``_scan_kernel``)
+# instead of building and searching the tree: the same result, one launch (docs/ops/knn.md)
+SCAN_PAIRS = 1 << 16
 
 
 @_warp.kernels
@@ -222,6 +225,49 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
             dists[i, c] = wp.sqrt(dists[i, c])
 
     return search
+
+
+@_warp.kernels
+def _scan_kernel(dtype: torch.dtype, grouped: bool):
+    """Small clouds: each thread measures its query against every reference point (of its group)
+    and keeps the k best in its row with the tree search's insertion (the same order: squared
+    distances compared as their roots, ties by the smaller index), so the result is the tree's."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    insert = _warp_funcs.sorted_insert(dtype, True)
+    slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def scan(
+        start: int,
+        query: wp.array(dtype=v),
+        query_group: wp.array(dtype=wp.int32),
+        points: wp.array(dtype=v),
+        point_group: wp.array(dtype=wp.int32),
+        dists: wp.array2d(dtype=s),
+        idx: wp.array2d(dtype=wp.int64),
+    ):
+        i = wp.tid() + start
+        q = query[i]
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            return
+        k = dists.shape[1]
+        n = int(0)
+        bound = s(wp.inf)
+        for j in range(points.shape[0]):
+            diff = q - points[j]
+            d2 = wp.dot(diff, diff)
+            ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
+            if wp.static(grouped):
+                ok = ok and point_group[j] == query_group[i]
+            if ok:
+                n = insert(dists, idx, i, n, d2, wp.int64(j))
+                if n == k:
+                    bound = wp.min(bound, dists[i, k - 1] * slack)
+        for c in range(n):
+            dists[i, c] = wp.sqrt(dists[i, c])
+
+    return scan
 
 
 @_warp.kernels
@@ -448,10 +494,11 @@ def _depth(n: int) -> int:
     return d
 
 
-def _tree(ref: torch.Tensor, group, beside=None):
+def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     """(points, order, groups, boxes lo/hi, group ranges glo/ghi, split axis/value, depth): the
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices).
-    ``beside``: (kernel, args) of a one-thread launch run with the split of the root."""
+    ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
+    of the root."""
     dev, n = ref.device, ref.shape[0]
     # points in group order (padded batches are already; the check would sync a GPU)
     in_order = group is None or (dev.type == "cpu" and bool((group[1:] >= group[:-1]).all()))
@@ -478,10 +525,12 @@ def _tree(ref: torch.Tensor, group, beside=None):
     # One launch per depth down to where there is a subtree for every CPU thread; then one
     # thread per subtree does the rest (measured from 5,000 to 10^6 points on 2 threads: faster
     # than one thread, or several subtrees per thread, whose launches cost more than they balance).
-    serial = min(depth, (max(torch.get_num_threads(), 1) - 1).bit_length())
+    # (A small tree is built by one thread in one launch, its queries ordered after it.)
+    work = n * max(depth, 1) + queries
+    serial = min(depth, (max(torch.get_num_threads(), 1) - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
     for d in range(depth + 1):
         last = d if d < serial else depth
-        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None)
+        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
         if last == depth:
             break
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
@@ -530,6 +579,12 @@ def search(query, ref, k, query_group, ref_group):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
+    if query.device.type == "cpu" and m * ref.shape[0] <= SCAN_PAIRS:  # small: every pair, one launch
+        groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (torch.zeros(1, dtype=torch.int32),) * 2
+        args = [vec(query), groups[0], vec(ref), groups[1], dists, idx]
+        pairs = m * ref.shape[0]
+        _warp.launch(_scan_kernel(query.dtype, grouped), m, args, like=query, min_chunk=1, work=pairs)
+        return dists, idx
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
     # cell per query, at most 2^5 a side; grids and other queries already in a spatial order
@@ -542,7 +597,7 @@ def search(query, ref, k, query_group, ref_group):
     beside = None
     if query.device.type == "cpu" and not grouped:
         beside, rows, ordered = _cpu_query_order(query)
-    points, order, point_group, lo, hi, glo, ghi, axis, split, depth = _tree(ref, ref_group, beside)
+    points, order, point_group, lo, hi, glo, ghi, axis, split, depth = _tree(ref, ref_group, beside, m if beside is not None else 0)
     if beside is None:
         sort = query.device.type != "cpu"
         if grouped and not sort:  # the trees of the samples are what must fit (no sync on CPU)

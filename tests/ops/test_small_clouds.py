@@ -1,0 +1,198 @@
+"""Small clouds take a one-launch path (every pair measured) below a crossover; the switch never
+changes a result: the same neighbours, ties by the smaller index, padding, counts and gradients
+on both sides of it, and both sides equal the float64 reference."""
+
+import importlib
+
+import pytest
+import torch
+
+import pcops
+from pcops import _warp
+from pcops.ops.neighbours.nearest import _kdtree
+from tests import reference
+from tests.op_suite import F64, pack_pair
+from tests.reference import CLOUDS, cloud
+
+ball_query_module = importlib.import_module("pcops.ops.neighbours.ball_query")
+PATHS = {"every pair": 1 << 40, "tree and cell list": 0}
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request, monkeypatch):
+    """Every search of the test on one side of the crossovers."""
+    monkeypatch.setattr(_kdtree, "SCAN_PAIRS", PATHS[request.param])
+    monkeypatch.setattr(ball_query_module, "SCAN_PAIRS", PATHS[request.param])
+    return request.param
+
+
+def both_paths(monkeypatch, fn):
+    """``fn()`` on each side of the crossovers: (every pair, tree and cell list)."""
+    out = []
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        monkeypatch.setattr(ball_query_module, "SCAN_PAIRS", pairs)
+        out.append(fn())
+    return out
+
+
+def assert_identical(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_knn_equals_the_float64_reference_on_each_side(gen, path, kind):
+    q, p, _ = cloud(kind, gen)
+    for k in (1, 7, p.shape[0]):
+        dists, idx = pcops.knn(q, p, k, backend="warp")
+        ref_d, ref_idx = reference.knn(q, p, k)
+        assert torch.equal(idx, ref_idx)
+        torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_ball_query_equals_the_float64_reference_on_each_side(gen, path, kind):
+    q, p, r = cloud(kind, gen)
+    d = reference.distances(q, p)
+    dists, idx, counts = pcops.ball_query(q, p, r, 9)
+    assert torch.equal(counts, (d <= r).sum(1))
+    ref_d, ref_idx = reference.knn(q, p, 9)
+    inside = ref_d <= r
+    assert torch.equal(idx, torch.where(inside, ref_idx, -1))
+    torch.testing.assert_close(dists, torch.where(inside, ref_d, float("inf")), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_knn_is_identical_across_the_switch(gen, monkeypatch, kind, dtype):
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    for k in (1, 4, 16):
+        scan, tree = both_paths(monkeypatch, lambda: pcops.knn(q, p, k, backend="warp"))
+        assert_identical(scan, tree)
+
+
+def test_knn_ties_on_a_lattice_are_identical_across_the_switch(monkeypatch):
+    axis = torch.arange(5, dtype=torch.float32)
+    p = torch.cartesian_prod(axis, axis, axis)  # many equal distances
+    q = p[::7] + 0.5
+    for k in (1, 6, 27):
+        scan, tree = both_paths(monkeypatch, lambda: pcops.knn(q, p, k, backend="warp"))
+        assert_identical(scan, tree)
+        assert torch.equal(scan.idx, reference.knn(q.double(), p.double(), k)[1])
+
+
+def test_knn_batches_are_identical_across_the_switch(gen, monkeypatch):
+    qs = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (5, 0, 30)]
+    ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (3, 8, 40)]
+    fs = [torch.rand(n, 2, generator=gen, dtype=F64) for n in (3, 8, 40)]
+    qp, qb, _, pp, pb, _, _ = pack_pair(qs, ps, fs, gen)
+    scan, tree = both_paths(monkeypatch, lambda: pcops.knn(qp, pp, 4, query_batch=qb, ref_batch=pb, backend="warp"))
+    assert_identical(scan, tree)
+    assert bool((scan.idx == -1).any())  # the sample with 3 points pads its rows
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_points_are_identical_across_the_switch(gen, monkeypatch, value):
+    q, p = torch.rand(20, 3, generator=gen), torch.rand(30, 3, generator=gen)
+    q[3, 1], p[5, 0] = value, value
+    knn = both_paths(monkeypatch, lambda: pcops.knn(q, p, 5, backend="warp", validate=False))
+    assert_identical(*knn)
+    assert bool((knn[0].idx[3] == -1).all()) and not bool((knn[0].idx == 5).any())
+    ball = both_paths(monkeypatch, lambda: pcops.ball_query(q, p, 0.4, 6, validate=False))
+    assert_identical(*ball)
+    assert int(ball[0].counts[3]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_ball_query_is_identical_across_the_switch(gen, monkeypatch, kind, dtype):
+    q, p, r = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    for k in (1, 5, 200):
+        scan, cells = both_paths(monkeypatch, lambda: pcops.ball_query(q, p, r, k))
+        assert_identical(scan, cells)
+        op = lambda: torch.ops.pcops.ball_query(q, p, r, k, False, None, None, True)  # noqa: E731 (by index)
+        assert_identical(*both_paths(monkeypatch, op))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "duplicates"])
+def test_ball_queries_are_identical_across_the_switch(gen, monkeypatch, kind):
+    q, p, r = cloud(kind, gen)
+    radii, ks = [r, r / 3, 1.5 * r, 5 * r], [4, 2, 7, 3]
+    scan, cells = both_paths(monkeypatch, lambda: pcops.ball_queries(q, p, radii, ks))
+    for a, b in zip(scan, cells, strict=True):
+        assert_identical(a, b)
+
+
+def test_gradients_are_identical_across_the_switch(gen, monkeypatch):
+    q, p, r = cloud("uniform", gen)
+    f = torch.rand(p.shape[0], 4, generator=gen, dtype=F64)
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (q, p, f)]
+        out = pcops.knn_aggregate(*leaves, 5, 0.3, backend="warp").square().sum()
+        out = out + pcops.ball_query(leaves[0], leaves[1], r, 6).dists.clamp_max(9).sum()
+        return torch.autograd.grad(out, leaves)
+
+    assert_identical(*both_paths(monkeypatch, grads))
+
+
+def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypatch):
+    """Below the crossover a kNN search is one launch, above it the tree's several."""
+    launches = []
+    real = _warp.launch
+    monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+    small = torch.rand(64, 3)
+    torch.ops.pcops.knn_warp(small, small, 4, False, None, None)
+    assert launches == [_kdtree._scan_kernel(torch.float32, False)]
+    launches.clear()
+    side = int(_kdtree.SCAN_PAIRS**0.5) + 1
+    large = torch.rand(side, 3)
+    torch.ops.pcops.knn_warp(large, large, 4, False, None, None)
+    assert _kdtree._scan_kernel(torch.float32, False) not in launches and len(launches) >= 2
+
+
+def test_small_launches_run_on_the_calling_thread(monkeypatch):
+    """Work under ``SERIAL_WORK`` never forks: no helper thread can hold up its join."""
+    forks = []
+    real = _warp._run_chunks
+    monkeypatch.setattr(_warp, "_run_chunks", lambda *a: (forks.append(a), real(*a)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    try:
+        for n in (16, 100):
+            p = torch.rand(n, 3)
+            pcops.knn(p, p, 4)
+            pcops.ball_query(p, p, 0.3, 8)
+    finally:
+        torch.set_num_threads(threads)
+    assert forks == []
+
+
+def test_warp_array_descriptors_equal_warps_own_conversion():
+    """``_warp.array`` packs the descriptor ``wp.from_torch(..., return_ctype=True)`` builds."""
+    import warp as wp
+
+    cases = [
+        (torch.rand(5, 3), wp.vec3f),
+        (torch.rand(5, 3, dtype=F64), wp.vec3d),
+        (torch.rand(4, 5, 3)[:, 1:], wp.vec3f),
+        (torch.arange(6), None),
+        (torch.rand(2, 3, 3, 3), wp.mat33f),
+        (torch.rand(7, 4)[:, ::2], None),
+        (torch.rand(0, 3), wp.vec3f),
+        (torch.zeros(3, dtype=torch.int32), None),
+        (torch.rand(3, 4).t(), None),
+        (torch.rand(2, 3, 4, 5), None),
+        (torch.rand(3, 1).expand(3, 6), None),
+    ]
+    for t, dtype in cases:
+        assert bytes(_warp.array(t, dtype)) == bytes(wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True))
+    temporary = _warp.array(torch.arange(6.0).view(2, 3).t().contiguous(), wp.float32)
+    assert temporary._ref.data_ptr() == temporary.data  # the descriptor keeps its tensor's memory alive
+    with pytest.raises(RuntimeError):
+        _warp.array(torch.rand(5, 3, dtype=F64), wp.vec3f)  # Warp's own error for an incompatible dtype
+    with pytest.raises(RuntimeError):
+        _warp.array(torch.rand(5, 4), wp.vec3f)
