@@ -77,7 +77,7 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
         assert fallback not in text  # every section and row of the JSON has its own table
     titles = {"results": "Models (results)", "search": "CPU search", "geometry_ops": "Geometry ops", "sampling": "Sampling",
               "point_networks": "Point networks", "sparse": "Sparse", "transformer": "Transformer", "mesh": "Meshes",
-              "transport": "Transport"}
+              "transport": "Transport", "small": "Small clouds"}
     assert {key for key, value in report.items() if isinstance(value, list) and key != "search_notes"} == set(titles)
     blocks = {key: "".join(b for b in text.split("\n### ")[1:] if b.startswith(title)) for key, title in titles.items()}
     assert all(blocks.values()), [key for key, block in blocks.items() if not block]
@@ -95,7 +95,7 @@ def test_bench_report_renders_every_section_with_the_json_ratios(quick_run):
                          row(geometry, model="chamfer_distance", variant="torch_cdist")["train_step_ms"]),
         "sampling": (row(sampling, op="voxel_pool", variant="pcops")["ms"], row(sampling, op="voxel_pool", variant="torch_scatter")["ms"]),
     }
-    for key in ("sparse", "transformer", "transport"):
+    for key in ("sparse", "transformer", "transport", "small"):
         ms = report[key][0]["ms"]
         pairs[key] = (ms["pcops"], next(v for name, v in ms.items() if name != "pcops"))
     loss = row(report["mesh"], bench="point_mesh_face_distance")["ms"]  # its rows need no peer but torch
