@@ -22,6 +22,8 @@ F32, F64 = torch.float32, torch.float64
 
 FACTORIES = [
     *[(f"knn search {d} grouped={g}", nearest._search_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
+    *[(f"knn scan {d} grouped={g}", nearest._scan_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
+    *[(f"ball query dense {d}", ball_query._kernel, (d, (), False, True)) for d in (F32, F64)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_query._kernel, (d,)) for d in (F32, F64)],
