@@ -53,6 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import warp as wp
 
+from . import _threads
+
 # Below this many threads a launch is not worth splitting across CPU threads.
 _MIN_CHUNK = 1024
 
@@ -313,11 +315,13 @@ def _zeros_like(arg):
 
 
 def _chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
-    """Thread ranges of a launch: one on CUDA; on the CPU one per thread, each of at least
+    """Thread ranges of a launch: one on CUDA; on the CPU one per torch thread (as the caller
+    set torch's count: :func:`pcops._threads.requested`, so that a busy machine runs the same
+    chunks on fewer threads and the sums of scattered copies do not change), each of at least
     ``min_chunk`` threads. (More chunks per thread, to balance uneven work, measured slower on
     every op: a chunk's hand-off costs more than the imbalance, and contiguous ranges of
     spatially ordered queries keep each core's cache on its own part of the data.)"""
-    chunks = 1 if s is not None else max(1, min(torch.get_num_threads(), n // max(min_chunk, 1)))
+    chunks = 1 if s is not None else max(1, min(_threads.requested(), n // max(min_chunk, 1)))
     return [n * c // chunks for c in range(chunks + 1)]
 
 
@@ -357,10 +361,10 @@ def _find_openmp():
 
 
 def _run_chunks(run, first: int, chunks: int) -> None:
-    """``run(c)`` for c = first .. chunks - 1: at most torch.get_num_threads() threads (the
+    """``run(c)`` for c = first .. chunks - 1: at most :func:`pcops._threads.available` threads (the
     calling one and torch's OpenMP workers, or pool threads; Warp launches release the GIL)
     take the chunks in turn."""
-    workers = min(torch.get_num_threads(), chunks - first)
+    workers = min(_threads.available(), chunks - first)
     if workers <= 1:
         for c in range(first, chunks):
             run(c)
@@ -506,7 +510,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     The kernel's first parameter is the index of its first thread (``start``), followed by
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    into a chunk per ``torch.get_num_threads()`` thread, each running at least ``min_chunk``
+    into a chunk per thread (:func:`pcops._threads.available`), each running at least ``min_chunk``
     threads (less for kernels whose threads do much work each); the tensors at the positions
     ``scatter`` (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk,
     summed back into the original after the launches. The first launch of a kernel on a device

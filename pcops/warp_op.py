@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 import warp as wp
 
-from . import _warp
+from . import _threads, _warp
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INT_TYPES = (wp.int8, wp.uint8, wp.int16, wp.uint16, wp.int32, wp.uint32, wp.int64, wp.uint64)
@@ -511,7 +511,7 @@ def warp_op(
     spec = _Spec(name, kernel, split, inputs, outs, shapes, dim, grad_pos, accumulate_pos, backward, backward_split, min_chunk)
     tags = (torch.Tag.cudagraph_unsafe,)
     forward, fake = _forward_impl(spec)
-    op = torch.library.custom_op(
+    op = _threads.custom_op(
         name, forward, mutates_args=(), schema=_schema([(p.name, p.schema) for p in inputs], len(outs)), tags=tags
     )
     op.register_fake(fake)
@@ -521,7 +521,7 @@ def warp_op(
         bwd_params = [(p.name, p.schema) for p in inputs] + [(_unique(p.name, taken), "Tensor") for p in outs]
         bwd_params += [(_unique(f"grad_{outs[i].name}", taken), "Tensor") for i in spec.float_outputs]
         impl, bwd_fake = _backward_impl(spec)
-        backward_op = torch.library.custom_op(
+        backward_op = _threads.custom_op(
             name + "_backward", impl, mutates_args=(), schema=_schema(bwd_params, len(grad_pos)), tags=tags
         )
         backward_op.register_fake(bwd_fake)

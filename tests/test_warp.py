@@ -17,7 +17,7 @@ import torch
 import warp as wp
 
 import pcops
-from pcops import _warp
+from pcops import _threads, _warp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -280,6 +280,7 @@ def chunk_threads(request, monkeypatch):
     if request.param == "pool":
         monkeypatch.setattr(_warp, "_openmp_state", [None])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two threads even on a one-core runner
+    monkeypatch.setattr(_threads, "available", lambda: 2)  # and on a busy one
     return request.param
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from ... import _batch, _validate
+from ... import _batch, _threads, _validate
 from ..neighbours.nearest import search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
@@ -94,7 +94,7 @@ def _first_tied(tree, q: np.ndarray, r: np.ndarray) -> np.ndarray:
     return best
 
 
-@torch.library.custom_op("pcops::nearest_l1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::nearest_l1", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def nearest_l1(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -193,6 +193,7 @@ def _batch_size(x, x_batch, y_batch, batch_size) -> tuple[int, dict | None]:
     return max((int(t.max()) for t in ids), default=0) + 1, None
 
 
+@_threads.limits
 def chamfer_distance(
     x: torch.Tensor,
     y: torch.Tensor,

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp
+from ... import _batch, _threads, _validate, _warp
 from ..neighbours.nearest import search
 
 
@@ -242,7 +242,7 @@ def _kernel(dtype: torch.dtype, oriented: bool):
     return normals
 
 
-@torch.library.custom_op("pcops::knn_normals", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::knn_normals", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _knn_normals(points: torch.Tensor, idx: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
     """points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), view
     None (the sign rule), (1, 3) or (P, 3) viewpoints -> unit normals (P, 3) (zeros where a row
@@ -304,6 +304,7 @@ class _SmallestEigenvector(torch.autograd.Function):
         return 0.5 * (g + g.transpose(-1, -2))
 
 
+@_threads.limits
 def estimate_normals(
     points: torch.Tensor,
     k: int,

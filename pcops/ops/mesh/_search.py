@@ -22,7 +22,7 @@ import math
 import torch
 import warp as wp
 
-from ... import _validate, _warp
+from ... import _threads, _validate, _warp
 from . import _tree
 
 TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distances this close are ties
@@ -272,7 +272,7 @@ def _winding_kernel(dtype: torch.dtype):
     return winding
 
 
-@torch.library.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> list[torch.Tensor]:
     """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 -> the tensors of :class:`._tree.Tree`."""
     return list(_tree.build(vertices, faces, face_group, vertices.dtype))
@@ -292,7 +292,7 @@ def _queries(qa: torch.Tensor) -> int:
     return qa.shape[0]
 
 
-@torch.library.custom_op("pcops::mesh_closest", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::mesh_closest", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_closest(
     qa: torch.Tensor, qb: torch.Tensor, qc: torch.Tensor, query_group: torch.Tensor,
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
@@ -332,7 +332,7 @@ def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_d
                                         float(max_dist), triangles is not None, validate)
 
 
-@torch.library.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_winding(
     query: torch.Tensor, query_group: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
     glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor, radius: torch.Tensor,

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _validate
+from ... import _threads, _validate
 from . import _layout, _search, _tree, _triangle
 
 
@@ -68,6 +68,7 @@ def _build(flat: _layout.FlatMesh) -> MeshBVH:
     return MeshBVH(flat.vertices, flat.faces, flat.face_group, tree, flat.batch, flat.face_rows)
 
 
+@_threads.limits
 def mesh_bvh(vertices: torch.Tensor, faces: torch.Tensor, *, vertices_lengths: Optional[torch.Tensor] = None,
              faces_lengths: Optional[torch.Tensor] = None, vertices_batch: Optional[torch.Tensor] = None,
              validate: bool = True) -> MeshBVH:
@@ -101,6 +102,7 @@ def mesh_bvh(vertices: torch.Tensor, faces: torch.Tensor, *, vertices_lengths: O
     return _build(flat)
 
 
+@_threads.limits
 def mesh_distance(
     points: torch.Tensor,
     vertices,

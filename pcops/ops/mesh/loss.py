@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ... import _validate
+from ... import _threads, _validate
 from . import _layout, _search, _triangle
 
 
@@ -32,6 +32,7 @@ def _per_sample(ids: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(ordered, ids, right=True) - torch.searchsorted(ordered, ids)
 
 
+@_threads.limits
 def point_mesh_face_distance(
     points: torch.Tensor,
     vertices: torch.Tensor,

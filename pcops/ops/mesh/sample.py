@@ -47,7 +47,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp
+from ... import _batch, _threads, _validate, _warp
 from . import _layout
 
 
@@ -160,7 +160,7 @@ def _draw_kernel(dtype: torch.dtype, from_seeds: bool):
     return draw
 
 
-@torch.library.custom_op("pcops::mesh_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::mesh_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sample(area: torch.Tensor, owner: torch.Tensor, corners: torch.Tensor, normals: torch.Tensor, seeds: Optional[torch.Tensor],
             uniform: Optional[torch.Tensor], n: int, validate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """n draws per mesh on the faces of B meshes in a row: ``area`` (F,) float64 (owner (F,) int64
@@ -291,6 +291,7 @@ def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     return corners, normals, torch.nan_to_num(area, 0.0, 0.0, 0.0)
 
 
+@_threads.limits
 def sample_points_on_mesh(
     vertices: torch.Tensor,
     faces: torch.Tensor,

@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _threads, _validate, _warp, _warp_funcs
 from . import _cells
 from .nearest import _distances
 
@@ -199,7 +199,7 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
     return idx, counts
 
 
-@torch.library.custom_op("pcops::ball_query", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::ball_query", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _ball_query(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -227,7 +227,7 @@ def _(query, ref, radius, max_neighbors, validate, query_group, ref_group, by_in
     return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)
 
 
-@torch.library.custom_op("pcops::ball_queries", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::ball_queries", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _ball_queries(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -253,6 +253,7 @@ def _check_max_neighbors(max_neighbors) -> None:
     _validate.count("max_neighbors", max_neighbors)
 
 
+@_threads.limits
 def ball_query(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -333,6 +334,7 @@ def _check_radii(radii, max_neighbors) -> tuple[list, list]:
     return radii, ks
 
 
+@_threads.limits
 def ball_queries(
     query: torch.Tensor,
     ref: torch.Tensor,

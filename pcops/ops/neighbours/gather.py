@@ -13,7 +13,7 @@ indexing, see :func:`pcops._batch.rows`), and a ``where`` for the padding. It co
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ... import _batch, _validate
+from ... import _batch, _threads, _validate
 
 
 def _layout(features, idx) -> bool:
@@ -31,6 +31,7 @@ def _layout(features, idx) -> bool:
     return padded
 
 
+@_threads.limits
 def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Rows of ``features`` at ``idx``, zeros where ``idx`` is -1 (PyTorch3D's ``knn_gather``).
 

@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _cells
 from .ball_query import _ball_query
@@ -56,7 +56,7 @@ def _padded(edges: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]
     return _bound.fit(edges, size, -1, dim=1), _bound.count(edges.shape[1], edges)
 
 
-@torch.library.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::edges", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _edges_op(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """A neighbour table (M, K) int64 and a keep mask (M, K) -> edge_index (2, E)."""
     return _edges(idx, keep)
@@ -68,7 +68,7 @@ def _(idx, keep):
     return idx.new_empty((2, e))
 
 
-@torch.library.custom_op("pcops::edges_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::edges_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _edges_padded(idx: torch.Tensor, keep: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """pcops::edges in the static-size form: (edge_index (2, size), count ())."""
     return _padded(_edges(idx, keep), size)
@@ -152,7 +152,7 @@ def _all_within(points: torch.Tensor, radius: float, loop: bool, group: Optional
     return edges
 
 
-@torch.library.custom_op("pcops::radius_graph", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::radius_graph", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_graph(
     points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor]
 ) -> torch.Tensor:
@@ -180,7 +180,7 @@ def _(points, radius, max_neighbors, loop, validate, group):
     return points.new_empty((2, e), dtype=torch.int64)
 
 
-@torch.library.custom_op("pcops::radius_graph_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::radius_graph_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_graph_padded(
     points: torch.Tensor, radius: float, max_neighbors: int, loop: bool, validate: bool, group: Optional[torch.Tensor], size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,6 +201,7 @@ def _layout(points, batch, loop, validate) -> _batch.Flat:
     return _batch.single(points, batch=batch, validate=validate)
 
 
+@_threads.limits
 def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
               validate: bool = True, max_edges: Optional[int] = None):
     """Edges from each point's k nearest points of its sample (PyG's ``knn_graph``).
@@ -238,6 +239,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
     return torch.ops.pcops.edges(idx, keep)
 
 
+@_threads.limits
 def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
                  max_neighbors: Optional[int] = None, validate: bool = True, max_edges: Optional[int] = None):
     """Edges from each point to the points of its sample within ``radius`` (PyG's ``radius_graph``).

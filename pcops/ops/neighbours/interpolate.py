@@ -6,10 +6,11 @@ from typing import Optional
 
 import torch
 
-from ... import _validate
+from ... import _threads, _validate
 from .nearest import knn_aggregate
 
 
+@_threads.limits
 def knn_interpolate(
     query: torch.Tensor,
     ref: torch.Tensor,

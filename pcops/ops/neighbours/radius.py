@@ -31,7 +31,7 @@ import torch
 import torch._prims_common
 import warp as wp
 
-from ... import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _threads, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
 
 
@@ -277,7 +277,7 @@ def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius,
     _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
 
 
-@torch.library.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -326,7 +326,7 @@ def _(query, ref, features, sigma, radius, validate, query_group, ref_group, wei
             ref.new_empty((_cells.capacity(n),), **long))
 
 
-@torch.library.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::radius_aggregate_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_aggregate_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -450,7 +450,7 @@ def _max_kernel(dtype: torch.dtype):
     return forward_max
 
 
-@torch.library.custom_op("pcops::radius_max", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::radius_max", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _radius_max(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -500,6 +500,7 @@ def _max_backward(ctx, grad_out, _grad_arg):
 _radius_max.register_autograd(_max_backward, setup_context=_max_setup_context)
 
 
+@_threads.limits
 def radius_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,

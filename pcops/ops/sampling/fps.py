@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _threads, _validate, _warp, _warp_funcs
 
 
 class FPS(NamedTuple):
@@ -475,7 +475,7 @@ def _run_samples(kernel, b: int, values: list) -> None:
     sample each, for batches up to that size), taken in turn by the first free thread
     (samples differ in work, and a thread can be descheduled: fixed halves left one thread
     idle while the other finished its half)."""
-    threads = torch.get_num_threads()
+    threads = _threads.available()
     chunks = 1 if threads <= 1 else min(b, 8 * threads)
     bounds = [b * c // chunks for c in range(chunks + 1)]
     private = [values] * chunks
@@ -531,7 +531,7 @@ def _check_start(start: torch.Tensor, lengths: torch.Tensor) -> None:
         raise ValueError("start_idx must not repeat an index (a sample's start set holds distinct points)")
 
 
-@torch.library.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, n_samples: int, validate: bool) -> torch.Tensor:
     """points (B, N, 3) float32/64, lengths (B,), counts (B,) picks per sample (<= lengths),
     start (B, M) the first M picks of each sample; returns idx (B, n_samples) int64, -1 past each
@@ -644,6 +644,7 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -
     return t.to(torch.int64)
 
 
+@_threads.limits
 def farthest_point_sample(
     points: torch.Tensor,
     n_samples: Optional[int] = None,
@@ -754,7 +755,7 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
     return FPS(points[idx], idx)
 
 
-@torch.library.custom_op("pcops::farthest_point_sample_packed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::farthest_point_sample_packed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _fps_packed(
     points: torch.Tensor, batch: torch.Tensor, start: torch.Tensor, n_samples: int, ratio: Optional[torch.Tensor],
     uniform: Optional[torch.Tensor], validate: bool,

@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ... import _batch, _deprecated, _validate
+from ... import _batch, _deprecated, _threads, _validate
 from .. import _bound
 from . import _voxels
 
@@ -82,7 +82,7 @@ class GridSamplePadded(NamedTuple):
     coords = _deprecated.field("coords", "grid_coord", "GridSamplePadded")
 
 
-@torch.library.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::grid_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _grid_cluster(
     points: torch.Tensor,
     voxel_size: float,
@@ -156,6 +156,7 @@ def _origin(origin, points: torch.Tensor):
 
 
 @_deprecated.renamed(grid_size="voxel_size")
+@_threads.limits
 def grid_sample(
     points: torch.Tensor,
     voxel_size: float,

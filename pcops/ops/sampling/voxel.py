@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ... import _batch, _validate
+from ... import _batch, _threads, _validate
 from .. import _bound
 from . import _voxels
 
@@ -53,7 +53,7 @@ class VoxelPoolPadded(NamedTuple):
     count: torch.Tensor
 
 
-@torch.library.custom_op("pcops::voxel_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::voxel_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _voxel_cluster(
     points: torch.Tensor, voxel_size: float, batch: Optional[torch.Tensor], validate: bool, size: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,6 +83,7 @@ def _(points, voxel_size, batch, validate, size=-1):
     return like.new_empty((points.shape[0],)), like.new_empty((v,)), like.new_empty(())
 
 
+@_threads.limits
 def voxel_pool(
     points: torch.Tensor,
     voxel_size: float,

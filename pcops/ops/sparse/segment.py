@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp
+from ... import _batch, _threads, _validate, _warp
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 
@@ -207,7 +207,7 @@ def _torch_spread(grad: torch.Tensor, offsets: torch.Tensor, reduce: str, rows: 
     return torch.cat([grad.new_zeros((first, grad.shape[1])), inner, grad.new_zeros((rows - last, grad.shape[1]))])
 
 
-@torch.library.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::segment_reduce", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str, validate: bool = False, with_arg: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """values (N, F) float32/64, offsets (S + 1,) int64 -> (out (S, F), arg (S, F) int64 for
     max/min with ``with_arg``: the row of each extremum, -1 for an empty segment; (0, F) for
@@ -238,7 +238,7 @@ def _(values, offsets, reduce, validate=False, with_arg=True):
     return values.new_empty((segments, values.shape[1])), values.new_empty(_arg_shape(values, segments, reduce, with_arg), dtype=torch.int64)
 
 
-@torch.library.custom_op("pcops::segment_reduce_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::segment_reduce_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _segment_reduce_backward(grad: torch.Tensor, offsets: torch.Tensor, arg: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
     """grad (S, F) of the output -> grad (rows, F) of the values (0 for rows in no segment)."""
     if grad.device.type == "cpu" and reduce in ("sum", "mean") and grad.shape[0] > 0:
@@ -364,6 +364,7 @@ def _layout(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     return num_segments
 
 
+@_threads.limits
 def segment_reduce(
     values: torch.Tensor,
     offsets: Optional[torch.Tensor] = None,

@@ -29,7 +29,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp, _warp_funcs
+from ... import _batch, _threads, _validate, _warp, _warp_funcs
 from ..neighbours.gather import rows as _rows
 from .. import _bound
 from . import segment as _segment
@@ -154,7 +154,7 @@ def _check_values(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth
             raise ValueError(f"batch values must be in [0, 2**(63 - 3*depth)) = [0, {limit}) for depth={depth} (the code is an int64), got min {low}, max {high}")
 
 
-@torch.library.custom_op("pcops::serialize_codes", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::serialize_codes", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int, orders: list[int], validate: bool = True) -> torch.Tensor:
     """grid_coord (N, 3) int, batch (N,) int or None -> codes (K, N) int64 for the K ``orders`` (indices into ORDERS).
     ``validate``: check the values (unchecked, values out of range give unspecified codes)."""
@@ -207,6 +207,7 @@ def _layout(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     return depth, [ORDERS.index(name) for name in names], single
 
 
+@_threads.limits
 def serialize(
     grid_coord: torch.Tensor,
     batch: Optional[torch.Tensor] = None,
@@ -247,7 +248,7 @@ def serialize(
     return Serialization(code, order_, inverse)
 
 
-@torch.library.custom_op("pcops::serialized_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::serialized_cluster", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _serialized_cluster(code: torch.Tensor, shift: int, size: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """code (N,) int64 -> points sharing code >> shift: (cluster (N,), points sorted by parent (N,),
     a CSR pointer of the parents over them (V + 1,), V as a 0-dim int64); parents in increasing
@@ -313,6 +314,7 @@ def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce
     return n
 
 
+@_threads.limits
 def serialized_pool(
     code: torch.Tensor,
     pooling_depth: int = 1,
@@ -391,6 +393,7 @@ def serialized_pool(
     return SerializedPoolPadded(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head, count)
 
 
+@_threads.limits
 def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Parents' features back to their points (Pointcept's ``SerializedUnpooling`` gather,
     ``point.feat[inverse]``): ``features[cluster]``.

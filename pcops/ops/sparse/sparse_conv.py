@@ -50,7 +50,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _deprecated, _validate, _warp
+from ... import _batch, _deprecated, _threads, _validate, _warp
 
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
 _SENTINEL = 2**63 - 1  # after the last input key: above every query
@@ -267,7 +267,7 @@ def _pairs(neighbours: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return in_index, out_index, counts
 
 
-@torch.library.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sparse_kernel_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _kernel_map(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: int, dilation: int, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -285,7 +285,7 @@ def _(grid_coord, batch, kernel_size, dilation, validate=True):
     return like.new_empty((k3, n)), like.new_empty((k3 * n,)), like.new_empty((k3 * n,)), like.new_empty((k3,))
 
 
-@torch.library.custom_op("pcops::sparse_conv_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sparse_conv_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _conv_map(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], out_coord: torch.Tensor, out_batch: Optional[torch.Tensor],
     kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], validate: bool = True,
@@ -333,7 +333,7 @@ def _decode(key: torch.Tensor, out_shape: list[int], id_low: int, dtype: torch.d
     return torch.stack([x, y, z], 1).to(dtype), sample + id_low
 
 
-@torch.library.custom_op("pcops::sparse_conv_sites_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sparse_conv_sites_map", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _conv_sites_map(
     grid_coord: torch.Tensor, batch: Optional[torch.Tensor], kernel_size: list[int], stride: list[int], padding: list[int],
     dilation: list[int], out_shape: list[int], validate: bool = True,
@@ -389,7 +389,7 @@ def _segments(counts: torch.Tensor, n: int, submanifold: bool):
     return [s for s in segments if not (identity and s[0] == centre)], identity, centre
 
 
-@torch.library.custom_op("pcops::sparse_conv", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sparse_conv", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sparse_conv(
     features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor, counts: torch.Tensor,
     num_out: Optional[int] = None,
@@ -435,7 +435,7 @@ def _(features, weight, in_index, out_index, counts, num_out=None):
     return features.new_empty((features.shape[0] if num_out is None else num_out, weight.shape[2]))
 
 
-@torch.library.custom_op("pcops::sparse_conv_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sparse_conv_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sparse_conv_backward(
     grad: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tensor, out_index: torch.Tensor,
     counts: torch.Tensor, need_features: bool, need_weight: bool, num_out: Optional[int] = None,
@@ -525,6 +525,7 @@ def _sites(grid_coord, batch, kernel_size, dilation) -> None:
 
 
 @_deprecated.renamed(coords="grid_coord")
+@_threads.limits
 def sparse_kernel_map(grid_coord: torch.Tensor, *, batch: Optional[torch.Tensor] = None, kernel_size: int = 3, dilation: int = 1,
                       validate: bool = True) -> KernelMap:
     """The kernel map of unique sites ``grid_coord`` (N, 3) (with optional ``batch`` (N,) sample ids).
@@ -554,6 +555,7 @@ def _kernel_size_of(weight: torch.Tensor, kernel_size) -> int:
 
 
 @_deprecated.renamed(coords="grid_coord")
+@_threads.limits
 def sparse_conv3d(
     features: torch.Tensor,
     grid_coord: Optional[torch.Tensor],

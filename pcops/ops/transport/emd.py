@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ... import _batch, _validate
+from ... import _batch, _threads, _validate
 from .sinkhorn import _samples
 
 MAX_POINTS = 4096  # the default largest sample the exact solver takes (about 3 s on one core at p=2)
@@ -57,7 +57,7 @@ def _cost_matrix(x: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
     return d2 if p == 2 else np.sqrt(d2)
 
 
-@torch.library.custom_op("pcops::emd_match", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::emd_match", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _emd_match(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -140,6 +140,7 @@ def _per_sample(cost, flat: _batch.Flat, x, samples: int, reduction: str) -> tor
     return total / count.clamp_min(1)
 
 
+@_threads.limits
 def earth_movers_distance(
     x: torch.Tensor,
     y: torch.Tensor,

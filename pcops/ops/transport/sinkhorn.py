@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from ... import _batch, _validate, _warp
+from ... import _batch, _threads, _validate, _warp
 from ..geometry.chamfer import _batch_size
 
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -321,7 +321,7 @@ def _per_sample(blocks: _Blocks, values: torch.Tensor, weights: torch.Tensor, id
     return values.new_zeros(blocks.samples + 1).index_add(0, ids, terms)[: blocks.samples]
 
 
-@torch.library.custom_op("pcops::sinkhorn", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sinkhorn", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -361,7 +361,7 @@ def _(x, y, x_weights, y_weights, x_group, y_group, samples, p, blur, scaling, d
     return x.new_empty((samples,)), x.new_empty((2, 2 * x.shape[0] + 2 * y.shape[0]))
 
 
-@torch.library.custom_op("pcops::sinkhorn_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+@_threads.custom_op("pcops::sinkhorn_backward", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _sinkhorn_backward(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -488,6 +488,7 @@ def _reduce(loss: torch.Tensor, x, x_batch, batch_reduction) -> torch.Tensor:
     return loss
 
 
+@_threads.limits
 def sinkhorn_divergence(
     x: torch.Tensor,
     y: torch.Tensor,

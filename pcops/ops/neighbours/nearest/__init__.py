@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .... import _batch, _validate
+from .... import _batch, _threads, _validate
 from .. import _weighting
 from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
@@ -152,6 +152,7 @@ def _any_dim_backend(backend: str) -> str:
     return backend
 
 
+@_threads.limits
 def knn(
     query: torch.Tensor,
     ref: torch.Tensor,
@@ -206,6 +207,7 @@ def knn(
     return KNN(_batch.unflatten(flat, dists.to(out_dtype)), _batch.unflatten(flat, idx))
 
 
+@_threads.limits
 def knn_aggregate(
     query: torch.Tensor,
     ref: torch.Tensor,

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .... import _validate
+from .... import _threads, _validate
 
 BACKENDS: dict[str, "Backend"] = {}
 
@@ -64,7 +64,7 @@ def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (),
             return fn(query, ref, k, query_group, ref_group)
 
         # every backend syncs or allocates outside torch: CUDA graphs must not capture it
-        op = torch.library.custom_op(
+        op = _threads.custom_op(
             f"pcops::knn_{name}", search, mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,)
         )
         op.register_fake(_fake)

@@ -1,0 +1,147 @@
+"""CPU threads for pcops' work on a machine other processes share.
+
+pcops' CPU work (its own chunked Warp launches and the torch operations inside its ops) runs
+on ``torch.get_num_threads()`` threads, less the cores other processes kept busy in the last
+:data:`WINDOW` seconds (:func:`available`). A fork-join over more threads than there are free
+cores waits, at each join, for a thread the scheduler has not run yet, and static chunks wait for
+the slowest: a call made of many short parallel steps then takes several times its serial time.
+With the busy cores left out, a call on a shared machine costs at most what its share of the
+machine allows.
+
+The busy cores are read from Linux's ``/proc/stat`` (the CPU time of the cores this process
+may run on) less this process's own CPU time, at most once per window; where that cannot be
+read, every thread is used. :func:`custom_op` defines pcops' custom ops with a CPU kernel that
+runs under :func:`limited`, so torch operations inside an op follow the same count; the count
+torch reports outside pcops' ops is never changed.
+"""
+
+import contextlib
+import functools
+import os
+import threading
+import time
+
+import torch
+
+# Seconds between two readings of the machine's CPU time: the busy cores are those of the last one.
+WINDOW = 0.25
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_lock = threading.Lock()
+# [time, busy ticks of this process's cores, own CPU seconds, cores free for pcops] of the last
+# reading (free cores None where no other process keeps a core busy, or before two readings)
+_last: list = [None, None, None, None]
+
+
+def available() -> int:
+    """How many threads pcops' CPU work runs on: torch's count, or, where other processes kept
+    a core or more busy in the last window, at most the cores of this process's affinity they
+    left free (at least 1)."""
+    wanted = torch.get_num_threads()
+    if wanted <= 1:
+        return wanted
+    now = time.monotonic()
+    if _last[0] is None or now - _last[0] >= WINDOW:
+        _refresh(now)
+    free = _last[3]
+    return wanted if free is None else max(1, min(wanted, free))
+
+
+def _refresh(now: float) -> None:
+    with _lock:
+        if _last[0] is not None and now - _last[0] < WINDOW:
+            return
+        cores = _cores()
+        busy = _busy_ticks(cores)
+        own = sum(os.times()[:2])
+        if busy is None:
+            _last[:] = [now, None, None, None]
+            return
+        then, busy0, own0, _ = _last
+        free = None
+        if then is not None and busy0 is not None:
+            others = int(max(((busy - busy0) / _TICKS - (own - own0)) / (now - then), 0.0) + 0.5)
+            free = len(cores) - others if others else None
+        _last[:] = [now, busy, own, free]
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _busy_ticks(cores: list[int]):
+    """The ticks the CPUs ``cores`` spent on anything but idling (steal included: a
+    hypervisor's other guests), from /proc/stat; None where it cannot be read."""
+    wanted = {f"cpu{c}" for c in cores}
+    try:
+        with open("/proc/stat") as stat:
+            lines = [line.split() for line in stat if line.startswith("cpu") and not line.startswith("cpu ")]
+        total = 0
+        for fields in lines:
+            if fields[0] in wanted:
+                ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+                total += sum(ticks) - ticks[3] - ticks[4]
+        return total
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def requested() -> int:
+    """torch's thread count as the caller set it, inside :func:`limited` too: the number of
+    chunks a CPU launch is split into, so that results (sums of private copies) do not depend on
+    how busy the machine is; :func:`available` threads run them."""
+    return getattr(_local, "requested", None) or torch.get_num_threads()
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def limited():
+    """torch's thread count set to :func:`available` for the block (where that is fewer), then restored."""
+    wanted = torch.get_num_threads()
+    n = available()
+    if n >= wanted:
+        yield
+        return
+    outer = getattr(_local, "requested", None)
+    _local.requested = outer or wanted
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(wanted)
+        _local.requested = outer
+
+
+def custom_op(name: str, fn=None, /, **kwargs):
+    """``torch.library.custom_op(name, fn, **kwargs)`` (also as a decorator) with a CPU kernel
+    that runs ``fn`` under :func:`limited`."""
+    if fn is None:
+        return functools.partial(custom_op, name, **kwargs)
+    op = torch.library.custom_op(name, fn, **kwargs)
+
+    @functools.wraps(fn)
+    def cpu(*args, **kw):
+        with limited():
+            return fn(*args, **kw)
+
+    op.register_kernel("cpu", cpu)
+    return op
+
+
+def limits(fn):
+    """Decorator of a public function: its eager calls run under :func:`limited` (the torch
+    operations around its custom ops included); traced by ``torch.compile``, it is ``fn``."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        with limited():
+            return fn(*args, **kwargs)
+
+    return call

@@ -1,0 +1,168 @@
+"""pcops._threads: CPU threads on a machine other processes share."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import pcops
+from pcops import _threads
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A scripted machine: ``machine.busy`` ticks of the cores so far, ``machine.own`` seconds of
+    this process's CPU time, ``machine.now`` the clock; returns a function that advances them."""
+
+    class Machine:
+        busy, own, now = 0, 0.0, 1000.0
+
+        def advance(self, seconds: float, others: float, own: float = 0.0) -> None:
+            """``seconds`` pass with other processes using ``others`` cores and this one ``own``."""
+            self.now += seconds
+            self.own += own * seconds
+            self.busy += round((others + own) * seconds * _threads._TICKS)
+
+    m = Machine()
+    monkeypatch.setattr(_threads, "_busy_ticks", lambda cores: m.busy)
+    monkeypatch.setattr(_threads.os, "times", lambda: os.times_result((m.own, 0.0, 0.0, 0.0, 0.0)))
+    monkeypatch.setattr(_threads.time, "monotonic", lambda: m.now)
+    monkeypatch.setattr(_threads, "_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(_threads, "_last", [None, None, None, None])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    return m
+
+
+def test_every_thread_until_two_readings_and_on_a_quiet_machine(machine):
+    assert _threads.available() == 4  # one reading: nothing known yet
+    machine.advance(1.0, others=0.3, own=2.0)
+    assert _threads.available() == 4  # a third of a core: not a core kept busy
+
+
+@pytest.mark.parametrize("others, expected", [(1.0, 3), (0.8, 3), (2.0, 2), (3.4, 1), (4.0, 1), (7.0, 1)])
+def test_the_cores_other_processes_keep_busy_are_left_out(machine, others, expected):
+    _threads.available()
+    machine.advance(1.0, others=others, own=1.0)
+    assert _threads.available() == expected
+
+
+def test_a_reading_holds_for_a_window_then_the_next_one_counts(machine):
+    _threads.available()
+    machine.advance(1.0, others=2.0)
+    assert _threads.available() == 2
+    machine.advance(_threads.WINDOW / 2, others=0.0)
+    assert _threads.available() == 2  # within the window: the last reading
+    machine.advance(_threads.WINDOW, others=0.0)
+    assert _threads.available() == 4  # the machine is quiet again
+
+
+def test_fewer_threads_asked_than_cores_free(machine, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    _threads.available()
+    machine.advance(1.0, others=1.0)
+    assert _threads.available() == 2  # three cores free: torch's two
+
+
+def test_an_unreadable_machine_uses_every_thread(machine, monkeypatch):
+    monkeypatch.setattr(_threads, "_busy_ticks", lambda cores: None)
+    _threads.available()
+    machine.advance(1.0, others=3.0)
+    assert _threads.available() == 4
+
+
+def test_busy_ticks_read_the_cores_of_this_process():
+    cores = _threads._cores()
+    first = _threads._busy_ticks(cores)
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    spent = time.process_time()
+    while time.process_time() - spent < 0.2:  # this process keeps one of its cores busy
+        pass
+    assert _threads._busy_ticks(cores) - first >= 0.1 * _threads._TICKS
+    assert _threads._busy_ticks([]) == 0
+
+
+@pytest.mark.skipif(len(_threads._cores()) < 2 or _threads._busy_ticks([0]) is None, reason="needs 2 cores and /proc/stat")
+def test_a_spinning_neighbour_takes_a_core_away(monkeypatch):
+    monkeypatch.setattr(_threads, "_last", [None, None, None, None])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: len(_threads._cores()))
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        _threads.available()
+        time.sleep(2 * _threads.WINDOW)
+        assert _threads.available() <= len(_threads._cores()) - 1
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def test_limited_sets_and_restores_torchs_count(monkeypatch):
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread: nothing to limit")
+    monkeypatch.setattr(_threads, "available", lambda: 1)
+    with _threads.limited():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), _threads.limited():
+        raise RuntimeError("restored on an error too")
+    assert torch.get_num_threads() == before
+
+
+@_threads.custom_op("pcops_test::threads_seen", mutates_args=())
+def _threads_seen(x: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(x, torch.get_num_threads())
+
+
+_threads_seen.register_fake(torch.empty_like)
+
+
+@_threads.limits
+def _public(x: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(x, torch.get_num_threads()) + _threads_seen(x)
+
+
+def test_custom_ops_and_public_functions_run_limited(monkeypatch):
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread: nothing to limit")
+    x = torch.zeros(3)
+    monkeypatch.setattr(_threads, "available", lambda: before)  # a quiet machine
+    assert _threads_seen(x).tolist() == [before] * 3 and _public(x).tolist() == [2 * before] * 3
+    monkeypatch.setattr(_threads, "available", lambda: 1)  # a busy one
+    assert _threads_seen(x).tolist() == [1.0] * 3
+    assert _public(x).tolist() == [2.0] * 3
+    assert torch.get_num_threads() == before
+    compiled = torch.compile(_threads.limits(lambda y: 2 * _threads_seen(y)), fullgraph=True)
+    assert compiled(x).tolist() == [2.0] * 3  # traced as the function (no graph break); the op's kernel limited
+
+
+def test_public_functions_keep_their_names_and_signatures():
+    import inspect
+
+    assert pcops.knn.__name__ == "knn" and "k" in inspect.signature(pcops.knn).parameters
+    assert inspect.unwrap(pcops.knn) is not pcops.knn
+
+
+def test_a_busy_machine_runs_the_same_chunks_so_sums_do_not_change(monkeypatch):
+    """Scattered sums (radius_aggregate's backward adds each chunk's private copy) are the same
+    bits whether the machine is quiet or busy: the chunks follow torch's count, not the free cores."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread: one chunk either way")
+    gen = torch.Generator().manual_seed(0)
+    query, ref = torch.rand(3000, 3, generator=gen), torch.rand(3000, 3, generator=gen)
+    features = torch.randn(3000, 8, generator=gen, requires_grad=True)
+
+    def grad():
+        features.grad = None
+        pcops.radius_aggregate(query, ref, features, 0.1, weights="uniform").square().sum().backward()
+        return features.grad.clone()
+
+    monkeypatch.setattr(_threads, "available", lambda: torch.get_num_threads())
+    quiet = grad()
+    monkeypatch.setattr(_threads, "available", lambda: 1)
+    assert torch.equal(grad(), quiet)
