@@ -72,6 +72,14 @@ def same_device(**named: torch.Tensor) -> None:
         raise ValueError(f"all tensors must be on the same device, got {listing}")
 
 
+def flag(**named) -> None:
+    """Each value a bool (numpy's and 0-d tensors' are not: a flag is a Python bool), else a
+    TypeError naming it."""
+    for name, value in named.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+
+
 def _is_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (numbers.Real, torch.SymInt, torch.SymFloat))
 

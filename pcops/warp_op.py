@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+import numpy
 import torch
 import warp as wp
 
@@ -96,6 +97,16 @@ def _param(kernel_arg, what: str) -> _Param:
         return _Param(name, t, "bool")
     raise TypeError(f"{what}: parameter {name!r} has type {wp.types.type_repr(t)}; warp_op supports wp.array "
                     "parameters and int, float and bool scalars (pass vectors as tensors)")
+
+
+def _registered(name: str) -> bool:
+    """Whether an operator ``namespace::op`` exists in torch's dispatcher."""
+    namespace, op = name.split("::")
+    try:
+        getattr(getattr(torch.ops, namespace), op)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _split(kernel, what: str) -> bool:
@@ -164,6 +175,11 @@ class _Spec:
                 if a.device != like.device:
                     raise ValueError(f"{self.name}: {p.name} is on {a.device}, the other inputs on {like.device}")
                 a = a.contiguous()
+            elif p.warp_type in _INT_TYPES and type(a) is int:
+                info = numpy.iinfo(numpy.dtype(p.warp_type._type_))
+                if not info.min <= a <= info.max:
+                    raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's "
+                                     f"{wp.types.type_repr(p.warp_type)} ({info.min} .. {info.max})")
             checked.append(a)
         return checked
 
@@ -508,6 +524,10 @@ def warp_op(
             raise ValueError(f"kernel {kernel.key!r} was built with enable_backward=False: it has no adjoint; "
                              "pass backward=, or grad=() for an op without gradients")
 
+    for taken_name in (name, name + "_backward"):
+        if _registered(taken_name):
+            raise ValueError(f"name {name!r}: the op {taken_name!r} is already registered in this process (op names are "
+                             "process-wide: define each warp_op once, at import time, or pick another name)")
     spec = _Spec(name, kernel, split, inputs, outs, shapes, dim, grad_pos, accumulate_pos, backward, backward_split, min_chunk)
     tags = (torch.Tag.cudagraph_unsafe,)
     forward, fake = _forward_impl(spec)

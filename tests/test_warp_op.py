@@ -356,3 +356,34 @@ def test_cuda_on_a_side_stream_matches_cpu_values_and_gradients(gen):
             results.append([t.detach().cpu() for t in (out, total, *(leaf.grad for leaf in leaves))])
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_name_registered_twice_raises_and_the_first_op_is_kept():
+    with pytest.raises(ValueError, match="pcops_test::field.*already registered"):
+        warp_op("pcops_test::field", _no_adjoint, outputs={"value": lambda p: (p.shape[0],)}, dim=_rows, grad=())
+    points = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    amp = torch.tensor([2.0], dtype=torch.float64)
+    value = field(points, amp)  # still the first kernel, with its gradients
+    value.sum().backward()
+    r = points.detach().norm(dim=1, keepdim=True)
+    assert torch.allclose(value, 2.0 * r[:, 0].sin())
+    assert torch.allclose(points.grad, 2.0 * r.cos() * points.detach() / r)
+
+
+@wp.kernel
+def _shift(points: wp.array(dtype=wp.float64), n: int, small: wp.int8, out: wp.array(dtype=wp.float64)):
+    out[wp.tid()] = points[wp.tid()] + wp.float64(n) + wp.float64(small)
+
+
+shift = warp_op("pcops_test::shift", _shift, outputs={"out": lambda p, n, s: p.shape}, dim=lambda p, n, s: p.shape[0], grad=())
+
+
+@pytest.mark.parametrize("n, small, bad", [(2**31, 0, "n"), (-(2**31) - 1, 0, "n"), (0, 128, "small"), (0, -129, "small")])
+def test_int_scalars_outside_their_declared_type_raise_naming_them(n, small, bad):
+    with pytest.raises(ValueError, match=rf"{bad} = .* does not fit"):
+        shift(torch.zeros(2, dtype=torch.float64), n, small)
+
+
+def test_int_scalars_at_the_ends_of_their_type_pass_exactly():
+    out = shift(torch.zeros(2, dtype=torch.float64), 2**31 - 1, -128)
+    assert out.tolist() == [2**31 - 1 - 128] * 2

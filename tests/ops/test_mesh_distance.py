@@ -199,6 +199,8 @@ class TestMeshDistance(OpSuite):
             "max_dist": (lambda: md(q, v, f, max_dist=0.0), ValueError, "max_dist must be finite and > 0"),
             "bvh and faces": (lambda: md(q, pcops.mesh_bvh(v, f), f), ValueError, "a MeshBVH holds its faces"),
             "no faces": (lambda: md(q, v), TypeError, "needs faces"),
+            "signed not a bool": (lambda: md(q, v, f, signed="no"), TypeError, "signed must be a bool"),
+            "validate not a bool": (lambda: md(q, v, f, validate=None), TypeError, "validate must be a bool"),
             "devices": (lambda: md(q, v.to("meta"), f), ValueError, "same device"),
         }
 

@@ -113,3 +113,13 @@ def test_equals_pytorch3d_formula_on_a_hand_made_case():
     # points: 1 (above the interior) and 1 (beyond corner 1); the face: nearest point at 1
     out = pcops.point_mesh_face_distance(p, v, torch.tensor([[0, 1, 2]]))
     torch.testing.assert_close(out, torch.tensor((1.0 + 1.0) / 2 + 1.0, dtype=F64))
+
+
+@pytest.mark.parametrize("ids, sample, says", [([0, 0, 0, 0], 1, "has a mesh but no points"), ([0, 0, 2, 2], 2, "has points but no mesh"),
+                                               ([5, 5, 5, 5], 5, "has points but no mesh")])
+def test_packed_samples_of_points_and_meshes_must_match(ids, sample, says):
+    triangle = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    vertices, faces = torch.cat([triangle, triangle + 2]), torch.tensor([[0, 1, 2], [3, 4, 5]])
+    with pytest.raises(ValueError, match=rf"points_batch: sample {sample} {says}"):
+        pcops.point_mesh_face_distance(torch.rand(4, 3), vertices, faces, points_batch=torch.tensor(ids),
+                                       vertices_batch=torch.tensor([0, 0, 0, 1, 1, 1]))

@@ -125,8 +125,7 @@ _NAMES = _batch.names("x", "y")  # the caller's names in every message of the la
 def _check_options(norm, single_directional, point_reduction, batch_reduction) -> None:
     if isinstance(norm, bool) or norm not in (1, 2):
         raise ValueError(f"norm must be 1 or 2, got {norm!r}")
-    if not isinstance(single_directional, bool):
-        raise TypeError(f"single_directional must be a bool, got {type(single_directional).__name__}")
+    _validate.flag(single_directional=single_directional)
     if point_reduction not in POINT_REDUCTIONS:
         raise ValueError(f"point_reduction must be one of {POINT_REDUCTIONS}, got {point_reduction!r}")
     if batch_reduction not in BATCH_REDUCTIONS:

@@ -150,6 +150,7 @@ def mesh_distance(
         >>> out.face
         tensor([0, 0])
     """
+    _validate.flag(signed=signed, validate=validate)
     max_dist = _validate.plain(max_dist)
     if max_dist is not None:
         _validate.positive_number("max_dist", max_dist)

@@ -196,8 +196,7 @@ def _(points, radius, max_neighbors, loop, validate, group, size):
 def _layout(points, batch, loop, validate) -> _batch.Flat:
     """The one-cloud layout of a graph op: packed points (N, 3) with optional ids ``batch``."""
     _validate.points("points", points)
-    if not isinstance(loop, bool):
-        raise TypeError(f"loop must be a bool, got {type(loop).__name__}")
+    _validate.flag(loop=loop)
     return _batch.single(points, batch=batch, validate=validate)
 
 

@@ -560,8 +560,7 @@ def sinkhorn_divergence(
     blur, scaling, diameter = _validate.plain(blur), _validate.plain(scaling), _validate.plain(diameter)
     p, batch_size = _validate.plain(p), _validate.plain(batch_size)
     _check_options(p, blur, scaling, diameter)
-    if not isinstance(debias, bool):
-        raise TypeError(f"debias must be a bool, got {type(debias).__name__}")
+    _validate.flag(debias=debias)
     if batch_reduction not in BATCH_REDUCTIONS:
         raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
