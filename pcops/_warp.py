@@ -57,6 +57,9 @@ from . import _threads
 
 # Below this many threads a launch is not worth splitting across CPU threads.
 _MIN_CHUNK = 1024
+# The same for kernels whose threads each search (a tree walk, a cell-list scan): a microsecond
+# or more per thread, so a chunk of this many outweighs a fork-join.
+QUERY_CHUNK = 64
 
 # One re-entrant lock for everything in Warp that is not thread-safe and happens once:
 # initialisation, kernel creation (code generation, module hashing) and first module loads.

@@ -171,6 +171,23 @@ def test_small_launches_run_on_the_calling_thread(monkeypatch):
     assert forks == []
 
 
+@pytest.mark.parametrize("op", ["knn", "ball_query", "radius_aggregate", "radius_graph"])
+def test_searches_of_a_few_hundred_queries_use_every_thread(monkeypatch, op):
+    """A search costs a microsecond or more a query: from QUERY_CHUNK queries a chunk, 512
+    queries run on two threads (1,024 per chunk left them on one)."""
+    chunks = []
+    real = _warp._chunk_bounds
+    monkeypatch.setattr(_warp, "_chunk_bounds", lambda n, s, m: (chunks.append((n, m, len(real(n, s, m)) - 1)), real(n, s, m))[1])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(pcops._threads, "available", lambda: 2)
+    p, r = torch.rand(512, 3, generator=torch.Generator().manual_seed(0)), 0.12
+    {"knn": lambda: pcops.knn(p, p, 8), "ball_query": lambda: pcops.ball_query(p, p, r, 8, query_batch=torch.zeros(512, dtype=torch.int64),
+                                                                                 ref_batch=torch.zeros(512, dtype=torch.int64)),
+     "radius_aggregate": lambda: pcops.radius_aggregate(p, p, torch.ones(512, 2), r, weights="uniform"),
+     "radius_graph": lambda: pcops.radius_graph(p, r)}[op]()
+    assert (512, _warp.QUERY_CHUNK, 2) in chunks
+
+
 def test_warp_array_descriptors_equal_warps_own_conversion():
     """``_warp.array`` packs the descriptor ``wp.from_torch(..., return_ctype=True)`` builds."""
     import warp as wp

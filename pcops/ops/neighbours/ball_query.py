@@ -195,7 +195,7 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
             cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
             scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
-        _warp.launch(kernel, m, args, like=query, min_chunk=1 if dense else _warp._MIN_CHUNK, work=m * ref.shape[0] if dense else None)
+        _warp.launch(kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=m * ref.shape[0] if dense else None)
     return idx, counts
 
 

@@ -145,10 +145,10 @@ def _all_within(points: torch.Tensor, radius: float, loop: bool, group: Optional
     counts = torch.empty(n, **long)
     args = [cells.scan(points, group, _cells.permute(points, cells.order)), radius, int(loop)]
     kernel = _within_kernel(points.dtype)
-    _warp.launch(kernel, n, [*args, 0, counts, counts, points.new_empty(0), torch.empty((2, 0), **long)], like=points)
+    _warp.launch(kernel, n, [*args, 0, counts, counts, points.new_empty(0), torch.empty((2, 0), **long)], like=points, min_chunk=_warp.QUERY_CHUNK)
     ends = torch.cumsum(counts, 0)
     edges = torch.empty((2, int(ends[-1])), **long)
-    _warp.launch(kernel, n, [*args, 1, ends - counts, counts, points.new_empty(edges.shape[1]), edges], like=points)
+    _warp.launch(kernel, n, [*args, 1, ends - counts, counts, points.new_empty(edges.shape[1]), edges], like=points, min_chunk=_warp.QUERY_CHUNK)
     return edges
 
 

@@ -274,7 +274,7 @@ def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius,
     _warp.init()
     args = [cells.scan(query, query_group, points), feats, sigma.reshape(1).contiguous(), radius, *tail]
     offset = len(args) - len(tail)
-    _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter))
+    _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter), min_chunk=_warp.QUERY_CHUNK)
 
 
 @_threads.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

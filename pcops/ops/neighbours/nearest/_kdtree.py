@@ -608,5 +608,5 @@ def search(query, ref, k, query_group, ref_group):
     dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
             point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx, int(_CHAIN and query.device.type == "cpu")]
-    _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query)
+    _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
