@@ -209,6 +209,21 @@ def array(t: torch.Tensor, dtype=None):
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
 
 
+def span(t: torch.Tensor, at: int, count: int, width: int = 1):
+    """A 1-d Warp array of ``count`` elements of ``width`` values each, from value ``at`` of the
+    contiguous tensor ``t``: parts of one allocation passed as separate kernel arguments, without
+    a torch view each. The kernel's parameter declares the element type (a scalar, or a vector
+    of ``width``)."""
+    size = t.element_size()
+    if _element(t.dtype, None) is not None:
+        pad = (0,) * (_MAX_DIMS - 1)
+        out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(t.data_ptr() + at * size, 0, count, *pad, width * size, *pad, 1, 0))
+        out._ref = t
+        return out
+    part = t.reshape(-1)[at:at + count * width]
+    return array(part.view(count, width), wp.types.vector(width, wp.dtype_from_torch(t.dtype))) if width > 1 else array(part)
+
+
 # Warp's array descriptor (data, grad, shape, strides, ndim, flags), packed by :func:`array` where
 # its layout is the one this expects (checked once against Warp's own conversion)
 _ARRAY_T = type(wp.from_torch(torch.zeros(1), requires_grad=False, return_ctype=True))
