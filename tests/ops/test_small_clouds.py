@@ -213,3 +213,7 @@ def test_warp_array_descriptors_equal_warps_own_conversion():
         _warp.array(torch.rand(5, 3, dtype=F64), wp.vec3f)  # Warp's own error for an incompatible dtype
     with pytest.raises(RuntimeError):
         _warp.array(torch.rand(5, 4), wp.vec3f)
+    flat = torch.rand(40, dtype=F64)
+    for at, count, width, dtype in [(0, 40, 1, wp.float64), (4, 9, 3, wp.vec3d), (39, 1, 1, wp.float64)]:  # _warp.span: parts of one tensor
+        view = flat[at:at + count * width].view(count, width) if width > 1 else flat[at:at + count]
+        assert bytes(_warp.span(flat, at, count, width)) == bytes(wp.from_torch(view, dtype=dtype, requires_grad=False, return_ctype=True))
