@@ -78,11 +78,11 @@ def _pair(p1, p2, lengths1, lengths2):
 
 
 def _packed(points: torch.Tensor, lengths: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, P, 3) -> (N P, 3) and sample ids (N P,): n for real rows, ``pad_id`` for padding."""
+    """(N, P, D) -> (N P, D) and sample ids (N P,): n for real rows, ``pad_id`` for padding."""
     n, p = points.shape[:2]
     sample = torch.arange(n, device=points.device)[:, None].expand(n, p)
     ids = torch.where(torch.arange(p, device=points.device)[None, :] < lengths[:, None], sample, pad_id)
-    return points.reshape(n * p, 3), ids.reshape(-1)
+    return points.reshape(n * p, points.shape[-1]), ids.reshape(-1)
 
 
 def _gather(points: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -172,7 +172,7 @@ def knn_points(
     else:
         if K != 1:
             raise ValueError("pcops.compat.pytorch3d.knn_points supports norm=1 with K=1 only (pcops' L1 search finds the nearest point)")
-        qa, qb = pad3(a.detach(), "p1"), pad3(b.detach(), "p2")
+        qa, qb = (pad3(a.detach(), "p1"), pad3(b.detach(), "p2")) if d < 3 else (a.detach(), b.detach())  # the L1 search takes any D
         fa, ga = _packed(qa, lengths1, n)
         fb, gb = _packed(qb, lengths2, n + 1)
         near = torch.ops.pcops.nearest_l1(fa.contiguous(), fb.contiguous(), False, ga, gb)

@@ -201,6 +201,17 @@ def test_knn_points_l1_nearest(gen):
         p3.knn_points(p1, p2, norm=1, K=2)
 
 
+@pytest.mark.parametrize("d", [1, 2, 4, 7])
+def test_knn_points_l1_nearest_in_any_dimension(gen, d):
+    """norm=1 with K=1 takes any number of coordinates, as the docs say (D > 3 raised)."""
+    p1, p2 = _clouds(gen, 2, 20, d), _clouds(gen, 2, 30, d)
+    l2 = torch.tensor([30, 9])
+    out = p3.knn_points(p1, p2, lengths2=l2, norm=1)
+    dists, idx = ref_knn(p1, p2, 1, None, l2, norm=1)
+    assert torch.equal(out.idx, idx)
+    torch.testing.assert_close(out.dists.double(), dists, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("norm", [1, 2])
 def test_knn_points_gradcheck(gen, norm):
     p1 = _clouds(gen, 2, 6, dtype=torch.float64).requires_grad_()

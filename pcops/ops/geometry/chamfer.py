@@ -36,8 +36,8 @@ def _l1_brute(query, ref, query_group, ref_group) -> torch.Tensor:
     for s in range(0, query.shape[0], chunk):
         q = query[s : s + chunk]
         d = (q[:, None, 0] - ref[None, :, 0]).abs()
-        d += (q[:, None, 1] - ref[None, :, 1]).abs()
-        d += (q[:, None, 2] - ref[None, :, 2]).abs()
+        for c in range(1, query.shape[1]):  # the coordinates summed in order (3 for chamfer, any D for compat)
+            d += (q[:, None, c] - ref[None, :, c]).abs()
         if query_group is not None:
             d.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
         best, idx = d.min(1)  # the first minimal index
@@ -87,7 +87,9 @@ def _first_tied(tree, q: np.ndarray, r: np.ndarray) -> np.ndarray:
         row = np.repeat(np.arange(tied.size), [len(b) for b in balls])
         cand = np.concatenate([np.asarray(b, dtype=np.int64) for b in balls])
         diff = np.abs(q[tied][row].astype(np.float64) - r[cand].astype(np.float64))
-        d = (diff[:, 0] + diff[:, 1]) + diff[:, 2]
+        d = diff[:, 0]
+        for c in range(1, diff.shape[1]):
+            d = d + diff[:, c]
         order = np.lexsort((cand, d, row))  # by row, then distance, then index
         first = np.flatnonzero(np.r_[True, row[order][1:] != row[order][:-1]])
         best[tied] = cand[order][first]
@@ -102,7 +104,8 @@ def nearest_l1(
     query_group: Optional[torch.Tensor] = None,
     ref_group: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """(P,) int64 index of each query's nearest ref point in the L1 metric within its group, -1 if none."""
+    """(P,) int64 index of each query's nearest ref point in the L1 metric within its group, -1 if
+    none; query (P, D) and ref (R, D), any D."""
     _validate.groups_paired(query_group, ref_group)
     _validate.op_values(validate, query=query, ref=ref)
     if query.device.type == "cpu":
