@@ -205,7 +205,7 @@ def _check_values(validate, names: Names, query, ref, features, batch: dict, fin
         checks.in_range(getattr(names, f"{which}_lengths"), batch[f"{which}_lengths"], 0, rows.shape[1] if padded else 0)
         checks.in_range(getattr(names, f"{which}_batch"), batch[f"{which}_batch"], 0, None)
     checks.finite(names.query, query)
-    if not same:
+    if not same and ref is not query:  # knn(points, points): one cloud, checked once
         checks.finite(names.ref, ref)
     checks.finite(names.features, features)
     for name, t in (finite or {}).items():

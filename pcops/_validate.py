@@ -261,19 +261,26 @@ _DEFAULT_NAMES = _Names()
 class Checks:
     """Value checks gathered over one call and read from the device at once (:meth:`run`): one
     host read (one device sync on CUDA) however many tensors a call checks. Each check is a 0-d
-    bool tensor; its message is built only if it fails."""
+    bool tensor (on the CPU, where reading costs no sync, read as it is added: one dispatch less
+    each); its message is built only if it fails."""
 
     def __init__(self) -> None:
         self._items: list = []
 
-    def add(self, ok: torch.Tensor, message, exact=None) -> None:
-        """``ok`` a 0-d bool tensor; ``exact``: a function deciding a failed ``ok`` (True: passed)."""
-        self._items.append((ok.reshape(()), message, exact))
+    def add(self, ok, message, exact=None) -> None:
+        """``ok`` a 0-d bool tensor (or a bool); ``exact``: a function deciding a failed ``ok`` (True: passed)."""
+        if isinstance(ok, torch.Tensor):
+            ok = bool(ok) if ok.device.type == "cpu" else ok.reshape(())
+        self._items.append((ok, message, exact))
 
     def finite(self, name: str, t) -> None:
         """No NaN or inf in ``t`` (None is skipped)."""
         if t is not None and t.numel():
-            self.add(_sum_finite(t), lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: _all_finite(t))
+            if t.device.type == "cpu":  # the sum read at once: one dispatch, no autograd node
+                ok = math.isfinite(t.detach().sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None).item())
+            else:
+                ok = _sum_finite(t)
+            self.add(ok, lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: _all_finite(t))
 
     def in_range(self, name: str, t, low: int, high, bound=None) -> None:
         """All values of ``t`` (None is skipped) in [low, high] (no upper bound if high is None);
@@ -303,8 +310,11 @@ class Checks:
         """Read every check at once; raise the first failure's ValueError."""
         if not self._items:
             return
-        devices = {ok.device for ok, _, _ in self._items}
-        oks = torch.stack([ok.to(next(iter(devices))) for ok, _, _ in self._items]).tolist()  # the one host read
+        pending = [ok for ok, _, _ in self._items if isinstance(ok, torch.Tensor)]
+        if pending:
+            device = pending[0].device
+            read = iter(torch.stack([ok.to(device) for ok in pending]).tolist())  # the one host read
+        oks = [next(read) if isinstance(ok, torch.Tensor) else ok for ok, _, _ in self._items]
         for ok, (_, message, exact) in zip(oks, self._items):
             if not ok and (exact is None or not exact()):
                 raise ValueError(message())

@@ -212,3 +212,32 @@ def test_bad_batch_input_raises_clear_error(batch, call, error, match):
     qb, rb = torch.zeros(M, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)
     with pytest.raises(error, match=match):
         call(q, p, f, ql, rl, q[0], p[0], f[0], qb, rb)
+
+
+def test_validation_reads_a_cloud_searched_against_itself_once():
+    """knn(points, points) checks points once for NaN/inf (one sum on the CPU, read at once), a
+    pair of clouds twice; a NaN is caught either way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sums(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.overloadpacket is torch.ops.aten.sum
+            return func(*args, **(kwargs or {}))
+
+    p, q = torch.rand(40, 3), torch.rand(40, 3)
+    counts = []
+    for query in (p, q):
+        with Sums() as mode:
+            pcops.knn(query, p, 4)
+        counts.append(mode.count)
+    assert counts == [1, 2]
+    bad = p.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="query contains NaN or inf"):
+        pcops.knn(bad, bad, 4)
+    with pytest.raises(ValueError, match="ref contains NaN or inf"):
+        pcops.knn(p, bad, 4)
