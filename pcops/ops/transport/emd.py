@@ -133,6 +133,10 @@ def _per_sample(cost, flat: _batch.Flat, x, samples: int, reduction: str) -> tor
         return total if reduction == "sum" else total / max(cost.shape[0], 1)
     g = flat.query_group.to(torch.int64)
     g = torch.where((g >= 0) & (g < samples), g, samples)
+    if flat.batch_shape:  # padded: each sample's rows are a row of (B, M), padding costs 0
+        b, m = flat.batch_shape
+        total = cost.reshape(b, m).sum(1)  # (an index_add over arange // M fails Inductor's C++ code generation)
+        return total if reduction == "sum" else total / (g < samples).reshape(b, m).sum(1).clamp_min(1).to(cost.dtype)
     total = cost.new_zeros(samples + 1).index_add(0, g, cost)[:samples]
     if reduction == "sum":
         return total
