@@ -336,3 +336,19 @@ def test_the_cpu_chain_of_bounds_changes_nothing(monkeypatch):
     monkeypatch.setattr(_search, "CHAIN", False)
     plain = pcops.mesh_distance(q, v, f, max_dist=1.0)
     assert torch.equal(chained.face, plain.face) and torch.equal(chained.dists, plain.dists)
+
+
+def test_float32_meshes_too_large_to_search_raise_and_float64_ones_are_exact():
+    """A float32 triangle with edges past ~1e9 overflowed its squared normal: every distance 0,
+    the closest point the query. Such meshes raise naming the vertices; float64 ones are exact."""
+    v, f = icosphere(1)
+    q = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64)
+    near = pcops.mesh_distance(q, v.double(), f).dists
+    for scale in (1e7, 1e10):
+        big = pcops.mesh_distance(q * scale, v.double() * scale, f)
+        torch.testing.assert_close(big.dists, near * scale, rtol=1e-12, atol=0)
+    torch.testing.assert_close(pcops.mesh_distance((q * 1e7).float(), (v * 1e7).float(), f).dists, (near * 1e7).float(), rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="vertices has coordinates up to 1e\\+10.*pass float64 vertices"):
+        pcops.mesh_distance((q * 1e10).float(), (v * 1e10).float(), f)
+    with pytest.raises(ValueError, match="vertices has coordinates up to"):
+        pcops.mesh_bvh((v * 1e9).float(), f)

@@ -42,6 +42,21 @@ class FlatPoints(NamedTuple):
     batch_shape: tuple  # (B, M) for padded points, () otherwise
 
 
+# The largest vertex coordinate of a mesh searched in float32 (float32, float16 and bfloat16
+# vertices): a triangle's squared normal grows as its edges^4 and overflows float32 from edges of
+# about 1e9, which made every distance 0.
+FLOAT32_EXTENT = 1e8
+
+
+def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor) -> None:
+    """No NaN/inf in the vertices, and float32 ones within :data:`FLOAT32_EXTENT`."""
+    checks.finite("vertices", vertices)
+    if vertices.dtype != torch.float64 and vertices.numel():
+        checks.add(vertices.detach().abs().amax() <= FLOAT32_EXTENT, lambda: (
+            f"vertices has coordinates up to {float(vertices.detach().abs().amax()):.3g}, but a {vertices.dtype} mesh is searched in "
+            f"float32, where triangles this large overflow (|coordinates| <= {FLOAT32_EXTENT:.0e}): pass float64 vertices"))
+
+
 def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices_batch=None,
          checks: Optional[_validate.Checks] = None) -> FlatMesh:
     """The eager checks of a mesh layout, its value checks added to ``checks`` (None: no value
@@ -75,7 +90,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     if not padded:
         faces64 = faces.to(torch.int64)
         if checks is not None:
-            checks.finite("vertices", vertices)
+            _vertex_values(checks, vertices)
             checks.in_range("faces", faces64, 0, n_vertices - 1)
             checks.in_range("vertices_batch", vertices_batch, 0, None)
         rows = faces64.clamp(0, n_vertices - 1)
@@ -88,7 +103,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     valid = torch.arange(n_faces, device=device)[None, :] < (n_faces if faces_lengths is None else faces_lengths[:, None])
     faces64 = faces.to(torch.int64)
     if checks is not None:
-        checks.finite("vertices", vertices)
+        _vertex_values(checks, vertices)
         checks.in_range("faces_lengths", faces_lengths, 1, n_faces, lambda: f"in [1, F] (every mesh needs a face; F = {n_faces})")
         checks.in_range("vertices_lengths", vertices_lengths, 1, n_vertices)
         high = n_vertices if vertices_lengths is None else vertices_lengths[:, None, None]
