@@ -452,3 +452,24 @@ def test_the_documented_padded_losses_compile_with_their_defaults(loss):
     got.backward()
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(compiled_x.grad, eager_x.grad)
+
+
+@pytest.mark.parametrize("op", ["sinkhorn_divergence", "earth_movers_distance", "chamfer_distance"])
+def test_packed_ids_asking_for_more_samples_than_points_raise(op):
+    """Packed ids number the samples of these losses (a row each): ids near 2**32 allocated 2**32
+    rows and the process was killed. They raise naming the ids; numbered samples with a gap
+    (an empty sample) still work, and batch_size= says the count outright."""
+    fn = getattr(pcops, op)
+    x, y = torch.rand(6, 3, generator=torch.Generator().manual_seed(0)), torch.rand(6, 3, generator=torch.Generator().manual_seed(1))
+    ids = torch.tensor([0, 0, 0, 2, 2, 2])
+    with pytest.raises(ValueError, match=r"x_batch and y_batch number the samples.*4294967299 rows for 12 points"):
+        fn(x, y, x_batch=ids + 2**32, y_batch=ids + 2**32)
+    with pytest.raises(ValueError, match="asks for 13 rows for 12 points"):
+        fn(x, y, x_batch=ids * 6, y_batch=ids * 6)
+    def per_sample(**kw):
+        result = fn(x, y, batch_reduction=None, **kw)
+        return result[0] if isinstance(result, tuple) else result
+
+    gap = per_sample(x_batch=ids, y_batch=ids)
+    assert gap.shape == (3,) and float(gap[1]) == 0.0  # the empty sample
+    assert per_sample(x_batch=ids * 6, y_batch=ids * 6, batch_size=13).shape == (13,)
