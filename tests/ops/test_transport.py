@@ -473,3 +473,24 @@ def test_packed_ids_asking_for_more_samples_than_points_raise(op):
     gap = per_sample(x_batch=ids, y_batch=ids)
     assert gap.shape == (3,) and float(gap[1]) == 0.0  # the empty sample
     assert per_sample(x_batch=ids * 6, y_batch=ids * 6, batch_size=13).shape == (13,)
+
+
+@pytest.mark.parametrize("op", ["sinkhorn_divergence", "earth_movers_distance"])
+def test_p_as_an_integral_float_means_the_int(op):
+    """p=2.0 passed the check, then failed in the op's schema."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(12, 3, generator=gen), torch.rand(12, 3, generator=gen)
+    fn = getattr(pcops, op)
+    for p in (1, 2):
+        want, got = fn(x, y, p=p), fn(x, y, p=float(p))
+        torch.testing.assert_close(got[0] if isinstance(got, tuple) else got, want[0] if isinstance(want, tuple) else want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="p must be 1 or 2"):
+        fn(x, y, p=1.5)
+
+
+def test_a_scaling_too_close_to_one_raises_before_allocating_its_schedule():
+    """scaling=1-1e-9 asked for a schedule of ~10^10 temperatures (26 GiB)."""
+    x, y = torch.rand(8, 3), torch.rand(8, 3)
+    with pytest.raises(ValueError, match=r"scaling=0.999999999 is so close to 1 .* \(at most 100,000"):
+        pcops.sinkhorn_divergence(x, y, scaling=1 - 1e-9)
+    assert len(pcops.ops.transport.sinkhorn.epsilon_schedule(2, 1.0, 0.05, 0.999)) < 100_000  # a long, legitimate schedule

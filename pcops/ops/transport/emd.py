@@ -203,6 +203,7 @@ def earth_movers_distance(
     """
     p, batch_size, max_points = _validate.plain(p), _validate.plain(batch_size), _validate.plain(max_points)
     _check_options(p, point_reduction, batch_reduction, max_points)
+    p = int(p)  # 2.0 means 2 (the op's schema takes an int)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
     samples, ranges = _samples(x, x_batch, y_batch, batch_size)

@@ -267,9 +267,20 @@ def _diameters(x, y, blocks: _Blocks, dtype) -> list[float]:
     return torch.linalg.vector_norm(span, dim=1).tolist()  # the one host read of the schedule
 
 
+# The most temperatures a schedule may have: each is a pass of the Sinkhorn loop over every pair
+# of points (GeomLoss's settings give tens to a few thousand).
+MAX_STEPS = 100_000
+
+
 def epsilon_schedule(p: int, diameter: float, blur: float, scaling: float) -> list[float]:
     """GeomLoss's temperatures: ``diameter^p``, then ``exp(e)`` for e from ``p log(diameter)``
-    down to (excluding) ``p log(blur)`` in steps of ``p log(scaling)``, then ``blur^p``."""
+    down to (excluding) ``p log(blur)`` in steps of ``p log(scaling)``, then ``blur^p``.
+    A schedule of more than :data:`MAX_STEPS` temperatures (a scaling too close to 1) raises."""
+    count = (math.log(diameter) - math.log(blur)) / -math.log(scaling) if diameter > blur else 0.0
+    if count > MAX_STEPS:
+        raise ValueError(f"scaling={scaling!r} is so close to 1 that the temperatures from the diameter {diameter:.3g} down to "
+                         f"blur={blur!r} take {count:.3g} steps (at most {MAX_STEPS:,}, each a pass over every pair of points): "
+                         "use a smaller scaling (GeomLoss's default is 0.5; 0.9-0.99 for a slower, more accurate schedule)")
     steps = np.arange(p * np.log(diameter), p * np.log(blur), p * np.log(scaling))
     return [diameter**p] + [float(np.exp(e)) for e in steps] + [blur**p]
 
@@ -560,6 +571,7 @@ def sinkhorn_divergence(
     blur, scaling, diameter = _validate.plain(blur), _validate.plain(scaling), _validate.plain(diameter)
     p, batch_size = _validate.plain(p), _validate.plain(batch_size)
     _check_options(p, blur, scaling, diameter)
+    p = int(p)  # 2.0 means 2 (the op's schema takes an int)
     _validate.flag(debias=debias)
     if batch_reduction not in BATCH_REDUCTIONS:
         raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
