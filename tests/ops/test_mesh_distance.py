@@ -352,3 +352,17 @@ def test_float32_meshes_too_large_to_search_raise_and_float64_ones_are_exact():
         pcops.mesh_distance((q * 1e10).float(), (v * 1e10).float(), f)
     with pytest.raises(ValueError, match="vertices has coordinates up to"):
         pcops.mesh_bvh((v * 1e9).float(), f)
+
+
+def test_float64_points_on_a_float32_mesh_are_searched_in_float64():
+    """The hierarchy was built in the vertices' float32 and float64 points were searched in it:
+    a float64 result with float32 accuracy (faces picked within float32's tie band). The result
+    equals the search of the same vertices given as float64."""
+    v, f = icosphere(3)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(8000, 3, dtype=torch.float64, generator=gen)
+    q = q / q.norm(dim=1, keepdim=True) * 1.0001  # just off the surface: many near-ties between faces
+    for signed in (False, True):
+        mixed = pcops.mesh_distance(q, v.float(), f, signed=signed)
+        exact = pcops.mesh_distance(q, v.float().double(), f, signed=signed)
+        assert torch.equal(mixed.face, exact.face) and torch.equal(mixed.dists, exact.dists)

@@ -62,8 +62,9 @@ class MeshDistance(NamedTuple):
     bary: torch.Tensor
 
 
-def _build(flat: _layout.FlatMesh) -> MeshBVH:
-    dtype = _validate.compute_dtype(flat.vertices)[0]
+def _build(flat: _layout.FlatMesh, dtype: Optional[torch.dtype] = None) -> MeshBVH:
+    """The hierarchy of the flat mesh, searched in ``dtype`` (default: the vertices' compute dtype)."""
+    dtype = dtype or _validate.compute_dtype(flat.vertices)[0]
     tree = _search.tree(flat.vertices.to(dtype), flat.faces, flat.face_group)
     return MeshBVH(flat.vertices, flat.faces, flat.face_group, tree, flat.batch, flat.face_rows)
 
@@ -85,7 +86,9 @@ def mesh_bvh(vertices: torch.Tensor, faces: torch.Tensor, *, vertices_lengths: O
         validate: check vertices for NaN/inf and indices, lengths and ids for range (one host read).
 
     Returns:
-        MeshBVH, to pass as ``vertices`` of :func:`mesh_distance`.
+        MeshBVH, to pass as ``vertices`` of :func:`mesh_distance`. It is searched in its
+        vertices' dtype (float32 for float32 or half vertices): build it from float64 vertices
+        for float64 queries to be searched in float64, as :func:`mesh_distance` does with a mesh.
 
     Example:
         >>> import torch, pcops
@@ -169,8 +172,8 @@ def mesh_distance(
     query = _layout.points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
     if checks is not None:
         checks.run()
-    if bvh is None:
-        bvh = _build(flat)
+    if bvh is None:  # searched in the points' and vertices' promoted dtype: float64 points, a float64 search
+        bvh = _build(flat, _validate.compute_dtype(query.points, flat.vertices)[0])
     return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None)
 
 
