@@ -184,12 +184,25 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     found = face >= 0
     corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     p = query.points.to(dtype)
-    near = _triangle.closest(p, corners[:, 0], corners[:, 1], corners[:, 2])
-    dists = torch.linalg.vector_norm(p - near.point, dim=-1)
+    a, b, c = corners.unbind(1)
+    near = _triangle.closest(p, a, b, c)
+    diff = p - near.point
+    normal = torch.linalg.cross(b - a, c - a)
+    normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    # A closest point inside a face (every weight > 0): the distance is the height over its plane,
+    # whose gradient is the unit normal however close the point (p - near is rounding noise
+    # there). Exactly on the surface: measured along the normal (by the vertex order): value 0,
+    # first derivative that normal, second 0, where the norm's are 0 and NaN.
+    on = (diff == 0).all(-1)
+    height = ((p - a) * normal).sum(-1)
+    planar = (near.bary > 0).all(-1)
+    dists = torch.where(planar, height * torch.where(height >= 0, 1.0, -1.0),
+                        torch.linalg.vector_norm(torch.where(on[:, None], 1.0, diff), dim=-1))
     sign = torch.ones_like(dists)
     if signed:
         sign = torch.where(_search.winding(search, query.group, bvh.tree) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign
+    dists = torch.where(on, (diff * normal).sum(-1), dists)
     dists = torch.where(found, dists, sign * float("inf"))
     closest = torch.where(found[:, None], near.point, float("nan"))
     bary = torch.where(found[:, None], near.bary, float("nan"))
