@@ -34,7 +34,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-import pcops
+import pcops  # noqa: F401 (registers torch.ops.pcops, which the ops below call)
 from pcops import _validate
 
 # pcops' ball is inclusive (d <= radius, d computed by the kernel); the originals test the squared

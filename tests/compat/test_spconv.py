@@ -183,7 +183,7 @@ def test_aliases_make_pointcepts_imports_resolve(monkeypatch):
     monkeypatch.setitem(sys.modules, "spconv", sp)
     for name, module in sp.__aliases__.items():
         monkeypatch.setitem(sys.modules, name, module)
-    import spconv.pytorch as spconv  # noqa: the line Pointcept writes
+    import spconv.pytorch as spconv  # the line Pointcept writes
     from spconv.pytorch.modules import SparseModule, is_spconv_module
 
     assert spconv is sp and spconv.modules.is_spconv_module is is_spconv_module and SparseModule is sp.SparseModule

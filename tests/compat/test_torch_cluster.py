@@ -432,8 +432,6 @@ def test_fps_compiles_without_graph_breaks(gen):
 
 
 def test_first_within_op_passes_opcheck(gen):
-    from pcops.compat import first_within
-
     q, p = _cloud(gen, 40), _cloud(gen, 120)
     qg, pg = _sorted_batch(gen, 40, 2), _sorted_batch(gen, 120, 2)
     for args in ((q, p, None, None, 0.3, 0.09, 5, False), (q, p, qg, pg, 0.3, 0.09, 8, True)):

@@ -62,7 +62,7 @@ def _kernels(dtype: torch.dtype, p: int):
     """
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    low, floor = s(_NO_MASS), s(_NO_MASS / 10)  # finite sentinels: Warp's CPU code assumes finite math
+    floor = s(_NO_MASS / 10)  # a finite sentinel (h of a zero weight is _NO_MASS): Warp's CPU code assumes finite math
     # a term below exp(-cut) of the largest so far (acc >= 1) is below half an ulp of acc: skipped
     # without its exp (even 10^5 of them move the sum by less than 1e-8 of itself in float32)
     cut = s(50.0 if dtype == torch.float64 else 30.0)
