@@ -195,6 +195,8 @@ class TestMeshDistance(OpSuite):
             "padded points for one mesh": (lambda: md(q[None], v, f), ValueError, "points must be a tensor of shape"),
             "zero faces_lengths": (lambda: md(q[None], v[None], f[None], faces_lengths=torch.tensor([0])), ValueError, "faces_lengths values"),
             "packed points, one mesh": (lambda: md(q, v, f, points_batch=torch.zeros(4, dtype=torch.long)), ValueError, "points_batch"),
+            "packed point without a mesh": (lambda: md(q, v, f, points_batch=torch.tensor([0, 0, 1, 0]), vertices_batch=torch.zeros(len(v), dtype=torch.long)),
+                                            ValueError, "points_batch: sample 1 has points but no mesh faces"),
             "face across samples": (lambda: md(q, v, f, vertices_batch=joined, points_batch=torch.zeros(4, dtype=torch.long)), ValueError, "one sample"),
             "max_dist": (lambda: md(q, v, f, max_dist=0.0), ValueError, "max_dist must be finite and > 0"),
             "bvh and faces": (lambda: md(q, pcops.mesh_bvh(v, f), f), ValueError, "a MeshBVH holds its faces"),

@@ -150,6 +150,20 @@ def points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengt
     return FlatPoints(points, batch.to(torch.int64), ())
 
 
+def every_in(checks: _validate.Checks, ids: torch.Tensor, among: torch.Tensor, message) -> None:
+    """A check that every value of ``ids`` is one of ``among`` (``message(i)`` names the first that is not)."""
+    ordered = torch.sort(among).values
+    at = torch.searchsorted(ordered, ids).clamp(max=max(ordered.numel() - 1, 0))
+    found = ordered[at] == ids if ordered.numel() else torch.zeros_like(ids, dtype=torch.bool)
+    checks.add(found.all(), lambda: message(int(ids[~found].min())))
+
+
+def points_have_meshes(checks: _validate.Checks, query: FlatPoints, flat: FlatMesh) -> None:
+    """Packed points: a check that each point's sample has mesh faces."""
+    if flat.batch < 0:
+        every_in(checks, query.group, flat.face_group, lambda i: f"points_batch: sample {i} has points but no mesh faces")
+
+
 def local_faces(flat: FlatMesh, face: torch.Tensor) -> torch.Tensor:
     """Face rows of the flat mesh as the caller indexes faces (per mesh for padded meshes), -1 kept."""
     if flat.batch <= 0:

@@ -171,6 +171,7 @@ def mesh_distance(
         bvh = None
     query = _layout.points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
     if checks is not None:
+        _layout.points_have_meshes(checks, query, flat)
         checks.run()
     if bvh is None:  # searched in the points' and vertices' promoted dtype: float64 points, a float64 search
         bvh = _build(flat, _validate.compute_dtype(query.points, flat.vertices)[0])

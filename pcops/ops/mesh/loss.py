@@ -32,14 +32,6 @@ def _per_sample(ids: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(ordered, ids, right=True) - torch.searchsorted(ordered, ids)
 
 
-def _every_in(checks: _validate.Checks, ids: torch.Tensor, among: torch.Tensor, message) -> None:
-    """A check that every value of ``ids`` is one of ``among`` (``message(i)`` names the first that is not)."""
-    ordered = torch.sort(among).values
-    at = torch.searchsorted(ordered, ids).clamp(max=max(ordered.numel() - 1, 0))
-    found = ordered[at] == ids if ordered.numel() else torch.zeros_like(ids, dtype=torch.bool)
-    checks.add(found.all(), lambda: message(int(ids[~found].min())))
-
-
 @_threads.limits
 def point_mesh_face_distance(
     points: torch.Tensor,
@@ -84,8 +76,8 @@ def point_mesh_face_distance(
         if query.points.shape[0] == 0:
             raise ValueError("points is empty: every sample needs a point")
         if flat.batch < 0:  # packed: the samples of the points and of the faces must be the same
-            _every_in(checks, query.group, flat.face_group, lambda i: f"points_batch: sample {i} has points but no mesh faces")
-            _every_in(checks, flat.face_group, query.group, lambda i: f"points_batch: sample {i} has a mesh but no points (every sample needs a point)")
+            _layout.points_have_meshes(checks, query, flat)
+            _layout.every_in(checks, flat.face_group, query.group, lambda i: f"points_batch: sample {i} has a mesh but no points (every sample needs a point)")
         checks.run()
     dtype, out_dtype = _validate.compute_dtype(query.points, flat.vertices)
     p, v = query.points.to(dtype), flat.vertices.to(dtype)
