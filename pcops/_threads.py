@@ -11,8 +11,10 @@ machine allows.
 The busy cores are read from Linux's ``/proc/stat`` (the CPU time of the cores this process
 may run on) less this process's own CPU time, at most once per window; where that cannot be
 read, every thread is used. :func:`custom_op` defines pcops' custom ops with a CPU kernel that
-runs under :func:`limited`, so torch operations inside an op follow the same count; the count
-torch reports outside pcops' ops is never changed.
+runs under :func:`limited`, and :func:`limits` runs every public function under it, so torch
+operations inside an op follow the same count; the count torch reports outside pcops' ops is
+never changed. A launch is still cut into the chunks of the caller's count (:func:`requested`)
+and only run on fewer threads, so results do not depend on how busy the machine is.
 """
 
 import contextlib
@@ -31,6 +33,17 @@ _lock = threading.Lock()
 # [time, busy ticks of this process's cores, own CPU seconds, cores free for pcops] of the last
 # reading (free cores None where no other process keeps a core busy, or before two readings)
 _last: list = [None, None, None, None]
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) reads the machine afresh, under a lock of its own
+    (another thread of the parent may have held it at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _last[:] = [None, None, None, None]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def available() -> int:

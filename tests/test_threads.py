@@ -166,3 +166,17 @@ def test_a_busy_machine_runs_the_same_chunks_so_sums_do_not_change(monkeypatch):
     quiet = grad()
     monkeypatch.setattr(_threads, "available", lambda: 1)
     assert torch.equal(grad(), quiet)
+
+
+def test_a_forked_child_reads_the_machine_under_a_lock_of_its_own():
+    """A DataLoader worker forked while another thread held the reading's lock must not hang."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork here")
+    context = multiprocessing.get_context("fork")
+    with _threads._lock:
+        child = context.Process(target=_threads.available)
+        child.start()
+        child.join(timeout=60)
+    assert child.exitcode == 0
