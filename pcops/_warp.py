@@ -196,17 +196,21 @@ def array(t: torch.Tensor, dtype=None):
             if tuple(shape[-d:]) != inner or strides[-1] != 1 or (d > 1 and strides[-2] != inner[-1]):
                 return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
             shape, strides = tuple(shape[:-d]) or (1,), tuple(strides[:-d]) or (1,)
-        ndim = len(shape)
-        if ndim <= _MAX_DIMS:
-            pad = (0,) * (_MAX_DIMS - ndim)
+        if len(shape) <= _MAX_DIMS:
             try:
-                out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(t.data_ptr(), 0, *shape, *pad, *(x * size for x in strides), *pad, ndim, 0))
+                return _packed(t, t.data_ptr(), shape, tuple(x * size for x in strides))
             except struct.error:  # a size past int32: Warp's own conversion decides
                 pass
-            else:
-                out._ref = t  # the descriptor keeps its tensor alive, as Warp's does (a temporary's memory)
-                return out
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
+
+
+def _packed(t: torch.Tensor, ptr: int, shape: tuple, byte_strides: tuple):
+    """Warp's descriptor of the memory of ``t`` at ``ptr`` with ``shape`` and ``byte_strides``,
+    keeping ``t`` alive, as Warp's own descriptor does (a temporary's memory)."""
+    pad = (0,) * (_MAX_DIMS - len(shape))
+    out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(ptr, 0, *shape, *pad, *byte_strides, *pad, len(shape), 0))
+    out._ref = t
+    return out
 
 
 def span(t: torch.Tensor, at: int, count: int, width: int = 1):
@@ -216,10 +220,7 @@ def span(t: torch.Tensor, at: int, count: int, width: int = 1):
     of ``width``)."""
     size = t.element_size()
     if _element(t.dtype, None) is not None:
-        pad = (0,) * (_MAX_DIMS - 1)
-        out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(t.data_ptr() + at * size, 0, count, *pad, width * size, *pad, 1, 0))
-        out._ref = t
-        return out
+        return _packed(t, t.data_ptr() + at * size, (count,), (width * size,))
     part = t.reshape(-1)[at:at + count * width]
     return array(part.view(count, width), wp.types.vector(width, wp.dtype_from_torch(t.dtype))) if width > 1 else array(part)
 
@@ -528,7 +529,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     The kernel's first parameter is the index of its first thread (``start``), followed by
     ``args``: torch tensors (converted zero-copy), Python scalars or Warp values. On CUDA the
     launch goes on PyTorch's current stream (passed explicitly). On the CPU the range is split
-    into a chunk per thread (:func:`pcops._threads.available`), each running at least ``min_chunk``
+    into a chunk per torch thread (:func:`pcops._threads.requested`, run by the
+    :func:`pcops._threads.available` ones), each running at least ``min_chunk``
     threads (less for kernels whose threads do much work each); the tensors at the positions
     ``scatter`` (accumulated with ``atomic_add``) get a zeroed private copy per extra chunk,
     summed back into the original after the launches. The first launch of a kernel on a device
@@ -554,10 +556,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
     if beside is not None and (beside[2] if len(beside) > 2 else 1) <= 0:
         beside = None
-    if chunks == 1 and (beside is None or serial) and s is None and (kernel, dev) in _loaded:
+    if chunks == 1 and beside is None and s is None and (kernel, dev) in _loaded:
         _runner(kernel, bounds, [values], dev, s)(0)  # the common small launch: no fork-join
-        if beside is not None:
-            launch(beside[0], beside[2] if len(beside) > 2 else 1, beside[1], like, work=0)
         return
     extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]

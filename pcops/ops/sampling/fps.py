@@ -461,7 +461,7 @@ def _run_samples(kernel, b: int, values: list) -> None:
     sample each, for batches up to that size), taken in turn by the first free thread
     (samples differ in work, and a thread can be descheduled: fixed halves left one thread
     idle while the other finished its half)."""
-    threads = _threads.available()
+    threads = _threads.requested()
     chunks = 1 if threads <= 1 else min(b, 8 * threads)
     bounds = [b * c // chunks for c in range(chunks + 1)]
     private = [values] * chunks

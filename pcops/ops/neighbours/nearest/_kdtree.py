@@ -527,7 +527,7 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     # than one thread, or several subtrees per thread, whose launches cost more than they balance).
     # (A small tree is built by one thread in one launch, its queries ordered after it.)
     work = n * max(depth, 1) + queries
-    serial = min(depth, (_threads.available() - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
+    serial = min(depth, (_threads.requested() - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
     for d in range(depth + 1):
         last = d if d < serial else depth
         _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
