@@ -248,6 +248,23 @@ def test_float32_is_stable_at_small_blur(gen):
         torch.testing.assert_close(single.loss.double(), double, rtol=2e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_any_blur_however_small_equals_geomloss(gen, p):
+    """Zero weights are skipped by a flag, not by a floor on h: at blur 1e-15 and 1e-20 (eps down
+    to 1e-40, h - C / eps far below any fixed floor) every term still counts: GeomLoss's value,
+    and with zero weights the value of the clouds without those points (GeomLoss's own zero-weight
+    sentinel, log w = -10^5, stops being negligible once C / eps passes 10^5)."""
+    x, y = torch.rand(40, 3, generator=gen, dtype=F64), torch.rand(30, 3, generator=gen, dtype=F64) + 0.3
+    a, b = _weights(gen, 40, 4), _weights(gen, 30, 3)
+    for blur in (1e-15, 1e-20):
+        want = _geomloss(p, blur, 0.5)(x, y)
+        got = pcops.sinkhorn_divergence(x, y, p=p, blur=blur)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=lambda m, blur=blur: f"blur={blur}: {m}")
+        kept = pcops.sinkhorn_divergence(x[a > 0], y[b > 0], x_weights=a[a > 0], y_weights=b[b > 0], p=p, blur=blur, diameter=2.0)
+        got = pcops.sinkhorn_divergence(x, y, x_weights=a, y_weights=b, p=p, blur=blur, diameter=2.0)
+        torch.testing.assert_close(got, kept, rtol=1e-12, atol=1e-14, msg=lambda m, blur=blur: f"zero weights, blur={blur}: {m}")
+
+
 def test_a_sample_with_an_empty_cloud_is_zero(gen):
     x, y = torch.rand(2, 6, 3, generator=gen), torch.rand(2, 5, 3, generator=gen)
     out = pcops.sinkhorn_divergence(x, y, x_lengths=torch.tensor([6, 0]), batch_reduction=None)

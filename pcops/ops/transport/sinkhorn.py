@@ -37,7 +37,6 @@ from ... import _batch, _threads, _validate, _warp
 from ..geometry.chamfer import _batch_size
 
 BATCH_REDUCTIONS = ("mean", "sum", None)
-_NO_MASS = -1e30  # the log-weight of a zero weight: never a term of a log-sum-exp (the kernels skip it)
 _TINY = 1e-8  # GeomLoss's floor of the squared distance in its p = 1 cost: sqrt(max(d^2, 1e-8))
 
 
@@ -56,13 +55,14 @@ def _kernels(dtype: torch.dtype, p: int):
     """(softmin, weighted): one thread per query row i (of a block-sample ``row[i]``, whose
     reference rows are ``offsets[row[i]] .. offsets[row[i] + 1] - 1``), at the temperature
     ``eps[i]`` (rows with eps <= 0 are skipped: padding, empty samples, finished schedules).
+    Reference rows j with ``mass[j] == 0`` (zero weight) are no term of the sums: a flag of
+    their own, as no value of h can mark them when h_j - C / eps ranges over every float.
 
     softmin:  out[i] = -eps log sum_j exp(h_j - C(q_i, r_j) / eps)   (0 for no reference of positive weight)
     weighted: out[i] = sum_j w_ij grad_q C(q_i, r_j), w_ij = softmax_j(h_j - C(q_i, r_j) / eps)
     """
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
-    floor = s(_NO_MASS / 10)  # a finite sentinel (h of a zero weight is _NO_MASS): Warp's CPU code assumes finite math
     # a term below exp(-cut) of the largest so far (acc >= 1) is below half an ulp of acc: skipped
     # without its exp (even 10^5 of them move the sum by less than 1e-8 of itself in float32)
     cut = s(50.0 if dtype == torch.float64 else 30.0)
@@ -88,6 +88,7 @@ def _kernels(dtype: torch.dtype, p: int):
         query: wp.array(dtype=v),
         ref: wp.array(dtype=v),
         h: wp.array(dtype=s),
+        mass: wp.array(dtype=wp.uint8),
         row: wp.array(dtype=wp.int32),
         offsets: wp.array(dtype=wp.int32),
         eps: wp.array(dtype=s),
@@ -99,15 +100,19 @@ def _kernels(dtype: torch.dtype, p: int):
             g = row[i]
             q = query[i]
             inv = s(1.0) / e
-            m = floor  # terms of zero weight (h = low) never reach it
-            acc = s(0.0)
+            m = s(0.0)
+            acc = s(0.0)  # 0 until the first term, then >= 1
             for j in range(offsets[g], offsets[g + 1]):
-                t = h[j] - cost(q - ref[j]) * inv
-                if t > m:
-                    acc = acc * wp.exp(m - t) + s(1.0)
-                    m = t
-                elif t > m - cut:
-                    acc = acc + wp.exp(t - m)
+                if mass[j] != wp.uint8(0):
+                    t = h[j] - cost(q - ref[j]) * inv
+                    if acc == s(0.0):
+                        acc = s(1.0)
+                        m = t
+                    elif t > m:
+                        acc = acc * wp.exp(m - t) + s(1.0)
+                        m = t
+                    elif t > m - cut:
+                        acc = acc + wp.exp(t - m)
             if acc > s(0.0):
                 out[i] = -e * (m + wp.log(acc))
 
@@ -117,6 +122,7 @@ def _kernels(dtype: torch.dtype, p: int):
         query: wp.array(dtype=v),
         ref: wp.array(dtype=v),
         h: wp.array(dtype=s),
+        mass: wp.array(dtype=wp.uint8),
         row: wp.array(dtype=wp.int32),
         offsets: wp.array(dtype=wp.int32),
         eps: wp.array(dtype=s),
@@ -128,21 +134,26 @@ def _kernels(dtype: torch.dtype, p: int):
             g = row[i]
             q = query[i]
             inv = s(1.0) / e
-            m = floor  # terms of zero weight (h = low) never reach it
-            acc = s(0.0)
+            m = s(0.0)
+            acc = s(0.0)  # 0 until the first term, then >= 1
             total = v()
             for j in range(offsets[g], offsets[g + 1]):
-                d = q - ref[j]
-                t = h[j] - cost(d) * inv
-                if t > m:
-                    r = wp.exp(m - t)
-                    acc = acc * r + s(1.0)
-                    total = total * r + cost_grad(d)
-                    m = t
-                elif t > m - cut:
-                    w = wp.exp(t - m)
-                    acc = acc + w
-                    total = total + w * cost_grad(d)
+                if mass[j] != wp.uint8(0):
+                    d = q - ref[j]
+                    t = h[j] - cost(d) * inv
+                    if acc == s(0.0):
+                        acc = s(1.0)
+                        total = cost_grad(d)
+                        m = t
+                    elif t > m:
+                        r = wp.exp(m - t)
+                        acc = acc * r + s(1.0)
+                        total = total * r + cost_grad(d)
+                        m = t
+                    elif t > m - cut:
+                        w = wp.exp(t - m)
+                        acc = acc + w
+                        total = total + w * cost_grad(d)
             if acc > s(0.0):
                 out[i] = total / acc
 
@@ -178,8 +189,10 @@ class _Blocks:
         self.row = torch.cat([self.gx, self.gy + big, self.gx + 2 * big, self.gy + 3 * big][:k]).to(torch.int32)
         counts = torch.cat([cy, cx, cx, cy][:k])
         self.offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(torch.int32)
-        self.log_a, self.log_b = _log_weights(self.a), _log_weights(self.b)
-        self.log_ref = torch.cat([self.log_b, self.log_a, self.log_a, self.log_b][:k])
+        log_a, log_b = _log_weights(self.a), _log_weights(self.b)
+        self.log_ref = torch.cat([log_b, log_a, log_a, log_b][:k])
+        mass_a, mass_b = (self.a > 0).to(torch.uint8), (self.b > 0).to(torch.uint8)
+        self.mass = torch.cat([mass_b, mass_a, mass_a, mass_b][:k])
 
     @staticmethod
     def _ids(group, rows: int, samples: int, dev) -> torch.Tensor:
@@ -232,7 +245,7 @@ class _Blocks:
         out = self.query.new_zeros((rows, 3) if which else (rows,))
         vec = _warp.vec3(out.dtype)
         result = _warp.Typed(out, vec) if which else out
-        args = [_warp.Typed(self.query, vec), _warp.Typed(self.ref, vec), h.contiguous(), self.row, self.offsets, eps_rows.contiguous(), result]
+        args = [_warp.Typed(self.query, vec), _warp.Typed(self.ref, vec), h.contiguous(), self.mass, self.row, self.offsets, eps_rows.contiguous(), result]
         _warp.launch(kernel, rows, args, like=self.query, min_chunk=64)
         return out
 
@@ -251,9 +264,9 @@ class _Blocks:
 
 
 def _log_weights(w: torch.Tensor) -> torch.Tensor:
-    """log w, and a sentinel the kernels skip for zero weights (GeomLoss uses -100000: the same
-    wherever C / eps stays below 10^5)."""
-    return torch.where(w > 0, torch.log(torch.where(w > 0, w, 1)), _NO_MASS)
+    """log w where w > 0, and 0 at zero weights, whose rows the kernels skip by ``mass`` (GeomLoss
+    gives them -100000: the same wherever C / eps stays below 10^5)."""
+    return torch.log(torch.where(w > 0, w, 1))
 
 
 def _diameters(x, y, blocks: _Blocks, dtype) -> list[float]:
