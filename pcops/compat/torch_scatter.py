@@ -154,6 +154,27 @@ def _sorted_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, size: int, 
     return res.reshape(shape).movedim(0, dim), arg.reshape(shape).movedim(0, dim)
 
 
+def _no_grad(src: torch.Tensor) -> bool:
+    """No gradient will be asked of ``src``: a max / min then needs no arg (only the backward reads it)."""
+    return not (src.requires_grad and torch.is_grad_enabled())
+
+
+def _extreme_values(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.Tensor], dim_size: Optional[int], mode: str) -> torch.Tensor:
+    """The values of scatter_min / scatter_max (``mode`` "amin" / "amax") without their arg, by
+    torch's own reduction: the same values (an index outside [0, size) of a 1-D index joins no
+    slot, as in the sorted kernel)."""
+    _check_index(index, "index")
+    d = _dim(dim, src.dim())
+    if out is not None:
+        return out.scatter_reduce_(d, _broadcast(index, src, d), src, mode, include_self=True)
+    size = _size(index, dim_size)
+    if index.dim() == 1:
+        index = torch.where((index >= 0) & (index < size), index, size)
+        res = src.new_zeros(_out_shape(src, d, size + 1)).scatter_reduce(d, _broadcast(index, src, d), src, mode, include_self=False)
+        return res.narrow(d, 0, size)
+    return src.new_zeros(_out_shape(src, d, size)).scatter_reduce(d, _broadcast(index, src, d), src, mode, include_self=False)
+
+
 def _use_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.Tensor]) -> bool:
     return out is None and index.dim() == 1 and src.dim() > 0 and index.shape[0] == src.shape[dim] > 0 and (src.dtype == torch.float32 or src.dtype == torch.float64)
 
@@ -257,10 +278,10 @@ def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional
         return scatter_mul(src, index, dim, out, dim_size)
     if reduce == "mean":
         return scatter_mean(src, index, dim, out, dim_size)
-    if reduce == "min":
-        return scatter_min(src, index, dim, out, dim_size)[0]
-    if reduce == "max":
-        return scatter_max(src, index, dim, out, dim_size)[0]
+    if reduce == "min" or reduce == "max":
+        if _no_grad(src):
+            return _extreme_values(src, index, dim, out, dim_size, "a" + reduce)
+        return scatter_min(src, index, dim, out, dim_size)[0] if reduce == "min" else scatter_max(src, index, dim, out, dim_size)[0]
     raise ValueError("reduce must be one of 'sum', 'add', 'mul', 'mean', 'min', 'max', got '" + reduce + "'")
 
 
@@ -358,13 +379,20 @@ def _csr_index(src: torch.Tensor, indptr: torch.Tensor) -> Tuple[torch.Tensor, i
     return _broadcast(slot, src, d), d, segments
 
 
-def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str, need_arg: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """A 1-D pointer over the rows of a float32/float64 ``src``: pcops' segment_reduce op (one
     pass, no atomics; its gradient goes to the first arg-extremum). The pointer is clamped into
     [0, N] and made non-decreasing, so that a bad one reads no row out of bounds."""
     n = src.shape[0]
-    flat = _flat(src)
     ptr = torch.cummax(indptr.to(torch.long).clamp(0, n), 0).values
+    if (reduce == "sum" and src.dim() == 1) or ((reduce == "max" or reduce == "min") and not need_arg):
+        # torch's segment reduction: the same values (empty segments 0), faster than the kernel for
+        # one value per row and where no arg is asked; its sum's gradient is the same as the kernel's
+        res = torch.segment_reduce(src, reduce, offsets=ptr, axis=0)
+        if reduce != "sum":
+            res = torch.where((ptr[1:] > ptr[:-1]).view([-1] + [1] * (src.dim() - 1)), res, 0)
+        return res, None
+    flat = _flat(src)
     res, arg = torch.ops.pcops.segment_reduce(flat, ptr, reduce, False)
     shape: List[int] = [res.shape[0]] + list(src.shape[1:])
     if reduce == "sum" or reduce == "mean":
@@ -372,10 +400,10 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str) -> Tuple[t
     return res.reshape(shape), torch.where(arg < 0, n, arg).reshape(shape)
 
 
-def _csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor], reduce: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor], reduce: str, need_arg: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     if indptr.dim() == 1 and indptr.shape[0] > 0 and src.dim() > 0 and (src.dtype == torch.float32 or src.dtype == torch.float64):
         _check_index(indptr, "indptr")
-        res, arg = _csr_kernel(src, indptr, reduce)
+        res, arg = _csr_kernel(src, indptr, reduce, need_arg)
         if out is not None:
             return out.copy_(res), arg
         return res, arg
@@ -440,7 +468,7 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Ten
     if reduce == "sum" or reduce == "add":
         return _csr(src, indptr, out, "sum")[0]
     if reduce == "mean" or reduce == "min" or reduce == "max":
-        return _csr(src, indptr, out, reduce)[0]
+        return _csr(src, indptr, out, reduce, not _no_grad(src))[0]
     raise ValueError("reduce must be one of 'sum', 'add', 'mean', 'min', 'max', got '" + reduce + "'")
 
 

@@ -116,6 +116,29 @@ def test_both_min_max_paths_agree(gen, reduce):
     assert torch.equal(c, a.transpose(0, 1)) and torch.equal(arg_c, arg_a.transpose(0, 1))
 
 
+@pytest.mark.parametrize("shape", [(40,), (40, 3)])
+def test_value_only_calls_equal_the_values_of_the_arg_paths(gen, shape):
+    """Without a gradient to take, scatter / segment_csr / segment_coo max and min compute no arg
+    (torch's reductions) and a 1-D segment_csr sum runs torch's segment reduction: the values of
+    the paths with an arg, all-negative and empty slots, indices outside the slots and a pointer
+    that starts past row 0 included; the 1-D sum's gradient passes gradcheck."""
+    src = torch.randn(*shape, generator=gen, dtype=torch.float64) - 3  # most slots all-negative
+    index = torch.randint(-1, 9, (40,), generator=gen)  # -1: no slot; 8 >= dim_size: no slot
+    indptr = torch.tensor([2, 5, 5, 11, 30, 38])  # rows 0-1 and 38-39 in no segment; one empty
+    ids = torch.searchsorted(indptr, torch.arange(40), right=True) - 1
+    ids = torch.where((torch.arange(40) >= 2) & (torch.arange(40) < 38), ids, 5)
+    for reduce in ("min", "max"):
+        arg_path = getattr(ts, "scatter_" + reduce)(src.clone().requires_grad_(), index, 0, dim_size=8)[0]
+        assert torch.equal(ts.scatter(src, index, 0, dim_size=8, reduce=reduce), arg_path.detach())
+        csr_arg = getattr(ts, f"segment_{reduce}_csr")(src, indptr)[0]
+        assert torch.equal(ts.segment_csr(src, indptr, reduce=reduce), csr_arg)
+        want = ref_scatter(src, ids.view(-1, *([1] * (src.dim() - 1))).expand(src.shape), 0, 6, reduce)[0][:5]
+        assert torch.equal(csr_arg, want)
+    want = ref_scatter(src, ids.view(-1, *([1] * (src.dim() - 1))).expand(src.shape), 0, 6, "sum")[0][:5]
+    torch.testing.assert_close(ts.segment_csr(src, indptr), want, rtol=1e-12, atol=1e-12)
+    assert gradcheck(lambda x: ts.segment_csr(x, indptr), (src.clone().requires_grad_(),))
+
+
 def test_out_is_updated_in_place():
     src = torch.tensor([1.0, 3.0, 2.0, 4.0])
     index = torch.tensor([0, 1, 0, 1])
