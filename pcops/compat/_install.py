@@ -5,16 +5,16 @@ Rules:
 - ``install(name)`` puts ``pcops.compat.<name>`` into ``sys.modules`` under ``name``, plus every
   entry of that module's ``__aliases__`` dict (``{"spconv.pytorch": <module>, ...}``), so that a
   later ``import name`` (and ``import name.sub``) anywhere in the process gets the drop-in. A
-  drop-in may also define ``__install__()``, run once just before its entries are set (the PyG
-  stand-in registers its ``torch.ops.pyg`` operators there).
+  drop-in may also define ``__install__()``, run once just before its entries are set (its
+  return, if any, says what it did), and ``__in_sys_modules__ = False`` to set no entry at all:
+  ``"pyg"`` defines PyG's ``torch.ops.pyg`` point-cloud operators and turns on the flags PyG
+  reads at each call, and leaves ``import pyg_lib`` failing (``pcops/compat/pyg_lib.py``).
 - A real package is never shadowed: when ``importlib.util.find_spec(name)`` finds one (or one is
   already imported) the name is skipped, with the reason.
 - It must run before the imports it redirects: ``import name`` that ran before keeps the module
-  it got, and PyG decides whether it has pyg-lib when ``torch_geometric`` is imported. A
-  redirected name or a consumer (``torch_geometric`` for ``"pyg"``) already imported is
-  reported and warned about.
-- ``"pyg"`` stands for the module ``pyg_lib`` (PyG 2.7+ calls ``torch.ops.pyg.*`` when
-  ``pyg_lib`` is importable); see ``pcops/compat/pyg_lib.py``.
+  it got (reported and warned about). ``"pyg"`` may come at any time: PyG reads its flags at
+  each call. It needs torch_geometric installed, and stands for the module ``pyg_lib``, whose
+  real package it never shadows.
 
 The result is an ``InstallReport``: for each name whether it was installed, the reason, and the
 ``sys.modules`` entries set. Names asked for explicitly and skipped also raise a warning;
@@ -29,13 +29,13 @@ import sys
 import warnings
 from typing import Dict, NamedTuple, Tuple
 
-# user-facing name -> (module name it stands for, modules whose earlier import makes it too late)
-_TARGETS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
-    "torch_cluster": ("torch_cluster", ()),
-    "torch_scatter": ("torch_scatter", ()),
-    "spconv": ("spconv", ()),
-    "pointops": ("pointops", ()),
-    "pyg": ("pyg_lib", ("torch_geometric",)),
+# user-facing name -> the module name it stands for
+_TARGETS: Dict[str, str] = {
+    "torch_cluster": "torch_cluster",
+    "torch_scatter": "torch_scatter",
+    "spconv": "spconv",
+    "pointops": "pointops",
+    "pyg": "pyg_lib",
 }
 _ALIASES = {"pyg_lib": "pyg"}
 _COMPAT = "pcops.compat."
@@ -82,30 +82,24 @@ def _where(found) -> str:
 
 
 def _one(name: str, replace: bool = False) -> Outcome:
-    module, consumers = _TARGETS[name]
+    module = _TARGETS[name]
     found = _real(module)
     if found is not None and (not replace or module in sys.modules):
         why = "already imported" if module in sys.modules else "installed"
         return Outcome(False, f"a real {module} is {why} ({_where(found)}); left alone")
-    late = [m for m in (module,) + consumers if m in sys.modules and sys.modules[m] is not None]
     try:
         compat = importlib.import_module(_COMPAT + module)
     except Exception as exc:  # not written (yet), or failing to import: nothing to install
         return Outcome(False, f"{_COMPAT}{module} is not available ({type(exc).__name__}: {exc})")
-    entries = {module: compat}
+    entries = {module: compat} if getattr(compat, "__in_sys_modules__", True) else {}
     for alias, target in getattr(compat, "__aliases__", {}).items():
         entries[alias] = importlib.import_module(target) if isinstance(target, str) else target
     hook = getattr(compat, "__install__", None)
-    if hook is not None:
-        hook()
+    done = hook() if hook is not None else None
     sys.modules.update(entries)
-    reason = f"{module} -> {compat.__name__}" + (f" (replacing the real {module} at {_where(found)})" if found is not None else "")
-    if late and late != [module]:
-        imported = ", ".join(m for m in late if m != module)
-        reason += f"; {imported} was imported before install() and keeps what it saw then"
-        warnings.warn(
-            f"pcops.compat.install({name!r}): {imported} was already imported, so it does not see "
-            f"{module} now; call install() before importing it", stacklevel=3)
+    reason = done or f"{module} -> {compat.__name__}"
+    if found is not None:
+        reason += f" (replacing the real {module} at {_where(found)})"
     return Outcome(True, reason, tuple(entries))
 
 
@@ -126,7 +120,7 @@ def install(*names: str, replace: bool = False) -> InstallReport:
     Call it first, before the imports it redirects::
 
         import pcops.compat; pcops.compat.install()
-        import torch_geometric   # fps, knn, radius, ... and DynamicEdgeConv now run on pcops
+        import torch_geometric   # its fps, knn, radius, ... and DynamicEdgeConv now run on pcops
     """
     explicit = bool(names)
     if not isinstance(replace, bool):
@@ -141,8 +135,10 @@ def install(*names: str, replace: bool = False) -> InstallReport:
         name = _ALIASES.get(raw, raw)
         if name not in _TARGETS:
             raise ValueError(f"names: unknown drop-in {raw!r}; choose from {sorted(_TARGETS)}")
-        if name == "pyg" and not explicit and importlib.util.find_spec("torch_geometric") is None:
-            report[name] = Outcome(False, "torch_geometric is not installed")
+        if name == "pyg" and importlib.util.find_spec("torch_geometric") is None:
+            report[name] = outcome = Outcome(False, "torch_geometric is not installed")
+            if explicit:
+                warnings.warn(f"pcops.compat.install({raw!r}) skipped: {outcome.reason}", stacklevel=2)
             continue
         if replace and name == "pyg":
             raise ValueError("replace=True does not apply to 'pyg': a real pyg-lib is never shadowed")

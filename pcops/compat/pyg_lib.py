@@ -1,37 +1,30 @@
-"""A stand-in for pyg-lib's point-cloud operators, so that PyTorch Geometric runs its own
-``fps``, ``knn``, ``knn_graph``, ``radius``, ``radius_graph``, ``nearest``, ``voxel_grid`` and the
-layers built on them (``DynamicEdgeConv``, ``XConv``, ``GravNetConv``, ``knn_interpolate``) on
-pcops. Installed by ``pcops.compat.install("pyg")`` (or ``install()``) where no real pyg-lib is.
+"""pyg-lib's point-cloud operators on pcops, so that PyTorch Geometric (2.7+) runs its own ``fps``,
+``knn``, ``knn_graph``, ``radius``, ``radius_graph``, ``nearest``, ``voxel_grid`` and the layers
+built on them (``DynamicEdgeConv``, ``XConv``, ``GravNetConv``, ``knn_interpolate``) on pcops.
+Installed by ``pcops.compat.install("pyg")`` (or ``install()``) where no real pyg-lib is.
 
 Since 2.7 PyG calls ``torch.ops.pyg.fps`` / ``knn`` / ``radius`` / ``nearest`` / ``grid_cluster``
-and decides once, when ``torch_geometric`` is imported, whether they exist: ``import pyg_lib``
-must succeed and ``pyg_lib.ops`` must have the attribute (``torch_geometric.typing.WITH_FPS =
-hasattr(pyg_lib.ops, 'fps')`` and so on). This module is what ``import pyg_lib`` then returns:
+where its flags ``torch_geometric.typing.WITH_FPS`` / ``WITH_KNN`` / ``WITH_RADIUS`` /
+``WITH_NEAREST`` / ``WITH_GRID_CLUSTER`` are True, and reads those flags at each call. Installing:
 
-- ``ops`` has exactly those five functions (pyg-lib's Python signatures), and ``sampler`` the
-  ``neighbor_sample`` PyG's probe inspects (it raises: pcops samples no graphs). No other pyg-lib
-  attribute exists, so PyG's other probes (``segment_matmul``, ``softmax_csr``, ``index_sort``,
-  ``spline_basis``, ``partition``...) stay False and PyG keeps its torch fallbacks there.
-- ``register()`` (run by ``install``, never by importing this module) defines the five operators
-  in the ``pyg`` namespace with pyg-lib's schemas, names and defaults, as ``torch.library``
-  custom ops over ``pcops.compat.torch_cluster`` (whose results follow torch_cluster, pyg-lib's
-  origin: same edge layout, ``ceil(float32(n) * ratio)`` FPS picks, strict ``d^2 < r^2``), with
-  exact fakes (``new_dynamic_size()`` where the result size depends on the data).
+- ``register()`` defines the five operators in the ``pyg`` namespace with pyg-lib's schemas,
+  names and defaults, as ``torch.library`` custom ops over ``pcops.compat.torch_cluster`` (whose
+  results follow torch_cluster, pyg-lib's origin: same edge layout, ``ceil(float32(n) * ratio)``
+  FPS picks, strict ``d^2 < r^2``), with exact fakes (``new_dynamic_size()`` where the result size
+  depends on the data);
+- :data:`FLAGS` are set True in ``torch_geometric.typing``, whenever PyG was imported.
 
-What PyG then believes: ``WITH_PYG_LIB`` is True, so graph features that need pyg-lib's other
-operators (``NeighborLoader`` sampling, ``Node2Vec``, ``dropout_path``, ``RootedRWSubgraph``)
-call operators that do not exist here and fail ("no attribute 'neighbor_sample'") instead of
-raising PyG's ImportError; with torch-sparse installed ``NeighborLoader`` would switch from
-torch-sparse to that missing operator, and ``install`` warns. Batches are CSR pointers ``ptr``
-(``ptr[0] = 0``, ``ptr[-1] =`` the number of rows); a pointer of one tensor and ``None`` for the
-other means no batching, as pyg-lib's CPU kernels read it.
+Nothing else changes: ``import pyg_lib`` still fails and ``WITH_PYG_LIB`` stays False, so every
+other PyG feature (``NeighborLoader``'s sampling, ``Node2Vec``, ``dropout_path``, PyG's own
+``withPackage('pyg_lib')`` tests) behaves exactly as without pyg-lib. Batches are CSR pointers
+``ptr`` (``ptr[0] = 0``, ``ptr[-1] =`` the number of rows); a pointer of one tensor and ``None``
+for the other means no batching, as pyg-lib's CPU kernels read it.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-import types
-import warnings
 from typing import Optional
 
 import torch
@@ -163,8 +156,7 @@ def register() -> None:
     """
     if len(_registered) == len(SCHEMAS):
         return
-    spec = importlib.util.find_spec("pyg_lib")  # this module's own spec once installed
-    if spec is not None and spec.name == "pyg_lib":
+    if importlib.util.find_spec("pyg_lib") is not None:
         raise RuntimeError("a real pyg_lib is installed; it defines torch.ops.pyg itself")
     for name, (impl, fake) in _IMPLS.items():
         if name in _registered:
@@ -178,14 +170,22 @@ def register() -> None:
         _registered[name] = op
 
 
-def __install__() -> None:
-    """Run by ``pcops.compat.install("pyg")`` before ``pyg_lib`` is pointed here."""
+# PyG's flags for the operators above (torch_geometric/typing.py, 2.7+)
+FLAGS = ("WITH_FPS", "WITH_KNN", "WITH_RADIUS", "WITH_NEAREST", "WITH_GRID_CLUSTER")
+__in_sys_modules__ = False  # install() enters no module under pyg-lib's name: PyG keeps WITH_PYG_LIB = False
+
+
+def __install__() -> str:
+    """Run by ``pcops.compat.install("pyg")``: the operators, then PyG's flags; returns what it did."""
     register()
-    if importlib.util.find_spec("torch_sparse") is not None:
-        warnings.warn(
-            "torch_sparse is installed: with pcops' pyg_lib stand-in PyG's NeighborLoader calls "
-            "torch.ops.pyg.neighbor_sample (which pcops does not provide) instead of torch_sparse",
-            stacklevel=4)
+    typing = importlib.import_module("torch_geometric.typing")
+    found = [name for name in FLAGS if hasattr(typing, name)]
+    for name in found:
+        setattr(typing, name, True)
+    if not found:
+        return ("torch.ops.pyg operators defined; this PyG (before 2.7) calls torch_cluster, not them: "
+                "install('torch_cluster') for its point-cloud functions")
+    return f"torch.ops.pyg.{{{', '.join(_IMPLS)}}} defined; torch_geometric.typing.{', '.join(found)} set True"
 
 
 def _call(name: str):
@@ -217,18 +217,3 @@ def nearest(x: Tensor, y: Tensor, ptr_x: Optional[Tensor] = None, ptr_y: Optiona
 def grid_cluster(pos: Tensor, size: Tensor, start: Optional[Tensor] = None, end: Optional[Tensor] = None) -> Tensor:
     """pyg-lib's ``grid_cluster``: the voxel index of each point."""
     return _call("grid_cluster")(pos, size, start, end)
-
-
-def _no_sampling(*args, **kwargs):
-    raise NotImplementedError(
-        "pcops' pyg_lib stand-in has only the point-cloud operators (fps, knn, radius, nearest, "
-        "grid_cluster); graph sampling needs the real pyg-lib")
-
-
-ops = types.ModuleType("pyg_lib.ops", "pcops' stand-in: the point-cloud operators of pyg_lib.ops")
-for _f in (fps, knn, radius, nearest, grid_cluster):
-    setattr(ops, _f.__name__, _f)
-sampler = types.ModuleType("pyg_lib.sampler", "pcops' stand-in: PyG probes neighbor_sample's signature")
-sampler.neighbor_sample = _no_sampling
-__version__ = "0.0.0+pcops"
-__aliases__ = {"pyg_lib.ops": ops, "pyg_lib.sampler": sampler}
