@@ -32,6 +32,7 @@ FACTORIES = [
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],
     ("cells starts", _cells._starts_kernel, ()),
+    ("morton spread table", importlib.import_module("pcops._morton")._table_kernel, ()),
     *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells key {d}", _cells._key_kernel, (d,)) for d in (F32, F64)],
     *[(f"cells box {d}", _cells._box_kernel, (d,)) for d in (F32, F64)],

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import pcops
+from pcops import _morton
 from pcops.ops.neighbours import nearest as knn_module
 from pcops.ops.neighbours.nearest import _kdtree
 from tests import reference
@@ -338,7 +339,7 @@ def _cell_order(q: torch.Tensor) -> torch.Tensor:
     top = 2.0**bits - 1
     x = (q - low) * (top / side)
     cells = torch.where(x > 0, torch.minimum(x, torch.tensor(top, dtype=q.dtype)), 0).long()
-    spread = tree._spread(bits, q.device).long()
+    spread = _morton.spread_table(bits, q.device).long()
     code = spread[cells[:, 0]] | spread[cells[:, 1]] << 1 | spread[cells[:, 2]] << 2
     return torch.sort(code, stable=True).indices
 

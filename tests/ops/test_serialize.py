@@ -119,15 +119,17 @@ def test_z_order_by_hand_on_4x4x4():
 
 
 def test_z_order_and_the_knn_query_order_share_one_morton_bit_spread(gen):
-    # one definition (pcops._warp_funcs.spread): serialize's z codes are the kd-tree's Morton
-    # table interleaved, x highest, on an 8^3 lattice across a 2^10 grid and at random cells
-    from pcops.ops.neighbours.nearest import _kdtree
+    # one definition (pcops._warp_funcs.spread): serialize's z codes are the Morton table
+    # (the kd-tree's and the mesh hierarchy's) interleaved, x highest, on an 8^3 lattice across a
+    # 2^10 grid and at random cells; the hierarchy's torch codes are the same table, z highest
+    from pcops import _morton
 
-    table = _kdtree._spread(10, torch.device("cpu")).long()
+    table = _morton.spread_table(10, torch.device("cpu")).long()
     assert torch.equal(table, torch.tensor([ref_morton(0, 0, c, 10) for c in range(1024)]))
     cells = torch.cat([all_cells(3) * 127, torch.randint(0, 1024, (5000, 3), generator=gen)])
     code = pcops.serialize(cells, depth=10, order="z").code
     assert torch.equal(code, table[cells[:, 0]] << 2 | table[cells[:, 1]] << 1 | table[cells[:, 2]])
+    assert torch.equal(_morton.codes(cells.flip(1)), code)
 
 
 def test_hilbert_visits_the_2x2x2_grid_as_a_gray_code():

@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import torch
 
+from ... import _morton
+
 LEAF = 4  # faces per leaf at most
 
 
@@ -48,10 +50,7 @@ class Tree(NamedTuple):
 
 def depth(n_faces: int) -> int:
     """The depth of the leaves: the smallest d with n_faces <= LEAF 2^d."""
-    d = 0
-    while (LEAF << d) < n_faces:
-        d += 1
-    return d
+    return _morton.leaf_depth(n_faces, LEAF)
 
 
 def node_count(n_faces):
@@ -59,21 +58,13 @@ def node_count(n_faces):
     return 4 * ((n_faces + LEAF - 1) // LEAF)
 
 
-def _spread(x: torch.Tensor) -> torch.Tensor:
-    """10-bit integers with their bits two zero bits apart (one axis of a Morton code)."""
-    x = (x | (x << 16)) & 0x030000FF
-    x = (x | (x << 8)) & 0x0300F00F
-    x = (x | (x << 4)) & 0x030C30C3
-    return (x | (x << 2)) & 0x09249249
-
-
 def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over their box):
     the faces' order (by centroid) and the queries' (neighbouring threads walk the same nodes)."""
     centroid = torch.nan_to_num(points, nan=0.0, posinf=0.0, neginf=0.0)
     low, high = centroid.amin(0), centroid.amax(0)
-    cells = ((centroid - low) / (high - low).clamp_min(1e-300) * 1023.0).clamp(0, 1023).to(torch.int64)
-    code = _spread(cells[:, 0]) | (_spread(cells[:, 1]) << 1) | (_spread(cells[:, 2]) << 2)
+    cells = ((centroid - low) / (high - low).clamp_min(1e-300) * 1023.0).nan_to_num(0.0).clamp(0, 1023).to(torch.int64)
+    code = _morton.codes(cells)
     order = torch.argsort(code, stable=True)
     return order[torch.argsort(group[order], stable=True)]
 

@@ -87,12 +87,8 @@ def _kernels(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def spread(x: int):
-        """The 10 low bits of x spread to every third bit (bit i -> bit 3 i)."""
-        x = (x | (x << 16)) & 0x030000FF
-        x = (x | (x << 8)) & 0x0300F00F
-        x = (x | (x << 4)) & 0x030C30C3
-        x = (x | (x << 2)) & 0x09249249
-        return x
+        """The 10 low bits of x spread to every third bit (bit i -> bit 3 i): the one spread."""
+        return int(_warp_funcs.spread(wp.int64(x)))
 
     @wp.func(module="unique")
     def radix_pass(

@@ -37,13 +37,12 @@ point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and e
 ends: it visits each node at most once.
 """
 
-import functools
 import math
 
 import torch
 import warp as wp
 
-from .... import _threads, _warp, _warp_funcs
+from .... import _morton, _threads, _warp, _warp_funcs
 from ._registry import backend
 
 LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, 1.01-1.10x faster than 32 from 10^4 to 10^6 points, 8 slower
@@ -274,8 +273,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
 def _build_kernels(dtype: torch.dtype):
     """Warp kernels of the build: the splits of the tree (nodes of one depth per thread range,
     each thread splitting its node's subtree down to a given depth), the Morton sort keys of
-    the queries, their order on one thread (CPU), and the table of ``morton`` (see
-    :func:`_spread`; it has no dtype: the float32 factory's is used)."""
+    the queries and their order on one thread (CPU)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     key, sample_pivot = _funcs(dtype)
@@ -385,7 +383,7 @@ def _build_kernels(dtype: torch.dtype):
              out: wp.array(dtype=wp.int32)):
         """The Morton code of each point's cell in the frame (low corner, scale): cells 1 / scale
         wide, len(spread) a side (points outside in the border cells); ``spread``: the table of
-        :func:`_spread`."""
+        :func:`pcops._morton.spread_table`."""
         i = wp.tid() + start
         top = s(spread.shape[0] - 1)
         out[i] = morton(spread, (points[i] - v(frame[0], frame[1], frame[2])) * frame[3], top)
@@ -428,24 +426,7 @@ def _build_kernels(dtype: torch.dtype):
             ordered[count[c]] = points[i]
             count[c] = count[c] + 1
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def table(start: int, out: wp.array(dtype=wp.int32)):
-        """out[c] = spread(c): the Morton table of ``morton`` (len(out) <= 2^10, so int32)."""
-        c = wp.tid() + start
-        out[c] = wp.int32(_warp_funcs.spread(wp.int64(c)))
-
-    return build, keys, order, table
-
-
-@functools.cache
-def _spread(bits: int, dev: torch.device) -> torch.Tensor:
-    """spread[c]: the bits of c (0 .. 2^bits - 1) two zero bits apart (a Morton code's axis part),
-    from the one definition, ``pcops._warp_funcs.spread`` (filled on the CPU once per size and
-    device; ``morton`` reads it: 1.15x faster than calling spread() per coordinate in the CPU
-    query order of 10^6 queries, 1.06x in the sort keys)."""
-    out = torch.empty(1 << bits, dtype=torch.int32)
-    _warp.launch(_build_kernels(torch.float32)[3], out.shape[0], [out], like=out)
-    return out.to(dev)
+    return build, keys, order
 
 
 def _query_order(query: torch.Tensor, group) -> torch.Tensor:
@@ -453,9 +434,9 @@ def _query_order(query: torch.Tensor, group) -> torch.Tensor:
     low, high = torch.aminmax(query, dim=0)
     scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)  # NaN with non-finite points: keys 0
     frame = torch.cat([low, scale[None]])
-    _, keys, _, _ = _build_kernels(query.dtype)
+    _, keys, _ = _build_kernels(query.dtype)
     code = torch.empty(query.shape[0], dtype=torch.int32, device=query.device)
-    args = [_warp.array(query, dtype=_warp.vec3(query.dtype)), frame, _spread(_BITS, query.device), code]
+    args = [_warp.array(query, dtype=_warp.vec3(query.dtype)), frame, _morton.spread_table(_BITS, query.device), code]
     _warp.launch(keys, query.shape[0], args, like=query)
     if group is None:
         return torch.sort(code).indices  # int32 keys: half the work of int64 ones
@@ -471,7 +452,7 @@ def _cpu_query_order(query: torch.Tensor):
     rows, ordered = torch.empty(m, dtype=torch.int64), torch.empty_like(query)
     scratch = [torch.empty(m, dtype=torch.int32), torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
     vec = _warp.vec3(query.dtype)
-    args = [_warp.array(query, dtype=vec), _spread(bits, query.device), *scratch, rows, _warp.array(ordered, dtype=vec)]
+    args = [_warp.array(query, dtype=vec), _morton.spread_table(bits, query.device), *scratch, rows, _warp.array(ordered, dtype=vec)]
     return (_build_kernels(query.dtype)[2], args), rows, ordered
 
 
@@ -488,10 +469,7 @@ def _in_order(query: torch.Tensor) -> bool:
 
 def _depth(n: int) -> int:
     """Depth of the leaves: the smallest d with at most LEAF points per leaf."""
-    d = 0
-    while -(-n // (1 << d)) > LEAF:
-        d += 1
-    return d
+    return _morton.leaf_depth(n, LEAF)
 
 
 def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
