@@ -80,7 +80,7 @@ def flag(**named) -> None:
             raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (numbers.Real, torch.SymInt, torch.SymFloat))
 
 
@@ -102,7 +102,7 @@ def positive_number(name: str, value) -> None:
     Under ``torch.compile`` a number may be symbolic: its value is then checked again inside
     the op (see the ops' real implementations), where it is concrete.
     """
-    if not _is_number(value):
+    if not is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if torch.compiler.is_compiling():
         return
@@ -155,22 +155,22 @@ def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     return (torch.float64 if out == torch.float64 else torch.float32), out
 
 
-def _sum_finite(t: torch.Tensor) -> torch.Tensor:
+def sum_finite(t: torch.Tensor) -> torch.Tensor:
     """0-d bool: the sum of ``t`` is finite. True implies every value is finite (a NaN or inf
     makes the sum NaN or inf); False may also be an overflow of finite values, which
-    :func:`_all_finite` then decides. One pass without a temporary: several times cheaper
+    :func:`all_finite` then decides. One pass without a temporary: several times cheaper
     than ``isfinite(t).all()``."""
     return t.sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None).isfinite()
 
 
-def _all_finite(t: torch.Tensor) -> bool:
+def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
 def finite(**named: torch.Tensor) -> None:
     """No NaN or inf in the tensors (None is skipped). Reads values."""
     for name, t in named.items():
-        if t is not None and t.numel() and not bool(_sum_finite(t)) and not _all_finite(t):
+        if t is not None and t.numel() and not bool(sum_finite(t)) and not all_finite(t):
             raise ValueError(f"{name} contains NaN or inf (pass validate=False to skip this check)")
 
 
@@ -279,8 +279,8 @@ class Checks:
             if t.device.type == "cpu":  # the sum read at once: one dispatch, no autograd node
                 ok = math.isfinite(t.detach().sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None).item())
             else:
-                ok = _sum_finite(t)
-            self.add(ok, lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: _all_finite(t))
+                ok = sum_finite(t)
+            self.add(ok, lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: all_finite(t))
 
     def in_range(self, name: str, t, low: int, high, bound=None) -> None:
         """All values of ``t`` (None is skipped) in [low, high] (no upper bound if high is None);

@@ -56,7 +56,7 @@ import warp as wp
 from . import _threads
 
 # Below this many threads a launch is not worth splitting across CPU threads.
-_MIN_CHUNK = 1024
+MIN_CHUNK = 1024
 # The same for kernels whose threads each search (a tree walk, a cell-list scan): a microsecond
 # or more per thread, so a chunk of this many outweighs a fork-join.
 QUERY_CHUNK = 64
@@ -320,20 +320,20 @@ class Typed(typing.NamedTuple):
     dtype: typing.Any
 
 
-def _convert(arg):
+def convert(arg):
     if isinstance(arg, Typed):
         return array(arg.tensor, dtype=arg.dtype)
     return array(arg) if isinstance(arg, torch.Tensor) else arg
 
 
-def _zeros_like(arg):
+def zeros_like(arg):
     """A zeroed private copy of a scattered argument (a tensor or a :class:`Typed` one)."""
     if isinstance(arg, Typed):
         return Typed(torch.zeros_like(arg.tensor), arg.dtype)
     return torch.zeros_like(arg)
 
 
-def _chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
+def chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
     """Thread ranges of a launch: one on CUDA; on the CPU one per torch thread (as the caller
     set torch's count: :func:`pcops._threads.requested`, so that a busy machine runs the same
     chunks on fewer threads and the sums of scattered copies do not change), each of at least
@@ -379,7 +379,7 @@ def _find_openmp():
     return parallel
 
 
-def _run_chunks(run, first: int, chunks: int) -> None:
+def run_chunks(run, first: int, chunks: int) -> None:
     """``run(c)`` for c = first .. chunks - 1: at most :func:`pcops._threads.available` threads (the
     calling one and torch's OpenMP workers, or pool threads; Warp launches release the GIL)
     take the chunks in turn."""
@@ -414,7 +414,7 @@ def _run_chunks(run, first: int, chunks: int) -> None:
         raise errors[0]
 
 
-def _first_load(kernel, dev, load) -> bool:
+def first_load(kernel, dev, load) -> bool:
     """Run ``load()`` (which builds or loads the kernel's module) under the build lock if the
     kernel was never launched on ``dev`` in this process; whether it ran."""
     key = (kernel, str(dev))
@@ -522,7 +522,17 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
     return lambda c: forward(*calls[c])  # ``packed`` lives as long as ``calls`` refers to it
 
 
-def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = _MIN_CHUNK, beside=None,
+def launch_chunks(kernel, bounds: list[int], values: list) -> None:
+    """On the CPU: chunk c of ``kernel`` is threads ``bounds[c] .. bounds[c + 1] - 1``, every chunk
+    with the arguments ``values``, the chunks taken in turn by the first free thread (the
+    caller's cut: chunks of uneven work). The first launch of the kernel loads it on this thread."""
+    chunks = len(bounds) - 1
+    private = [values] * chunks
+    first = first_load(kernel, "cpu", lambda: _runner(kernel, bounds, private, "cpu", None)(0))
+    run_chunks(_runner(kernel, bounds, private, "cpu", None), 1 if first else 0, chunks)
+
+
+def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = MIN_CHUNK, beside=None,
            work: typing.Optional[int] = None) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
@@ -551,27 +561,27 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     s = cuda_stream(like)
     dev = "cpu" if s is None else device(like)
     serial = s is None and work is not None and work < SERIAL_WORK
-    bounds = [0, n] if serial else _chunk_bounds(n, s, min_chunk)
+    bounds = [0, n] if serial else chunk_bounds(n, s, min_chunk)
     chunks = len(bounds) - 1
-    values = [_convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
+    values = [convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
     if beside is not None and (beside[2] if len(beside) > 2 else 1) <= 0:
         beside = None
     if chunks == 1 and beside is None and s is None and (kernel, dev) in _loaded:
         _runner(kernel, bounds, [values], dev, s)(0)  # the common small launch: no fork-join
         return
-    extras = [{i: _zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
-    private = [values] + [[_convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
+    extras = [{i: zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
+    private = [values] + [[convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
     if beside is not None:
         side_kernel, side_args, *rest = beside
-        jobs.append((side_kernel, [0, rest[0] if rest else 1], [[_convert(a) for a in side_args]]))
+        jobs.append((side_kernel, [0, rest[0] if rest else 1], [[convert(a) for a in side_args]]))
     todo = []
     for job in jobs:
-        first = _first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))
+        first = first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))
         run = _runner(*job, dev, s)
         todo += [functools.partial(run, c) for c in range(1 if first else 0, len(job[1]) - 1)]
     if s is None and not serial:
-        _run_chunks(lambda c: todo[c](), 0, len(todo))
+        run_chunks(lambda c: todo[c](), 0, len(todo))
     else:  # one stream, or one thread: in order
         for run in todo:
             run()
@@ -585,15 +595,15 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
 SERIAL_WORK = 1 << 15
 
 
-def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _MIN_CHUNK):
+def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = MIN_CHUNK):
     """``launch`` prepared once, for a kernel launched many times with the same arrays (their
     contents may change between runs): returns a function of no arguments that runs it. The
     arguments are packed once: into the entry point's structs on the CPU (:func:`_runner`), into
     commands Warp records (``record_cmd``) on CUDA, so a run costs the kernel and little else."""
     dev = device(like)
     s = cuda_stream(like)
-    bounds = _chunk_bounds(n, s, min_chunk) if n > 0 else [0]
-    values = [_convert(a) for a in args]
+    bounds = chunk_bounds(n, s, min_chunk) if n > 0 else [0]
+    values = [convert(a) for a in args]
     chunks = len(bounds) - 1
 
     def record(c: int):
@@ -602,10 +612,10 @@ def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = _M
 
     if chunks == 0:
         return lambda: None
-    _first_load(kernel, dev, lambda: record(0))
+    first_load(kernel, dev, lambda: record(0))
     if s is None:
         run = _runner(kernel, bounds, [values] * chunks, dev, s)
-        return lambda: _run_chunks(run, 0, chunks)
+        return lambda: run_chunks(run, 0, chunks)
     commands = [record(c) for c in range(chunks)]
-    return lambda: _run_chunks(lambda c: commands[c].launch(stream=s), 0, chunks)
+    return lambda: run_chunks(lambda c: commands[c].launch(stream=s), 0, chunks)
 

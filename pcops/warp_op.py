@@ -232,12 +232,12 @@ def _launch(kernel, split: bool, dim, args: list, like: torch.Tensor, scatter: t
     if _size(dim) == 0:
         return
     dev, stream = _warp.device(like), _warp.cuda_stream(like)
-    values = [_warp._convert(a) for a in args]
+    values = [_warp.convert(a) for a in args]
 
     def run() -> None:
         wp.launch(kernel, dim, inputs=values, device=dev, stream=stream)
 
-    if not _warp._first_load(kernel, dev, run):  # the first launch on a device loads the module, under the build lock
+    if not _warp.first_load(kernel, dev, run):  # the first launch on a device loads the module, under the build lock
         run()
 
 
@@ -249,28 +249,28 @@ def _launch_adjoint(kernel, split: bool, dim, args: list, adj: list, like: torch
     if _size(dim) == 0:
         return
     dev, stream = _warp.device(like), _warp.cuda_stream(like)
-    values = [_warp._convert(a) for a in args]
+    values = [_warp.convert(a) for a in args]
     if not split:
-        adj_values = [None if a is None else _warp._convert(a) for a in adj]
+        adj_values = [None if a is None else _warp.convert(a) for a in adj]
 
         def run_all() -> None:
             wp.launch(kernel, dim, inputs=values, adj_inputs=adj_values, device=dev, stream=stream, adjoint=True)
 
-        if not _warp._first_load(kernel, dev, run_all):
+        if not _warp.first_load(kernel, dev, run_all):
             run_all()
         return
-    bounds = _warp._chunk_bounds(dim, stream, min_chunk)
+    bounds = _warp.chunk_bounds(dim, stream, min_chunk)
     chunks = len(bounds) - 1
-    extras = [{i: _warp._zeros_like(adj[i]) for i in private} for _ in range(chunks - 1)]
+    extras = [{i: _warp.zeros_like(adj[i]) for i in private} for _ in range(chunks - 1)]
     adj_chunks = [[extra.get(i, a) for i, a in enumerate(adj)] for extra in [{}] + extras]
-    adj_values = [[None, *(None if a is None else _warp._convert(a) for a in chunk)] for chunk in adj_chunks]
+    adj_values = [[None, *(None if a is None else _warp.convert(a) for a in chunk)] for chunk in adj_chunks]
 
     def run(c: int) -> None:
         wp.launch(kernel, bounds[c + 1] - bounds[c], inputs=[bounds[c], *values], adj_inputs=adj_values[c],
                   device=dev, stream=stream, adjoint=True)
 
-    first = _warp._first_load(kernel, dev, lambda: run(0))
-    _warp._run_chunks(run, 1 if first else 0, chunks)
+    first = _warp.first_load(kernel, dev, lambda: run(0))
+    _warp.run_chunks(run, 1 if first else 0, chunks)
     for extra in extras:
         for i, t in extra.items():
             adj[i].tensor.add_(t.tensor)
@@ -386,7 +386,7 @@ def warp_op(
     grad: Optional[Sequence[str]] = None,
     accumulate: Sequence[str] = (),
     backward=None,
-    min_chunk: int = _warp._MIN_CHUNK,
+    min_chunk: int = _warp.MIN_CHUNK,
 ):
     """Make a Warp kernel a ``torch.library`` custom op that is safe under ``torch.compile``.
 

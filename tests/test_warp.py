@@ -295,7 +295,7 @@ def test_chunks_run_once_each_on_several_threads(chunk_threads):
         ran.append(c)
         threads.add(threading.get_ident())
 
-    _warp._run_chunks(run, 1, 9)
+    _warp.run_chunks(run, 1, 9)
     assert sorted(ran) == list(range(1, 9))
     assert len(threads) == 2
 
@@ -306,7 +306,7 @@ def test_an_error_in_a_chunk_is_raised_on_the_calling_thread(chunk_threads):
             raise ValueError("chunk 3")
 
     with pytest.raises(ValueError, match="chunk 3"):
-        _warp._run_chunks(run, 0, 8)
+        _warp.run_chunks(run, 0, 8)
 
 
 @_warp.kernels
@@ -496,7 +496,7 @@ def test_a_kernel_that_cannot_be_loaded_even_when_rebuilt_names_the_cache(tmp_pa
         raise Exception("Failed to load CPU module 'stand_in' (device='cpu')")
 
     with pytest.raises(RuntimeError, match=r"wp_stand_in_0123456.*WARP_CACHE_PATH"):
-        _warp._first_load(kernel, "cpu", load)
+        _warp.first_load(kernel, "cpu", load)
     assert attempts == [True, False]  # the second attempt ran after the files were deleted
     assert (kernel, "cpu") not in _warp._loaded
 
@@ -504,7 +504,7 @@ def test_a_kernel_that_cannot_be_loaded_even_when_rebuilt_names_the_cache(tmp_pa
         raise ValueError("not about the cache")
 
     with pytest.raises(ValueError, match="not about the cache"):  # other errors pass through, nothing deleted
-        _warp._first_load(Kernel("other"), "cpu", other_error)
+        _warp.first_load(Kernel("other"), "cpu", other_error)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

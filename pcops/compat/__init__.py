@@ -99,9 +99,9 @@ def check_finite(**named) -> None:
     items = [(n, t) for n, t in named.items() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     if not items:
         return
-    oks = torch.stack([_validate._sum_finite(t).to(items[0][1].device) for _, t in items]).tolist()  # the one host read
+    oks = torch.stack([_validate.sum_finite(t).to(items[0][1].device) for _, t in items]).tolist()  # the one host read
     for ok, (name, t) in zip(oks, items):
-        if not ok and not _validate._all_finite(t):
+        if not ok and not _validate.all_finite(t):
             raise ValueError(f"{name} contains NaN or inf")
 
 
@@ -173,13 +173,15 @@ def first_within(
     cols = k + int(exclude_same) + _SPARE
     # pcops' ball-query op keyed by index: the cols smallest indices within the widened radius
     # (a superset of the points the exact test keeps) and how many there are
-    idx, counts = torch.ops.pcops.ball_query(query, ref, search, cols, False, query_group, ref_group, True)
+    idx, counts = torch.ops.pcops.ball_query(query=query, ref=ref, radius=search, max_neighbors=cols, validate=False,
+                                           query_group=query_group, ref_group=ref_group, by_index=True)
     out, short = _first(query, ref, idx, None, counts.clamp(max=cols), bound_t, k, exclude_same)
     # exact unless a query kept fewer than k and found more than cols: search those again with room for all
     over = (short & (counts > cols)).nonzero().squeeze(1)
     if over.numel():
         wide_group = None if query_group is None else query_group[over]
-        wide, _ = torch.ops.pcops.ball_query(query[over], ref, search, int(counts[over].max()), False, wide_group, ref_group, True)
+        wide, _ = torch.ops.pcops.ball_query(query=query[over], ref=ref, radius=search, max_neighbors=int(counts[over].max()),
+                                             validate=False, query_group=wide_group, ref_group=ref_group, by_index=True)
         out[over] = _first(query, ref, wide, over, (wide >= 0).sum(1), bound_t, k, exclude_same)[0]
     return out
 
@@ -192,7 +194,7 @@ def _(query, ref, query_group, ref_group, radius, bound, k, exclude_same):
 def compact(table: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """(2, E) int64 of a (M, K) table's kept entries, row-major: row 0 the entry, row 1 its row.
     pcops' ``pcops::edges`` op, whose fake declares E as a dynamic size (compile-safe)."""
-    return torch.ops.pcops.edges(table, keep)
+    return torch.ops.pcops.edges(idx=table, keep=keep)
 
 
 from . import pytorch3d, torch_cluster, torch_scatter  # noqa: E402  (they use the helpers above)

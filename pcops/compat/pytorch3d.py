@@ -175,7 +175,7 @@ def knn_points(
         qa, qb = (pad3(a.detach(), "p1"), pad3(b.detach(), "p2")) if d < 3 else (a.detach(), b.detach())  # the L1 search takes any D
         fa, ga = _packed(qa, lengths1, n)
         fb, gb = _packed(qb, lengths2, n + 1)
-        near = torch.ops.pcops.nearest_l1(fa.contiguous(), fb.contiguous(), False, ga, gb)
+        near = torch.ops.pcops.nearest_l1(query=fa.contiguous(), ref=fb.contiguous(), validate=False, query_group=ga, ref_group=gb)
         local = near - torch.arange(n, device=p1.device).repeat_interleave(s1) * s2
         idx = torch.where(near >= 0, local, -1).view(n, s1, 1)
     valid = idx >= 0

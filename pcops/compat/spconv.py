@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from .. import _validate
-from ..ops.sparse import sparse_conv as _sc
 
 
 def _triple(name: str, value, low: int) -> list[int]:
@@ -395,7 +394,8 @@ class SparseConvolution(SparseModule):
             num_out, out_indices, shape = (None if self.subm else data.out_indices.shape[0]), data.out_indices, data.out_spatial_shape
             if self.record_voxel_count and num_out is not None:
                 self.max_num_voxels_during_training.clamp_(min=num_out)
-        out = _sc._convolve(features.to(dtype).contiguous(), _weight_rows(self.weight, dtype), *pairs, num_out)
+        out = torch.ops.pcops.sparse_conv(features=features.to(dtype).contiguous(), weight=_weight_rows(self.weight, dtype),
+                                          in_index=pairs[0], out_index=pairs[1], counts=pairs[2], num_out=num_out)
         result = SparseConvTensor(self._finish(out, dtype, out_dtype, add_input), out_indices, shape, input.batch_size,
                                   indice_dict=indice_dict, benchmark=input.benchmark)
         return result
@@ -453,12 +453,14 @@ def _find_map(input: SparseConvTensor, ksize, stride, padding, dilation, subm: b
             raise ValueError(f"SubMConv3d needs an odd kernel_size on every axis here (a kernel centred on the site), got {ksize}")
         reach = [(k // 2) * d for k, d in zip(ksize, dilation)]  # outputs = inputs, stride 1, the kernel centred
         out_indices, out_shape = indices, input.spatial_shape
-        _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(grid_coord, batch, grid_coord, batch, ksize, [1, 1, 1],
-                                                                         reach, dilation, True)
+        _, in_index, out_index, counts = torch.ops.pcops.sparse_conv_map(
+            grid_coord=grid_coord, batch=batch, out_coord=grid_coord, out_batch=batch, kernel_size=ksize, stride=[1, 1, 1],
+            padding=reach, dilation=dilation, validate=True)
     else:  # the output sites and the map to them from one sort
         out_shape = _conv_output_size(input.spatial_shape, ksize, stride, padding, dilation)
         out_coord, out_batch, in_index, out_index, counts = torch.ops.pcops.sparse_conv_sites_map(
-            grid_coord, batch, ksize, stride, padding, dilation, out_shape, True)
+            grid_coord=grid_coord, batch=batch, kernel_size=ksize, stride=stride, padding=padding, dilation=dilation,
+            out_shape=out_shape, validate=True)
         out_indices = torch.cat([out_batch[:, None], out_coord], 1).to(indices.dtype)
     return IndiceData(out_indices, indices, in_index, out_index, counts, input.spatial_shape, out_shape, subm,
                       list(ksize), list(stride), list(padding), list(dilation))

@@ -148,7 +148,7 @@ def _sorted_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, size: int, 
     rows = src.movedim(dim, 0)
     keys, perm = torch.sort(index.to(torch.long), stable=True)
     ptr = torch.searchsorted(keys, torch.arange(size + 1, device=src.device))
-    res, arg = torch.ops.pcops.segment_reduce(_flat(rows).index_select(0, perm), ptr, reduce, False)
+    res, arg = torch.ops.pcops.segment_reduce(values=_flat(rows).index_select(0, perm), offsets=ptr, reduce=reduce, validate=False)
     arg = torch.where(arg < 0, n, perm.index_select(0, arg.clamp(min=0).reshape(-1)).view(arg.shape))
     shape: List[int] = [size] + list(rows.shape[1:])
     return res.reshape(shape).movedim(0, dim), arg.reshape(shape).movedim(0, dim)
@@ -393,7 +393,7 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str, need_arg: 
             res = torch.where((ptr[1:] > ptr[:-1]).view([-1] + [1] * (src.dim() - 1)), res, 0)
         return res, None
     flat = _flat(src)
-    res, arg = torch.ops.pcops.segment_reduce(flat, ptr, reduce, False)
+    res, arg = torch.ops.pcops.segment_reduce(values=flat, offsets=ptr, reduce=reduce, validate=False)
     shape: List[int] = [res.shape[0]] + list(src.shape[1:])
     if reduce == "sum" or reduce == "mean":
         return res.reshape(shape), None

@@ -157,8 +157,8 @@ def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypat
 def test_small_launches_run_on_the_calling_thread(monkeypatch):
     """Work under ``SERIAL_WORK`` never forks: no helper thread can hold up its join."""
     forks = []
-    real = _warp._run_chunks
-    monkeypatch.setattr(_warp, "_run_chunks", lambda *a: (forks.append(a), real(*a)))
+    real = _warp.run_chunks
+    monkeypatch.setattr(_warp, "run_chunks", lambda *a: (forks.append(a), real(*a)))
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, 2))
     try:
@@ -176,8 +176,8 @@ def test_searches_of_a_few_hundred_queries_use_every_thread(monkeypatch, op):
     """A search costs a microsecond or more a query: from QUERY_CHUNK queries a chunk, 512
     queries run on two threads (1,024 per chunk left them on one)."""
     chunks = []
-    real = _warp._chunk_bounds
-    monkeypatch.setattr(_warp, "_chunk_bounds", lambda n, s, m: (chunks.append((n, m, len(real(n, s, m)) - 1)), real(n, s, m))[1])
+    real = _warp.chunk_bounds
+    monkeypatch.setattr(_warp, "chunk_bounds", lambda n, s, m: (chunks.append((n, m, len(real(n, s, m)) - 1)), real(n, s, m))[1])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(pcops._threads, "available", lambda: 2)
     p, r = torch.rand(512, 3, generator=torch.Generator().manual_seed(0)), 0.12

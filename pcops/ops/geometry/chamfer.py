@@ -178,31 +178,6 @@ def _per_sample(cost, flat: _batch.Flat, lengths, batch_ids, batch_size: int, re
     return total / count.clamp_min(1)
 
 
-def _batch_size(x, x_batch, y_batch, batch_size, rows: bool = True) -> tuple[int, dict | None]:
-    """The number of samples, and the range checks of packed ids that it implies (below it).
-    Packed ids number the samples: ``rows`` (a result or work with a row per sample) rejects ids
-    that ask for more samples than there are points (ids near 2**32 asked for 2**32 rows)."""
-    if x.dim() == 3:
-        return x.shape[0], None
-    if x_batch is None:
-        return 1, None
-    if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, torch.SymInt)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        # ids past batch_size would index out of range: checked with the layout's values
-        return batch_size, dict(x_batch=(x_batch, 0, batch_size - 1), y_batch=(y_batch, 0, batch_size - 1))
-    if torch.compiler.is_compiling():
-        raise ValueError("packed inputs under torch.compile need batch_size= (the number of samples), so no host read is traced")
-    ids = [t for t in (x_batch, y_batch) if t is not None and t.numel()]
-    samples = max((int(t.max()) for t in ids), default=0) + 1
-    points = sum(t.shape[0] for t in ids)
-    if rows and samples > max(points, 1):
-        raise ValueError(f"x_batch and y_batch number the samples (the result has a row for each number up to the largest): "
-                         f"the largest, {samples - 1}, asks for {samples} rows for {points} points; number the samples "
-                         "0 .. B-1, or pass batch_size=B")
-    return samples, None
-
-
 @_threads.limits
 def chamfer_distance(
     x: torch.Tensor,
@@ -256,7 +231,7 @@ def chamfer_distance(
     _check_options(norm, single_directional, point_reduction, batch_reduction)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    b, ranges = _batch_size(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
+    b, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
     flat_x = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     terms = [(_costs(flat_x, norm, backend, dtype), flat_x, x_lengths, x_batch)]

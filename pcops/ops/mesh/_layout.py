@@ -143,7 +143,7 @@ def points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengt
         checks.in_range(batch_name, batch, 0, None)
     if flat.batch > 0:
         m = points.shape[1]
-        group = _batch._padded_groups(b, m, lengths, b, points.device).to(torch.int64)
+        group = _batch.padded_groups(b, m, lengths, b, points.device).to(torch.int64)
         return FlatPoints(points.reshape(b * m, 3), group, (b, m))
     if batch is None:
         return FlatPoints(points, torch.zeros(points.shape[0], dtype=torch.int64, device=points.device), ())

@@ -459,10 +459,7 @@ def _run_samples(kernel, b: int, values: list) -> None:
     idle while the other finished its half)."""
     threads = _threads.requested()
     chunks = 1 if threads <= 1 else min(b, 8 * threads)
-    bounds = [b * c // chunks for c in range(chunks + 1)]
-    private = [values] * chunks
-    first = _warp._first_load(kernel, "cpu", lambda: _warp._runner(kernel, bounds, private, "cpu", None)(0))
-    _warp._run_chunks(_warp._runner(kernel, bounds, private, "cpu", None), 1 if first else 0, chunks)
+    _warp.launch_chunks(kernel, [b * c // chunks for c in range(chunks + 1)], values)
 
 
 def _per_pick_fps(points: torch.Tensor, lengths32: torch.Tensor, start: torch.Tensor, n_samples: int, idx: torch.Tensor) -> None:

@@ -147,8 +147,8 @@ def _origin(origin, points: torch.Tensor):
             raise ValueError(f"origin must be a number, 3 numbers or a real tensor of shape (3,), got {origin.dtype} {tuple(origin.shape)}")
         _validate.same_device(points=points, origin=origin)
         return origin.to(torch.float64).expand(3).contiguous()
-    values = [origin] * 3 if _validate._is_number(_validate.plain(origin)) else list(origin) if isinstance(origin, (list, tuple)) else None
-    if values is None or len(values) != 3 or not all(_validate._is_number(_validate.plain(x)) for x in values):
+    values = [origin] * 3 if _validate.is_number(_validate.plain(origin)) else list(origin) if isinstance(origin, (list, tuple)) else None
+    if values is None or len(values) != 3 or not all(_validate.is_number(_validate.plain(x)) for x in values):
         raise TypeError(f"origin must be None, a number, 3 numbers or a tensor of shape (3,), got {origin!r}")
     if not torch.compiler.is_compiling() and not all(math.isfinite(x) for x in values):
         raise ValueError(f"origin must be finite, got {origin!r}")

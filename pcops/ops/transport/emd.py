@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from ... import _batch, _threads, _validate
-from .sinkhorn import _samples
 
 MAX_POINTS = 4096  # the default largest sample the exact solver takes (about 3 s on one core at p=2)
 POINT_REDUCTIONS = ("mean", "sum", None)
@@ -206,7 +205,7 @@ def earth_movers_distance(
     p = int(p)  # 2.0 means 2 (the op's schema takes an int)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    samples, ranges = _samples(x, x_batch, y_batch, batch_size)
+    samples, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size)
     flat = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     q, r = flat.query.to(dtype), flat.ref.to(dtype)

@@ -34,7 +34,6 @@ import torch
 import warp as wp
 
 from ... import _batch, _threads, _validate, _warp
-from ..geometry.chamfer import _batch_size
 
 BATCH_REDUCTIONS = ("mean", "sum", None)
 _TINY = 1e-8  # GeomLoss's floor of the squared distance in its p = 1 cost: sqrt(max(d^2, 1e-8))
@@ -469,7 +468,7 @@ def _check_options(p, blur, scaling, diameter) -> None:
     if isinstance(p, bool) or p not in (1, 2):
         raise ValueError(f"p must be 1 or 2, got {p!r}")
     _validate.positive_number("blur", blur)
-    if not _validate._is_number(scaling):
+    if not _validate.is_number(scaling):
         raise TypeError(f"scaling must be a number, got {type(scaling).__name__}")
     if not torch.compiler.is_compiling() and not 0 < scaling < 1:
         raise ValueError(f"scaling must be in (0, 1), got {scaling}")
@@ -499,7 +498,6 @@ def _weights(name: str, w, points: torch.Tensor, flat_group, samples: int, dtype
     return torch.where(g < samples, 1 / counts.clamp_min(1)[g], 0)
 
 
-_samples = _batch_size  # the number of samples of a pair of clouds: chamfer_distance's rule
 
 
 def _reduce(loss: torch.Tensor, x, x_batch, batch_reduction) -> torch.Tensor:
@@ -590,7 +588,7 @@ def sinkhorn_divergence(
         raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    samples, ranges = _samples(x, x_batch, y_batch, batch_size)
+    samples, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size)
     finite = {k: v for k, v in (("x_weights", x_weights), ("y_weights", y_weights)) if isinstance(v, torch.Tensor)}
     flat = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges, finite=finite)
     dtype, out_dtype = _validate.compute_dtype(x, y)
