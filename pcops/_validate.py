@@ -10,7 +10,7 @@ Eager checks (metadata and Python values only: free, and also run under ``torch.
 
 Value checks (read tensor data, so a host read, one device sync on CUDA; a data-dependent
 branch would break ``torch.compile(fullgraph=True)``), only with ``validate=True``:
-    In eager mode the layout layer (``pcops._batch.pair`` / ``single``) gathers every value
+    In eager mode the layout layer (``pcops._layout.pair`` / ``single``) gathers every value
     check of a call in :class:`Checks` (NaN/inf in points, features and the op's own tensors,
     lengths and ids in range, a tensor sigma > 0) and reads them all at once: one host read per
     call, messages naming the caller's arguments. Under ``torch.compile`` it cannot read
@@ -203,10 +203,10 @@ def ids(name: str, t, size: int, shape_doc: str) -> None:
 
 
 def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref_batch, dim: int | None = 3, names=None) -> bool:
-    """Eager checks of any batch layout (see pcops._batch); True for the padded (B, P, 3) layout.
+    """Eager checks of any batch layout (see pcops._layout); True for the padded (B, P, 3) layout.
 
     ``dim`` is the points' last dimension (None: any D shared by query and ref); ``names`` the
-    caller's names of the arguments (a ``pcops._batch.Names``; query, ref, ... by default).
+    caller's names of the arguments (a ``pcops._layout.Names``; query, ref, ... by default).
     """
     n = names if names is not None else _DEFAULT_NAMES
     one = n.query == n.ref  # a one-cloud op: the points are both clouds
@@ -256,6 +256,15 @@ class _Names:
 
 
 _DEFAULT_NAMES = _Names()
+
+
+def checks(validate: bool):
+    """A :class:`Checks` to gather a call's value checks in, or None where they do not run
+    (``validate=False``, or under ``torch.compile``, which cannot read values): the one rule of
+    when the layouts' value checks run."""
+    if not validate or torch.compiler.is_compiling():
+        return None
+    return Checks()
 
 
 class Checks:

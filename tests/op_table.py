@@ -8,7 +8,7 @@ without one fails a test instead of being missed by hand-kept lists. A row says:
 * ``points``: the float inputs that hold coordinates or values checked for NaN/inf, by the
   name the caller types (the name every message must use);
 * ``grad``: the differentiable inputs;
-* ``clouds``: 2 for two-cloud ops (pcops._batch.pair), 1 for one-cloud ops (pcops._batch.single),
+* ``clouds``: 2 for two-cloud ops (pcops._layout.pair), 1 for one-cloud ops (pcops._layout.single),
   0 for ops on other data (grid coordinates, segments, gathers);
 * ``page``: its docs page under docs/ops/; ``bench``: the op name its benchmark rows carry;
 * ``breaks_at``: for an op whose result size depends on the data, the custom op where default

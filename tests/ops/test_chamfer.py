@@ -131,7 +131,7 @@ def test_gradients_match_the_dense_reference(gen):
 
 def test_l1_search_paths_agree_with_brute_force(gen):
     x, y, xl, yl = _batch(gen, 30, 40)
-    from pcops import _batch as layouts
+    from pcops import _layout as layouts
 
     flat = layouts.pair(x, y, query_lengths=xl, ref_lengths=yl)
     for groups in ((flat.query_group, flat.ref_group), (None, None)):
@@ -145,7 +145,7 @@ def test_l1_search_paths_agree_with_brute_force(gen):
 
 def test_opcheck_nearest_l1(gen):
     x, y, xl, yl = _batch(gen)
-    from pcops import _batch as layouts
+    from pcops import _layout as layouts
 
     flat = layouts.pair(x, y, query_lengths=xl, ref_lengths=yl)
     for dtype in (torch.float32, F64):

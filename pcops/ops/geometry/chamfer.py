@@ -15,7 +15,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from ... import _batch, _threads, _validate
+from ... import _layout, _threads, _validate
 from ..neighbours.nearest import search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
@@ -122,7 +122,7 @@ def _(query, ref, validate, query_group=None, ref_group=None):
 # Chamfer distance
 
 
-_NAMES = _batch.names("x", "y")  # the caller's names in every message of the layout layer
+_NAMES = _layout.names("x", "y")  # the caller's names in every message of the layout layer
 
 
 def _check_options(norm, single_directional, point_reduction, batch_reduction) -> None:
@@ -137,7 +137,7 @@ def _check_options(norm, single_directional, point_reduction, batch_reduction) -
         raise ValueError("batch_reduction must be None when point_reduction is None")
 
 
-def _costs(flat: _batch.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
+def _costs(flat: _layout.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
     """Per-point cost (P_a,) of the flat query to its nearest ref point: 0 for padding and for no match."""
     if flat.ref.shape[0] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
         return flat.query.to(dtype).sum(-1) * 0
@@ -148,12 +148,12 @@ def _costs(flat: _batch.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
         q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
         nearest = nearest_l1(q, r, flat.validate, flat.query_group, flat.ref_group)
         idx, valid = nearest.clamp_min(0), nearest >= 0
-    diff = flat.query.to(dtype) - _batch.rows(flat.ref.to(dtype), idx)
+    diff = flat.query.to(dtype) - _layout.select_rows(flat.ref.to(dtype), idx)
     cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
     return torch.where(valid, cost, 0)
 
 
-def _per_sample(cost, flat: _batch.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
+def _per_sample(cost, flat: _layout.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
     """(B,) sum, mean or max of each sample's point costs (costs of padding rows are 0)."""
     if flat.batch_shape:  # padded (B, P)
         rows = cost.reshape(flat.batch_shape)
@@ -231,16 +231,16 @@ def chamfer_distance(
     _check_options(norm, single_directional, point_reduction, batch_reduction)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    b, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
-    flat_x = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
+    b, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
+    flat_x = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     terms = [(_costs(flat_x, norm, backend, dtype), flat_x, x_lengths, x_batch)]
     if not single_directional:  # the same clouds the other way round: their values are checked
         reverse = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
-        flat_y = _batch.pair(y, x, **reverse, validate=flat_x.validate, names=_batch.names("y", "x"))
+        flat_y = _layout.pair(y, x, **reverse, validate=flat_x.validate, names=_layout.names("y", "x"))
         terms.append((_costs(flat_y, norm, backend, dtype), flat_y, y_lengths, y_batch))
     if point_reduction is None:
-        per_point = tuple(_batch.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
+        per_point = tuple(_layout.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
         return per_point[0] if single_directional else per_point
     per_sample = [_per_sample(cost, flat, lengths, ids, b, point_reduction) for cost, flat, lengths, ids in terms]
     if single_directional:

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp
+from ... import _layout, _threads, _validate, _warp
 from ..neighbours.nearest import search
 
 
@@ -342,7 +342,7 @@ def estimate_normals(
     if orient_to is not None:
         _check_viewpoints(orient_to, points, batch)
     per_sample = orient_to is not None and orient_to.dim() == 2 and points.dim() == 2  # packed ids index orient_to
-    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate,
+    flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate,
                          finite=None if orient_to is None else dict(orient_to=orient_to),
                          ranges=dict(batch=(batch, 0, orient_to.shape[0] - 1)) if per_sample else None)
     k = _validate.count("k", k, points.shape[-2], "points")
@@ -355,9 +355,9 @@ def estimate_normals(
         if orient_to is not None:  # the sign passes no gradient on
             view = orient_to.detach().to(dtype)[None] if orient_to.dim() == 1 else _viewpoints(orient_to.detach(), batch, flat, dtype)
         normals = _knn_normals(flat.ref.detach().to(dtype), idx, view)
-        return _batch.unflatten(flat, normals.to(out_dtype))
+        return _layout.unflatten(flat, normals.to(out_dtype))
 
-    neighbours = _batch.rows(flat.ref.to(dtype), idx)  # (P, k, 3)
+    neighbours = _layout.select_rows(flat.ref.to(dtype), idx)  # (P, k, 3)
     if flat.query_group is None:  # one cloud: all k neighbours exist
         centred = neighbours - neighbours.mean(1, keepdim=True)
         cov = centred.transpose(1, 2) @ centred / k
@@ -376,7 +376,7 @@ def estimate_normals(
     normals = torch.where(towards < 0, -normals, normals)
     if flat.query_group is not None:
         normals = torch.where(valid[:, :1], normals, 0)  # padding rows: zeros
-    return _batch.unflatten(flat, normals.to(out_dtype))
+    return _layout.unflatten(flat, normals.to(out_dtype))
 
 
 def _check_viewpoints(orient_to, points, batch) -> None:
@@ -394,7 +394,7 @@ def _check_viewpoints(orient_to, points, batch) -> None:
         raise ValueError(f"orient_to of shape {tuple(orient_to.shape)} needs batched points; a single cloud takes shape (3,)")
 
 
-def _viewpoints(orient_to, batch, flat: _batch.Flat, dtype) -> torch.Tensor:
+def _viewpoints(orient_to, batch, flat: _layout.Flat, dtype) -> torch.Tensor:
     """The viewpoint of every flat point: (P, 3) (``orient_to`` checked by :func:`_check_viewpoints`)."""
     o = orient_to.to(dtype)
     if o.shape == (3,):

@@ -29,7 +29,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from ... import _threads, _validate
-from . import _layout, _search, _tree, _triangle
+from ... import _layout
+from . import _search, _tree, _triangle
 
 
 class MeshBVH(NamedTuple):
@@ -97,7 +98,7 @@ def mesh_bvh(vertices: torch.Tensor, faces: torch.Tensor, *, vertices_lengths: O
         >>> pcops.mesh_distance(torch.tensor([[0.2, 0.2, 1.0]]), bvh).dists
         tensor([1.])
     """
-    checks = _validate.Checks() if validate and not torch.compiler.is_compiling() else None
+    checks = _validate.checks(validate)
     flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
                         vertices_batch=vertices_batch, checks=checks)
     if checks is not None:
@@ -157,7 +158,7 @@ def mesh_distance(
     max_dist = _validate.plain(max_dist)
     if max_dist is not None:
         _validate.positive_number("max_dist", max_dist)
-    checks = _validate.Checks() if validate and not torch.compiler.is_compiling() else None
+    checks = _validate.checks(validate)
     if isinstance(vertices, MeshBVH):
         if faces is not None or vertices_lengths is not None or faces_lengths is not None or vertices_batch is not None:
             raise ValueError("a MeshBVH holds its faces and layout: pass faces, vertices_lengths, faces_lengths and vertices_batch to mesh_bvh")
@@ -169,7 +170,7 @@ def mesh_distance(
         flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
                             vertices_batch=vertices_batch, checks=checks)
         bvh = None
-    query = _layout.points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
+    query = _layout.mesh_points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
     if checks is not None:
         _layout.points_have_meshes(checks, query, flat)
         checks.run()

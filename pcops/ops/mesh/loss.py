@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 from ... import _threads, _validate
-from . import _layout, _search, _triangle
+from ... import _layout
+from . import _search, _triangle
 
 
 def _per_sample(ids: torch.Tensor) -> torch.Tensor:
@@ -67,10 +68,10 @@ def point_mesh_face_distance(
         >>> pcops.point_mesh_face_distance(points, vertices, torch.tensor([[0, 1, 2]]))
         tensor(0.5000)
     """
-    checks = _validate.Checks() if validate and not torch.compiler.is_compiling() else None
+    checks = _validate.checks(validate)
     flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
                         vertices_batch=vertices_batch, checks=checks)
-    query = _layout.points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
+    query = _layout.mesh_points("points", points, flat, lengths=points_lengths, batch=points_batch, checks=checks)
     if checks is not None:
         checks.in_range("points_lengths", points_lengths, 1, points.shape[-2], lambda: "in [1, M] (every sample needs a point)")
         if query.points.shape[0] == 0:

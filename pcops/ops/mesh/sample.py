@@ -47,8 +47,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp
-from . import _layout
+from ... import _layout, _threads, _validate, _warp
 
 
 class MeshSamples(NamedTuple):
@@ -280,7 +279,7 @@ def _mesh_count(flat: _layout.FlatMesh, vertices_batch, batch_size) -> int:
 def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     """Per face: corners (F, 3, 3) and unit normals (F, 3) in ``dtype``, differentiable, and twice
     the area (F,) in float64 without a graph (NaN/inf from unchecked values as 0)."""
-    corners = _batch.rows(vertices.to(dtype), rows)
+    corners = _layout.select_rows(vertices.to(dtype), rows)
     normal = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
     normals = normal / torch.where(length > 0, length, 1.0)  # zero-area faces are never chosen
@@ -354,7 +353,7 @@ def sample_points_on_mesh(
             raise ValueError("pass seed or generator, not both")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    checks = _validate.Checks() if validate and not torch.compiler.is_compiling() else None
+    checks = _validate.checks(validate)
     flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
                         vertices_batch=vertices_batch, checks=checks)
     b = _mesh_count(flat, vertices_batch, batch_size)

@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp, _warp_funcs
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from . import _cells
 from .nearest import _distances
 
@@ -288,7 +288,7 @@ def ball_query(
         float16/bfloat16 points are searched in float32.
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
-    flat = _batch.pair(
+    flat = _layout.pair(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
     )
@@ -302,14 +302,14 @@ def ball_query(
     return _result(flat, q, p, idx, counts, out_dtype)
 
 
-def _result(flat: _batch.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, out_dtype) -> BallQuery:
+def _result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, out_dtype) -> BallQuery:
     """The caller's BallQuery from a search's flat ``idx`` (M, K) and ``counts`` (M,): distances
     recomputed in torch from the points (differentiable), indices as the caller indexes ref."""
     valid = idx >= 0
     rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
-    dists = torch.where(valid, _distances(q, _batch.rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
-    idx = _batch.local_index(flat, idx)
-    return BallQuery(_batch.unflatten(flat, dists), _batch.unflatten(flat, idx), _batch.unflatten(flat, counts))
+    dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
+    idx = _layout.local_index(flat, idx)
+    return BallQuery(_layout.unflatten(flat, dists), _layout.unflatten(flat, idx), _layout.unflatten(flat, counts))
 
 
 def _check_radii(radii, max_neighbors) -> tuple[list, list]:
@@ -377,7 +377,7 @@ def ball_queries(
         >>> bool((far.counts >= near.counts).all())
         True
     """
-    flat = _batch.pair(
+    flat = _layout.pair(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
     )

@@ -6,25 +6,24 @@
 
 Plain torch (no custom op): one ``index_select`` over flat rows, whose backward is an
 ``index_add`` (several times faster on the CPU than the accumulating ``index_put`` of advanced
-indexing, see :func:`pcops._batch.rows`), and a ``where`` for the padding. It compiles with
+indexing, see :func:`pcops._layout.select_rows`), and a ``where`` for the padding. It compiles with
 ``torch.compile(fullgraph=True)`` like any torch code.
 """
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ... import _batch, _threads, _validate
+from ... import _layout, _threads, _validate
 
 
-def _layout(features, idx) -> bool:
+def _check_args(features, idx) -> bool:
     """Checks of gather's arguments (types, shapes, devices, names); True for padded features."""
     if not isinstance(features, torch.Tensor):
         raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
     _validate.integer("idx", idx)
     if features.dim() not in (1, 2, 3):
         raise ValueError(f"features must be a tensor of shape (N,), (N, F) or padded (B, N, F), got shape {tuple(features.shape)}")
-    if features.device != idx.device:
-        raise ValueError(f"all tensors must be on the same device, got features on {features.device}, idx on {idx.device}")
+    _validate.same_device(features=features, idx=idx)
     padded = features.dim() == 3
     if padded and (idx.dim() < 1 or idx.shape[0] != features.shape[0]):
         raise ValueError(f"idx must be a tensor of shape (B, ...) with B = {features.shape[0]} for padded features {tuple(features.shape)}, got shape {tuple(idx.shape)}")
@@ -49,13 +48,13 @@ def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> 
         dtype of ``features``; zero rows where idx == -1. Differentiable with respect to
         ``features`` (rows gathered several times accumulate their gradients; padding gets none).
     """
-    padded = _layout(features, idx)
+    padded = _check_args(features, idx)
     n = features.shape[1] if padded else features.shape[0]
-    _batch.values(validate, ranges={"idx": (idx, -1, n - 1, lambda: f"in [-1, N) = [-1, {n}) (-1: padding)")})
-    return rows(features, idx, padded)
+    _layout.values(validate, ranges={"idx": (idx, -1, n - 1, lambda: f"in [-1, N) = [-1, {n}) (-1: padding)")})
+    return rows_or_zeros(features, idx, padded)
 
 
-def rows(features: torch.Tensor, idx: torch.Tensor, padded: bool = False) -> torch.Tensor:
+def rows_or_zeros(features: torch.Tensor, idx: torch.Tensor, padded: bool = False) -> torch.Tensor:
     """gather without checks: rows of flat (N, ...) or padded (B, N, ...) ``features`` at ``idx``
     (per sample for padded ones), zeros where an index is outside [0, N) (-1: padding)."""
     n = features.shape[1] if padded else features.shape[0]
@@ -68,7 +67,7 @@ def rows(features: torch.Tensor, idx: torch.Tensor, padded: bool = False) -> tor
     if padded:
         b = features.shape[0]
         at = at + (torch.arange(b, device=idx.device) * n).reshape(b, *([1] * (idx.dim() - 1)))
-    out = _batch.rows(flat, at)
+    out = _layout.select_rows(flat, at)
     return torch.where(valid.reshape(*idx.shape, *([1] * (flat.dim() - 1))), out, out.new_zeros(()))
 
 

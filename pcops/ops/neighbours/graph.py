@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp, _warp_funcs
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _cells
 from .ball_query import _ball_query
@@ -193,11 +193,11 @@ def _(points, radius, max_neighbors, loop, validate, group, size):
     return points.new_empty((2, size), dtype=torch.int64), points.new_empty((), dtype=torch.int64)
 
 
-def _layout(points, batch, loop, validate) -> _batch.Flat:
+def _lay_out(points, batch, loop, validate) -> _layout.Flat:
     """The one-cloud layout of a graph op: packed points (N, 3) with optional ids ``batch``."""
     _validate.points("points", points)
     _validate.flag(loop=loop)
-    return _batch.single(points, batch=batch, validate=validate)
+    return _layout.single(points, batch=batch, validate=validate)
 
 
 @_threads.limits
@@ -225,7 +225,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         padded with -1, count).
     """
     k, size = _validate.plain(k), _bound.bound("max_edges", max_edges)  # NumPy scalars as Python numbers
-    flat = _layout(points, batch, loop, validate)
+    flat = _lay_out(points, batch, loop, validate)
     _validate.count("k", k)
     n = points.shape[0]
     if n == 0:
@@ -263,7 +263,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     size = _bound.bound("max_edges", max_edges)
-    flat = _layout(points, batch, loop, validate)
+    flat = _lay_out(points, batch, loop, validate)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:
         if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, torch.SymInt)):

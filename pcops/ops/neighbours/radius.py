@@ -31,7 +31,7 @@ import torch
 import torch._prims_common
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp, _warp_funcs
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
 
 
@@ -563,7 +563,7 @@ def radius_aggregate(
     if softmax:
         _validate.scale("sigma", sigma)
         _validate.same_device(query=query, sigma=sigma)
-    flat = _batch.pair(
+    flat = _layout.pair(
         query, ref, features, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,
         positive=dict(sigma=sigma) if softmax and isinstance(sigma, torch.Tensor) else None,
@@ -573,10 +573,10 @@ def radius_aggregate(
     q, p, f = flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype)
     if reduce == "max":
         out, _ = torch.ops.pcops.radius_max(q, p, f, float(radius), flat.validate, flat.query_group, flat.ref_group)
-        return _batch.unflatten(flat, out.to(out_dtype))
+        return _layout.unflatten(flat, out.to(out_dtype))
     if softmax:
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     else:  # not read by the kernels of the other weightings
         sigma = torch.ones((), dtype=dtype, device=query.device)
     out = torch.ops.pcops.radius_aggregate(q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights)[0]
-    return _batch.unflatten(flat, out.to(out_dtype))
+    return _layout.unflatten(flat, out.to(out_dtype))

@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp, _warp_funcs
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
 
 
 class FPS(NamedTuple):
@@ -569,7 +569,7 @@ _INT64_MAX = 2**63 - 1
 
 
 def _check_numbers(points, n_samples, ratio) -> None:
-    """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._batch.single)."""
+    """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._layout.single)."""
     if (n_samples is None) == (ratio is None):
         raise ValueError("give exactly one of n_samples and ratio")
     if n_samples is not None:
@@ -686,7 +686,7 @@ def farthest_point_sample(
     buckets; the exact plain FPS sequence), a thread per sample.
     """
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
-    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
+    flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
     _check_numbers(points, n_samples, ratio)
     first = _start_set(start_idx, points, n_samples, random_start)
     # the op checks what the layout layer could not: values under torch.compile, a start set's

@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ... import _batch, _deprecated, _threads, _validate
+from ... import _layout, _deprecated, _threads, _validate
 from .. import _bound
 from . import _voxels
 
@@ -121,12 +121,12 @@ def _(points, voxel_size, origin, batch, validate, size=-1):
             like.new_empty(()))
 
 
-def _layout(points, lengths, batch, origin, validate: bool):
-    """The layout of :func:`grid_sample` through the layout layer (pcops._batch.single, which
+def _lay_out(points, lengths, batch, origin, validate: bool):
+    """The layout of :func:`grid_sample` through the layout layer (pcops._layout.single, which
     also checks that a tensor ``origin`` is finite, in the same host read): flat points (P, 3),
     int64 sample ids (P,) or None (< 0 for padding rows), the padded shape (B, N) or None, and
     whether the op checks values itself (``Flat.validate``)."""
-    flat = _batch.single(points, lengths=lengths, batch=batch, validate=validate, finite={"origin": origin}, flatten=False)
+    flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, finite={"origin": origin}, flatten=False)
     if points.dim() == 3:
         b, n = points.shape[0], points.shape[1]
         ids = torch.arange(b, device=points.device)[:, None].expand(b, n)
@@ -214,7 +214,7 @@ def grid_sample(
     bound = _bound.bound("max_voxels", max_voxels)
     _validate.tensor("points", points)
     origin_t = _origin(origin, points)
-    flat, ids, padded, check = _layout(points, lengths, batch, origin_t, validate)
+    flat, ids, padded, check = _lay_out(points, lengths, batch, origin_t, validate)
     inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
         flat.detach(), float(voxel_size), origin_t, ids, check, -1 if bound is None else bound
     )

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ... import _batch, _threads, _validate
+from ... import _layout, _threads, _validate
 from .. import _bound
 from . import _voxels
 
@@ -129,7 +129,7 @@ def voxel_pool(
     if reduce not in ("mean", "max"):
         raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
     bound = _bound.bound("max_voxels", max_voxels)
-    flat = _batch.single(points, features, batch=batch, validate=validate)
+    flat = _layout.single(points, features, batch=batch, validate=validate)
     dtype, out_dtype = _validate.compute_dtype(points)
     pts = points.to(dtype)
     size = -1 if bound is None else bound

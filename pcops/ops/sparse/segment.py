@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp
+from ... import _layout, _threads, _validate, _warp
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 
@@ -328,7 +328,7 @@ class _Permute(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
-def _layout(values, offsets, ids, reduce, num_segments) -> Optional[int]:
+def _lay_out(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     """Checks of segment_reduce's arguments (shapes, dtypes, names); the number of segments of ``ids``
     (None for ``offsets``, or when it must be read from the ids)."""
     if not isinstance(values, torch.Tensor):
@@ -396,15 +396,15 @@ def segment_reduce(
         ``values``: sum/mean spread the gradient over the segment; max/min send it to the first
         arg-extremum (the smallest row index among ties; NaN is the extremum when present).
     """
-    segments = _layout(values, offsets, ids, reduce, num_segments)
+    segments = _lay_out(values, offsets, ids, reduce, num_segments)
     n = values.shape[0]
     perm = inverse = None
     if offsets is None:
         if segments is None:
-            _batch.values(validate, ranges={"ids": (ids, 0, None)})
+            _layout.values(validate, ranges={"ids": (ids, 0, None)})
             segments = int(ids.max()) + 1 if ids.numel() else 0
         else:
-            _batch.values(validate, ranges={"ids": (ids, 0, segments - 1)})
+            _layout.values(validate, ranges={"ids": (ids, 0, segments - 1)})
         sorted_ids, perm = torch.sort(ids.to(torch.int64), stable=True)
         inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(n, device=perm.device))
         offsets = torch.searchsorted(sorted_ids, torch.arange(segments + 1, device=perm.device, dtype=torch.int64))
@@ -424,7 +424,7 @@ def reduce_sorted(values, offsets, reduce, perm=None, inverse=None, check: bool 
     flat = values.reshape(n, math.prod(shape)).to(dtype)
     if perm is not None:
         flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
-    check = check and not _batch.values(True, pointers={"offsets": (offsets, 0, n)})
+    check = check and not _layout.values(True, pointers={"offsets": (offsets, 0, n)})
     with_arg = flat.requires_grad and torch.is_grad_enabled()  # the max/min backward's rows
     out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce, check, with_arg)
     return out.reshape(out.shape[0], *shape).to(out_dtype)

@@ -29,8 +29,8 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp, _warp_funcs
-from ..neighbours.gather import rows as _rows
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
+from ..neighbours.gather import rows_or_zeros as _rows
 from .. import _bound
 from . import segment as _segment
 
@@ -185,9 +185,9 @@ def _sort_rows(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(orders), torch.stack(inverses)
 
 
-def _layout(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
+def _lay_out(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     """Checks of serialize's arguments (shapes, dtypes, names): (depth, order indices, one order given)."""
-    _batch.sites(grid_coord, batch)
+    _layout.sites(grid_coord, batch)
     single = isinstance(order, str)
     names = [order] if single else order
     if not isinstance(names, (list, tuple)) or not names:
@@ -240,7 +240,7 @@ def serialize(
     a coordinate outside [0, 2**depth), a negative batch id or one too large for the code to
     fit in 63 bits (batch < 2**(63 - 3*depth)), a depth outside [1, 16], an unknown order.
     """
-    depth, kinds, single = _layout(grid_coord, batch, depth, order)
+    depth, kinds, single = _lay_out(grid_coord, batch, depth, order)
     code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds, bool(validate))
     order_, inverse = _sort_rows(code)
     if single:
@@ -308,7 +308,7 @@ def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce
         if coord.shape[0] != n:
             raise ValueError(f"coord must have one row per point: got shape {tuple(coord.shape)} for {n} points")
     if grid_coord is not None:
-        _batch.sites(grid_coord, batch, size=n)
+        _layout.sites(grid_coord, batch, size=n)
     _validate.ids("batch", batch, n, "(N,)")
     _validate.same_device(code=code, features=features, coord=coord, grid_coord=grid_coord, batch=batch)
     return n
@@ -365,7 +365,7 @@ def serialized_pool(
         for their points (``serialized_unpool`` needs cluster >= 0: mask them first).
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
-    _batch.values(validate, finite={"features": features, "coord": coord})
+    _layout.values(validate, finite={"features": features, "coord": coord})
     bound = _bound.bound("max_clusters", max_clusters)
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
@@ -413,7 +413,7 @@ def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor, validate: b
         raise TypeError(f"features must be a torch.Tensor of shape (V, ...), got {getattr(features, 'shape', type(features).__name__)}")
     _validate.integer("cluster", cluster, ndim=1, shape_doc="(N,)")
     _validate.same_device(features=features, cluster=cluster)
-    _batch.values(validate, ranges={"cluster": (cluster, 0, features.shape[0] - 1)})
+    _layout.values(validate, ranges={"cluster": (cluster, 0, features.shape[0] - 1)})
     return _rows(features, cluster)
 
 

@@ -50,7 +50,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _batch, _deprecated, _threads, _validate, _warp
+from ... import _layout, _deprecated, _threads, _validate, _warp
 
 _KEY_LIMIT = 2.0**62  # samples * spans of the packed keys
 _SENTINEL = 2**63 - 1  # after the last input key: above every query
@@ -517,7 +517,7 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
 
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
-    _batch.sites(grid_coord, batch)
+    _layout.sites(grid_coord, batch)
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be an odd int >= 1, got {kernel_size!r}")
     if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:

@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import torch
 
-from ... import _batch, _threads, _validate
+from ... import _layout, _threads, _validate
 
 MAX_POINTS = 4096  # the default largest sample the exact solver takes (about 3 s on one core at p=2)
 POINT_REDUCTIONS = ("mean", "sum", None)
@@ -110,7 +110,7 @@ def _(x, y, x_group, y_group, samples, p, max_points, validate):
     return x.new_empty((x.shape[0],), dtype=torch.int64)
 
 
-_NAMES = _batch.names("x", "y")
+_NAMES = _layout.names("x", "y")
 
 
 def _check_options(p, point_reduction, batch_reduction, max_points) -> None:
@@ -125,7 +125,7 @@ def _check_options(p, point_reduction, batch_reduction, max_points) -> None:
     _validate.count("max_points", max_points)
 
 
-def _per_sample(cost, flat: _batch.Flat, x, samples: int, reduction: str) -> torch.Tensor:
+def _per_sample(cost, flat: _layout.Flat, x, samples: int, reduction: str) -> torch.Tensor:
     """(samples,) sum or mean of each sample's matched costs (padding rows cost 0)."""
     if flat.query_group is None:
         total = cost.sum().reshape(1)
@@ -205,20 +205,20 @@ def earth_movers_distance(
     p = int(p)  # 2.0 means 2 (the op's schema takes an int)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    samples, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size)
-    flat = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
+    samples, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size)
+    flat = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     q, r = flat.query.to(dtype), flat.ref.to(dtype)
     match = torch.ops.pcops.emd_match(q.detach(), r.detach(), flat.query_group, flat.ref_group, samples, p, max_points, flat.validate)
     valid = match >= 0
     rows = r if r.shape[0] else r.new_zeros((1, 3))
-    diff = q - _batch.rows(rows, match.clamp_min(0))
+    diff = q - _layout.select_rows(rows, match.clamp_min(0))
     cost = diff.square().sum(-1) if p == 2 else torch.linalg.vector_norm(diff, dim=-1)
     cost = torch.where(valid, cost, 0)
-    local = _batch.local_index(flat, match)
-    match_out = _batch.unflatten(flat, local)
+    local = _layout.local_index(flat, match)
+    match_out = _layout.unflatten(flat, local)
     if point_reduction is None:
-        return EarthMoversDistance(_batch.unflatten(flat, cost).to(out_dtype), match_out)
+        return EarthMoversDistance(_layout.unflatten(flat, cost).to(out_dtype), match_out)
     loss = _per_sample(cost, flat, x, samples, point_reduction)
     if batch_reduction is not None:
         loss = loss.sum() if batch_reduction == "sum" else loss.sum() / max(samples, 1)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from ... import _batch, _threads, _validate, _warp
+from ... import _layout, _threads, _validate, _warp
 
 BATCH_REDUCTIONS = ("mean", "sum", None)
 _TINY = 1e-8  # GeomLoss's floor of the squared distance in its p = 1 cost: sqrt(max(d^2, 1e-8))
@@ -461,7 +461,7 @@ _sinkhorn.register_autograd(_backward, setup_context=_setup_context)
 # The public function
 
 
-_NAMES = _batch.names("x", "y")
+_NAMES = _layout.names("x", "y")
 
 
 def _check_options(p, blur, scaling, diameter) -> None:
@@ -588,9 +588,9 @@ def sinkhorn_divergence(
         raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
-    samples, ranges = _batch.sample_count(x, x_batch, y_batch, batch_size)
+    samples, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size)
     finite = {k: v for k, v in (("x_weights", x_weights), ("y_weights", y_weights)) if isinstance(v, torch.Tensor)}
-    flat = _batch.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges, finite=finite)
+    flat = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges, finite=finite)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     a = _weights("x_weights", x_weights, x, flat.query_group, samples, dtype)
     b = _weights("y_weights", y_weights, y, flat.ref_group, samples, dtype)

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .... import _batch, _threads, _validate
+from .... import _layout, _threads, _validate
 from .. import _weighting
 from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends)
 from ._registry import BACKENDS
@@ -81,13 +81,13 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional[int] = 3, **checks) -> tuple[_batch.Flat, int]:
-    """The layout of a two-cloud kNN op through the layout layer (pcops._batch.pair), and k as an int."""
-    flat = _batch.pair(query, ref, features, validate=validate, dim=dim, **batch, **checks)
+def _flatten(query, ref, features, k, batch: dict, validate: bool, dim: Optional[int] = 3, **checks) -> tuple[_layout.Flat, int]:
+    """The layout of a two-cloud kNN op through the layout layer (pcops._layout.pair), and k as an int."""
+    flat = _layout.pair(query, ref, features, validate=validate, dim=dim, **batch, **checks)
     return flat, _validate.count("k", k, ref.shape[-2], "ref points")
 
 
-def _found(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
+def _found(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
     """(the backend's distances (P, k), inf where none; indices (P, k) into the flat ref, -1
     where none): the search itself, no gradient. The op checks values only where the layout
     layer could not (``flat.validate``)."""
@@ -96,14 +96,14 @@ def _found(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
     return BACKENDS[name].op(query, ref, k, flat.validate, flat.query_group, flat.ref_group)
 
 
-def _search(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
+def _search(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
     """(the backend's distances (P, k), indices into the flat ref with -1 replaced by 0,
     validity mask (P, k))."""
     dists, idx = _found(flat, k, backend, dtype)
     return dists, idx.clamp_min(0), idx >= 0
 
 
-def search(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
+def search(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
     """(indices (P, k) into the flat ref with -1 replaced by 0, validity mask (P, k)).
 
     The search itself (no gradient); the ops built on it gather what they need from the indices.
@@ -112,13 +112,13 @@ def search(flat: _batch.Flat, k: int, backend: str, dtype: torch.dtype):
     return idx, valid
 
 
-def _own_distances(flat: _batch.Flat, backend: str, points_grad: bool) -> bool:
+def _own_distances(flat: _layout.Flat, backend: str, points_grad: bool) -> bool:
     """Whether the search's own distances are the ones to return: direct differences of the given
     coordinates, and no gradient to the points asked for (no (P, k, 3) gather)."""
     return not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES
 
 
-def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool):
+def _neighbour_distances(flat: _layout.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool):
     """Distances to the found neighbours: the search's own ``found`` (see ``_own_distances``),
     else recomputed in torch from the gathered points (differentiable)."""
     if _own_distances(flat, backend, points_grad):
@@ -126,9 +126,9 @@ def _neighbour_distances(flat: _batch.Flat, found: torch.Tensor, idx: torch.Tens
     return _recomputed_distances(flat, idx, dtype)
 
 
-def _recomputed_distances(flat: _batch.Flat, idx: torch.Tensor, dtype) -> torch.Tensor:
+def _recomputed_distances(flat: _layout.Flat, idx: torch.Tensor, dtype) -> torch.Tensor:
     """Distances (P, k) to the flat ref's rows ``idx`` (>= 0), recomputed in torch: differentiable."""
-    return _distances(flat.query.to(dtype), _batch.rows(flat.ref.to(dtype), idx))
+    return _distances(flat.query.to(dtype), _layout.select_rows(flat.ref.to(dtype), idx))
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
@@ -203,8 +203,8 @@ def knn(
     else:
         valid = idx >= 0
         dists = torch.where(valid, _recomputed_distances(flat, idx.clamp_min(0), dtype), float("inf"))
-    idx = _batch.local_index(flat, idx)
-    return KNN(_batch.unflatten(flat, dists.to(out_dtype)), _batch.unflatten(flat, idx))
+    idx = _layout.local_index(flat, idx)
+    return KNN(_layout.unflatten(flat, dists.to(out_dtype)), _layout.unflatten(flat, idx))
 
 
 @_threads.limits
@@ -271,11 +271,11 @@ def knn_aggregate(
     if weights == "softmax":
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     found, idx, valid = _search(flat, k, backend, dtype)
-    gathered = _batch.rows(flat.features.to(dtype), idx)  # (P, k, F)
+    gathered = _layout.select_rows(flat.features.to(dtype), idx)  # (P, k, F)
     if reduce == "max":
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
         out = torch.where(valid.any(1, keepdim=True), out, 0)  # a query with no neighbour: zeros
-        return _batch.unflatten(flat, out.to(out_dtype))
+        return _layout.unflatten(flat, out.to(out_dtype))
     query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
     if weights == "softmax":
         dists = torch.where(valid, _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref)), 0)
@@ -284,11 +284,11 @@ def knn_aggregate(
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
         w = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
     elif weights == "inverse_distance":
-        w = _weighting.inverse_distance(query_c, _batch.rows(ref_c, idx), valid)
+        w = _weighting.inverse_distance(query_c, _layout.select_rows(ref_c, idx), valid)
     else:
         w = valid.to(dtype) / valid.sum(1, keepdim=True).clamp_min(1)
     out = (w[..., None] * gathered).sum(1)
-    return _batch.unflatten(flat, out.to(out_dtype))
+    return _layout.unflatten(flat, out.to(out_dtype))
 
 
 __all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]

@@ -1,4 +1,4 @@
-"""Batch layouts: every op runs on flat point sets with per-point sample ids ("groups").
+"""The point layouts: every op runs on flat point sets with per-point sample ids ("groups").
 
 Three layouts of point clouds reach the ops:
 
@@ -20,10 +20,8 @@ any integer range (int64 above 2**31 included) become int32 groups that are equa
 the ids are (:func:`_int32_ids`). All of it is static-shape torch code: no host
 synchronisation, nothing that breaks ``torch.compile``.
 
-Integer-data ops (serialize, segment_reduce, gather, sparse convolution) take the second
-layout: integer sites (N, 3) with packed sample ids (:func:`sites`), segment ids, CSR offsets
-or indices, whose values :func:`values` checks in one host read (the counterpart of the
-point layouts' value checks).
+Integer-data ops take the second layout (:mod:`pcops._layout.sites`), meshes the third
+(:mod:`pcops._layout.meshes`).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _validate
+from .. import _validate
 
 
 class Names(NamedTuple):
@@ -164,42 +162,11 @@ def single(
     return _flat(points, points, features, padded, layout, validate and not checked)
 
 
-def sites(grid_coord, batch=None, *, size: Optional[int] = None, name: str = "grid_coord", what: str = "integer grid coordinates",
-          batch_name: str = "batch") -> None:
-    """The eager checks of an integer-data op's sites (the second layout, beside :func:`single`):
-    ``grid_coord`` (N, 3) integers (N = ``size`` if given) with optional ``batch`` (N,) sample
-    ids (packed, as PyTorch Geometric), on one device. Values are checked by :func:`values`."""
-    _validate.grid_coords(name, grid_coord, what, size)
-    _validate.ids(batch_name, batch, grid_coord.shape[0], "(N,)")
-    _validate.same_device(**{name: grid_coord, batch_name: batch})
-
-
-def values(validate: bool, *, ranges: Optional[dict] = None, finite: Optional[dict] = None, pointers: Optional[dict] = None) -> bool:
-    """The value checks of an integer-data op, in one host read, with ``validate`` and not under
-    ``torch.compile`` (as :func:`single` checks points): ``ranges`` (name -> (tensor, low, high[,
-    the range as the message says it]): sites, ids, indices within bounds; high None for none), ``finite`` (name -> tensor: no
-    NaN/inf), ``pointers`` (name -> (tensor, low, high): CSR pointers, non-decreasing within
-    bounds). Returns whether they ran; the op checks what they could not (``validate and not
-    values(...)``), and its kernels clamp or mask indices, so that unchecked bad values give
-    unspecified results, never a read out of bounds."""
-    if not validate or torch.compiler.is_compiling():
-        return False
-    checks = _validate.Checks()
-    for name, (t, low, high) in (pointers or {}).items():
-        checks.non_decreasing(name, t, low, high)
-    for name, (t, low, high, *bound) in (ranges or {}).items():
-        checks.in_range(name, t, low, high, *bound)
-    for name, t in (finite or {}).items():
-        checks.finite(name, t)
-    checks.run()
-    return True
-
-
 def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:
     """The value checks of a layout (and the op's tensors), in one host read; whether they ran."""
-    if not validate or torch.compiler.is_compiling():
+    checks = _validate.checks(validate)
+    if checks is None:
         return False
-    checks = _validate.Checks()
     padded = query.dim() == 3
     for which, rows in (("query", query), ("ref", ref))[: 1 if same else 2]:
         checks.in_range(getattr(names, f"{which}_lengths"), batch[f"{which}_lengths"], 0, rows.shape[1] if padded else 0)
@@ -250,7 +217,7 @@ def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
     return local.clamp_min_(-1).view(idx.shape)
 
 
-def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``x[idx]`` for flat rows x (P, ...) and any shape of indices: one ``index_select``,
     whose backward on the CPU (an index_add) is several times faster than advanced
     indexing's (an accumulating index_put): measured 2.7x on a (27000, 7) gather of

@@ -1,6 +1,6 @@
 """The mesh layout: triangle meshes and the points queried against them, checked and flattened.
 
-Three layouts of meshes reach the mesh ops, as the point layouts of :mod:`pcops._batch`:
+Three layouts of meshes reach the mesh ops, as the point layouts of :mod:`pcops._layout.points`:
 
 * one mesh:  vertices (V, 3), faces (F, 3)
 * padded:    vertices (B, V, 3), faces (B, F, 3) with vertex indices local to each mesh, optional
@@ -11,7 +11,7 @@ Three layouts of meshes reach the mesh ops, as the point layouts of :mod:`pcops.
   ``pos`` / ``face`` with ``batch``); a face's sample is its vertices' sample
 
 :func:`mesh` turns any of them into flat vertices, faces of global vertex rows and an int64
-sample id per face (:class:`FlatMesh`); :func:`points` lays out the query points to match (one
+sample id per face (:class:`FlatMesh`); :func:`mesh_points` lays out the query points to match (one
 cloud, padded (B, M, 3) with ``points_lengths``, packed with ``points_batch``). Face indices
 are clamped into the vertices, so that unchecked bad values (``validate=False``) give
 unspecified results, never a read out of bounds.
@@ -23,7 +23,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _batch, _validate
+from .. import _validate
+from . import points as _points
 
 
 class FlatMesh(NamedTuple):
@@ -116,7 +117,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     return FlatMesh(vertices.reshape(b * n_vertices, 3), rows, group, b, n_faces)
 
 
-def points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengths_name: str = "points_lengths",
+def mesh_points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengths_name: str = "points_lengths",
            batch_name: str = "points_batch", checks: Optional[_validate.Checks] = None) -> FlatPoints:
     """The query points laid out as the mesh is: (M, 3) for one mesh, (B, M, 3) with ``lengths``
     for padded meshes, packed (M, 3) with ``batch`` for packed ones."""
@@ -143,7 +144,7 @@ def points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengt
         checks.in_range(batch_name, batch, 0, None)
     if flat.batch > 0:
         m = points.shape[1]
-        group = _batch.padded_groups(b, m, lengths, b, points.device).to(torch.int64)
+        group = _points.padded_groups(b, m, lengths, b, points.device).to(torch.int64)
         return FlatPoints(points.reshape(b * m, 3), group, (b, m))
     if batch is None:
         return FlatPoints(points, torch.zeros(points.shape[0], dtype=torch.int64, device=points.device), ())
