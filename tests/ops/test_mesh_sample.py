@@ -316,6 +316,23 @@ def test_zero_area_faces_are_never_drawn():
     assert chi_square(counts, areas(vertices, faces)) < chi_square_bound(int((~degenerate).sum()) - 1)
 
 
+def test_huge_meshes_sample_as_their_unit_copies():
+    """Cross products of coordinates near 1e160-1e200 overflow float64: the faces' normals and
+    areas are taken on edges scaled by a power of two, so such a mesh draws the same faces and
+    normals as its unit copy (bitwise for a power-of-two scale), not "no face of positive area"."""
+    v = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=F64)
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    draw = lambda vertices: pcops.sample_points_on_mesh(vertices, f, 200, generator=torch.Generator().manual_seed(3))  # noqa: E731
+    unit = draw(v)
+    for scale in (2.0**600, 2.0**-40, 1e160, 1e200):
+        out = draw(v * scale)
+        assert torch.equal(out.face, unit.face), scale
+        if scale in (2.0**600, 2.0**-40):
+            assert torch.equal(out.normals, unit.normals) and torch.equal(out.points, unit.points * scale)
+        else:
+            torch.testing.assert_close(out.normals, unit.normals, rtol=0, atol=1e-15)
+
+
 def test_every_face_of_a_large_mesh_is_found_exactly(gen):
     """The guide table's search equals a binary search of the cumulated units (10^4 faces, runs
     of zero-area faces, areas over six orders of magnitude, 10^5 draws)."""

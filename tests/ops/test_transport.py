@@ -265,6 +265,20 @@ def test_any_blur_however_small_equals_geomloss(gen, p):
         torch.testing.assert_close(got, kept, rtol=1e-12, atol=1e-14, msg=lambda m, blur=blur: f"zero weights, blur={blur}: {m}")
 
 
+def test_emd_without_validation_returns_a_matching_for_non_finite_points(gen):
+    """validate=False and a NaN or inf point: a permutation and a NaN / inf distance, not scipy's
+    "invalid numeric entries" error (the other points' matching stays optimal among themselves)."""
+    x, y = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)
+    for value in (float("nan"), float("inf")):
+        bad = x.clone()
+        bad[4, 1] = value
+        out = pcops.earth_movers_distance(bad, y, validate=False)
+        assert sorted(out.match.tolist()) == list(range(12))
+        assert not torch.isfinite(out.distance)
+        with pytest.raises(ValueError, match="x contains NaN or inf"):
+            pcops.earth_movers_distance(bad, y)
+
+
 def test_a_sample_with_an_empty_cloud_is_zero(gen):
     x, y = torch.rand(2, 6, 3, generator=gen), torch.rand(2, 5, 3, generator=gen)
     out = pcops.sinkhorn_divergence(x, y, x_lengths=torch.tensor([6, 0]), batch_reduction=None)

@@ -278,14 +278,21 @@ def _mesh_count(flat: _layout.FlatMesh, vertices_batch, batch_size) -> int:
 
 def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     """Per face: corners (F, 3, 3) and unit normals (F, 3) in ``dtype``, differentiable, and twice
-    the area (F,) in float64 without a graph (NaN/inf from unchecked values as 0)."""
+    the area (F,) times a power of two, in float64, without a graph (NaN/inf from unchecked
+    values as 0)."""
     corners = _layout.select_rows(vertices.to(dtype), rows)
-    normal = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    # the edges times 2^-e, 2^e the largest coordinate's power of two (1 for coordinates below
+    # 1): the cross products of huge meshes do not overflow, and a power of two changes no bit
+    # of a unit normal or of the areas' ratios, the only use of the areas
+    big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).reshape(-1)
+    shrink = torch.exp2(-torch.floor(torch.log2(torch.cat([big, big.new_ones(1)]).amax())))
+    edges = (corners[:, 1:] - corners[:, :1]) * shrink
+    normal = torch.linalg.cross(edges[:, 0], edges[:, 1])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
     normals = normal / torch.where(length > 0, length, 1.0)  # zero-area faces are never chosen
-    exact = normal.detach() if dtype == torch.float64 else corners.detach().to(torch.float64)
+    exact = normal.detach() if dtype == torch.float64 else edges.detach().to(torch.float64)
     if dtype != torch.float64:
-        exact = torch.linalg.cross(exact[:, 1] - exact[:, 0], exact[:, 2] - exact[:, 0])
+        exact = torch.linalg.cross(exact[:, 0], exact[:, 1])
     area = torch.linalg.vector_norm(exact, dim=-1)
     return corners, normals, torch.nan_to_num(area, 0.0, 0.0, 0.0)
 

@@ -331,10 +331,7 @@ class _Permute(torch.autograd.Function):
 def _lay_out(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     """Checks of segment_reduce's arguments (shapes, dtypes, names); the number of segments of ``ids``
     (None for ``offsets``, or when it must be read from the ids)."""
-    if not isinstance(values, torch.Tensor):
-        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
-    if not values.dtype.is_floating_point:
-        raise TypeError(f"values must have a floating dtype (float16/bfloat16/float32/float64), got {values.dtype}")
+    _validate.tensor("values", values)
     if values.dim() < 1:
         raise ValueError(f"values must be a tensor of shape (N, ...), got shape {tuple(values.shape)}")
     if reduce not in REDUCTIONS:

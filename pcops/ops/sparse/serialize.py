@@ -142,16 +142,12 @@ def _codes_kernel():
 
 
 def _check_values(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], depth: int) -> None:
-    """Coordinates in [0, 2**depth), batch ids >= 0 and below 2**(63 - 3 * depth). Reads values."""
-    if grid_coord.numel():
-        low, high = (int(v) for v in torch.aminmax(grid_coord))  # one pass
-        if low < 0 or high >= 2**depth:
-            raise ValueError(f"grid_coord values must be in [0, 2**depth) = [0, {2**depth}) for depth={depth}, got min {low}, max {high}")
-    if batch is not None and batch.numel():
-        low, high = (int(v) for v in torch.aminmax(batch))
-        limit = 2 ** (63 - 3 * depth)
-        if low < 0 or high >= limit:
-            raise ValueError(f"batch values must be in [0, 2**(63 - 3*depth)) = [0, {limit}) for depth={depth} (the code is an int64), got min {low}, max {high}")
+    """Coordinates in [0, 2**depth), batch ids >= 0 and below 2**(63 - 3 * depth): one host read."""
+    checks = _validate.Checks()
+    checks.in_range("grid_coord", grid_coord, 0, 2**depth - 1, lambda: f"in [0, 2**depth) = [0, {2**depth}) for depth={depth}")
+    limit = 2 ** (63 - 3 * depth)
+    checks.in_range("batch", batch, 0, limit - 1, lambda: f"in [0, 2**(63 - 3*depth)) = [0, {limit}) for depth={depth} (the code is an int64)")
+    checks.run()
 
 
 @_threads.custom_op("pcops::serialize_codes", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

@@ -39,8 +39,15 @@ class EarthMoversDistance(NamedTuple):
 
 
 def _solve(cost: np.ndarray) -> np.ndarray:
+    """The optimal matching of a square cost matrix. NaN / inf costs (points unchecked with
+    validate=False) count as more than any matching of finite costs: a matching still comes back
+    (the distance of such a sample is then NaN or inf, from the points themselves)."""
     from scipy.optimize import linear_sum_assignment
 
+    bad = ~np.isfinite(cost)
+    if bad.any():
+        finite = cost[~bad]
+        cost = np.where(bad, (np.abs(finite).max() + 1.0 if finite.size else 1.0) * (cost.shape[0] + 1), cost)
     rows, cols = linear_sum_assignment(cost)
     out = np.empty(cost.shape[0], dtype=np.int64)
     out[rows] = cols
