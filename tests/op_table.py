@@ -192,23 +192,23 @@ OPS = [
        lambda i, max_dist=5.0, **kw: pcops.mesh_distance(i["points"], i["vertices"], i["faces"], signed=True, max_dist=max_dist, **kw),
        points=("points", "vertices"), grad=("points", "vertices"), page="mesh", bench="mesh_distance",
        notes={"batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
-                       "tests/ops/test_mesh_distance.py tests ids above int32"}),
+                       "tests/ops/mesh/test_distance.py tests ids above int32"}),
     Op("mesh_bvh", _mesh, lambda i, **kw: pcops.mesh_distance(i["points"], pcops.mesh_bvh(i["vertices"], i["faces"], **kw)).dists,
        points=("vertices",), grad=("vertices",), page="mesh", bench="mesh_distance",
        notes={"numbers": "no number argument",
               "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
-                       "tests/ops/test_mesh_distance.py tests ids above int32"}),
+                       "tests/ops/mesh/test_distance.py tests ids above int32"}),
     Op("point_mesh_face_distance", _mesh, lambda i, **kw: pcops.point_mesh_face_distance(i["points"], i["vertices"], i["faces"], **kw),
        points=("points", "vertices"), grad=("points", "vertices"), page="mesh", bench="point_mesh_face_distance",
        notes={"numbers": "no number argument",
               "batch": "packed meshes need every face's vertices in one sample, which random ids per row break: "
-                       "tests/ops/test_mesh_loss.py packs with other ids"}),
+                       "tests/ops/mesh/test_loss.py packs with other ids"}),
     Op("sample_points_on_mesh", _mesh,
        lambda i, n_samples=64, seed=0, **kw: pcops.sample_points_on_mesh(i["vertices"], i["faces"], n_samples, seed=seed, **kw),
        points=("vertices",), grad=("vertices",), page="mesh_sampling", bench="sample_points_on_mesh",
        notes={"batch": "packed meshes need every face's vertices in one sample, which random ids per row break, and its "
                        "ids number its B * n_samples rows (B = the largest id + 1 unless batch_size says): ids above int32 "
-                       "ask for 2**32 meshes; tests/ops/test_mesh_sample.py packs meshes"}),
+                       "ask for 2**32 meshes; tests/ops/mesh/test_sample.py packs meshes"}),
     Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
@@ -216,11 +216,11 @@ OPS = [
     Op("sinkhorn_divergence", _xy, lambda i, blur=0.05, **kw: pcops.sinkhorn_divergence(i["x"], i["y"], blur=blur, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="transport", bench="sinkhorn_divergence",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
-                       "ids above int32 ask for 2**32 samples; tests/ops/test_transport.py packs batches against a loop"}),
+                       "ids above int32 ask for 2**32 samples; tests/ops/transport/test_sinkhorn.py packs batches against a loop"}),
     Op("earth_movers_distance", _equal, lambda i, p=2, **kw: pcops.earth_movers_distance(i["x"], i["y"], p=p, **kw).distance,
        points=("x", "y"), grad=("x", "y"), clouds=2, page="transport", bench="earth_movers_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "
-                       "ids above int32 ask for 2**32 samples; tests/ops/test_transport.py packs batches against a loop",
+                       "ids above int32 ask for 2**32 samples; tests/ops/transport/test_emd.py packs batches against a loop",
               "threads": "its solver is scipy's linear_sum_assignment (O(n^3), seconds at the test's 3,200 points per call); "
                          "pcops keeps no state between calls (the matching is computed per call on the CPU)"}),
     Op("farthest_point_sample", _one, lambda i, n_samples=20, **kw: pcops.farthest_point_sample(i["points"], n_samples, **kw),

@@ -135,3 +135,15 @@ def test_the_import_rules_catch_a_violation(tmp_path, monkeypatch, rule):
              else test_no_module_reads_another_modules_underscore_names)
     with pytest.raises(AssertionError, match="_secret" if rule == "family" else "_hidden"):
         check()
+
+
+def test_tests_mirror_the_op_families():
+    """tests/ops/<family>/test_<module>*.py for every op module (or package) of pcops/ops/<family>."""
+    missing = []
+    for family in sorted(p for p in (PKG / "ops").iterdir() if p.is_dir() and not p.name.startswith("_")):
+        modules = [p.stem for p in family.glob("*.py") if not p.name.startswith("_")]
+        modules += [p.name for p in family.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+        for module in modules:
+            if not list((ROOT / "tests" / "ops" / family.name).glob(f"test_{module}*.py")):
+                missing.append(f"tests/ops/{family.name}/test_{module}.py")
+    assert not missing, f"no tests for {missing}"

@@ -9,7 +9,7 @@ import pcops
 from tests import reference
 from tests.op_suite import TOL, OpSuite, pack
 from tests.op_table import icosphere
-from tests.ops.test_mesh_distance import _sphere, mesh
+from tests.ops.mesh.test_distance import _sphere, mesh
 
 F64 = torch.float64
 
