@@ -61,6 +61,20 @@ def test_docstrings_have_examples():
     assert DOCTESTS, "no docstring example (>>>) found in pcops"
 
 
+def test_every_public_function_has_a_docstring_example():
+    """Each function of pcops.__all__ shows a call of itself (``pcops.<name>(``) in a ``>>>``
+    example, which the test below runs; warp_op's example defines a Warp kernel, which needs a
+    source file: docs/warp_op.md holds it, run by tests/test_docs.py."""
+    import inspect
+
+    import pcops
+
+    functions = [n for n in pcops.__all__ if callable(getattr(pcops, n)) and not inspect.isclass(getattr(pcops, n))]
+    missing = [n for n in functions if n != "warp_op" and ">>> " not in (getattr(pcops, n).__doc__ or "")]
+    missing += [n for n in functions if n != "warp_op" and f"pcops.{n}(" not in (getattr(pcops, n).__doc__ or "")]
+    assert not missing, f"no docstring example calls {sorted(set(missing))}"
+
+
 @pytest.mark.parametrize("test", DOCTESTS, ids=lambda test: test.name)
 def test_docstring_example_runs(test):
     """As ``python -m pytest --doctest-modules pcops`` runs them, without a second process."""

@@ -226,6 +226,13 @@ def chamfer_distance(
         PyTorch3D, no ``(loss, loss_normals)`` pair: normals are not supported. In the
         promoted dtype of the points (float16/bfloat16 computed in float32); differentiable
         with respect to both clouds.
+
+    Example:
+        >>> import torch, pcops
+        >>> x = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+        >>> y = torch.tensor([[0.0, 0.5, 0.0]])
+        >>> pcops.chamfer_distance(x, y)  # mean nearest squared distance, x to y plus y to x
+        tensor(1.)
     """
     batch_size = _validate.plain(batch_size)  # NumPy scalars as Python numbers
     _check_options(norm, single_directional, point_reduction, batch_reduction)

@@ -337,6 +337,15 @@ def estimate_normals(
         respect to ``points`` where the smallest covariance eigenvalue is simple; where it is
         not (a point repeated k times, a zero covariance), the normal passes no gradient on.
         Without a gradient asked for, one Warp kernel computes the same normals (to rounding).
+
+    Example:
+        >>> import torch, pcops
+        >>> grid = torch.stack(torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij"), -1).reshape(-1, 2)
+        >>> plane = torch.cat([grid, torch.zeros(16, 1)], 1)  # 16 points of the plane z = 0
+        >>> normals = pcops.estimate_normals(plane, k=6, orient_to=torch.tensor([0.0, 0.0, 1.0]))
+        >>> normals[:2].round(decimals=4) + 0.0  # unit normals, towards orient_to
+        tensor([[0., 0., 1.],
+                [0., 0., 1.]])
     """
     _validate.tensor("points", points)
     if orient_to is not None:

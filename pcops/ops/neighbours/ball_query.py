@@ -286,6 +286,15 @@ def ball_query(
         reference points within the radius (not capped at K). ``dists`` are Euclidean, in the
         promoted dtype of the points, differentiable with respect to ``query`` and ``ref``.
         float16/bfloat16 points are searched in float32.
+
+    Example:
+        >>> import torch, pcops
+        >>> ref = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [3.0, 0.0, 0.0], [0.0, 0.2, 0.0]])
+        >>> out = pcops.ball_query(torch.tensor([[0.0, 0.0, 0.0]]), ref, radius=1.0, max_neighbors=4)
+        >>> out.idx  # the neighbours within the radius, nearest first, -1 padding
+        tensor([[ 0,  3,  1, -1]])
+        >>> out.counts
+        tensor([3])
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     flat = _layout.pair(

@@ -47,6 +47,14 @@ def gather(features: torch.Tensor, idx: torch.Tensor, validate: bool = True) -> 
         Tensor of shape ``(*idx.shape, F)`` (flat) or (B, ..., F) (padded; ``(*idx.shape, F)``), the
         dtype of ``features``; zero rows where idx == -1. Differentiable with respect to
         ``features`` (rows gathered several times accumulate their gradients; padding gets none).
+
+    Example:
+        >>> import torch, pcops
+        >>> features = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+        >>> pcops.gather(features, torch.tensor([2, 0, -1]))  # -1: a zero row
+        tensor([[ 3., 30.],
+                [ 1., 10.],
+                [ 0.,  0.]])
     """
     padded = _check_args(features, idx)
     n = features.shape[1] if padded else features.shape[0]

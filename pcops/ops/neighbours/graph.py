@@ -223,6 +223,13 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         dynamic size under ``torch.compile``: default options break the graph at
         ``pcops.edges``). With ``max_edges``: :class:`PaddedEdges` (edge_index (2, max_edges)
         padded with -1, count).
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
+        >>> pcops.knn_graph(points, k=1)  # (2, E): row 0 the neighbour, row 1 the centre
+        tensor([[1, 0, 1],
+                [0, 1, 2]])
     """
     k, size = _validate.plain(k), _bound.bound("max_edges", max_edges)  # NumPy scalars as Python numbers
     flat = _lay_out(points, batch, loop, validate)
@@ -260,6 +267,13 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         dynamic size under ``torch.compile``: default options break the graph at
         ``pcops.radius_graph``). With ``max_edges``: :class:`PaddedEdges` (edge_index
         (2, max_edges) padded with -1, count; on overflow the edges of the smallest centres).
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
+        >>> pcops.radius_graph(points, radius=1.5)  # (2, E): row 0 the neighbour, row 1 the centre
+        tensor([[1, 0],
+                [0, 1]])
     """
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     size = _bound.bound("max_edges", max_edges)

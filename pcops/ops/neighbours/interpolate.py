@@ -43,6 +43,13 @@ def knn_interpolate(
     Returns:
         Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
         inputs, differentiable with respect to ``features``, ``query`` and ``ref``.
+
+    Example:
+        >>> import torch, pcops
+        >>> ref = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [9.0, 0.0, 0.0]])
+        >>> features = torch.tensor([[0.0], [3.0], [100.0]])
+        >>> pcops.knn_interpolate(torch.tensor([[0.5, 0.0, 0.0]]), ref, features, k=2)  # inverse squared distance weights
+        tensor([[1.5000]])
     """
     k = _validate.plain(k)  # NumPy scalars as Python numbers
     _validate.tensor("ref", ref)

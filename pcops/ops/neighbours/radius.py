@@ -557,6 +557,13 @@ def radius_aggregate(
 
     Gradients flow to ``features``, and for ``reduce="mean"`` to ``query`` and ``ref``
     (softmax and inverse-distance weights) and ``sigma`` (softmax, when it is a tensor).
+
+    Example:
+        >>> import torch, pcops
+        >>> ref = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [3.0, 0.0, 0.0]])
+        >>> features = torch.tensor([[2.0], [4.0], [100.0]])
+        >>> pcops.radius_aggregate(torch.tensor([[0.0, 0.0, 0.0]]), ref, features, radius=1.0, weights="uniform")  # the mean within the radius
+        tensor([[3.]])
     """
     weights = _weighting.resolve(weights, reduce, sigma)
     softmax = reduce != "max" and weights == "softmax"

@@ -684,6 +684,13 @@ def farthest_point_sample(
     Ties go to the smaller index. Points are compared in their own precision (float32/float64;
     float16/bfloat16 in float32). On the CPU each sample runs bucket FPS (a kd-tree of
     buckets; the exact plain FPS sequence), a thread per sample.
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [5.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
+        >>> out = pcops.farthest_point_sample(points, 3)  # from point 0, each next pick the farthest
+        >>> out.idx
+        tensor([0, 2, 3])
     """
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)

@@ -204,6 +204,16 @@ def grid_sample(
         padding (``points`` 0; ``grid_coord``, ``index``, ``batch`` -1); ``count`` a 0-dim int64
         tensor, the true V (not capped). If V > M the voxels after the first M (in the order
         above) are dropped and ``inverse`` is -1 for their points.
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.1, 0.1, 0.1], [0.3, 0.1, 0.1], [1.5, 0.1, 0.1]])
+        >>> out = pcops.grid_sample(points, voxel_size=1.0)  # the first point of each voxel
+        >>> out.index
+        tensor([0, 2])
+        >>> out.grid_coord
+        tensor([[0, 0, 0],
+                [1, 0, 0]])
     """
     voxel_size = _validate.plain(voxel_size)
     _validate.positive_number("voxel_size", voxel_size)

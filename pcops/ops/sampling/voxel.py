@@ -122,6 +122,16 @@ def voxel_pool(
         call, the rest zeros; ``count`` a 0-dim int64 tensor, the true V (not capped). If
         V > M the voxels after the first M (in the order above) are dropped and ``cluster`` is
         -1 for their points.
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.1, 0.1, 0.1], [0.3, 0.1, 0.1], [1.5, 0.1, 0.1]])
+        >>> out = pcops.voxel_pool(points, voxel_size=1.0)  # the mean of each voxel's points
+        >>> out.points
+        tensor([[0.2000, 0.1000, 0.1000],
+                [1.5000, 0.1000, 0.1000]])
+        >>> out.cluster
+        tensor([0, 0, 1])
     """
     voxel_size = _validate.plain(voxel_size)  # NumPy scalars as Python numbers
     _validate.points("points", points)

@@ -392,6 +392,14 @@ def segment_reduce(
         float32). An empty segment gives 0 for every reduction. Differentiable with respect to
         ``values``: sum/mean spread the gradient over the segment; max/min send it to the first
         arg-extremum (the smallest row index among ties; NaN is the extremum when present).
+
+    Example:
+        >>> import torch, pcops
+        >>> values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+        >>> pcops.segment_reduce(values, offsets=torch.tensor([0, 2, 2, 5]), reduce="sum")  # segments [0, 2), [2, 2), [2, 5)
+        tensor([ 3.,  0., 12.])
+        >>> pcops.segment_reduce(values, ids=torch.tensor([1, 0, 1, 0, 1]), reduce="max")
+        tensor([4., 5.])
     """
     segments = _lay_out(values, offsets, ids, reduce, num_segments)
     n = values.shape[0]

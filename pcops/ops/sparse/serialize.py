@@ -235,6 +235,15 @@ def serialize(
     Raises ValueError/TypeError naming the argument: a non-integer or non-(N, 3) ``grid_coord``,
     a coordinate outside [0, 2**depth), a negative batch id or one too large for the code to
     fit in 63 bits (batch < 2**(63 - 3*depth)), a depth outside [1, 16], an unknown order.
+
+    Example:
+        >>> import torch, pcops
+        >>> grid_coord = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 0, 0]])
+        >>> out = pcops.serialize(grid_coord, depth=1, order="z")
+        >>> out.code  # the Morton code, x highest
+        tensor([7, 0, 4])
+        >>> out.order
+        tensor([1, 2, 0])
     """
     depth, kinds, single = _lay_out(grid_coord, batch, depth, order)
     code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds, bool(validate))
@@ -359,6 +368,16 @@ def serialized_pool(
         ``batch``, ``head``); ``count`` a 0-dim int64 tensor, the true V (not capped). If V > M
         the parents after the first M (in increasing code) are dropped and ``cluster`` is -1
         for their points (``serialized_unpool`` needs cluster >= 0: mask them first).
+
+    Example:
+        >>> import torch, pcops
+        >>> code = pcops.serialize(torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2], [3, 3, 3]]), depth=2).code
+        >>> out = pcops.serialized_pool(code, pooling_depth=1, features=torch.tensor([[1.0], [2.0], [3.0], [4.0]]))
+        >>> out.features  # the max of each 2x2x2 parent's points
+        tensor([[2.],
+                [4.]])
+        >>> out.cluster
+        tensor([0, 0, 1, 1])
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
     _layout.values(validate, finite={"features": features, "coord": coord})
@@ -404,6 +423,14 @@ def serialized_unpool(features: torch.Tensor, cluster: torch.Tensor, validate: b
 
     Returns:
         Tensor (N, ...); differentiable with respect to ``features`` (an index_add backward).
+
+    Example:
+        >>> import torch, pcops
+        >>> pcops.serialized_unpool(torch.tensor([[2.0], [4.0]]), torch.tensor([0, 0, 1, 1]))  # each point its cluster's row
+        tensor([[2.],
+                [2.],
+                [4.],
+                [4.]])
     """
     if not isinstance(features, torch.Tensor) or features.dim() < 1:
         raise TypeError(f"features must be a torch.Tensor of shape (V, ...), got {getattr(features, 'shape', type(features).__name__)}")

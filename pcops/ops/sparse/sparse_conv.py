@@ -537,6 +537,12 @@ def sparse_kernel_map(grid_coord: torch.Tensor, *, batch: Optional[torch.Tensor]
     neighbours of one of its copies). Every size of the result follows from N and K (the pairs are padded to
     K^3 N with -1), so ``torch.compile`` captures it without a graph break. (``coords`` is the
     keyword's former name, accepted with a FutureWarning until the next release.)
+
+    Example:
+        >>> import torch, pcops
+        >>> kmap = pcops.sparse_kernel_map(torch.tensor([[0, 0, 0], [1, 0, 0], [5, 5, 5]]), kernel_size=3)
+        >>> kmap.counts.sum()  # (input, output) pairs: each site itself, and the two neighbours each other
+        tensor(5)
     """
     kernel_size, dilation = _validate.plain(kernel_size), _validate.plain(dilation)
     _sites(grid_coord, batch, kernel_size, dilation)
@@ -591,6 +597,16 @@ def sparse_conv3d(
         Tensor of shape (N, Cout) in the promoted dtype of features and weight (float16 and
         bfloat16 are computed in float32): ``conv3d`` on the dense grid read at the sites.
         Differentiable with respect to features, weight and bias.
+
+    Example:
+        >>> import torch, pcops
+        >>> grid_coord = torch.tensor([[0, 0, 0], [1, 0, 0], [5, 5, 5]])
+        >>> features = torch.ones(3, 2)
+        >>> weight = torch.ones(27, 2, 4)  # (kernel_size^3, C_in, C_out)
+        >>> pcops.sparse_conv3d(features, grid_coord, weight)  # a submanifold convolution: sums over the 3^3 neighbours
+        tensor([[4., 4., 4., 4.],
+                [4., 4., 4., 4.],
+                [2., 2., 2., 2.]])
     """
     _validate.tensor("features", features, ndim=2, shape_doc="(N, Cin)")
     _validate.tensor("weight", weight)

@@ -190,6 +190,21 @@ def knn(
         gradient is asked for; the search's own distances otherwise). A query whose sample has fewer than k reference
         points gets idx -1 and dist inf in the missing columns. float16/bfloat16 points are
         searched in float32.
+
+    Example:
+        >>> import torch, pcops
+        >>> points = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]])
+        >>> out = pcops.knn(points, points, k=2)  # each point's 2 nearest, itself first
+        >>> out.idx
+        tensor([[0, 1],
+                [1, 0],
+                [2, 0],
+                [3, 0]])
+        >>> out.dists  # distances
+        tensor([[0., 1.],
+                [0., 1.],
+                [0., 2.],
+                [0., 3.]])
     """
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
     features_space = isinstance(query, torch.Tensor) and query.dim() > 0 and query.shape[-1] != 3
@@ -259,6 +274,13 @@ def knn_aggregate(
         inputs. Differentiable with respect to ``features``, and for ``reduce="mean"`` with
         respect to ``query``, ``ref`` and (softmax) ``sigma``: the search returns indices
         only, the distances are recomputed in torch from the gathered points.
+
+    Example:
+        >>> import torch, pcops
+        >>> ref = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+        >>> features = torch.tensor([[1.0], [3.0], [100.0]])
+        >>> pcops.knn_aggregate(torch.tensor([[0.4, 0.0, 0.0]]), ref, features, k=2, weights="uniform")  # the mean of the 2 nearest
+        tensor([[2.]])
     """
     weights = _weighting.resolve(weights, reduce, sigma)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
