@@ -58,7 +58,7 @@ ops = [("knn", b) for b in {backends!r}] + [("knn_aggregate", b) for b in {backe
 ops += [(name, "") for name in {others!r}]
 g = torch.Generator().manual_seed(0)
 m, n, k = 2100, 2200, 4  # > 2 * 1024 queries: the CPU launch is split across threads
-cases = itertools.product(ops, ("query", "ref"), (float("nan"), float("inf"), -float("inf")), (False, True))
+cases = itertools.product(ops, ("query", "ref"), (float("nan"), float("inf")), (False, True))  # -inf: the table loop below
 for (op, backend), where, value, grouped in cases:
     q, p = torch.rand(m, 3, generator=g, dtype=torch.float64), torch.rand(n, 3, generator=g, dtype=torch.float64)
     f = torch.rand(n, 2, generator=g, dtype=torch.float64)
@@ -100,6 +100,19 @@ for (op, backend), where, value, grouped in cases:
         except ValueError as err:  # a clear error is a way to terminate too
             print(op, "raised", err)
     print(op, backend, where, value, grouped, "returned", flush=True)
+
+# every point input of every op of the table, at the table's sizes, NaN, inf and -inf
+from tests import op_table
+for op in op_table.POINT_OPS:
+    for name in op.points:
+        for value in (float("nan"), float("inf"), -float("inf")):
+            inputs = op.inputs()
+            inputs[name][3, 1] = value
+            try:
+                op.call(inputs, validate=False)
+            except ValueError as err:  # a clear error is a way to terminate too
+                print(op.name, name, value, "raised", err)
+            print(op.name, name, value, "table returned", flush=True)
 """
 
 
@@ -108,9 +121,12 @@ OTHER_OPS = [op.name for op in op_table.POINT_OPS if op.clouds and op.name not i
 
 
 def test_non_finite_points_without_validation_terminate():
-    """Every op (knn and knn_aggregate on every CPU backend); NaN/inf in query or ref; grouped or not."""
+    """One interpreter: every op (knn and knn_aggregate on every CPU backend) with NaN/inf in query
+    or ref, grouped or not, at sizes that split launches; then every point input of every op of
+    the table (tests/op_table.py) with NaN, inf and -inf."""
     out = run_python(NON_FINITE.format(backends=CPU_BACKENDS, others=OTHER_OPS), timeout=400)
-    assert out.count("returned") == (7 + len(OTHER_OPS)) * 12
+    assert out.count(" returned") - out.count("table returned") == (7 + len(OTHER_OPS)) * 8
+    assert out.count("table returned") == 3 * sum(len(op.points) for op in op_table.POINT_OPS)
 
 
 # -- batch ids and lengths of any integer range ---------------------------------------------------
