@@ -24,8 +24,7 @@ correct inside PyTorch live in one place (the Warp functions shared by pcops' ke
   copy of the arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the
   CPU. The threads are those of torch's own OpenMP team where torch runs on GNU OpenMP
   (:func:`_openmp`): after a parallel torch op its idle workers spin for a while, and a
-  second pool of threads would share the cores with them (measured: a 10^4-point kNN search
-  took 1.2x longer on 2 cores than on the team). Elsewhere, and in a forked child, a pool of
+  second pool of threads would share the cores with them (docs/benchmarks.md, design choices). Elsewhere, and in a forked child, a pool of
   Python threads runs them; the pool is dropped in a forked child (its threads do not exist
   there) and made again on demand;
 * once a kernel is loaded, its CPU chunks call its native entry point directly, with argument
@@ -506,8 +505,7 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
     arguments ``private[c]``). On the CPU, once the kernel is loaded, the arguments of every chunk
     are packed here, on the calling thread, and a run only calls the kernel's entry point (which
     releases the GIL): wp.launch packs them in Python on each call, and the chunks' threads then
-    contend for the GIL (measured: a 2-chunk launch took 45-100 us longer than the kernels, and
-    a 10^4-point kNN search 1.05x longer). Elsewhere a run is a wp.launch."""
+    contend for the GIL (docs/benchmarks.md, design choices). Elsewhere a run is a wp.launch."""
     native = _native(kernel, private[0]) if s is None and (kernel, str(dev)) in _loaded else None
     if native is None:
 

@@ -91,7 +91,7 @@ def bounds(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def box(points: wp.array(dtype=v), first: int, last: int, step: int):
-        """(lo, hi): the box of points[first:last:step], by component (selects: 20% faster than
+        """(lo, hi): the box of points[first:last:step], by component (selects, faster than
         vector min / max); NaN coordinates are left out (NaN points only: an empty box, from
         +inf to -inf)."""
         lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
@@ -148,8 +148,7 @@ def cells(dtype: torch.dtype):
     (NaN and x <= 0: 0; x > top, +inf included: top); ``morton(spread, x, top)``: the Morton
     code of the cell at x (a 3-vector in cells from the low corner), ``spread[c]`` being
     :func:`spread` of c, a table of len(spread) = top + 1 entries (at most 2^10: the code fits
-    an int32), filled once by the caller (a lookup: the kd-tree's CPU query order of 10^6
-    queries ran 1.15x faster with it than with :func:`spread` per coordinate)."""
+    an int32), filled once by the caller (a lookup, faster than :func:`spread` per coordinate (docs/benchmarks.md, design choices))."""
     s, v = scalar(dtype), vec3(dtype)
 
     @wp.func(module="unique")
@@ -213,10 +212,8 @@ def cell_scan(dtype: torch.dtype):
     ``run(cells, lo, hi, y, z) -> (first, last)``: the sorted points of the window's cells in
     row (y, z), contiguous (cells are sorted by z, y, x).
 
-    Measured on the CPU (kernels alone, one thread): two loops over y and z, not one over the
-    window's rows (finding a row's y and z from its number, a division per row, made the
-    radius forward 2-5% slower), and no finiteness test of q in ``window`` (the empty range
-    does it; a test there made the radius backward 2% slower, in register pressure).
+    Two loops over y and z, not one over the window's rows (a division per row), and no
+    finiteness test of q in ``window`` (the empty range does it) (docs/benchmarks.md, design choices).
     """
     s, v = scalar(dtype), vec3(dtype)
     box = cell_range(dtype)

@@ -220,8 +220,7 @@ def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
 def select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``x[idx]`` for flat rows x (P, ...) and any shape of indices: one ``index_select``,
     whose backward on the CPU (an index_add) is several times faster than advanced
-    indexing's (an accumulating index_put): measured 2.7x on a (27000, 7) gather of
-    (10^5, 25) features, forward and backward."""
+    indexing's (an accumulating index_put) (docs/benchmarks.md, design choices)."""
     return x.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:])
 
 

@@ -9,9 +9,7 @@ to the points is asked for, the covariances and the batched 3x3 eigen-solve (clo
 wherever the smallest eigenvalue is simple. Otherwise one Warp kernel (``pcops::knn_normals``)
 does all of it per point: it reads the point's neighbours' rows through the indices (no
 (P, k, 3) gather), sums their covariance in registers, solves for the smallest eigenvector by
-the same closed form, and orients it (measured on one CPU thread at 2x10^4 points, k = 16:
-3.7 ms against 8.7 ms for the gather, covariances and ``_eigh3`` in torch; the search then
-takes about 85% of the op's time).
+the same closed form, and orients it (docs/benchmarks.md, design choices).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def _unit_of_largest_cross(rows):
 
 def _eigh3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (ascending, (P, 3)) and unit eigenvectors (columns, (P, 3, 3)) of symmetric
-    3x3 matrices in closed form, as ``torch.linalg.eigh`` returns them (2.4x faster on the CPU, 20,000 matrices).
+    3x3 matrices in closed form, as ``torch.linalg.eigh`` returns them (faster on the CPU (docs/benchmarks.md, design choices)).
 
     D. Eberly, "A Robust Eigensolver for 3 x 3 Symmetric Matrices" (2014): the eigenvalues from
     the trigonometric solution of the characteristic cubic (after scaling and shifting), of

@@ -83,7 +83,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     centroid = corners.mean(1)
     # the leaves: sorted faces F i / 2^d .. F (i + 1) / 2^d, as a (leaves, LEAF) table of rows
     # (row n: padding), so that every reduction is a gather and a reduction over a short axis
-    # (scatters and index_add ran 20-50x slower on two threads with another process on a core)
+    # (scatters and index_add stall when another process holds a core: docs/benchmarks.md, design choices)
     leaves = 1 << d
     bounds = (n * torch.arange(leaves + 1, device=device, dtype=torch.int64)) >> d
     table = bounds[:-1, None] + torch.arange(LEAF, device=device)

@@ -26,8 +26,7 @@ from ... import _warp, _warp_funcs
 # Cell widths of the cell list (x, y, z), in radii. A query scans the cells that meet the cube
 # [q - r, q + r]: a run of contiguous points for each of the 3 x 3 (y, z) cells, 2.33 r long in
 # x (a volume of 21 r^3). The end of each run is a mispredicted branch, which costs more than
-# testing a few more points: measured 1.3-1.4x faster (the radius aggregation's forward on one
-# thread, tutorial size) than cubes of r / 2 (5 x 5 runs, 16 r^3).
+# testing a few more points: faster than cubes of r / 2 (5 x 5 runs, 16 r^3) (docs/benchmarks.md, design choices).
 CELL = (1.0 / 3.0, 1.0, 1.0)
 # At most this many cells per reference point (per sample): sparse clouds get wider cells.
 CELLS_PER_POINT = 2.0
@@ -85,9 +84,8 @@ def _permute_kernel(dtype: torch.dtype):
 def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: Optional[int] = None) -> torch.Tensor:
     """x[order] (or the inverse: ``out[order] = x``). ``width``: the columns of the result (a 2-D
     ``x``): the first ones of ``x``, zeros after them (rows padded to a vector width) or fewer
-    (the padding dropped). On the CPU torch's gather (about ten times faster than a Warp
-    kernel's element loop; the inverse gathers by the rank of each row, twice as fast as a
-    scatter), except in a forked child (:func:`pcops._warp.forked`: torch's multi-threaded ops
+    (the padding dropped). On the CPU torch's gather (faster than a Warp kernel's element
+    loop; the inverse gathers by the rank of each row, faster than a scatter), except in a forked child (:func:`pcops._warp.forked`: torch's multi-threaded ops
     may hang there) and on GPUs, where a Warp kernel moves the rows."""
     shape = x.shape if width is None else (x.shape[0], width)
     if x.device.type == "cpu" and not _warp.forked():

@@ -48,7 +48,7 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, den
     for all the radii of a group, a point measured once and tested against each radius.
 
     ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
-    at run time made the insertion 1.2x slower on the CPU, in register pressure); () for one
+    at run time make the insertion slower on the CPU, in register pressure); () for one
     radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
     a wider buffer). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
     indices within the radius, ascending, in ``idx`` alone (``dists`` is not read or written),
@@ -141,10 +141,8 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, den
 # Radii of one ball_queries call share a cell list and a scan while the largest of a group is at
 # most this many times its smallest. A shared scan measures each point of the largest radius'
 # cells once for all the radii of the group, but tests each of them against every radius: for a
-# smaller radius that costs more than its own scan once (r / R)^3 is small. Measured against
-# separate ball_query calls (docs/ops/ball_query.md): one group for all of GeoTransolver's radii
-# 0.01-5.0 was up to 1.14x slower (surface cloud, 30,000 points), radii up to 4x apart in one
-# group up to 1.04x slower; groups within 2x were never slower beyond the noise.
+# smaller radius that costs more than its own scan once (r / R)^3 is small. Against separate
+# ball_query calls, groups within 2x were never slower (docs/benchmarks.md, design choices).
 GROUP_RATIO = 2.0
 # One cloud on the CPU with at most this many (query, reference point) pairs: every pair is
 # measured (``dense`` kernels), all radii in one scan, instead of building cell lists: the same

@@ -428,7 +428,7 @@ def _max_kernel(dtype: torch.dtype):
         i = int(cells.rows[wp.tid() + start])
         q = cells.query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return  # as the scan would (an empty window); measured 2% faster with this return
+            return  # as the scan would (an empty window), sooner
         nf = feats.shape[1]
         count = int(0)
         lo, hi = window(cells, i, q, radius)

@@ -57,8 +57,7 @@ class FPS(NamedTuple):
 LEAF = 64
 
 # A sample builds a kd-tree (slower to build, tighter leaves: faster picks) when it takes at
-# least 1 / KD_PICKS of its points, else Morton-ordered leaves (measured at 10^5 points, one
-# thread: the kd-tree was 1.3x faster at n/8 picks, 1.3x slower at n/32).
+# least 1 / KD_PICKS of its points, else Morton-ordered leaves (docs/benchmarks.md, design choices).
 KD_PICKS = 10
 
 

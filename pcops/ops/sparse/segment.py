@@ -42,12 +42,11 @@ def _kernels(dtype: torch.dtype, reduce: str, with_arg: bool = True, per_column:
     mode = REDUCTIONS.index(reduce)
     record = mode >= 2 and with_arg  # the forward pass writes the arg-extremum
     # a column at a time, accumulating in a register: CUDA (one column per thread); else (the CPU)
-    # a row at a time, accumulating in ``out``: contiguous reads (measured 1.9x / 1.6x / 1.45x
-    # faster for sum / max / max with its arg)
+    # a row at a time, accumulating in ``out``: contiguous reads (docs/benchmarks.md, design choices)
     by_column = per_column
 
     # (``while`` loops over columns 0 .. cols - 1 on the CPU: the same loops over a column range
-    # computed in the kernel, or Warp's ``for ... in range(lo, hi)``, measured 1.6-3x slower)
+    # computed in the kernel, or Warp's ``for ... in range(lo, hi)``, are slower (docs/benchmarks.md, design choices))
     @wp.kernel(enable_backward=False, module="unique")
     def forward(
         start: int,
@@ -115,7 +114,7 @@ def _kernels(dtype: torch.dtype, reduce: str, with_arg: bool = True, per_column:
                     best = out[seg, c]
                     if wp.static(mode <= 1):
                         out[seg, c] = best + v
-                    elif wp.static(mode == 2):  # (a select, not a branch: measured 4x faster)
+                    elif wp.static(mode == 2):  # (a select, not a branch: faster, docs/benchmarks.md)
                         out[seg, c] = wp.where(not (v <= best) and best == best, v, best)
                     else:
                         out[seg, c] = wp.where(not (v >= best) and best == best, v, best)
@@ -197,7 +196,7 @@ def _arg_shape(values: torch.Tensor, segments: int, reduce: str, with_arg: bool 
 def _torch_spread(grad: torch.Tensor, offsets: torch.Tensor, reduce: str, rows: int) -> torch.Tensor:
     """The CPU sum/mean backward: each segment's gradient repeated over its rows."""
     counts = offsets.diff()
-    grad = grad.contiguous()  # autograd's gradient of a sum is expanded: repeat_interleave on it was 20x slower
+    grad = grad.contiguous()  # autograd's gradient of a sum is expanded: repeat_interleave on it is far slower
     if reduce == "mean":
         grad = grad / counts.clamp_min(1).to(grad.dtype)[:, None]
     first, last = int(offsets[0]), int(offsets[-1])

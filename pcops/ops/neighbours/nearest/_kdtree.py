@@ -20,16 +20,15 @@ distance: the largest squared distance to the split planes between it and the qu
 lie beyond them). Then it pops the entries, skipping those whose bound already exceeds the
 current k-th distance, and goes down from each in the same way. A node whose box is farther
 than the current k-th distance (or holds no point of the query's group) is skipped too
-(measured 1.02-1.09x faster than the stackless walk of the earlier versions, which went back up
-through every parent). Each query keeps its k best
+(faster than a stackless walk back up through every parent (docs/benchmarks.md, design choices)). Each query keeps its k best
 (squared distance, index) pairs in its output row by insertion, in the order of the distances
 (squares a few ulps apart are compared by their roots, which may be equal), so the order is
 exact, ties by the smaller index: a skipped box is farther than the k-th distance, so it cannot
-even hold a tie. The roots are taken once, at the end (measured 2-6% faster than a root per
+even hold a tie. The roots are taken once, at the end (not a root per
 insertion). On the CPU, where one thread runs a range of queries in order, a query starts from a
 bound instead of infinity: the k-th distance of the query before it plus the step between the
-two (its k neighbours are that near), widened for rounding and underflow (``_CHAIN``; measured
-1.01-1.03x faster at 10^4 points, up to 1.04x at 10^5, most on grid queries and surfaces).
+two (its k neighbours are that near), widened for rounding and underflow (``_CHAIN``;
+most useful on grid queries and surfaces (docs/benchmarks.md, design choices)).
 Memory is O(N + M).
 
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
@@ -45,7 +44,7 @@ import warp as wp
 from .... import _morton, _threads, _warp, _warp_funcs
 from ._registry import backend
 
-LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, 1.01-1.10x faster than 32 from 10^4 to 10^6 points, 8 slower
+LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, faster than 32 or 8 (docs/benchmarks.md, design choices)
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _BUILD_BY_SORTING = False  # True: the torch build of GPUs on the CPU too (tests)
 _BITS = 10  # Morton bits per axis of the query order (torch sorts)
@@ -140,7 +139,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
     ):
         t = wp.tid() + start
         i = int(rows[t])
-        q = query[t]  # the queries in the threads' order (query[t] is query rows[t]: 1.02x faster than reading through rows)
+        q = query[t]  # the queries in the threads' order (query[t] is query rows[t], read directly, not through rows)
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
         g = int(0)
@@ -501,8 +500,8 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
     build = _build_kernels(ref.dtype)[0]
     # One launch per depth down to where there is a subtree for every CPU thread; then one
-    # thread per subtree does the rest (measured from 5,000 to 10^6 points on 2 threads: faster
-    # than one thread, or several subtrees per thread, whose launches cost more than they balance).
+    # thread per subtree does the rest (faster than one thread, or several subtrees per thread,
+    # whose launches cost more than they balance (docs/benchmarks.md, design choices)).
     # (A small tree is built by one thread in one launch, its queries ordered after it.)
     work = n * max(depth, 1) + queries
     serial = min(depth, (_threads.requested() - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
@@ -566,10 +565,7 @@ def search(query, ref, k, query_group, ref_group):
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
     # cell per query, at most 2^5 a side; grids and other queries already in a spatial order
-    # stay as they are) while another splits the tree's root, which is serial. Measured on 2
-    # threads, interleaved: at 10^4 points 1.18x faster on a clustered cloud than without an
-    # order, 0.98-1.0x on uniform and surface clouds; against the torch sort above 2^16 points
-    # that it replaced, 1.02-1.06x at 10^5 and 1.10-1.14x at 10^6. Elsewhere (CUDA, coherent
+    # stay as they are) while another splits the tree's root, which is serial (docs/benchmarks.md, design choices). Elsewhere (CUDA, coherent
     # warps; grouped CPU queries of large trees, unless in a spatial order already) a Morton
     # sort in torch.
     beside = None
