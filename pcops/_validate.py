@@ -80,6 +80,12 @@ def flag(**named) -> None:
             raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
+def one_of(name: str, value, options) -> None:
+    """``value`` is one of ``options`` (a tuple; None may be one), else a ValueError naming it."""
+    if isinstance(value, torch.Tensor) or not any(value is o or (isinstance(value, type(o)) and value == o) for o in options):
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+
+
 def is_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (numbers.Real, torch.SymInt, torch.SymFloat))
 

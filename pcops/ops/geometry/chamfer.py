@@ -129,10 +129,8 @@ def _check_options(norm, single_directional, point_reduction, batch_reduction) -
     if isinstance(norm, bool) or norm not in (1, 2):
         raise ValueError(f"norm must be 1 or 2, got {norm!r}")
     _validate.flag(single_directional=single_directional)
-    if point_reduction not in POINT_REDUCTIONS:
-        raise ValueError(f"point_reduction must be one of {POINT_REDUCTIONS}, got {point_reduction!r}")
-    if batch_reduction not in BATCH_REDUCTIONS:
-        raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
+    _validate.one_of("point_reduction", point_reduction, POINT_REDUCTIONS)
+    _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
     if point_reduction is None and batch_reduction is not None:
         raise ValueError("batch_reduction must be None when point_reduction is None")
 

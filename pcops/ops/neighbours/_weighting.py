@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from ... import _validate
+
 WEIGHTS = ("softmax", "inverse_distance", "uniform")
 REDUCE = ("mean", "max")
 MIN_SQUARED_DISTANCE = 1e-16  # the clamp of inverse-distance weights (PyTorch Geometric's)
@@ -29,12 +31,10 @@ def name(weights: Optional[str], reduce: str) -> str:
     ``weights=None`` means ``"softmax"`` for ``reduce="mean"`` and ``"uniform"`` for
     ``reduce="max"`` (whose max is unweighted).
     """
-    if not isinstance(reduce, str) or reduce not in REDUCE:
-        raise ValueError(f"reduce must be one of {REDUCE}, got {reduce!r}")
+    _validate.one_of("reduce", reduce, REDUCE)
     if weights is None:
         weights = "softmax" if reduce == "mean" else "uniform"
-    if not isinstance(weights, str) or weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    _validate.one_of("weights", weights, WEIGHTS)
     if reduce == "max" and weights != "uniform":
         raise ValueError(f"reduce='max' takes the max of the unweighted features: weights must be None or 'uniform', got {weights!r}")
     return weights

@@ -217,8 +217,7 @@ def grid_sample(
     """
     voxel_size = _validate.plain(voxel_size)
     _validate.positive_number("voxel_size", voxel_size)
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    _validate.one_of("mode", mode, _MODES)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     bound = _bound.bound("max_voxels", max_voxels)

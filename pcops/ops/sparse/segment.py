@@ -333,8 +333,7 @@ def _lay_out(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     _validate.tensor("values", values)
     if values.dim() < 1:
         raise ValueError(f"values must be a tensor of shape (N, ...), got shape {tuple(values.shape)}")
-    if reduce not in REDUCTIONS:
-        raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
+    _validate.one_of("reduce", reduce, REDUCTIONS)
     if (offsets is None) == (ids is None):
         raise ValueError("give exactly one of offsets (a CSR pointer, (S + 1,)) and ids (a segment id per row, (N,))")
     for name, t in (("offsets", offsets), ("ids", ids)):

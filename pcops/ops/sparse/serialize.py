@@ -301,8 +301,7 @@ def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce
         raise TypeError(f"pooling_depth must be an int, got {type(pooling_depth).__name__}")
     if not 0 <= pooling_depth <= MAX_DEPTH:
         raise ValueError(f"pooling_depth must be in [0, {MAX_DEPTH}], got {pooling_depth}")
-    if reduce not in _segment.REDUCTIONS:
-        raise ValueError(f"reduce must be one of {_segment.REDUCTIONS}, got {reduce!r}")
+    _validate.one_of("reduce", reduce, _segment.REDUCTIONS)
     if features is not None:
         if not isinstance(features, torch.Tensor) or not features.dtype.is_floating_point:
             raise TypeError(f"features must be a floating torch.Tensor, got {getattr(features, 'dtype', type(features).__name__)}")

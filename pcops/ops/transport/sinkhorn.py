@@ -501,8 +501,7 @@ def _weights(name: str, w, points: torch.Tensor, flat_group, samples: int, dtype
 
 
 def _reduce(loss: torch.Tensor, x, x_batch, batch_reduction) -> torch.Tensor:
-    if batch_reduction not in BATCH_REDUCTIONS:
-        raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
+    _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
     if batch_reduction is not None:
         return loss.sum() if batch_reduction == "sum" else loss.sum() / max(loss.shape[0], 1)
     if x.dim() == 2 and x_batch is None:
@@ -584,8 +583,7 @@ def sinkhorn_divergence(
     _check_options(p, blur, scaling, diameter)
     p = int(p)  # 2.0 means 2 (the op's schema takes an int)
     _validate.flag(debias=debias)
-    if batch_reduction not in BATCH_REDUCTIONS:
-        raise ValueError(f"batch_reduction must be one of {BATCH_REDUCTIONS}, got {batch_reduction!r}")
+    _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
     samples, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size)
