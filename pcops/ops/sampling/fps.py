@@ -181,89 +181,85 @@ def _kernels(dtype: torch.dtype):
                 dst[at] = p
                 dst_order[at] = src_order[j]
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def sample(
-        start: int,
-        n: int,
-        nodes: int,
-        lengths: wp.array(dtype=wp.int32),
-        counts: wp.array(dtype=wp.int64),
-        first: wp.array2d(dtype=wp.int64),
+    @wp.func(module="unique")
+    def morton_leaves(
+        points: wp.array(dtype=v),
+        keys: wp.array(dtype=wp.int32),
+        order: wp.array(dtype=wp.int32),
+        tmp_keys: wp.array(dtype=wp.int32),
+        tmp_order: wp.array(dtype=wp.int32),
+        hist: wp.array(dtype=wp.int32),
+        hb: int,
+        base: int,
+        end: int,
+    ):
+        """The leaves of a sample taking few picks: its points in the Morton order of their cells
+        (2^10 per axis in the sample's box; a radix sort into ``order``)."""
+        bl, bh = finite_box(points, base, end)
+        ext = bh - bl
+        scale = v(s(0.0))
+        for a in range(3):
+            if ext[a] > s(0.0):
+                scale[a] = s(1023.0) / ext[a]
+        for j in range(base, end):
+            p = points[j]
+            code = int(0x3FFFFFFF)  # NaN/inf (validate=False): last
+            if wp.isfinite(p):
+                q = wp.cw_mul(p - bl, scale)
+                qx = int(wp.clamp(q[0], s(0.0), s(1023.0)))
+                qy = int(wp.clamp(q[1], s(0.0), s(1023.0)))
+                qz = int(wp.clamp(q[2], s(0.0), s(1023.0)))
+                code = (spread(qx) << 2) | (spread(qy) << 1) | spread(qz)
+            tmp_keys[j] = code
+            tmp_order[j] = j - base
+        radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 0)
+        radix_pass(keys, order, tmp_keys, tmp_order, hist, hb, base, end, 10)
+        radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 20)
+
+    @wp.func(module="unique")
+    def kd_leaves(
         points: wp.array(dtype=v),
         pts: wp.array(dtype=v),
         pts_flat: wp.array(dtype=s),
         tmp_pts: wp.array(dtype=v),
         tmp_flat: wp.array(dtype=s),
         order: wp.array(dtype=wp.int32),
-        keys: wp.array(dtype=wp.int32),
         tmp_order: wp.array(dtype=wp.int32),
-        tmp_keys: wp.array(dtype=wp.int32),
         hist: wp.array(dtype=wp.int32),
-        inv: wp.array(dtype=wp.int32),
-        dist: wp.array(dtype=s),
-        lo_box: wp.array(dtype=v),
-        hi_box: wp.array(dtype=v),
-        node_max: wp.array(dtype=s),
-        node_arg: wp.array(dtype=wp.int32),
-        idx: wp.array2d(dtype=wp.int64),
+        hb: int,
+        base: int,
+        nb: int,
+        h: int,
     ):
-        """All picks of sample b: the tree over its points (in leaf order), then its start set
-        and the root's farthest point, each pick followed by the walk that lowers the
-        distances it can lower."""
-        b = wp.tid() + start
-        nb = lengths[b]
-        count = int(counts[b])
-        if nb == 0 or count == 0:
-            return
-        base = b * n
-        root = b * nodes
-        h = int(0)
-        while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
-            h += 1
-        leaf0 = (1 << h) - 1
-        nan_box = v(s(wp.nan))
+        """The leaves of a sample taking many picks: a kd-tree of h levels, each level's nodes
+        split at their middle across the widest axis (pts and tmp_pts in turn), into ``order``."""
         end = base + nb
-        # the leaves: a kd-tree when the sample takes many picks, else the points in Morton order
-        # of their cells (2^10 per axis in the sample's box, a radix sort)
-        kd = h > 0 and wp.int64(count) * wp.int64(kd_picks) >= wp.int64(nb)
-        if h > 0 and not kd:
-            bl, bh = finite_box(points, base, end)
-            ext = bh - bl
-            scale = v(s(0.0))
-            for a in range(3):
-                if ext[a] > s(0.0):
-                    scale[a] = s(1023.0) / ext[a]
+        for j in range(base, end):
+            pts[j] = points[j]
+            order[j] = j - base
+        for d in range(h):
+            if d % 2 == 0:
+                kd_level(pts, pts_flat, order, tmp_pts, tmp_order, hist, hb, base, nb, d)
+            else:
+                kd_level(tmp_pts, tmp_flat, tmp_order, pts, order, hist, hb, base, nb, d)
+        if h % 2 == 1:
             for j in range(base, end):
-                p = points[j]
-                code = int(0x3FFFFFFF)  # NaN/inf (validate=False): last
-                if wp.isfinite(p):
-                    q = wp.cw_mul(p - bl, scale)
-                    qx = int(wp.clamp(q[0], s(0.0), s(1023.0)))
-                    qy = int(wp.clamp(q[1], s(0.0), s(1023.0)))
-                    qz = int(wp.clamp(q[2], s(0.0), s(1023.0)))
-                    code = (spread(qx) << 2) | (spread(qy) << 1) | spread(qz)
-                tmp_keys[j] = code
-                tmp_order[j] = j - base
-            hb = b * 1024
-            radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 0)
-            radix_pass(keys, order, tmp_keys, tmp_order, hist, hb, base, end, 10)
-            radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 20)
-        if kd:  # each level's nodes split at their middle, across the widest axis (pts and tmp_pts in turn)
-            for j in range(base, end):
-                pts[j] = points[j]
-                order[j] = j - base
-            hb = b * 1024
-            for d in range(h):
-                if d % 2 == 0:
-                    kd_level(pts, pts_flat, order, tmp_pts, tmp_order, hist, hb, base, nb, d)
-                else:
-                    kd_level(tmp_pts, tmp_flat, tmp_order, pts, order, hist, hb, base, nb, d)
-            if h % 2 == 1:
-                for j in range(base, end):
-                    order[j] = tmp_order[j]
+                order[j] = tmp_order[j]
+
+    @wp.func(module="unique")
+    def leaves_in_index_order(
+        order: wp.array(dtype=wp.int32),
+        inv: wp.array(dtype=wp.int32),
+        tmp_keys: wp.array(dtype=wp.int32),
+        base: int,
+        nb: int,
+        h: int,
+    ):
+        """Within each of the 2^h leaves, its points in index order (a stable counting sort by
+        leaf): the first farthest point of a leaf scan is then the one with the smallest index.
+        ``order[base + at]``: the point at leaf position at; ``inv``: the position of each point."""
+        end = base + nb
         if h > 0:
-            # within each leaf, its points in index order (a stable counting sort by leaf): the
-            # first farthest point of a leaf scan is then the one with the smallest index
             for j in range(base, end):
                 inv[base + order[j]] = j - base
             for leaf in range(1 << h):
@@ -279,10 +275,30 @@ def _kernels(dtype: torch.dtype):
             for j in range(base, end):
                 order[j] = j - base
                 inv[j] = j - base
+
+    @wp.func(module="unique")
+    def build_nodes(
+        points: wp.array(dtype=v),
+        pts: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int32),
+        dist: wp.array(dtype=s),
+        lo_box: wp.array(dtype=v),
+        hi_box: wp.array(dtype=v),
+        node_max: wp.array(dtype=s),
+        node_arg: wp.array(dtype=wp.int32),
+        base: int,
+        nb: int,
+        h: int,
+        root: int,
+    ):
+        """The sample's points in leaf order (``pts``, distances inf), each leaf's box and first
+        index, then the inner nodes bottom up (boxes, and the best (distance, index) below)."""
+        end = base + nb
+        leaf0 = (1 << h) - 1
+        nan_box = v(s(wp.nan))
         for j in range(base, end):
             pts[j] = points[base + order[j]]
             dist[j] = s(wp.inf)
-        # the leaves: box, first index (every distance starts at inf)
         for leaf in range(1 << h):
             lo = base + part(leaf, nb, h)
             hi = base + part(leaf + 1, nb, h)
@@ -313,6 +329,31 @@ def _kernels(dtype: torch.dtype):
             right = better(node_max[left + 1], node_arg[left + 1], lm, la)
             node_max[node] = wp.where(right, node_max[left + 1], lm)
             node_arg[node] = wp.where(right, node_arg[left + 1], la)
+
+    @wp.func(module="unique")
+    def picks(
+        first: wp.array2d(dtype=wp.int64),
+        pts: wp.array(dtype=v),
+        order: wp.array(dtype=wp.int32),
+        inv: wp.array(dtype=wp.int32),
+        dist: wp.array(dtype=s),
+        lo_box: wp.array(dtype=v),
+        hi_box: wp.array(dtype=v),
+        node_max: wp.array(dtype=s),
+        node_arg: wp.array(dtype=wp.int32),
+        idx: wp.array2d(dtype=wp.int64),
+        b: int,
+        base: int,
+        nb: int,
+        h: int,
+        root: int,
+        count: int,
+    ):
+        """The ``count`` picks of sample b: its start set, then the root's farthest point, each
+        pick followed by the walk that lowers the distances it can lower (a node is skipped when
+        its box is farther from the pick than its best distance)."""
+        end = base + nb
+        leaf0 = (1 << h) - 1
         given = first.shape[1]
         t = int(0)
         while t < count:
@@ -371,6 +412,53 @@ def _kernels(dtype: torch.dtype):
                 if i == 0:
                     break
                 i += 1
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sample(
+        start: int,
+        n: int,
+        nodes: int,
+        lengths: wp.array(dtype=wp.int32),
+        counts: wp.array(dtype=wp.int64),
+        first: wp.array2d(dtype=wp.int64),
+        points: wp.array(dtype=v),
+        pts: wp.array(dtype=v),
+        pts_flat: wp.array(dtype=s),
+        tmp_pts: wp.array(dtype=v),
+        tmp_flat: wp.array(dtype=s),
+        order: wp.array(dtype=wp.int32),
+        keys: wp.array(dtype=wp.int32),
+        tmp_order: wp.array(dtype=wp.int32),
+        tmp_keys: wp.array(dtype=wp.int32),
+        hist: wp.array(dtype=wp.int32),
+        inv: wp.array(dtype=wp.int32),
+        dist: wp.array(dtype=s),
+        lo_box: wp.array(dtype=v),
+        hi_box: wp.array(dtype=v),
+        node_max: wp.array(dtype=s),
+        node_arg: wp.array(dtype=wp.int32),
+        idx: wp.array2d(dtype=wp.int64),
+    ):
+        """All picks of sample b: its leaves (a kd-tree when the sample takes many picks, else
+        its points in Morton order), the tree over them, then its picks. Each phase is a
+        function called once per sample."""
+        b = wp.tid() + start
+        nb = lengths[b]
+        count = int(counts[b])
+        if nb == 0 or count == 0:
+            return
+        base = b * n
+        h = int(0)
+        while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
+            h += 1
+        kd = h > 0 and wp.int64(count) * wp.int64(kd_picks) >= wp.int64(nb)
+        if h > 0 and not kd:
+            morton_leaves(points, keys, order, tmp_keys, tmp_order, hist, b * 1024, base, base + nb)
+        if kd:
+            kd_leaves(points, pts, pts_flat, tmp_pts, tmp_flat, order, tmp_order, hist, b * 1024, base, nb, h)
+        leaves_in_index_order(order, inv, tmp_keys, base, nb, h)
+        build_nodes(points, pts, order, dist, lo_box, hi_box, node_max, node_arg, base, nb, h, b * nodes)
+        picks(first, pts, order, inv, dist, lo_box, hi_box, node_max, node_arg, idx, b, base, nb, h, b * nodes, count)
 
     @wp.kernel(enable_backward=False, module="unique")
     def step(
