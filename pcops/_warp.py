@@ -24,7 +24,8 @@ correct inside PyTorch live in one place (the Warp functions shared by pcops' ke
   copy of the arrays it scatters into, because Warp's ``atomic_add`` is a plain add on the
   CPU. The threads are those of torch's own OpenMP team where torch runs on GNU OpenMP
   (:func:`_openmp`): after a parallel torch op its idle workers spin for a while, and a
-  second pool of threads would share the cores with them (docs/benchmarks.md, design choices). Elsewhere, and in a forked child, a pool of
+  second pool of threads would share the cores with them (docs/benchmarks.md, design choices).
+  Elsewhere, and in a forked child, a pool of
   Python threads runs them; the pool is dropped in a forked child (its threads do not exist
   there) and made again on demand;
 * once a kernel is loaded, its CPU chunks call its native entry point directly, with argument

@@ -148,7 +148,8 @@ def cells(dtype: torch.dtype):
     (NaN and x <= 0: 0; x > top, +inf included: top); ``morton(spread, x, top)``: the Morton
     code of the cell at x (a 3-vector in cells from the low corner), ``spread[c]`` being
     :func:`spread` of c, a table of len(spread) = top + 1 entries (at most 2^10: the code fits
-    an int32), filled once by the caller (a lookup, faster than :func:`spread` per coordinate (docs/benchmarks.md, design choices))."""
+    an int32), filled once by the caller (a lookup, faster than :func:`spread` per coordinate
+    (docs/benchmarks.md, design choices))."""
     s, v = scalar(dtype), vec3(dtype)
 
     @wp.func(module="unique")

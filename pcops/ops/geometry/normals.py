@@ -44,7 +44,8 @@ def _unit_of_largest_cross(rows):
 
 def _eigh3(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (ascending, (P, 3)) and unit eigenvectors (columns, (P, 3, 3)) of symmetric
-    3x3 matrices in closed form, as ``torch.linalg.eigh`` returns them (faster on the CPU (docs/benchmarks.md, design choices)).
+    3x3 matrices in closed form, as ``torch.linalg.eigh`` returns them (faster on the CPU
+    (docs/benchmarks.md, design choices)).
 
     D. Eberly, "A Robust Eigensolver for 3 x 3 Symmetric Matrices" (2014): the eigenvalues from
     the trigonometric solution of the characteristic cubic (after scaling and shifting), of

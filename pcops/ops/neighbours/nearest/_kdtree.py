@@ -565,7 +565,8 @@ def search(query, ref, k, query_group, ref_group):
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
     # cell per query, at most 2^5 a side; grids and other queries already in a spatial order
-    # stay as they are) while another splits the tree's root, which is serial (docs/benchmarks.md, design choices). Elsewhere (CUDA, coherent
+    # stay as they are) while another splits the tree's root, which is serial (docs/benchmarks.md,
+    # design choices). Elsewhere (CUDA, coherent
     # warps; grouped CPU queries of large trees, unless in a spatial order already) a Morton
     # sort in torch.
     beside = None
