@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 
 import torch
 
@@ -147,10 +148,16 @@ def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torc
     """
     if isinstance(value, torch.Tensor):
         return value.to(dtype).reshape(())
-    t = torch.tensor(float(value), dtype=dtype)
-    if not torch.compiler.is_compiling():
-        positive_values(name, t)
-    return t.to(device)
+    if not torch.compiler.is_compiling():  # the number as dtype rounds it, checked in Python: no tensor read
+        rounded = float(value)
+        if dtype == torch.float32 and math.isfinite(rounded):
+            try:
+                rounded = struct.unpack("f", struct.pack("f", rounded))[0]
+            except OverflowError:  # beyond float32's range: inf there
+                rounded = math.inf
+        if not (math.isfinite(rounded) and rounded > 0):
+            raise ValueError(f"{name} must be finite and > 0 in {dtype} (the dtype it is computed in), got [{rounded}]")
+    return torch.tensor(float(value), dtype=dtype, device=device)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:

@@ -1,0 +1,86 @@
+"""Host reads of pcops' ops called with ``validate=False``: every read of a tensor's values into
+Python (``item``, ``tolist``, ``numpy``, ``bool`` / ``int`` / ``float`` / ``index`` of a tensor),
+inside the custom ops as well, counted where pcops' code makes it. On CUDA each is a device
+sync; on the CPU this test sees them all the same, so a new host read fails CI here.
+
+Every op of the table (tests/op_table.py, its static-size form where it has one) reads exactly
+what :data:`KNOWN` says, with the reason; an op not listed reads nothing. A read removed must
+be removed from the table too (an equality, not a bound), so the table stays the list of what
+is left to do. (Syncs inside torch's own ops, such as ``nonzero``, are not Python reads and are
+not seen here; ``torch.cuda.set_sync_debug_mode("error")`` on a GPU sees those.)
+"""
+
+import collections
+import contextlib
+import traceback
+
+import pytest
+import torch
+
+from tests import op_table
+
+# op -> {(the read, where pcops makes it): count}, and why it is there
+KNOWN = {
+    "radius_aggregate": ({("tolist", "pcops/ops/neighbours/_cells.py")}, "the cell list's grid from the clouds' box"),
+    "radius_graph": ({("tolist", "pcops/ops/neighbours/_cells.py"), ("__int__", "pcops/ops/neighbours/graph.py")},
+                     "the cell list's grid; the edge count of the padded form"),
+    "mesh_bvh": ({("item", "pcops/_validate.py")}, "the table's call validates the query points of mesh_distance"),
+    "sinkhorn_divergence": ({("tolist", "pcops/ops/transport/sinkhorn.py")}, "the temperature schedule from each sample's diameter"),
+    "earth_movers_distance": ({("numpy", "pcops/ops/transport/emd.py")}, "the exact assignment runs in scipy on the CPU"),
+    "voxel_pool": ({("tolist", "pcops/ops/sampling/_voxels.py")}, "the voxel keys' span from the points' box"),
+    "grid_sample": ({("tolist", "pcops/ops/sampling/_voxels.py")}, "the voxel keys' span from the points' box"),
+    "sparse_conv3d": ({("tolist", "pcops/ops/sparse/sparse_conv.py")}, "the kernel map's key span and pair counts"),
+    "sparse_kernel_map": ({("tolist", "pcops/ops/sparse/sparse_conv.py")}, "the kernel map's key span and pair counts"),
+    "serialized_pool": ({("__bool__", "pcops/_validate.py"), ("__int__", "pcops/ops/sparse/serialize.py")},
+                        "the padded form's cluster count"),
+}
+READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def counted(reads: list):
+    """Record (read, pcops file) for every host read of a tensor while inside."""
+    saved = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counting(name, method):
+        def read(self, *args, **kwargs):
+            frames = traceback.extract_stack(limit=8)[:-1]
+            where = next((f.filename for f in reversed(frames) if "/pcops/" in f.filename.replace("\\", "/")), "outside pcops")
+            reads.append((name, "pcops/" + where.replace("\\", "/").split("/pcops/", 1)[1] if "/pcops/" in where else where))
+            return method(self, *args, **kwargs)
+        return read
+
+    for name, method in saved.items():
+        setattr(torch.Tensor, name, counting(name, method))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_ops_read_the_host_only_where_the_table_says(op):
+    inputs = op.inputs()
+    kw = {"validate": False} if op.validates else {}
+    call = op.static or op.call
+    call(inputs, **kw)  # first calls build kernels and caches
+    reads = []
+    with counted(reads):
+        call(inputs, **kw)
+    known, why = KNOWN.get(op.name, (set(), ""))
+    assert set(reads) == known, (f"{op.name} reads the host at {collections.Counter(reads)}; "
+                                 f"known: {sorted(known)} ({why or 'none'})")
+
+
+def test_the_counter_sees_a_read_inside_a_custom_op():
+    """The counting reaches into custom ops' real implementations (where the reads sit)."""
+
+    @torch.library.custom_op("pcops_test::reads_once", mutates_args=())
+    def reads_once(x: torch.Tensor) -> torch.Tensor:
+        return x * int(x.sum() > 0)
+
+    reads = []
+    with counted(reads):
+        reads_once(torch.ones(3))
+    assert [name for name, _ in reads] == ["__int__"] or [name for name, _ in reads] == ["__bool__", "__int__"]
