@@ -44,5 +44,11 @@ def spread_table(bits: int, device: torch.device) -> torch.Tensor:
 def codes(cells: torch.Tensor, bits: int = 10) -> torch.Tensor:
     """(M,) int64 Morton codes of integer cells (M, 3) in [0, 2^bits): ``x | y << 1 | z << 2``
     of their spread bits, as ``_warp_funcs.cells``' ``morton``."""
-    table = spread_table(bits, cells.device).to(torch.int64)
+    table = _spread_table64(bits, cells.device)
     return table[cells[:, 0]] | (table[cells[:, 1]] << 1) | (table[cells[:, 2]] << 2)
+
+
+@functools.cache
+def _spread_table64(bits: int, device: torch.device) -> torch.Tensor:
+    """:func:`spread_table` as int64 (the codes' dtype), made once per size and device."""
+    return spread_table(bits, device).to(torch.int64)

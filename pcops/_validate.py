@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import numbers
-import struct
 
+import numpy as np
 import torch
 
 
@@ -149,12 +149,8 @@ def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torc
     if isinstance(value, torch.Tensor):
         return value.to(dtype).reshape(())
     if not torch.compiler.is_compiling():  # the number as dtype rounds it, checked in Python: no tensor read
-        rounded = float(value)
-        if dtype == torch.float32 and math.isfinite(rounded):
-            try:
-                rounded = struct.unpack("f", struct.pack("f", rounded))[0]
-            except OverflowError:  # beyond float32's range: inf there
-                rounded = math.inf
+        with np.errstate(over="ignore"):  # beyond float32's range: inf there
+            rounded = float(np.float32(value)) if dtype == torch.float32 else float(value)
         if not (math.isfinite(rounded) and rounded > 0):
             raise ValueError(f"{name} must be finite and > 0 in {dtype} (the dtype it is computed in), got [{rounded}]")
     return torch.tensor(float(value), dtype=dtype, device=device)

@@ -11,8 +11,8 @@ Three layouts of meshes reach the mesh ops, as the point layouts of :mod:`pcops.
   ``pos`` / ``face`` with ``batch``); a face's sample is its vertices' sample
 
 :func:`mesh` turns any of them into flat vertices, faces of global vertex rows and an int64
-sample id per face (:class:`FlatMesh`); :func:`mesh_points` lays out the query points to match (one
-cloud, padded (B, M, 3) with ``points_lengths``, packed with ``points_batch``). Face indices
+sample id per face (:class:`FlatMesh`); :func:`mesh_points` lays out the query points to match
+(one cloud, padded (B, M, 3) with ``points_lengths``, packed with ``points_batch``). Face indices
 are clamped into the vertices, so that unchecked bad values (``validate=False``) give
 unspecified results, never a read out of bounds.
 """
@@ -118,7 +118,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
 
 
 def mesh_points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, lengths_name: str = "points_lengths",
-           batch_name: str = "points_batch", checks: Optional[_validate.Checks] = None) -> FlatPoints:
+                batch_name: str = "points_batch", checks: Optional[_validate.Checks] = None) -> FlatPoints:
     """The query points laid out as the mesh is: (M, 3) for one mesh, (B, M, 3) with ``lengths``
     for padded meshes, packed (M, 3) with ``batch`` for packed ones."""
     _validate.tensor(name, points)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-
 from .. import _validate
 
 
 def sites(grid_coord, batch=None, *, size: Optional[int] = None, name: str = "grid_coord", what: str = "integer grid coordinates",
           batch_name: str = "batch") -> None:
-    """The eager checks of an integer-data op's sites (the second layout, beside the points' :func:`pcops._layout.points.single`):
-    ``grid_coord`` (N, 3) integers (N = ``size`` if given) with optional ``batch`` (N,) sample
+    """The eager checks of an integer-data op's sites (the second layout, beside the points'
+    :func:`pcops._layout.points.single`): ``grid_coord`` (N, 3) integers (N = ``size`` if given) with optional ``batch`` (N,) sample
     ids (packed, as PyTorch Geometric), on one device. Values are checked by :func:`values`."""
     _validate.grid_coords(name, grid_coord, what, size)
     _validate.ids(batch_name, batch, grid_coord.shape[0], "(N,)")

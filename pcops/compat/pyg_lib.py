@@ -178,10 +178,10 @@ __in_sys_modules__ = False  # install() enters no module under pyg-lib's name: P
 def __install__() -> str:
     """Run by ``pcops.compat.install("pyg")``: the operators, then PyG's flags; returns what it did."""
     register()
-    typing = importlib.import_module("torch_geometric.typing")
-    found = [name for name in FLAGS if hasattr(typing, name)]
+    pyg_typing = importlib.import_module("torch_geometric.typing")
+    found = [name for name in FLAGS if hasattr(pyg_typing, name)]
     for name in found:
-        setattr(typing, name, True)
+        setattr(pyg_typing, name, True)
     if not found:
         return ("torch.ops.pyg operators defined; this PyG (before 2.7) calls torch_cluster, not them: "
                 "install('torch_cluster') for its point-cloud functions")

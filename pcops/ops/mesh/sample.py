@@ -284,8 +284,8 @@ def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     # the edges times 2^-e, 2^e the largest coordinate's power of two (1 for coordinates below
     # 1): the cross products of huge meshes do not overflow, and a power of two changes no bit
     # of a unit normal or of the areas' ratios, the only use of the areas
-    big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).reshape(-1)
-    shrink = torch.exp2(-torch.floor(torch.log2(torch.cat([big, big.new_ones(1)]).amax())))
+    big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).amax()  # (every mesh has a face: _layout.mesh)
+    shrink = torch.exp2(-torch.floor(torch.log2(big.clamp_min(1.0))))
     edges = (corners[:, 1:] - corners[:, :1]) * shrink
     normal = torch.linalg.cross(edges[:, 0], edges[:, 1])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)

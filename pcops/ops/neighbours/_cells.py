@@ -85,7 +85,8 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
     """x[order] (or the inverse: ``out[order] = x``). ``width``: the columns of the result (a 2-D
     ``x``): the first ones of ``x``, zeros after them (rows padded to a vector width) or fewer
     (the padding dropped). On the CPU torch's gather (faster than a Warp kernel's element
-    loop; the inverse gathers by the rank of each row, faster than a scatter), except in a forked child (:func:`pcops._warp.forked`: torch's multi-threaded ops
+    loop; the inverse gathers by the rank of each row, faster than a scatter), except in a
+    forked child (:func:`pcops._warp.forked`: torch's multi-threaded ops
     may hang there) and on GPUs, where a Warp kernel moves the rows."""
     shape = x.shape if width is None else (x.shape[0], width)
     if x.device.type == "cpu" and not _warp.forked():

@@ -36,7 +36,8 @@ more. It is returned as a
 convolution gathers, per offset, the rows of the pairs, multiplies them by the offset's
 weight and adds them to their outputs with one ``index_add_`` (an offset hits each output at
 most once, so every row gets one add per offset, in offset order: deterministic on every device,
-and faster on the CPU than a gather, add and ``index_put_``); in a submanifold map the centre offset maps every site to itself and
+and faster on the CPU than a gather, add and ``index_put_``); in a submanifold map the centre
+offset maps every site to itself and
 is one matrix product (only there: in a strided map it links different sites).
 The backward pass is the same with the pairs reversed. Both are custom ops with exact fakes
 and registered autograd (gradients to features, weight and bias).

@@ -20,7 +20,8 @@ distance: the largest squared distance to the split planes between it and the qu
 lie beyond them). Then it pops the entries, skipping those whose bound already exceeds the
 current k-th distance, and goes down from each in the same way. A node whose box is farther
 than the current k-th distance (or holds no point of the query's group) is skipped too
-(faster than a stackless walk back up through every parent (docs/benchmarks.md, design choices)). Each query keeps its k best
+(faster than a stackless walk back up through every parent: docs/benchmarks.md, design
+choices). Each query keeps its k best
 (squared distance, index) pairs in its output row by insertion, in the order of the distances
 (squares a few ulps apart are compared by their roots, which may be equal), so the order is
 exact, ties by the smaller index: a skipped box is farther than the k-th distance, so it cannot
@@ -44,7 +45,9 @@ import warp as wp
 from .... import _morton, _threads, _warp, _warp_funcs
 from ._registry import backend
 
-LEAF = 16  # points per leaf at most (more than LEAF / 2): with the stack walk, faster than 32 or 8 (docs/benchmarks.md, design choices)
+# Points per leaf at most (more than LEAF / 2): with the stack walk, faster than 32 or 8
+# (docs/benchmarks.md, design choices).
+LEAF = 16
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
 _BUILD_BY_SORTING = False  # True: the torch build of GPUs on the CPU too (tests)
 _BITS = 10  # Morton bits per axis of the query order (torch sorts)
@@ -451,7 +454,8 @@ def _cpu_query_order(query: torch.Tensor):
     rows, ordered = torch.empty(m, dtype=torch.int64), torch.empty_like(query)
     scratch = [torch.empty(m, dtype=torch.int32), torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
     vec = _warp.vec3(query.dtype)
-    args = [_warp.array(query, dtype=vec), _morton.spread_table(bits, query.device), *scratch, rows, _warp.array(ordered, dtype=vec)]
+    spread = _morton.spread_table(bits, query.device)
+    args = [_warp.array(query, dtype=vec), spread, *scratch, rows, _warp.array(ordered, dtype=vec)]
     return (_build_kernels(query.dtype)[2], args), rows, ordered
 
 
