@@ -103,6 +103,14 @@ def plain(value):
     return value
 
 
+def finite_number(name: str, value) -> None:
+    """``value`` is a finite Python or NumPy number (symbolic under ``torch.compile``: not read)."""
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not torch.compiler.is_compiling() and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+
+
 def positive_number(name: str, value) -> None:
     """``value`` is a finite Python or NumPy number > 0.
 
@@ -115,6 +123,20 @@ def positive_number(name: str, value) -> None:
         return
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+def triple(name: str, value, positive: bool = False) -> tuple:
+    """``value`` a finite number or a sequence of three (Python or NumPy; > 0 with ``positive``),
+    as a tuple of three Python floats: one per axis."""
+    items = [value] * 3 if is_number(plain(value)) else value
+    if isinstance(value, (str, bytes, torch.Tensor)) or not hasattr(items, "__len__") or len(items) != 3:
+        raise TypeError(f"{name} must be a number or a sequence of three numbers, got {value!r}")
+    out = tuple(plain(v) for v in items)
+    if not all(is_number(v) for v in out):
+        raise TypeError(f"{name} must be a number or a sequence of three numbers, got {value!r}")
+    if not torch.compiler.is_compiling() and not all(math.isfinite(v) and (v > 0 or not positive) for v in out):
+        raise ValueError(f"{name} must be finite{' and > 0' if positive else ''}, got {value!r}")
+    return out
 
 
 def count(name: str, value, most: int | None = None, what: str = "") -> int:

@@ -1,5 +1,6 @@
 """Mesh benchmarks (issue #33): ``pcops.mesh_distance``, ``pcops.mesh_bvh`` and
-``pcops.point_mesh_face_distance`` against Open3D, trimesh, PhysicsNeMo and a dense torch loss.
+``pcops.point_mesh_face_distance`` against Open3D, trimesh, PhysicsNeMo and a dense torch loss;
+``pcops.marching_cubes`` against scikit-image and PyMCubes.
 
 Run through ``scripts/benchmark.py --only mesh`` (``--quick`` shrinks it), or alone:
 ``python scripts/bench_mesh.py [--quick]``. CPU only. Rows are medians of interleaved turns
@@ -41,6 +42,11 @@ every side, float32.
   forward and forward + backward (gradients to points and vertices).
 * ``mesh_bvh``: ``pcops.mesh_bvh(v, f)`` against an Open3D scene's build (``RaycastingScene()``,
   ``add_triangles`` and a first one-point query, which builds its BVH).
+* ``marching_cubes``: ``pcops.marching_cubes(volume, 0.0, validate=False)`` against
+  scikit-image's ``measure.marching_cubes`` (Lewiner's method, its default, and Lorensen's) and
+  PyMCubes' ``mcubes.marching_cubes``, on float32 grids of 128^3 and 256^3 values (64^3 in
+  ``--quick``): a bumpy sphere's signed distance, and at 128^3 the airplane's signed distance
+  (``pcops.mesh_distance`` on the grid, in [-1.1, 1.1]^3).
 
 Threads: pcops runs on torch's threads, Open3D on all cores, trimesh and PhysicsNeMo's Warp CPU
 kernels on one. Turns: 3 (2 at 10^6 queries; PhysicsNeMo: 3 timed calls after its warm-up), 5 for
@@ -338,6 +344,50 @@ def run_build(mesh: str, v, f, repeats: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# marching_cubes against scikit-image (Lewiner's, its default, and Lorensen's) and PyMCubes
+
+
+def bumpy_sphere(n: int) -> torch.Tensor:
+    """(n, n, n) float32 values on [-1, 1]^3: a sphere's signed distance (radius 0.7) with a
+    bump of amplitude 0.1, the level set 0 a closed wavy surface."""
+    axis = torch.linspace(-1, 1, n, dtype=torch.float64)
+    x, y, z = torch.meshgrid(axis, axis, axis, indexing="ij")
+    return ((x**2 + y**2 + z**2).sqrt() - 0.7 + 0.1 * torch.sin(6 * x) * torch.sin(5 * y)).float().contiguous()
+
+
+def mesh_sdf(name: str, n: int) -> torch.Tensor:
+    """(n, n, n) float32 signed distances to the real mesh ``name`` (pcops.mesh_distance, winding-number
+    sign) on [-1.1, 1.1]^3: the grid a learnt SDF of that shape approximates."""
+    v, f = load_mesh(name)
+    axis = torch.linspace(-1.1, 1.1, n, dtype=torch.float32)
+    points = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3)
+    bvh = pcops.mesh_bvh(v, f)
+    return torch.cat([pcops.mesh_distance(p, bvh, signed=True).dists for p in points.split(1 << 20)]).reshape(n, n, n)
+
+
+def run_marching_cubes(field: str, volume: torch.Tensor, repeats: int) -> dict:
+    n = volume.shape[0]
+    fns = {"pcops": lambda: pcops.marching_cubes(volume, 0.0, validate=False)}
+    array = volume.numpy()
+    try:
+        from skimage import measure
+
+        fns["skimage_lewiner"] = lambda: measure.marching_cubes(array, 0.0)
+        fns["skimage_lorensen"] = lambda: measure.marching_cubes(array, 0.0, method="lorensen")
+    except ImportError:
+        pass
+    try:
+        import mcubes
+
+        fns["pymcubes"] = lambda: mcubes.marching_cubes(array, 0.0)
+    except ImportError:
+        pass
+    ms = _interleaved(fns, repeats)
+    faces = int(pcops.marching_cubes(volume, 0.0).faces.shape[0])
+    return {"bench": "marching_cubes", "mesh": field, "faces": faces, "grid": n, "ms": ms, "load": _load()}
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def _fmt(ms: float) -> str:
@@ -356,7 +406,8 @@ def _print(row: dict) -> None:
     ms, vs = row["ms"], row.get("vs", {})
     label = {"mesh_distance": lambda: f"n={row['queries']:>9,} {row['variant']:<8}",
              "point_mesh_face_distance": lambda: f"P={row['points']:>9,} {row['pass']:<16}",
-             "mesh_bvh": lambda: ""}[row["bench"]]()
+             "mesh_bvh": lambda: "",
+             "marching_cubes": lambda: f"grid={row['grid']}^3"}[row["bench"]]()
     ours = " ".join(f"{k} {_fmt(t)} ms" for k, t in ms.items() if k.startswith("pcops"))
     peers = "  ".join(f"{k} {_fmt(t)} ms ({t / ms[vs.get(k, 'pcops')]:.2f}x)" for k, t in ms.items() if not k.startswith("pcops"))
     print(f"{row['bench']:<25} {row['mesh']:<9} F={row['faces']:>5,} {label}  {ours}  |  {peers}  (load {row.get('load')})", flush=True)
@@ -398,6 +449,12 @@ def run(quick: bool = False, meshes=None, sizes=None) -> list[dict]:
             add(row)
     for name, (v, f) in loaded.items():
         add(run_build(name, v, f, 1 if quick else 7))
+    grids = [("bumpy_sphere", 64)] if quick else [("bumpy_sphere", 128), ("bumpy_sphere", 256), ("airplane", 128)]
+    for field, n in grids:
+        if field == "bumpy_sphere" or field in loaded:
+            add(run_marching_cubes(field, bumpy_sphere(n) if field == "bumpy_sphere" else mesh_sdf(field, n), 1 if quick else 5))
+    notes.append("marching_cubes: float32 grids, level 0; scikit-image and PyMCubes on one thread (they have no threaded mode); "
+                 "PyTorch3D's marching_cubes is left out: PyPI has no pytorch3d wheel for this torch")
     notes[0] += f", {os.getloadavg()[0]:.2f} at the end"
     for note in notes:
         add({"bench": "mesh_note", "note": note})

@@ -160,6 +160,19 @@ def _mesh(g, n=200, *, faces=80, dtype=F64, cloud=None):
     return dict(points=points, vertices=vertices, faces=tris)
 
 
+def _volume(g, n=1000, *, dtype=F64, batch=None):
+    """A grid of about n values, (s, s, s) with s = round(n^(1/3)) (or (batch, s, s, s)): the
+    distance to a random centre less a radius of s / 3 voxels, plus noise, so that the level set
+    0 is a closed, bumpy surface."""
+    n = max(2, round(n ** (1 / 3)))
+    shape = (n, n, n) if batch is None else (batch, n, n, n)
+    axis = torch.arange(n, dtype=F64)
+    centre = (n - 1) / 2 + torch.rand(*shape[:-3], 3, 1, 1, 1, generator=g, dtype=F64) - 0.5
+    radius = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij")) - centre
+    field = radius.norm(dim=-4) - n / 3 + 0.5 * torch.rand(shape, generator=g, dtype=F64)
+    return dict(volume=field.to(dtype))
+
+
 def _flat(results: tuple) -> tuple:
     """The tensors of a tuple of results (NamedTuples), one after another."""
     return tuple(t for result in results for t in result)
@@ -209,6 +222,12 @@ OPS = [
        notes={"batch": "packed meshes need every face's vertices in one sample, which random ids per row break, and its "
                        "ids number its B * n_samples rows (B = the largest id + 1 unless batch_size says): ids above int32 "
                        "ask for 2**32 meshes; tests/ops/mesh/test_sample.py packs meshes"}),
+    Op("marching_cubes", _volume, lambda i, level=0.0, **kw: pcops.marching_cubes(i["volume"], level, **kw),
+       points=("volume",), grad=("volume",), page="marching_cubes", bench="marching_cubes", breaks_at="pcops.marching_cubes",
+       static=lambda i, level=0.0, max_vertices=600, max_faces=1200, **kw: pcops.marching_cubes(
+           i["volume"], level, max_vertices=max_vertices, max_faces=max_faces, **kw),
+       notes={"batch": "a batch is a (B, D, H, W) grid: it takes no sample ids; "
+                       "tests/ops/mesh/test_marching_cubes.py checks the packed and padded batches against a loop"}),
     Op("chamfer_distance", _xy, lambda i, norm=2, **kw: pcops.chamfer_distance(i["x"], i["y"], norm=norm, **kw),
        points=("x", "y"), grad=("x", "y"), clouds=2, page="chamfer_distance", bench="chamfer_distance",
        notes={"batch": "x_batch / y_batch index its (B,) per-sample losses (B = the largest id + 1 unless batch_size says): "

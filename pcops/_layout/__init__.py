@@ -4,7 +4,7 @@
 
 and every shape, dtype, device, finiteness and range check of its inputs happens in this layer
 (:mod:`pcops._validate` holds the checks themselves), with messages that name the arguments as
-the caller typed them. Three layouts:
+the caller typed them. Four layouts:
 
 * :mod:`.points` -- point clouds, single, padded (PyTorch3D) or packed (PyTorch Geometric):
   :func:`pair` (two clouds), :func:`single` (one cloud), :func:`unflatten`, :func:`local_index`,
@@ -12,18 +12,20 @@ the caller typed them. Three layouts:
 * :mod:`.sites` -- integer sites with sample ids, and the value checks of integer data
   (:func:`sites`, :func:`values`);
 * :mod:`.meshes` -- triangle meshes and the points queried against them (:func:`mesh`,
-  :func:`mesh_points`).
+  :func:`mesh_points`);
+* :mod:`.grids` -- dense grids of values with their origin and voxel size (:func:`grid`).
 
 ``validate`` has one meaning everywhere: True checks the values too, in one host read per call
 in eager mode (:func:`pcops._validate.checks`); False skips what reads values, and a bad value
 then gives an unspecified result, never a crash or a hang.
 """
 
+from .grids import Grid, grid
 from .meshes import FlatMesh, FlatPoints, every_in, local_faces, mesh, mesh_points, points_have_meshes
 from .points import Flat, Names, local_index, names, padded_groups, pair, sample_count, select_rows, single, unflatten
 from .sites import sites, values
 
 __all__ = [
-    "Flat", "FlatMesh", "FlatPoints", "Names", "every_in", "local_faces", "local_index", "mesh", "mesh_points", "names",
+    "Flat", "FlatMesh", "Grid", "grid", "FlatPoints", "Names", "every_in", "local_faces", "local_index", "mesh", "mesh_points", "names",
     "padded_groups", "pair", "points_have_meshes", "sample_count", "select_rows", "single", "sites", "unflatten", "values",
 ]
