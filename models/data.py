@@ -225,6 +225,17 @@ class ShapesSDFDataModule(_Module):
         for split, samples in made.items():
             self.splits[split] = TensorDictDataset.stack(samples)
 
+    def surface_sample(self, i: int, n: int) -> dict:
+        """Test shape i as the model sees it (its cloud's ``points`` and ``normals``), ``n`` points on
+        its true surface with their unit normals (``true_points``, ``true_normals``, float64) and
+        its signed distance (``sdf``, a function of (..., 3) points), for models.surfaces."""
+        self.setup()
+        sample = self.splits["test"][i]
+        shape, _ = self.make_shape("test", i)
+        true_points, true_normals = shape.sample_surface(n, torch.Generator().manual_seed(i))
+        return {"points": sample["points"], "normals": sample["normals"], "true_points": true_points,
+                "true_normals": true_normals, "sdf": shape.sdf}
+
     def figure_sample(self, resolution: int = 64) -> dict[str, torch.Tensor]:
         """The first test shape with queries on the z = 0 slice (resolution^2) and their true SDF."""
         shape, gen = self.make_shape("test", 0)

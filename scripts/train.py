@@ -9,8 +9,8 @@ A config has ``model`` and ``data`` (class_path + init_args), ``trainer`` (any T
 argument), and the extra keys ``seed_everything``, ``ckpt_path`` (resume) and ``rmm_pool``
 (share one RMM pool on CUDA; applied before anything touches CUDA). Unknown keys, wrong types
 and missing files are errors before any work. Each run writes to a new directory
-``runs/<name>/version_<n>`` (CSV logs, the resolved config.yaml, checkpoints best + last, and
-field_slice.png, a predicted vs true slice of the field); an existing run directory is never
+``runs/<name>/version_<n>`` (CSV logs, the resolved config.yaml, checkpoints best + last,
+field_slice.png, a predicted vs true slice of the field, and the learnt surfaces below); an existing run directory is never
 overwritten (Lightning refuses to save a config over an existing one). After training the
 best checkpoint is tested and its metrics printed.
 
@@ -20,6 +20,12 @@ Besides Lightning's own lines it prints the data modules' progress while they ma
 missing config file), a missing or unusable checkpoint, and a GPU config without a GPU give an
 ``error: ...`` line (the GPU one: the command that runs it on the CPU) and exit status 2, not a
 usage summary or a traceback.
+
+A signed-distance run whose data module has ``surface_sample`` (configs/sdf.yaml) also extracts
+the learnt zero level set of the first three test shapes with ``pcops.marching_cubes``
+(models/surfaces.py): ``surface_<i>.ply``, ``surfaces.png`` (learnt and true-field meshes) and
+``surfaces.json`` (Chamfer distances and normal consistency against the true surfaces), printed
+at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 
 import pcops.memory  # noqa: E402
+from models import surfaces  # noqa: E402
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs", "name": "run"}},
@@ -245,7 +252,7 @@ class TrainCLI(LightningCLI):
         )
         parser.add_argument("--ckpt_path", type=Optional[str], default=None, help="resume training from this checkpoint")
         parser.add_argument("--rmm_pool", type=bool, default=False, help="one RMM pool for torch/CuPy/cuML (CUDA)")
-        parser.add_argument("--figure", type=bool, default=True, help="save field_slice.png in the run directory")
+        parser.add_argument("--figure", type=bool, default=True, help="save field_slice.png (and an SDF run's learnt surfaces) in the run directory")
 
     def before_instantiate_classes(self) -> None:
         if self.config.get("rmm_pool"):
@@ -354,9 +361,21 @@ def main(args=None) -> dict:
         if not trainer.fast_dev_run:  # fast_dev_run writes no run directory (and no figure in the working directory)
             if cli.config.get("figure") and hasattr(data, "figure_sample"):
                 save_figure(model, data, run_dir / "field_slice.png")
+            if cli.config.get("figure") and hasattr(data, "surface_sample"):
+                report_surfaces(surfaces.save(model, data, run_dir))
             report_files(run_dir)
     _end_process_group()
     return results
+
+
+def report_surfaces(found: list) -> None:
+    """One line per test shape: the learnt surface's Chamfer distance and normal consistency, and
+    the true field's on the same grid."""
+    for i, s in enumerate(found):
+        m = s.metrics
+        print(f"test shape {i}: learnt surface ({len(s.faces)} faces) Chamfer-L1 {m['chamfer_l1']:.4f}, Chamfer-L2 "
+              f"{m['chamfer_l2']:.2e}, normal consistency {m['normal_consistency']:.3f}; the true field on the same grid: "
+              f"{m['floor_chamfer_l1']:.4f}, {m['floor_chamfer_l2']:.2e}, {m['floor_normal_consistency']:.3f}")
 
 
 def baseline_words(ratio: float) -> str:

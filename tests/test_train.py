@@ -1,5 +1,6 @@
 """scripts/train.py with every config, checkpoints, resume, DDP on CPU, and bad configs."""
 
+import json
 import math
 import pathlib
 import subprocess
@@ -7,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import trimesh
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -82,6 +84,14 @@ def test_a_full_run_writes_config_logs_checkpoints_and_figure(tmp_path, monkeypa
     listed = out[out.index("run directory: runs/sdf/version_0"):].splitlines()[1:]
     assert [line.strip() for line in listed] == written  # every file the run wrote, by its path
     assert "making 16 shapes (train 8, val 4, test 4) ..." in err and "made 16 shapes in " in err
+    # the learnt surfaces of three test shapes (pcops.marching_cubes), and the true field's on the same grid
+    assert {"surface_0.ply", "surface_1.ply", "surface_2.ply", "surfaces.png", "surfaces.json"} <= {p.name for p in run.iterdir()}
+    metrics = json.loads((run / "surfaces.json").read_text())
+    assert len(metrics) == 3 and all(f"test shape {i}: learnt surface (" in out for i in range(3))
+    for m in metrics:  # the true field's mesh lies on the true surface: what the pipeline measures is right
+        assert m["floor_chamfer_l1"] < 0.02 and m["floor_normal_consistency"] > 0.98, m
+    mesh = trimesh.load(run / "surface_0.ply", force="mesh")  # after one epoch: closed, or cut by the grid's box
+    assert len(mesh.faces) == 0 or mesh.is_watertight or abs(mesh.bounds).max() > 0.99
 
 
 def test_the_baseline_ratio_reads_right():
