@@ -1,4 +1,6 @@
-"""The closest point of a triangle to a point, in torch: differentiable to any order.
+"""The closest point of a triangle to a point: in torch, differentiable to any order
+(:func:`closest`), and the same formula in one Warp kernel for calls that need no gradient
+(:func:`closest_values`, the custom op ``pcops::triangle_closest``).
 
 The same cases as the kernels' squared distance (:func:`._search._funcs`): the interior when
 the point projects inside a triangle that is not flat (height above ``FLAT`` eps of its longest
@@ -7,12 +9,12 @@ degenerate triangles (zero area, repeated corners) are measured by their edges, 
 Every division has a safe denominator, so the branches not taken carry no NaN into gradients.
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 import torch
+import warp as wp
 
+from ... import _threads, _warp
 from ._search import FLAT
 
 
@@ -59,3 +61,73 @@ def closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) 
     weights = torch.stack([u, v, w], -1) / safe[..., None]
     plane = p + (_dot(n, pa) / safe)[..., None] * n  # p's projection onto the plane
     return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary))
+
+
+@_warp.kernels
+def _closest_kernel(dtype: torch.dtype):
+    """:func:`closest`'s formula, one thread per point: the nearest edge point (the first of
+    equal ones), replaced by the plane's point where p projects inside a triangle that is not flat."""
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    flat2 = s((FLAT * torch.finfo(dtype).eps) ** 2)
+
+    @wp.func(module="unique")
+    def segment(p: v, x: v, y: v):
+        xy = y - x
+        length2 = wp.dot(xy, xy)
+        t = s(0.0)
+        if length2 > s(0.0):
+            t = wp.clamp(wp.dot(p - x, xy) / length2, s(0.0), s(1.0))
+        return t
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def closest(start: int, points: wp.array(dtype=v), a: wp.array(dtype=v), b: wp.array(dtype=v), c: wp.array(dtype=v),
+                point: wp.array(dtype=v), bary: wp.array(dtype=v)):
+        i = wp.tid() + start
+        p, pa_, pb_, pc_ = points[i], a[i], b[i], c[i]
+        t0, t1, t2 = segment(p, pa_, pb_), segment(p, pb_, pc_), segment(p, pc_, pa_)
+        q0 = pa_ + t0 * (pb_ - pa_)
+        q1 = pb_ + t1 * (pc_ - pb_)
+        q2 = pc_ + t2 * (pa_ - pc_)
+        d0, d1, d2 = wp.dot(p - q0, p - q0), wp.dot(p - q1, p - q1), wp.dot(p - q2, p - q2)
+        near = q0
+        w = v(s(1.0) - t0, t0, s(0.0))
+        if d1 < d0 and d1 <= d2:
+            near = q1
+            w = v(s(0.0), s(1.0) - t1, t1)
+        elif d2 < d0 and d2 < d1:
+            near = q2
+            w = v(t2, s(0.0), s(1.0) - t2)
+        ab, bc, ca = pb_ - pa_, pc_ - pb_, pa_ - pc_
+        n = wp.cross(ab, -ca)
+        nn = wp.dot(n, n)
+        longest = wp.max(wp.max(wp.dot(ab, ab), wp.dot(bc, bc)), wp.dot(ca, ca))
+        if nn > flat2 * longest * longest:
+            pa, pb, pc = pa_ - p, pb_ - p, pc_ - p
+            u, vv, ww = wp.dot(n, wp.cross(pb, pc)), wp.dot(n, wp.cross(pc, pa)), wp.dot(n, wp.cross(pa, pb))
+            if u >= s(0.0) and vv >= s(0.0) and ww >= s(0.0):
+                near = p + (wp.dot(n, pa) / nn) * n
+                w = v(u / nn, vv / nn, ww / nn)
+        point[i] = near
+        bary[i] = w
+
+    return closest
+
+
+@_threads.custom_op("pcops::triangle_closest", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _triangle_closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """points p and triangles abc (M, 3) -> (closest points (M, 3), barycentric weights (M, 3))."""
+    point, bary = torch.empty_like(p), torch.empty_like(p)
+    if p.shape[0]:
+        _warp.init()
+        _warp.launch(_closest_kernel(p.dtype), p.shape[0], [p, a, b, c, point, bary], like=p)
+    return point, bary
+
+
+@_triangle_closest.register_fake
+def _(p, a, b, c):
+    return torch.empty_like(p), torch.empty_like(p)
+
+
+def closest_values(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Closest:
+    """:func:`closest` of points and triangles (M, 3) in one kernel, without gradients."""
+    return Closest(*torch.ops.pcops.triangle_closest(*(t.detach().contiguous() for t in (p, a, b, c))))

@@ -16,7 +16,9 @@ the triangle t (its interior, edges and corners):
 
 The search (Warp, :mod:`._search`) returns the face; distance, closest point and weights are
 computed from it in torch (:mod:`._triangle`), so they are differentiable with respect to the
-points and the vertices, to any order (eikonal losses take gradients of gradients). The
+points and the vertices, to any order (eikonal losses take gradients of gradients). A call
+with no gradient to keep (``torch.no_grad()``, or inputs that do not require grad) computes the
+closest point and weights with the same formula in one Warp kernel instead. The
 winding number is the hierarchical fast winding number (Barill et al. 2018); the sign agrees
 with the exact winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
 corners) are measured by their edges, exactly, without a repair step.
@@ -187,7 +189,8 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     p = query.points.to(dtype)
     a, b, c = corners.unbind(1)
-    near = _triangle.closest(p, a, b, c)
+    differentiable = torch.is_grad_enabled() and (p.requires_grad or corners.requires_grad)
+    near = _triangle.closest(p, a, b, c) if differentiable else _triangle.closest_values(p, a, b, c)
     diff = p - near.point
     normal = torch.linalg.cross(b - a, c - a)
     normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)

@@ -129,6 +129,8 @@ class TestMeshDistance(OpSuite):
             cases.append((torch.ops.pcops.mesh_tree.default, (v, f, group)))
             cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True)))
             cases.append((torch.ops.pcops.mesh_winding.default, (q, qg, *tree[1:5], tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius)))
+            corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]
+            cases.append((torch.ops.pcops.triangle_closest.default, (q, *corners.unbind(1))))
         return cases
 
     def compile_calls(self, gen):
@@ -388,3 +390,19 @@ def test_points_on_and_next_to_the_surface_have_unit_gradients_and_finite_second
         if scale == 1.0:
             assert on.sum() > 500 and torch.allclose(grad[on], sample.normals[on], atol=1e-9)
             assert torch.equal(second[on], torch.zeros_like(second[on]))
+
+
+@pytest.mark.parametrize("kind", ["sphere", "open", "degenerate", "far", "flat", "self_intersecting"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_calls_without_gradients_give_the_differentiable_calls_values(kind, dtype):
+    """Without a gradient to keep, the closest points and weights come from one kernel
+    (pcops::triangle_closest), else from the differentiable torch formula: the same values."""
+    v, f, q = mesh(kind, torch.Generator().manual_seed(4))
+    v, q = v.to(dtype), q.to(dtype)
+    with torch.no_grad():
+        fast = pcops.mesh_distance(q, v, f, signed=True)
+    slow = pcops.mesh_distance(q.clone().requires_grad_(), v, f, signed=True)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    assert torch.equal(fast.face, slow.face)
+    for name in ("dists", "closest", "bary"):
+        torch.testing.assert_close(getattr(fast, name), getattr(slow, name).detach(), equal_nan=True, **tol, msg=name)
