@@ -58,17 +58,39 @@ def _funcs(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def triangle_d2(p: v, a: v, b: v, c: v):
-        ab, bc, ca = b - a, c - b, a - c
-        best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
-        n = wp.cross(ab, -ca)
+        ab, ac, bc = b - a, c - a, c - b
+        n = wp.cross(ab, ac)
         nn = wp.dot(n, n)
-        longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ca, ca)))
-        if nn > flat * flat * longest * longest:  # not flat: the interior may be nearest
-            pa, pb, pc = a - p, b - p, c - p
-            if wp.dot(n, wp.cross(pb, pc)) >= s(0.0) and wp.dot(n, wp.cross(pc, pa)) >= s(0.0) and wp.dot(n, wp.cross(pa, pb)) >= s(0.0):
-                h = wp.dot(n, pa)
-                best = wp.min(best, h * h / nn)
-        return best
+        longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ac, ac)))
+        if not (nn > flat * flat * longest * longest):  # flat or degenerate: the nearest of its edges
+            return wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, -ac)))
+        # a proper triangle: the Voronoi region of p (vertex, edge or face; Ericson 2005, 5.1.5)
+        ap = p - a
+        d1, d2 = wp.dot(ab, ap), wp.dot(ac, ap)
+        if d1 <= s(0.0) and d2 <= s(0.0):
+            return wp.dot(ap, ap)
+        bp = p - b
+        d3, d4 = wp.dot(ab, bp), wp.dot(ac, bp)
+        if d3 >= s(0.0) and d4 <= d3:
+            return wp.dot(bp, bp)
+        vc = d1 * d4 - d3 * d2
+        if vc <= s(0.0) and d1 >= s(0.0) and d3 <= s(0.0):
+            e = ap - (d1 / (d1 - d3)) * ab
+            return wp.dot(e, e)
+        cp = p - c
+        d5, d6 = wp.dot(ab, cp), wp.dot(ac, cp)
+        if d6 >= s(0.0) and d5 <= d6:
+            return wp.dot(cp, cp)
+        vb = d5 * d2 - d1 * d6
+        if vb <= s(0.0) and d2 >= s(0.0) and d6 <= s(0.0):
+            e = ap - (d2 / (d2 - d6)) * ac
+            return wp.dot(e, e)
+        va = d3 * d6 - d5 * d4
+        if va <= s(0.0) and d4 - d3 >= s(0.0) and d5 - d6 >= s(0.0):
+            e = bp - ((d4 - d3) / ((d4 - d3) + (d5 - d6))) * bc
+            return wp.dot(e, e)
+        h = wp.dot(n, ap)  # inside: the height over the plane
+        return h * h / nn
 
     @wp.func(module="unique")
     def solid_angle(p: v, a: v, b: v, c: v):
