@@ -24,12 +24,13 @@ def _module(path: Path) -> str:
 
 
 def _family(module: str):
-    """``ops.<family>`` for a module of an op family, ``compat`` for a drop-in, else None (shared)."""
+    """``ops.<family>`` for a module of an op family, ``compat`` for a drop-in, ``distributed`` for
+    pcops.distributed, else None (shared)."""
     parts = module.split(".")
     if len(parts) >= 3 and parts[:2] == ["pcops", "ops"] and not parts[2].startswith("_"):
         return "ops." + parts[2]
-    if len(parts) >= 2 and parts[:2] == ["pcops", "compat"]:
-        return "compat"
+    if len(parts) >= 2 and parts[:2] in (["pcops", "compat"], ["pcops", "distributed"]):
+        return parts[1]
     return None
 
 
@@ -78,8 +79,8 @@ def test_no_family_imports_another_familys_privates_and_compat_nothing_from_ops(
             if other is None or other == own:
                 continue
             where = f"{path.relative_to(ROOT)}:{line} imports {target}"
-            if own == "compat" and other.startswith("ops."):
-                wrong.append(where + " (compat builds on the public functions and the internal surface)")
+            if own in ("compat", "distributed") and other.startswith("ops."):
+                wrong.append(where + f" ({own} builds on the public functions and the internal surface)")
             elif any(part.startswith("_") and not part.startswith("__") for part in target.split(".")[2:]):
                 wrong.append(where + " (another family's private module or name)")
     assert not wrong, "\n".join(wrong)

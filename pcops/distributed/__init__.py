@@ -1,0 +1,185 @@
+"""One cloud across processes: neighbour ops on shares of a cloud held by the ranks of a
+torch.distributed process group (gloo on CPU, NCCL on CUDA), exchanging only halos.
+
+Each rank calls the op with its own share of the queries and of the reference points (and
+features); the global reference cloud is the ranks' shares concatenated in rank order. A rank
+gets its own rows of what the single-process op gives on the whole cloud: the same values,
+neighbours as global rows (ties by the smaller global row), and gradients that flow back to the
+rank that holds each point and feature. Any assignment of points to ranks is correct; a spatial
+one (:func:`partition`) is cheap: a rank receives only the reference points that its queries
+can reach (:mod:`._halo`), and :data:`traffic` counts the bytes each process moved.
+
+    import torch.distributed as dist
+    import pcops.distributed as pd
+
+    dist.init_process_group("gloo")                      # torchrun --nproc-per-node 2 ...
+    part = pd.partition(points)                          # a balanced spatial share for this rank
+    mine = part.points                                   # (n_r, 3)
+    out = pd.knn(mine, mine, 16)                         # this rank's rows, global indices
+    back = part.restore(out.dists)                       # rows in the order the points came in
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from .. import KNN, BallQuery, _morton, _validate
+from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
+from . import _comm, _halo
+from ._comm import Traffic, traffic
+
+__all__ = ["Partition", "Traffic", "ball_query", "chamfer_distance", "knn", "knn_aggregate", "knn_interpolate", "partition",
+           "radius_aggregate", "traffic"]
+
+
+def _local_knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int) -> torch.Tensor:
+    """Each query's k-th distance among this rank's own reference points (inf with fewer than k):
+    the true k-th distance is at most this."""
+    if ref.shape[0] < k or query.shape[0] == 0:
+        return query.new_full((query.shape[0],), float("inf"))
+    return _knn(query.detach(), ref.detach(), k, validate=False).dists[:, -1]
+
+
+def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
+    return _halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group)
+
+
+def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate: bool = True) -> KNN:
+    """:func:`pcops.knn` of this rank's queries against the whole reference cloud (every rank's
+    share), ``idx`` global rows of the cloud. Every rank calls it; k <= the whole cloud's size.
+
+    Example (two processes, each with its share)::
+
+        out = pcops.distributed.knn(my_queries, my_points, 8)   # out.idx: rows of the whole cloud
+    """
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    k = _validate.count("k", _validate.plain(k))
+    halo = _k_halo(query, ref, None, k, group)
+    if k > halo.total:
+        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
+    out = _knn(query, halo.ref, k, validate=validate)
+    return KNN(out.dists, _halo.to_global(out.idx, halo))
+
+
+def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, k: int, sigma=None, *, group=None,
+                  validate: bool = True, **options) -> torch.Tensor:
+    """:func:`pcops.knn_aggregate` of this rank's queries over the whole cloud (``options``:
+    its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    k = _validate.count("k", _validate.plain(k))
+    halo = _k_halo(query, ref, features, k, group)
+    if k > halo.total:
+        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
+    return _knn_aggregate(query, halo.ref, halo.features, k, sigma, validate=validate, **options)
+
+
+def knn_interpolate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, k: int = 3, *, group=None,
+                    validate: bool = True) -> torch.Tensor:
+    """:func:`pcops.knn_interpolate` over the whole cloud (k capped at its size)."""
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    k = _validate.count("k", _validate.plain(k))
+    total = int(_comm.all_reduce(torch.tensor(ref.shape[0]), dist.ReduceOp.SUM, group))
+    return knn_aggregate(query, ref, features, min(k, total), group=group, validate=validate, weights="inverse_distance")
+
+
+def ball_query(query: torch.Tensor, ref: torch.Tensor, radius: float, max_neighbors: int, *, group=None,
+               validate: bool = True) -> BallQuery:
+    """:func:`pcops.ball_query` of this rank's queries over the whole cloud, ``idx`` global rows."""
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    radius = _validate.plain(radius)
+    _validate.positive_number("radius", radius)
+    halo = _halo.gather(query, ref, None, torch.tensor(float(radius)), group)
+    out = _ball_query(query, halo.ref, radius, max_neighbors, validate=validate)
+    return BallQuery(out.dists, _halo.to_global(out.idx, halo), out.counts)
+
+
+def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, radius: float, sigma=None, *, group=None,
+                     validate: bool = True, **options) -> torch.Tensor:
+    """:func:`pcops.radius_aggregate` of this rank's queries over the whole cloud (``options``:
+    its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
+    _validate.points("query", query)
+    _validate.points("ref", ref)
+    radius = _validate.plain(radius)
+    _validate.positive_number("radius", radius)
+    halo = _halo.gather(query, ref, features, torch.tensor(float(radius)), group)
+    return _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=validate, **options)
+
+
+def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: bool = True) -> torch.Tensor:
+    """:func:`pcops.chamfer_distance` (squared distances, means) of the whole clouds x and y,
+    each rank holding shares of both: the same scalar on every rank. Every rank calls backward
+    on it (or on a loss of it that every rank computes alike): each rank's points get their
+    gradients of that one loss."""
+    _validate.points("x", x)
+    _validate.points("y", y)
+    sums = []
+    for a, b in ((x, y), (y, x)):
+        halo = _k_halo(a, b, None, 1, group)
+        if halo.total == 0:
+            raise ValueError("chamfer_distance needs points in both clouds (on some rank)")
+        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=validate).idx[:, 0])) ** 2).sum(1) if a.shape[0] else a.new_zeros(0)
+        sums.append(torch.stack([d2.sum() + 0 * halo.ref.sum(), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
+    total = _comm.all_reduce(torch.stack(sums), dist.ReduceOp.SUM, group, shared=True)
+    return total[0, 0] / total[0, 1] + total[1, 0] / total[1, 1]
+
+
+class Partition(NamedTuple):
+    """This rank's share of a spatial partition (:func:`partition`): ``points`` (n_r, 3), and
+    how to move other per-point tensors the same way (:meth:`apply`) and results back to the
+    ranks and order the points came from (:meth:`restore`). Both are differentiable."""
+
+    points: torch.Tensor
+    order: torch.Tensor  # (n_in,) the incoming rows, sorted by the rank they go to
+    sent: list  # rows sent to each rank
+    received: list  # rows received from each rank (points holds them in rank order)
+    group: object
+
+    def apply(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-point ``values`` (n_in, ...) of the points as they came in, moved to their shares."""
+        return _comm.exchange(list(values.index_select(0, self.order).split(self.sent)), self.group)
+
+    def restore(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-point ``values`` (n_r, ...) of this share, sent back: (n_in, ...) in the incoming order."""
+        back = _comm.exchange(list(values.split(self.received)), self.group)  # row i: incoming row order[i]
+        return back.index_select(0, torch.argsort(self.order))
+
+
+def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
+    """A balanced spatial partition of the points every rank holds: each point goes to the rank
+    whose range of Morton codes (``bits`` per axis over the whole cloud's box) holds its code, the
+    ranges cut at the codes' quantiles (a sample sort), so every rank gets about the same number
+    of points and a compact region of space. Collective: every rank calls it."""
+    _validate.points("points", points)
+    me, world = _comm.rank_and_size(group)
+    p = points.detach()
+    low = _comm.all_reduce(p.amin(0) if p.shape[0] else p.new_full((3,), float("inf")), dist.ReduceOp.MIN, group)
+    high = _comm.all_reduce(p.amax(0) if p.shape[0] else p.new_full((3,), float("-inf")), dist.ReduceOp.MAX, group)
+    top = (1 << bits) - 1
+    cells = ((p - low) / (high - low).clamp_min(torch.finfo(p.dtype).tiny) * top).clamp(0, top).to(torch.int64)
+    code = _morton.codes(cells, bits) if p.shape[0] else torch.zeros(0, dtype=torch.int64, device=p.device)
+    samples = 64
+    picks = torch.sort(code).values[torch.linspace(0, max(p.shape[0] - 1, 0), samples).round().long()] if p.shape[0] else \
+        torch.full((samples,), -1, dtype=torch.int64, device=p.device)
+    weight = torch.full((samples,), float(p.shape[0]) / samples, dtype=torch.float64)
+    allp = torch.cat(_comm.all_gather(picks, group))
+    allw = torch.cat(_comm.all_gather(weight, group))
+    keep = allp >= 0
+    allp, allw = allp[keep], allw[keep]
+    order = torch.argsort(allp)
+    allp, cum = allp[order], torch.cumsum(allw[order], 0)
+    total = float(cum[-1]) if cum.numel() else 0.0
+    cuts = [allp[min(int(torch.searchsorted(cum, total * r / world)), allp.numel() - 1)] for r in range(1, world)] if total else []
+    splitters = torch.stack(cuts) if cuts else torch.zeros(0, dtype=torch.int64)
+    destination = torch.searchsorted(splitters.to(p.device), code, right=True)
+    order = torch.argsort(destination, stable=True)
+    sent = [int(n) for n in torch.bincount(destination, minlength=world)]
+    moved = _comm.exchange(list(points.index_select(0, order).split(sent)), group)
+    received = [int(n) for n in torch.stack(_comm.all_gather(torch.tensor(sent, dtype=torch.int64), group))[:, me]]
+    return Partition(moved, order, sent, received, group)

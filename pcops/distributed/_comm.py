@@ -1,0 +1,95 @@
+"""The collectives of pcops.distributed, on torch.distributed (gloo on CPU, NCCL on CUDA), each
+counting the bytes it moves (:data:`traffic`), and differentiable where values flow through them
+(torch.distributed.nn.functional): a gradient goes back to the rank that sent the value."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dfn
+
+
+class Traffic:
+    """Bytes this process sent to and received from other ranks through pcops.distributed's
+    collectives since the last :meth:`reset` (its own share, which never leaves it, not counted)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+    def reset(self) -> None:
+        self.sent = self.received = 0
+
+
+traffic = Traffic()
+
+
+def rank_and_size(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("pcops.distributed needs an initialised process group (torch.distributed.init_process_group)")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _count(t: torch.Tensor, others: int) -> None:
+    """An all-gather of ``t`` from every rank: ``t`` sent to, and one like it received from, each other rank."""
+    size = t.numel() * t.element_size()
+    traffic.sent += size * others
+    traffic.received += size * others
+
+
+def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's ``t`` (same shape on every rank), in rank order; not differentiable."""
+    _, world = rank_and_size(group)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t.contiguous(), group=group)
+    _count(t, world - 1)
+    return out
+
+
+class _Shared(torch.autograd.Function):
+    """The sum over the ranks of ``t``, a value every rank then holds: its gradient is each rank's
+    own (every rank differentiates the same value), not a sum of the ranks' gradients."""
+
+    @staticmethod
+    def forward(ctx, t, group):
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def all_reduce(t: torch.Tensor, op, group, shared: bool = False) -> torch.Tensor:
+    """``t`` reduced over the ranks (a new tensor); ``shared``: a differentiable sum that every
+    rank holds and differentiates alike (a loss of the whole cloud)."""
+    _, world = rank_and_size(group)
+    _count(t, world - 1)
+    if shared:
+        return _Shared.apply(t, group)
+    out = t.clone()
+    dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
+    """Rank r's ``rows[j]`` (n_rj, ...) to rank j, for every pair: the rows received from every
+    rank, in rank order (a rank's own ``rows[r]`` kept as they are). Differentiable: the
+    gradient of a received row goes back to the rank that sent it."""
+    me, world = rank_and_size(group)
+    sizes = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
+    matrix = torch.stack(all_gather(sizes, group))  # matrix[i, j]: rows from rank i to rank j
+    send = [int(n) for n in matrix[me]]
+    receive = [int(n) for n in matrix[:, me]]
+    data = torch.cat(rows).contiguous()
+    out = data.new_empty((sum(receive), *data.shape[1:]))
+    width = math.prod(data.shape[1:]) * data.element_size()
+    traffic.sent += (sum(send) - send[me]) * width
+    traffic.received += (sum(receive) - receive[me]) * width
+    if data.requires_grad:
+        return dfn.all_to_all_single(out, data, receive, send, group=group)
+    dist.all_to_all_single(out, data, receive, send, group=group)
+    return out

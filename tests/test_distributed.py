@@ -1,0 +1,155 @@
+"""pcops.distributed on 2 and 3 CPU processes (gloo): each rank's rows, global indices and
+gradients equal the single-process op on the whole cloud, for random uneven shares (a rank
+without queries, a rank without reference points) and for spatial shares from partition(), whose
+halos move a fraction of the cloud (bytes counted)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+F64 = torch.float64
+N = 500
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _shares(owner: torch.Tensor, world: int) -> list[torch.Tensor]:
+    return [(owner == r).nonzero().squeeze(1) for r in range(world)]
+
+
+def _check_ops(rank: int, world: int, owner_q: torch.Tensor, owner_p: torch.Tensor, gen_seed: int) -> None:
+    import pcops
+    import pcops.distributed as pd
+
+    g = torch.Generator().manual_seed(gen_seed)
+    cloud = torch.rand(N, 3, generator=g, dtype=F64)
+    queries = torch.rand(N // 2, 3, generator=g, dtype=F64)
+    features = torch.rand(N, 4, generator=g, dtype=F64)
+    weight = torch.rand(N // 2, 8, generator=g, dtype=F64)  # the loss's weights of each global query row
+    qs, ps = _shares(owner_q, world), _shares(owner_p, world)
+    q_order, p_order = torch.cat(qs), torch.cat(ps)  # global rows: the shares in rank order
+    glob_q, glob_p, glob_f = queries[q_order], cloud[p_order], features[p_order]
+    mine_q = torch.arange(len(qs[rank])) + sum(len(s) for s in qs[:rank])  # this rank's rows of the global queries
+    mine_p = torch.arange(len(ps[rank])) + sum(len(s) for s in ps[:rank])
+
+    def leaves(*ts):
+        return [t.clone().requires_grad_() for t in ts]
+
+    cases = {
+        "knn": (lambda q, p, f: pcops.knn(q, p, 6), lambda q, p, f: pd.knn(q, p, 6)),
+        "knn_aggregate": (lambda q, p, f: pcops.knn_aggregate(q, p, f, 5, 0.1), lambda q, p, f: pd.knn_aggregate(q, p, f, 5, 0.1)),
+        "knn_interpolate": (lambda q, p, f: pcops.knn_interpolate(q, p, f), lambda q, p, f: pd.knn_interpolate(q, p, f)),
+        "ball_query": (lambda q, p, f: pcops.ball_query(q, p, 0.15, 8), lambda q, p, f: pd.ball_query(q, p, 0.15, 8)),
+        "radius_aggregate": (lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.15, 0.1),
+                             lambda q, p, f: pd.radius_aggregate(q, p, f, 0.15, 0.1)),
+        "radius_larger_than_a_domain": (lambda q, p, f: pcops.radius_aggregate(q, p, f, 2.0, 0.3),
+                                        lambda q, p, f: pd.radius_aggregate(q, p, f, 2.0, 0.3)),
+    }
+    for name, (single, split) in cases.items():
+        gq, gp, gf = leaves(glob_q, glob_p, glob_f)
+        expected = single(gq, gp, gf)
+        lq, lp, lf = leaves(glob_q[mine_q], glob_p[mine_p], glob_f[mine_p])
+        got = split(lq, lp, lf)
+        exp_t = tuple(expected) if isinstance(expected, tuple) else (expected,)
+        got_t = tuple(got) if isinstance(got, tuple) else (got,)
+        for e, o in zip(exp_t, got_t):
+            e = e[mine_q]
+            if e.dtype.is_floating_point:
+                torch.testing.assert_close(o, e, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name} rank {rank}: {m}")
+            else:
+                assert torch.equal(o, e), f"{name} rank {rank}: global indices differ"
+        floats = [t for t in exp_t if t.dtype.is_floating_point and t.requires_grad]
+        if not floats:
+            continue
+        w = weight[:, : floats[0].shape[-1]] if floats[0].dim() == 2 else weight[:, 0]
+        total = sum((torch.where(torch.isfinite(t), t, 0) * w).sum() for t in floats)
+        total.backward()
+        mine = [t for t in got_t if t.dtype.is_floating_point and t.requires_grad]
+        sum((torch.where(torch.isfinite(t), t, 0) * w[mine_q]).sum() for t in mine).backward()  # a collective: every rank
+        for what, a, b, rows in (("query", lq.grad, gq.grad, mine_q), ("ref", lp.grad, gp.grad, mine_p), ("features", lf.grad, gf.grad, mine_p)):
+            if b is None:
+                assert a is None or not a.any(), f"{name} rank {rank}: a gradient of {what} where the op has none"
+                continue
+            b = b[rows]
+            torch.testing.assert_close(a if a is not None else torch.zeros_like(b), b, rtol=1e-10, atol=1e-12,
+                                       msg=lambda m: f"{name} rank {rank}, gradient of {what}: {m}")
+    # chamfer: one scalar of the whole clouds on every rank, gradients to each rank's points
+    gx, gy = leaves(glob_q, glob_p)
+    expected = pcops.chamfer_distance(gx, gy)
+    expected.backward()
+    lx, ly = leaves(glob_q[mine_q], glob_p[mine_p])
+    got = pd.chamfer_distance(lx, ly)
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-12, atol=1e-14)
+    got.backward()
+    torch.testing.assert_close(lx.grad, gx.grad[mine_q], rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(ly.grad, gy.grad[mine_p], rtol=1e-10, atol=1e-14)
+
+
+def _check_partition(rank: int, world: int) -> None:
+    import pcops
+    import pcops.distributed as pd
+
+    g = torch.Generator().manual_seed(11)
+    cloud = torch.rand(4000, 3, generator=g, dtype=F64)
+    features = torch.rand(4000, 2, generator=g, dtype=F64)
+    mine = torch.arange(rank, 4000, world)  # every world-th point: a share spread over the whole cube
+    part = pd.partition(cloud[mine])
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([part.points.shape[0]]))
+    assert sum(int(s) for s in sizes) == 4000 and max(int(s) for s in sizes) <= 1.3 * 4000 / world, sizes  # balanced
+    moved = part.apply(features[mine])
+    back = part.restore(moved)
+    assert torch.equal(back, features[mine])  # there and back
+    # the spatial share's halo: a fraction of the cloud, far less than the spread share's
+    whole = 4000 * 3 * 8
+    for share, f in ((part.points, moved), (cloud[mine], features[mine])):
+        pd.traffic.reset()
+        out = pd.radius_aggregate(share, share, f, 0.05, 0.1)
+        received = pd.traffic.received
+        pd.traffic.reset()
+        nbrs = pd.knn(share, share, 8)
+        knn_received = pd.traffic.received
+        if share is part.points:
+            spatial = (received, knn_received)
+        else:
+            spread = (received, knn_received)
+        assert out.shape == (share.shape[0], 2) and nbrs.idx.shape == (share.shape[0], 8)
+    assert spatial[0] < 0.35 * whole and spatial[1] < 0.5 * whole, (spatial, whole)  # kNN's reach: ~0.15 at 4,000 points
+    assert spatial[0] < 0.5 * spread[0] and spatial[1] < 0.5 * spread[1], (spatial, spread)
+    # and the result on the spatial share is the single-process op's on the concatenated shares
+    shares = [None] * world
+    dist.all_gather_object(shares, part.points)
+    expected = pcops.knn(part.points, torch.cat(shares), 8)
+    got = pd.knn(part.points, part.points, 8)
+    assert torch.equal(got.idx, expected.idx)
+    torch.testing.assert_close(got.dists, expected.dists, rtol=0, atol=0)
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        g = torch.Generator().manual_seed(world)
+        # random uneven shares: the last rank holds no queries, the first no reference points
+        owner_q = torch.randint(0, world - 1, (N // 2,), generator=g)
+        owner_p = torch.randint(1, world, (N,), generator=g)
+        _check_ops(rank, world, owner_q, owner_p, gen_seed=7)
+        # random shares of every rank
+        _check_ops(rank, world, torch.randint(0, world, (N // 2,), generator=g), torch.randint(0, world, (N,), generator=g), gen_seed=8)
+        _check_partition(rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_gets_its_rows_of_the_single_process_op(world):
+    mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
