@@ -82,6 +82,16 @@ def _check_ops(rank: int, world: int, owner_q: torch.Tensor, owner_p: torch.Tens
             b = b[rows]
             torch.testing.assert_close(a if a is not None else torch.zeros_like(b), b, rtol=1e-10, atol=1e-12,
                                        msg=lambda m: f"{name} rank {rank}, gradient of {what}: {m}")
+    # farthest point sampling: the same picks, global rows, gradients to each pick's owner
+    gp_ = glob_p.clone().requires_grad_()
+    expected = pcops.farthest_point_sample(gp_, 40)
+    (expected.points * weight[:40, :3]).sum().backward()
+    lp_ = glob_p[mine_p].clone().requires_grad_()
+    got = pd.farthest_point_sample(lp_, 40)
+    assert torch.equal(got.idx, expected.idx), f"rank {rank}: other picks"
+    torch.testing.assert_close(got.points, expected.points.detach(), rtol=0, atol=0)
+    (got.points * weight[:40, :3]).sum().backward()
+    torch.testing.assert_close(lp_.grad, gp_.grad[mine_p], rtol=0, atol=0)
     # chamfer: one scalar of the whole clouds on every rank, gradients to each rank's points
     gx, gy = leaves(glob_q, glob_p)
     expected = pcops.chamfer_distance(gx, gy)
@@ -134,6 +144,64 @@ def _check_partition(rank: int, world: int) -> None:
     torch.testing.assert_close(got.dists, expected.dists, rtol=0, atol=0)
 
 
+def _check_dtensors(rank: int, world: int) -> None:
+    """DTensor inputs sharded unevenly on dimension 0: DTensor results, the local calls' values and gradients."""
+    import pcops.distributed as pd
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(5)
+    sizes = [30 + 17 * r for r in range(world)]  # uneven shares
+    parts = [torch.rand(n, 7, generator=g, dtype=F64) for n in sizes]
+    mine = parts[rank]
+    q, p, f = mine[:, :3].contiguous(), mine[:, 3:6].contiguous(), mine[:, 6:].contiguous()
+
+    def shard(t):
+        shape = (sum(sizes), *t.shape[1:])
+        return DTensor.from_local(t.clone(), mesh, [Shard(0)], run_check=False, shape=shape,
+                                  stride=(t.shape[1], 1) if t.dim() == 2 else (1,)).requires_grad_()
+
+    dq, dp, df = shard(q), shard(p), shard(f)
+    out = pd.knn(dq, dp, 5)
+    assert isinstance(out.idx, DTensor) and out.idx.placements == (Shard(0),) and out.idx.shape == (sum(sizes), 5)
+    assert torch.equal(out.idx.to_local(), pd.knn(q, p, 5).idx)
+    lq, lp, lf = (t.clone().requires_grad_() for t in (q, p, f))
+    expected = pd.radius_aggregate(lq, lp, lf, 0.3, 0.1)
+    got = pd.radius_aggregate(dq, dp, df, 0.3, 0.1)
+    torch.testing.assert_close(got.to_local(), expected, rtol=0, atol=0)
+    expected.sum().backward()
+    got.to_local().sum().backward()
+    for a, b in ((dq, lq), (dp, lp), (df, lf)):
+        torch.testing.assert_close(a.grad.to_local(), b.grad, rtol=0, atol=0)
+    loss = pd.chamfer_distance(dq.detach(), dp.detach())
+    assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
+    torch.testing.assert_close(loss.to_local(), pd.chamfer_distance(q, p), rtol=0, atol=0)
+
+
+def _check_bad_inputs(rank: int, world: int) -> None:
+    """A bad input on one rank: every rank raises (that rank its own error), none waits."""
+    import pcops.distributed as pd
+
+    g = torch.Generator().manual_seed(3)
+    q, p, f = torch.rand(20, 3, generator=g), torch.rand(30, 3, generator=g), torch.rand(30, 2, generator=g)
+    bad = q.clone()
+    if rank == world - 1:
+        bad[3, 1] = float("nan")
+    calls = [(lambda: pd.knn(bad, p, 4), "query"), (lambda: pd.radius_aggregate(bad, p, f, 0.2, 0.1), "query"),
+             (lambda: pd.ball_query(bad, p, 0.2, 4), "query"), (lambda: pd.farthest_point_sample(bad, 5), "points"),
+             (lambda: pd.chamfer_distance(bad, p), "x")]
+    for call, name in calls:
+        own = f"{name} contains NaN or inf" if rank == world - 1 else f"the inputs of rank {world - 1} failed their checks"
+        with pytest.raises(ValueError, match=own):
+            call()
+    with pytest.raises(TypeError if rank == 0 else ValueError, match="k must be an int" if rank == 0 else "the inputs of rank 0"):
+        pd.knn(q, p, 2.5 if rank == 0 else 2)
+    with pytest.raises(ValueError, match="k must be <= the number of reference points of all ranks"):
+        pd.knn(q, p[:2], 2 * world + 1)
+    assert pd.knn(q, p, 4).idx.shape == (20, 4)  # the group still works after the errors
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -146,6 +214,8 @@ def _worker(rank: int, world: int, port: int) -> None:
         # random shares of every rank
         _check_ops(rank, world, torch.randint(0, world, (N // 2,), generator=g), torch.randint(0, world, (N,), generator=g), gen_seed=8)
         _check_partition(rank, world)
+        _check_dtensors(rank, world)
+        _check_bad_inputs(rank, world)
     finally:
         dist.destroy_process_group()
 

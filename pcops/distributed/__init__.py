@@ -7,7 +7,9 @@ gets its own rows of what the single-process op gives on the whole cloud: the sa
 neighbours as global rows (ties by the smaller global row), and gradients that flow back to the
 rank that holds each point and feature. Any assignment of points to ranks is correct; a spatial
 one (:func:`partition`) is cheap: a rank receives only the reference points that its queries
-can reach (:mod:`._halo`), and :data:`traffic` counts the bytes each process moved.
+can reach (:mod:`._halo`), and :data:`traffic` counts the bytes each process moved. The ops
+also take DTensors sharded on the points' dimension (``Shard(0)`` on a 1-D device mesh, uneven
+shares allowed) and return DTensors (:mod:`._dtensor`)::
 
     import torch.distributed as dist
     import pcops.distributed as pd
@@ -26,12 +28,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .. import KNN, BallQuery, _morton, _validate
+from .. import FPS, KNN, BallQuery, _layout, _morton, _validate
 from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
 from . import _comm, _halo
+from ._dtensor import accepts_dtensors
 from ._comm import Traffic, traffic
 
-__all__ = ["Partition", "Traffic", "ball_query", "chamfer_distance", "knn", "knn_aggregate", "knn_interpolate", "partition",
+__all__ = ["Partition", "Traffic", "ball_query", "chamfer_distance", "farthest_point_sample", "knn", "knn_aggregate", "knn_interpolate", "partition",
            "radius_aggregate", "traffic"]
 
 
@@ -44,9 +47,32 @@ def _local_knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int) -> torch.Te
 
 
 def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
-    return _halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group)
+    halo = _halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group)
+    if k > halo.total:  # the same on every rank
+        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
+    return halo
 
 
+def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
+    """The agreed checks of a two-cloud call (the layout's, in the caller's names, and its
+    numbers: ``k=`` an int >= 1, ``radius=`` a number > 0), the numbers as Python numbers."""
+
+    def check():
+        _layout.pair(query, ref, features, validate=validate, **({"names": names} if names else {}))
+        out = {}
+        for name, value in numbers.items():
+            value = _validate.plain(value)
+            if name == "radius":
+                _validate.positive_number(name, value)
+                out[name] = float(value)
+            else:
+                out[name] = _validate.count(name, value)
+        return out
+
+    return _comm.agree(check, group)
+
+
+@accepts_dtensors(per_query=True)
 def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate: bool = True) -> KNN:
     """:func:`pcops.knn` of this rank's queries against the whole reference cloud (every rank's
     share), ``idx`` global rows of the cloud. Every rank calls it; k <= the whole cloud's size.
@@ -55,79 +81,115 @@ def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate:
 
         out = pcops.distributed.knn(my_queries, my_points, 8)   # out.idx: rows of the whole cloud
     """
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    k = _validate.count("k", _validate.plain(k))
+    k = _pair(group, query, ref, None, validate, k=k)["k"]
     halo = _k_halo(query, ref, None, k, group)
-    if k > halo.total:
-        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
-    out = _knn(query, halo.ref, k, validate=validate)
+    out = _knn(query, halo.ref, k, validate=False)
     return KNN(out.dists, _halo.to_global(out.idx, halo))
 
 
+@accepts_dtensors(per_query=True)
 def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, k: int, sigma=None, *, group=None,
                   validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.knn_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    k = _validate.count("k", _validate.plain(k))
+    k = _pair(group, query, ref, features, validate, k=k)["k"]
     halo = _k_halo(query, ref, features, k, group)
-    if k > halo.total:
-        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
-    return _knn_aggregate(query, halo.ref, halo.features, k, sigma, validate=validate, **options)
+    return _knn_aggregate(query, halo.ref, halo.features, k, sigma, validate=False, **options)
 
 
+@accepts_dtensors(per_query=True)
 def knn_interpolate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, k: int = 3, *, group=None,
                     validate: bool = True) -> torch.Tensor:
     """:func:`pcops.knn_interpolate` over the whole cloud (k capped at its size)."""
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    k = _validate.count("k", _validate.plain(k))
+    k = _pair(group, query, ref, features, validate, k=k)["k"]
     total = int(_comm.all_reduce(torch.tensor(ref.shape[0]), dist.ReduceOp.SUM, group))
-    return knn_aggregate(query, ref, features, min(k, total), group=group, validate=validate, weights="inverse_distance")
+    return knn_aggregate(query, ref, features, min(k, total), group=group, validate=False, weights="inverse_distance")
 
 
+@accepts_dtensors(per_query=True)
 def ball_query(query: torch.Tensor, ref: torch.Tensor, radius: float, max_neighbors: int, *, group=None,
                validate: bool = True) -> BallQuery:
     """:func:`pcops.ball_query` of this rank's queries over the whole cloud, ``idx`` global rows."""
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    radius = _validate.plain(radius)
-    _validate.positive_number("radius", radius)
-    halo = _halo.gather(query, ref, None, torch.tensor(float(radius)), group)
-    out = _ball_query(query, halo.ref, radius, max_neighbors, validate=validate)
+    numbers = _pair(group, query, ref, None, validate, radius=radius, max_neighbors=max_neighbors)
+    halo = _halo.gather(query, ref, None, torch.tensor(numbers["radius"]), group)
+    out = _ball_query(query, halo.ref, numbers["radius"], numbers["max_neighbors"], validate=False)
     return BallQuery(out.dists, _halo.to_global(out.idx, halo), out.counts)
 
 
+@accepts_dtensors(per_query=True)
 def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, radius: float, sigma=None, *, group=None,
                      validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.radius_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    _validate.points("query", query)
-    _validate.points("ref", ref)
-    radius = _validate.plain(radius)
-    _validate.positive_number("radius", radius)
-    halo = _halo.gather(query, ref, features, torch.tensor(float(radius)), group)
-    return _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=validate, **options)
+    radius = _pair(group, query, ref, features, validate, radius=radius)["radius"]
+    halo = _halo.gather(query, ref, features, torch.tensor(radius), group)
+    return _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
 
 
+@accepts_dtensors(per_query=False)
 def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: bool = True) -> torch.Tensor:
     """:func:`pcops.chamfer_distance` (squared distances, means) of the whole clouds x and y,
     each rank holding shares of both: the same scalar on every rank. Every rank calls backward
     on it (or on a loss of it that every rank computes alike): each rank's points get their
     gradients of that one loss."""
-    _validate.points("x", x)
-    _validate.points("y", y)
+    _pair(group, x, y, None, validate, names=_layout.names("x", "y"))
     sums = []
     for a, b in ((x, y), (y, x)):
         halo = _k_halo(a, b, None, 1, group)
-        if halo.total == 0:
-            raise ValueError("chamfer_distance needs points in both clouds (on some rank)")
-        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=validate).idx[:, 0])) ** 2).sum(1) if a.shape[0] else a.new_zeros(0)
+        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=False).idx[:, 0])) ** 2).sum(1)
         sums.append(torch.stack([d2.sum() + 0 * halo.ref.sum(), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
     total = _comm.all_reduce(torch.stack(sums), dist.ReduceOp.SUM, group, shared=True)
     return total[0, 0] / total[0, 1] + total[1, 0] / total[1, 1]
+
+
+@accepts_dtensors(per_query=False)
+def farthest_point_sample(points: torch.Tensor, n_samples: int, *, group=None, validate: bool = True) -> FPS:
+    """:func:`pcops.farthest_point_sample` of the whole cloud (every rank's share, in rank order),
+    started at its first point: the same picks, ``idx`` global rows and ``points`` their
+    coordinates, on every rank. One all-gather of five numbers per pick (each rank's farthest
+    point). ``points`` is differentiable: every rank calls backward on a loss it computes alike,
+    and each rank's points get the gradients of their picks. Distances are squared differences
+    summed in the points' dtype, as the single-process op computes them."""
+
+    def check():
+        _layout.single(points, validate=validate)
+        return _validate.count("n_samples", _validate.plain(n_samples))
+
+    n_samples = _comm.agree(check, group)
+    me, world = _comm.rank_and_size(group)
+    counts = torch.stack(_comm.all_gather(torch.tensor([points.shape[0]], dtype=torch.int64), group))[:, 0]
+    total, offset = int(counts.sum()), int(counts[:me].sum())
+    if n_samples > total:  # the same on every rank
+        raise ValueError(f"n_samples must be <= the number of points of all ranks, got {n_samples} for {total}")
+    p = points.detach()
+    far = p.new_full((p.shape[0],), float("inf"))
+    mine = torch.zeros(n_samples, dtype=torch.bool)
+    picks, last = [], None
+    for t in range(n_samples):
+        if t == 0:  # the first point of the whole cloud: row 0 of the first rank holding points
+            here = offset == 0 and p.shape[0] > 0
+            candidate = torch.tensor([1.0 if here else -1.0, 0.0, *(p[0].tolist() if here else [0.0, 0.0, 0.0])], dtype=torch.float64)
+        else:
+            far = torch.minimum(far, ((p - last.to(p.dtype)) ** 2).sum(1))
+            if p.shape[0]:
+                value = far.max()
+                j = int((far == value).nonzero()[0])  # the first of equal ones
+                candidate = torch.tensor([float(value), float(offset + j), *p[j].tolist()], dtype=torch.float64)
+            else:
+                candidate = torch.tensor([-1.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        every = torch.stack(_comm.all_gather(candidate, group))
+        best = max(range(world), key=lambda r: (float(every[r, 0]), -float(every[r, 1])))  # farthest, then the smaller row
+        index = int(every[best, 1])
+        picks.append(index)
+        last = every[best, 2:]
+        if best == me:
+            far[index - offset] = -1.0  # picked: never again
+            mine[t] = True
+    idx = torch.tensor(picks, dtype=torch.int64, device=points.device)
+    local = points.new_zeros((n_samples, 3))
+    rows = idx[mine.to(idx.device)] - offset
+    local = local.index_put((mine.to(points.device),), points.index_select(0, rows))
+    return FPS(_comm.all_reduce(local, dist.ReduceOp.SUM, group, shared=True), idx)
 
 
 class Partition(NamedTuple):
@@ -156,7 +218,7 @@ def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
     whose range of Morton codes (``bits`` per axis over the whole cloud's box) holds its code, the
     ranges cut at the codes' quantiles (a sample sort), so every rank gets about the same number
     of points and a compact region of space. Collective: every rank calls it."""
-    _validate.points("points", points)
+    _comm.agree(lambda: _layout.single(points), group)
     me, world = _comm.rank_and_size(group)
     p = points.detach()
     low = _comm.all_reduce(p.amin(0) if p.shape[0] else p.new_full((3,), float("inf")), dist.ReduceOp.MIN, group)

@@ -93,3 +93,19 @@ def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
         return dfn.all_to_all_single(out, data, receive, send, group=group)
     dist.all_to_all_single(out, data, receive, send, group=group)
     return out
+
+
+def agree(check, group):
+    """``check()`` (this rank's input checks; its result returned) on every rank, and the outcome
+    agreed: where any rank's raises a ValueError or TypeError, every rank raises (that rank its
+    own error, the others one naming it), so that no rank is left waiting in a collective."""
+    try:
+        result, error = check(), None
+    except (ValueError, TypeError) as err:
+        result, error = None, err
+    failed = [r for r, flag in enumerate(all_gather(torch.tensor([error is not None], dtype=torch.int64), group)) if int(flag)]
+    if not failed:
+        return result
+    if error is not None:
+        raise error
+    raise ValueError(f"the inputs of rank {failed[0]} failed their checks there (its error says which); every rank stops")
