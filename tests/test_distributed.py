@@ -51,6 +51,10 @@ def _check_ops(rank: int, world: int, owner_q: torch.Tensor, owner_p: torch.Tens
         "ball_query": (lambda q, p, f: pcops.ball_query(q, p, 0.15, 8), lambda q, p, f: pd.ball_query(q, p, 0.15, 8)),
         "radius_aggregate": (lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.15, 0.1),
                              lambda q, p, f: pd.radius_aggregate(q, p, f, 0.15, 0.1)),
+        "KNNAggregation": (lambda q, p, f: pcops.KNNAggregation(4, 0.1, weights="inverse_distance")(q, p, f),
+                           lambda q, p, f: pd.KNNAggregation(4, 0.1, weights="inverse_distance")(q, p, f)),
+        "RadiusAggregation": (lambda q, p, f: pcops.RadiusAggregation(0.2, reduce="max")(q, p, f),
+                              lambda q, p, f: pd.RadiusAggregation(0.2, reduce="max")(q, p, f)),
         "radius_larger_than_a_domain": (lambda q, p, f: pcops.radius_aggregate(q, p, f, 2.0, 0.3),
                                         lambda q, p, f: pd.radius_aggregate(q, p, f, 2.0, 0.3)),
     }

@@ -28,13 +28,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .. import FPS, KNN, BallQuery, _layout, _morton, _validate
+from .. import FPS, KNN, BallQuery, _layout, _morton, _validate, nn
 from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
 from . import _comm, _halo
 from ._dtensor import accepts_dtensors
 from ._comm import Traffic, traffic
 
-__all__ = ["Partition", "Traffic", "ball_query", "chamfer_distance", "farthest_point_sample", "knn", "knn_aggregate", "knn_interpolate", "partition",
+__all__ = ["KNNAggregation", "Partition", "RadiusAggregation", "Traffic", "ball_query", "chamfer_distance", "farthest_point_sample", "knn", "knn_aggregate", "knn_interpolate", "partition",
            "radius_aggregate", "traffic"]
 
 
@@ -245,3 +245,32 @@ def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
     moved = _comm.exchange(list(points.index_select(0, order).split(sent)), group)
     received = [int(n) for n in torch.stack(_comm.all_gather(torch.tensor(sent, dtype=torch.int64), group))[:, me]]
     return Partition(moved, order, sent, received, group)
+
+
+class KNNAggregation(nn.KNNAggregation):
+    """:class:`pcops.KNNAggregation` over the whole cloud of a process group (:func:`knn_aggregate`):
+    the same arguments, and ``group`` (None: the default group). ``forward(query, ref, features)``
+    takes this rank's shares. A learnable sigma's gradient is this rank's part (DDP sums the ranks')."""
+
+    def __init__(self, *args, group=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma if self.weights == "softmax" else None
+        return knn_aggregate(query, ref, features, self.k, sigma, weights=self.weights, reduce=self.reduce, validate=self.validate,
+                             group=self.group)
+
+
+class RadiusAggregation(nn.RadiusAggregation):
+    """:class:`pcops.RadiusAggregation` over the whole cloud of a process group
+    (:func:`radius_aggregate`): the same arguments, and ``group``."""
+
+    def __init__(self, *args, group=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma if self.weights == "softmax" else None
+        return radius_aggregate(query, ref, features, self.radius, sigma, weights=self.weights, reduce=self.reduce,
+                                validate=self.validate, group=self.group)
