@@ -220,6 +220,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _check_partition(rank, world)
         _check_dtensors(rank, world)
         _check_bad_inputs(rank, world)
+        _check_edges(rank, world)
     finally:
         dist.destroy_process_group()
 
@@ -227,3 +228,46 @@ def _worker(rank: int, world: int, port: int) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_rank_gets_its_rows_of_the_single_process_op(world):
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
+
+
+def _check_edges(rank: int, world: int) -> None:
+    """The review's cases: a float64 radius that float32 rounds down, a rank with no queries and
+    fewer than k points (with gradients), empty shares of both Chamfer clouds, half-precision FPS,
+    the layers on DTensors."""
+    import pcops
+    import pcops.distributed as pd
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    last = world - 1
+    q = torch.zeros(1, 3, dtype=F64) if rank == 0 else torch.zeros(0, 3, dtype=F64)
+    p = {0: torch.tensor([[5.0, 5.0, 5.0]], dtype=F64), last: torch.tensor([[0.69999999, 0.0, 0.0]], dtype=F64)}.get(rank, torch.zeros(0, 3, dtype=F64))
+    out = pd.ball_query(q, p, 0.7, 2)
+    if rank == 0:
+        assert out.idx[0, 0] == 1 and out.counts[0] == 1, out  # rank last's point: row 1 of the whole cloud
+    # a rank without queries and with fewer than k own points, gradients on
+    g = torch.Generator().manual_seed(9)
+    cloud = torch.rand(40, 3, generator=g, dtype=F64)
+    mine = cloud[:38] if rank == 0 else cloud[37 + rank : 38 + rank]  # ranks 1, 2: one point each, no queries
+    queries = torch.rand(10, 3, generator=g, dtype=F64) if rank == 0 else torch.zeros(0, 3, dtype=F64)
+    leaf = mine.clone().requires_grad_()
+    got = pd.knn(queries, leaf, 5)
+    got.dists.sum().backward()  # every rank: a collective
+    if rank == 0:
+        assert torch.equal(got.idx, pcops.knn(queries, torch.cat([cloud[:38], cloud[38 : 38 + world - 1]]), 5).idx)
+    gx = torch.Generator().manual_seed(4)
+    whole_x, whole_y = torch.rand(5, 3, generator=gx, dtype=F64), torch.rand(6, 3, generator=gx, dtype=F64)
+    x, y = (whole_x, whole_y) if rank == 0 else (whole_x[:0], whole_y[:0])  # other ranks: empty shares of both clouds
+    torch.testing.assert_close(pd.chamfer_distance(x, y), pcops.chamfer_distance(whole_x, whole_y))
+    # half precision FPS: the single-process op's picks (computed in float32)
+    pts = torch.rand(400, 3, generator=torch.Generator().manual_seed(6)).half()  # the same on every rank
+    share = pts[rank * 400 // world : (rank + 1) * 400 // world]
+    assert torch.equal(pd.farthest_point_sample(share, 30).idx, pcops.farthest_point_sample(pts, 30).idx)
+    # the layers take DTensors
+    mesh = init_device_mesh("cpu", (world,))
+    local = torch.rand(20 + rank, 3, generator=g, dtype=F64)
+    feats = torch.rand(20 + rank, 2, generator=g, dtype=F64)
+    rows = sum(20 + r for r in range(world))
+    d = lambda t: DTensor.from_local(t, mesh, [Shard(0)], run_check=False, shape=(rows, t.shape[1]), stride=(t.shape[1], 1))  # noqa: E731
+    layer = pd.KNNAggregation(3, 0.1)
+    torch.testing.assert_close(layer(d(local), d(local), d(feats)).to_local(), layer(local, local, feats), rtol=0, atol=0)

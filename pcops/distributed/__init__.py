@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .. import FPS, KNN, BallQuery, _layout, _morton, _validate, nn
 from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
-from . import _comm, _halo
+from . import _comm, _fps, _halo
 from ._dtensor import accepts_dtensors
 from ._comm import Traffic, traffic
 
@@ -83,6 +83,8 @@ def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate:
     """
     k = _pair(group, query, ref, None, validate, k=k)["k"]
     halo = _k_halo(query, ref, None, k, group)
+    if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
+        return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device))
     out = _knn(query, halo.ref, k, validate=False)
     return KNN(out.dists, _halo.to_global(out.idx, halo))
 
@@ -94,6 +96,8 @@ def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
     k = _pair(group, query, ref, features, validate, k=k)["k"]
     halo = _k_halo(query, ref, features, k, group)
+    if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
+        return features.new_zeros((0, features.shape[1])) + 0 * (halo.ref.sum() + halo.features.sum())
     return _knn_aggregate(query, halo.ref, halo.features, k, sigma, validate=False, **options)
 
 
@@ -111,7 +115,7 @@ def ball_query(query: torch.Tensor, ref: torch.Tensor, radius: float, max_neighb
                validate: bool = True) -> BallQuery:
     """:func:`pcops.ball_query` of this rank's queries over the whole cloud, ``idx`` global rows."""
     numbers = _pair(group, query, ref, None, validate, radius=radius, max_neighbors=max_neighbors)
-    halo = _halo.gather(query, ref, None, torch.tensor(numbers["radius"]), group)
+    halo = _halo.gather(query, ref, None, torch.tensor(numbers["radius"], dtype=torch.float64), group)
     out = _ball_query(query, halo.ref, numbers["radius"], numbers["max_neighbors"], validate=False)
     return BallQuery(out.dists, _halo.to_global(out.idx, halo), out.counts)
 
@@ -122,7 +126,7 @@ def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Ten
     """:func:`pcops.radius_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
     radius = _pair(group, query, ref, features, validate, radius=radius)["radius"]
-    halo = _halo.gather(query, ref, features, torch.tensor(radius), group)
+    halo = _halo.gather(query, ref, features, torch.tensor(radius, dtype=torch.float64), group)
     return _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
 
 
@@ -136,7 +140,7 @@ def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: 
     sums = []
     for a, b in ((x, y), (y, x)):
         halo = _k_halo(a, b, None, 1, group)
-        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=False).idx[:, 0])) ** 2).sum(1)
+        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=False).idx[:, 0])) ** 2).sum(1) if a.shape[0] else a.new_zeros(0)
         sums.append(torch.stack([d2.sum() + 0 * halo.ref.sum(), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
     total = _comm.all_reduce(torch.stack(sums), dist.ReduceOp.SUM, group, shared=True)
     return total[0, 0] / total[0, 1] + total[1, 0] / total[1, 1]
@@ -148,8 +152,8 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int, *, group=None, v
     started at its first point: the same picks, ``idx`` global rows and ``points`` their
     coordinates, on every rank. One all-gather of five numbers per pick (each rank's farthest
     point). ``points`` is differentiable: every rank calls backward on a loss it computes alike,
-    and each rank's points get the gradients of their picks. Distances are squared differences
-    summed in the points' dtype, as the single-process op computes them."""
+    and each rank's points get the gradients of their picks. Distances are computed as the
+    single-process op computes them (:mod:`._fps`)."""
 
     def check():
         _layout.single(points, validate=validate)
@@ -161,7 +165,7 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int, *, group=None, v
     total, offset = int(counts.sum()), int(counts[:me].sum())
     if n_samples > total:  # the same on every rank
         raise ValueError(f"n_samples must be <= the number of points of all ranks, got {n_samples} for {total}")
-    p = points.detach()
+    p = points.detach().to(_validate.compute_dtype(points)[0]).contiguous()  # half: picked in float32, as the single-process op does
     far = p.new_full((p.shape[0],), float("inf"))
     mine = torch.zeros(n_samples, dtype=torch.bool)
     picks, last = [], None
@@ -170,7 +174,7 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int, *, group=None, v
             here = offset == 0 and p.shape[0] > 0
             candidate = torch.tensor([1.0 if here else -1.0, 0.0, *(p[0].tolist() if here else [0.0, 0.0, 0.0])], dtype=torch.float64)
         else:
-            far = torch.minimum(far, ((p - last.to(p.dtype)) ** 2).sum(1))
+            _fps.lower(far, p, last.to(p.dtype))
             if p.shape[0]:
                 value = far.max()
                 j = int((far == value).nonzero()[0])  # the first of equal ones
@@ -227,7 +231,7 @@ def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
     cells = ((p - low) / (high - low).clamp_min(torch.finfo(p.dtype).tiny) * top).clamp(0, top).to(torch.int64)
     code = _morton.codes(cells, bits) if p.shape[0] else torch.zeros(0, dtype=torch.int64, device=p.device)
     samples = 64
-    picks = torch.sort(code).values[torch.linspace(0, max(p.shape[0] - 1, 0), samples).round().long()] if p.shape[0] else \
+    picks = torch.sort(code).values[torch.arange(samples, device=p.device) * (p.shape[0] - 1) // (samples - 1)] if p.shape[0] else \
         torch.full((samples,), -1, dtype=torch.int64, device=p.device)
     weight = torch.full((samples,), float(p.shape[0]) / samples, dtype=torch.float64)
     allp = torch.cat(_comm.all_gather(picks, group))

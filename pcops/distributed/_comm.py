@@ -32,6 +32,13 @@ def rank_and_size(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _device(group, like: torch.Tensor) -> torch.device:
+    """Where the group's collectives take tensors: the current CUDA device for NCCL, else ``like``'s."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return like.device
+
+
 def _count(t: torch.Tensor, others: int) -> None:
     """An all-gather of ``t`` from every rank: ``t`` sent to, and one like it received from, each other rank."""
     size = t.numel() * t.element_size()
@@ -42,10 +49,11 @@ def _count(t: torch.Tensor, others: int) -> None:
 def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's ``t`` (same shape on every rank), in rank order; not differentiable."""
     _, world = rank_and_size(group)
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t.contiguous(), group=group)
+    moved = t.to(_device(group, t)).contiguous()
+    out = [torch.empty_like(moved) for _ in range(world)]
+    dist.all_gather(out, moved, group=group)
     _count(t, world - 1)
-    return out
+    return [o.to(t.device) for o in out]
 
 
 class _Shared(torch.autograd.Function):
@@ -70,9 +78,9 @@ def all_reduce(t: torch.Tensor, op, group, shared: bool = False) -> torch.Tensor
     _count(t, world - 1)
     if shared:
         return _Shared.apply(t, group)
-    out = t.clone()
+    out = t.to(_device(group, t), copy=True)
     dist.all_reduce(out, op=op, group=group)
-    return out
+    return out.to(t.device)
 
 
 def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
@@ -80,17 +88,21 @@ def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
     rank, in rank order (a rank's own ``rows[r]`` kept as they are). Differentiable: the
     gradient of a received row goes back to the rank that sent it."""
     me, world = rank_and_size(group)
-    sizes = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)
-    matrix = torch.stack(all_gather(sizes, group))  # matrix[i, j]: rows from rank i to rank j
-    send = [int(n) for n in matrix[me]]
-    receive = [int(n) for n in matrix[:, me]]
     data = torch.cat(rows).contiguous()
+    needs_grad = torch.is_grad_enabled() and data.requires_grad
+    sizes = torch.tensor([r.shape[0] for r in rows] + [int(needs_grad)], dtype=torch.int64)
+    matrix = torch.stack(all_gather(sizes, group))  # matrix[i, j]: rows from rank i to rank j; last column: i needs gradients
+    send = [int(n) for n in matrix[me, :world]]
+    receive = [int(n) for n in matrix[:world, me]]
     out = data.new_empty((sum(receive), *data.shape[1:]))
     width = math.prod(data.shape[1:]) * data.element_size()
     traffic.sent += (sum(send) - send[me]) * width
     traffic.received += (sum(receive) - receive[me]) * width
-    if data.requires_grad:
-        return dfn.all_to_all_single(out, data, receive, send, group=group)
+    if bool(matrix[:, world].any()):
+        # differentiable on every rank when one rank's rows need gradients (a rank whose own rows
+        # do not takes part all the same), so that every rank's backward runs the collective
+        # that sends the gradients back
+        return dfn.all_to_all_single(out, data if data.requires_grad else data.detach().requires_grad_(), receive, send, group=group)
     dist.all_to_all_single(out, data, receive, send, group=group)
     return out
 

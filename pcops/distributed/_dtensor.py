@@ -59,11 +59,14 @@ def accepts_dtensors(per_query: bool):
                 if t.device_mesh != mesh or mesh.ndim != 1 or list(t.placements) != [Shard(0)]:
                     raise ValueError("DTensor inputs must share one 1-D device mesh and be sharded on dimension 0 "
                                      f"(placements [Shard(0)]), got {t.placements} on a mesh of shape {tuple(mesh.shape)}")
-            if kwargs.get("group") is not None:
+            if kwargs.pop("group", None) is not None:
                 raise ValueError("group comes from the DTensors' device mesh: leave it None")
+            first = args[0] if args else next(iter(kwargs.values()))
+            if per_query and not isinstance(first, DTensor):
+                raise ValueError("with DTensor inputs the queries (the first argument) must be a DTensor too")
             local = lambda a: _Local.apply(a) if isinstance(a, DTensor) else a  # noqa: E731
             out = fn(*map(local, args), **{k: local(v) for k, v in kwargs.items()}, group=mesh.get_group())
-            rows = args[0].shape[0]
+            rows = first.shape[0]
 
             def back(t):
                 if not isinstance(t, torch.Tensor):

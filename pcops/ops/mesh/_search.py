@@ -33,6 +33,7 @@ from . import _tree
 
 TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distances this close are ties
 FLAT = 64.0  # eps: a triangle whose height is below this times its longest edge is measured by its edges
+WELL = 0.1  # a triangle whose height is at least this times its longest edge is measured by its Voronoi regions
 BETA = 2.0  # a node contributes its expansion when farther than BETA radii
 COARSE = 1.2  # ... in the first, coarse walk; a coarse winding number within MARGIN of 1/2 is walked again with BETA
 MARGIN = 0.3
@@ -46,6 +47,7 @@ def _funcs(dtype: torch.dtype):
     degenerate ones); ``solid_angle(p, a, b, c)``: the signed solid angle of abc seen from p."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat = s(FLAT * torch.finfo(dtype).eps)
+    well = s(WELL * WELL)
 
     @wp.func(module="unique")
     def segment_d2(p: v, a: v, ab: v):
@@ -57,14 +59,27 @@ def _funcs(dtype: torch.dtype):
         return wp.dot(e, e)
 
     @wp.func(module="unique")
+    def edges_d2(p: v, a: v, b: v, c: v, n: v, nn: s, solid: bool):
+        """The nearest of the three edges, or the plane where p projects inside a solid triangle."""
+        ab, bc, ca = b - a, c - b, a - c
+        best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
+        if solid:
+            pa, pb, pc = a - p, b - p, c - p
+            if wp.dot(n, wp.cross(pb, pc)) >= s(0.0) and wp.dot(n, wp.cross(pc, pa)) >= s(0.0) and wp.dot(n, wp.cross(pa, pb)) >= s(0.0):
+                h = wp.dot(n, pa)
+                best = wp.min(best, h * h / nn)
+        return best
+
+    @wp.func(module="unique")
     def triangle_d2(p: v, a: v, b: v, c: v):
         ab, ac, bc = b - a, c - a, c - b
         n = wp.cross(ab, ac)
         nn = wp.dot(n, n)
         longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ac, ac)))
-        if not (nn > flat * flat * longest * longest):  # flat or degenerate: the nearest of its edges
-            return wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, -ac)))
-        # a proper triangle: the Voronoi region of p (vertex, edge or face; Ericson 2005, 5.1.5)
+        if not (nn > well * longest * longest):  # slivers, flat and degenerate triangles: edges and interior test
+            return edges_d2(p, a, b, c, n, nn, nn > flat * flat * longest * longest)
+        # a well-shaped triangle (height >= WELL times its longest edge): the Voronoi region of p
+        # (vertex, edge or face; Ericson 2005, 5.1.5), whose signs a sliver's rounding would flip
         ap = p - a
         d1, d2 = wp.dot(ab, ap), wp.dot(ac, ap)
         if d1 <= s(0.0) and d2 <= s(0.0):
@@ -75,20 +90,17 @@ def _funcs(dtype: torch.dtype):
             return wp.dot(bp, bp)
         vc = d1 * d4 - d3 * d2
         if vc <= s(0.0) and d1 >= s(0.0) and d3 <= s(0.0):
-            e = ap - (d1 / (d1 - d3)) * ab
-            return wp.dot(e, e)
+            return segment_d2(p, a, ab)
         cp = p - c
         d5, d6 = wp.dot(ab, cp), wp.dot(ac, cp)
         if d6 >= s(0.0) and d5 <= d6:
             return wp.dot(cp, cp)
         vb = d5 * d2 - d1 * d6
         if vb <= s(0.0) and d2 >= s(0.0) and d6 <= s(0.0):
-            e = ap - (d2 / (d2 - d6)) * ac
-            return wp.dot(e, e)
+            return segment_d2(p, a, ac)
         va = d3 * d6 - d5 * d4
         if va <= s(0.0) and d4 - d3 >= s(0.0) and d5 - d6 >= s(0.0):
-            e = bp - ((d4 - d3) / ((d4 - d3) + (d5 - d6))) * bc
-            return wp.dot(e, e)
+            return segment_d2(p, b, bc)
         h = wp.dot(n, ap)  # inside: the height over the plane
         return h * h / nn
 

@@ -9,12 +9,13 @@ indexing="ij")`` order, scikit-image's) and a ``level``:
         the linear interpolation of scikit-image's and PyTorch3D's marching cubes; one vertex
         per edge (vertices are not repeated between the cells that share an edge)
     each cell (2 x 2 x 2 corners) holds the triangles of its corners' configuration, derived in
-        :mod:`._cubes`: ambiguous faces decided by the bilinear interpolant's saddle (the
-        asymptotic decider), so that the cells' triangles meet without cracks; each triangle's
-        normal (v1 - v0) x (v2 - v0) points towards increasing values
+        :mod:`._cubes`: on an ambiguous cell face the corners below the level are joined (a
+        rule of the face alone, so that the cells' triangles meet without cracks), and no
+        triangle edge lies in a cell face unless it is a contour segment (every mesh edge has
+        two faces); each triangle's normal (v1 - v0) x (v2 - v0) points towards increasing values
 
-so where the level set is closed inside the grid, the mesh is closed and consistently
-oriented: the zero level set of a signed distance (negative inside) has outward normals and a
+so where the level set is closed inside the grid, the mesh is a closed, consistently oriented
+manifold: the zero level set of a signed distance (negative inside) has outward normals and a
 positive volume. Vertices are ordered by their edge (sample, i, j, k, axis), faces by their
 cell (sample, i, j, k); both are the same on every device.
 

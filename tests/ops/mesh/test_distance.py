@@ -406,3 +406,20 @@ def test_calls_without_gradients_give_the_differentiable_calls_values(kind, dtyp
     assert torch.equal(fast.face, slow.face)
     for name in ("dists", "closest", "bary"):
         torch.testing.assert_close(getattr(fast, name), getattr(slow, name).detach(), equal_nan=True, **tol, msg=name)
+
+
+@pytest.mark.parametrize("height", [1e-5, 1e-3, 0.05, 0.2])
+def test_slivers_just_above_flat_are_measured_exactly(height):
+    """A sliver (height 1e-5-0.2 of its longest edge, float32) beside a small face: the search's
+    squared distances (Voronoi regions only for well-shaped triangles) pick the nearest face."""
+    g = torch.Generator().manual_seed(2)
+    v = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.5, height, 0.0],
+                      [0.5, -0.0035, 0.0005], [0.51, -0.0035, 0.0005], [0.5, -0.0035, 0.0105]], dtype=F64)
+    f = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    q = torch.cat([torch.tensor([[0.5, -0.0025, 0.0]], dtype=F64),
+                   torch.rand(300, 3, generator=g, dtype=F64) * torch.tensor([1.2, 0.02, 0.02], dtype=F64) - torch.tensor([0.1, 0.01, 0.01], dtype=F64)])
+    for dtype in (torch.float32, F64):
+        out = pcops.mesh_distance(q.to(dtype), v.to(dtype), f)
+        expected = reference.mesh_distance(q.to(dtype).double(), v.to(dtype).double(), f)[0]
+        tol = 1e-6 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(out.dists.double(), expected, rtol=0, atol=tol)
