@@ -82,11 +82,25 @@ def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate:
         out = pcops.distributed.knn(my_queries, my_points, 8)   # out.idx: rows of the whole cloud
     """
     k = _pair(group, query, ref, None, validate, k=k)["k"]
-    halo = _k_halo(query, ref, None, k, group)
-    if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
-        return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device))
-    out = _knn(query, halo.ref, k, validate=False)
-    return KNN(out.dists, _halo.to_global(out.idx, halo))
+    if ref.shape[0] < k or query.shape[0] == 0:  # no bound from this rank's own points
+        halo = _k_halo(query, ref, None, k, group)
+        if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
+            return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device))
+        out = _knn(query, halo.ref, k, validate=False)
+        return KNN(out.dists, _halo.to_global(out.idx, halo))
+    # this rank's own k nearest: the answer, except for the queries that another rank's point reaches
+    own = _knn(query, ref, k, validate=False)
+    reach = own.dists[:, -1].detach()
+    halo = _halo.gather(query, ref, None, reach, group)
+    if k > halo.total:  # the same on every rank
+        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
+    border = _halo.reached(query, halo, reach, lambda q, p: _knn(q, p, 1, validate=False).dists[:, 0])
+    dists, idx = own.dists + 0 * halo.ref.sum(), own.idx + halo.offset  # the exchange kept in every rank's graph
+    if bool(border.any()):
+        again = _knn(query[border], halo.ref, k, validate=False)
+        dists = dists.index_put((border,), again.dists)
+        idx = idx.index_put((border,), _halo.to_global(again.idx, halo))
+    return KNN(dists, idx)
 
 
 @accepts_dtensors(per_query=True)

@@ -28,6 +28,8 @@ class Halo(NamedTuple):
     features: Optional[torch.Tensor]  # (L, F) their features
     index: torch.Tensor  # (L,) int64 their global rows
     total: int  # rows of the global reference cloud
+    offset: int  # the global row of this rank's first reference row
+    own: int  # this rank's reference rows
 
 
 def _slack(t: torch.Tensor) -> float:
@@ -73,15 +75,34 @@ def gather(query: torch.Tensor, ref: torch.Tensor, features: Optional[torch.Tens
             rows.append(torch.arange(ref.shape[0], device=ref.device))
             continue
         box = box[box[:, 0, 0] <= box[:, 1, 0]].to(ref.device)  # the cells with queries
-        inside = ((point[:, None] >= box[None, :, 0]) & (point[:, None] <= box[None, :, 1])).all(2).any(1)
-        rows.append(inside.nonzero().squeeze(1))
+        if box.shape[0] == 0:
+            rows.append(torch.zeros(0, dtype=torch.int64, device=ref.device))
+            continue
+        # the points inside the boxes' hull first (on a spatial share, the few near the border),
+        # then those inside one of the boxes
+        near = ((point >= box[:, 0].amin(0)) & (point <= box[:, 1].amax(0))).all(1).nonzero().squeeze(1)
+        candidate = point.index_select(0, near)
+        inside = ((candidate[:, None] >= box[None, :, 0]) & (candidate[:, None] <= box[None, :, 1])).all(2).any(1)
+        rows.append(near[inside])
     values = ref if features is None else torch.cat([ref, features.to(ref.dtype)], 1)
     got = _comm.exchange([values.index_select(0, r) for r in rows], group)
     got_index = _comm.exchange([index.index_select(0, r) for r in rows], group)
     order = torch.argsort(got_index)  # the global order (the ranks' blocks are each in order already)
     got, got_index = got.index_select(0, order), got_index.index_select(0, order)
     feats = None if features is None else got[:, 3:].to(features.dtype)
-    return Halo(got[:, :3], feats, got_index, int(counts.sum()))
+    return Halo(got[:, :3], feats, got_index, int(counts.sum()), offset, ref.shape[0])
+
+
+def reached(query: torch.Tensor, halo: Halo, reach: torch.Tensor, nearest) -> torch.Tensor:
+    """(M,) bool: the queries that a point of another rank lies within ``reach`` of (rounding
+    included); ``nearest(query, points)`` the distance to each query's nearest point. The other
+    queries' results are those of this rank's own points."""
+    others = (halo.index < halo.offset) | (halo.index >= halo.offset + halo.own)
+    points = halo.ref.detach()[others]
+    if points.shape[0] == 0 or query.shape[0] == 0:
+        return torch.zeros(query.shape[0], dtype=torch.bool, device=query.device)
+    size = query.detach().abs().amax() + points.abs().amax()
+    return nearest(query.detach(), points) <= reach * (1 + _slack(query)) + _slack(query) * size
 
 
 def to_global(idx: torch.Tensor, halo: Halo) -> torch.Tensor:
