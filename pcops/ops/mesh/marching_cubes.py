@@ -73,10 +73,10 @@ _EDGE_AXIS = [e // 4 for e in range(12)]
 def _cases(above: torch.Tensor) -> torch.Tensor:
     """(B, D, H, W) bool -> (B, D-1, H-1, W-1) uint8: bit i + 2 j + 4 k set where the cell's
     corner at offset (i, j, k) is above the level."""
-    a = above.to(torch.uint8)
-    a = a[:, :-1] | (a[:, 1:] << 1)
-    a = a[:, :, :-1] | (a[:, :, 1:] << 2)
-    return a[:, :, :, :-1] | (a[:, :, :, 1:] << 4)
+    a = above.view(torch.uint8)  # bools as 0 / 1 bytes: no copy
+    a = torch.add(a[:, :-1], a[:, 1:], alpha=2)  # the bits never overlap: one add per axis
+    a = torch.add(a[:, :, :-1], a[:, :, 1:], alpha=4)
+    return torch.add(a[:, :, :, :-1], a[:, :, :, 1:], alpha=16)
 
 
 def _cells(values: torch.Tensor, level: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +84,7 @@ def _cells(values: torch.Tensor, level: float) -> tuple[torch.Tensor, torch.Tens
     int64, in flat order."""
     b, d, h, w = values.shape
     case = _cases(values >= level)
-    cell = ((case != 0) & (case != 255)).view(-1).nonzero().squeeze(1)
+    cell = ((case - 1) < 254).view(-1).nonzero().squeeze(1)  # neither 0 nor 255 (uint8: 0 - 1 wraps to 255)
     k = cell % (w - 1)
     rest = cell // (w - 1)
     j = rest % (h - 1)
