@@ -215,3 +215,12 @@ def test_ratios_are_put_in_words_the_right_way_round():
     benchmark = _script("benchmark")
     assert benchmark.speed(1.25) == "1.2x faster" and benchmark.speed(0.8) == "1.2x slower"
     assert benchmark.speed(1.0, 2) == "1.00x faster" and benchmark.speed(0.5, 2) == "2.00x slower"
+
+
+@pytest.mark.slow
+def test_the_distributed_benchmark_runs():
+    """scripts/bench_distributed.py --quick: two ranks, every op's line (slow: it spawns processes)."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/bench_distributed.py"), "--quick"], capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks" in out and all(op in out for op in ("knn (k=16)", "radius_aggregate", "ball_query"))
