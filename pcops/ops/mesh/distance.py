@@ -189,8 +189,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     p = query.points.to(dtype)
     a, b, c = corners.unbind(1)
-    differentiable = torch.is_grad_enabled() and (p.requires_grad or corners.requires_grad)
-    near = _triangle.closest(p, a, b, c) if differentiable else _triangle.closest_values(p, a, b, c)
+    near = _triangle.closest(p, a, b, c)
     diff = p - near.point
     normal = torch.linalg.cross(b - a, c - a)
     normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
