@@ -47,10 +47,35 @@ def _local_knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int) -> torch.Te
 
 
 def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
-    halo = _halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group)
+    return _enough(_halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group), k)
+
+
+def _enough(halo: _halo.Halo, k: int) -> _halo.Halo:
     if k > halo.total:  # the same on every rank
         raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
     return halo
+
+
+def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN, _halo.Halo]:
+    """:func:`knn`'s result (global rows) and the halo it searched: each query's k nearest among
+    this rank's own points, searched again with the halo only where a point of another rank
+    lies within their k-th distance."""
+    if ref.shape[0] < k or query.shape[0] == 0:  # no bound from this rank's own points
+        halo = _k_halo(query, ref, None, k, group)
+        if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
+            return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device)), halo
+        out = _knn(query, halo.ref, k, validate=False)
+        return KNN(out.dists, _halo.to_global(out.idx, halo)), halo
+    own = _knn(query, ref, k, validate=False)
+    reach = own.dists[:, -1].detach()
+    halo = _enough(_halo.gather(query, ref, None, reach, group), k)
+    border = _halo.reached(query, halo, reach, lambda q, p: _knn(q, p, 1, validate=False).dists[:, 0])
+    dists, idx = own.dists + 0 * halo.ref.sum(), own.idx + halo.offset  # the exchange kept in every rank's graph
+    if bool(border.any()):
+        again = _knn(query[border], halo.ref, k, validate=False)
+        dists = dists.index_put((border,), again.dists)
+        idx = idx.index_put((border,), _halo.to_global(again.idx, halo))
+    return KNN(dists, idx), halo
 
 
 def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
@@ -82,25 +107,7 @@ def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate:
         out = pcops.distributed.knn(my_queries, my_points, 8)   # out.idx: rows of the whole cloud
     """
     k = _pair(group, query, ref, None, validate, k=k)["k"]
-    if ref.shape[0] < k or query.shape[0] == 0:  # no bound from this rank's own points
-        halo = _k_halo(query, ref, None, k, group)
-        if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
-            return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device))
-        out = _knn(query, halo.ref, k, validate=False)
-        return KNN(out.dists, _halo.to_global(out.idx, halo))
-    # this rank's own k nearest: the answer, except for the queries that another rank's point reaches
-    own = _knn(query, ref, k, validate=False)
-    reach = own.dists[:, -1].detach()
-    halo = _halo.gather(query, ref, None, reach, group)
-    if k > halo.total:  # the same on every rank
-        raise ValueError(f"k must be <= the number of reference points of all ranks, got k={k} for {halo.total}")
-    border = _halo.reached(query, halo, reach, lambda q, p: _knn(q, p, 1, validate=False).dists[:, 0])
-    dists, idx = own.dists + 0 * halo.ref.sum(), own.idx + halo.offset  # the exchange kept in every rank's graph
-    if bool(border.any()):
-        again = _knn(query[border], halo.ref, k, validate=False)
-        dists = dists.index_put((border,), again.dists)
-        idx = idx.index_put((border,), _halo.to_global(again.idx, halo))
-    return KNN(dists, idx)
+    return _nearest(query, ref, k, group)[0]
 
 
 @accepts_dtensors(per_query=True)
@@ -153,8 +160,9 @@ def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: 
     _pair(group, x, y, None, validate, names=_layout.names("x", "y"))
     sums = []
     for a, b in ((x, y), (y, x)):
-        halo = _k_halo(a, b, None, 1, group)
-        d2 = ((a - halo.ref.index_select(0, _knn(a, halo.ref, 1, validate=False).idx[:, 0])) ** 2).sum(1) if a.shape[0] else a.new_zeros(0)
+        near, halo = _nearest(a, b, 1, group)
+        nearest = halo.ref.index_select(0, torch.searchsorted(halo.index, near.idx[:, 0]))  # the nearest point, from its global row
+        d2 = ((a - nearest) ** 2).sum(1)
         sums.append(torch.stack([d2.sum() + 0 * halo.ref.sum(), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
     total = _comm.all_reduce(torch.stack(sums), dist.ReduceOp.SUM, group, shared=True)
     return total[0, 0] / total[0, 1] + total[1, 0] / total[1, 1]
