@@ -206,6 +206,26 @@ def _check_bad_inputs(rank: int, world: int) -> None:
     assert pd.knn(q, p, 4).idx.shape == (20, 4)  # the group still works after the errors
 
 
+def _check_compile(rank: int, world: int) -> None:
+    """Default torch.compile of a model calling the ops: each op runs eagerly at a graph break
+    (traced, the ranks' collectives would no longer match), values and gradients as eager."""
+    import pcops.distributed as pd
+
+    g = torch.Generator().manual_seed(20 + rank)
+    q, f = torch.rand(60, 3, generator=g, dtype=F64), torch.rand(60, 2, generator=g, dtype=F64)
+
+    def model(q, f):
+        return (pd.radius_aggregate(q, q, f, 0.3, 0.1) * 2).sum() + pd.knn(q, q, 3).dists.sum()
+
+    fe, fc = f.clone().requires_grad_(), f.clone().requires_grad_()
+    eager = model(q, fe)
+    eager.backward()
+    compiled = torch.compile(model)(q, fc)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fc.grad, fe.grad, rtol=1e-12, atol=1e-12)
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -221,6 +241,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _check_dtensors(rank, world)
         _check_bad_inputs(rank, world)
         _check_edges(rank, world)
+        _check_compile(rank, world)
     finally:
         dist.destroy_process_group()
 

@@ -229,16 +229,19 @@ class Partition(NamedTuple):
     received: list  # rows received from each rank (points holds them in rank order)
     group: object
 
+    @torch.compiler.disable
     def apply(self, values: torch.Tensor) -> torch.Tensor:
         """Per-point ``values`` (n_in, ...) of the points as they came in, moved to their shares."""
         return _comm.exchange(list(values.index_select(0, self.order).split(self.sent)), self.group)
 
+    @torch.compiler.disable
     def restore(self, values: torch.Tensor) -> torch.Tensor:
         """Per-point ``values`` (n_r, ...) of this share, sent back: (n_in, ...) in the incoming order."""
         back = _comm.exchange(list(values.split(self.received)), self.group)  # row i: incoming row order[i]
         return back.index_select(0, torch.argsort(self.order))
 
 
+@torch.compiler.disable
 def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
     """A balanced spatial partition of the points every rank holds: each point goes to the rank
     whose range of Morton codes (``bits`` per axis over the whole cloud's box) holds its code, the

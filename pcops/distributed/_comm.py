@@ -1,6 +1,6 @@
 """The collectives of pcops.distributed, on torch.distributed (gloo on CPU, NCCL on CUDA), each
-counting the bytes it moves (:data:`traffic`), and differentiable where values flow through them
-(torch.distributed.nn.functional): a gradient goes back to the rank that sent the value."""
+counting the bytes it moves (:data:`traffic`), and differentiable where values flow through them:
+a gradient goes back to the rank that sent the value."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dfn
 
 
 class Traffic:
@@ -56,6 +55,25 @@ def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     return [o.to(t.device) for o in out]
 
 
+class _Exchange(torch.autograd.Function):
+    """all_to_all_single with its gradient: the gradients of the received rows go back to their
+    senders (the same exchange with the splits swapped). Every rank runs both, in the same order."""
+
+    @staticmethod
+    def forward(ctx, data, receive, send, group):
+        ctx.splits, ctx.group, ctx.rows = (receive, send), group, data.shape[0]
+        out = data.new_empty((sum(receive), *data.shape[1:]))
+        dist.all_to_all_single(out, data.contiguous(), receive, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        receive, send = ctx.splits
+        back = grad.new_empty((ctx.rows, *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), send, receive, group=ctx.group)
+        return back, None, None, None
+
+
 class _Shared(torch.autograd.Function):
     """The sum over the ranks of ``t``, a value every rank then holds: its gradient is each rank's
     own (every rank differentiates the same value), not a sum of the ranks' gradients."""
@@ -94,7 +112,6 @@ def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
     matrix = torch.stack(all_gather(sizes, group))  # matrix[i, j]: rows from rank i to rank j; last column: i needs gradients
     send = [int(n) for n in matrix[me, :world]]
     receive = [int(n) for n in matrix[:world, me]]
-    out = data.new_empty((sum(receive), *data.shape[1:]))
     width = math.prod(data.shape[1:]) * data.element_size()
     traffic.sent += (sum(send) - send[me]) * width
     traffic.received += (sum(receive) - receive[me]) * width
@@ -102,7 +119,8 @@ def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
         # differentiable on every rank when one rank's rows need gradients (a rank whose own rows
         # do not takes part all the same), so that every rank's backward runs the collective
         # that sends the gradients back
-        return dfn.all_to_all_single(out, data if data.requires_grad else data.detach().requires_grad_(), receive, send, group=group)
+        return _Exchange.apply(data if data.requires_grad else data.detach().requires_grad_(), receive, send, group)
+    out = data.new_empty((sum(receive), *data.shape[1:]))
     dist.all_to_all_single(out, data, receive, send, group=group)
     return out
 

@@ -41,8 +41,9 @@ class _Local(torch.autograd.Function):
 
 
 def accepts_dtensors(per_query: bool):
-    """Decorator of an op of pcops.distributed: DTensor arguments as described above.
-    ``per_query``: its tensors' rows are the first argument's (else whole-cloud results)."""
+    """Decorator of an op of pcops.distributed: DTensor arguments as described above, and the op
+    run eagerly under ``torch.compile`` (one graph break). ``per_query``: its tensors' rows are
+    the first argument's (else whole-cloud results)."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -78,6 +79,8 @@ def accepts_dtensors(per_query: bool):
 
             return type(out)(*map(back, out)) if isinstance(out, tuple) else back(out)
 
-        return call
+        # collectives with data-dependent sizes and host reads: run eagerly, a graph break under
+        # torch.compile (traced, the ranks' collectives would no longer match)
+        return torch.compiler.disable(call)
 
     return wrap
