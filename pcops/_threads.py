@@ -132,7 +132,7 @@ def limited():
 
 def custom_op(name: str, fn=None, /, **kwargs):
     """``torch.library.custom_op(name, fn, **kwargs)`` (also as a decorator) with a CPU kernel
-    that runs ``fn`` under :func:`limited`."""
+    that runs ``fn`` under :func:`limited`, its calls taken as :func:`_call` says."""
     if fn is None:
         return functools.partial(custom_op, name, **kwargs)
     op = torch.library.custom_op(name, fn, **kwargs)
@@ -143,7 +143,54 @@ def custom_op(name: str, fn=None, /, **kwargs):
             return fn(*args, **kw)
 
     op.register_kernel("cpu", cpu)
+    op._pcops_direct = {"cpu": cpu, "cuda": fn}
+    op._pcops_keywords = "schema" not in kwargs  # keywords reach ``fn`` as the schema's only when it was read from fn
+    op.__class__ = _op_type(type(op))  # the same op, called through :func:`_call`
     return op
+
+
+@functools.cache
+def _op_type(base: type) -> type:
+    return type("Op", (base,), {"__call__": _call, "__module__": __name__})
+
+
+def _call(op, *args, **kwargs):
+    """A call of a pcops custom op. With plain CPU or CUDA tensors in eager mode and no gradient
+    to record (the common small call), its kernel runs directly: the dispatcher's round trip
+    (autograd's and the device's keys, about 20 us a call) decides nothing there. Any other call
+    (traced or compiled, under a dispatch or function mode, functorch, the profiler, tensor
+    subclasses, a gradient to record) goes through the dispatcher, as ``torch.ops.pcops.<name>``
+    always does."""
+    direct = op._pcops_direct.get(_plain_device(args, kwargs)) if DIRECT[0] and (op._pcops_keywords or not kwargs) else None
+    return direct(*args, **kwargs) if direct is not None else super(type(op), op).__call__(*args, **kwargs)
+
+
+# Whether plain eager calls of pcops custom ops run their kernels directly (:func:`_call`;
+# tests switch it off to compare both paths)
+DIRECT = [True]
+
+
+def _plain_device(args, kwargs):
+    """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call)."""
+    if _compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None:
+        return None
+    grad = torch.is_grad_enabled()
+    kind = None
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        for t in value if type(value) in (list, tuple) else (value,):
+            if isinstance(t, torch.Tensor):
+                if type(t) is not torch.Tensor or (grad and t.requires_grad):
+                    return None
+                device = "cpu" if t.is_cpu else "cuda" if t.is_cuda else None
+                if kind is None:
+                    kind = device
+                if device is None or device != kind:  # another kind, or mixed: the dispatcher's to decide
+                    return None
+    return kind
+
+
+_compiling, _dispatch_modes, _function_modes = torch.compiler.is_compiling, torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled
+_profiling, _transforms = torch.autograd._profiler_enabled, torch._C._functorch.peek_interpreter_stack
 
 
 def limits(fn):

@@ -186,12 +186,21 @@ def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     return (torch.float64 if out == torch.float64 else torch.float32), out
 
 
+def detached(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.detach().to(dtype)``: ``t`` itself where that changes nothing (a cheaper call, and a
+    cloud passed as both query and ref stays one tensor)."""
+    return t if t.dtype == dtype and not t.requires_grad else t.detach().to(dtype)
+
+
+_SUM_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}  # the sum of a finiteness check
+
+
 def sum_finite(t: torch.Tensor) -> torch.Tensor:
     """0-d bool: the sum of ``t`` is finite. True implies every value is finite (a NaN or inf
     makes the sum NaN or inf); False may also be an overflow of finite values, which
     :func:`all_finite` then decides. One pass without a temporary: several times cheaper
     than ``isfinite(t).all()``."""
-    return t.sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None).isfinite()
+    return t.sum(dtype=_SUM_DTYPE.get(t.dtype)).isfinite()
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -316,8 +325,8 @@ class Checks:
     def finite(self, name: str, t) -> None:
         """No NaN or inf in ``t`` (None is skipped)."""
         if t is not None and t.numel():
-            if t.device.type == "cpu":  # the sum read at once: one dispatch, no autograd node
-                ok = math.isfinite(t.detach().sum(dtype=torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None).item())
+            if t.is_cpu:  # the sum read at once: one dispatch, no autograd node
+                ok = math.isfinite((t.detach() if t.requires_grad else t).sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
             else:
                 ok = sum_finite(t)
             self.add(ok, lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: all_finite(t))

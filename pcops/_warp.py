@@ -198,7 +198,7 @@ def array(t: torch.Tensor, dtype=None):
             shape, strides = tuple(shape[:-d]) or (1,), tuple(strides[:-d]) or (1,)
         if len(shape) <= _MAX_DIMS:
             try:
-                return _packed(t, t.data_ptr(), shape, tuple(x * size for x in strides))
+                return _packed(t, t.data_ptr(), shape, [x * size for x in strides])
             except struct.error:  # a size past int32: Warp's own conversion decides
                 pass
     return wp.from_torch(t, dtype=dtype, requires_grad=False, return_ctype=True)
@@ -207,8 +207,8 @@ def array(t: torch.Tensor, dtype=None):
 def _packed(t: torch.Tensor, ptr: int, shape: tuple, byte_strides: tuple):
     """Warp's descriptor of the memory of ``t`` at ``ptr`` with ``shape`` and ``byte_strides``,
     keeping ``t`` alive, as Warp's own descriptor does (a temporary's memory)."""
-    pad = (0,) * (_MAX_DIMS - len(shape))
-    out = _ARRAY_T.from_buffer_copy(_DESCRIPTOR.pack(ptr, 0, *shape, *pad, *byte_strides, *pad, len(shape), 0))
+    n = len(shape)
+    out = _ARRAY_T.from_buffer_copy(_PACKERS[n].pack(ptr, 0, *shape, *byte_strides, n, 0))
     out._ref = t
     return out
 
@@ -231,6 +231,9 @@ _ARRAY_T = type(wp.from_torch(torch.zeros(1), requires_grad=False, return_ctype=
 _MAX_DIMS = 4
 _DESCRIPTOR = struct.Struct(f"<QQ{_MAX_DIMS}i{_MAX_DIMS}iHH")
 _DESCRIPTOR = struct.Struct(_DESCRIPTOR.format + "x" * (ctypes.sizeof(_ARRAY_T) - _DESCRIPTOR.size))
+# the same layout for an array of n dimensions, the unused sizes and strides packed as zero bytes
+_PACKERS = [struct.Struct(f"<QQ{n}i{4 * (_MAX_DIMS - n)}x{n}i{4 * (_MAX_DIMS - n)}xHH" + "x" * (_DESCRIPTOR.size - struct.calcsize(f"<QQ{2 * _MAX_DIMS}iHH")))
+            for n in range(_MAX_DIMS + 1)]
 
 
 @functools.cache
@@ -557,6 +560,9 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     """
     if n <= 0:
         return
+    if beside is None and work is not None and work < SERIAL_WORK and like.is_cpu and (kernel, "cpu") in _loaded:
+        _serial(kernel, n, [convert(a) for a in args])  # the common small CPU launch, nothing to decide
+        return
     s = cuda_stream(like)
     dev = "cpu" if s is None else device(like)
     serial = s is None and work is not None and work < SERIAL_WORK
@@ -587,6 +593,22 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     for extra in extras:
         for i, t in extra.items():
             (args[i].tensor if isinstance(t, Typed) else args[i]).add_(t.tensor if isinstance(t, Typed) else t)
+
+
+def _serial(kernel, n: int, values: list) -> None:
+    """Threads 0 .. n-1 of a loaded CPU ``kernel`` on the calling thread, with the converted ``values``."""
+    native = _native(kernel, values)
+    if native is None:
+        wp.launch(kernel, dim=n, inputs=[0, *values], device="cpu")
+        return
+    forward, args_type, bounds_type = native
+    forward(ctypes.byref(_bounds(bounds_type, n)), ctypes.byref(args_type(0, *values)))
+
+
+@functools.lru_cache(maxsize=256)
+def _bounds(bounds_type, n: int):
+    """Warp's launch bounds of ``n`` threads (read, never written, by a launch): made once per size."""
+    return bounds_type((n,))
 
 
 # Launches whose ``work`` (see :func:`launch`) is below this run on the calling thread alone:

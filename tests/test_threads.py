@@ -10,6 +10,7 @@ import torch
 
 import pcops
 from pcops import _threads
+from tests import op_table
 
 
 @pytest.fixture
@@ -180,3 +181,58 @@ def test_a_forked_child_reads_the_machine_under_a_lock_of_its_own():
         child.start()
         child.join(timeout=60)
     assert child.exitcode == 0
+
+
+def _results(op, inputs: dict, grad: bool):
+    """The row's outputs (and its inputs' gradients where ``grad``), flattened, as plain tensors."""
+    inputs = {k: v.detach().requires_grad_(grad and k in op.grad) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = op.call(inputs)
+    flat = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+    if grad and op.grad:
+        torch.autograd.backward([t.sum() for t in flat if t.requires_grad])
+        flat += [inputs[k].grad for k in op.grad]
+    return [t.detach() for t in flat if t is not None]
+
+
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_plain_eager_calls_run_the_kernels_directly_with_the_dispatchers_results(op, monkeypatch):
+    """An op's custom ops called in plain eager mode skip the dispatcher (pcops._threads._call):
+    every op of the table gives the same bits either way, with and without gradients."""
+    from torch._library.custom_ops import CustomOpDef
+
+    inputs = op.inputs(seed=3)
+    dispatched_calls = []
+    call = CustomOpDef.__call__
+    monkeypatch.setattr(CustomOpDef, "__call__", lambda self, *a, **kw: dispatched_calls.append(self._name) or call(self, *a, **kw))
+    for grad in (False, True):
+        direct = _results(op, inputs, grad)
+        if not grad:
+            assert dispatched_calls == [], f"{op.name}: {dispatched_calls} went through the dispatcher"
+        monkeypatch.setattr(_threads, "DIRECT", [False])
+        dispatched = _results(op, inputs, grad)
+        monkeypatch.setattr(_threads, "DIRECT", [True])
+        assert len(direct) == len(dispatched)
+        for a, b in zip(direct, dispatched):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num()), op.name
+
+
+def test_only_plain_eager_calls_skip_the_dispatcher():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.zeros(3)
+    assert _threads._plain_device((x, 2), {}) == "cpu" and _threads._plain_device((), {"x": [x, x]}) == "cpu"
+    assert _threads._plain_device((x.requires_grad_(),), {}) is None  # a gradient to record
+    with torch.no_grad():
+        assert _threads._plain_device((x,), {}) == "cpu"
+    x = torch.zeros(3)
+    assert _threads._plain_device((torch.nn.Parameter(x),), {}) is None  # a subclass
+    assert _threads._plain_device((x, x.to("meta")), {}) is None
+    with FakeTensorMode():
+        assert _threads._plain_device((x,), {}) is None
+        fake = torch.empty(3)
+        assert _threads_seen(fake).shape == (3,)  # the fake ran
+    with torch.autograd.profiler.profile():
+        assert _threads._plain_device((x,), {}) is None
+    assert torch.vmap(lambda y: _threads_seen(y))(torch.zeros(2, 3)).shape == (2, 3)  # through functorch's dispatch
+    with torch.overrides.TorchFunctionMode():
+        assert _threads._plain_device((x,), {}) is None

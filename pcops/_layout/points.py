@@ -167,19 +167,21 @@ def _check_values(validate, names: Names, query, ref, features, batch: dict, fin
     checks = _validate.checks(validate)
     if checks is None:
         return False
-    padded = query.dim() == 3
-    for which, rows in (("query", query), ("ref", ref))[: 1 if same else 2]:
-        checks.in_range(getattr(names, f"{which}_lengths"), batch[f"{which}_lengths"], 0, rows.shape[1] if padded else 0)
-        checks.in_range(getattr(names, f"{which}_batch"), batch[f"{which}_batch"], 0, None)
+    if any(t is not None for t in batch.values()):
+        padded = query.dim() == 3
+        for which, rows in (("query", query), ("ref", ref))[: 1 if same else 2]:
+            checks.in_range(getattr(names, f"{which}_lengths"), batch[f"{which}_lengths"], 0, rows.shape[1] if padded else 0)
+            checks.in_range(getattr(names, f"{which}_batch"), batch[f"{which}_batch"], 0, None)
     checks.finite(names.query, query)
     if not same and ref is not query:  # knn(points, points): one cloud, checked once
         checks.finite(names.ref, ref)
     checks.finite(names.features, features)
     for name, t in (finite or {}).items():
         checks.finite(name, t)
-    dtype = _validate.compute_dtype(*(t for t in (query, ref, features) if t is not None))[0]
-    for name, t in (positive or {}).items():
-        checks.positive(name, t.to(dtype))  # > 0 in the dtype it is computed in
+    if positive:
+        dtype = _validate.compute_dtype(*(t for t in (query, ref, features) if t is not None))[0]
+        for name, t in positive.items():
+            checks.positive(name, t.to(dtype))  # > 0 in the dtype it is computed in
     for name, (t, low, high) in (ranges or {}).items():
         checks.in_range(name, t, low, high)
     checks.run()

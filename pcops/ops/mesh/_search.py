@@ -351,7 +351,7 @@ def _(vertices, faces, face_group):
 
 def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> _tree.Tree:
     """The hierarchy of a flat mesh, in the dtype of ``vertices``."""
-    return _tree.Tree(*torch.ops.pcops.mesh_tree(vertices.detach(), faces, face_group))
+    return _tree.Tree(*_mesh_tree(vertices.detach(), faces, face_group))
 
 
 def _queries(qa: torch.Tensor) -> int:
@@ -393,7 +393,7 @@ def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_d
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
-    return torch.ops.pcops.mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
+    return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
                                         float(max_dist), triangles is not None, validate)
 
@@ -422,5 +422,5 @@ def _(query, query_group, ta, tb, tc, group, glo, ghi, center, normal, moment, r
 
 def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree) -> torch.Tensor:
     """The generalised winding number of each query point about its mesh (M,)."""
-    return torch.ops.pcops.mesh_winding(query.detach().contiguous(), query_group, t.a, t.b, t.c, t.group, t.glo, t.ghi,
+    return _mesh_winding(query.detach().contiguous(), query_group, t.a, t.b, t.c, t.group, t.glo, t.ghi,
                                         t.center, t.normal, t.moment, t.radius)

@@ -40,7 +40,7 @@ def closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) 
     """The closest point of triangles abc (..., 3) to points p (..., 3), with barycentric weights:
     differentiable where an input requires grad (and grad mode is on), else from one kernel."""
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (p, a, b, c))) and p.dim() == 2:
-        return Closest(*torch.ops.pcops.triangle_closest(*(t.detach().contiguous() for t in (p, a, b, c))))
+        return Closest(*_triangle_closest(*(t.detach().contiguous() for t in (p, a, b, c))))
     return _closest_torch(p, a, b, c)
 
 

@@ -303,7 +303,7 @@ def ball_query(
     _check_max_neighbors(max_neighbors)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     q, p = flat.query.to(dtype), flat.ref.to(dtype)
-    idx, counts = torch.ops.pcops.ball_query(
+    idx, counts = _ball_query(
         q.detach(), p.detach(), float(radius), max_neighbors, flat.validate, flat.query_group, flat.ref_group
     )
     return _result(flat, q, p, idx, counts, out_dtype)
@@ -391,7 +391,7 @@ def ball_queries(
     radii, ks = _check_radii(radii, max_neighbors)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     q, p = flat.query.to(dtype), flat.ref.to(dtype)
-    idx, counts = torch.ops.pcops.ball_queries(
+    idx, counts = _ball_queries(
         q.detach(), p.detach(), [float(r) for r in radii], ks, flat.validate, flat.query_group, flat.ref_group
     )
     if len(ks) == 1:

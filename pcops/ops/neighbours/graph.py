@@ -241,8 +241,8 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
     _, idx = _found(flat, min(k + (0 if loop else 1), n), "auto", _validate.compute_dtype(points)[0])
     keep = (idx >= 0) if loop else _without_self(idx, k)
     if size is not None:
-        return PaddedEdges(*torch.ops.pcops.edges_padded(idx, keep, size))
-    return torch.ops.pcops.edges(idx, keep)
+        return PaddedEdges(*_edges_padded(idx, keep, size))
+    return _edges_op(idx, keep)
 
 
 @_threads.limits
@@ -287,8 +287,8 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
     dtype, _ = _validate.compute_dtype(points)
     args = (points.detach().to(dtype), float(radius), max_neighbors or 0, loop, flat.validate, flat.query_group)
     if size is not None:
-        return PaddedEdges(*torch.ops.pcops.radius_graph_padded(*args, size))
-    return torch.ops.pcops.radius_graph(*args)
+        return PaddedEdges(*_radius_graph_padded(*args, size))
+    return _radius_graph(*args)
 
 
 __all__ = ["PaddedEdges", "knn_graph", "radius_graph"]

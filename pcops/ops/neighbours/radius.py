@@ -400,7 +400,7 @@ def _backward(ctx, grad_out, *_grads_of_saved):
 
         grads = gradients(grad_out, query, ref, features, sigma, ctx.radius, query_group, ref_group, dmin, ctx.weights, need[:4])
     else:
-        grads = torch.ops.pcops.radius_aggregate_backward(
+        grads = _radius_aggregate_backward(
             grad_out, query, points, feats, sigma, ctx.radius, query_group, out, wsum, dmin, need[1], need[2], ctx.weights, *cells
         )
     return *(g if n else None for g, n in zip(grads, need)), *(None,) * 5
@@ -579,11 +579,11 @@ def radius_aggregate(
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     q, p, f = flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype)
     if reduce == "max":
-        out, _ = torch.ops.pcops.radius_max(q, p, f, float(radius), flat.validate, flat.query_group, flat.ref_group)
+        out, _ = _radius_max(q, p, f, float(radius), flat.validate, flat.query_group, flat.ref_group)
         return _layout.unflatten(flat, out.to(out_dtype))
     if softmax:
         sigma = _validate.scale_tensor(sigma, dtype, query.device)
     else:  # not read by the kernels of the other weightings
         sigma = torch.ones((), dtype=dtype, device=query.device)
-    out = torch.ops.pcops.radius_aggregate(q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights)[0]
+    out = _radius_aggregate(q, p, f, sigma, float(radius), flat.validate, flat.query_group, flat.ref_group, weights)[0]
     return _layout.unflatten(flat, out.to(out_dtype))

@@ -803,7 +803,7 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
             start = _start(lengths, random_start, generator)[:, None]
         else:
             start = first.expand(b, first.shape[-1])
-        idx = torch.ops.pcops.farthest_point_sample(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
+        idx = _fps(points.detach().to(dtype), lengths, counts, start, n_samples, validate)
         if n == 0:  # empty clouds: every pick is -1 (nothing to gather from)
             return FPS(points.new_zeros((b, n_samples, 3)), idx)
         gathered = points.gather(1, idx.clamp(min=0)[..., None].expand(b, n_samples, 3))
@@ -821,7 +821,7 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
         ratio = ratio.to(points.device, torch.float64)
     elif ratio is not None:
         ratio = torch.full((), ratio, dtype=torch.float64, device=points.device)
-    idx = torch.ops.pcops.farthest_point_sample_packed(
+    idx = _fps_packed(
         points.detach().to(dtype), batch, first if first is not None else batch.new_empty((0,), dtype=torch.int64),
         n_samples or 0, ratio, _uniform(points.shape[0], generator, points.device) if random_start else None, validate,
     )

@@ -224,7 +224,7 @@ def grid_sample(
     _validate.tensor("points", points)
     origin_t = _origin(origin, points)
     flat, ids, padded, check = _lay_out(points, lengths, batch, origin_t, validate)
-    inverse, order, coords, voxel_batch, counts, count = torch.ops.pcops.grid_cluster(
+    inverse, order, coords, voxel_batch, counts, count = _grid_cluster(
         flat.detach(), float(voxel_size), origin_t, ids, check, -1 if bound is None else bound
     )
     # bounded: padding rows are the voxel rows with no points (every voxel has one)

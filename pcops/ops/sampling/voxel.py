@@ -144,7 +144,7 @@ def voxel_pool(
     pts = points.to(dtype)
     size = -1 if bound is None else bound
     # the points as given: the op computes the cells in float64
-    cluster, voxel_batch, count = torch.ops.pcops.voxel_cluster(points.detach(), float(voxel_size), batch, flat.validate, size)
+    cluster, voxel_batch, count = _voxel_cluster(points.detach(), float(voxel_size), batch, flat.validate, size)
     if bound is None:
         v, rows = voxel_batch.shape[0], cluster
     else:  # the points of dropped voxels pool into one spare row past the bound, cut off below

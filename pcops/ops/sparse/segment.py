@@ -283,7 +283,7 @@ def _backward(ctx, grad_out, grad_arg):
     offsets, arg = ctx.saved_tensors
     if ctx.reduce in ("max", "min") and not ctx.with_arg:
         raise RuntimeError("pcops::segment_reduce: max/min called with with_arg=False record no arg-extremum and have no gradient")
-    return torch.ops.pcops.segment_reduce_backward(grad_out, offsets, arg, ctx.reduce, ctx.rows), None, None, None, None
+    return _segment_reduce_backward(grad_out, offsets, arg, ctx.reduce, ctx.rows), None, None, None, None
 
 
 torch.library.register_autograd("pcops::segment_reduce", _backward, setup_context=_setup_context)
@@ -300,7 +300,7 @@ def _backward_backward(ctx, grad_grad):
     gradient is the forward reduction (sum, mean) or the gather at the arg-max rows (max, min)."""
     offsets, arg = ctx.saved_tensors
     if ctx.reduce in ("sum", "mean"):
-        grad = torch.ops.pcops.segment_reduce(grad_grad, offsets, ctx.reduce)[0]
+        grad = _segment_reduce(grad_grad, offsets, ctx.reduce)[0]
     else:
         grad = torch.where(arg >= 0, grad_grad.gather(0, arg.clamp_min(0)), 0)
     return grad, None, None, None, None
@@ -429,7 +429,7 @@ def reduce_sorted(values, offsets, reduce, perm=None, inverse=None, check: bool 
         flat = _Permute.apply(flat, perm, inverse)  # rows in segment order: a CSR layout
     check = check and not _layout.values(True, pointers={"offsets": (offsets, 0, n)})
     with_arg = flat.requires_grad and torch.is_grad_enabled()  # the max/min backward's rows
-    out, _ = torch.ops.pcops.segment_reduce(flat, offsets.to(torch.int64), reduce, check, with_arg)
+    out, _ = _segment_reduce(flat, offsets.to(torch.int64), reduce, check, with_arg)
     return out.reshape(out.shape[0], *shape).to(out_dtype)
 
 

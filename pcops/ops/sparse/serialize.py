@@ -246,7 +246,7 @@ def serialize(
         tensor([1, 2, 0])
     """
     depth, kinds, single = _lay_out(grid_coord, batch, depth, order)
-    code = torch.ops.pcops.serialize_codes(grid_coord, batch, depth, kinds, bool(validate))
+    code = _serialize_codes(grid_coord, batch, depth, kinds, bool(validate))
     order_, inverse = _sort_rows(code)
     if single:
         return Serialization(code[0], order_[0], inverse[0])
@@ -383,7 +383,7 @@ def serialized_pool(
     bound = _bound.bound("max_clusters", max_clusters)
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
-    cluster, indices, offsets, count = torch.ops.pcops.serialized_cluster(codes[0].contiguous(), shift, -1 if bound is None else bound)
+    cluster, indices, offsets, count = _serialized_cluster(codes[0].contiguous(), shift, -1 if bound is None else bound)
     # bounded: padding parents are the empty segments of the pointer (every parent has a point)
     real = None if bound is None else offsets[1:] > offsets[:-1]
     head = _bound.rows(indices, offsets[:-1], real, -1)

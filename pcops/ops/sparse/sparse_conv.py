@@ -474,7 +474,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grad):
     features, weight, in_index, out_index, counts = ctx.saved_tensors
     need_f, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_f, grad_w = torch.ops.pcops.sparse_conv_backward(grad, features, weight, in_index, out_index, counts, need_f, need_w,
+    grad_f, grad_w = _sparse_conv_backward(grad, features, weight, in_index, out_index, counts, need_f, need_w,
                                                           ctx.num_out)
     return (grad_f if need_f else None), (grad_w if need_w else None), None, None, None, None
 
@@ -498,11 +498,11 @@ def _backward_backward(ctx, grad_grad_f, grad_grad_w):
     u, big_u = grad_grad_f, grad_grad_w
     d_grad = d_features = d_weight = None
     if need_g:
-        d_grad = torch.ops.pcops.sparse_conv(u, weight, *pairs, m) + torch.ops.pcops.sparse_conv(features, big_u, *pairs, m)
+        d_grad = _sparse_conv(u, weight, *pairs, m) + _sparse_conv(features, big_u, *pairs, m)
     if need_f:
-        d_features = torch.ops.pcops.sparse_conv_backward(grad, features, big_u, *pairs, True, False, m)[0]
+        d_features = _sparse_conv_backward(grad, features, big_u, *pairs, True, False, m)[0]
     if need_w:
-        d_weight = torch.ops.pcops.sparse_conv_backward(grad, u, weight, *pairs, False, True, m)[1]
+        d_weight = _sparse_conv_backward(grad, u, weight, *pairs, False, True, m)[1]
     return d_grad, d_features, d_weight, None, None, None, None, None, None
 
 
@@ -513,7 +513,7 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
               counts: torch.Tensor, num_out: Optional[int] = None) -> torch.Tensor:
     """The convolution op on a kernel map's pairs (features (N, Cin) and weight (K^3, Cin, Cout)
     contiguous, of one dtype): (N, Cout) for a submanifold map (``num_out`` None), else (num_out, Cout)."""
-    return torch.ops.pcops.sparse_conv(features, weight, in_index, out_index, counts, num_out)
+    return _sparse_conv(features, weight, in_index, out_index, counts, num_out)
 
 
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
@@ -547,7 +547,7 @@ def sparse_kernel_map(grid_coord: torch.Tensor, *, batch: Optional[torch.Tensor]
     """
     kernel_size, dilation = _validate.plain(kernel_size), _validate.plain(dilation)
     _sites(grid_coord, batch, kernel_size, dilation)
-    neighbours, in_index, out_index, counts = torch.ops.pcops.sparse_kernel_map(grid_coord, batch, kernel_size, dilation, bool(validate))
+    neighbours, in_index, out_index, counts = _kernel_map(grid_coord, batch, kernel_size, dilation, bool(validate))
     return KernelMap(neighbours, in_index, out_index, counts, kernel_size, dilation)
 
 

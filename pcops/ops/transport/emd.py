@@ -214,7 +214,7 @@ def earth_movers_distance(
     flat = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
     q, r = flat.query.to(dtype), flat.ref.to(dtype)
-    match = torch.ops.pcops.emd_match(q.detach(), r.detach(), flat.query_group, flat.ref_group, samples, p, max_points, flat.validate)
+    match = _emd_match(q.detach(), r.detach(), flat.query_group, flat.ref_group, samples, p, max_points, flat.validate)
     valid = match >= 0
     rows = r if r.shape[0] else r.new_zeros((1, 3))
     diff = q - _layout.select_rows(rows, match.clamp_min(0))

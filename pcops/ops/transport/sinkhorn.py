@@ -448,7 +448,7 @@ def _backward(ctx, grad_loss, grad_state):
     x, y, a, b, xg, yg, state = ctx.saved_tensors
     samples, p, blur, debias = ctx.options
     need = ctx.needs_input_grad
-    gx, gy, ga, gb = torch.ops.pcops.sinkhorn_backward(
+    gx, gy, ga, gb = _sinkhorn_backward(
         x, y, a, b, xg, yg, state, grad_loss, samples, p, blur, debias, bool(need[0] or need[1]), bool(need[2] or need[3])
     )
     return gx, gy, ga, gb, None, None, None, None, None, None, None, None, None
@@ -592,7 +592,7 @@ def sinkhorn_divergence(
     dtype, out_dtype = _validate.compute_dtype(x, y)
     a = _weights("x_weights", x_weights, x, flat.query_group, samples, dtype)
     b = _weights("y_weights", y_weights, y, flat.ref_group, samples, dtype)
-    loss, state = torch.ops.pcops.sinkhorn(
+    loss, state = _sinkhorn(
         flat.query.to(dtype), flat.ref.to(dtype), a, b, flat.query_group, flat.ref_group, samples, p,
         float(blur), float(scaling), None if diameter is None else float(diameter), debias, bool(validate),
     )

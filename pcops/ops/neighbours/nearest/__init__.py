@@ -92,7 +92,8 @@ def _found(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
     where none): the search itself, no gradient. The op checks values only where the layout
     layer could not (``flat.validate``)."""
     name = resolve_backend(backend, flat.query.device)
-    query, ref = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
+    query = _validate.detached(flat.query, dtype)
+    ref = query if flat.ref is flat.query else _validate.detached(flat.ref, dtype)
     return BACKENDS[name].op(query, ref, k, flat.validate, flat.query_group, flat.ref_group)
 
 

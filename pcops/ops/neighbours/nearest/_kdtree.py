@@ -37,6 +37,7 @@ point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and e
 ends: it visits each node at most once.
 """
 
+import functools
 import math
 
 import torch
@@ -549,6 +550,12 @@ def _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split):
     return points, order
 
 
+@functools.cache
+def _no_group():
+    """The group argument of an ungrouped CPU search (never read), converted once."""
+    return _warp.array(torch.zeros(1, dtype=torch.int32))
+
+
 @backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")
 def search(query, ref, k, query_group, ref_group):
     m = query.shape[0]
@@ -561,8 +568,9 @@ def search(query, ref, k, query_group, ref_group):
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
     if query.device.type == "cpu" and m * ref.shape[0] <= SCAN_PAIRS:  # small: every pair, one launch
-        groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (torch.zeros(1, dtype=torch.int32),) * 2
-        args = [vec(query), groups[0], vec(ref), groups[1], dists, idx]
+        groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(),) * 2
+        points = vec(query)
+        args = [points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
         pairs = m * ref.shape[0]
         _warp.launch(_scan_kernel(query.dtype, grouped), m, args, like=query, min_chunk=1, work=pairs)
         return dists, idx

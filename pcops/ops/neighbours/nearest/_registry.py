@@ -32,13 +32,19 @@ class Backend:
     install: str = ""
 
     def available(self) -> bool:
-        """All the modules it needs import."""
+        """All the modules it needs import (once they have, they stay imported: not tried again)."""
+        if self.requires in _IMPORTED:
+            return True
         try:
             for module in self.requires:
                 importlib.import_module(module)
         except ImportError:
             return False
+        _IMPORTED.add(self.requires)
         return True
+
+
+_IMPORTED: set = set()  # the ``requires`` of backends whose modules have imported in this process
 
 
 def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (), install: str = ""):
