@@ -102,7 +102,8 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if x.numel() and out.numel():
         rows = _MIN_CHUNK // max(1, out.shape[1] if out.dim() == 2 else 1)  # split by elements moved, not rows
-        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x, min_chunk=max(rows, 1024))
+        _warp.launch(_permute_kernel(x.dtype), x.shape[0], [x.contiguous(), order, int(inverse), out], like=x, min_chunk=max(rows, 1024),
+                     work=x.numel())
     return out
 
 
@@ -209,7 +210,7 @@ def _boxes(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     kernel = _box_kernel(ref.dtype)
     beside = (kernel, [_warp.array(query.contiguous(), dtype=vec), 1, _warp.array(corners[parts:], dtype=vec)])
     _warp.launch(kernel, parts, [_warp.array(ref.contiguous(), dtype=vec), parts, _warp.array(corners[:parts], dtype=vec)],
-                 like=ref, min_chunk=1, beside=beside)
+                 like=ref, min_chunk=1, beside=beside, work=ref.shape[0] + query.shape[0])
     boxes = torch.stack([torch.stack([corners[:parts, 0].amin(0), corners[:parts, 1].amax(0)]), corners[parts]])
     return torch.where(boxes[:, :1] <= boxes[:, 1:], boxes, 0)  # no finite point: a box at 0
 
@@ -277,7 +278,8 @@ def _sort(ref_keys: torch.Tensor, query_keys: torch.Tensor, total: int) -> tuple
         results.append((order, first))
     if counted:
         kernel = _counting_sort_kernel()
-        _warp.launch(kernel, 1, counted[0], like=ref_keys, beside=(kernel, counted[1]) if len(counted) > 1 else None)
+        work = sum(args[0].shape[0] + total for args in counted)
+        _warp.launch(kernel, 1, counted[0], like=ref_keys, beside=(kernel, counted[1]) if len(counted) > 1 else None, work=work)
     return results[0][0], results[0][1], results[1][0]
 
 
@@ -403,7 +405,8 @@ class CellList:
             return key, [_warp.array(points.contiguous(), dtype=vec), groups_of(group, points), self.frame, self.dims, outside, key]
 
         (ref_keys, ref_args), (query_keys, query_args) = args(ref, ref_group, dropped), args(query, query_group, -1)
-        _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]))
+        _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]),
+                     work=ref.shape[0] + query.shape[0])
         return ref_keys, query_keys
 
 

@@ -58,8 +58,15 @@ _PURE = 64  # added to a stack entry's depth: the node holds points of the query
 _CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
 # CPU: at most this many (query, reference point) pairs are measured one by one (``_scan_kernel``)
-# instead of building and searching the tree: the same result, one launch (docs/ops/knn.md)
-SCAN_PAIRS = 1 << 16
+# instead of building and searching the tree, fewer for k > 11 (the insertion of each point grows
+# with k): SCAN_PAIRS / (k^2 / 128); the same result, one launch (docs/ops/knn.md; the crossover
+# measured in docs/benchmarks.md, design choices)
+SCAN_PAIRS = 1 << 17
+
+
+def _scans(m: int, n: int, k: int) -> bool:
+    """Whether a CPU search of m queries in n points for k neighbours measures every pair."""
+    return m * n <= SCAN_PAIRS // max(1, (k * k) >> 7)
 
 
 @_warp.kernels
@@ -567,7 +574,7 @@ def search(query, ref, k, query_group, ref_group):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    if query.device.type == "cpu" and m * ref.shape[0] <= SCAN_PAIRS:  # small: every pair, one launch
+    if query.device.type == "cpu" and _scans(m, ref.shape[0], k):  # small: every pair, one launch
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(),) * 2
         points = vec(query)
         args = [points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
