@@ -44,6 +44,8 @@ FACTORIES = [
     *[(f"mesh closest {d} faces_to_points={t}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t)) for d in (F32, F64) for t in (False, True)],
     *[(f"mesh winding {d}", importlib.import_module("pcops.ops.mesh._search")._winding_kernel, (d,)) for d in (F32, F64)],
     *[(f"triangle closest {d}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d,)) for d in (F32, F64)],
+    ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
+    ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     *[(f"distributed fps update {d}", importlib.import_module("pcops.distributed._fps")._update_kernel, (d,)) for d in (F32, F64)],
     *[(f"sinkhorn p={p} {d}", importlib.import_module("pcops.ops.transport.sinkhorn")._kernels, (d, p)) for d in (F32, F64) for p in (1, 2)],
     *[(f"mesh sample {d} from_seeds={h}", importlib.import_module("pcops.ops.mesh.sample")._draw_kernel, (d, h)) for d in (F32, F64) for h in (False, True)],

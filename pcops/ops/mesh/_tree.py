@@ -1,4 +1,4 @@
-"""The bounding volume hierarchy of the mesh ops, built in torch (no Warp object outlives a call).
+"""The bounding volume hierarchy of the mesh ops, built in torch and one Warp kernel (no Warp object outlives a call).
 
 The faces are sorted by sample id, then by the Morton code of their centroids (10 bits per
 axis over the box of all centroids), and split at the middle index as the kd-tree of
@@ -17,13 +17,13 @@ computed in float64 and stored in the compute dtype; the triangles are stored so
 (F, 3) arrays of corners, with their sample ids and their rows in the caller's faces.
 """
 
-from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+import warp as wp
 
-from ... import _morton
+from ... import _morton, _warp
 
 LEAF = 4  # faces per leaf at most
 
@@ -98,25 +98,24 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     sums = torch.cat([area[:, None], area[:, None] * centroid, area_vec, (area_vec[:, :, None] * centroid[:, None, :]).reshape(n, 9)], 1)
     sums = per_leaf(sums, 0.0).sum(1)
     glo, ghi = group[bounds[:-1]], group[bounds[1:] - 1]
-    levels = [(lo, hi, glo, ghi, sums)]
-    for _ in range(d):  # parents from pairs of children, up to the root
-        lo, hi, glo, ghi, sums = levels[-1]
-        levels.append((torch.minimum(lo[0::2], lo[1::2]), torch.maximum(hi[0::2], hi[1::2]), glo[0::2], ghi[1::2], sums[0::2] + sums[1::2]))
-    lo, hi, glo, ghi, sums = (torch.cat(parts) for parts in zip(*reversed(levels)))  # entry 2^depth - 1 + i
+    # every node, entry 2^depth - 1 + i: the leaves, then the parents from pairs of children up to
+    # the root (one thread, in one launch)
+    nodes = (2 << d) - 1
+    full = [torch.empty((nodes, *t.shape[1:]), dtype=t.dtype, device=device) for t in (lo, hi, glo, ghi, sums)]
+    for t, leaf in zip(full, (lo, hi, glo, ghi, sums)):
+        t[leaves - 1:] = leaf
+    _warp.launch(_parents_kernel(), 1, [d, *full], like=corners, work=nodes)
+    lo, hi, glo, ghi, sums = full
     area, weighted, normal, second = sums[:, 0], sums[:, 1:4], sums[:, 4:7], sums[:, 7:].reshape(-1, 3, 3)
     center = torch.where(area[:, None] > 0, weighted / area.clamp_min(1e-300)[:, None], 0.5 * (lo + hi))
     moment = second - normal[:, :, None] * center[:, None, :]  # sum a n (c - center)^T
     # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
-    # ancestor's center, then the largest over the node's leaves
-    leaf_corners = per_leaf(corners, float("nan")).reshape(leaves, 3 * LEAF, 3)
-    radius = []
-    for level in range(d + 1):
-        first = (1 << level) - 1
-        ancestors = center[first : first + (1 << level)].repeat_interleave(1 << (d - level), 0)
-        reach = torch.linalg.vector_norm(leaf_corners - ancestors[:, None], dim=-1).nan_to_num(nan=0.0, posinf=0.0).amax(1)
-        radius.append(reach.view(1 << level, -1).amax(1))
-    radius = torch.cat(radius)
+    # ancestor's center (one launch for every depth and leaf), then the largest over the node's leaves
+    reach = corners.new_empty((d + 1, leaves))
+    _warp.launch(_reach_kernel(), (d + 1) * leaves, [corners.reshape(3 * n, 3).contiguous(), n, d, center.contiguous(), reach],
+                 like=corners, work=3 * n * (d + 1))
+    radius = torch.cat([reach[level].view(1 << level, -1).amax(1) for level in range(d + 1)])
     size = node_count(n)
 
     def out(t, fill=0):
@@ -128,6 +127,63 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     cast = lambda t: t.to(dtype, copy=True, memory_format=torch.contiguous_format)  # noqa: E731  (a copy: views of one tensor would alias)
     return Tree(order, cast(corners[:, 0]), cast(corners[:, 1]), cast(corners[:, 2]), group.contiguous(),
                 out(lo), out(hi), out(glo), out(ghi), out(center), out(normal), out(moment), out(radius), scale)
+
+
+@_warp.kernels
+def _parents_kernel():
+    """One thread: every node above the leaves (entries 2^depth - 2 down to 0) from its two
+    children: the box's min and max (NaN if either is), the first child's low sample id and the second's high one,
+    the sum of the face sums (the first child's plus the second's)."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def parents(start: int, depth: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), glo: wp.array(dtype=wp.int64),
+                ghi: wp.array(dtype=wp.int64), sums: wp.array2d(dtype=wp.float64)):
+        for r in range((1 << depth) - 1):
+            node = (1 << depth) - 2 - r
+            a = 2 * node + 1
+            b = a + 1
+            low = lo[a]
+            high = hi[a]
+            for c in range(3):  # NaN wins, as in torch.minimum / maximum
+                x = lo[b][c]
+                if x < low[c] or x != x:
+                    low[c] = x
+                y = hi[b][c]
+                if y > high[c] or y != y:
+                    high[c] = y
+            lo[node] = low
+            hi[node] = high
+            glo[node] = glo[a]
+            ghi[node] = ghi[b]
+            for c in range(sums.shape[1]):
+                sums[node, c] = sums[a, c] + sums[b, c]
+
+    return parents
+
+
+@_warp.kernels
+def _reach_kernel():
+    """Thread (l, j) of ((d + 1), 2^d): the distance from the center of leaf j's ancestor at depth l
+    to the farthest finite-distance corner of the leaf's faces (0 if none), into reach[l, j]."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def reach(start: int, corners: wp.array(dtype=wp.vec3d), n: int, depth: int, center: wp.array(dtype=wp.vec3d),
+              out: wp.array2d(dtype=wp.float64)):
+        t = wp.tid() + start
+        leaves = 1 << depth
+        level = t // leaves
+        j = t - level * leaves
+        first = int((wp.int64(n) * wp.int64(j)) >> wp.int64(depth))
+        last = int((wp.int64(n) * wp.int64(j + 1)) >> wp.int64(depth))
+        c = center[(1 << level) - 1 + (j >> (depth - level))]
+        best = wp.float64(0.0)
+        for k in range(3 * first, 3 * last):
+            d = wp.length(corners[k] - c)
+            if d > best and d < wp.float64(wp.inf):  # NaN and inf corners do not count
+                best = d
+        out[level, j] = best
+
+    return reach
 
 
 def empty_like(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> Tree:
