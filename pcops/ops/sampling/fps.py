@@ -710,6 +710,25 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -
     return t.to(torch.int64)
 
 
+def _check_python_start(start_idx, points: torch.Tensor, lengths, batch, ratio) -> bool:
+    """The op's start-set checks (:func:`_check_start`) made here, without a tensor, where they can
+    be: Python ints for every sample of one static size (one cloud, or padded points without
+    lengths) and ``n_samples`` picks; whether they were made."""
+    n = points.shape[-2]
+    if isinstance(start_idx, torch.Tensor) or ratio is not None or batch is not None or lengths is not None or not isinstance(n, int):
+        return False
+    value = _validate.plain(start_idx)
+    values = [_validate.plain(x) for x in value] if isinstance(value, Sequence) else [value]
+    if n == 0:  # an empty cloud: nothing to check (the op skips empty samples)
+        return True
+    for x in values:
+        if x >= n:
+            raise ValueError(f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, got {x} for a sample of {n} points")
+    if len(set(values)) < len(values):
+        raise ValueError("start_idx must not repeat an index (a sample's start set holds distinct points)")
+    return True
+
+
 @_threads.limits
 def farthest_point_sample(
     points: torch.Tensor,
@@ -786,7 +805,8 @@ def farthest_point_sample(
     # the op checks what the layout layer could not: values under torch.compile, a start set's
     # indices against each sample's length and a ratio tensor's value (one more host read, only
     # when a start set or a ratio tensor is given)
-    check = flat.validate or (validate and (first is not None or isinstance(ratio, torch.Tensor)))
+    start_checked = first is not None and validate and _check_python_start(start_idx, points, lengths, batch, ratio)
+    check = flat.validate or (validate and ((first is not None and not start_checked) or isinstance(ratio, torch.Tensor)))
     return _sample(points, n_samples, ratio, lengths, batch, first, random_start, generator, check)
 
 

@@ -389,3 +389,19 @@ def test_empty_clouds_give_only_padding():
         out = pcops.farthest_point_sample(points, 4)
         assert out.idx.shape == shape and bool((out.idx == -1).all())
         assert out.points.shape == (*shape, 3) and bool((out.points == 0).all())
+
+
+@pytest.mark.parametrize("start", [0, 15, [3, 9], [4, 4], [2, 16], [0, 1, 2, 3, 4, 5]])
+def test_a_python_start_set_is_checked_as_the_op_checks_a_tensor_one(start):
+    """Python ints on one cloud (or padded points without lengths) are checked before the op,
+    without a tensor; the same picks and the same errors as a tensor start set, which the op checks."""
+    gen = torch.Generator().manual_seed(4)
+    for points in (torch.rand(16, 3, generator=gen), torch.rand(2, 16, 3, generator=gen)):
+        outcomes = []
+        for given in (start, torch.tensor(start if isinstance(start, list) else [start])):
+            try:
+                outcomes.append(pcops.farthest_point_sample(points, 6, start_idx=given).idx)
+            except ValueError as err:
+                outcomes.append(str(err))
+        assert type(outcomes[0]) is type(outcomes[1])
+        assert outcomes[0] == outcomes[1] if isinstance(outcomes[0], str) else torch.equal(*outcomes)
