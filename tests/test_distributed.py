@@ -226,6 +226,30 @@ def _check_compile(rank: int, world: int) -> None:
     torch.testing.assert_close(fc.grad, fe.grad, rtol=1e-12, atol=1e-12)
 
 
+def _check_few_points(rank: int, world: int) -> None:
+    """A rank holding fewer than k reference points receives a bound's halo, not the whole cloud:
+    its bound is the k-th distance among its own points and a sample of the others'."""
+    import pcops
+    import pcops.distributed as pd
+
+    g = torch.Generator().manual_seed(12)
+    cloud = torch.rand(6000, 3, generator=g, dtype=F64)
+    cloud = cloud[torch.argsort(cloud[:, 0])]  # slabs along x: rank r holds the r-th
+    slab = torch.arange(6000).chunk(world)
+    queries = cloud[slab[rank][:100]] if rank == 0 else cloud[slab[rank]]  # rank 0: the 100 points of smallest x
+    keep = slab[0][:2] if rank == 0 else torch.cat([slab[0][2:], slab[rank]]) if rank == 1 else slab[rank]
+    pd.traffic.reset()
+    got = pd.knn(queries, cloud[keep], 8)
+    received = pd.traffic.received
+    shares = [None] * world
+    dist.all_gather_object(shares, cloud[keep])
+    expected = pcops.knn(queries, torch.cat(shares), 8)
+    assert torch.equal(got.idx, expected.idx)
+    torch.testing.assert_close(got.dists, expected.dists, rtol=0, atol=0)
+    if rank == 0:  # 2 points of its own, k = 8: the points near its queries (x < 0.02), not the cloud
+        assert received < 0.25 * 6000 * (3 * 8 + 8), received  # rows of coordinates and a global index each
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -242,6 +266,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _check_bad_inputs(rank, world)
         _check_edges(rank, world)
         _check_compile(rank, world)
+        _check_few_points(rank, world)
     finally:
         dist.destroy_process_group()
 

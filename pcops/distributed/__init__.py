@@ -38,16 +38,57 @@ __all__ = ["KNNAggregation", "Partition", "RadiusAggregation", "Traffic", "ball_
            "radius_aggregate", "traffic"]
 
 
-def _local_knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int) -> torch.Tensor:
-    """Each query's k-th distance among this rank's own reference points (inf with fewer than k):
-    the true k-th distance is at most this."""
-    if ref.shape[0] < k or query.shape[0] == 0:
-        return query.new_full((query.shape[0],), float("inf"))
-    return _knn(query.detach(), ref.detach(), k, validate=False).dists[:, -1]
+def _knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int, group, known=None):
+    """The reach of :func:`pcops.distributed._halo.gather` for kNN, a function of every rank's
+    reference count: each query's k-th distance among this rank's own reference points, a bound
+    of its k-th distance in the whole cloud. Where a rank holds fewer than k points, the other
+    ranks first send it their points nearest to its queries (:func:`_near_cells`: two small
+    collectives, only then), and its bound is the k-th distance among its own and those; inf
+    where the whole cloud holds fewer than k (an error: :func:`_enough`). ``known``: the own
+    k-th distances, where the caller has them. Every rank must take this path."""
+
+    def own() -> torch.Tensor:
+        if known is not None:
+            return known
+        if ref.shape[0] < k or query.shape[0] == 0:
+            return query.new_full((query.shape[0],), float("inf"))
+        return _knn(query.detach(), ref.detach(), k, validate=False).dists[:, -1]
+
+    def reach(counts: list) -> torch.Tensor:
+        if min(counts) >= k or sum(counts) < k:
+            return own()
+        near = _near_cells(query, ref, k, [n < k for n in counts], group)  # every rank takes part
+        if ref.shape[0] >= k or query.shape[0] == 0:
+            return own()
+        points = torch.cat([ref.detach().to(torch.float64), near.to(ref.device)])
+        return _knn(query.detach().to(torch.float64), points, k, validate=False).dists[:, -1]
+
+    return reach
+
+
+def _near_cells(query: torch.Tensor, ref: torch.Tensor, k: int, needy: list, group) -> torch.Tensor:
+    """The reference points the other ranks hold nearest to this rank's queries, float64: every
+    rank gathers the centres of each rank's query cells (:func:`pcops.distributed._halo.reach_boxes`
+    at reach 0) and sends each rank in ``needy`` (with fewer than k points of its own) its k
+    points nearest to each of that rank's centres. Together with the rank's own points, at
+    least k (the whole cloud holds k or more), they bound each query's k-th distance."""
+    me, world = _comm.rank_and_size(group)
+    boxes = _halo.reach_boxes(query, query.new_zeros(()))
+    centres = _comm.all_gather(boxes.mean(1).cpu(), group)  # (CELLS^3, 3) float64, NaN for an empty cell
+    point = ref.detach().to(torch.float64)
+    rows = []
+    for r in range(world):
+        centre = centres[r][~centres[r].isnan().any(1)].to(ref.device)
+        if r == me or not needy[r] or centre.shape[0] == 0 or point.shape[0] == 0:
+            rows.append(point.new_zeros((0, 3)))
+            continue
+        idx = _knn(centre, point, min(k, point.shape[0]), validate=False).idx
+        rows.append(point.index_select(0, torch.unique(idx)))
+    return _comm.exchange(rows, group)
 
 
 def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
-    return _enough(_halo.gather(query, ref, features, _local_knn_reach(query, ref, k), group), k)
+    return _enough(_halo.gather(query, ref, features, _knn_reach(query, ref, k, group), group), k)
 
 
 def _enough(halo: _halo.Halo, k: int) -> _halo.Halo:
@@ -68,7 +109,7 @@ def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN
         return KNN(out.dists, _halo.to_global(out.idx, halo)), halo
     own = _knn(query, ref, k, validate=False)
     reach = own.dists[:, -1].detach()
-    halo = _enough(_halo.gather(query, ref, None, reach, group), k)
+    halo = _enough(_halo.gather(query, ref, None, _knn_reach(query, ref, k, group, known=reach), group), k)
     border = _halo.reached(query, halo, reach, lambda q, p: _knn(q, p, 1, validate=False).dists[:, 0])
     dists, idx = own.dists + 0 * halo.ref.sum(), own.idx + halo.offset  # the exchange kept in every rank's graph
     if bool(border.any()):

@@ -61,11 +61,15 @@ def reach_boxes(query: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
     return boxes
 
 
-def gather(query: torch.Tensor, ref: torch.Tensor, features: Optional[torch.Tensor], reach: torch.Tensor, group) -> Halo:
-    """This rank's reference rows and the other ranks' rows within ``reach`` of its queries."""
+def gather(query: torch.Tensor, ref: torch.Tensor, features: Optional[torch.Tensor], reach, group) -> Halo:
+    """This rank's reference rows and the other ranks' rows within ``reach`` of its queries:
+    a tensor (M,) or 0-d, or a function of every rank's number of reference rows (a list, the
+    same on every rank) that returns it (it may run collectives of its own: every rank calls it)."""
     me, world = _comm.rank_and_size(group)
     counts = torch.stack(_comm.all_gather(torch.tensor([ref.shape[0]], dtype=torch.int64), group))[:, 0]
     offset = int(counts[:me].sum())
+    if callable(reach):
+        reach = reach(counts.tolist())
     boxes = _comm.all_gather(reach_boxes(query, reach).cpu(), group)  # float64: a point on a box's face stays inside
     index = torch.arange(offset, offset + ref.shape[0], device=ref.device)
     point = ref.detach().to(torch.float64)
