@@ -158,8 +158,8 @@ def _call(op, *args, **kwargs):
     """A call of a pcops custom op. With plain CPU or CUDA tensors in eager mode and no gradient
     to record (the common small call), its kernel runs directly: the dispatcher's round trip
     (autograd's and the device's keys, about 20 us a call) decides nothing there. Any other call
-    (traced or compiled, under a dispatch or function mode, functorch, the profiler, tensor
-    subclasses, a gradient to record) goes through the dispatcher, as ``torch.ops.pcops.<name>``
+    (compiled or traced by torch.jit, under a dispatch or function mode, functorch, the profiler,
+    tensor subclasses, a gradient to record) goes through the dispatcher, as ``torch.ops.pcops.<name>``
     always does."""
     direct = op._pcops_direct.get(_plain_device(args, kwargs)) if DIRECT[0] and (op._pcops_keywords or not kwargs) else None
     return direct(*args, **kwargs) if direct is not None else super(type(op), op).__call__(*args, **kwargs)
@@ -172,7 +172,8 @@ DIRECT = [True]
 
 def _plain_device(args, kwargs):
     """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call)."""
-    if _compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None:
+    if (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
+            or _jit_tracing() is not None):
         return None
     grad = torch.is_grad_enabled()
     kind = None
@@ -190,7 +191,7 @@ def _plain_device(args, kwargs):
 
 
 _compiling, _dispatch_modes, _function_modes = torch.compiler.is_compiling, torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled
-_profiling, _transforms = torch.autograd._profiler_enabled, torch._C._functorch.peek_interpreter_stack
+_profiling, _transforms, _jit_tracing = torch.autograd._profiler_enabled, torch._C._functorch.peek_interpreter_stack, torch._C._get_tracing_state
 
 
 def limits(fn):

@@ -236,3 +236,6 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     assert torch.vmap(lambda y: _threads_seen(y))(torch.zeros(2, 3)).shape == (2, 3)  # through functorch's dispatch
     with torch.overrides.TorchFunctionMode():
         assert _threads._plain_device((x,), {}) is None
+    seen = []
+    torch.jit.trace(lambda y: seen.append(_threads._plain_device((y,), {})) or y + 1, (x,), check_trace=False)
+    assert seen == [None]
