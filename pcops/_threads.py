@@ -24,6 +24,7 @@ import threading
 import time
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 # Seconds between two readings of the machine's CPU time: the busy cores are those of the last one.
 WINDOW = 0.25
@@ -143,8 +144,9 @@ def custom_op(name: str, fn=None, /, **kwargs):
             return fn(*args, **kw)
 
     op.register_kernel("cpu", cpu)
-    op._pcops_direct = {"cpu": cpu, "cuda": fn}
-    op._pcops_keywords = "schema" not in kwargs  # keywords reach ``fn`` as the schema's only when it was read from fn
+    # an op whose schema was given (warp_op's) is always dispatched: the schema converts and
+    # checks its arguments for ``fn``; one read from ``fn``'s signature has nothing to convert
+    op._pcops_direct = {} if "schema" in kwargs else {"cpu": cpu, "cuda": fn}
     op.__class__ = _op_type(type(op))  # the same op, called through :func:`_call`
     return op
 
@@ -158,10 +160,11 @@ def _call(op, *args, **kwargs):
     """A call of a pcops custom op. With plain CPU or CUDA tensors in eager mode and no gradient
     to record (the common small call), its kernel runs directly: the dispatcher's round trip
     (autograd's and the device's keys, about 20 us a call) decides nothing there. Any other call
-    (compiled or traced by torch.jit, under a dispatch or function mode, functorch, the profiler,
-    tensor subclasses, a gradient to record) goes through the dispatcher, as ``torch.ops.pcops.<name>``
+    (compiled or traced by torch.jit, under a dispatch or function mode, functorch, forward-mode
+    AD, the profiler; tensor subclasses, negated or conjugated views, a gradient to record; an
+    op whose schema was given) goes through the dispatcher, as ``torch.ops.pcops.<name>``
     always does."""
-    direct = op._pcops_direct.get(_plain_device(args, kwargs)) if DIRECT[0] and (op._pcops_keywords or not kwargs) else None
+    direct = op._pcops_direct.get(_plain_device(args, kwargs)) if DIRECT[0] and op._pcops_direct else None
     return direct(*args, **kwargs) if direct is not None else super(type(op), op).__call__(*args, **kwargs)
 
 
@@ -173,15 +176,15 @@ DIRECT = [True]
 def _plain_device(args, kwargs):
     """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call)."""
     if (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
-            or _jit_tracing() is not None):
+            or _jit_tracing() is not None or _forward_ad._current_level >= 0):
         return None
     grad = torch.is_grad_enabled()
     kind = None
     for value in (*args, *kwargs.values()) if kwargs else args:
         for t in value if type(value) in (list, tuple) else (value,):
             if isinstance(t, torch.Tensor):
-                if type(t) is not torch.Tensor or (grad and t.requires_grad):
-                    return None
+                if type(t) is not torch.Tensor or (grad and t.requires_grad) or t.is_neg() or t.is_conj():
+                    return None  # (a negated or conjugated view: the dispatcher materialises it)
                 device = "cpu" if t.is_cpu else "cuda" if t.is_cuda else None
                 if kind is None:
                     kind = device

@@ -248,6 +248,15 @@ def _check_few_points(rank: int, world: int) -> None:
     torch.testing.assert_close(got.dists, expected.dists, rtol=0, atol=0)
     if rank == 0:  # 2 points of its own, k = 8: the points near its queries (x < 0.02), not the cloud
         assert received < 0.25 * 6000 * (3 * 8 + 8), received  # rows of coordinates and a global index each
+    # NaN points (validate=False) on the ranks: never neighbours (a -1 stays -1), no NaN spread
+    # into the distances, and no rank left waiting
+    mine = cloud[:2] if rank == 0 else torch.cat([cloud[2:3], torch.full((9, 3), float("nan"), dtype=F64)])
+    shares = [None] * world
+    dist.all_gather_object(shares, mine)
+    got = pd.knn(cloud[:5], mine, 4, validate=False)
+    expected = pcops.knn(cloud[:5], torch.cat(shares), 4, validate=False)
+    assert torch.equal(got.idx, expected.idx)
+    torch.testing.assert_close(got.dists, expected.dists, rtol=0, atol=0)
 
 
 def _worker(rank: int, world: int, port: int) -> None:

@@ -236,6 +236,25 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     assert torch.vmap(lambda y: _threads_seen(y))(torch.zeros(2, 3)).shape == (2, 3)  # through functorch's dispatch
     with torch.overrides.TorchFunctionMode():
         assert _threads._plain_device((x,), {}) is None
+    assert _threads._plain_device((torch._neg_view(x),), {}) is None  # a negated view: materialised by the dispatcher
+    assert _threads._plain_device((torch.complex(x, x).conj(),), {}) is None
+    from torch.autograd import forward_ad
+
+    with forward_ad.dual_level():
+        assert _threads._plain_device((forward_ad.make_dual(x, torch.ones(3)),), {}) is None
     seen = []
     torch.jit.trace(lambda y: seen.append(_threads._plain_device((y,), {})) or y + 1, (x,), check_trace=False)
     assert seen == [None]
+
+
+def test_negated_views_and_dual_tensors_give_the_dispatchers_results():
+    from torch.autograd import forward_ad
+
+    gen = torch.Generator().manual_seed(2)
+    p, f = torch.rand(40, 3, generator=gen), torch.rand(40, 2, generator=gen)
+    neg = torch._neg_view(p)  # a view whose values are -p, its memory p's
+    assert torch.equal(pcops.knn(neg, neg, 4).idx, pcops.knn(-p, -p, 4).idx)
+    expected = pcops.radius_aggregate(p, p, f, 0.3, 0.1)
+    with forward_ad.dual_level():  # the op has no forward-mode formula: its value, as the dispatcher gives it
+        out = pcops.radius_aggregate(p, p, forward_ad.make_dual(f, torch.ones_like(f)), 0.3, 0.1)
+        assert torch.equal(forward_ad.unpack_dual(out).primal, expected)

@@ -387,3 +387,12 @@ def test_int_scalars_outside_their_declared_type_raise_naming_them(n, small, bad
 def test_int_scalars_at_the_ends_of_their_type_pass_exactly():
     out = shift(torch.zeros(2, dtype=torch.float64), 2**31 - 1, -128)
     assert out.tolist() == [2**31 - 1 - 128] * 2
+
+
+def test_calls_are_checked_against_the_schema(gen):
+    """A generated op's call goes through its schema, as any op's through torch.ops: an extra
+    argument raises, as the dispatcher's does."""
+    points, amp = _points(gen), torch.tensor([2.0], dtype=torch.float64)
+    with pytest.raises(Exception, match="argument"):
+        field(points, amp, 99)
+    assert torch.equal(field(points, amp), torch.ops.pcops_test.field(points, amp))

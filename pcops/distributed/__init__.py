@@ -61,6 +61,8 @@ def _knn_reach(query: torch.Tensor, ref: torch.Tensor, k: int, group, known=None
         if ref.shape[0] >= k or query.shape[0] == 0:
             return own()
         points = torch.cat([ref.detach().to(torch.float64), near.to(ref.device)])
+        if points.shape[0] < k:  # fewer than k finite points near (NaN points, validate=False): no bound
+            return query.new_full((query.shape[0],), float("inf"))
         return _knn(query.detach().to(torch.float64), points, k, validate=False).dists[:, -1]
 
     return reach
@@ -83,8 +85,15 @@ def _near_cells(query: torch.Tensor, ref: torch.Tensor, k: int, needy: list, gro
             rows.append(point.new_zeros((0, 3)))
             continue
         idx = _knn(centre, point, min(k, point.shape[0]), validate=False).idx
-        rows.append(point.index_select(0, torch.unique(idx)))
+        rows.append(point.index_select(0, torch.unique(idx[idx >= 0])))  # -1: none (NaN points, validate=False)
     return _comm.exchange(rows, group)
+
+
+def _kept(*received: torch.Tensor) -> torch.Tensor:
+    """A zero that depends on the received tensors: added to a rank's result, it keeps the exchange
+    in every rank's autograd graph (each backward then runs its collective), and stays 0 with NaN
+    or inf points in a halo (validate=False)."""
+    return sum(t.nan_to_num(0.0, 0.0, 0.0).sum() for t in received) * 0
 
 
 def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
@@ -104,14 +113,14 @@ def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN
     if ref.shape[0] < k or query.shape[0] == 0:  # no bound from this rank's own points
         halo = _k_halo(query, ref, None, k, group)
         if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
-            return KNN(query.new_zeros((0, k)) + 0 * halo.ref.sum(), torch.zeros((0, k), dtype=torch.int64, device=query.device)), halo
+            return KNN(query.new_zeros((0, k)) + _kept(halo.ref), torch.zeros((0, k), dtype=torch.int64, device=query.device)), halo
         out = _knn(query, halo.ref, k, validate=False)
         return KNN(out.dists, _halo.to_global(out.idx, halo)), halo
     own = _knn(query, ref, k, validate=False)
     reach = own.dists[:, -1].detach()
     halo = _enough(_halo.gather(query, ref, None, _knn_reach(query, ref, k, group, known=reach), group), k)
     border = _halo.reached(query, halo, reach, lambda q, p: _knn(q, p, 1, validate=False).dists[:, 0])
-    dists, idx = own.dists + 0 * halo.ref.sum(), own.idx + halo.offset  # the exchange kept in every rank's graph
+    dists, idx = own.dists + _kept(halo.ref), torch.where(own.idx >= 0, own.idx + halo.offset, -1)  # the exchange kept in every rank's graph
     if bool(border.any()):
         again = _knn(query[border], halo.ref, k, validate=False)
         dists = dists.index_put((border,), again.dists)
@@ -159,7 +168,7 @@ def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor
     k = _pair(group, query, ref, features, validate, k=k)["k"]
     halo = _k_halo(query, ref, features, k, group)
     if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
-        return features.new_zeros((0, features.shape[1])) + 0 * (halo.ref.sum() + halo.features.sum())
+        return features.new_zeros((0, features.shape[1])) + _kept(halo.ref, halo.features)
     return _knn_aggregate(query, halo.ref, halo.features, k, sigma, validate=False, **options)
 
 
@@ -204,7 +213,7 @@ def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: 
         near, halo = _nearest(a, b, 1, group)
         nearest = halo.ref.index_select(0, torch.searchsorted(halo.index, near.idx[:, 0]))  # the nearest point, from its global row
         d2 = ((a - nearest) ** 2).sum(1)
-        sums.append(torch.stack([d2.sum() + 0 * halo.ref.sum(), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
+        sums.append(torch.stack([d2.sum() + _kept(halo.ref), torch.tensor(float(a.shape[0]), dtype=a.dtype, device=a.device)]))
     total = _comm.all_reduce(torch.stack(sums), dist.ReduceOp.SUM, group, shared=True)
     return total[0, 0] / total[0, 1] + total[1, 0] / total[1, 1]
 

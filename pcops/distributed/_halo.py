@@ -82,6 +82,9 @@ def gather(query: torch.Tensor, ref: torch.Tensor, features: Optional[torch.Tens
         if box.shape[0] == 0:
             rows.append(torch.zeros(0, dtype=torch.int64, device=ref.device))
             continue
+        if bool(((box[:, 0] == float("-inf")) & (box[:, 1] == float("inf"))).all(1).any()):
+            rows.append(torch.arange(ref.shape[0], device=ref.device))  # an unbounded reach: every row, NaN ones too
+            continue
         # the points inside the boxes' hull first (on a spatial share, the few near the border),
         # then those inside one of the boxes
         near = ((point >= box[:, 0].amin(0)) & (point <= box[:, 1].amax(0))).all(1).nonzero().squeeze(1)
@@ -105,7 +108,7 @@ def reached(query: torch.Tensor, halo: Halo, reach: torch.Tensor, nearest) -> to
     points = halo.ref.detach()[others]
     if points.shape[0] == 0 or query.shape[0] == 0:
         return torch.zeros(query.shape[0], dtype=torch.bool, device=query.device)
-    size = query.detach().abs().amax() + points.abs().amax()
+    size = (query.detach().abs().amax() + points.abs().amax()).nan_to_num(0.0, 0.0, 0.0)  # (NaN points: validate=False)
     return nearest(query.detach(), points) <= reach * (1 + _slack(query)) + _slack(query) * size
 
 

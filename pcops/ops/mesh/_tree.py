@@ -26,6 +26,8 @@ import warp as wp
 from ... import _morton, _warp
 
 LEAF = 4  # faces per leaf at most
+THREADS = 2**31 - 1  # threads of one launch at most (Warp's thread ids are int32)
+PER_LEVEL = [False]  # the CPU too builds the parent levels a launch per level, as CUDA does (tests)
 
 
 class Tree(NamedTuple):
@@ -104,7 +106,11 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     full = [torch.empty((nodes, *t.shape[1:]), dtype=t.dtype, device=device) for t in (lo, hi, glo, ghi, sums)]
     for t, leaf in zip(full, (lo, hi, glo, ghi, sums)):
         t[leaves - 1:] = leaf
-    _warp.launch(_parents_kernel(), 1, [d, *full], like=corners, work=nodes)
+    if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
+        _warp.launch(_parents_kernel(), 1, [d, -1, *full], like=corners, work=nodes)
+    else:  # a launch per level, a thread per node
+        for level in range(d - 1, -1, -1):
+            _warp.launch(_parents_kernel(), 1 << level, [d, level, *full], like=corners)
     lo, hi, glo, ghi, sums = full
     area, weighted, normal, second = sums[:, 0], sums[:, 1:4], sums[:, 4:7], sums[:, 7:].reshape(-1, 3, 3)
     center = torch.where(area[:, None] > 0, weighted / area.clamp_min(1e-300)[:, None], 0.5 * (lo + hi))
@@ -113,8 +119,10 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
     # ancestor's center (one launch for every depth and leaf), then the largest over the node's leaves
     reach = corners.new_empty((d + 1, leaves))
-    _warp.launch(_reach_kernel(), (d + 1) * leaves, [corners.reshape(3 * n, 3).contiguous(), n, d, center.contiguous(), reach],
-                 like=corners, work=3 * n * (d + 1))
+    args = [corners.reshape(3 * n, 3).contiguous(), n, d, center.contiguous()]
+    levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
+    for first, count in levels:
+        _warp.launch(_reach_kernel(), count * leaves, [*args, first, reach], like=corners, work=3 * n * count)
     radius = torch.cat([reach[level].view(1 << level, -1).amax(1) for level in range(d + 1)])
     size = node_count(n)
 
@@ -131,15 +139,21 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
 
 @_warp.kernels
 def _parents_kernel():
-    """One thread: every node above the leaves (entries 2^depth - 2 down to 0) from its two
-    children: the box's min and max (NaN if either is), the first child's low sample id and the second's high one,
-    the sum of the face sums (the first child's plus the second's)."""
+    """Nodes above the leaves from their two children: the box's min and max (NaN if either is),
+    the first child's low sample id and the second's high one, the sum of the face sums (the
+    first child's plus the second's). ``level`` -1: one thread, every node from entry 2^depth - 2
+    down to 0 (the CPU); else thread t makes node t of depth ``level`` (a launch per level)."""
 
     @wp.kernel(enable_backward=False, module="unique")
-    def parents(start: int, depth: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), glo: wp.array(dtype=wp.int64),
-                ghi: wp.array(dtype=wp.int64), sums: wp.array2d(dtype=wp.float64)):
-        for r in range((1 << depth) - 1):
+    def parents(start: int, depth: int, level: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d),
+                glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64), sums: wp.array2d(dtype=wp.float64)):
+        count = int(1)
+        if level < 0:
+            count = (1 << depth) - 1
+        for r in range(count):
             node = (1 << depth) - 2 - r
+            if level >= 0:
+                node = (1 << level) - 1 + wp.tid() + start
             a = 2 * node + 1
             b = a + 1
             low = lo[a]
@@ -163,16 +177,16 @@ def _parents_kernel():
 
 @_warp.kernels
 def _reach_kernel():
-    """Thread (l, j) of ((d + 1), 2^d): the distance from the center of leaf j's ancestor at depth l
+    """Thread (l, j) of (depths from ``first_level``, 2^d): the distance from the center of leaf j's ancestor at depth l
     to the farthest finite-distance corner of the leaf's faces (0 if none), into reach[l, j]."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def reach(start: int, corners: wp.array(dtype=wp.vec3d), n: int, depth: int, center: wp.array(dtype=wp.vec3d),
-              out: wp.array2d(dtype=wp.float64)):
+              first_level: int, out: wp.array2d(dtype=wp.float64)):
         t = wp.tid() + start
         leaves = 1 << depth
-        level = t // leaves
-        j = t - level * leaves
+        level = first_level + t // leaves
+        j = t - (t // leaves) * leaves
         first = int((wp.int64(n) * wp.int64(j)) >> wp.int64(depth))
         last = int((wp.int64(n) * wp.int64(j + 1)) >> wp.int64(depth))
         c = center[(1 << level) - 1 + (j >> (depth - level))]

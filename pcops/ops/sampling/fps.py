@@ -719,7 +719,7 @@ def _check_python_start(start_idx, points: torch.Tensor, lengths, batch, ratio) 
         return False
     value = _validate.plain(start_idx)
     values = [_validate.plain(x) for x in value] if isinstance(value, Sequence) else [value]
-    if n == 0:  # an empty cloud: nothing to check (the op skips empty samples)
+    if n == 0 or (points.dim() == 3 and points.shape[0] == 0):  # no sample with a point: nothing to check (as the op)
         return True
     for x in values:
         if x >= n:

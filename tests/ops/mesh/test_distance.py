@@ -2,6 +2,8 @@
 (point, face) pair and the exact winding number (tests/reference.py). (trimesh's closest point
 is not a reference: on a sliver it returned a point 15% nearer than the triangle.)"""
 
+import importlib
+
 import pytest
 import torch
 
@@ -423,3 +425,18 @@ def test_slivers_just_above_flat_are_measured_exactly(height):
         expected = reference.mesh_distance(q.to(dtype).double(), v.to(dtype).double(), f)[0]
         tol = 1e-6 if dtype == torch.float32 else 1e-12
         torch.testing.assert_close(out.dists.double(), expected, rtol=0, atol=tol)
+
+
+def test_the_hierarchy_is_the_same_built_a_launch_per_level(monkeypatch):
+    """The parent levels a launch per level (CUDA's way) and the radii a launch per depth (meshes
+    past int32 thread ids) give the one-launch CPU build's hierarchy, bit for bit."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    v, f = icosphere(3)
+    v = v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=v.dtype)
+    v[5, 1] = float("nan")  # a NaN corner: the boxes above it are NaN either way
+    group = (torch.arange(f.shape[0]) >= f.shape[0] // 3).to(torch.int64)
+    expected = tree.build(v, f, group, torch.float64)
+    monkeypatch.setattr(tree, "PER_LEVEL", [True])
+    monkeypatch.setattr(tree, "THREADS", 1)
+    for a, b in zip(expected, tree.build(v, f, group, torch.float64), strict=True):
+        assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))

@@ -396,7 +396,7 @@ def test_a_python_start_set_is_checked_as_the_op_checks_a_tensor_one(start):
     """Python ints on one cloud (or padded points without lengths) are checked before the op,
     without a tensor; the same picks and the same errors as a tensor start set, which the op checks."""
     gen = torch.Generator().manual_seed(4)
-    for points in (torch.rand(16, 3, generator=gen), torch.rand(2, 16, 3, generator=gen)):
+    for points in (torch.rand(16, 3, generator=gen), torch.rand(2, 16, 3, generator=gen), torch.rand(0, 16, 3, generator=gen)):
         outcomes = []
         for given in (start, torch.tensor(start if isinstance(start, list) else [start])):
             try:
