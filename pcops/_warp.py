@@ -229,11 +229,10 @@ def span(t: torch.Tensor, at: int, count: int, width: int = 1):
 # its layout is the one this expects (checked once against Warp's own conversion)
 _ARRAY_T = type(wp.from_torch(torch.zeros(1), requires_grad=False, return_ctype=True))
 _MAX_DIMS = 4
-_DESCRIPTOR = struct.Struct(f"<QQ{_MAX_DIMS}i{_MAX_DIMS}iHH")
-_DESCRIPTOR = struct.Struct(_DESCRIPTOR.format + "x" * (ctypes.sizeof(_ARRAY_T) - _DESCRIPTOR.size))
-# the same layout for an array of n dimensions, the unused sizes and strides packed as zero bytes
-_PACKERS = [struct.Struct(f"<QQ{n}i{4 * (_MAX_DIMS - n)}x{n}i{4 * (_MAX_DIMS - n)}xHH" + "x" * (_DESCRIPTOR.size - struct.calcsize(f"<QQ{2 * _MAX_DIMS}iHH")))
-            for n in range(_MAX_DIMS + 1)]
+_HEAD = f"<QQ{2 * _MAX_DIMS}iHH"  # data, grad, shape, strides, ndim, flags: the fields this packs
+# the descriptor of an array of n dimensions (the unused sizes and strides zero bytes), padded to Warp's size
+_PACKERS = [struct.Struct(f"<QQ{n}i{4 * (_MAX_DIMS - n)}x{n}i{4 * (_MAX_DIMS - n)}xHH"
+                          + "x" * max(ctypes.sizeof(_ARRAY_T) - struct.calcsize(_HEAD), 0)) for n in range(_MAX_DIMS + 1)]
 
 
 @functools.cache
@@ -248,11 +247,9 @@ def _element(dtype: torch.dtype, wp_dtype):
         expected = wp.from_torch(probe, dtype=wp_dtype, requires_grad=False, return_ctype=True)  # raises if incompatible
     except Exception:  # noqa: BLE001 (Warp raises its own error in array())
         return None
-    if ctypes.sizeof(_ARRAY_T) < _DESCRIPTOR.size or type(expected) is not _ARRAY_T:
+    if ctypes.sizeof(_ARRAY_T) != _PACKERS[1].size or type(expected) is not _ARRAY_T:
         return None
-    shape, strides = (2,), (3 * math.prod(inner) * size,)
-    pad = (0,) * (_MAX_DIMS - 1)
-    packed = _DESCRIPTOR.pack(probe.data_ptr(), 0, *shape, *pad, *strides, *pad, 1, 0)
+    packed = _PACKERS[1].pack(probe.data_ptr(), 0, 2, 3 * math.prod(inner) * size, 1, 0)  # the packer array() uses
     return (size, inner) if packed == bytes(expected) else None
 
 
@@ -572,7 +569,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     if beside is not None and (beside[2] if len(beside) > 2 else 1) <= 0:
         beside = None
     if chunks == 1 and beside is None and s is None and (kernel, dev) in _loaded:
-        _runner(kernel, bounds, [values], dev, s)(0)  # the common small launch: no fork-join
+        _serial(kernel, n, values)  # the common small launch: no fork-join
         return
     extras = [{i: zeros_like(args[i]) for i in scatter} for _ in range(chunks - 1)]
     private = [values] + [[convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]

@@ -1,4 +1,4 @@
-"""The bounding volume hierarchy of the mesh ops, built in torch and one Warp kernel (no Warp object outlives a call).
+"""The bounding volume hierarchy of the mesh ops, built in torch and two Warp kernels (no Warp object outlives a call).
 
 The faces are sorted by sample id, then by the Morton code of their centroids (10 bits per
 axis over the box of all centroids), and split at the middle index as the kd-tree of

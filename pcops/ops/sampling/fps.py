@@ -589,12 +589,16 @@ def _check_start(start: torch.Tensor, lengths: torch.Tensor) -> None:
     bad = (rows < 0) | (rows >= lim)
     if bool(bad.any()):
         at = bad.nonzero()[0]
-        raise ValueError(
-            f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, "
-            f"got {int(rows[at[0], at[1]])} for a sample of {int(lim[at[0], 0])} points"
-        )
+        raise _out_of_range(int(rows[at[0], at[1]]), int(lim[at[0], 0]))
     if rows.shape[1] > 1 and bool((rows.sort(1).values.diff(dim=1) == 0).any()):
-        raise ValueError("start_idx must not repeat an index (a sample's start set holds distinct points)")
+        raise ValueError(_REPEATED)
+
+
+def _out_of_range(value: int, n: int) -> ValueError:
+    return ValueError(f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, got {value} for a sample of {n} points")
+
+
+_REPEATED = "start_idx must not repeat an index (a sample's start set holds distinct points)"
 
 
 @_threads.custom_op("pcops::farthest_point_sample", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -675,12 +679,15 @@ def _check_numbers(points, n_samples, ratio) -> None:
         raise ValueError("ratio needs packed (N, 3) points with batch; padded points take n_samples")
 
 
-def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -> Optional[torch.Tensor]:
+def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, here: bool) -> tuple[Optional[torch.Tensor], bool]:
     """``start_idx`` as an int64 tensor on the points' device: (M,) for every sample, or (B, M)
     per sample of padded points; None if not given. Checks types, shapes and Python values
-    (tensor values are checked by the op, with ``validate``)."""
+    (tensor values are checked by the op, with ``validate``); and whether the indices were checked
+    here, as the op checks them but without a tensor or a host read: Python ints, with ``here``
+    (validation on, and every sample holds the points' row count: one cloud, or padded points
+    without lengths) and that count static."""
     if start_idx is None:
-        return None
+        return None, False
     if random_start:
         raise ValueError("give start_idx or random_start=True, not both")
     padded = points.dim() == 3
@@ -691,6 +698,7 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -
             shapes = f"(M,) or (B, M) = ({points.shape[0]}, M)" if padded else "(M,)"
             raise ValueError(f"start_idx must be a tensor of shape {shapes}, got shape {tuple(start_idx.shape)}")
         _validate.same_device(points=points, start_idx=t)
+        values = None
     else:
         value = _validate.plain(start_idx)
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -707,26 +715,16 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool) -
         raise ValueError("start_idx must hold at least one index")
     if n_samples is not None and not isinstance(n_samples, torch.SymInt) and t.shape[-1] > n_samples:
         raise ValueError(f"start_idx holds {t.shape[-1]} indices, more than n_samples={n_samples}")
-    return t.to(torch.int64)
-
-
-def _check_python_start(start_idx, points: torch.Tensor, lengths, batch, ratio) -> bool:
-    """The op's start-set checks (:func:`_check_start`) made here, without a tensor, where they can
-    be: Python ints for every sample of one static size (one cloud, or padded points without
-    lengths) and ``n_samples`` picks; whether they were made."""
     n = points.shape[-2]
-    if isinstance(start_idx, torch.Tensor) or ratio is not None or batch is not None or lengths is not None or not isinstance(n, int):
-        return False
-    value = _validate.plain(start_idx)
-    values = [_validate.plain(x) for x in value] if isinstance(value, Sequence) else [value]
-    if n == 0 or (points.dim() == 3 and points.shape[0] == 0):  # no sample with a point: nothing to check (as the op)
-        return True
-    for x in values:
-        if x >= n:
-            raise ValueError(f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, got {x} for a sample of {n} points")
-    if len(set(values)) < len(values):
-        raise ValueError("start_idx must not repeat an index (a sample's start set holds distinct points)")
-    return True
+    if values is None or not here or not isinstance(n, int):
+        return t.to(torch.int64), False
+    if n and points.numel():  # (no sample with a point: nothing to check, as the op)
+        for x in values:
+            if x >= n:
+                raise _out_of_range(x, n)
+        if len(set(values)) < len(values):
+            raise ValueError(_REPEATED)
+    return t.to(torch.int64), True
 
 
 @_threads.limits
@@ -801,11 +799,11 @@ def farthest_point_sample(
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
     _check_numbers(points, n_samples, ratio)
-    first = _start_set(start_idx, points, n_samples, random_start)
+    first, start_checked = _start_set(start_idx, points, n_samples, random_start,
+                                      here=validate and ratio is None and batch is None and lengths is None)
     # the op checks what the layout layer could not: values under torch.compile, a start set's
     # indices against each sample's length and a ratio tensor's value (one more host read, only
     # when a start set or a ratio tensor is given)
-    start_checked = first is not None and validate and _check_python_start(start_idx, points, lengths, batch, ratio)
     check = flat.validate or (validate and ((first is not None and not start_checked) or isinstance(ratio, torch.Tensor)))
     return _sample(points, n_samples, ratio, lengths, batch, first, random_start, generator, check)
 
