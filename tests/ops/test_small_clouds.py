@@ -217,3 +217,25 @@ def test_warp_array_descriptors_equal_warps_own_conversion():
     for at, count, width, dtype in [(0, 40, 1, wp.float64), (4, 9, 3, wp.vec3d), (39, 1, 1, wp.float64)]:  # _warp.span: parts of one tensor
         view = flat[at:at + count * width].view(count, width) if width > 1 else flat[at:at + count]
         assert bytes(_warp.span(flat, at, count, width)) == bytes(wp.from_torch(view, dtype=dtype, requires_grad=False, return_ctype=True))
+
+
+@pytest.mark.parametrize("k", [1, 11, 12, 16, 32])
+def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
+    """At the largest every-pair size for k and one query more, each search takes its path, and
+    (on a lattice: ties everywhere) both give the other path's neighbours and distances."""
+    pairs = _kdtree.SCAN_PAIRS
+    limit = pairs // max(1, (k * k) >> 7)
+    n = 64
+    lattice = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(n, 3)
+    for m in (limit // n, limit // n + 1):
+        query = lattice[torch.arange(m) % n] + 0.5
+        launches = []
+        real = _warp.launch
+        monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+        got = pcops.knn(query, lattice, k)
+        monkeypatch.setattr(_warp, "launch", real)
+        scan = _kdtree._scan_kernel(torch.float32, False) in launches
+        assert scan == (m * n <= limit)
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
+        assert_identical(got, pcops.knn(query, lattice, k))
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
