@@ -388,6 +388,9 @@ def run_chunks(run, first: int, chunks: int) -> None:
         for c in range(first, chunks):
             run(c)
         return
+    entries = getattr(run, "entries", None)
+    if entries is not None and _fork(entries[first:chunks], workers):
+        return
     todo, lock, errors = iter(range(first, chunks)), threading.Lock(), []
 
     def worker(_=None) -> None:
@@ -506,7 +509,8 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
     arguments ``private[c]``). On the CPU, once the kernel is loaded, the arguments of every chunk
     are packed here, on the calling thread, and a run only calls the kernel's entry point (which
     releases the GIL): wp.launch packs them in Python on each call, and the chunks' threads then
-    contend for the GIL (docs/benchmarks.md, design choices). Elsewhere a run is a wp.launch."""
+    contend for the GIL (docs/benchmarks.md, design choices); ``run.entries`` then holds the
+    packed chunks for :func:`run_chunks`' native fork-join. Elsewhere a run is a wp.launch."""
     native = _native(kernel, private[0]) if s is None and (kernel, str(dev)) in _loaded else None
     if native is None:
 
@@ -516,9 +520,69 @@ def _runner(kernel, bounds: list[int], private: list[list], dev, s):
 
         return run
     forward, args_type, bounds_type = native
-    packed = [(bounds_type((bounds[c + 1] - bounds[c],)), args_type(bounds[c], *private[c])) for c in range(len(private))]
-    calls = [(ctypes.byref(dim), ctypes.byref(args)) for dim, args in packed]
-    return lambda c: forward(*calls[c])  # ``packed`` lives as long as ``calls`` refers to it
+    entry = ctypes.cast(forward, ctypes.c_void_p).value
+    entries = [(entry, bounds_type((bounds[c + 1] - bounds[c],)), args_type(bounds[c], *private[c])) for c in range(len(private))]
+    calls = [(ctypes.byref(dim), ctypes.byref(args)) for _, dim, args in entries]
+
+    def run(c: int) -> None:
+        forward(*calls[c])
+
+    run.entries = entries  # ``entries`` lives as long as ``run``
+    return run
+
+
+@kernels
+def _fork_kernel():
+    """A one-thread CPU kernel (CPU only) that runs packed chunks (a table of (entry point, launch
+    bounds, arguments) triples) on ``threads`` threads of torch's OpenMP team through
+    ``GOMP_parallel`` (its address: ``parallel``), each thread taking the next chunk until none is
+    left: a fork-join without Python, where a ctypes callback per thread takes the GIL and costs
+    more than a small chunk's work (docs/benchmarks.md, design choices)."""
+
+    @wp.func_native(_FORK_SNIPPET)
+    def fork_join(parallel: wp.uint64, table: wp.uint64, chunks: int, threads: int): ...
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def fork(start: int, parallel: wp.uint64, table: wp.uint64, chunks: int, threads: int):
+        fork_join(parallel, table, chunks, threads)
+
+    return fork
+
+
+_FORK_SNIPPET = r"""
+struct Chunks { void** table; int count; int next; };
+auto take = [](void* data) {
+    Chunks* chunks = (Chunks*)data;
+    for (;;) {
+        int c = __atomic_fetch_add(&chunks->next, 1, __ATOMIC_RELAXED);
+        if (c >= chunks->count) break;
+        void** call = chunks->table + 3 * c;
+        ((void (*)(void*, void*))call[0])(call[1], call[2]);
+    }
+};
+Chunks work = {(void**)table, chunks, 0};
+((void (*)(void (*)(void*), void*, unsigned, unsigned))parallel)(take, &work, (unsigned)threads, 0u);
+"""
+
+
+def _fork(entries: list, workers: int) -> bool:
+    """Run the packed chunks ``entries`` (see :func:`_runner`) on ``workers`` threads of the
+    OpenMP team in native code (:func:`_fork_kernel`); False, having run nothing, where torch's
+    OpenMP runtime was not found (the caller then runs them itself)."""
+    parallel = _openmp()
+    if parallel is None or not NATIVE_FORK[0]:
+        return False
+    kernel = _fork_kernel()
+    table = (ctypes.c_void_p * (3 * len(entries)))()
+    for c, (entry, dim, args) in enumerate(entries):
+        table[3 * c : 3 * c + 3] = entry, ctypes.addressof(dim), ctypes.addressof(args)
+    values = [ctypes.cast(parallel, ctypes.c_void_p).value, ctypes.addressof(table), len(entries), workers]
+    if not first_load(kernel, "cpu", lambda: wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu")):
+        _serial(kernel, 1, values)
+    return True
+
+
+NATIVE_FORK = [True]  # False: the chunks' fork-join in Python (tests compare both)
 
 
 def launch_chunks(kernel, bounds: list[int], values: list) -> None:
@@ -577,13 +641,21 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     if beside is not None:
         side_kernel, side_args, *rest = beside
         jobs.append((side_kernel, [0, rest[0] if rest else 1], [[convert(a) for a in side_args]]))
-    todo = []
+    todo, entries = [], []  # the chunks left to run, and their packed forms (None unless every one has it)
     for job in jobs:
         first = first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))
         run = _runner(*job, dev, s)
-        todo += [functools.partial(run, c) for c in range(1 if first else 0, len(job[1]) - 1)]
+        skip = 1 if first else 0
+        todo += [functools.partial(run, c) for c in range(skip, len(job[1]) - 1)]
+        entries = entries + run.entries[skip:] if entries is not None and hasattr(run, "entries") else None
     if s is None and not serial:
-        run_chunks(lambda c: todo[c](), 0, len(todo))
+
+        def chunk(c: int) -> None:
+            todo[c]()
+
+        if entries is not None:
+            chunk.entries = entries
+        run_chunks(chunk, 0, len(todo))
     else:  # one stream, or one thread: in order
         for run in todo:
             run()

@@ -363,6 +363,35 @@ def test_a_launch_beside_another_runs_once_with_its_own_arguments(chunk_threads)
         torch.testing.assert_close(other_total, other[:1, 0])
 
 
+@_warp.kernels
+def _count_kernel():
+    @wp.kernel(enable_backward=False, module="unique")
+    def count(start: int, out: wp.array(dtype=wp.int32), first: wp.array(dtype=wp.int32)):
+        i = wp.tid() + start
+        out[i] = out[i] + 1
+        first[i] = start  # the first thread of the chunk that ran i
+
+    return count
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_every_chunk_runs_once_in_the_native_fork_join_and_the_python_one(chunk_threads, native, monkeypatch):
+    # chunks of uneven sizes, more than threads: each chunk is taken by one thread once, through
+    # the OpenMP team in native code (``_fork``) or through Python callbacks; the same writes
+    monkeypatch.setattr(_warp, "NATIVE_FORK", [native])
+    forks = []
+    fork = _warp._fork
+    monkeypatch.setattr(_warp, "_fork", lambda entries, workers: forks.append((len(entries), workers)) or fork(entries, workers))
+    bounds = [0, 1, 2, 40, 41, 300, 301, 302, 900, 1001]
+    for launch in range(3):  # the first loads the module on the calling thread
+        out, first = torch.zeros(1001, dtype=torch.int32), torch.full((1001,), -1, dtype=torch.int32)
+        _warp.launch_chunks(_count_kernel(), bounds, [_warp.array(out), _warp.array(first)])
+        assert bool((out == 1).all())
+        expected = torch.repeat_interleave(torch.tensor(bounds[:-1]), torch.tensor(bounds).diff()).to(torch.int32)
+        assert torch.equal(first, expected)
+    assert forks[-2:] == [(9, 2), (9, 2)]  # asked of the native fork-join each time once loaded (False: it declines)
+
+
 def test_cpu_launches_go_through_wp_launch_where_warp_keeps_its_entry_points_elsewhere(monkeypatch):
     # another Warp version whose recorded launches lack what the native path reads: every
     # launch goes through wp.launch, with the same results
