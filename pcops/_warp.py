@@ -572,13 +572,18 @@ def _fork(entries: list, workers: int) -> bool:
     parallel = _openmp()
     if parallel is None or not NATIVE_FORK[0]:
         return False
-    kernel = _fork_kernel()
     table = (ctypes.c_void_p * (3 * len(entries)))()
     for c, (entry, dim, args) in enumerate(entries):
         table[3 * c : 3 * c + 3] = entry, ctypes.addressof(dim), ctypes.addressof(args)
     values = [ctypes.cast(parallel, ctypes.c_void_p).value, ctypes.addressof(table), len(entries), workers]
-    if not first_load(kernel, "cpu", lambda: wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu")):
-        _serial(kernel, 1, values)
+    try:
+        kernel = _fork_kernel()
+        if first_load(kernel, "cpu", lambda: wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu")):
+            return True
+    except Exception:  # noqa: BLE001 (a toolchain that cannot build it: the Python fork-join from now on)
+        NATIVE_FORK[0] = False
+        return False
+    _serial(kernel, 1, values)
     return True
 
 

@@ -392,6 +392,21 @@ def test_every_chunk_runs_once_in_the_native_fork_join_and_the_python_one(chunk_
     assert forks[-2:] == [(9, 2), (9, 2)]  # asked of the native fork-join each time once loaded (False: it declines)
 
 
+def test_chunks_run_in_python_where_the_native_fork_join_cannot_be_built(chunk_threads, monkeypatch):
+    def unbuildable():
+        raise RuntimeError("no C++ toolchain")
+
+    switch = [True]
+    monkeypatch.setattr(_warp, "NATIVE_FORK", switch)
+    monkeypatch.setattr(_warp, "_fork_kernel", unbuildable)
+    bounds = [0, 5, 17, 1001]
+    for _ in range(2):
+        out, first = torch.zeros(1001, dtype=torch.int32), torch.zeros(1001, dtype=torch.int32)
+        _warp.launch_chunks(_count_kernel(), bounds, [_warp.array(out), _warp.array(first)])
+        assert bool((out == 1).all())
+    assert switch == [chunk_threads != "openmp"]  # tried once on the OpenMP team, then off
+
+
 def test_cpu_launches_go_through_wp_launch_where_warp_keeps_its_entry_points_elsewhere(monkeypatch):
     # another Warp version whose recorded launches lack what the native path reads: every
     # launch goes through wp.launch, with the same results
