@@ -661,20 +661,12 @@ _INT64_MAX = 2**63 - 1
 
 def _check_numbers(points, n_samples, ratio) -> None:
     """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._layout.single)."""
-    if (n_samples is None) == (ratio is None):
-        raise ValueError("give exactly one of n_samples and ratio")
+    _validate.exactly_one(n_samples=n_samples, ratio=ratio)
     if n_samples is not None:
         _validate.count("n_samples", n_samples)
-        if isinstance(n_samples, int) and n_samples > _INT64_MAX:
-            raise ValueError(f"n_samples must be at most 2**63 - 1 (an int64), got {n_samples}")
-    elif isinstance(ratio, torch.Tensor):  # its value is checked by the op (a data-dependent count)
-        if ratio.dim() != 0 or not ratio.dtype.is_floating_point:
-            raise TypeError(f"ratio must be a number or a 0-d floating tensor, got a {ratio.dtype} tensor of shape {tuple(ratio.shape)}")
-    else:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        _validate.int_option("n_samples", n_samples, high=_INT64_MAX, note=" (an int64)")
+    else:  # a tensor's value is checked by the op (a data-dependent count)
+        _validate.interval("ratio", ratio, 0, 1, closed_high=True, tensor=True)
     if points.dim() == 3 and ratio is not None:
         raise ValueError("ratio needs packed (N, 3) points with batch; padded points take n_samples")
 
@@ -688,8 +680,7 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     without lengths) and that count static."""
     if start_idx is None:
         return None, False
-    if random_start:
-        raise ValueError("give start_idx or random_start=True, not both")
+    _validate.at_most_one(start_idx=start_idx, random_start=random_start)
     padded = points.dim() == 3
     if isinstance(start_idx, torch.Tensor):
         _validate.integer("start_idx", start_idx)
