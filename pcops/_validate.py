@@ -36,6 +36,9 @@ def instance(name: str, value, cls, said: str) -> None:
         raise TypeError(f"{name} must be a {said}, got {type(value).__name__}")
 
 
+ROWS = range(1, 1 << 16)  # the ranks of a tensor of rows (N, ...): any but 0-d
+
+
 def shape(name: str, t, *, ndim=None, size=None, last=None, shape_doc: str = "") -> None:
     """``t`` (a tensor) has rank ``ndim`` (an int, or a tuple or range of the ranks allowed),
     first dimension ``size`` and last dimension ``last`` where given, else a ValueError quoting
@@ -63,13 +66,17 @@ def points(name: str, t, dim: int = 3) -> None:
 
 
 def integer(name: str, t, *, ndim=None, size: int | None = None, last: int | None = None,
-            shape_doc: str = "", what: str = "") -> None:
-    """``t`` is an integer tensor (not bool) of rank ``ndim``, first dimension ``size`` and last
-    dimension ``last`` where given (see :func:`shape`): the one check of every integer input
-    (sites, ids, offsets, indices); ``what`` names the quantity in the dtype message."""
+            shape_doc: str = "", what: str = "", dtype: torch.dtype | None = None) -> None:
+    """``t`` is an integer tensor (not bool; of ``dtype`` if given) of rank ``ndim``, first
+    dimension ``size`` and last dimension ``last`` where given (see :func:`shape`): the one check
+    of every integer input (sites, ids, offsets, indices); ``what`` names the quantity in the
+    dtype message."""
     instance(name, t, torch.Tensor, "torch.Tensor")
+    said = f" ({what})" if what else ""
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).removeprefix('torch.')}{said}, got {t.dtype}")
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype{f' ({what})' if what else ''}, got {t.dtype}")
+        raise TypeError(f"{name} must have an integer dtype{said}, got {t.dtype}")
     shape(name, t, ndim=ndim, size=size, last=last, shape_doc=shape_doc)
 
 

@@ -71,3 +71,12 @@ def test_one_of_compares_numbers_by_value_never_a_bool():
     for bad in (True, 3, "2"):
         with pytest.raises(ValueError, match=r"^p must be one of \(1, 2\), got"):
             _validate.one_of("p", bad, (1, 2))
+
+
+def test_integer_of_one_dtype_and_tensors_of_rows():
+    _validate.integer("code", torch.zeros(3, dtype=torch.int64), ndim=(1, 2), dtype=torch.int64)
+    _validate.shape("features", torch.zeros(3, 2, 1), ndim=_validate.ROWS)
+    with pytest.raises(TypeError, match=r"^code must be int64 \(serialize's codes\), got torch.int32$"):
+        _validate.integer("code", torch.zeros(3, dtype=torch.int32), what="serialize's codes", dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^features must be a tensor of shape \(N, ...\), got shape \(\)$"):
+        _validate.shape("features", torch.zeros(()), ndim=_validate.ROWS, shape_doc="(N, ...)")
