@@ -124,10 +124,10 @@ def exactly_one(note: str = "", /, **named) -> None:
         raise ValueError(f"give exactly one of {' and '.join(named)}{note}")
 
 
-def at_most_one(**named) -> None:
+def at_most_one(note: str = "", /, **named) -> None:
     """At most one of the named arguments given (not None; a flag: True)."""
     if sum(map(_given, named.values())) > 1:
-        raise ValueError(f"give {' or '.join(named)}, not both")
+        raise ValueError(f"give {' or '.join(named)}, not both{note}")
 
 
 def together(note: str = "", /, **named) -> None:
