@@ -108,6 +108,15 @@ def one_of(name: str, value, options) -> None:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
 
 
+def reductions(point_reduction, batch_reduction, point_options: tuple, batch_options: tuple = ("mean", "sum", None)) -> None:
+    """A loss's ``point_reduction`` and ``batch_reduction`` (PyTorch3D's pair): each one of its
+    options, and no batch reduction of unreduced points."""
+    one_of("point_reduction", point_reduction, point_options)
+    one_of("batch_reduction", batch_reduction, batch_options)
+    if point_reduction is None and batch_reduction is not None:
+        raise ValueError("batch_reduction must be None when point_reduction is None")
+
+
 def _same(value, option) -> bool:
     if value is option or isinstance(value, bool) != isinstance(option, bool):
         return value is option

@@ -80,3 +80,12 @@ def test_integer_of_one_dtype_and_tensors_of_rows():
         _validate.integer("code", torch.zeros(3, dtype=torch.int32), what="serialize's codes", dtype=torch.int64)
     with pytest.raises(ValueError, match=r"^features must be a tensor of shape \(N, ...\), got shape \(\)$"):
         _validate.shape("features", torch.zeros(()), ndim=_validate.ROWS, shape_doc="(N, ...)")
+
+
+def test_reductions_of_a_loss():
+    _validate.reductions("max", "sum", ("mean", "sum", "max", None))
+    _validate.reductions(None, None, ("mean", None))
+    with pytest.raises(ValueError, match="^batch_reduction must be None when point_reduction is None$"):
+        _validate.reductions(None, "mean", ("mean", None))
+    with pytest.raises(ValueError, match=r"^point_reduction must be one of \('mean', None\), got 'max'$"):
+        _validate.reductions("max", None, ("mean", None))
