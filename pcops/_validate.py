@@ -47,7 +47,7 @@ def shape(name: str, t, *, ndim=None, size=None, last=None, shape_doc: str = "")
     if (ranks is not None and t.dim() not in ranks) or (t.dim() and ((size is not None and t.shape[0] != size)
                                                                       or (last is not None and t.shape[-1] != last))):
         if size is not None:  # formatted only here: a size read early would specialise a traced shape
-            shape_doc += f" = ({size},)" if ndim == 1 else f" = ({size}, {last})"
+            shape_doc += f" = ({size},)" if ndim == 1 else f" = ({size}, {'...' if last is None else last})"
         raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
 
 
