@@ -557,8 +557,8 @@ def _kernel_size_of(weight: torch.Tensor, kernel_size) -> int:
     k = round(weight.shape[0] ** (1.0 / 3.0)) if weight.dim() == 3 else weight.shape[0]
     if k**3 != weight.shape[0] * (1 if weight.dim() == 3 else k * k) or (weight.dim() == 5 and weight.shape[:3] != (k, k, k)):
         raise ValueError(f"weight must be a tensor of shape {_WEIGHT_SHAPE}, got shape {tuple(weight.shape)}")
-    if kernel_size is not None and kernel_size != k:
-        raise ValueError(f"kernel_size={kernel_size} does not match weight of shape {tuple(weight.shape)} (K = {k})")
+    if kernel_size is not None:
+        _validate.same_size("kernel_size", kernel_size, "weight", k, "kernel size K")
     return k
 
 
@@ -628,9 +628,8 @@ def sparse_conv3d(
         kernel_map = sparse_kernel_map(grid_coord, batch=batch, kernel_size=k, dilation=_validate.plain(dilation), validate=validate)
     else:
         _validate.instance("kernel_map", kernel_map, KernelMap, "pcops.KernelMap")
-        if kernel_map.kernel_size != k or kernel_map.dilation != dilation:
-            raise ValueError(f"kernel_map is for kernel_size={kernel_map.kernel_size}, dilation={kernel_map.dilation}; "
-                             f"the call has kernel_size={k}, dilation={dilation}")
+        _validate.same_size("kernel_map.kernel_size", kernel_map.kernel_size, "weight", k, "kernel size K")
+        _validate.same_size("kernel_map.dilation", kernel_map.dilation, "dilation", dilation, "dilation")
         _validate.same_size("features", features.shape[0], "kernel_map", kernel_map.neighbours.shape[1], "number of sites")
     if validate and not torch.compiler.is_compiling():
         _validate.finite(features=features, weight=weight, bias=bias)

@@ -138,7 +138,7 @@ class TestSparseConv3d(OpSuite):
             "int features": (lambda: sc(f.long(), coords, w), TypeError, "features must have a floating dtype"),
             "weight shape": (lambda: sc(f, coords, w[:26]), ValueError, r"weight must be a tensor of shape \(K\^3, Cin, Cout\) or \(K, K, K, Cin, Cout\)"),
             "weight channels": (lambda: sc(f[:, :2], coords, w), ValueError, "features and weight must have the same number of input channels Cin, got 2 and 3"),
-            "kernel_size": (lambda: sc(f, coords, w, kernel_size=5), ValueError, "kernel_size=5 does not match weight"),
+            "kernel_size": (lambda: sc(f, coords, w, kernel_size=5), ValueError, "kernel_size and weight must have the same kernel size K, got 5 and 3"),
             "even kernel": (lambda: pcops.sparse_kernel_map(coords, kernel_size=2), ValueError, "kernel_size must be an odd int"),
             "dilation": (lambda: sc(f, coords, w, dilation=0), ValueError, "dilation must be >= 1, got 0"),
             "bias shape": (lambda: sc(f, coords, w, torch.zeros(3)), ValueError, "bias must be a tensor of shape"),
@@ -146,7 +146,7 @@ class TestSparseConv3d(OpSuite):
             "duplicate sites": (lambda: sc(f, dup, w), ValueError, "grid_coord has duplicate sites"),
             "kernel_map type": (lambda: sc(f, coords, w, kernel_map=(1, 2)), TypeError, "kernel_map must be a pcops.KernelMap"),
             "kernel_map size": (lambda: sc(f[:7], None, w, kernel_map=km), ValueError, "features and kernel_map must have the same number of sites, got 7 and 8"),
-            "kernel_map dilation": (lambda: sc(f, None, w, dilation=2, kernel_map=km), ValueError, "kernel_map is for"),
+            "kernel_map dilation": (lambda: sc(f, None, w, dilation=2, kernel_map=km), ValueError, "kernel_map.dilation and dilation must have the same dilation, got 1 and 2"),
             "no coords": (lambda: sc(f, None, w), ValueError, "grid_coord is None"),
             "NaN features": (lambda: sc(nan, coords, w), ValueError, "features contains NaN or inf"),
         }
