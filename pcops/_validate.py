@@ -2,11 +2,17 @@
 
 Eager checks (metadata and Python values only: free, and also run under ``torch.compile``):
     :func:`layout` (the tensors of any batch layout: types, dtypes, ranks, shapes, devices),
-    :func:`tensor`, :func:`points`, :func:`same_device`, :func:`ids` (shapes and dtypes),
-    :func:`count` (``k``), :func:`positive_number` (``radius``, a number ``sigma``),
-    :func:`scale` (a number or one-element tensor ``sigma``), :func:`scale_tensor` (a number
-    ``sigma`` that rounds to 0 in the compute dtype) and :func:`groups_paired`. They run in the
-    public functions and layers, before any work.
+    :func:`tensor`, :func:`integer`, :func:`shape`, :func:`points`, :func:`same_device`,
+    :func:`ids` (shapes and dtypes), :func:`same_size` (a size two inputs share),
+    :func:`instance` (a type), :func:`count` (``k``), :func:`int_option` (an int in a range,
+    odd: ``kernel_size``, ``depth``, ``num_segments``), :func:`positive_number` (``radius``, a
+    number ``sigma``), :func:`interval` (``ratio``, ``scaling``), :func:`one_of`,
+    :func:`reductions`, :func:`flag`, :func:`scale` (a number or one-element tensor ``sigma``),
+    :func:`scale_tensor` (a number ``sigma`` that rounds to 0 in the compute dtype), and how many
+    of a group of arguments are given (:func:`exactly_one`, :func:`at_most_one`,
+    :func:`together`, :func:`groups_paired`, :func:`compile_needs`). They run in the public
+    functions and layers, before any work, and each message names the argument as the caller
+    typed it.
 
 Value checks (read tensor data, so a host read, one device sync on CUDA; a data-dependent
 branch would break ``torch.compile(fullgraph=True)``), only with ``validate=True``:

@@ -140,6 +140,7 @@ class TestSparseConv3d(OpSuite):
             "weight channels": (lambda: sc(f[:, :2], coords, w), ValueError, "features and weight must have the same number of input channels Cin, got 2 and 3"),
             "kernel_size": (lambda: sc(f, coords, w, kernel_size=5), ValueError, "kernel_size and weight must have the same kernel size K, got 5 and 3"),
             "even kernel": (lambda: pcops.sparse_kernel_map(coords, kernel_size=2), ValueError, "kernel_size must be an odd int"),
+            "float kernel": (lambda: pcops.sparse_kernel_map(coords, kernel_size=3.0), TypeError, "kernel_size must be an int, got float"),
             "dilation": (lambda: sc(f, coords, w, dilation=0), ValueError, "dilation must be >= 1, got 0"),
             "bias shape": (lambda: sc(f, coords, w, torch.zeros(3)), ValueError, "bias must be a tensor of shape"),
             "batch dtype": (lambda: sc(f, coords, w, batch=torch.zeros(8)), TypeError, "batch must have an integer dtype"),
