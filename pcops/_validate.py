@@ -2,11 +2,17 @@
 
 Eager checks (metadata and Python values only: free, and also run under ``torch.compile``):
     :func:`layout` (the tensors of any batch layout: types, dtypes, ranks, shapes, devices),
-    :func:`tensor`, :func:`points`, :func:`same_device`, :func:`ids` (shapes and dtypes),
-    :func:`count` (``k``), :func:`positive_number` (``radius``, a number ``sigma``),
-    :func:`scale` (a number or one-element tensor ``sigma``), :func:`scale_tensor` (a number
-    ``sigma`` that rounds to 0 in the compute dtype) and :func:`groups_paired`. They run in the
-    public functions and layers, before any work.
+    :func:`tensor`, :func:`integer`, :func:`shape`, :func:`points`, :func:`same_device`,
+    :func:`ids` (shapes and dtypes), :func:`same_size` (a size two inputs share),
+    :func:`instance` (a type), :func:`count` (``k``), :func:`int_option` (an int in a range,
+    odd: ``kernel_size``, ``depth``, ``num_segments``), :func:`positive_number` (``radius``, a
+    number ``sigma``), :func:`interval` (``ratio``, ``scaling``), :func:`one_of`,
+    :func:`reductions`, :func:`flag`, :func:`scale` (a number or one-element tensor ``sigma``),
+    :func:`scale_tensor` (a number ``sigma`` that rounds to 0 in the compute dtype), and how many
+    of a group of arguments are given (:func:`exactly_one`, :func:`at_most_one`,
+    :func:`together`, :func:`groups_paired`, :func:`compile_needs`). They run in the public
+    functions and layers, before any work, and each message names the argument as the caller
+    typed it.
 
 Value checks (read tensor data, so a host read, one device sync on CUDA; a data-dependent
 branch would break ``torch.compile(fullgraph=True)``), only with ``validate=True``:
@@ -30,14 +36,34 @@ import numpy as np
 import torch
 
 
-def tensor(name: str, t, *, ndim: int | None = None, last: int | None = None, shape_doc: str = "") -> None:
-    """``t`` is a real floating tensor of rank ``ndim`` whose last dimension is ``last``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+def instance(name: str, value, cls, said: str) -> None:
+    """``value`` is an instance of ``cls`` (``said``: how the message names it), else a TypeError naming it."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {said}, got {type(value).__name__}")
+
+
+ROWS = range(1, 1 << 16)  # the ranks of a tensor of rows (N, ...): any but 0-d
+
+
+def shape(name: str, t, *, ndim=None, size=None, last=None, shape_doc: str = "") -> None:
+    """``t`` (a tensor) has rank ``ndim`` (an int, or a tuple or range of the ranks allowed),
+    first dimension ``size`` and last dimension ``last`` where given, else a ValueError quoting
+    ``shape_doc``."""
+    ranks = (ndim,) if isinstance(ndim, int) else ndim
+    if (ranks is not None and t.dim() not in ranks) or (t.dim() and ((size is not None and t.shape[0] != size)
+                                                                      or (last is not None and t.shape[-1] != last))):
+        if size is not None:  # formatted only here: a size read early would specialise a traced shape
+            shape_doc += f" = ({size},)" if ndim == 1 else f" = ({size}, {'...' if last is None else last})"
+        raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
+
+
+def tensor(name: str, t, *, ndim=None, last: int | None = None, size: int | None = None, shape_doc: str = "") -> None:
+    """``t`` is a real floating tensor of rank ``ndim`` (see :func:`shape`) whose first dimension
+    is ``size`` and last ``last``."""
+    instance(name, t, torch.Tensor, "torch.Tensor")
     if not t.dtype.is_floating_point:
         raise TypeError(f"{name} must have a floating dtype (float16/bfloat16/float32/float64), got {t.dtype}")
-    if (ndim is not None and t.dim() != ndim) or (last is not None and t.shape[-1] != last):
-        raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
+    shape(name, t, ndim=ndim, size=size, last=last, shape_doc=shape_doc)
 
 
 def points(name: str, t, dim: int = 3) -> None:
@@ -45,19 +71,19 @@ def points(name: str, t, dim: int = 3) -> None:
     tensor(name, t, ndim=2, last=dim, shape_doc="(P, 3)" if dim == 3 else f"(P, D) with D = {dim}")
 
 
-def integer(name: str, t, *, ndim: int | None = None, size: int | None = None, last: int | None = None,
-            shape_doc: str = "", what: str = "") -> None:
-    """``t`` is an integer tensor (not bool) of rank ``ndim``, first dimension ``size`` and last
-    dimension ``last`` where given: the one check of every integer input (sites, ids, offsets,
-    indices); ``what`` names the quantity in the dtype message."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+def integer(name: str, t, *, ndim=None, size: int | None = None, last: int | None = None,
+            shape_doc: str = "", what: str = "", dtype: torch.dtype | None = None) -> None:
+    """``t`` is an integer tensor (not bool; of ``dtype`` if given) of rank ``ndim``, first
+    dimension ``size`` and last dimension ``last`` where given (see :func:`shape`): the one check
+    of every integer input (sites, ids, offsets, indices); ``what`` names the quantity in the
+    dtype message."""
+    instance(name, t, torch.Tensor, "torch.Tensor")
+    said = f" ({what})" if what else ""
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).removeprefix('torch.')}{said}, got {t.dtype}")
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype{f' ({what})' if what else ''}, got {t.dtype}")
-    if ndim is not None and (t.dim() != ndim or (size is not None and t.shape[0] != size) or (last is not None and t.shape[-1] != last)):
-        if size is not None:  # formatted only here: a size read early would specialise a traced shape
-            shape_doc += f" = ({size},)" if ndim == 1 else f" = ({size}, {last})"
-        raise ValueError(f"{name} must be a tensor of shape {shape_doc}, got shape {tuple(t.shape)}")
+        raise TypeError(f"{name} must have an integer dtype{said}, got {t.dtype}")
+    shape(name, t, ndim=ndim, size=size, last=last, shape_doc=shape_doc)
 
 
 def grid_coords(name: str, t, what: str, size: int | None = None) -> None:
@@ -82,9 +108,59 @@ def flag(**named) -> None:
 
 
 def one_of(name: str, value, options) -> None:
-    """``value`` is one of ``options`` (a tuple; None may be one), else a ValueError naming it."""
-    if isinstance(value, torch.Tensor) or not any(value is o or (isinstance(value, type(o)) and value == o) for o in options):
+    """``value`` is one of ``options`` (a tuple; None may be one; a number equals a number of the
+    same value, never a bool), else a ValueError naming it."""
+    if isinstance(value, torch.Tensor) or not any(_same(value, o) for o in options):
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
+
+
+def reductions(point_reduction, batch_reduction, point_options: tuple, batch_options: tuple = ("mean", "sum", None)) -> None:
+    """A loss's ``point_reduction`` and ``batch_reduction`` (PyTorch3D's pair): each one of its
+    options, and no batch reduction of unreduced points."""
+    one_of("point_reduction", point_reduction, point_options)
+    one_of("batch_reduction", batch_reduction, batch_options)
+    if point_reduction is None and batch_reduction is not None:
+        raise ValueError("batch_reduction must be None when point_reduction is None")
+
+
+def _same(value, option) -> bool:
+    if value is option or isinstance(value, bool) != isinstance(option, bool):
+        return value is option
+    return (isinstance(value, type(option)) or (is_number(value) and is_number(option))) and value == option
+
+
+def _given(value) -> bool:
+    return value is not None and value is not False
+
+
+def exactly_one(note: str = "", /, **named) -> None:
+    """Exactly one of the named arguments given (not None; a flag: True), else a ValueError naming them."""
+    if sum(map(_given, named.values())) != 1:
+        raise ValueError(f"give exactly one of {' and '.join(named)}{note}")
+
+
+def at_most_one(note: str = "", /, **named) -> None:
+    """At most one of the named arguments given (not None; a flag: True)."""
+    if sum(map(_given, named.values())) > 1:
+        raise ValueError(f"give {' or '.join(named)}, not both{note}")
+
+
+def together(note: str = "", /, **named) -> None:
+    """The named arguments all given or none of them."""
+    if len({_given(v) for v in named.values()}) > 1:
+        raise ValueError(f"{' and '.join(named)} go together: give both or neither{note}")
+
+
+def same_size(name: str, size, other: str, other_size, what: str) -> None:
+    """Two named inputs agree on a size (``what``: which), else a ValueError naming both."""
+    if size != other_size:
+        raise ValueError(f"{name} and {other} must have the same {what}, got {size} and {other_size}")
+
+
+def compile_needs(name: str, value, why: str) -> None:
+    """``value`` is given under ``torch.compile``, where reading it from the data cannot be traced."""
+    if value is None and torch.compiler.is_compiling():
+        raise ValueError(f"{name} is required under torch.compile ({why})")
 
 
 def is_number(value) -> bool:
@@ -139,17 +215,39 @@ def triple(name: str, value, positive: bool = False) -> tuple:
     return out
 
 
-def count(name: str, value, most: int | None = None, what: str = "") -> int:
-    """``value`` is an integer (Python, NumPy or symbolic) with 1 <= value <= most; returned as an int."""
+def int_option(name: str, value, low: int | None = None, high: int | None = None, *, odd: bool = False, note: str = ""):
+    """``value`` is an integer (Python, NumPy or symbolic; not a bool) in [low, high] (either
+    bound may be None), odd with ``odd``; returned as an int. ``note`` follows the range in the
+    message."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not isinstance(value, torch.SymInt):
         value = int(value)
-    if value <= 0:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if (low is not None and value < low) or (high is not None and value > high) or (odd and value % 2 == 0):
+        bounds = (f" in [{low}, {high}]" if high is not None else f" >= {low}") if low is not None else f" <= {high}" if high is not None else ""
+        raise ValueError(f"{name} must be{' an odd int' if odd else ''}{bounds}{note}, got {value}")
+    return value
+
+
+def count(name: str, value, most: int | None = None, what: str = "") -> int:
+    """``value`` is an integer (Python, NumPy or symbolic) with 1 <= value <= most; returned as an int."""
+    value = int_option(name, value, 1)
     if most is not None and value > most:
         raise ValueError(f"{name} must be <= the number of {what}, got {name}={value} for {most} {what}")
     return value
+
+
+def interval(name: str, value, low, high, *, closed_high: bool = False, tensor: bool = False) -> None:
+    """``value`` is a number in (low, high) ((low, high] with ``closed_high``; a symbolic one is
+    not read), or with ``tensor`` a 0-d floating tensor (its value is the op's to check)."""
+    if tensor and isinstance(value, torch.Tensor):
+        if value.dim() != 0 or not value.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a number or a 0-d floating tensor, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        return
+    if not is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not isinstance(value, (torch.SymInt, torch.SymFloat)) and not (low < value < high or (closed_high and value == high)):
+        raise ValueError(f"{name} must be in ({low}, {high}{']' if closed_high else ')'}, got {value}")
 
 
 def scale(name: str, value) -> None:
@@ -232,8 +330,7 @@ def op_values(validate: bool, sigma: torch.Tensor | None = None, **named: torch.
 
 def groups_paired(query_group, ref_group) -> None:
     """Both groups given or neither (an op's own arguments)."""
-    if (query_group is None) != (ref_group is None):
-        raise ValueError("query_group and ref_group must be given together")
+    together(query_group=query_group, ref_group=ref_group)
 
 
 def ids(name: str, t, size: int, shape_doc: str) -> None:
@@ -259,8 +356,7 @@ def layout(query, ref, features, *, query_lengths, ref_lengths, query_batch, ref
     if padded:
         tensor(n.query, query, ndim=3, last=d, shape_doc=f"(B, M, {sym})" if not one else f"(P, {sym}) or (B, P, {sym})")
         tensor(n.ref, ref, ndim=3, last=d, shape_doc=f"(B, N, {sym})")
-        if ref.shape[0] != query.shape[0]:
-            raise ValueError(f"{n.query} and {n.ref} must have the same batch size B, got {query.shape[0]} and {ref.shape[0]}")
+        same_size(n.query, query.shape[0], n.ref, ref.shape[0], "batch size B")
         for name, t in ((n.query_batch, query_batch), (n.ref_batch, ref_batch)):
             if t is not None:
                 raise ValueError(f"{name} describes packed (P, {sym}) points; padded (B, P, {sym}) points take {n.query_lengths if one else 'lengths (' + n.query_lengths + ', ' + n.ref_lengths + ')'}")

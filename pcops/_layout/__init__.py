@@ -12,7 +12,7 @@ the caller typed them. Four layouts:
 * :mod:`.sites` -- integer sites with sample ids, and the value checks of integer data
   (:func:`sites`, :func:`values`);
 * :mod:`.meshes` -- triangle meshes and the points queried against them (:func:`mesh`,
-  :func:`mesh_points`);
+  :func:`mesh_points`, the number of meshes :func:`mesh_count`);
 * :mod:`.grids` -- dense grids of values with their origin and voxel size (:func:`grid`).
 
 ``validate`` has one meaning everywhere: True checks the values too, in one host read per call
@@ -21,11 +21,11 @@ then gives an unspecified result, never a crash or a hang.
 """
 
 from .grids import Grid, grid
-from .meshes import FlatMesh, FlatPoints, every_in, local_faces, mesh, mesh_points, points_have_meshes
+from .meshes import FlatMesh, FlatPoints, every_in, local_faces, mesh, mesh_count, mesh_points, points_have_meshes
 from .points import Flat, Names, local_index, names, padded_groups, pair, sample_count, select_rows, single, unflatten
 from .sites import sites, values
 
 __all__ = [
-    "Flat", "FlatMesh", "Grid", "grid", "FlatPoints", "Names", "every_in", "local_faces", "local_index", "mesh", "mesh_points", "names",
+    "Flat", "FlatMesh", "Grid", "grid", "FlatPoints", "Names", "every_in", "local_faces", "local_index", "mesh", "mesh_count", "mesh_points", "names",
     "padded_groups", "pair", "points_have_meshes", "sample_count", "select_rows", "single", "sites", "unflatten", "values",
 ]

@@ -151,6 +151,18 @@ def mesh_points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, 
     return FlatPoints(points, batch.to(torch.int64), ())
 
 
+def mesh_count(flat: FlatMesh, vertices_batch, batch_size) -> int:
+    """B: 1 for one mesh, the padded batch, or packed meshes' ``batch_size`` (or largest id + 1, a host read)."""
+    if flat.batch >= 0:
+        if batch_size is not None:
+            raise ValueError("batch_size is the number of packed meshes (vertices_batch); one mesh or padded meshes have theirs")
+        return max(flat.batch, 1)
+    if batch_size is not None:
+        return _validate.count("batch_size", batch_size)
+    _validate.compile_needs("batch_size", batch_size, "the number of packed meshes, else read from vertices_batch")
+    return max(int(vertices_batch.max()) + 1, 1) if vertices_batch.numel() else 1
+
+
 def every_in(checks: _validate.Checks, ids: torch.Tensor, among: torch.Tensor, message) -> None:
     """A check that every value of ``ids`` is one of ``among`` (``message(i)`` names the first that is not)."""
     ordered = torch.sort(among).values

@@ -241,8 +241,7 @@ def sample_count(x, x_batch, y_batch, batch_size, rows: bool = True) -> tuple[in
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         # ids past batch_size would index out of range: checked with the layout's values
         return batch_size, dict(x_batch=(x_batch, 0, batch_size - 1), y_batch=(y_batch, 0, batch_size - 1))
-    if torch.compiler.is_compiling():
-        raise ValueError("packed inputs under torch.compile need batch_size= (the number of samples), so no host read is traced")
+    _validate.compile_needs("batch_size", batch_size, "the number of samples of packed inputs, else read from the ids")
     ids = [t for t in (x_batch, y_batch) if t is not None and t.numel()]
     samples = max((int(t.max()) for t in ids), default=0) + 1
     points = sum(t.shape[0] for t in ids)

@@ -126,13 +126,9 @@ _NAMES = _layout.names("x", "y")  # the caller's names in every message of the l
 
 
 def _check_options(norm, single_directional, point_reduction, batch_reduction) -> None:
-    if isinstance(norm, bool) or norm not in (1, 2):
-        raise ValueError(f"norm must be 1 or 2, got {norm!r}")
+    _validate.one_of("norm", norm, (1, 2))
     _validate.flag(single_directional=single_directional)
-    _validate.one_of("point_reduction", point_reduction, POINT_REDUCTIONS)
-    _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
-    if point_reduction is None and batch_reduction is not None:
-        raise ValueError("batch_reduction must be None when point_reduction is None")
+    _validate.reductions(point_reduction, batch_reduction, POINT_REDUCTIONS, BATCH_REDUCTIONS)
 
 
 def _costs(flat: _layout.Flat, norm: int, backend: str, dtype) -> torch.Tensor:

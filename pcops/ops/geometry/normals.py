@@ -389,15 +389,12 @@ def estimate_normals(
 
 def _check_viewpoints(orient_to, points, batch) -> None:
     """``orient_to`` is one viewpoint (3,), or one per sample (B, 3) of batched points."""
-    _validate.tensor("orient_to", orient_to)
+    _validate.tensor("orient_to", orient_to, ndim=(1, 2), last=3, shape_doc="(3,) or (B, 3)")
     _validate.same_device(points=points, orient_to=orient_to)
-    if orient_to.shape == (3,):
+    if orient_to.dim() == 1:
         return
-    if orient_to.dim() != 2 or orient_to.shape[1] != 3:
-        raise ValueError(f"orient_to must be a tensor of shape (3,) or (B, 3), got shape {tuple(orient_to.shape)}")
     if points.dim() == 3:
-        if orient_to.shape[0] != points.shape[0]:
-            raise ValueError(f"orient_to must have one row per sample: got {orient_to.shape[0]} rows for B={points.shape[0]}")
+        _validate.same_size("orient_to", orient_to.shape[0], "points", points.shape[0], "batch size B")
     elif batch is None:
         raise ValueError(f"orient_to of shape {tuple(orient_to.shape)} needs batched points; a single cloud takes shape (3,)")
 

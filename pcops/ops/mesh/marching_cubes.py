@@ -251,8 +251,7 @@ def marching_cubes(
     _validate.flag(validate=validate)
     max_vertices = _bound.bound("max_vertices", max_vertices)
     max_faces = _bound.bound("max_faces", max_faces)
-    if (max_vertices is None) != (max_faces is None):
-        raise ValueError("max_vertices and max_faces go together: give both (a padded result) or neither")
+    _validate.together(" (both: a padded result)", max_vertices=max_vertices, max_faces=max_faces)
     checks = _validate.checks(validate)
     grid = _layout.grid("volume", volume, origin, voxel_size, checks=checks)
     if checks is not None:

@@ -255,25 +255,11 @@ def _seeds(seed, b: int) -> torch.Tensor:
         if seed.dim() == 1 and seed.shape[0] == b:
             return seeds
     elif isinstance(seed, (int, torch.SymInt)) and not isinstance(seed, bool):
-        if not isinstance(seed, torch.SymInt) and not -2**63 <= seed < 2**63:
-            raise ValueError(f"seed must fit in int64, got {seed}")
+        _validate.int_option("seed", seed, -2**63, 2**63 - 1, note=" (an int64)")
         seeds = torch.tensor([seed], dtype=torch.int64)
     else:
         raise TypeError(f"seed must be an int or an integer tensor, got {type(seed).__name__}")
     return seeds + torch.arange(b, dtype=torch.int64, device=seeds.device)  # mesh b: seed + b
-
-
-def _mesh_count(flat: _layout.FlatMesh, vertices_batch, batch_size) -> int:
-    """B: 1 for one mesh, the padded batch, or packed meshes' ``batch_size`` (or largest id + 1)."""
-    if flat.batch >= 0:
-        if batch_size is not None:
-            raise ValueError("batch_size is the number of packed meshes (vertices_batch); one mesh or padded meshes have theirs")
-        return max(flat.batch, 1)
-    if batch_size is not None:
-        return _validate.count("batch_size", batch_size)
-    if torch.compiler.is_compiling():
-        raise ValueError("packed meshes under torch.compile need batch_size= (the number of meshes), so no host read is traced")
-    return max(int(vertices_batch.max()) + 1, 1) if vertices_batch.numel() else 1
 
 
 def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
@@ -355,15 +341,13 @@ def sample_points_on_mesh(
     """
     n_samples = _validate.count("n_samples", _validate.plain(n_samples))
     seed, batch_size = _validate.plain(seed), _validate.plain(batch_size)
+    _validate.at_most_one(seed=seed, generator=generator)
     if generator is not None:
-        if seed is not None:
-            raise ValueError("pass seed or generator, not both")
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        _validate.instance("generator", generator, torch.Generator, "torch.Generator")
     checks = _validate.checks(validate)
     flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
                         vertices_batch=vertices_batch, checks=checks)
-    b = _mesh_count(flat, vertices_batch, batch_size)
+    b = _layout.mesh_count(flat, vertices_batch, batch_size)
     device = vertices.device
     if generator is not None and generator.device.type != device.type:
         raise ValueError(f"generator must be on the vertices' device, got a generator on {generator.device} and vertices on {device}")

@@ -18,15 +18,13 @@ from ... import _layout, _threads, _validate
 
 def _check_args(features, idx) -> bool:
     """Checks of gather's arguments (types, shapes, devices, names); True for padded features."""
-    if not isinstance(features, torch.Tensor):
-        raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
+    _validate.instance("features", features, torch.Tensor, "torch.Tensor")
     _validate.integer("idx", idx)
-    if features.dim() not in (1, 2, 3):
-        raise ValueError(f"features must be a tensor of shape (N,), (N, F) or padded (B, N, F), got shape {tuple(features.shape)}")
+    _validate.shape("features", features, ndim=(1, 2, 3), shape_doc="(N,), (N, F) or padded (B, N, F)")
     _validate.same_device(features=features, idx=idx)
     padded = features.dim() == 3
-    if padded and (idx.dim() < 1 or idx.shape[0] != features.shape[0]):
-        raise ValueError(f"idx must be a tensor of shape (B, ...) with B = {features.shape[0]} for padded features {tuple(features.shape)}, got shape {tuple(idx.shape)}")
+    if padded:
+        _validate.shape("idx", idx, ndim=_validate.ROWS, size=features.shape[0], shape_doc="(B, ...)")
     return padded
 
 

@@ -280,10 +280,7 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
     flat = _lay_out(points, batch, loop, validate)
     _validate.positive_number("radius", radius)
     if max_neighbors is not None:
-        if isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, torch.SymInt)):
-            raise TypeError(f"max_neighbors must be an int or None, got {type(max_neighbors).__name__}")
-        if max_neighbors < 1:
-            raise ValueError(f"max_neighbors must be >= 1, got {max_neighbors}")
+        _validate.count("max_neighbors", max_neighbors)
     dtype, _ = _validate.compute_dtype(points)
     args = (points.detach().to(dtype), float(radius), max_neighbors or 0, loop, flat.validate, flat.query_group)
     if size is not None:

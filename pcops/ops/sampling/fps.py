@@ -580,22 +580,22 @@ def _per_pick_fps(points: torch.Tensor, lengths32: torch.Tensor, start: torch.Te
     idx.copy_(torch.where(torch.cummin(idx, 1).values < 0, -1, idx))
 
 
-def _check_start(start: torch.Tensor, lengths: torch.Tensor) -> None:
-    """Start indices in range of their (non-empty) samples and distinct within a sample. Reads values."""
-    live = lengths > 0
-    if not bool(live.any()):
-        return
-    rows, lim = start[live], lengths[live, None]
-    bad = (rows < 0) | (rows >= lim)
-    if bool(bad.any()):
-        at = bad.nonzero()[0]
-        raise _out_of_range(int(rows[at[0], at[1]]), int(lim[at[0], 0]))
-    if rows.shape[1] > 1 and bool((rows.sort(1).values.diff(dim=1) == 0).any()):
-        raise ValueError(_REPEATED)
+def _start_checks(checks: _validate.Checks, start: torch.Tensor, lengths: torch.Tensor) -> None:
+    """The checks of start indices (B, M): in range of their (non-empty) samples, distinct within a sample."""
+    live = (lengths > 0)[:, None]
+    bad = live & ((start < 0) | (start >= lengths[:, None]))
+
+    def first_bad() -> str:
+        b, m = bad.nonzero()[0].tolist()
+        return _out_of_range(int(start[b, m]), int(lengths[b]))
+
+    checks.add(~bad.any(), first_bad)
+    if start.shape[1] > 1:
+        checks.add(~(live & (start.sort(1).values.diff(dim=1) == 0)).any(), lambda: _REPEATED)
 
 
-def _out_of_range(value: int, n: int) -> ValueError:
-    return ValueError(f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, got {value} for a sample of {n} points")
+def _out_of_range(value: int, n: int) -> str:
+    return f"start_idx values must be in [0, n_b - 1] for every non-empty sample b of n_b points, got {value} for a sample of {n} points"
 
 
 _REPEATED = "start_idx must not repeat an index (a sample's start set holds distinct points)"
@@ -607,9 +607,11 @@ def _fps(points: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor, star
     start (B, M) the first M picks of each sample; returns idx (B, n_samples) int64, -1 past each
     sample's count."""
     b, n, _ = points.shape
-    if validate:
-        _validate.finite(points=points)
-        _check_start(start, lengths)
+    if validate:  # one host read
+        checks = _validate.Checks()
+        checks.finite("points", points)
+        _start_checks(checks, start, lengths)
+        checks.run()
     idx = torch.full((b, n_samples), -1, dtype=torch.int64, device=points.device)
     if b == 0 or n == 0 or n_samples == 0:
         return idx
@@ -661,20 +663,12 @@ _INT64_MAX = 2**63 - 1
 
 def _check_numbers(points, n_samples, ratio) -> None:
     """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._layout.single)."""
-    if (n_samples is None) == (ratio is None):
-        raise ValueError("give exactly one of n_samples and ratio")
+    _validate.exactly_one(n_samples=n_samples, ratio=ratio)
     if n_samples is not None:
         _validate.count("n_samples", n_samples)
-        if isinstance(n_samples, int) and n_samples > _INT64_MAX:
-            raise ValueError(f"n_samples must be at most 2**63 - 1 (an int64), got {n_samples}")
-    elif isinstance(ratio, torch.Tensor):  # its value is checked by the op (a data-dependent count)
-        if ratio.dim() != 0 or not ratio.dtype.is_floating_point:
-            raise TypeError(f"ratio must be a number or a 0-d floating tensor, got a {ratio.dtype} tensor of shape {tuple(ratio.shape)}")
-    else:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        _validate.int_option("n_samples", n_samples, high=_INT64_MAX, note=" (an int64)")
+    else:  # a tensor's value is checked by the op (a data-dependent count)
+        _validate.interval("ratio", ratio, 0, 1, closed_high=True, tensor=True)
     if points.dim() == 3 and ratio is not None:
         raise ValueError("ratio needs packed (N, 3) points with batch; padded points take n_samples")
 
@@ -688,8 +682,7 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     without lengths) and that count static."""
     if start_idx is None:
         return None, False
-    if random_start:
-        raise ValueError("give start_idx or random_start=True, not both")
+    _validate.at_most_one(start_idx=start_idx, random_start=random_start)
     padded = points.dim() == 3
     if isinstance(start_idx, torch.Tensor):
         _validate.integer("start_idx", start_idx)
@@ -719,11 +712,10 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     if values is None or not here or not isinstance(n, int):
         return t.to(torch.int64), False
     if n and points.numel():  # (no sample with a point: nothing to check, as the op)
-        for x in values:
-            if x >= n:
-                raise _out_of_range(x, n)
-        if len(set(values)) < len(values):
-            raise ValueError(_REPEATED)
+        checks = _validate.Checks()
+        checks.add(max(values) < n, lambda: _out_of_range(next(x for x in values if x >= n), n))
+        checks.add(len(set(values)) == len(values), lambda: _REPEATED)
+        checks.run()
     return t.to(torch.int64), True
 
 
@@ -855,8 +847,8 @@ def _fps_packed(
     each sample's first point, or with ``uniform`` (P,) a random one: floor(u n_b) for the u of
     the sample's first point in packed order); ``n_samples`` picks per sample, or with ``ratio``
     (a 0-d float64 tensor) ceil(ratio n_b): idx (K,) into the points, by sample, in pick order."""
-    if validate and ratio is not None and not bool((ratio > 0) & (ratio <= 1)):
-        raise ValueError(f"ratio must be in (0, 1], got {float(ratio)}")
+    if validate and ratio is not None:
+        _validate.interval("ratio", float(ratio), 0, 1, closed_high=True)
     if points.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=points.device)
     order = torch.sort(batch.to(torch.int64), stable=True)

@@ -36,7 +36,6 @@ and ``inverse`` is -1 for their points (no host read, no error, no warning).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -147,11 +146,7 @@ def _origin(origin, points: torch.Tensor):
             raise ValueError(f"origin must be a number, 3 numbers or a real tensor of shape (3,), got {origin.dtype} {tuple(origin.shape)}")
         _validate.same_device(points=points, origin=origin)
         return origin.to(torch.float64).expand(3).contiguous()
-    values = [origin] * 3 if _validate.is_number(_validate.plain(origin)) else list(origin) if isinstance(origin, (list, tuple)) else None
-    if values is None or len(values) != 3 or not all(_validate.is_number(_validate.plain(x)) for x in values):
-        raise TypeError(f"origin must be None, a number, 3 numbers or a tensor of shape (3,), got {origin!r}")
-    if not torch.compiler.is_compiling() and not all(math.isfinite(x) for x in values):
-        raise ValueError(f"origin must be finite, got {origin!r}")
+    values = _validate.triple("origin", origin)
     return torch.tensor([float(x) for x in values], dtype=torch.float64, device=points.device)
 
 
@@ -218,8 +213,8 @@ def grid_sample(
     voxel_size = _validate.plain(voxel_size)
     _validate.positive_number("voxel_size", voxel_size)
     _validate.one_of("mode", mode, _MODES)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator is not None:
+        _validate.instance("generator", generator, torch.Generator, "torch.Generator")
     bound = _bound.bound("max_voxels", max_voxels)
     _validate.tensor("points", points)
     origin_t = _origin(origin, points)

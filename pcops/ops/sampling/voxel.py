@@ -136,8 +136,7 @@ def voxel_pool(
     voxel_size = _validate.plain(voxel_size)  # NumPy scalars as Python numbers
     _validate.points("points", points)
     _validate.positive_number("voxel_size", voxel_size)
-    if reduce not in ("mean", "max"):
-        raise ValueError(f"reduce must be 'mean' or 'max', got {reduce!r}")
+    _validate.one_of("reduce", reduce, ("mean", "max"))
     bound = _bound.bound("max_voxels", max_voxels)
     flat = _layout.single(points, features, batch=batch, validate=validate)
     dtype, out_dtype = _validate.compute_dtype(points)

@@ -182,13 +182,6 @@ def _parts(values: torch.Tensor) -> int:
     return 1 if values.device.type == "cpu" else max(1, values.shape[1])
 
 
-def _check_offsets(offsets: torch.Tensor, n: int) -> None:
-    """offsets non-decreasing within [0, n]. Reads values."""
-    if offsets.numel() and (bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[0]) < 0 or int(offsets[-1]) > n):
-        shown = offsets.tolist()[:8]
-        raise ValueError(f"offsets must be non-decreasing with values in [0, N] = [0, {n}] (a CSR pointer), got {shown}{'...' if offsets.numel() > 8 else ''}")
-
-
 def _arg_shape(values: torch.Tensor, segments: int, reduce: str, with_arg: bool = True) -> tuple[int, int]:
     return (segments, values.shape[1]) if reduce in ("max", "min") and with_arg else (0, values.shape[1])
 
@@ -213,7 +206,7 @@ def _segment_reduce(values: torch.Tensor, offsets: torch.Tensor, reduce: str, va
     sum/mean and without ``with_arg``, when max/min have no gradient).
     ``validate``: check the pointer here (the caller could not: under ``torch.compile``)."""
     if validate:
-        _check_offsets(offsets, values.shape[0])
+        _layout.values(True, pointers={"offsets": (offsets, 0, values.shape[0])})
     return _warp_forward(values, offsets, reduce, with_arg)
 
 
@@ -330,12 +323,9 @@ class _Permute(torch.autograd.Function):
 def _lay_out(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     """Checks of segment_reduce's arguments (shapes, dtypes, names); the number of segments of ``ids``
     (None for ``offsets``, or when it must be read from the ids)."""
-    _validate.tensor("values", values)
-    if values.dim() < 1:
-        raise ValueError(f"values must be a tensor of shape (N, ...), got shape {tuple(values.shape)}")
+    _validate.tensor("values", values, ndim=_validate.ROWS, shape_doc="(N, ...)")
     _validate.one_of("reduce", reduce, REDUCTIONS)
-    if (offsets is None) == (ids is None):
-        raise ValueError("give exactly one of offsets (a CSR pointer, (S + 1,)) and ids (a segment id per row, (N,))")
+    _validate.exactly_one(": offsets a CSR pointer (S + 1,), ids a segment id per row (N,)", offsets=offsets, ids=ids)
     for name, t in (("offsets", offsets), ("ids", ids)):
         if t is not None:
             _validate.integer(name, t)
@@ -343,20 +333,13 @@ def _lay_out(values, offsets, ids, reduce, num_segments) -> Optional[int]:
     if offsets is not None:
         if offsets.dim() != 1 or offsets.shape[0] < 1:
             raise ValueError(f"offsets must be a tensor of shape (S + 1,) with S >= 0, got shape {tuple(offsets.shape)}")
-        if num_segments is not None:
-            raise ValueError("num_segments goes with ids; with offsets the number of segments is offsets.shape[0] - 1")
+        _validate.at_most_one(": num_segments goes with ids; with offsets the number of segments is offsets.shape[0] - 1",
+                              offsets=offsets, num_segments=num_segments)
         return None
     _validate.ids("ids", ids, values.shape[0], "(N,)")
     num_segments = _validate.plain(num_segments)
-    if num_segments is None:
-        if torch.compiler.is_compiling():
-            raise ValueError("num_segments is required with ids under torch.compile (the output size would depend on the data)")
-        return None
-    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, torch.SymInt)):
-        raise TypeError(f"num_segments must be an int, got {type(num_segments).__name__}")
-    if not isinstance(num_segments, torch.SymInt) and num_segments < 0:
-        raise ValueError(f"num_segments must be >= 0, got {num_segments}")
-    return num_segments
+    _validate.compile_needs("num_segments", num_segments, "with ids, the output size would otherwise be read from the data")
+    return None if num_segments is None else _validate.int_option("num_segments", num_segments, 0)
 
 
 @_threads.limits

@@ -189,17 +189,12 @@ def _lay_out(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     if not isinstance(names, (list, tuple)) or not names:
         raise TypeError(f"order must be one of {ORDERS} or a non-empty list/tuple of them, got {order!r}")
     for name in names:
-        if name not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS} (or a list/tuple of them), got {name!r}")
+        _validate.one_of("order", name, ORDERS)
     depth = _validate.plain(depth)
+    _validate.compile_needs("depth", depth, "depth=None reads it from the data")
     if depth is None:
-        if torch.compiler.is_compiling():
-            raise ValueError("depth=None (from the data) cannot be traced: pass depth as an int under torch.compile")
         depth = max(1, (int(grid_coord.max()) + 1).bit_length() if grid_coord.numel() else 1)
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise TypeError(f"depth must be an int, got {type(depth).__name__}")
-    if not 1 <= depth <= MAX_DEPTH:
-        raise ValueError(f"depth must be in [1, {MAX_DEPTH}] (bits per axis), got {depth}")
+    depth = _validate.int_option("depth", depth, 1, MAX_DEPTH, note=" (bits per axis)")
     return depth, [ORDERS.index(name) for name in names], single
 
 
@@ -289,28 +284,19 @@ def _(code, shift, size=-1):
 
 def _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce) -> int:
     """Checks of serialized_pool's arguments (shapes, dtypes, names); the number of points N."""
-    if not isinstance(code, torch.Tensor):
-        raise TypeError(f"code must be a torch.Tensor, got {type(code).__name__}")
-    if code.dtype != torch.int64:
-        raise TypeError(f"code must be int64 (serialize's codes), got {code.dtype}")
-    if code.dim() not in (1, 2) or (code.dim() == 2 and code.shape[0] == 0):
-        raise ValueError(f"code must be a tensor of shape (N,) or (K, N) with K >= 1, got shape {tuple(code.shape)}")
+    shape_doc = "(N,) or (K, N) with K >= 1"
+    _validate.integer("code", code, ndim=(1, 2), shape_doc=shape_doc, what="serialize's codes", dtype=torch.int64)
+    if code.dim() == 2 and code.shape[0] == 0:
+        raise ValueError(f"code must be a tensor of shape {shape_doc}, got shape {tuple(code.shape)}")
     n = code.shape[-1]
-    pooling_depth = _validate.plain(pooling_depth)
-    if isinstance(pooling_depth, bool) or not isinstance(pooling_depth, int):
-        raise TypeError(f"pooling_depth must be an int, got {type(pooling_depth).__name__}")
-    if not 0 <= pooling_depth <= MAX_DEPTH:
-        raise ValueError(f"pooling_depth must be in [0, {MAX_DEPTH}], got {pooling_depth}")
+    _validate.int_option("pooling_depth", _validate.plain(pooling_depth), 0, MAX_DEPTH)
     _validate.one_of("reduce", reduce, _segment.REDUCTIONS)
     if features is not None:
-        if not isinstance(features, torch.Tensor) or not features.dtype.is_floating_point:
-            raise TypeError(f"features must be a floating torch.Tensor, got {getattr(features, 'dtype', type(features).__name__)}")
-        if features.dim() < 1 or features.shape[0] != n:
-            raise ValueError(f"features must have one row per point: got shape {tuple(features.shape)} for {n} points")
+        _validate.tensor("features", features, ndim=_validate.ROWS, shape_doc="(N, ...)")
+        _validate.same_size("features", features.shape[0], "code", n, "number of points N")
     if coord is not None:
         _validate.tensor("coord", coord, ndim=2, last=3, shape_doc="(N, 3)")
-        if coord.shape[0] != n:
-            raise ValueError(f"coord must have one row per point: got shape {tuple(coord.shape)} for {n} points")
+        _validate.same_size("coord", coord.shape[0], "code", n, "number of points N")
     if grid_coord is not None:
         _layout.sites(grid_coord, batch, size=n)
     _validate.ids("batch", batch, n, "(N,)")

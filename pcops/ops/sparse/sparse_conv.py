@@ -519,10 +519,8 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
     _layout.sites(grid_coord, batch)
-    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be an odd int >= 1, got {kernel_size!r}")
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be an int >= 1, got {dilation!r}")
+    _validate.int_option("kernel_size", kernel_size, 1, odd=True)
+    _validate.int_option("dilation", dilation, 1)
 
 
 @_deprecated.renamed(coords="grid_coord")
@@ -551,13 +549,16 @@ def sparse_kernel_map(grid_coord: torch.Tensor, *, batch: Optional[torch.Tensor]
     return KernelMap(neighbours, in_index, out_index, counts, kernel_size, dilation)
 
 
+_WEIGHT_SHAPE = "(K^3, Cin, Cout) or (K, K, K, Cin, Cout)"
+
+
 def _kernel_size_of(weight: torch.Tensor, kernel_size) -> int:
     """K from a weight of shape (K^3, Cin, Cout) or (K, K, K, Cin, Cout), checked against ``kernel_size``."""
     k = round(weight.shape[0] ** (1.0 / 3.0)) if weight.dim() == 3 else weight.shape[0]
     if k**3 != weight.shape[0] * (1 if weight.dim() == 3 else k * k) or (weight.dim() == 5 and weight.shape[:3] != (k, k, k)):
-        raise ValueError(f"weight must have shape (K^3, Cin, Cout) or (K, K, K, Cin, Cout), got shape {tuple(weight.shape)}")
-    if kernel_size is not None and kernel_size != k:
-        raise ValueError(f"kernel_size={kernel_size} does not match weight of shape {tuple(weight.shape)} (K = {k})")
+        raise ValueError(f"weight must be a tensor of shape {_WEIGHT_SHAPE}, got shape {tuple(weight.shape)}")
+    if kernel_size is not None:
+        _validate.same_size("kernel_size", kernel_size, "weight", k, "kernel size K")
     return k
 
 
@@ -610,34 +611,26 @@ def sparse_conv3d(
                 [2., 2., 2., 2.]])
     """
     _validate.tensor("features", features, ndim=2, shape_doc="(N, Cin)")
-    _validate.tensor("weight", weight)
-    if weight.dim() not in (3, 5):
-        raise ValueError(f"weight must have shape (K^3, Cin, Cout) or (K, K, K, Cin, Cout), got shape {tuple(weight.shape)}")
+    _validate.tensor("weight", weight, ndim=(3, 5), shape_doc=_WEIGHT_SHAPE)
     k = _kernel_size_of(weight, _validate.plain(kernel_size))
     if k % 2 == 0:
         raise ValueError(f"weight has K = {k} taps per axis (shape {tuple(weight.shape)}): K must be odd (a submanifold kernel has a centre)")
     cin, cout = weight.shape[-2], weight.shape[-1]
-    if features.shape[1] != cin:
-        raise ValueError(f"features has {features.shape[1]} channels but weight expects Cin = {cin} (shape {tuple(weight.shape)})")
+    _validate.same_size("features", features.shape[1], "weight", cin, "number of input channels Cin")
     if bias is not None:
-        _validate.tensor("bias", bias, ndim=1, shape_doc=f"(Cout,) = ({cout},)")
-        if bias.shape[0] != cout:
-            raise ValueError(f"bias must be a tensor of shape (Cout,) = ({cout},), got shape {tuple(bias.shape)}")
+        _validate.tensor("bias", bias, ndim=1, size=cout, shape_doc="(Cout,)")
     _validate.same_device(features=features, weight=weight, bias=bias, grid_coord=grid_coord)
     if kernel_map is None:
         if grid_coord is None:
             raise ValueError("grid_coord is None: pass the sites' grid_coord or their kernel_map")
-        if grid_coord.shape[0] != features.shape[0] if isinstance(grid_coord, torch.Tensor) else False:
-            raise ValueError(f"features must have one row per site: got {features.shape[0]} rows for grid_coord of shape {tuple(grid_coord.shape)}")
+        if isinstance(grid_coord, torch.Tensor):  # (else sparse_kernel_map names its type)
+            _validate.same_size("features", features.shape[0], "grid_coord", grid_coord.shape[0], "number of rows (one per site)")
         kernel_map = sparse_kernel_map(grid_coord, batch=batch, kernel_size=k, dilation=_validate.plain(dilation), validate=validate)
     else:
-        if not isinstance(kernel_map, KernelMap):
-            raise TypeError(f"kernel_map must be a pcops.KernelMap, got {type(kernel_map).__name__}")
-        if kernel_map.kernel_size != k or kernel_map.dilation != dilation:
-            raise ValueError(f"kernel_map is for kernel_size={kernel_map.kernel_size}, dilation={kernel_map.dilation}; "
-                             f"the call has kernel_size={k}, dilation={dilation}")
-        if kernel_map.neighbours.shape[1] != features.shape[0]:
-            raise ValueError(f"kernel_map has {kernel_map.neighbours.shape[1]} sites but features has {features.shape[0]} rows")
+        _validate.instance("kernel_map", kernel_map, KernelMap, "pcops.KernelMap")
+        _validate.same_size("kernel_map.kernel_size", kernel_map.kernel_size, "weight", k, "kernel size K")
+        _validate.same_size("kernel_map.dilation", kernel_map.dilation, "dilation", dilation, "dilation")
+        _validate.same_size("features", features.shape[0], "kernel_map", kernel_map.neighbours.shape[1], "number of sites")
     if validate and not torch.compiler.is_compiling():
         _validate.finite(features=features, weight=weight, bias=bias)
     dtype, out_dtype = _validate.compute_dtype(features, weight, *(() if bias is None else (bias,)))

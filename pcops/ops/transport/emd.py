@@ -121,12 +121,8 @@ _NAMES = _layout.names("x", "y")
 
 
 def _check_options(p, point_reduction, batch_reduction, max_points) -> None:
-    if isinstance(p, bool) or p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p!r}")
-    _validate.one_of("point_reduction", point_reduction, POINT_REDUCTIONS)
-    _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
-    if point_reduction is None and batch_reduction is not None:
-        raise ValueError("batch_reduction must be None when point_reduction is None")
+    _validate.one_of("p", p, (1, 2))
+    _validate.reductions(point_reduction, batch_reduction, POINT_REDUCTIONS, BATCH_REDUCTIONS)
     _validate.count("max_points", max_points)
 
 

@@ -465,13 +465,9 @@ _NAMES = _layout.names("x", "y")
 
 
 def _check_options(p, blur, scaling, diameter) -> None:
-    if isinstance(p, bool) or p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p!r}")
+    _validate.one_of("p", p, (1, 2))
     _validate.positive_number("blur", blur)
-    if not _validate.is_number(scaling):
-        raise TypeError(f"scaling must be a number, got {type(scaling).__name__}")
-    if not torch.compiler.is_compiling() and not 0 < scaling < 1:
-        raise ValueError(f"scaling must be in (0, 1), got {scaling}")
+    _validate.interval("scaling", scaling, 0, 1)
     if diameter is not None:
         _validate.positive_number("diameter", diameter)
 
@@ -480,14 +476,8 @@ def _weights(name: str, w, points: torch.Tensor, flat_group, samples: int, dtype
     """The flat weights (P,) in ``dtype``: the caller's (shape points.shape[:-1]) or uniform per sample."""
     rows = points.shape[:-1]
     if w is not None:
-        if not isinstance(w, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(w).__name__}")
-        if not w.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
-        if tuple(w.shape) != tuple(rows):
-            raise ValueError(f"{name} must have shape {tuple(rows)} (one weight per point of the cloud), got {tuple(w.shape)}")
-        if w.device != points.device:
-            raise ValueError(f"{name} must be on {points.device}, got {w.device}")
+        _validate.tensor(name, w, ndim=len(rows), size=rows[0], last=rows[-1], shape_doc="(B, N)" if len(rows) == 2 else "(N,)")
+        _validate.same_device(**{name.removesuffix("_weights"): points, name: w})
         return w.reshape(-1).to(dtype)
     total = points.reshape(-1, 3).shape[0]
     if flat_group is None:

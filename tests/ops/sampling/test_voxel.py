@@ -90,7 +90,7 @@ class TestVoxelPoolMean(OpSuite):
             "padded points": (lambda: vp(p[None], 0.1), ValueError, "points must be a tensor of shape"),
             "feature rows": (lambda: vp(p, 0.1, f[:9]), ValueError, "features must have one row per point"),
             "1-d features": (lambda: vp(p, 0.1, f[:, 0]), ValueError, "features must be a tensor of shape"),
-            "reduce": (lambda: vp(p, 0.1, f, reduce="sum"), ValueError, "reduce must be 'mean' or 'max'"),
+            "reduce": (lambda: vp(p, 0.1, f, reduce="sum"), ValueError, r"reduce must be one of \('mean', 'max'\), got 'sum'"),
             "batch dtype": (lambda: vp(p, 0.1, batch=torch.zeros(10)), TypeError, "batch must have an integer dtype"),
             "negative batch": (lambda: vp(p, 0.1, batch=-torch.ones(10, dtype=torch.long)), ValueError, "batch values"),
             "inf points": (lambda: vp(nan, 0.1), ValueError, "points contains NaN or inf"),

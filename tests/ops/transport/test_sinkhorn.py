@@ -167,14 +167,14 @@ class TestSinkhornDivergence(OpSuite):
         negative = torch.tensor([0.5, 0.5, 0.5, -0.5])
         nan = torch.tensor([0.5, float("nan"), 0.25, 0.25])
         return {
-            "p": (lambda: sd(x, y, p=3), ValueError, "p must be 1 or 2"),
+            "p": (lambda: sd(x, y, p=3), ValueError, r"p must be one of \(1, 2\), got 3"),
             "zero blur": (lambda: sd(x, y, blur=0.0), ValueError, "blur must be finite and > 0"),
             "scaling": (lambda: sd(x, y, scaling=1.0), ValueError, r"scaling must be in \(0, 1\)"),
             "diameter": (lambda: sd(x, y, diameter=-1.0), ValueError, "diameter must be finite and > 0"),
             "negative weight": (lambda: sd(x, y, x_weights=negative), ValueError, "x_weights must be >= 0"),
             "nan weight": (lambda: sd(x, y, x_weights=nan), ValueError, "x_weights contains NaN or inf"),
-            "weight shape": (lambda: sd(x, y, y_weights=torch.ones(5) / 5), ValueError, r"y_weights must have shape \(6,\)"),
-            "int weights": (lambda: sd(x, y, y_weights=torch.ones(6, dtype=torch.int64)), TypeError, "y_weights must be a floating"),
+            "weight shape": (lambda: sd(x, y, y_weights=torch.ones(5) / 5), ValueError, r"y_weights must be a tensor of shape \(N,\) = \(6,\), got shape \(5,\)"),
+            "int weights": (lambda: sd(x, y, y_weights=torch.ones(6, dtype=torch.int64)), TypeError, "y_weights must have a floating dtype"),
             "reduction": (lambda: sd(x, y, batch_reduction="max"), ValueError, "batch_reduction must be one of"),
             "debias": (lambda: sd(x, y, debias=1), TypeError, "debias must be a bool"),
             "2-d x": (lambda: sd(x[:, :2], y), ValueError, "x must be a tensor of shape"),

@@ -63,8 +63,7 @@ def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (),
             query_group: Optional[torch.Tensor] = None,
             ref_group: Optional[torch.Tensor] = None,
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            if (query_group is None) != (ref_group is None):
-                raise ValueError("query_group and ref_group must be given together")
+            _validate.groups_paired(query_group, ref_group)
             if validate:
                 _validate.finite(query=query, ref=ref)
             return fn(query, ref, k, query_group, ref_group)
