@@ -10,9 +10,9 @@ Unlike caps that keep the first K points found (torch_cluster's radius, PyTorch3
 ball_query), the result does not depend on the traversal order. The cell list of the radius
 ops (``pcops.ops.neighbours._cells``: the reference points sorted by cells of the grid) yields the
 candidates; each query keeps its K best (distance, index) pairs sorted in its output row by
-insertion. The kernel returns indices only: distances are
-recomputed in torch from them, as :func:`pcops.knn` does, so they are differentiable with
-respect to both point sets. Output shapes are static: the op compiles with ``fullgraph=True``.
+insertion. Where a gradient to the points is asked for, the distances are recomputed in torch
+from the indices, as :func:`pcops.knn` does, so they are differentiable with respect to both
+point sets; otherwise they are the kernel's own. Output shapes are static: the op compiles with ``fullgraph=True``.
 
 :func:`ball_queries` runs it at several radii in one call (one result per radius, each equal to
 :func:`ball_query`'s): one layout, one check, and per group of close radii (``GROUP_RATIO``)
@@ -28,7 +28,7 @@ import warp as wp
 
 from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from . import _cells
-from .nearest import _distances
+from .nearest import _distances, _points_grad
 
 
 class BallQuery(NamedTuple):
@@ -164,18 +164,19 @@ def _groups(radii: list) -> list[list[int]]:
 
 def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_group, ref_group, by_index: bool = False):
     """The search of ball_query and ball_queries: (idx (M, sum K) int64, radius g's K_g columns
-    after those of the radii before it; counts (M, G) int64). ``by_index``: the K smallest
-    indices within the radius instead of the K closest (see :func:`_kernel`)."""
+    after those of the radii before it; counts (M, G) int64; dists (M, sum K), the distances
+    of idx's points, inf past each row's neighbours). ``by_index``: the K smallest indices
+    within the radius instead of the K closest (see :func:`_kernel`), and dists (M, 0)."""
     _validate.groups_paired(query_group, ref_group)
     if validate:
         _validate.finite(query=query, ref=ref)
     m, width = query.shape[0], sum(max_neighbors)
     idx = torch.full((m, width), -1, dtype=torch.int64, device=query.device)
     counts = torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device)
+    dists = query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf"))
     if m == 0 or ref.shape[0] == 0:
-        return idx, counts
+        return idx, counts, dists
     _warp.init()
-    dists = query.new_empty((0, width)) if by_index else query.new_full((m, width), float("inf"))  # (by_index: unused)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     dense = query.device.type == "cpu" and query_group is None and m * ref.shape[0] <= SCAN_PAIRS
     groups = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else _groups(radii)
@@ -194,7 +195,7 @@ def _search(query, ref, radii: list, max_neighbors: list, validate: bool, query_
             scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
         _warp.launch(kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=m * ref.shape[0] if dense else None)
-    return idx, counts
+    return idx, counts, dists
 
 
 @_threads.custom_op("pcops::ball_query", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -207,22 +208,24 @@ def _ball_query(
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
     by_index: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64).
-    ``by_index``: idx holds the K smallest indices within the radius, ascending, instead of the
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64,
+    dists (M, K) of the points' dtype: the distances of idx's points, inf past the counts; (M, 0)
+    with ``by_index``). ``by_index``: idx holds the K smallest indices within the radius, ascending, instead of the
     K closest (pcops.compat's "first K" caps), and a point is within it when
     ``|q - p|^2 <= radius^2`` in the points' dtype (the squared test: at the boundary it may
     differ from ``|q - p| <= radius`` by rounding; pcops.compat searches a widened radius and
     tests exactly afterwards)."""
     _validate.positive_number("radius", radius)
-    idx, counts = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
-    return idx, counts[:, 0].clone()
+    idx, counts, dists = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
+    return idx, counts[:, 0].clone(), dists
 
 
 @_ball_query.register_fake
 def _(query, ref, radius, max_neighbors, validate, query_group, ref_group, by_index=False):
     m = query.shape[0]
-    return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)
+    dists = query.new_empty((m, 0 if by_index else max_neighbors))
+    return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64), dists
 
 
 @_threads.custom_op("pcops::ball_queries", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -234,17 +237,19 @@ def _ball_queries(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, sum K) int64, radius g's K_g
-    columns after those of the radii before it; counts (M, G) int64)."""
+    columns after those of the radii before it; counts (M, G) int64; dists (M, sum K) of idx's
+    points, inf past the counts)."""
     _check_radii(radii, max_neighbors)
     return _search(query, ref, list(radii), list(max_neighbors), validate, query_group, ref_group)
 
 
 @_ball_queries.register_fake
 def _(query, ref, radii, max_neighbors, validate, query_group, ref_group):
-    m = query.shape[0]
-    return query.new_empty((m, sum(max_neighbors)), dtype=torch.int64), query.new_empty((m, len(radii)), dtype=torch.int64)
+    m, width = query.shape[0], sum(max_neighbors)
+    return (query.new_empty((m, width), dtype=torch.int64), query.new_empty((m, len(radii)), dtype=torch.int64),
+            query.new_empty((m, width)))
 
 
 def _check_max_neighbors(max_neighbors) -> None:
@@ -303,18 +308,24 @@ def ball_query(
     _check_max_neighbors(max_neighbors)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     q, p = flat.query.to(dtype), flat.ref.to(dtype)
-    idx, counts = _ball_query(
+    idx, counts, found = _ball_query(
         q.detach(), p.detach(), float(radius), max_neighbors, flat.validate, flat.query_group, flat.ref_group
     )
-    return _result(flat, q, p, idx, counts, out_dtype)
+    return _result(flat, q, p, idx, counts, found, out_dtype, _points_grad(query, ref))
 
 
-def _result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, out_dtype) -> BallQuery:
-    """The caller's BallQuery from a search's flat ``idx`` (M, K) and ``counts`` (M,): distances
-    recomputed in torch from the points (differentiable), indices as the caller indexes ref."""
-    valid = idx >= 0
-    rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
-    dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
+def _result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor,
+            out_dtype, points_grad: bool) -> BallQuery:
+    """The caller's BallQuery from a search's flat ``idx`` (M, K), ``counts`` (M,) and distances
+    ``found`` (M, K): those distances where no gradient to the points is asked for (as
+    :func:`pcops.knn` returns its search's), else recomputed in torch from the points
+    (differentiable); indices as the caller indexes ref."""
+    if points_grad:
+        valid = idx >= 0
+        rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
+        dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
+    else:
+        dists = found.to(out_dtype)
     idx = _layout.local_index(flat, idx)
     return BallQuery(_layout.unflatten(flat, dists), _layout.unflatten(flat, idx), _layout.unflatten(flat, counts))
 
@@ -391,13 +402,14 @@ def ball_queries(
     radii, ks = _check_radii(radii, max_neighbors)
     dtype, out_dtype = _validate.compute_dtype(query, ref)
     q, p = flat.query.to(dtype), flat.ref.to(dtype)
-    idx, counts = _ball_queries(
+    idx, counts, found = _ball_queries(
         q.detach(), p.detach(), [float(r) for r in radii], ks, flat.validate, flat.query_group, flat.ref_group
     )
+    grad = _points_grad(query, ref)
     if len(ks) == 1:
-        return (_result(flat, q, p, idx, counts[:, 0], out_dtype),)
+        return (_result(flat, q, p, idx, counts[:, 0], found, out_dtype, grad),)
     first = [sum(ks[:g]) for g in range(len(ks))]
-    return tuple(_result(flat, q, p, idx[:, a:a + k].contiguous(), counts[:, g].contiguous(), out_dtype)
+    return tuple(_result(flat, q, p, idx[:, a:a + k].contiguous(), counts[:, g].contiguous(), found[:, a:a + k].contiguous(), out_dtype, grad)
                  for g, (a, k) in enumerate(zip(first, ks)))
 
 

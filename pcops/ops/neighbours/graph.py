@@ -170,7 +170,7 @@ def _radius_edges(points, radius: float, max_neighbors: int, loop: bool, validat
             return torch.empty((2, 0), dtype=torch.int64, device=points.device)
         return _all_within(points, radius, loop, group)
     extra = 0 if loop else 1  # the centre itself is in its own ball
-    idx, _ = _ball_query(points, points, radius, max_neighbors + extra, validate, group, group)
+    idx, _, _ = _ball_query(points, points, radius, max_neighbors + extra, validate, group, group)
     return _edges(idx, (idx >= 0) if loop else _without_self(idx, max_neighbors))
 
 

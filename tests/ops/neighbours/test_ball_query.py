@@ -137,7 +137,8 @@ def test_the_op_by_index_keeps_the_smallest_indices_within_the_radius(gen, dtype
     gp, gq = torch.arange(400) // 200, torch.arange(60) // 30
     radius = reference.safe_radius(q.double(), p.double(), 0.2, gap=1e-3)
     for k in (1, 7, 300):
-        idx, counts = torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp, True)
+        idx, counts, dists = torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp, True)
+        assert dists.shape == (60, 0)  # no distances kept by index
         within = (reference.distances(q.double(), p.double()) <= radius) & (gq[:, None] == gp[None, :])
         assert torch.equal(counts, within.sum(1))
         first = torch.where(within, torch.arange(400), 400).sort(1).values[:, :k]
@@ -153,8 +154,31 @@ def test_the_op_by_index_passes_opcheck_and_terminates_on_nan(gen):
     torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, gq, gp, True))
     torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, None, None, True))
     p[5], q[3] = float("nan"), float("inf")  # validate=False: terminates, and no NaN point is ever within the radius
-    idx, counts = torch.ops.pcops.ball_query(q, p, 0.2, 9, False, None, None, True)
+    idx, counts, _ = torch.ops.pcops.ball_query(q, p, 0.2, 9, False, None, None, True)
     assert not (idx == 5).any() and counts[3] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_the_searchs_own_distances_without_a_gradient_the_recomputed_ones_with_one(gen, dtype):
+    # without a gradient to the points, dists are the kernel's (no (M, K, 3) gather); with one,
+    # torch's from the gathered points: the same neighbours, both the float64 reference's
+    # distances to rounding, inf past the counts; one cloud, two radii and a padded batch
+    q, p = torch.rand(2, 70, 3, generator=gen, dtype=dtype), torch.rand(2, 90, 3, generator=gen, dtype=dtype)
+    lengths = torch.tensor([70, 41]), torch.tensor([90, 77])
+    calls = [lambda a, b: (pcops.ball_query(a[0], b[0], 0.3, 12),),
+             lambda a, b: pcops.ball_queries(a[0], b[0], [0.15, 0.3], [4, 12]),
+             lambda a, b: (pcops.ball_query(a, b, 0.3, 12, query_lengths=lengths[0], ref_lengths=lengths[1]),)]
+    for call in calls:
+        own = call(q, p)
+        recomputed = call(q.clone().requires_grad_(), p)
+        for a, b in zip(own, recomputed):
+            assert torch.equal(a.idx, b.idx) and torch.equal(a.counts, b.counts)
+            assert torch.equal(a.dists.isinf(), a.idx < 0) and torch.equal(b.dists.isinf(), b.idx < 0)
+            torch.testing.assert_close(a.dists, b.dists.detach(), **TOL[dtype])
+            assert not a.dists.requires_grad and b.dists.requires_grad
+    found = call(q.double(), p.double())[0]  # (the padded batch) against float64 brute force
+    ref = reference.distances(q[0].double(), p[0].double()).gather(1, found.idx[0].clamp(min=0))
+    torch.testing.assert_close(own[0].dists[0].double(), torch.where(found.idx[0] >= 0, ref, float("inf")), **TOL[dtype])
 
 def test_ties_go_to_the_smaller_index():
     axes = torch.cat([torch.eye(3), -torch.eye(3)]).double()
