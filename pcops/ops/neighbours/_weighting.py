@@ -50,13 +50,14 @@ def resolve(weights: Optional[str], reduce: str, sigma) -> str:
     return weights
 
 
-def inverse_distance(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Normalised 1 / max(d^2, 1e-16) over the valid neighbours (M, k); rows without any are 0.
+def inverse_distance(squared: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Normalised 1 / max(d^2, 1e-16) over the valid neighbours (M, k) of squared distances
+    ``squared``; rows without any are 0.
 
     Each row is scaled by its smallest clamped d^2 first (weights in (0, 1], no overflow for
     any scale of coordinates); normalisation cancels the scale, so it carries no gradient.
     """
-    sq = (query[:, None, :] - neighbours).square().sum(-1).clamp_min(MIN_SQUARED_DISTANCE)
+    sq = squared.clamp_min(MIN_SQUARED_DISTANCE)
     smallest = torch.where(valid, sq, float("inf")).amin(1, keepdim=True).detach()
     smallest = torch.where(torch.isinf(smallest), 1, smallest)
     w = torch.where(valid, smallest / sq, 0)

@@ -299,15 +299,15 @@ def knn_aggregate(
         out = torch.where(valid[..., None], gathered, float("-inf")).max(1).values  # gradient to the arg-max
         out = torch.where(valid.any(1, keepdim=True), out, 0)  # a query with no neighbour: zeros
         return _layout.unflatten(flat, out.to(out_dtype))
-    query_c, ref_c = flat.query.to(dtype), flat.ref.to(dtype)
-    if weights == "softmax":
+    if weights != "uniform":
         dists = torch.where(valid, _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref)), 0)
+    if weights == "softmax":
         nearest = torch.where(valid, dists, float("inf")).amin(1, keepdim=True).detach()  # shift: any sigma > 0 stays finite
         logits = torch.where(valid, -(dists - torch.where(valid, nearest, 0)) / sigma, float("-inf"))
         logits = torch.where(valid.any(1, keepdim=True), logits, 0)  # a query with no neighbour: no NaN
         w = torch.where(valid, torch.softmax(logits, dim=1), 0)  # softmax subtracts the row max: stable
     elif weights == "inverse_distance":
-        w = _weighting.inverse_distance(query_c, _layout.select_rows(ref_c, idx), valid)
+        w = _weighting.inverse_distance(dists.square(), valid)
     else:
         w = valid.to(dtype) / valid.sum(1, keepdim=True).clamp_min(1)
     out = (w[..., None] * gathered).sum(1)
