@@ -123,7 +123,9 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
     for first, count in levels:
         _warp.launch(_reach_kernel(), count * leaves, [*args, first, reach], like=corners, work=3 * n * count)
-    radius = torch.cat([reach[level].view(1 << level, -1).amax(1) for level in range(d + 1)])
+    # node k's depth (the exponent of k + 1) and so its number of leaves: one segmented max for every node
+    level = torch.frexp(torch.arange(1, nodes + 1, device=device, dtype=torch.float64))[1].long() - 1
+    radius = torch.segment_reduce(reach.flatten(), "max", lengths=1 << (d - level))
     size = node_count(n)
 
     def out(t, fill=0):
