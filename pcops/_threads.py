@@ -199,13 +199,27 @@ _profiling, _transforms, _jit_tracing = torch.autograd._profiler_enabled, torch.
 
 def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
-    operations around its custom ops included); traced by ``torch.compile``, it is ``fn``."""
+    operations around its custom ops included); traced by ``torch.compile``, it is ``fn``.
+
+    An eager call with an argument of a type in :data:`PROTOCOL_TYPES` goes through torch's
+    ``__torch_function__`` protocol, as torch's own Python functions do: the type's
+    ``__torch_function__`` receives the public function itself (PhysicsNeMo's ShardTensor, whose
+    handlers :func:`pcops.distributed.shard_tensor.register` adds)."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if torch.compiler.is_compiling():
             return fn(*args, **kwargs)
+        if PROTOCOL_TYPES and torch._C._is_torch_function_enabled():
+            routed = tuple(a for a in (*args, *kwargs.values()) if type(a) in PROTOCOL_TYPES)
+            if routed:
+                return torch.overrides.handle_torch_function(call, routed, *args, **kwargs)
         with limited():
             return fn(*args, **kwargs)
 
     return call
+
+
+# Tensor subclasses whose __torch_function__ the public functions call (empty: none; other
+# subclasses run through the functions as plain tensors do)
+PROTOCOL_TYPES: set = set()
