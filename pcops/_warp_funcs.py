@@ -11,6 +11,9 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`spread` -- the bits of an integer two zero bits apart, one axis of a 3-d Morton code:
   the one definition of the bit spread (serialize's curve codes; the table of ``morton``). A
   function, not a factory: it has no dtype, and it is created once, at import;
+* :func:`part` -- the first row of a node of the implicit trees (the kd-tree, the mesh
+  hierarchy, FPS's trees), which split n sorted items at the middle index: node k of depth d
+  holds rows ``part(k, n, d) .. part(k + 1, n, d) - 1``. A function, created once, at import;
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
   and ``morton`` (the Morton code of a point's cell, from a table of :func:`spread`): the
   kd-tree's Morton order of queries;
@@ -140,6 +143,13 @@ def spread(v: wp.int64):
     v = (v | (v << wp.int64(4))) & wp.int64(0x10C30C30C30C30C3)
     v = (v | (v << wp.int64(2))) & wp.int64(0x1249249249249249)
     return v
+
+
+@wp.func(module="unique")
+def part(k: int, n: wp.int64, d: int):
+    """The first of the n sorted items held by node k of depth d of an implicit tree (each node
+    split at its middle index): floor(k n / 2^d)."""
+    return int((n * wp.int64(k)) >> wp.int64(d))
 
 
 @kernels

@@ -28,7 +28,7 @@ import math
 import torch
 import warp as wp
 
-from ... import _threads, _validate, _warp
+from ... import _threads, _validate, _warp, _warp_funcs
 from . import _tree
 
 TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distances this close are ties
@@ -199,8 +199,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                     break
                 if d == depth:  # a leaf
                     k = node + 1 - (1 << d)
-                    j0 = int((n * wp.int64(k)) >> wp.int64(depth))
-                    j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
+                    j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
                         if group[j] == g:
                             d2 = s(0.0)
@@ -293,8 +292,7 @@ def _winding_kernel(dtype: torch.dtype):
                     break
                 if d == depth:
                     k = node + 1 - (1 << d)
-                    j0 = int((n * wp.int64(k)) >> wp.int64(depth))
-                    j1 = int((n * wp.int64(k + 1)) >> wp.int64(depth))
+                    j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
                         if group[j] == g:
                             total += solid_angle(q, ta[j], tb[j], tc[j])

@@ -81,8 +81,8 @@ def _kernels(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def part(k: int, n: int, d: int):
-        """Start of node k of level d among n points: floor(k n / 2^d) (children split their parent)."""
-        return int((wp.int64(k) * wp.int64(n)) >> wp.int64(d))
+        """Start of node k of level d among n points (children split their parent): the one rule."""
+        return _warp_funcs.part(k, wp.int64(n), d)
 
     @wp.func(module="unique")
     def spread(x: int):

@@ -200,8 +200,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                         break
                 if d == depth:  # a leaf: insert its points into the sorted row
                     node = b + 1 - (1 << d)
-                    j0 = int((npts * wp.int64(node)) >> wp.int64(depth))
-                    j1 = int((npts * wp.int64(node + 1)) >> wp.int64(depth))
+                    j0, j1 = _warp_funcs.part(node, npts, depth), _warp_funcs.part(node + 1, npts, depth)
                     for j in range(j0, j1):
                         diff = q - points[j]
                         d2 = wp.dot(diff, diff)
@@ -316,8 +315,7 @@ def _build_kernels(dtype: torch.dtype):
             for c in range(1 << (e - depth)):
                 node = (root << (e - depth)) + c
                 b = (1 << e) - 1 + node
-                first = int((npts * wp.int64(node)) >> wp.int64(e))
-                last = int((npts * wp.int64(node + 1)) >> wp.int64(e))
+                first, last = _warp_funcs.part(node, npts, e), _warp_funcs.part(node + 1, npts, e)
                 # (a NaN point is never a neighbour; a box of NaN points only is empty, and every
                 # query skips it)
                 l, h = box(points, first, last, 1)
@@ -327,7 +325,7 @@ def _build_kernels(dtype: torch.dtype):
                     glo[b] = groups[first]  # the points of a range are in group order, or of one group
                     ghi[b] = groups[last - 1]
                 if e < leaf_depth:
-                    mid = int((npts * wp.int64(2 * node + 1)) >> wp.int64(e + 1))
+                    mid = _warp_funcs.part(2 * node + 1, npts, e + 1)
                     if grouped != 0 and groups[first] != groups[last - 1]:
                         axis[b] = -1  # between groups (the right child's first group): the order stays
                         split[b] = s(0.0)
