@@ -158,6 +158,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         if not (wp.isfinite(qlo) and wp.isfinite(qhi)):
             return
         g = query_group[i]
+        single = glo[0] == ghi[0] and glo[0] == g  # one mesh (or one sample of points), the query's: no sample ranges to test
         size = wp.max(scale[0], wp.max(wp.max(wp.abs(qlo[0]), wp.abs(qhi[0])), wp.max(wp.max(wp.abs(qlo[1]), wp.abs(qhi[1])), wp.max(wp.abs(qlo[2]), wp.abs(qhi[2])))))
         near = tie * size * s(2.0)  # two distances closer than this are a tie
         n = wp.int64(ta.shape[0])
@@ -195,13 +196,13 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
             if stack_bound[top] > upper * slack:
                 continue
             while True:
-                if g < glo[node] or g > ghi[node]:
+                if not single and (g < glo[node] or g > ghi[node]):
                     break
                 if d == depth:  # a leaf
                     k = node + 1 - (1 << d)
                     j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
-                        if group[j] == g:
+                        if single or group[j] == g:
                             d2 = s(0.0)
                             if wp.static(faces_to_points):
                                 d2 = triangle_d2(ta[j], a, b, c)
@@ -269,6 +270,7 @@ def _winding_kernel(dtype: torch.dtype):
     ):
         """The winding number of q about its sample's faces, nodes farther than sqrt(beta2) radii expanded."""
         n = wp.int64(ta.shape[0])
+        single = glo[0] == ghi[0] and glo[0] == g  # one mesh, the query's: no sample ranges to test
         total = s(0.0)
         stack_node = _nodes()
         stack_depth = _nodes()
@@ -278,13 +280,16 @@ def _winding_kernel(dtype: torch.dtype):
             node = stack_node[top]
             d = stack_depth[top]
             while True:  # down the left children, stacking the right ones
-                lo_g, hi_g = glo[node], ghi[node]
-                if g < lo_g or g > hi_g:
-                    break
+                pure = single
+                if not single:
+                    lo_g, hi_g = glo[node], ghi[node]
+                    if g < lo_g or g > hi_g:
+                        break
+                    pure = lo_g == hi_g
                 r = center[node] - q
                 r2 = wp.dot(r, r)
                 rad = radius[node]
-                if lo_g == hi_g and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
+                if pure and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
                     inv = s(1.0) / wp.sqrt(r2)
                     inv3 = inv * inv * inv
                     mo = moment[node]
@@ -294,7 +299,7 @@ def _winding_kernel(dtype: torch.dtype):
                     k = node + 1 - (1 << d)
                     j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
-                        if group[j] == g:
+                        if single or group[j] == g:
                             total += solid_angle(q, ta[j], tb[j], tc[j])
                     break
                 stack_node[top] = 2 * node + 2

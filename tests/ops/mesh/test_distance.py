@@ -330,6 +330,18 @@ def test_sample_ids_above_int32_keep_packed_meshes_apart(validate):
     torch.testing.assert_close(small.dists[qb == 0], first.dists, rtol=0, atol=0)
 
 
+def test_without_validation_a_point_of_a_sample_without_a_mesh_finds_nothing():
+    # the walks' one-mesh path (no sample ranges to test) must not serve a point of another sample
+    gen = torch.Generator().manual_seed(4)
+    v, f = _sphere(gen, 0)
+    q = torch.rand(30, 3, generator=gen, dtype=F64)
+    qb = torch.arange(30) % 2  # sample 1 has points and no mesh
+    for signed in (False, True):
+        out = pcops.mesh_distance(q, v, f, signed=signed, points_batch=qb, vertices_batch=torch.zeros(len(v), dtype=torch.long), validate=False)
+        assert bool((out.face[qb == 1] == -1).all()) and bool(out.dists[qb == 1].isinf().all())
+        torch.testing.assert_close(out.dists[qb == 0], pcops.mesh_distance(q[qb == 0], v, f, signed=signed).dists, rtol=0, atol=0)
+
+
 def test_the_cpu_chain_of_bounds_changes_nothing(monkeypatch):
     """On the CPU a query starts from the face its thread's previous query found (a bound); the
     result equals the walk from scratch, ties included."""
