@@ -113,7 +113,7 @@ def test_ball_query_is_identical_across_the_switch(gen, monkeypatch, kind, dtype
     for k in (1, 5, 200):
         scan, cells = both_paths(monkeypatch, lambda: pcops.ball_query(q, p, r, k))
         assert_identical(scan, cells)
-        op = lambda: torch.ops.pcops.ball_query(q, p, r, k, False, None, None, True)  # noqa: E731 (by index)
+        op = lambda: torch.ops.pcops.ball_query_by_index(q, p, r, k, False, None, None)  # noqa: E731
         assert_identical(*both_paths(monkeypatch, op))
 
 

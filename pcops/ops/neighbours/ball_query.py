@@ -53,7 +53,7 @@ def _kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, den
     a wider buffer). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
     indices within the radius, ascending, in ``idx`` alone (``dists`` is not read or written),
     and the test is the squared one, ``|q - p|^2 <= r^2`` (the "first K" of
-    :func:`_ball_query`'s ``by_index``): no square root per point and no distance column to
+    ``pcops::ball_query_by_index``): no square root per point and no distance column to
     shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
     ``dense`` (one cloud, no groups): the thread scans every reference point, ``cells.points``
     in the order ``cells.order`` (small clouds, where building the cell list costs more than
@@ -207,25 +207,45 @@ def _ball_query(
     validate: bool,
     query_group: Optional[torch.Tensor],
     ref_group: Optional[torch.Tensor],
-    by_index: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64,
-    dists (M, K) of the points' dtype: the distances of idx's points, inf past the counts; (M, 0)
-    with ``by_index``). ``by_index``: idx holds the K smallest indices within the radius, ascending, instead of the
-    K closest (pcops.compat's "first K" caps), and a point is within it when
-    ``|q - p|^2 <= radius^2`` in the points' dtype (the squared test: at the boundary it may
-    differ from ``|q - p| <= radius`` by rounding; pcops.compat searches a widened radius and
-    tests exactly afterwards)."""
+    dists (M, K) of the points' dtype: the distances of idx's points, inf past the counts)."""
     _validate.positive_number("radius", radius)
-    idx, counts, dists = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
+    idx, counts, dists = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group)
     return idx, counts[:, 0].clone(), dists
 
 
 @_ball_query.register_fake
-def _(query, ref, radius, max_neighbors, validate, query_group, ref_group, by_index=False):
+def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
     m = query.shape[0]
-    dists = query.new_empty((m, 0 if by_index else max_neighbors))
-    return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64), dists
+    return (query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64),
+            query.new_empty((m, max_neighbors)))
+
+
+@_threads.custom_op("pcops::ball_query_by_index", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _by_index(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    radius: float,
+    max_neighbors: int,
+    validate: bool,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64): idx
+    holds the K smallest indices within the radius, ascending, instead of the K closest
+    (pcops.compat's "first K" caps), and a point is within it when ``|q - p|^2 <= radius^2`` in
+    the points' dtype (the squared test: at the boundary it may differ from ``|q - p| <= radius``
+    by rounding; pcops.compat searches a widened radius and tests exactly afterwards)."""
+    _validate.positive_number("radius", radius)
+    idx, counts, _ = _search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index=True)
+    return idx, counts[:, 0].clone()
+
+
+@_by_index.register_fake
+def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
+    m = query.shape[0]
+    return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)
 
 
 @_threads.custom_op("pcops::ball_queries", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

@@ -130,15 +130,14 @@ def test_keeps_the_closest_not_the_first_found(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_the_op_by_index_keeps_the_smallest_indices_within_the_radius(gen, dtype):
-    # the op's by_index mode (pcops.compat's "first K" caps): per query the K smallest indices
+    # the by-index op (pcops.compat's "first K" caps): per query the K smallest indices
     # within the radius, ascending, -1 padded, and the same counts; in two samples
     p = torch.rand(400, 3, generator=gen, dtype=dtype)
     q = torch.rand(60, 3, generator=gen, dtype=dtype)
     gp, gq = torch.arange(400) // 200, torch.arange(60) // 30
     radius = reference.safe_radius(q.double(), p.double(), 0.2, gap=1e-3)
     for k in (1, 7, 300):
-        idx, counts, dists = torch.ops.pcops.ball_query(q, p, radius, k, True, gq, gp, True)
-        assert dists.shape == (60, 0)  # no distances kept by index
+        idx, counts = torch.ops.pcops.ball_query_by_index(q, p, radius, k, True, gq, gp)
         within = (reference.distances(q.double(), p.double()) <= radius) & (gq[:, None] == gp[None, :])
         assert torch.equal(counts, within.sum(1))
         first = torch.where(within, torch.arange(400), 400).sort(1).values[:, :k]
@@ -151,10 +150,10 @@ def test_the_op_by_index_passes_opcheck_and_terminates_on_nan(gen):
     p = torch.rand(300, 3, generator=gen, dtype=F64)
     q = torch.rand(40, 3, generator=gen, dtype=F64)
     gp, gq = torch.arange(300) // 150, torch.arange(40) // 20
-    torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, gq, gp, True))
-    torch.library.opcheck(torch.ops.pcops.ball_query.default, (q, p, 0.2, 9, False, None, None, True))
+    torch.library.opcheck(torch.ops.pcops.ball_query_by_index.default, (q, p, 0.2, 9, False, gq, gp))
+    torch.library.opcheck(torch.ops.pcops.ball_query_by_index.default, (q, p, 0.2, 9, False, None, None))
     p[5], q[3] = float("nan"), float("inf")  # validate=False: terminates, and no NaN point is ever within the radius
-    idx, counts, _ = torch.ops.pcops.ball_query(q, p, 0.2, 9, False, None, None, True)
+    idx, counts = torch.ops.pcops.ball_query_by_index(q, p, 0.2, 9, False, None, None)
     assert not (idx == 5).any() and counts[3] == 0
 
 
