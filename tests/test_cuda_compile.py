@@ -13,9 +13,9 @@ import warp as wp
 from pcops import _warp
 
 # the modules (pcops.ops re-exports functions of the same names)
-_cells, ball_query, radius, sampling, nearest = (
+_cells, ball_search, radius, sampling, nearest = (
     importlib.import_module(f"pcops.ops.{name}")
-    for name in ("neighbours._cells", "neighbours.ball_query", "neighbours.radius", "sampling.fps", "neighbours.nearest._kdtree")
+    for name in ("neighbours._cells", "neighbours._ball_search", "neighbours.radius", "sampling.fps", "neighbours.nearest._kdtree")
 )
 
 F32, F64 = torch.float32, torch.float64
@@ -23,11 +23,11 @@ F32, F64 = torch.float32, torch.float64
 FACTORIES = [
     *[(f"knn search {d} grouped={g}", nearest._search_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
     *[(f"knn scan {d} grouped={g}", nearest._scan_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
-    *[(f"ball query dense {d}", ball_query._kernel, (d, (), False, True)) for d in (F32, F64)],
+    *[(f"ball query dense {d}", ball_search.kernel, (d, (), False, True)) for d in (F32, F64)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
-    *[(f"ball query {d}", ball_query._kernel, (d,)) for d in (F32, F64)],
-    *[(f"ball queries {d}", ball_query._kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
+    *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],
+    *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],

@@ -173,15 +173,15 @@ def first_within(
     cols = k + int(exclude_same) + _SPARE
     # pcops' ball-query op keyed by index: the cols smallest indices within the widened radius
     # (a superset of the points the exact test keeps) and how many there are
-    idx, counts, _ = torch.ops.pcops.ball_query(query=query, ref=ref, radius=search, max_neighbors=cols, validate=False,
-                                              query_group=query_group, ref_group=ref_group, by_index=True)
+    idx, counts = torch.ops.pcops.ball_query_by_index(query=query, ref=ref, radius=search, max_neighbors=cols, validate=False,
+                                                      query_group=query_group, ref_group=ref_group)
     out, short = _first(query, ref, idx, None, counts.clamp(max=cols), bound_t, k, exclude_same)
     # exact unless a query kept fewer than k and found more than cols: search those again with room for all
     over = (short & (counts > cols)).nonzero().squeeze(1)
     if over.numel():
         wide_group = None if query_group is None else query_group[over]
-        wide, _, _ = torch.ops.pcops.ball_query(query=query[over], ref=ref, radius=search, max_neighbors=int(counts[over].max()),
-                                                validate=False, query_group=wide_group, ref_group=ref_group, by_index=True)
+        wide, _ = torch.ops.pcops.ball_query_by_index(query=query[over], ref=ref, radius=search, max_neighbors=int(counts[over].max()),
+                                                      validate=False, query_group=wide_group, ref_group=ref_group)
         out[over] = _first(query, ref, wide, over, (wide >= 0).sum(1), bound_t, k, exclude_same)[0]
     return out
 

@@ -14,7 +14,7 @@ from tests import reference
 from tests.op_suite import F64, pack_pair
 from tests.reference import CLOUDS, cloud
 
-ball_query_module = importlib.import_module("pcops.ops.neighbours.ball_query")
+ball_search = importlib.import_module("pcops.ops.neighbours._ball_search")
 PATHS = {"every pair": 1 << 40, "tree and cell list": 0}
 
 
@@ -22,7 +22,7 @@ PATHS = {"every pair": 1 << 40, "tree and cell list": 0}
 def path(request, monkeypatch):
     """Every search of the test on one side of the crossovers."""
     monkeypatch.setattr(_kdtree, "SCAN_PAIRS", PATHS[request.param])
-    monkeypatch.setattr(ball_query_module, "SCAN_PAIRS", PATHS[request.param])
+    monkeypatch.setattr(ball_search, "SCAN_PAIRS", PATHS[request.param])
     return request.param
 
 
@@ -31,7 +31,7 @@ def both_paths(monkeypatch, fn):
     out = []
     for pairs in PATHS.values():
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
-        monkeypatch.setattr(ball_query_module, "SCAN_PAIRS", pairs)
+        monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
         out.append(fn())
     return out
 
@@ -113,7 +113,7 @@ def test_ball_query_is_identical_across_the_switch(gen, monkeypatch, kind, dtype
     for k in (1, 5, 200):
         scan, cells = both_paths(monkeypatch, lambda: pcops.ball_query(q, p, r, k))
         assert_identical(scan, cells)
-        op = lambda: torch.ops.pcops.ball_query(q, p, r, k, False, None, None, True)  # noqa: E731 (by index)
+        op = lambda: torch.ops.pcops.ball_query_by_index(q, p, r, k, False, None, None)  # noqa: E731
         assert_identical(*both_paths(monkeypatch, op))
 
 

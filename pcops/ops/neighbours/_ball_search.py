@@ -1,0 +1,233 @@
+"""The search of the ball queries: for each query the up to K closest reference points within
+a radius, and how many there are (:func:`pcops.ball_query`, :func:`pcops.ball_queries`, and
+``pcops::ball_query_by_index``, pcops.compat's "first K" caps).
+
+The cell list of the radius ops (``pcops.ops.neighbours._cells``: the reference points sorted by
+cells of the grid) yields the candidates; each query keeps its K best (distance, index) pairs
+sorted in its output row by insertion, so the result does not depend on the traversal order.
+Small clouds on the CPU (at most ``SCAN_PAIRS`` pairs) skip the cell list: the same kernel scans
+every pair. Several radii (ball_queries) are searched per group of close radii
+(``GROUP_RATIO``): one cell list and one scan that tests each point against every radius of
+the group. Every search calls :func:`search` and its one kernel (:func:`kernel`); a group of
+several radii compiles a kernel for its caps (their columns are constants of the kernel), once
+per set of caps. :func:`result` turns a search's flat rows into the caller's
+:class:`BallQuery`.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+import warp as wp
+
+from ... import _layout, _threads, _validate, _warp, _warp_funcs
+from . import _cells
+from .nearest import _distances
+
+
+class BallQuery(NamedTuple):
+    """Result of :func:`ball_query`: ``dists`` and ``idx`` (..., K), ``counts`` (...) int64."""
+
+    dists: torch.Tensor
+    idx: torch.Tensor
+    counts: torch.Tensor
+
+
+@_warp.kernels
+def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dense: bool = False):
+    """(kernel, Radii, Ints): one thread per query (in cell order) scans the cells that meet
+    [q - r, q + r] for the largest of G radii r_0 <= ... <= r_{G-1} (the cell list's), and for
+    each radius g keeps the K_g best (distance, original index) pairs of the points within r_g
+    in its own columns of the row and counts them in column ``slot[g]`` of ``counts``: one scan
+    for all the radii of a group, a point measured once and tested against each radius.
+
+    ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
+    at run time make the insertion slower on the CPU, in register pressure); () for one
+    radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
+    a wider buffer). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
+    indices within the radius, ascending, in ``idx`` alone (``dists`` is not read or written),
+    and the test is the squared one, ``|q - p|^2 <= r^2`` (the "first K" of
+    ``pcops::ball_query_by_index``): no square root per point and no distance column to
+    shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
+    ``dense`` (one cloud, no groups): the thread scans every reference point, ``cells.points``
+    in the order ``cells.order`` (small clouds, where building the cell list costs more than
+    the pairs: the same tests and insertions, so the same result, in one launch).
+    ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
+    s = _warp.scalar(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype)
+    insert = _warp_funcs.sorted_insert(dtype)
+    insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
+    radii = max(len(columns), 1)
+    Radii = wp.types.vector(radii, s)
+    Ints = wp.types.vector(radii, int)
+    first = Ints(*(c[0] for c in columns)) if columns else Ints()
+    width = Ints(*(c[1] for c in columns)) if columns else Ints()
+    last = radii - 1
+
+    @wp.func(module="unique")
+    def insert_index(idx: wp.array2d(dtype=wp.int64), i: int, n: int, j: wp.int64):
+        """Put j into row i of ``idx``, which holds the row's n smallest indices so far,
+        ascending; returns the new count (an index past a full row's last is dropped)."""
+        k = idx.shape[1]
+        last = wp.min(n, k - 1)
+        if n < k or j < idx[i, last]:
+            pos = last
+            while pos > 0:
+                if idx[i, pos - 1] < j:
+                    break
+                idx[i, pos] = idx[i, pos - 1]
+                pos = pos - 1
+            idx[i, pos] = j
+            return wp.min(n + 1, k)
+        return n
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def search(
+        start: int,
+        cells: Cells,
+        radius: Radii,
+        slot: Ints,
+        dists: wp.array2d(dtype=s),
+        idx: wp.array2d(dtype=wp.int64),
+        counts: wp.array2d(dtype=wp.int64),
+    ):
+        i = int(cells.rows[wp.tid() + start])
+        q = cells.query[i]
+        n = Ints()  # per radius: pairs held, points within it
+        total = Ints()
+        reach = radius[wp.static(last)]
+        lo = wp.vec3i(0, 0, 0)
+        hi = wp.vec3i(0, 0, 0)
+        if wp.static(dense):  # every point, for a finite query (the window is empty for others)
+            if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+                hi = wp.vec3i(-1, -1, -1)
+        else:
+            lo, hi = window(cells, i, q, reach)
+        if wp.static(by_index):
+            reach = reach * reach
+        for z in range(lo[2], hi[2] + 1):
+            for y in range(lo[1], hi[1] + 1):
+                first_j, last_j = int(0), cells.points.shape[0]
+                if wp.static(not dense):
+                    first_j, last_j = run(cells, lo, hi, y, z)
+                for j in range(first_j, last_j):
+                    if wp.static(by_index):  # squared, against reach^2; idx alone
+                        e = q - cells.points[j]
+                        if wp.dot(e, e) <= reach:
+                            total[0] = total[0] + 1
+                            n[0] = insert_index(idx, i, n[0], cells.order[j])
+                    else:
+                        d = wp.length(q - cells.points[j])
+                        if d <= reach:
+                            for g in range(wp.static(radii)):  # unrolled: g, first[g], width[g] are constants
+                                if d <= radius[g]:
+                                    total[g] = total[g] + 1
+                                    if wp.static(len(columns) > 0):
+                                        n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], d, cells.order[j])
+                                    else:
+                                        n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
+        for g in range(wp.static(radii)):
+            counts[i, slot[g]] = wp.int64(total[g])
+
+    return search, Radii, Ints
+
+
+# Radii of one ball_queries call share a cell list and a scan while the largest of a group is at
+# most this many times its smallest. A shared scan measures each point of the largest radius'
+# cells once for all the radii of the group, but tests each of them against every radius: for a
+# smaller radius that costs more than its own scan once (r / R)^3 is small. Against separate
+# ball_query calls, groups within 2x were never slower (docs/benchmarks.md, design choices).
+GROUP_RATIO = 2.0
+# One cloud on the CPU with at most this many (query, reference point) pairs: every pair is
+# measured (``dense`` kernels), all radii in one scan, instead of building cell lists: the same
+# result in one launch (docs/ops/ball_query.md).
+SCAN_PAIRS = 1 << 18
+
+
+def groups(radii: list) -> list[list[int]]:
+    """The indices of ``radii`` by ascending radius, in groups that share a cell list sized by
+    their largest radius and one kernel launch (a scan of that radius' cells)."""
+    order = sorted(range(len(radii)), key=lambda g: radii[g])
+    out = [[order[0]]]
+    for g in order[1:]:
+        if radii[g] > GROUP_RATIO * radii[out[-1][0]]:
+            out.append([])
+        out[-1].append(g)
+    return out
+
+
+def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_group, ref_group, by_index: bool = False):
+    """The search of ball_query and ball_queries: (idx (M, sum K) int64, radius g's K_g columns
+    after those of the radii before it; counts (M, G) int64; dists (M, sum K), the distances
+    of idx's points, inf past each row's neighbours). ``by_index``: the K smallest indices
+    within the radius instead of the K closest (see :func:`kernel`), and dists (M, 0)."""
+    _validate.groups_paired(query_group, ref_group)
+    if validate:
+        _validate.finite(query=query, ref=ref)
+    m, width = query.shape[0], sum(max_neighbors)
+    idx = torch.full((m, width), -1, dtype=torch.int64, device=query.device)
+    counts = torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device)
+    dists = query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf"))
+    if m == 0 or ref.shape[0] == 0:
+        return idx, counts, dists
+    _warp.init()
+    first = [sum(max_neighbors[:g]) for g in range(len(radii))]
+    dense = query.device.type == "cpu" and query_group is None and m * ref.shape[0] <= SCAN_PAIRS
+    grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
+    extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 else None  # one host read for all
+    for group in grouped:
+        if len(group) == 1:  # its own columns, as a view: a kernel for any K
+            (g,), columns = group, ()
+            rows = [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
+        else:
+            columns, rows = tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
+        search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, dense)
+        if dense:  # small: every pair, no cell list
+            scan = _cells.every_point(query, ref)
+        else:
+            cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
+            scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
+        args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
+        _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=m * ref.shape[0] if dense else None)
+    return idx, counts, dists
+
+
+def result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor,
+           out_dtype, points_grad: bool) -> BallQuery:
+    """The caller's BallQuery from a search's flat ``idx`` (M, K), ``counts`` (M,) and distances
+    ``found`` (M, K): those distances where no gradient to the points is asked for (as
+    :func:`pcops.knn` returns its search's), else recomputed in torch from the points
+    (differentiable); indices as the caller indexes ref."""
+    if points_grad:
+        valid = idx >= 0
+        rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
+        dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
+    else:
+        dists = found.to(out_dtype)
+    idx = _layout.local_index(flat, idx)
+    return BallQuery(_layout.unflatten(flat, dists), _layout.unflatten(flat, idx), _layout.unflatten(flat, counts))
+
+
+@_threads.custom_op("pcops::ball_query_by_index", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _by_index(
+    query: torch.Tensor,
+    ref: torch.Tensor,
+    radius: float,
+    max_neighbors: int,
+    validate: bool,
+    query_group: Optional[torch.Tensor],
+    ref_group: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64): idx
+    holds the K smallest indices within the radius, ascending, instead of the K closest
+    (pcops.compat's "first K" caps), and a point is within it when ``|q - p|^2 <= radius^2`` in
+    the points' dtype (the squared test: at the boundary it may differ from ``|q - p| <= radius``
+    by rounding; pcops.compat searches a widened radius and tests exactly afterwards)."""
+    _validate.positive_number("radius", radius)
+    idx, counts, _ = search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index=True)
+    return idx, counts[:, 0].clone()
+
+
+@_by_index.register_fake
+def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
+    m = query.shape[0]
+    return query.new_empty((m, max_neighbors), dtype=torch.int64), query.new_empty((m,), dtype=torch.int64)

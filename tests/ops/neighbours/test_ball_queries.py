@@ -1,0 +1,176 @@
+"""pcops.ball_queries against a dense float64 reference (the shared op suite, plus equality with
+ball_query at each radius and the grouping of radii)."""
+
+import pytest
+import torch
+
+import pcops
+from tests import reference
+from tests.op_suite import F64, OpSuite, pack, pad
+from tests.ops.neighbours import test_ball_query as single  # (a module: its TestBallQuery is not collected twice)
+from tests.ops.neighbours.test_ball_query import padded_calls
+
+RADII = (0.5, 1.0, 1.7, 3.0)  # times a cloud's radius: two radii within GROUP_RATIO of each other, two alone
+KS = (3, 6, 5, 9)
+
+
+def _flat(results) -> tuple:
+    """The tensors of a tuple of BallQuery results, radius by radius."""
+    return tuple(t for result in results for t in result)
+
+
+class TestBallQueries(OpSuite):
+    """pcops.ball_queries: each radius' result equals ball_query's and the float64 reference."""
+
+    differentiable = ("query", "ref")
+
+    def inputs(self, kind, gen):
+        q, p, r = reference.cloud(kind, gen)
+        return dict(query=q, ref=p, radii=[reference.safe_radius(q, p, f * r, gap=1e-4) for f in RADII])
+
+    def run(self, query, ref, radii):
+        return _flat(pcops.ball_queries(query, ref, radii, KS))
+
+    def reference(self, query, ref, radii):
+        return _flat(reference.ball_query(query, ref, r, k) for r, k in zip(radii, KS))
+
+    def compare(self, out, expected, dtype, inputs=None):
+        assert len(out) == len(expected) and len(out) % 3 == 0
+        for g in range(len(out) // 3):
+            part, want = out[3 * g:3 * g + 3], expected[3 * g:3 * g + 3]
+            single.TestBallQuery.compare(self, part, want, dtype, None if inputs is None else dict(inputs, radius=inputs["radii"][g]))
+
+    def grad_inputs(self, gen):
+        q, p = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(30, 3, generator=gen, dtype=F64)
+        return dict(query=q, ref=p, radii=[reference.safe_radius(q, p, r, gap=1e-3) for r in (0.2, 0.35, 0.5, 0.9)])
+
+    def opcheck_cases(self, gen):
+        cases = []
+        for dtype in (torch.float32, F64):
+            q, p = torch.rand(20, 3, generator=gen, dtype=dtype), torch.rand(30, 3, generator=gen, dtype=dtype)
+            qg, rg = torch.randint(0, 3, (20,), generator=gen, dtype=torch.int32), torch.randint(0, 3, (30,), generator=gen, dtype=torch.int32)
+            cases.append((torch.ops.pcops.ball_queries.default, (q, p, [0.3, 0.1, 0.5, 0.2], [4, 2, 6, 40], True, None, None)))
+            cases.append((torch.ops.pcops.ball_queries.default, (q, p, [0.3], [5], True, qg, rg)))
+            cases.append((torch.ops.pcops.ball_queries.default, (q, p, [0.4, 0.25], [40, 3], False, qg, rg)))
+        return cases
+
+    def compile_calls(self, gen):
+        def fn(query, ref, ql, rl):
+            return _flat(pcops.ball_queries(query, ref, [0.3, 0.1, 0.2], [5, 3, 4], query_lengths=ql, ref_lengths=rl))
+
+        return fn, padded_calls(gen)
+
+    def batched(self, gen):
+        qs = [torch.rand(m, 3, generator=gen, dtype=F64) for m in (9, 0, 7, 5)]
+        ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (12, 5, 0, 3)]
+        radii = [0.45, 0.2, 0.3]
+        expected = [_flat(reference.ball_query(q, p, r, k) for r, k in zip(radii, KS)) for q, p in zip(qs, ps)]
+        (q, ql), (p, pl) = pad(qs), pad(ps)
+        out = _flat(pcops.ball_queries(q, p, radii, KS[:3], query_lengths=ql, ref_lengths=pl))
+        padded = [tuple(t[b, : len(qs[b])] for t in out) for b in range(len(qs))]
+        qp, qb, q_pos = pack(qs, gen)
+        pp, pb, p_pos = pack(ps, gen)
+        out = _flat(pcops.ball_queries(qp, pp, radii, KS[:3], query_batch=qb, ref_batch=pb))
+        offsets = [0] + torch.tensor([len(x) for x in ps]).cumsum(0).tolist()
+        to_local = torch.empty_like(p_pos)  # packed ref row -> row within its sample
+        to_local[p_pos] = torch.arange(p_pos.numel()) - torch.tensor(offsets[:-1]).repeat_interleave(torch.tensor([len(x) for x in ps]))
+        packed, at = [], 0
+        for x in qs:
+            rows = q_pos[at : at + len(x)]
+            sample = []
+            for d, idx, counts in zip(out[0::3], out[1::3], out[2::3]):
+                sample += [d[rows], torch.where(idx[rows] >= 0, to_local[idx[rows].clamp(min=0)], -1), counts[rows]]
+            packed.append(tuple(sample))
+            at += len(x)
+        return expected, padded, packed
+
+    def bad_inputs(self, gen):
+        q, p = torch.rand(4, 3, generator=gen), torch.rand(6, 3, generator=gen)
+        bqs = pcops.ball_queries
+        return {
+            "empty radii": (lambda: bqs(q, p, [], 3), ValueError, "radii must not be empty"),
+            "zero radius": (lambda: bqs(q, p, [0.2, 0.0], 3), ValueError, r"radii\[1\] must be finite and > 0"),
+            "negative radius": (lambda: bqs(q, p, (-0.1,), 3), ValueError, r"radii\[0\] must be finite and > 0"),
+            "NaN radius": (lambda: bqs(q, p, [0.1, float("nan")], 3), ValueError, r"radii\[1\] must be finite and > 0"),
+            "tensor radii": (lambda: bqs(q, p, torch.tensor([0.1, 0.2]), 3), TypeError, "radii must be a sequence of numbers"),
+            "number radii": (lambda: bqs(q, p, 0.2, 3), TypeError, "radii must be a sequence of numbers"),
+            "tensor in radii": (lambda: bqs(q, p, [0.1, torch.tensor(0.2)], 3), TypeError, r"radii\[1\] must be a number"),
+            "max_neighbors length": (lambda: bqs(q, p, [0.1, 0.2], [3]), ValueError, r"max_neighbors must be an int or have one entry per radius \(2 radii\), got 1"),
+            "zero max_neighbors": (lambda: bqs(q, p, [0.1, 0.2], 0), ValueError, "max_neighbors must be >= 1"),
+            "zero in max_neighbors": (lambda: bqs(q, p, [0.1, 0.2], [3, 0]), ValueError, r"max_neighbors\[1\] must be >= 1"),
+            "float in max_neighbors": (lambda: bqs(q, p, [0.1, 0.2], [3, 2.0]), TypeError, r"max_neighbors\[1\] must be an int"),
+            "2-d query": (lambda: bqs(q[:, :2], p, [0.2], 3), ValueError, "query must be a tensor of shape"),
+            "devices": (lambda: bqs(q, p.to("meta"), [0.2], 3), ValueError, "same device"),
+            "batch alone": (lambda: bqs(q, p, [0.2], 3, ref_batch=torch.zeros(6, dtype=torch.long)), ValueError, "query_batch and ref_batch"),
+        }
+
+
+def _assert_equal(a, b, what=""):
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y), what
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_ball_queries_equal_ball_query_at_each_radius_in_every_layout(gen, dtype):
+    # unsorted radii, a repeat, radii grouped and alone; 2,400 queries: CPU launches split across threads
+    radii, ks = [0.08, 0.02, 0.3, 0.08, 0.05, 0.11], [16, 3, 40, 2, 8, 1]
+    q, p = torch.rand(2400, 3, generator=gen, dtype=dtype), torch.rand(3000, 3, generator=gen, dtype=dtype)
+    qb, pb = torch.randint(0, 3, (2400,), generator=gen), torch.randint(0, 3, (3000,), generator=gen)
+    ql, pl = torch.tensor([800, 0, 513]), torch.tensor([1000, 700, 0])
+    layouts = {
+        "single": ((q, p), {}),
+        "packed": ((q, p), dict(query_batch=qb, ref_batch=pb)),
+        "padded": ((q.view(3, 800, 3), p.view(3, 1000, 3)), dict(query_lengths=ql, ref_lengths=pl)),
+    }
+    for name, (args, kw) in layouts.items():
+        results = pcops.ball_queries(*args, radii, ks, **kw)
+        assert len(results) == len(radii) and all(isinstance(r, pcops.BallQuery) for r in results)
+        for g, (r, k) in enumerate(zip(radii, ks)):
+            _assert_equal(results[g], pcops.ball_query(*args, r, k, **kw), f"{name}, radius {r}")
+            assert all(t.is_contiguous() for t in results[g])
+
+
+def test_max_neighbors_as_one_int_applies_to_every_radius(gen):
+    q, p = torch.rand(50, 3, generator=gen, dtype=F64), torch.rand(80, 3, generator=gen, dtype=F64)
+    one = pcops.ball_queries(q, p, (0.2, 0.4), 7)
+    _assert_equal(_flat(one), _flat(pcops.ball_queries(q, p, [0.2, 0.4], [7, 7])))
+    assert one[0].idx.shape == one[1].idx.shape == (50, 7)
+
+
+def test_numpy_radii_and_counts_work(gen):
+    np = pytest.importorskip("numpy")
+    q, p = torch.rand(30, 3, generator=gen, dtype=F64), torch.rand(40, 3, generator=gen, dtype=F64)
+    got = pcops.ball_queries(q, p, np.array([0.2, 0.5]), np.array([4, 6]))
+    _assert_equal(_flat(got), _flat(pcops.ball_queries(q, p, [0.2, 0.5], [4, 6])))
+
+
+@pytest.mark.parametrize("ratio", [1.0, float("inf")], ids=["a cell list per radius", "one cell list for all"])
+def test_the_grouping_of_radii_never_changes_the_results(gen, monkeypatch, ratio):
+    import importlib
+
+    module = importlib.import_module("pcops.ops.neighbours._ball_search")
+    monkeypatch.setattr(module, "SCAN_PAIRS", 0)  # cell lists, not the every-pair scan of small clouds
+    radii, ks = [0.01, 0.05, 0.25, 1.0, 2.5, 0.26], [4, 8, 16, 64, 128, 5]
+    q, p = torch.rand(300, 3, generator=gen, dtype=F64), torch.rand(500, 3, generator=gen, dtype=F64)
+    want = pcops.ball_queries(q, p, radii, ks)
+    monkeypatch.setattr(module, "GROUP_RATIO", ratio)
+    _assert_equal(_flat(pcops.ball_queries(q, p, radii, ks)), _flat(want))
+
+
+def test_radii_within_the_group_ratio_share_a_cell_list_and_others_do_not():
+    import importlib
+
+    groups = importlib.import_module("pcops.ops.neighbours._ball_search").groups
+    ratio = importlib.import_module("pcops.ops.neighbours._ball_search").GROUP_RATIO
+    assert groups([0.01, 0.05, 0.25, 1.0, 2.5, 5.0]) == [[0], [1], [2], [3], [4, 5]] and ratio == 2.0
+    assert groups([0.3, 0.1, 0.2, 0.1]) == [[1, 3, 2], [0]]  # by ascending radius, then index
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_ball_queries_of_a_non_finite_query_find_nothing_without_validation(gen, value):
+    p = torch.rand(40, 3, generator=gen, dtype=F64)
+    q = torch.full((2, 3), 0.5, dtype=F64)
+    q[0, 1] = value
+    for dists, idx, counts in pcops.ball_queries(q, p, [0.3, 2.0, 0.4], 4, validate=False):
+        assert counts[0] == 0 and bool((idx[0] == -1).all()) and bool(dists[0].isinf().all())
+    assert pcops.ball_queries(q, p, [2.0], 4, validate=False)[0].counts[1] == 40
