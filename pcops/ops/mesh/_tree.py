@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 import warp as wp
 
-from ... import _morton, _warp
+from ... import _morton, _warp, _warp_funcs
 
 LEAF = 4  # faces per leaf at most
 THREADS = 2**31 - 1  # threads of one launch at most (Warp's thread ids are int32)
@@ -61,14 +61,40 @@ def node_count(n_faces):
 
 
 def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over their box):
-    the faces' order (by centroid) and the queries' (neighbouring threads walk the same nodes)."""
-    centroid = torch.nan_to_num(points, nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = centroid.amin(0), centroid.amax(0)
-    cells = ((centroid - low) / (high - low).clamp_min(1e-300) * 1023.0).nan_to_num(0.0).clamp(0, 1023).to(torch.int64)
-    code = _morton.codes(cells)
+    """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over the box
+    of their finite coordinates, NaN and inf ones in cell 0): the faces' order (by centroid) and
+    the queries' (neighbouring threads walk the same nodes)."""
+    points = points.contiguous()
+    if points.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=points.device)
+    low, high = torch.aminmax(torch.nan_to_num(points, nan=0.0, posinf=0.0, neginf=0.0), dim=0)
+    code = torch.empty(points.shape[0], dtype=torch.int32, device=points.device)
+    _warp.launch(_keys_kernel(points.dtype), points.shape[0], [points, low, high, _morton.spread_table(10, points.device), code],
+                 like=points, work=4 * points.shape[0])
     order = torch.argsort(code, stable=True)
     return order[torch.argsort(group[order], stable=True)]
+
+
+@_warp.kernels
+def _keys_kernel(dtype: torch.dtype):
+    """Thread i: the Morton code of point i's cell, 1024 cells a side over the box ``low`` ..
+    ``high`` (a NaN or infinite coordinate: 0; ``(x - low) / (high - low) * 1023`` truncated,
+    clamped to 0 .. 1023)."""
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    _, morton = _warp_funcs.cells(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def keys(start: int, points: wp.array(dtype=v), low: wp.array(dtype=s), high: wp.array(dtype=s), spread: wp.array(dtype=wp.int32),
+             out: wp.array(dtype=wp.int32)):
+        i = wp.tid() + start
+        p = points[i]
+        x = v()
+        for c in range(3):
+            if wp.isfinite(p[c]):
+                x[c] = (p[c] - low[c]) / wp.max(high[c] - low[c], s(1e-300)) * s(1023.0)
+        out[i] = morton(spread, x, s(1023.0))
+
+    return keys
 
 
 def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtype: torch.dtype) -> Tree:
@@ -76,67 +102,165 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     n = faces.shape[0]
     d = depth(n)
     device = vertices.device
-    corners = vertices.detach().to(torch.float64).index_select(0, faces.reshape(-1)).view(n, 3, 3)
-    order = morton_order(corners.mean(1), group)
-    corners, group = corners.index_select(0, order), group.index_select(0, order)
-    # per face: box, area vector, area, centroid (in float64)
-    area_vec = 0.5 * torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
-    area = torch.linalg.vector_norm(area_vec, dim=1)
-    centroid = corners.mean(1)
-    # the leaves: sorted faces F i / 2^d .. F (i + 1) / 2^d, as a (leaves, LEAF) table of rows
-    # (row n: padding), so that every reduction is a gather and a reduction over a short axis
-    # (scatters and index_add stall when another process holds a core: docs/benchmarks.md, design choices)
-    leaves = 1 << d
-    bounds = (n * torch.arange(leaves + 1, device=device, dtype=torch.int64)) >> d
-    table = bounds[:-1, None] + torch.arange(LEAF, device=device)
-    table = torch.where(table < bounds[1:, None], table, n)
-
-    def per_leaf(values: torch.Tensor, pad: float) -> torch.Tensor:  # (n, ...) -> (leaves, LEAF, ...)
-        padded = torch.cat([values, values.new_full((1, *values.shape[1:]), pad)])
-        return padded.index_select(0, table.reshape(-1)).view(leaves, LEAF, *values.shape[1:])
-
-    lo = per_leaf(corners.amin(1), float("inf")).amin(1)
-    hi = per_leaf(corners.amax(1), float("-inf")).amax(1)
-    sums = torch.cat([area[:, None], area[:, None] * centroid, area_vec, (area_vec[:, :, None] * centroid[:, None, :]).reshape(n, 9)], 1)
-    sums = per_leaf(sums, 0.0).sum(1)
-    glo, ghi = group[bounds[:-1]], group[bounds[1:] - 1]
-    # every node, entry 2^depth - 1 + i: the leaves, then the parents from pairs of children up to
-    # the root (one thread, in one launch)
-    nodes = (2 << d) - 1
-    full = [torch.empty((nodes, *t.shape[1:]), dtype=t.dtype, device=device) for t in (lo, hi, glo, ghi, sums)]
-    for t, leaf in zip(full, (lo, hi, glo, ghi, sums)):
-        t[leaves - 1:] = leaf
+    v64 = vertices.detach().to(torch.float64).contiguous()
+    faces = faces.contiguous()
+    centroid = v64.new_empty((n, 3))
+    _warp.launch(_centroid_kernel(), n, [v64, faces, centroid], like=v64, work=3 * n)
+    order = morton_order(centroid, group)
+    # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
+    # the sums of the fast winding number (area, area x centroid, area vector, area vector x
+    # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; the arrays are
+    # zero past the last node: node_count(F) rows, the fake's)
+    leaves, nodes, size = 1 << d, (2 << d) - 1, node_count(n)
+    corners = v64.new_empty((3 * n, 3))
+    ta, tb, tc = (v64.new_empty((n, 3), dtype=dtype) for _ in range(3))
+    sorted_group = torch.empty_like(group)
+    lo, hi, sums = v64.new_zeros((size, 3)), v64.new_zeros((size, 3)), v64.new_zeros((size, 16))
+    glo, ghi = (torch.zeros(size, dtype=torch.int64, device=device) for _ in range(2))
+    scale = v64.new_empty((leaves,))
+    _warp.launch(_leaves_kernel(dtype), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
+                                                lo, hi, glo, ghi, sums, scale], like=v64, work=16 * n)
+    # every node above the leaves from its two children, up to the root (one thread, in one launch)
     if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
-        _warp.launch(_parents_kernel(), 1, [d, -1, *full], like=corners, work=nodes)
+        _warp.launch(_parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], like=corners, work=nodes)
     else:  # a launch per level, a thread per node
         for level in range(d - 1, -1, -1):
-            _warp.launch(_parents_kernel(), 1 << level, [d, level, *full], like=corners)
-    lo, hi, glo, ghi, sums = full
-    area, weighted, normal, second = sums[:, 0], sums[:, 1:4], sums[:, 4:7], sums[:, 7:].reshape(-1, 3, 3)
-    center = torch.where(area[:, None] > 0, weighted / area.clamp_min(1e-300)[:, None], 0.5 * (lo + hi))
-    moment = second - normal[:, :, None] * center[:, None, :]  # sum a n (c - center)^T
+            _warp.launch(_parents_kernel(), 1 << level, [d, level, lo, hi, glo, ghi, sums], like=corners)
+    # every node's center, normal and moment, and the boxes in the search's dtype (a thread a node)
+    center = v64.new_empty((size, 3))
+    lo_out, hi_out, center_out, normal = (v64.new_empty((size, 3), dtype=dtype) for _ in range(4))
+    moment = v64.new_empty((size, 9), dtype=dtype)
+    _warp.launch(_finish_kernel(dtype), size, [lo, hi, sums, center, lo_out, hi_out, center_out, normal, moment], like=v64, work=16 * size)
     # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
     # ancestor's center (one launch for every depth and leaf), then the largest over the node's leaves
     reach = corners.new_empty((d + 1, leaves))
-    args = [corners.reshape(3 * n, 3).contiguous(), n, d, center.contiguous()]
+    args = [corners, n, d, center[:nodes].contiguous()]
     levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
     for first, count in levels:
         _warp.launch(_reach_kernel(), count * leaves, [*args, first, reach], like=corners, work=3 * n * count)
     # node k's depth (the exponent of k + 1) and so its number of leaves: one segmented max for every node
     level = torch.frexp(torch.arange(1, nodes + 1, device=device, dtype=torch.float64))[1].long() - 1
-    radius = torch.segment_reduce(reach.flatten(), "max", lengths=1 << (d - level))
-    size = node_count(n)
+    radius = v64.new_zeros((size,))
+    radius[:nodes] = torch.segment_reduce(reach.flatten(), "max", lengths=1 << (d - level))
+    return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
+                radius.to(dtype), scale.amax().to(dtype))
 
-    def out(t, fill=0):
-        t = t.to(dtype) if t.dtype == torch.float64 else t
-        pad = t.new_full((size - t.shape[0], *t.shape[1:]), fill)
-        return torch.cat([t, pad]).contiguous()
 
-    scale = torch.nan_to_num(corners.abs(), nan=0.0, posinf=0.0).amax().to(dtype)
-    cast = lambda t: t.to(dtype, copy=True, memory_format=torch.contiguous_format)  # noqa: E731  (a copy: views of one tensor would alias)
-    return Tree(order, cast(corners[:, 0]), cast(corners[:, 1]), cast(corners[:, 2]), group.contiguous(),
-                out(lo), out(hi), out(glo), out(ghi), out(center), out(normal), out(moment), out(radius), scale)
+@_warp.kernels
+def _finish_kernel(dtype: torch.dtype):
+    """Thread i: node i's center (the area-weighted centroid of its faces; its box's center if
+    its area is not > 0), in float64 (``center``) and in the search's dtype (``center_out``), its
+    normal (the sum of the area vectors), its moment (sum of a n (c - center)^T, row-major in 9
+    columns) and its box, in that dtype."""
+    v, s = _warp.vec3(dtype), _warp.scalar(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def finish(start: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), sums: wp.array2d(dtype=wp.float64),
+               center: wp.array(dtype=wp.vec3d), lo_out: wp.array(dtype=v), hi_out: wp.array(dtype=v), center_out: wp.array(dtype=v),
+               normal: wp.array(dtype=v), moment: wp.array2d(dtype=s)):
+        i = wp.tid() + start
+        area = sums[i, 0]
+        c = wp.float64(0.5) * (lo[i] + hi[i])
+        if area > wp.float64(0.0):
+            c = wp.vec3d(sums[i, 1], sums[i, 2], sums[i, 3]) / area
+        center[i] = c
+        center_out[i] = v(c)
+        lo_out[i] = v(lo[i])
+        hi_out[i] = v(hi[i])
+        normal[i] = v(wp.vec3d(sums[i, 4], sums[i, 5], sums[i, 6]))
+        for r in range(3):
+            for q in range(3):
+                moment[i, 3 * r + q] = s(sums[i, 7 + 3 * r + q] - sums[i, 4 + r] * c[q])
+
+    return finish
+
+
+@_warp.kernels
+def _centroid_kernel():
+    """Thread i: the centroid of face i, in float64 (the mean of its corners, as torch's mean)."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def centroids(start: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), out: wp.array(dtype=wp.vec3d)):
+        i = wp.tid() + start
+        out[i] = (vertices[faces[i, 0]] + vertices[faces[i, 1]] + vertices[faces[i, 2]]) / wp.float64(3.0)
+
+    return centroids
+
+
+@_warp.kernels
+def _leaves_kernel(dtype: torch.dtype):
+    """Thread j: leaf j of ``depth``, the sorted faces ``part(j, F, depth)`` .. (faces ``order``):
+    their corners (float64 ``corners`` rows 3k .. 3k + 2, and ``ta``, ``tb``, ``tc`` in the
+    search's dtype), sample ids, the leaf's box (NaN if a corner is), first and last sample id,
+    face sums and largest finite absolute coordinate (``scale[j]``)."""
+    v = _warp.vec3(dtype)
+    Sums = wp.types.vector(16, wp.float64)
+
+    @wp.func(module="unique")
+    def widen(low: wp.vec3d, high: wp.vec3d, p: wp.vec3d):
+        for c in range(3):  # NaN wins, as in torch.amin / amax
+            if p[c] < low[c] or p[c] != p[c]:
+                low[c] = p[c]
+            if p[c] > high[c] or p[c] != p[c]:
+                high[c] = p[c]
+        return low, high
+
+    @wp.func(module="unique")
+    def largest(big: wp.float64, p: wp.vec3d):
+        for c in range(3):
+            x = wp.abs(p[c])
+            if x > big and x < wp.float64(wp.inf):  # NaN and inf do not count
+                big = x
+        return big
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def leaves(start: int, depth: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64),
+               order: wp.array(dtype=wp.int64), group: wp.array(dtype=wp.int64), corners: wp.array(dtype=wp.vec3d),
+               ta: wp.array(dtype=v), tb: wp.array(dtype=v), tc: wp.array(dtype=v), sorted_group: wp.array(dtype=wp.int64),
+               lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), glo: wp.array(dtype=wp.int64),
+               ghi: wp.array(dtype=wp.int64), sums: wp.array2d(dtype=wp.float64), scale: wp.array(dtype=wp.float64)):
+        j = wp.tid() + start
+        first = _warp_funcs.part(j, wp.int64(order.shape[0]), depth)
+        last = _warp_funcs.part(j + 1, wp.int64(order.shape[0]), depth)
+        inf = wp.float64(wp.inf)
+        low = wp.vec3d(inf, inf, inf)
+        high = wp.vec3d(-inf, -inf, -inf)
+        total = Sums()
+        big = wp.float64(0.0)
+        for k in range(first, last):
+            f = order[k]
+            a, b, c = vertices[faces[f, 0]], vertices[faces[f, 1]], vertices[faces[f, 2]]
+            corners[3 * k] = a
+            corners[3 * k + 1] = b
+            corners[3 * k + 2] = c
+            ta[k] = v(a)
+            tb[k] = v(b)
+            tc[k] = v(c)
+            sorted_group[k] = group[f]
+            low, high = widen(low, high, a)
+            low, high = widen(low, high, b)
+            low, high = widen(low, high, c)
+            big = largest(largest(largest(big, a), b), c)
+            area_vec = wp.float64(0.5) * wp.cross(b - a, c - a)
+            area = wp.length(area_vec)
+            centroid = ((a + b) + c) / wp.float64(3.0)
+            total[0] = total[0] + area
+            for r in range(3):
+                total[1 + r] = total[1 + r] + area * centroid[r]
+                total[4 + r] = total[4 + r] + area_vec[r]
+                for q in range(3):
+                    total[7 + 3 * r + q] = total[7 + 3 * r + q] + area_vec[r] * centroid[q]
+        node = (1 << depth) - 1 + j
+        lo[node] = low
+        hi[node] = high
+        glo[node] = group[order[first]]
+        ghi[node] = group[order[last - 1]]
+        for r in range(16):
+            sums[node, r] = total[r]
+        scale[j] = big
+
+    return leaves
 
 
 @_warp.kernels
@@ -189,8 +313,8 @@ def _reach_kernel():
         leaves = 1 << depth
         level = first_level + t // leaves
         j = t - (t // leaves) * leaves
-        first = int((wp.int64(n) * wp.int64(j)) >> wp.int64(depth))
-        last = int((wp.int64(n) * wp.int64(j + 1)) >> wp.int64(depth))
+        first = _warp_funcs.part(j, wp.int64(n), depth)
+        last = _warp_funcs.part(j + 1, wp.int64(n), depth)
         c = center[(1 << level) - 1 + (j >> (depth - level))]
         best = wp.float64(0.0)
         for k in range(3 * first, 3 * last):
