@@ -109,17 +109,17 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     order = morton_order(centroid, group)
     # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
     # the sums of the fast winding number (area, area x centroid, area vector, area vector x
-    # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; the arrays are
-    # zero past the last node: node_count(F) rows, the fake's)
+    # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,
+    # the fake's: the finish kernel zeroes those past the last node)
     leaves, nodes, size = 1 << d, (2 << d) - 1, node_count(n)
     corners = v64.new_empty((3 * n, 3))
     ta, tb, tc = (v64.new_empty((n, 3), dtype=dtype) for _ in range(3))
     sorted_group = torch.empty_like(group)
-    lo, hi, sums = v64.new_zeros((size, 3)), v64.new_zeros((size, 3)), v64.new_zeros((size, 16))
-    glo, ghi = (torch.zeros(size, dtype=torch.int64, device=device) for _ in range(2))
+    lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16))
+    glo, ghi = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     scale = v64.new_empty((leaves,))
     _warp.launch(_leaves_kernel(dtype), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
-                                                lo, hi, glo, ghi, sums, scale], like=v64, work=16 * n)
+                                                lo, hi, glo, ghi, sums, scale], like=v64, work=3 * n)
     # every node above the leaves from its two children, up to the root (one thread, in one launch)
     if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
         _warp.launch(_parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], like=corners, work=nodes)
@@ -130,7 +130,8 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     center = v64.new_empty((size, 3))
     lo_out, hi_out, center_out, normal = (v64.new_empty((size, 3), dtype=dtype) for _ in range(4))
     moment = v64.new_empty((size, 9), dtype=dtype)
-    _warp.launch(_finish_kernel(dtype), size, [lo, hi, sums, center, lo_out, hi_out, center_out, normal, moment], like=v64, work=16 * size)
+    _warp.launch(_finish_kernel(dtype), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
+                 like=v64, work=4 * size)
     # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
     # ancestor's center (one launch for every depth and leaf), then the largest over the node's leaves
@@ -139,10 +140,8 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
     for first, count in levels:
         _warp.launch(_reach_kernel(), count * leaves, [*args, first, reach], like=corners, work=3 * n * count)
-    # node k's depth (the exponent of k + 1) and so its number of leaves: one segmented max for every node
-    level = torch.frexp(torch.arange(1, nodes + 1, device=device, dtype=torch.float64))[1].long() - 1
-    radius = v64.new_zeros((size,))
-    radius[:nodes] = torch.segment_reduce(reach.flatten(), "max", lengths=1 << (d - level))
+    radius = v64.new_empty((size,))
+    _warp.launch(_largest_kernel(), size, [nodes, d, reach, radius], like=v64, work=(d + 1) * leaves)
     return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
                 radius.to(dtype), scale.amax().to(dtype))
 
@@ -152,14 +151,26 @@ def _finish_kernel(dtype: torch.dtype):
     """Thread i: node i's center (the area-weighted centroid of its faces; its box's center if
     its area is not > 0), in float64 (``center``) and in the search's dtype (``center_out``), its
     normal (the sum of the area vectors), its moment (sum of a n (c - center)^T, row-major in 9
-    columns) and its box, in that dtype."""
+    columns) and its box, in that dtype; every array zero past the last node (``nodes``)."""
     v, s = _warp.vec3(dtype), _warp.scalar(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
-    def finish(start: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), sums: wp.array2d(dtype=wp.float64),
-               center: wp.array(dtype=wp.vec3d), lo_out: wp.array(dtype=v), hi_out: wp.array(dtype=v), center_out: wp.array(dtype=v),
-               normal: wp.array(dtype=v), moment: wp.array2d(dtype=s)):
+    def finish(start: int, nodes: int, lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d), glo: wp.array(dtype=wp.int64),
+               ghi: wp.array(dtype=wp.int64), sums: wp.array2d(dtype=wp.float64), center: wp.array(dtype=wp.vec3d),
+               lo_out: wp.array(dtype=v), hi_out: wp.array(dtype=v), center_out: wp.array(dtype=v), normal: wp.array(dtype=v),
+               moment: wp.array2d(dtype=s)):
         i = wp.tid() + start
+        if i >= nodes:  # past the last node: zeros
+            glo[i] = wp.int64(0)
+            ghi[i] = wp.int64(0)
+            center[i] = wp.vec3d()
+            center_out[i] = v()
+            lo_out[i] = v()
+            hi_out[i] = v()
+            normal[i] = v()
+            for r in range(9):
+                moment[i, r] = s(0.0)
+            return
         area = sums[i, 0]
         c = wp.float64(0.5) * (lo[i] + hi[i])
         if area > wp.float64(0.0):
@@ -174,6 +185,29 @@ def _finish_kernel(dtype: torch.dtype):
                 moment[i, 3 * r + q] = s(sums[i, 7 + 3 * r + q] - sums[i, 4 + r] * c[q])
 
     return finish
+
+
+@_warp.kernels
+def _largest_kernel():
+    """Thread i: node i's radius, the largest of ``reach[l, j]`` over its leaves j (node i of
+    depth l holds leaves i' 2^(d - l) .. (i' + 1) 2^(d - l) - 1, i' = i + 1 - 2^l); 0 past the
+    last node (``nodes``)."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def largest(start: int, nodes: int, depth: int, reach: wp.array2d(dtype=wp.float64), radius: wp.array(dtype=wp.float64)):
+        i = wp.tid() + start
+        best = wp.float64(0.0)
+        if i < nodes:
+            level = int(0)
+            while (2 << level) - 1 <= i:
+                level = level + 1
+            width = 1 << (depth - level)
+            first = (i + 1 - (1 << level)) * width
+            for j in range(first, first + width):
+                best = wp.max(best, reach[level, j])
+        radius[i] = best
+
+    return largest
 
 
 @_warp.kernels
@@ -316,12 +350,24 @@ def _reach_kernel():
         first = _warp_funcs.part(j, wp.int64(n), depth)
         last = _warp_funcs.part(j + 1, wp.int64(n), depth)
         c = center[(1 << level) - 1 + (j >> (depth - level))]
-        best = wp.float64(0.0)
+        best = wp.float64(0.0)  # the largest squared distance: one root at the end (a root is monotonic)
+        huge = int(0)
         for k in range(3 * first, 3 * last):
-            d = wp.length(corners[k] - c)
-            if d > best and d < wp.float64(wp.inf):  # NaN and inf corners do not count
-                best = d
-        out[level, j] = best
+            e = corners[k] - c
+            d2 = wp.dot(e, e)
+            if d2 < wp.float64(wp.inf):  # NaN and inf corners do not count
+                best = wp.max(best, d2)
+            elif wp.isfinite(corners[k]):
+                huge = int(1)  # a square past float64's range
+        if huge != 0:  # measured by lengths
+            best = wp.float64(0.0)
+            for k in range(3 * first, 3 * last):
+                d = wp.length(corners[k] - c)
+                if d > best and d < wp.float64(wp.inf):
+                    best = d
+            out[level, j] = best
+        else:
+            out[level, j] = wp.sqrt(best)
 
     return reach
 
