@@ -201,23 +201,30 @@ def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
     operations around its custom ops included); traced by ``torch.compile``, it is ``fn``.
 
-    An eager call with an argument of a type in :data:`PROTOCOL_TYPES` goes through torch's
-    ``__torch_function__`` protocol, as torch's own Python functions do: the type's
+    A call with an argument of a type in :data:`PROTOCOL_TYPES` (or a subclass) goes through
+    torch's ``__torch_function__`` protocol, as torch's own Python functions do: the type's
     ``__torch_function__`` receives the public function itself (PhysicsNeMo's ShardTensor, whose
-    handlers :func:`pcops.distributed.shard_tensor.register` adds)."""
+    handlers :func:`pcops.distributed.shard_tensor.register` adds); under ``torch.compile``
+    eagerly, at a graph break."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if PROTOCOL_TYPES:
+            types = tuple(PROTOCOL_TYPES)
+            routed = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, types))
+            if routed and (torch.compiler.is_compiling() or torch._C._is_torch_function_enabled()):
+                return _protocol(call, routed, args, kwargs)
         if torch.compiler.is_compiling():
             return fn(*args, **kwargs)
-        if PROTOCOL_TYPES and torch._C._is_torch_function_enabled():
-            routed = tuple(a for a in (*args, *kwargs.values()) if type(a) in PROTOCOL_TYPES)
-            if routed:
-                return torch.overrides.handle_torch_function(call, routed, *args, **kwargs)
         with limited():
             return fn(*args, **kwargs)
 
     return call
+
+
+@torch.compiler.disable
+def _protocol(public, routed: tuple, args: tuple, kwargs: dict):
+    return torch.overrides.handle_torch_function(public, routed, *args, **kwargs)
 
 
 # Tensor subclasses whose __torch_function__ the public functions call (empty: none; other

@@ -47,7 +47,6 @@ FACTORIES = [
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     ("mesh tree centroids", importlib.import_module("pcops.ops.mesh._tree")._centroid_kernel, ()),
-    ("mesh tree largest", importlib.import_module("pcops.ops.mesh._tree")._largest_kernel, ()),
     *[(f"mesh tree {name} {d}", getattr(importlib.import_module("pcops.ops.mesh._tree"), f"_{name}_kernel"), (d,))
       for name in ("keys", "leaves", "finish") for d in (F32, F64)],
     *[(f"distributed fps update {d}", importlib.import_module("pcops.distributed._fps")._update_kernel, (d,)) for d in (F32, F64)],

@@ -3,15 +3,18 @@
 Counted on the CPU, where CI sees them: the Warp launches through pcops' launch helpers
 (:func:`pcops._warp.launch`, :func:`~pcops._warp.launch_chunks`, and each run of a
 :func:`~pcops._warp.recorded` launch), and the torch operations that run a kernel on a GPU (the
-profiler's outermost aten events, allocations, views and no-op conversions left out). Every op of the table
-(tests/op_table.py, its static-size form where it has one), with ``validate=False``, makes the
-same launches at two sizes, except where :data:`GROWS` says, with the reason: an equality, not
-a bound, so a launch loop removed must be removed from the table too and the table stays the
-list of what is left to do.
+profiler's outermost aten events; allocations, views and conversions that copied nothing left
+out). Every op of the table (tests/op_table.py), with ``validate=False``, makes the same
+launches at two sizes, in its static-size form, its data-dependent one where it has both, and
+with gradients (the backward pass included), except where :data:`GROWS` says, with the reason:
+an equality, not a bound, so a launch loop removed must be removed from the table too and the
+table stays the list of what is left to do. (One sample at both sizes: a loop over samples is
+not seen here.)
 
 The GPU's own paths run on the CPU where a switch allows it (the kd-tree built by sorting, the
 mesh hierarchy's parents a launch per level, FPS a launch per pick): the ops they serve grow
-there, each for the reason :data:`GROWS_ON_GPU` gives (what #44 leaves to do on a GPU).
+there in exactly the launches :data:`GROWS_ON_GPU` lists, for its reason (what #44 leaves to do
+on a GPU).
 """
 
 import collections
@@ -29,17 +32,17 @@ from tests import op_table
 
 # op -> why its launches grow with the size on the CPU paths
 GROWS: dict[str, str] = {}
-# op -> why its launches grow on the GPU's paths (the CPU runs them with the switches below)
+# the torch operations of one depth of the kd-tree built by sorting (the GPU's build)
+_SORTED_SPLITS = {"aten::" + name for name in (
+    "__lshift__", "__rshift__", "add", "arange", "argmax", "floor_divide", "gather", "index", "index_put_", "isnan", "mul",
+    "new_full", "scatter_reduce", "sort", "sub", "to", "where", "zeros_like")}
+_PARENTS = {"warp:" + _tree._parents_kernel().key}
+# op -> (why its launches grow on the GPU's paths (the CPU runs them with the switches below),
+#        the launches that grow, exactly)
 GROWS_ON_GPU = {
-    "knn": "the kd-tree built by sorting: torch operations a depth at a time",
-    "knn_aggregate": "the kd-tree built by sorting: torch operations a depth at a time",
-    "knn_interpolate": "the kd-tree built by sorting: torch operations a depth at a time",
-    "chamfer_distance": "the kd-tree built by sorting: torch operations a depth at a time",
-    "knn_graph": "the kd-tree built by sorting: torch operations a depth at a time",
-    "estimate_normals": "the kd-tree built by sorting: torch operations a depth at a time",
-    "mesh_distance": "the hierarchy's parents: a launch per level",
-    "mesh_bvh": "the hierarchy's parents: a launch per level",
-    "point_mesh_face_distance": "the hierarchies' parents: a launch per level",
+    **{op: ("the kd-tree built by sorting: torch operations a depth at a time", _SORTED_SPLITS)
+       for op in ("knn", "knn_aggregate", "knn_interpolate", "chamfer_distance", "knn_graph", "estimate_normals")},
+    **{op: ("the hierarchy's parents: a launch per level", _PARENTS) for op in ("mesh_distance", "mesh_bvh", "point_mesh_face_distance")},
 }
 # two sizes, as multiples of each builder's default size (the quadratic and scipy ops: smaller)
 SIZES = collections.defaultdict(lambda: (4, 16), sinkhorn_divergence=(1, 2), earth_movers_distance=(1, 2))
@@ -80,24 +83,37 @@ def launches(call) -> collections.Counter:
     finally:
         for name, f in saved.items():
             setattr(_warp, name, f)
-    for event in prof.events():  # the outermost aten operations (how torch implements one inside may vary with the size)
-        outermost = event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::")
-        if event.name.startswith("aten::") and outermost and event.name not in NO_KERNEL:
+    for event in prof.events():  # the outermost aten operations (how torch runs one inside may vary with the size)
+        if not event.name.startswith("aten::") or (event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")):
+            continue
+        ran = any(c.name.startswith("aten::") and c.name not in NO_KERNEL for c in event.cpu_children)
+        if event.name not in NO_KERNEL or ran:  # (a conversion, reshape or contiguous counts where it copied)
             counts[event.name] += 1
     return counts
 
 
-def grown(op) -> dict:
-    """{launch: (count at the smaller size, at the larger)} of those that differ."""
+def grown(op, form: str = "static") -> dict:
+    """{launch: (count at the smaller size, at the larger)} of those that differ. ``form``:
+    "static" (the static-size form where the op has one), "dynamic" (its data-dependent one),
+    "backward" (with gradients to its differentiable inputs, the backward pass included)."""
     kw = {"validate": False} if op.validates else {}
-    call = op.static or op.call
+    call = op.call if form == "dynamic" or op.static is None else op.static
     params = inspect.signature(op.make).parameters
     counts = []
     for times in SIZES[op.name]:
         mesh = {"faces": times * params["faces"].default} if "faces" in params else {}  # the mesh grows too
         inputs = op.inputs(n=times * params["n"].default, **mesh)
-        call(inputs, **kw)  # first calls build kernels and caches
-        counts.append(launches(lambda: call(inputs, **kw)))
+
+        def run():
+            if form != "backward":
+                return call(inputs, **kw)
+            given = {k: v.detach().requires_grad_() if k in op.grad else v for k, v in inputs.items()}
+            out = call(given, **kw)
+            outs = [t for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t) and t.requires_grad]
+            sum(torch.where(torch.isfinite(t), t, 0).sum() for t in outs).backward()
+
+        run()  # first calls build kernels and caches
+        counts.append(launches(run))
     small, large = counts
     return {k: (small[k], large[k]) for k in small.keys() | large.keys() if small[k] != large[k]}
 
@@ -109,10 +125,14 @@ def threaded(monkeypatch):
     monkeypatch.setattr(_warp, "SERIAL_WORK", 0)
 
 
-@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
-def test_launches_do_not_grow_with_the_size(op):
-    diff = grown(op)
-    assert bool(diff) == (op.name in GROWS), (f"{op.name}: launches {diff} grow with the size" if diff else
+FORMS = [(op, "static") for op in op_table.OPS] + [(op, "dynamic") for op in op_table.OPS if op.static is not None] + [
+    (op, "backward") for op in op_table.OPS if op.grad]
+
+
+@pytest.mark.parametrize("op, form", FORMS, ids=lambda x: x if isinstance(x, str) else x.name)
+def test_launches_do_not_grow_with_the_size(op, form):
+    diff = grown(op, form)
+    assert bool(diff) == (op.name in GROWS), (f"{op.name} ({form}): launches {diff} grow with the size" if diff else
                                                f"{op.name} no longer grows: remove it from GROWS")
 
 
@@ -126,9 +146,9 @@ def gpu_paths(monkeypatch):
 @pytest.mark.parametrize("op", [op for op in op_table.OPS if op.name in GROWS_ON_GPU], ids=lambda op: op.name)
 def test_the_gpu_paths_launches_grow_only_where_the_table_says(op, gpu_paths):
     diff = grown(op)
-    assert bool(diff) == (op.name in GROWS or op.name in GROWS_ON_GPU), (
-        f"{op.name}: launches {diff} grow with the size on the GPU's paths" if diff else
-        f"{op.name} no longer grows on the GPU's paths: remove it from GROWS_ON_GPU")
+    assert set(diff) == GROWS_ON_GPU[op.name][1], (
+        f"{op.name}: launches {diff} grow with the size on the GPU's paths; the table says {sorted(GROWS_ON_GPU[op.name][1])} "
+        f"({GROWS_ON_GPU[op.name][0]})")
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu_path", "gpu_path"])

@@ -104,6 +104,15 @@ def _check(rank: int, world: int) -> None:
     picks = pcops.farthest_point_sample(shard(cloud[mine_p].clone(), rows_p), 12)
     assert torch.equal(picks.idx.to_local(), pcops.farthest_point_sample(cloud, 12).idx)
 
+    # under torch.compile: the same ShardTensors (the call runs eagerly at a graph break)
+    compiled = torch.compile(lambda q, p: pcops.knn(q, p, 6), backend="eager")
+    out = compiled(shard(queries[mine_q].clone(), rows_q), shard(cloud[mine_p].clone(), rows_p))
+    assert isinstance(out.idx, ShardTensor) and torch.equal(out.idx.to_local(), pcops.knn(queries, cloud, 6).idx[mine_q])
+
+    # a plain tensor beside ShardTensors: refused, naming it, on every rank
+    with pytest.raises(ValueError, match="every tensor argument must be a ShardTensor sharded on dimension 0: features"):
+        pcops.knn_aggregate(shard(queries[mine_q].clone(), rows_q), shard(cloud[mine_p].clone(), rows_p), features[mine_p], 4, 0.1)
+
     # not sharded on the points' dimension: refused, on every rank
     with pytest.raises(ValueError, match="sharded on dimension 0"):
         pcops.knn(ShardTensor.from_local(queries.clone(), mesh, (Replicate(),), sharding_shapes="chunk", global_shape=tuple(queries.shape)),
@@ -140,6 +149,24 @@ def test_a_registered_subclass_receives_the_public_function(monkeypatch):
     out = pcops.ball_query(q, p, 0.5, 4)
     assert _Routed.calls == [pcops.knn, pcops.knn, pcops.ball_query]
     assert torch.equal(out.idx, pcops.ball_query(q.as_subclass(torch.Tensor), p, 0.5, 4).idx)
+
+
+def test_a_registered_subclass_receives_the_public_function_under_compile(monkeypatch):
+    monkeypatch.setattr(_threads, "PROTOCOL_TYPES", {_Routed})
+    _Routed.calls = []
+    q, p = torch.rand(10, 3).as_subclass(_Routed), torch.rand(20, 3)
+    compiled = torch.compile(lambda a, b: pcops.knn(a, b, 3), backend="eager")
+    assert compiled(q, p) == "handled" and pcops.knn in _Routed.calls  # (dynamo hands it attribute reads too)
+
+
+class _Derived(_Routed):
+    pass
+
+
+def test_a_subclass_of_a_registered_type_is_routed_too(monkeypatch):
+    monkeypatch.setattr(_threads, "PROTOCOL_TYPES", {_Routed})
+    _Routed.calls = []
+    assert pcops.knn(torch.rand(10, 3).as_subclass(_Derived), torch.rand(20, 3), 3) == "handled"
 
 
 def test_other_subclasses_run_as_plain_tensors():

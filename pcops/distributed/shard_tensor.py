@@ -57,6 +57,10 @@ def _handler(op, per_query: bool):
         from torch.distributed.tensor import Replicate, Shard
 
         arguments = inspect.signature(func).bind(*args, **(kwargs or {})).arguments  # the call's, by name
+        for name, value in arguments.items():  # (PhysicsNeMo hands plain tensors over as replicated DTensors)
+            if isinstance(value, torch.Tensor) and not isinstance(value, ShardTensor):
+                raise ValueError(f"with ShardTensor arguments every tensor argument must be a ShardTensor sharded on dimension 0: "
+                                 f"{name} is a {type(value).__name__}")
         given = [a for a in arguments.values() if isinstance(a, ShardTensor)]
         mesh = given[0].device_mesh
         for t in given:

@@ -62,8 +62,8 @@ def node_count(n_faces):
 
 def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over the box
-    of their finite coordinates, NaN and inf ones in cell 0): the faces' order (by centroid) and
-    the queries' (neighbouring threads walk the same nodes)."""
+    of their coordinates, NaN and inf ones counted as 0 there and put in cell 0): the faces'
+    order (by centroid) and the queries' (neighbouring threads walk the same nodes)."""
     points = points.contiguous()
     if points.shape[0] == 0:
         return torch.zeros(0, dtype=torch.int64, device=points.device)
@@ -134,14 +134,12 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
                  like=v64, work=4 * size)
     # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
-    # ancestor's center (one launch for every depth and leaf), then the largest over the node's leaves
-    reach = corners.new_empty((d + 1, leaves))
+    # ancestor's center (one launch for every depth and leaf), into the node's radius by an atomic max
+    radius = v64.new_zeros((size,))
     args = [corners, n, d, center[:nodes].contiguous()]
     levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
     for first, count in levels:
-        _warp.launch(_reach_kernel(), count * leaves, [*args, first, reach], like=corners, work=3 * n * count)
-    radius = v64.new_empty((size,))
-    _warp.launch(_largest_kernel(), size, [nodes, d, reach, radius], like=v64, work=(d + 1) * leaves)
+        _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)
     return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
                 radius.to(dtype), scale.amax().to(dtype))
 
@@ -185,29 +183,6 @@ def _finish_kernel(dtype: torch.dtype):
                 moment[i, 3 * r + q] = s(sums[i, 7 + 3 * r + q] - sums[i, 4 + r] * c[q])
 
     return finish
-
-
-@_warp.kernels
-def _largest_kernel():
-    """Thread i: node i's radius, the largest of ``reach[l, j]`` over its leaves j (node i of
-    depth l holds leaves i' 2^(d - l) .. (i' + 1) 2^(d - l) - 1, i' = i + 1 - 2^l); 0 past the
-    last node (``nodes``)."""
-
-    @wp.kernel(enable_backward=False, module="unique")
-    def largest(start: int, nodes: int, depth: int, reach: wp.array2d(dtype=wp.float64), radius: wp.array(dtype=wp.float64)):
-        i = wp.tid() + start
-        best = wp.float64(0.0)
-        if i < nodes:
-            level = int(0)
-            while (2 << level) - 1 <= i:
-                level = level + 1
-            width = 1 << (depth - level)
-            first = (i + 1 - (1 << level)) * width
-            for j in range(first, first + width):
-                best = wp.max(best, reach[level, j])
-        radius[i] = best
-
-    return largest
 
 
 @_warp.kernels
@@ -337,37 +312,28 @@ def _parents_kernel():
 
 @_warp.kernels
 def _reach_kernel():
-    """Thread (l, j) of (depths from ``first_level``, 2^d): the distance from the center of leaf j's ancestor at depth l
-    to the farthest finite-distance corner of the leaf's faces (0 if none), into reach[l, j]."""
+    """Thread (l, j) of (depths from ``first_level``, 2^d): the distance from the center of leaf
+    j's ancestor at depth l to the farthest corner of the leaf's faces at a finite distance (0 if
+    none), into that ancestor's ``radius`` by an atomic max (the largest over its leaves)."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def reach(start: int, corners: wp.array(dtype=wp.vec3d), n: int, depth: int, center: wp.array(dtype=wp.vec3d),
-              first_level: int, out: wp.array2d(dtype=wp.float64)):
+              first_level: int, radius: wp.array(dtype=wp.float64)):
         t = wp.tid() + start
         leaves = 1 << depth
         level = first_level + t // leaves
         j = t - (t // leaves) * leaves
         first = _warp_funcs.part(j, wp.int64(n), depth)
         last = _warp_funcs.part(j + 1, wp.int64(n), depth)
-        c = center[(1 << level) - 1 + (j >> (depth - level))]
+        node = (1 << level) - 1 + (j >> (depth - level))
+        c = center[node]
         best = wp.float64(0.0)  # the largest squared distance: one root at the end (a root is monotonic)
-        huge = int(0)
         for k in range(3 * first, 3 * last):
             e = corners[k] - c
             d2 = wp.dot(e, e)
-            if d2 < wp.float64(wp.inf):  # NaN and inf corners do not count
+            if d2 < wp.float64(wp.inf):  # NaN and inf (and overflowing) distances do not count
                 best = wp.max(best, d2)
-            elif wp.isfinite(corners[k]):
-                huge = int(1)  # a square past float64's range
-        if huge != 0:  # measured by lengths
-            best = wp.float64(0.0)
-            for k in range(3 * first, 3 * last):
-                d = wp.length(corners[k] - c)
-                if d > best and d < wp.float64(wp.inf):
-                    best = d
-            out[level, j] = best
-        else:
-            out[level, j] = wp.sqrt(best)
+        wp.atomic_max(radius, node, wp.sqrt(best))
 
     return reach
 
