@@ -133,7 +133,8 @@ def test_segmentation_labels_points_of_one_voxel_by_their_offsets(gen):
     assert not torch.allclose(out[0, 0], out[0, 1])
 
 
-@pytest.mark.parametrize("segment", [False, True], ids=["cls", "seg"])
+# the segmenter (18 s) adds the decoder, whose unpooling compiles whole in its own tests: `pytest -m slow`
+@pytest.mark.parametrize("segment", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["cls", "seg"])
 def test_compiles_with_fullgraph_without_graph_breaks_for_new_sizes(gen, segment):
     """One graph (fullgraph, dynamic) serves clouds with other numbers of points, in training
     (shuffled curves, drop-path, backward), and equals eager in evaluation. (The batch size is
