@@ -40,6 +40,20 @@ class _Local(torch.autograd.Function):
         return DTensor.from_local(grad, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
+def sharded_mesh(given: list, first, per_query: bool, kind: type):
+    """The one 1-D device mesh of the ``kind`` (DTensor or a subclass) inputs ``given``, each
+    sharded on dimension 0; with ``per_query``, ``first`` (the queries) must be one of them."""
+    _, _, Shard = _types()
+    mesh = given[0].device_mesh
+    for t in given:
+        if t.device_mesh != mesh or mesh.ndim != 1 or tuple(t.placements) != (Shard(0),):
+            raise ValueError(f"{kind.__name__} inputs must share one 1-D device mesh and be sharded on dimension 0 "
+                             f"(placements (Shard(0),)), got {tuple(t.placements)} on a mesh of shape {tuple(mesh.shape)}")
+    if per_query and not isinstance(first, kind):
+        raise ValueError(f"with {kind.__name__} inputs the queries (the first argument) must be a {kind.__name__} too")
+    return mesh
+
+
 def accepts_dtensors(per_query: bool):
     """Decorator of an op of pcops.distributed: DTensor arguments as described above, and the op
     run eagerly under ``torch.compile`` (one graph break). ``per_query``: its tensors' rows are
@@ -55,16 +69,10 @@ def accepts_dtensors(per_query: bool):
             given = [a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)]
             if not given:
                 return fn(*args, **kwargs)
-            mesh = given[0].device_mesh
-            for t in given:
-                if t.device_mesh != mesh or mesh.ndim != 1 or list(t.placements) != [Shard(0)]:
-                    raise ValueError("DTensor inputs must share one 1-D device mesh and be sharded on dimension 0 "
-                                     f"(placements [Shard(0)]), got {t.placements} on a mesh of shape {tuple(mesh.shape)}")
             if kwargs.pop("group", None) is not None:
                 raise ValueError("group comes from the DTensors' device mesh: leave it None")
             first = args[0] if args else next(iter(kwargs.values()))
-            if per_query and not isinstance(first, DTensor):
-                raise ValueError("with DTensor inputs the queries (the first argument) must be a DTensor too")
+            mesh = sharded_mesh(given, first, per_query, DTensor)
             local = lambda a: _Local.apply(a) if isinstance(a, DTensor) else a  # noqa: E731
             out = fn(*map(local, args), **{k: local(v) for k, v in kwargs.items()}, group=mesh.get_group())
             rows = first.shape[0]

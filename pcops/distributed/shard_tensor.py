@@ -28,6 +28,7 @@ import torch
 import pcops
 
 from .. import _threads
+from ._dtensor import sharded_mesh
 from . import ball_query, chamfer_distance, farthest_point_sample, knn, knn_aggregate, knn_interpolate, radius_aggregate
 
 # public function -> (its pcops.distributed form, whether its results are per query)
@@ -61,15 +62,8 @@ def _handler(op, per_query: bool):
             if isinstance(value, torch.Tensor) and not isinstance(value, ShardTensor):
                 raise ValueError(f"with ShardTensor arguments every tensor argument must be a ShardTensor sharded on dimension 0: "
                                  f"{name} is a {type(value).__name__}")
-        given = [a for a in arguments.values() if isinstance(a, ShardTensor)]
-        mesh = given[0].device_mesh
-        for t in given:
-            if t.device_mesh != mesh or mesh.ndim != 1 or tuple(t.placements) != (Shard(0),):
-                raise ValueError("ShardTensor inputs must share one 1-D device mesh and be sharded on dimension 0 "
-                                 f"(placements (Shard(0),)), got {tuple(t.placements)} on a mesh of shape {tuple(mesh.shape)}")
         first = next(iter(arguments.values()))
-        if per_query and not isinstance(first, ShardTensor):
-            raise ValueError("with ShardTensor inputs the queries (the first argument) must be a ShardTensor too")
+        mesh = sharded_mesh([a for a in arguments.values() if isinstance(a, ShardTensor)], first, per_query, ShardTensor)
         local = lambda a: a.to_local() if isinstance(a, ShardTensor) else a  # noqa: E731
         out = op(**{name: local(value) for name, value in arguments.items()}, group=mesh.get_group())
         rows = [int(shape[0]) for shape in first._spec.sharding_shapes()[0]] if per_query else None

@@ -136,12 +136,30 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
     # ancestor's center (one launch for every depth and leaf), into the node's radius by an atomic max
     radius = v64.new_zeros((size,))
-    args = [corners, n, d, center[:nodes].contiguous()]
+    args = [corners, n, d, center]
     levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
     for first, count in levels:
         _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)
     return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
                 radius.to(dtype), scale.amax().to(dtype))
+
+
+@wp.func(module="unique")
+def nan_min(a: wp.vec3d, b: wp.vec3d):
+    """The smaller of a and b per coordinate, NaN if either is (torch.minimum's rule)."""
+    for c in range(3):
+        if b[c] < a[c] or b[c] != b[c]:
+            a[c] = b[c]
+    return a
+
+
+@wp.func(module="unique")
+def nan_max(a: wp.vec3d, b: wp.vec3d):
+    """The larger of a and b per coordinate, NaN if either is (torch.maximum's rule)."""
+    for c in range(3):
+        if b[c] > a[c] or b[c] != b[c]:
+            a[c] = b[c]
+    return a
 
 
 @_warp.kernels
@@ -207,15 +225,6 @@ def _leaves_kernel(dtype: torch.dtype):
     Sums = wp.types.vector(16, wp.float64)
 
     @wp.func(module="unique")
-    def widen(low: wp.vec3d, high: wp.vec3d, p: wp.vec3d):
-        for c in range(3):  # NaN wins, as in torch.amin / amax
-            if p[c] < low[c] or p[c] != p[c]:
-                low[c] = p[c]
-            if p[c] > high[c] or p[c] != p[c]:
-                high[c] = p[c]
-        return low, high
-
-    @wp.func(module="unique")
     def largest(big: wp.float64, p: wp.vec3d):
         for c in range(3):
             x = wp.abs(p[c])
@@ -247,9 +256,7 @@ def _leaves_kernel(dtype: torch.dtype):
             tb[k] = v(b)
             tc[k] = v(c)
             sorted_group[k] = group[f]
-            low, high = widen(low, high, a)
-            low, high = widen(low, high, b)
-            low, high = widen(low, high, c)
+            low, high = nan_min(nan_min(nan_min(low, a), b), c), nan_max(nan_max(nan_max(high, a), b), c)
             big = largest(largest(largest(big, a), b), c)
             area_vec = wp.float64(0.5) * wp.cross(b - a, c - a)
             area = wp.length(area_vec)
@@ -291,17 +298,8 @@ def _parents_kernel():
                 node = (1 << level) - 1 + wp.tid() + start
             a = 2 * node + 1
             b = a + 1
-            low = lo[a]
-            high = hi[a]
-            for c in range(3):  # NaN wins, as in torch.minimum / maximum
-                x = lo[b][c]
-                if x < low[c] or x != x:
-                    low[c] = x
-                y = hi[b][c]
-                if y > high[c] or y != y:
-                    high[c] = y
-            lo[node] = low
-            hi[node] = high
+            lo[node] = nan_min(lo[a], lo[b])
+            hi[node] = nan_max(hi[a], hi[b])
             glo[node] = glo[a]
             ghi[node] = ghi[b]
             for c in range(sums.shape[1]):

@@ -191,6 +191,13 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     return idx, counts, dists
 
 
+def search_one(query, ref, radius: float, max_neighbors: int, validate: bool, query_group, ref_group, by_index: bool = False):
+    """:func:`search` at one radius (checked): (idx (M, K), counts (M,), dists (M, K) or (M, 0))."""
+    _validate.positive_number("radius", radius)
+    idx, counts, dists = search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
+    return idx, counts[:, 0].clone(), dists
+
+
 def result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor,
            out_dtype, points_grad: bool) -> BallQuery:
     """The caller's BallQuery from a search's flat ``idx`` (M, K), ``counts`` (M,) and distances
@@ -222,9 +229,8 @@ def _by_index(
     (pcops.compat's "first K" caps), and a point is within it when ``|q - p|^2 <= radius^2`` in
     the points' dtype (the squared test: at the boundary it may differ from ``|q - p| <= radius``
     by rounding; pcops.compat searches a widened radius and tests exactly afterwards)."""
-    _validate.positive_number("radius", radius)
-    idx, counts, _ = search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index=True)
-    return idx, counts[:, 0].clone()
+    idx, counts, _ = search_one(query, ref, radius, max_neighbors, validate, query_group, ref_group, by_index=True)
+    return idx, counts
 
 
 @_by_index.register_fake

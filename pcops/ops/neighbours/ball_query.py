@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ... import _layout, _threads, _validate
-from ._ball_search import BallQuery, result, search
+from ._ball_search import BallQuery, result, search_one
 from .nearest import _points_grad
 
 
@@ -36,9 +36,7 @@ def _ball_query(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """query (M, 3), ref (N, 3) of one float dtype -> (idx (M, K) int64, counts (M,) int64,
     dists (M, K) of the points' dtype: the distances of idx's points, inf past the counts)."""
-    _validate.positive_number("radius", radius)
-    idx, counts, dists = search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group)
-    return idx, counts[:, 0].clone(), dists
+    return search_one(query, ref, radius, max_neighbors, validate, query_group, ref_group)
 
 
 @_ball_query.register_fake
