@@ -57,7 +57,7 @@ FACTORIES = [
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
-CPU_ONLY = {"pcops._warp._fork_kernel"}
+CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel"}  # GPUs: the torch form (_closed_torch)
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

@@ -16,7 +16,11 @@
   0.05) and walked again with ``BETA`` where the coarse value is within ``MARGIN`` of 1/2: the
   sign is the BETA walk's wherever the coarse error stays below MARGIN + 0.1 = 0.4 and the
   winding number is 0.1 or more from 1/2 (a winding number within 0.1 of 1/2 may take either
-  sign, as documented).
+  sign, as documented). On a closed mesh (``pcops::mesh_closed``: every edge used as often in
+  one direction as in the other, so the winding number is an integer, constant between the
+  faces) a query is not walked when the segment from the query before it (in the search's
+  order, same sample) lies inside the ball about either of them whose radius is its distance to
+  the mesh: no face lies between them, so it takes that query's winding number.
 
 The kernels return indices and winding numbers only; distances, closest points and
 barycentric coordinates are computed in torch from the faces found (:mod:`._triangle`),
@@ -37,6 +41,8 @@ WELL = 0.1  # a triangle whose height is at least this times its longest edge is
 BETA = 2.0  # a node contributes its expansion when farther than BETA radii
 COARSE = 1.2  # ... in the first, coarse walk; a coarse winding number within MARGIN of 1/2 is walked again with BETA
 MARGIN = 0.3
+REACH = 1.0 - 2.0**-10  # closed meshes: the share of a query's distance to the mesh held free of faces (rounding)
+DEGREE = 256  # closed meshes: a vertex on more edges than this makes the mesh count as open (a bounded check)
 _STACK = 64
 CHAIN = True  # CPU: a query starts from the face found by the query before it on its thread (tests compare with False)
 
@@ -310,6 +316,7 @@ def _winding_kernel(dtype: torch.dtype):
         return total / s(4.0 * math.pi)
 
     coarse2, fine2, margin = s(COARSE * COARSE), s(BETA * BETA), s(MARGIN)
+    share, rounding = s(REACH), s(64.0 * torch.finfo(dtype).eps)
 
     @wp.kernel(enable_backward=False, module="unique")
     def winding(
@@ -328,17 +335,122 @@ def _winding_kernel(dtype: torch.dtype):
         normal: wp.array(dtype=v),
         moment: wp.array(dtype=m),
         radius: wp.array(dtype=s),
+        reach: wp.array(dtype=s),
+        closed: wp.array(dtype=wp.int32),
+        scale: wp.array(dtype=s),
+        head: wp.array(dtype=wp.bool),
         out: wp.array(dtype=s),
     ):
-        i = int(rows[wp.tid() + start])
+        t = wp.tid() + start
+        i = int(rows[t])
         q = query[i]
         g = query_group[i]
+        if t > 0 and closed[0] != 0:  # a closed mesh: the query before it may hold its winding number
+            j = int(rows[t - 1])
+            if query_group[j] == g and wp.length(q - query[j]) + rounding * scale[0] < share * wp.max(reach[i], reach[j]):
+                head[t] = False  # no face between the two: the same winding number (see the module docs)
+                return
+        head[t] = True
         w = walk(q, g, coarse2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius)
         if wp.abs(w - s(0.5)) < margin:  # near 1/2: the sign needs the finer expansion
             w = walk(q, g, fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius)
         out[i] = w
 
     return winding
+
+
+@_warp.kernels
+def _closed_kernel():
+    """One thread (the CPU): ``out[0]`` = 1 if every edge of the faces whose sample id is below
+    ``limit`` is used as often from each end (the faces' boundary is empty: a closed mesh, or
+    several), else 0. Edges are bucketed by their lower vertex (a counting sort: ``starts``, V + 1
+    zeros, and ``ends``, 3F) and each bucket's ends are matched pairwise; a bucket of more than
+    ``DEGREE`` edges counts as open (the check stays linear in the faces)."""
+    degree = DEGREE
+
+    @wp.func(module="unique")
+    def edge(faces: wp.array2d(dtype=wp.int64), f: int, e: int):
+        """(lower vertex, higher vertex, 1 if the edge runs upwards else -1) of edge e of face f."""
+        u, w = faces[f, e], faces[f, (e + 1) % 3]
+        up = int(-1)
+        if u < w:
+            up = 1
+        return wp.min(u, w), wp.max(u, w), up
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def closed(start: int, faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64), limit: wp.int64,
+               starts: wp.array(dtype=wp.int64), ends: wp.array(dtype=wp.int64), out: wp.array(dtype=wp.int32)):
+        nv = starts.shape[0] - 1
+        for f in range(faces.shape[0]):  # bucket sizes, one place up (edges of a repeated corner left out)
+            if group[f] < limit:
+                for e in range(3):
+                    lo, hi, up = edge(faces, f, e)
+                    if lo != hi:
+                        starts[int(lo) + 1] = starts[int(lo) + 1] + wp.int64(1)
+        for x in range(nv):
+            starts[x + 1] = starts[x + 1] + starts[x]
+        for f in range(faces.shape[0]):  # each edge's higher end and direction (2 hi + (up + 1) / 2); starts[x] moves to bucket x's end
+            if group[f] < limit:
+                for e in range(3):
+                    lo, hi, up = edge(faces, f, e)
+                    if lo != hi:
+                        ends[int(starts[int(lo)])] = hi * wp.int64(2) + wp.int64((up + 1) / 2)
+                        starts[int(lo)] = starts[int(lo)] + wp.int64(1)
+        ok = int(1)
+        b0 = int(0)
+        for x in range(nv):
+            b1 = int(starts[x])
+            if b1 - b0 > degree:
+                ok = 0
+            for a in range(b0, b1):
+                if ok == 1:
+                    total = int(0)
+                    for b in range(b0, b1):
+                        if ends[b] / wp.int64(2) == ends[a] / wp.int64(2):
+                            total = total + int(ends[b] % wp.int64(2)) * 2 - 1
+                    if total != 0:
+                        ok = 0
+            b0 = b1
+        out[0] = ok
+
+    return closed
+
+
+def _closed_torch(faces: torch.Tensor, group: torch.Tensor, limit: int, n_vertices: int) -> torch.Tensor:
+    """The same test in torch (GPUs: one sort instead of a thread): (1,) int32."""
+    edges = torch.stack([faces, faces.roll(-1, 1)], -1).reshape(-1, 2)
+    lo, hi = edges.amin(1), edges.amax(1)
+    kept = (lo != hi) & (group.repeat_interleave(3) < limit)
+    up = torch.where(kept, torch.where(edges[:, 0] < edges[:, 1], 1, -1), 0)
+    key, perm = torch.sort(lo * n_vertices + hi)
+    same_edge = torch.cumsum(torch.diff(key, prepend=key[:1]) != 0, 0)  # each sorted edge's undirected edge
+    total = torch.zeros_like(key).index_add_(0, same_edge, up[perm])
+    degree = torch.zeros(n_vertices, dtype=torch.int64, device=faces.device).index_add_(0, lo, kept.to(torch.int64))
+    return ((total == 0).all() & (degree <= DEGREE).all()).to(torch.int32).reshape(1)
+
+
+@_threads.custom_op("pcops::mesh_closed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_closed(faces: torch.Tensor, face_group: torch.Tensor, n_vertices: int, limit: int) -> torch.Tensor:
+    """faces (F, 3) int64 rows of n_vertices vertices, face_group (F,) -> (1,) int32: 1 if the
+    faces whose sample id is below ``limit`` (a padded batch's padding faces are not) form closed
+    meshes (see :func:`_closed_kernel`), else 0."""
+    if faces.device.type != "cpu":
+        return _closed_torch(faces, face_group, limit, n_vertices)
+    _warp.init()
+    out = torch.zeros(1, dtype=torch.int32)
+    starts, ends = torch.zeros(n_vertices + 1, dtype=torch.int64), torch.empty(3 * faces.shape[0], dtype=torch.int64)
+    _warp.launch(_closed_kernel(), 1, [faces.contiguous(), face_group.contiguous(), limit, starts, ends, out], like=faces, work=0)
+    return out
+
+
+@_mesh_closed.register_fake
+def _(faces, face_group, n_vertices, limit):
+    return faces.new_empty((1,), dtype=torch.int32)
+
+
+def closed(faces: torch.Tensor, face_group: torch.Tensor, n_vertices: int, limit: int) -> torch.Tensor:
+    """(1,) int32: whether the faces (sample ids below ``limit``) form closed meshes (see :func:`_closed_kernel`)."""
+    return _mesh_closed(faces, face_group, n_vertices, limit)
 
 
 @_threads.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -367,34 +479,37 @@ def _mesh_closest(
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, scale: torch.Tensor,
     max_dist: float, faces_to_points: bool, validate: bool,
-) -> torch.Tensor:
-    """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> (M,) int64 the
-    nearest item's row (-1: none within max_dist)."""
+) -> list[torch.Tensor]:
+    """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
+    nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
+    in (:func:`._tree.query_order`)]."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
     found = torch.full((m,), -1, dtype=torch.int64, device=qa.device)
+    rows = _tree.query_order(qa, query_group)
     if m == 0 or ta.shape[0] == 0:
-        return found
+        return [found, rows]
     _warp.init()
     max_d2 = max_dist * max_dist if math.isfinite(max_dist) else float("inf")
     slot = torch.empty_like(found)  # each query's face as a row of the sorted faces (the next query's first bound)
     chain = int(qa.device.type == "cpu" and CHAIN)
-    args = [_tree.depth(ta.shape[0]), _tree.morton_order(qa, query_group), qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
+    args = [_tree.depth(ta.shape[0]), rows, qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
             scale, max_d2, chain, slot, found]
     _warp.launch(_closest_kernel(qa.dtype, faces_to_points), m, args, like=qa, min_chunk=64)
-    return found
+    return [found, rows]
 
 
 @_mesh_closest.register_fake
 def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate):
-    return qa.new_empty((qa.shape[0],), dtype=torch.int64)
+    return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(2)]
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
-            triangles: tuple | None = None) -> torch.Tensor:
+            triangles: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
-    the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``."""
+    the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
+    and the order the queries were walked in (for :func:`winding`)."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
     return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
@@ -403,27 +518,38 @@ def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_d
 
 @_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_winding(
-    query: torch.Tensor, query_group: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
+    query: torch.Tensor, query_group: torch.Tensor, rows: torch.Tensor, reach: torch.Tensor, closed: torch.Tensor,
+    ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
     glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor, radius: torch.Tensor,
+    scale: torch.Tensor,
 ) -> torch.Tensor:
-    """query (M, 3) -> (M,) the generalised winding number of each query about its mesh."""
+    """query (M, 3) walked in the order ``rows``, ``reach`` (M,) each query's distance to its mesh
+    (0 where unknown), ``closed`` (1,) from :func:`closed` -> (M,) the generalised winding
+    number of each query about its mesh (on closed meshes, a query in the same region as the
+    query before it takes that one's: see the module docs)."""
     m = query.shape[0]
     out = query.new_zeros((m,))
     if m == 0 or ta.shape[0] == 0:
         return out
     _warp.init()
+    head = torch.empty(m, dtype=torch.bool, device=query.device)  # the queries walked, in walking order
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
-    args = [_tree.depth(ta.shape[0]), _tree.morton_order(query, query_group), query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius, out]
+    args = [_tree.depth(ta.shape[0]), rows, query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius,
+            reach, closed, scale.reshape(1), head, out]
     _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64)
-    return out
+    walked = torch.cummax(torch.where(head, torch.arange(m, device=query.device), 0), 0).values  # each query's last walked one
+    return out.index_copy_(0, rows, out.index_select(0, rows.index_select(0, walked)))
 
 
 @_mesh_winding.register_fake
-def _(query, query_group, ta, tb, tc, group, glo, ghi, center, normal, moment, radius):
+def _(query, query_group, rows, reach, closed, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, scale):
     return query.new_empty((query.shape[0],))
 
 
-def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree) -> torch.Tensor:
-    """The generalised winding number of each query point about its mesh (M,)."""
-    return _mesh_winding(query.detach().contiguous(), query_group, t.a, t.b, t.c, t.group, t.glo, t.ghi,
-                                        t.center, t.normal, t.moment, t.radius)
+def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, rows: torch.Tensor, reach: torch.Tensor,
+            closed: torch.Tensor) -> torch.Tensor:
+    """The generalised winding number of each query point about its mesh (M,), walked in the
+    order ``rows`` (:func:`._tree.query_order`); ``reach`` (M,) each query's distance to its mesh
+    (0 where unknown) and ``closed`` from :func:`closed` let a closed mesh's queries share walks."""
+    return _mesh_winding(query.detach().contiguous(), query_group, rows, reach.detach().to(query.dtype).contiguous(), closed,
+                         t.a, t.b, t.c, t.group, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)

@@ -64,15 +64,29 @@ def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over the box
     of their coordinates, NaN and inf ones counted as 0 there and put in cell 0): the faces'
     order (by centroid) and the queries' (neighbouring threads walk the same nodes)."""
-    points = points.contiguous()
-    if points.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.int64, device=points.device)
-    low, high = torch.aminmax(torch.nan_to_num(points, nan=0.0, posinf=0.0, neginf=0.0), dim=0)
-    code = torch.empty(points.shape[0], dtype=torch.int32, device=points.device)
-    _warp.launch(_keys_kernel(points.dtype), points.shape[0], [points, low, high, _morton.spread_table(10, points.device), code],
-                 like=points, work=4 * points.shape[0])
+    code = _codes(points)
     order = torch.argsort(code, stable=True)
     return order[torch.argsort(group[order], stable=True)]
+
+
+def query_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """The order the searches take queries (M, 3) in: by ``group << 30 | Morton code`` in one
+    stable sort (:func:`morton_order` takes two). Sample ids from 0 to 2^33 keep samples
+    apart; others may interleave, which slows the walks but changes no result (a query's
+    order is not what it finds)."""
+    return torch.argsort(group << 30 | _codes(points), stable=True)
+
+
+def _codes(points: torch.Tensor) -> torch.Tensor:
+    """(M,) int32 Morton code of each point's cell, 1024 cells a side over the box of the finite
+    coordinates (see :func:`_keys_kernel`)."""
+    points = points.contiguous()
+    code = torch.empty(points.shape[0], dtype=torch.int32, device=points.device)
+    if points.shape[0]:
+        low, high = torch.aminmax(torch.nan_to_num(points, nan=0.0, posinf=0.0, neginf=0.0), dim=0)
+        _warp.launch(_keys_kernel(points.dtype), points.shape[0], [points, low, high, _morton.spread_table(10, points.device), code],
+                     like=points, work=4 * points.shape[0])
+    return code
 
 
 @_warp.kernels

@@ -181,10 +181,13 @@ def mesh_distance(
     return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None)
 
 
+_NO_PADDING = 2**62  # the sample-id limit of :func:`._search.closed` where no face is padding
+
+
 def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: float, validate: bool) -> MeshDistance:
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
-    face = _search.closest(search, query.group, bvh.tree, max_dist, validate)
+    face, rows = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
     found = face >= 0
     corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     p = query.points.to(dtype)
@@ -204,7 +207,9 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
                         torch.linalg.vector_norm(torch.where(on[:, None], 1.0, diff), dim=-1))
     sign = torch.ones_like(dists)
     if signed:
-        sign = torch.where(_search.winding(search, query.group, bvh.tree) >= 0.5, -1.0, 1.0).to(dtype)
+        closed = _search.closed(bvh.faces, bvh.face_group, bvh.vertices.shape[0], bvh.batch if bvh.batch > 0 else _NO_PADDING)
+        reach = torch.where(found & ~on, dists, 0)  # the distances to the mesh known so far
+        sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign
     dists = torch.where(on, (diff * normal).sum(-1), dists)
     dists = torch.where(found, dists, sign * float("inf"))
