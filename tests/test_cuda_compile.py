@@ -43,7 +43,7 @@ FACTORIES = [
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
     *[(f"mesh closest {d} faces_to_points={t}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t)) for d in (F32, F64) for t in (False, True)],
     *[(f"mesh winding {d}", importlib.import_module("pcops.ops.mesh._search")._winding_kernel, (d,)) for d in (F32, F64)],
-    *[(f"triangle closest {d}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d,)) for d in (F32, F64)],
+    *[(f"triangle closest {d} result={r}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d, r)) for d in (F32, F64) for r in (False, True)],
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     ("mesh tree centroids", importlib.import_module("pcops.ops.mesh._tree")._centroid_kernel, ()),

@@ -72,11 +72,14 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
 
 
 @_warp.kernels
-def _closest_kernel(dtype: torch.dtype):
+def _closest_kernel(dtype: torch.dtype, result: bool):
     """:func:`_closest_torch`'s formula, one thread per point: the nearest edge point (the first of
-    equal ones), replaced by the plane's point where p projects inside a triangle that is not flat."""
+    equal ones), replaced by the plane's point where p projects inside a triangle that is not flat.
+    ``result``: the kernel of :func:`result` instead (the triangle of each point gathered from a
+    mesh by its face row, and the distance too)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat2 = s((FLAT * torch.finfo(dtype).eps) ** 2)
+    tiny = s(torch.finfo(dtype).tiny)
 
     @wp.func(module="unique")
     def segment(p: v, x: v, y: v):
@@ -87,11 +90,9 @@ def _closest_kernel(dtype: torch.dtype):
             t = wp.clamp(wp.dot(p - x, xy) / length2, s(0.0), s(1.0))
         return t
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def closest(start: int, points: wp.array(dtype=v), a: wp.array(dtype=v), b: wp.array(dtype=v), c: wp.array(dtype=v),
-                point: wp.array(dtype=v), bary: wp.array(dtype=v)):
-        i = wp.tid() + start
-        p, pa_, pb_, pc_ = points[i], a[i], b[i], c[i]
+    @wp.func(module="unique")
+    def nearest(p: v, pa_: v, pb_: v, pc_: v):
+        """(the closest point of triangle abc to p, its barycentric weights)."""
         t0, t1, t2 = segment(p, pa_, pb_), segment(p, pb_, pc_), segment(p, pc_, pa_)
         q0 = pa_ + t0 * (pb_ - pa_)
         q1 = pb_ + t1 * (pc_ - pb_)
@@ -115,10 +116,47 @@ def _closest_kernel(dtype: torch.dtype):
             if u >= s(0.0) and vv >= s(0.0) and ww >= s(0.0):
                 near = p + (wp.dot(n, pa) / nn) * n
                 w = v(u / nn, vv / nn, ww / nn)
+        return near, w
+
+    if not result:
+
+        @wp.kernel(enable_backward=False, module="unique")
+        def closest(start: int, points: wp.array(dtype=v), a: wp.array(dtype=v), b: wp.array(dtype=v), c: wp.array(dtype=v),
+                    point: wp.array(dtype=v), bary: wp.array(dtype=v)):
+            i = wp.tid() + start
+            near, w = nearest(points[i], a[i], b[i], c[i])
+            point[i] = near
+            bary[i] = w
+
+        return closest
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def measure(start: int, points: wp.array(dtype=v), vertices: wp.array(dtype=v), faces: wp.array2d(dtype=wp.int64),
+                face: wp.array(dtype=wp.int64), dists: wp.array(dtype=s), point: wp.array(dtype=v), bary: wp.array(dtype=v)):
+        i = wp.tid() + start
+        f = face[i]
+        if f < wp.int64(0):
+            nan = s(wp.nan)
+            dists[i] = s(wp.inf)
+            point[i] = v(nan, nan, nan)
+            bary[i] = v(nan, nan, nan)
+            return
+        p = points[i]
+        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        near, w = nearest(p, a, b, c)
+        n = wp.cross(b - a, c - a)
+        n = n / wp.max(wp.length(n), tiny)
+        diff = p - near
+        d = wp.length(diff)
+        if diff[0] == s(0.0) and diff[1] == s(0.0) and diff[2] == s(0.0):  # on the surface: along the normal
+            d = wp.dot(diff, n)
+        elif w[0] > s(0.0) and w[1] > s(0.0) and w[2] > s(0.0):  # inside the face: the height over its plane
+            d = wp.abs(wp.dot(p - a, n))
+        dists[i] = d
         point[i] = near
         bary[i] = w
 
-    return closest
+    return measure
 
 
 @_threads.custom_op("pcops::triangle_closest", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -127,7 +165,7 @@ def _triangle_closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torc
     point, bary = torch.empty_like(p), torch.empty_like(p)
     if p.shape[0]:
         _warp.init()
-        _warp.launch(_closest_kernel(p.dtype), p.shape[0], [p, a, b, c, point, bary], like=p)
+        _warp.launch(_closest_kernel(p.dtype, False), p.shape[0], [p, a, b, c, point, bary], like=p)
     return point, bary
 
 
@@ -135,3 +173,28 @@ def _triangle_closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torc
 def _(p, a, b, c):
     return torch.empty_like(p), torch.empty_like(p)
 
+
+
+@_threads.custom_op("pcops::mesh_measure", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_measure(p: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """points p (M, 3), a mesh's vertices (V, 3) and faces (F, 3) int64, each point's face row
+    (M,) int64 (-1: none) -> (distances (M,) (inf for none), closest points (M, 3), barycentric
+    weights (M, 3) (NaN for none))."""
+    dists, point, bary = p.new_empty(p.shape[0]), torch.empty_like(p), torch.empty_like(p)
+    if p.shape[0]:
+        _warp.init()
+        _warp.launch(_closest_kernel(p.dtype, True), p.shape[0], [p, vertices, faces, face, dists, point, bary], like=p)
+    return dists, point, bary
+
+
+@_mesh_measure.register_fake
+def _(p, vertices, faces, face):
+    return p.new_empty(p.shape[0]), torch.empty_like(p), torch.empty_like(p)
+
+
+def measure(p: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Without gradients: (the distance, closest point and weights of each point p (M, 3) to
+    the face ``face`` (M,) of the mesh (``vertices``, ``faces``); inf, NaN and NaN where face is
+    -1), as ``mesh_distance`` computes them in torch (:func:`closest`, the height over the plane
+    inside a face, the normal's component on the surface), in one kernel."""
+    return _mesh_measure(p.detach().contiguous(), vertices.detach().contiguous(), faces.contiguous(), face.contiguous())

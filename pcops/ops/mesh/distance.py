@@ -189,8 +189,34 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     search = query.points.to(bvh.tree.a.dtype)
     face, rows = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
     found = face >= 0
-    corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     p = query.points.to(dtype)
+    if torch.is_grad_enabled() and (p.requires_grad or bvh.vertices.requires_grad):
+        dists, on, closest, bary, normal_part = _measured(p, bvh, face, dtype)
+    else:  # nothing to differentiate: the same formulas in one kernel
+        dists, closest, bary = _triangle.measure(p, bvh.vertices.to(dtype), bvh.faces, face)
+        on, normal_part = None, None
+    sign = torch.ones_like(dists)
+    if signed:
+        closed = _search.closed(bvh.faces, bvh.face_group, bvh.vertices.shape[0], bvh.batch if bvh.batch > 0 else _NO_PADDING)
+        reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
+        sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed) >= 0.5, -1.0, 1.0).to(dtype)
+        dists = dists * sign
+    if on is not None:
+        dists = torch.where(on, normal_part, dists)
+        dists = torch.where(found, dists, sign * float("inf"))
+        closest = torch.where(found[:, None], closest, float("nan"))
+        bary = torch.where(found[:, None], bary, float("nan"))
+    face = _layout.local_faces(bvh.layout, face)
+    shape = query.batch_shape
+    out = lambda t: (t.reshape(*shape, *t.shape[1:]) if shape else t)  # noqa: E731
+    return MeshDistance(out(dists.to(out_dtype)), out(closest.to(out_dtype)), out(face), out(bary.to(out_dtype)))
+
+
+def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
+    """(unsigned distances, on the surface, closest points, weights, the normal's component of
+    p - closest) of points p to their faces in torch operations: differentiable to any order
+    (:func:`._triangle.measure` is the same without gradients)."""
+    corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     a, b, c = corners.unbind(1)
     near = _triangle.closest(p, a, b, c)
     diff = p - near.point
@@ -205,20 +231,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     planar = (near.bary > 0).all(-1)
     dists = torch.where(planar, height * torch.where(height >= 0, 1.0, -1.0),
                         torch.linalg.vector_norm(torch.where(on[:, None], 1.0, diff), dim=-1))
-    sign = torch.ones_like(dists)
-    if signed:
-        closed = _search.closed(bvh.faces, bvh.face_group, bvh.vertices.shape[0], bvh.batch if bvh.batch > 0 else _NO_PADDING)
-        reach = torch.where(found & ~on, dists, 0)  # the distances to the mesh known so far
-        sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed) >= 0.5, -1.0, 1.0).to(dtype)
-        dists = dists * sign
-    dists = torch.where(on, (diff * normal).sum(-1), dists)
-    dists = torch.where(found, dists, sign * float("inf"))
-    closest = torch.where(found[:, None], near.point, float("nan"))
-    bary = torch.where(found[:, None], near.bary, float("nan"))
-    face = _layout.local_faces(bvh.layout, face)
-    shape = query.batch_shape
-    out = lambda t: (t.reshape(*shape, *t.shape[1:]) if shape else t)  # noqa: E731
-    return MeshDistance(out(dists.to(out_dtype)), out(closest.to(out_dtype)), out(face), out(bary.to(out_dtype)))
+    return dists, on, near.point, near.bary, (diff * normal).sum(-1)
 
 
 __all__ = ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]

@@ -138,6 +138,8 @@ class TestMeshDistance(OpSuite):
             cases.append((torch.ops.pcops.mesh_closed.default, (f, group, v.shape[0], 1)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]
             cases.append((torch.ops.pcops.triangle_closest.default, (q, *corners.unbind(1))))
+            face = torch.randint(-1, f.shape[0], (20,), generator=gen)
+            cases.append((torch.ops.pcops.mesh_measure.default, (q, v, f, face)))
         return cases
 
     def compile_calls(self, gen):
@@ -414,17 +416,22 @@ def test_points_on_and_next_to_the_surface_have_unit_gradients_and_finite_second
 @pytest.mark.parametrize("kind", ["sphere", "open", "degenerate", "far", "flat", "self_intersecting"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_calls_without_gradients_give_the_differentiable_calls_values(kind, dtype):
-    """Without a gradient to keep, the closest points and weights come from one kernel
-    (pcops::triangle_closest), else from the differentiable torch formula: the same values."""
+    """Without a gradient to keep, the distances, closest points and weights come from one kernel
+    (pcops::mesh_measure), else from the differentiable torch formula: the same values (signed
+    or not, and inf / NaN beyond max_dist)."""
     v, f, q = mesh(kind, torch.Generator().manual_seed(4))
     v, q = v.to(dtype), q.to(dtype)
-    with torch.no_grad():
-        fast = pcops.mesh_distance(q, v, f, signed=True)
-    slow = pcops.mesh_distance(q.clone().requires_grad_(), v, f, signed=True)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
-    assert torch.equal(fast.face, slow.face)
-    for name in ("dists", "closest", "bary"):
-        torch.testing.assert_close(getattr(fast, name), getattr(slow, name).detach(), equal_nan=True, **tol, msg=name)
+    for signed in (False, True):
+        for max_dist in (None, 0.3):
+            with torch.no_grad():
+                fast = pcops.mesh_distance(q, v, f, signed=signed, max_dist=max_dist)
+            slow = pcops.mesh_distance(q.clone().requires_grad_(), v, f, signed=signed, max_dist=max_dist)
+            assert torch.equal(fast.face, slow.face)
+            if max_dist is not None:
+                assert (fast.face < 0).any() and (fast.face >= 0).any()
+            for name in ("dists", "closest", "bary"):
+                torch.testing.assert_close(getattr(fast, name), getattr(slow, name).detach(), equal_nan=True, **tol, msg=name)
 
 
 @pytest.mark.parametrize("height", [1e-5, 1e-3, 0.05, 0.2])
