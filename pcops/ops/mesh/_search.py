@@ -20,7 +20,9 @@
   one direction as in the other, so the winding number is an integer, constant between the
   faces) a query is not walked when the segment from the query before it (in the search's
   order, same sample) lies inside the ball about either of them whose radius is its distance to
-  the mesh: no face lies between them, so it takes that query's winding number.
+  the mesh, less what rounding may have added to that distance (relatively, eps times the
+  mesh's worst shape factor; absolutely, flat faces measured by their edges): no face lies
+  between them, so it takes that query's winding number.
 
 The kernels return indices and winding numbers only; distances, closest points and
 barycentric coordinates are computed in torch from the faces found (:mod:`._triangle`),
@@ -28,6 +30,7 @@ which makes them differentiable, to any order, with respect to points and vertic
 """
 
 import math
+from typing import Optional
 
 import torch
 import warp as wp
@@ -42,7 +45,7 @@ BETA = 2.0  # a node contributes its expansion when farther than BETA radii
 COARSE = 1.2  # ... in the first, coarse walk; a coarse winding number within MARGIN of 1/2 is walked again with BETA
 MARGIN = 0.3
 REACH = 1.0 - 2.0**-10  # closed meshes: the share of a query's distance to the mesh held free of faces (rounding)
-DEGREE = 256  # closed meshes: a vertex on more edges than this makes the mesh count as open (a bounded check)
+DEGREE = 512  # closed meshes: a vertex that is the lower end of more edge uses than this makes the mesh count as open
 _STACK = 64
 CHAIN = True  # CPU: a query starts from the face found by the query before it on its thread (tests compare with False)
 
@@ -316,7 +319,8 @@ def _winding_kernel(dtype: torch.dtype):
         return total / s(4.0 * math.pi)
 
     coarse2, fine2, margin = s(COARSE * COARSE), s(BETA * BETA), s(MARGIN)
-    share, rounding = s(REACH), s(64.0 * torch.finfo(dtype).eps)
+    eps = torch.finfo(dtype).eps
+    share, plane, rounding = s(REACH), s(16.0 * eps), s(576.0 * eps)
 
     @wp.kernel(enable_backward=False, module="unique")
     def winding(
@@ -337,6 +341,7 @@ def _winding_kernel(dtype: torch.dtype):
         radius: wp.array(dtype=s),
         reach: wp.array(dtype=s),
         closed: wp.array(dtype=wp.int32),
+        shape: wp.array(dtype=wp.float64),
         scale: wp.array(dtype=s),
         head: wp.array(dtype=wp.bool),
         out: wp.array(dtype=s),
@@ -347,7 +352,12 @@ def _winding_kernel(dtype: torch.dtype):
         g = query_group[i]
         if t > 0 and closed[0] != 0:  # a closed mesh: the query before it may hold its winding number
             j = int(rows[t - 1])
-            if query_group[j] == g and wp.length(q - query[j]) + rounding * scale[0] < share * wp.max(reach[i], reach[j]):
+            # a distance may exceed the true one by rounding: relatively, about eps times the
+            # mesh's worst shape factor (the normal's direction), and absolutely, flat faces
+            # measured by their edges (at most 64 eps times their longest edge)
+            slack = plane * s(shape[0])
+            free = (share - slack) * wp.max(reach[i], reach[j]) - (s(4.0) * slack + rounding) * scale[0]
+            if query_group[j] == g and wp.length(q - query[j]) < free:
                 head[t] = False  # no face between the two: the same winding number (see the module docs)
                 return
         head[t] = True
@@ -360,12 +370,15 @@ def _winding_kernel(dtype: torch.dtype):
 
 
 @_warp.kernels
-def _closed_kernel():
-    """One thread (the CPU): ``out[0]`` = 1 if every edge of the faces whose sample id is below
-    ``limit`` is used as often from each end (the faces' boundary is empty: a closed mesh, or
-    several), else 0. Edges are bucketed by their lower vertex (a counting sort: ``starts``, V + 1
-    zeros, and ``ends``, 3F) and each bucket's ends are matched pairwise; a bucket of more than
-    ``DEGREE`` edges counts as open (the check stays linear in the faces)."""
+def _closed_kernel(flat: float):
+    """One thread (the CPU): ``out[0]`` = 1 if every edge of the faces (a padded batch's padding
+    faces, sample id ``padding``, left out) is used as often from each end within its sample (the
+    faces' boundary is empty: closed meshes), else 0; ``shape[0]`` the largest squared longest
+    edge over twice the area of the faces that are not flat (``flat``: the search's threshold of
+    height over longest edge), 0 if none. Edges are bucketed by their lower vertex (a counting
+    sort: ``starts``, V + 1 zeros; ``ends`` and ``sample``, 3F) and each bucket's ends are matched
+    pairwise; a bucket of more than ``DEGREE`` edge uses, or a vertex index out of range, counts
+    as open (the check stays linear in the faces)."""
     degree = DEGREE
 
     @wp.func(module="unique")
@@ -378,25 +391,39 @@ def _closed_kernel():
         return wp.min(u, w), wp.max(u, w), up
 
     @wp.kernel(enable_backward=False, module="unique")
-    def closed(start: int, faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64), limit: wp.int64,
-               starts: wp.array(dtype=wp.int64), ends: wp.array(dtype=wp.int64), out: wp.array(dtype=wp.int32)):
+    def closed(start: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64),
+               padded: int, padding: wp.int64, starts: wp.array(dtype=wp.int64), ends: wp.array(dtype=wp.int64),
+               sample: wp.array(dtype=wp.int64), out: wp.array(dtype=wp.int32), shape: wp.array(dtype=wp.float64)):
         nv = starts.shape[0] - 1
-        for f in range(faces.shape[0]):  # bucket sizes, one place up (edges of a repeated corner left out)
-            if group[f] < limit:
-                for e in range(3):
-                    lo, hi, up = edge(faces, f, e)
-                    if lo != hi:
-                        starts[int(lo) + 1] = starts[int(lo) + 1] + wp.int64(1)
+        ok = int(1)
+        worst = wp.float64(0.0)
+        for f in range(faces.shape[0]):  # shapes and bucket sizes, one place up (edges of a repeated corner left out)
+            if padded == 0 or group[f] != padding:
+                if wp.min(faces[f, 0], wp.min(faces[f, 1], faces[f, 2])) < wp.int64(0) or wp.max(faces[f, 0], wp.max(faces[f, 1], faces[f, 2])) >= wp.int64(nv):
+                    ok = 0
+                else:
+                    va, vb, vc = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+                    area2 = wp.length(wp.cross(vb - va, vc - va))
+                    longest = wp.max(wp.length_sq(vb - va), wp.max(wp.length_sq(vc - vb), wp.length_sq(va - vc)))
+                    if area2 > wp.float64(flat) * longest:
+                        worst = wp.max(worst, longest / area2)
+                    for e in range(3):
+                        lo, hi, up = edge(faces, f, e)
+                        if lo != hi:
+                            starts[int(lo) + 1] = starts[int(lo) + 1] + wp.int64(1)
+        shape[0] = worst
         for x in range(nv):
             starts[x + 1] = starts[x + 1] + starts[x]
-        for f in range(faces.shape[0]):  # each edge's higher end and direction (2 hi + (up + 1) / 2); starts[x] moves to bucket x's end
-            if group[f] < limit:
-                for e in range(3):
-                    lo, hi, up = edge(faces, f, e)
-                    if lo != hi:
-                        ends[int(starts[int(lo)])] = hi * wp.int64(2) + wp.int64((up + 1) / 2)
-                        starts[int(lo)] = starts[int(lo)] + wp.int64(1)
-        ok = int(1)
+        if ok == 1:
+            for f in range(faces.shape[0]):  # each edge's higher end and direction (2 hi + (up + 1) / 2) and sample; starts[x] moves to bucket x's end
+                if padded == 0 or group[f] != padding:
+                    for e in range(3):
+                        lo, hi, up = edge(faces, f, e)
+                        if lo != hi:
+                            at = int(starts[int(lo)])
+                            ends[at] = hi * wp.int64(2) + wp.int64((up + 1) / 2)
+                            sample[at] = group[f]
+                            starts[int(lo)] = starts[int(lo)] + wp.int64(1)
         b0 = int(0)
         for x in range(nv):
             b1 = int(starts[x])
@@ -406,7 +433,7 @@ def _closed_kernel():
                 if ok == 1:
                     total = int(0)
                     for b in range(b0, b1):
-                        if ends[b] / wp.int64(2) == ends[a] / wp.int64(2):
+                        if ends[b] / wp.int64(2) == ends[a] / wp.int64(2) and sample[b] == sample[a]:
                             total = total + int(ends[b] % wp.int64(2)) * 2 - 1
                     if total != 0:
                         ok = 0
@@ -416,41 +443,62 @@ def _closed_kernel():
     return closed
 
 
-def _closed_torch(faces: torch.Tensor, group: torch.Tensor, limit: int, n_vertices: int) -> torch.Tensor:
-    """The same test in torch (GPUs: one sort instead of a thread): (1,) int32."""
-    edges = torch.stack([faces, faces.roll(-1, 1)], -1).reshape(-1, 2)
+def _closed_torch(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, padded: bool, padding: int) -> list[torch.Tensor]:
+    """The same test in torch (GPUs: sorts instead of a thread): [(1,) int32, (1,) float64]."""
+    n_vertices = vertices.shape[0]
+    kept = (group != padding) if padded else torch.ones_like(group, dtype=torch.bool)
+    inside = ((faces >= 0) & (faces < n_vertices)).all(1)
+    rows = faces.clamp(0, max(n_vertices - 1, 0))
+    a, b, c = vertices.to(torch.float64)[rows].unbind(1)
+    area2 = torch.linalg.vector_norm(torch.linalg.cross(b - a, c - a), dim=-1)
+    longest = torch.stack([(b - a).square().sum(-1), (c - b).square().sum(-1), (a - c).square().sum(-1)]).amax(0)
+    solid = kept & inside & (area2 > _flat(vertices.dtype) * longest)
+    worst = torch.where(solid, longest / torch.where(solid, area2, 1.0), 0.0).amax(0, keepdim=True) if faces.shape[0] else vertices.new_zeros(1, dtype=torch.float64)
+    edges = torch.stack([rows, rows.roll(-1, 1)], -1).reshape(-1, 2)
     lo, hi = edges.amin(1), edges.amax(1)
-    kept = (lo != hi) & (group.repeat_interleave(3) < limit)
-    up = torch.where(kept, torch.where(edges[:, 0] < edges[:, 1], 1, -1), 0)
-    key, perm = torch.sort(lo * n_vertices + hi)
-    same_edge = torch.cumsum(torch.diff(key, prepend=key[:1]) != 0, 0)  # each sorted edge's undirected edge
+    counted = (lo != hi) & (kept & inside).repeat_interleave(3)
+    up = torch.where(counted, torch.where(edges[:, 0] < edges[:, 1], 1, -1), 0)
+    perm = torch.argsort(lo * n_vertices + hi, stable=True)
+    perm = perm[torch.argsort(group.repeat_interleave(3)[perm], stable=True)]  # by sample, then edge
+    key, sample = (lo * n_vertices + hi)[perm], group.repeat_interleave(3)[perm]
+    same_edge = torch.cumsum((torch.diff(key, prepend=key[:1]) != 0) | (torch.diff(sample, prepend=sample[:1]) != 0), 0)
     total = torch.zeros_like(key).index_add_(0, same_edge, up[perm])
-    degree = torch.zeros(n_vertices, dtype=torch.int64, device=faces.device).index_add_(0, lo, kept.to(torch.int64))
-    return ((total == 0).all() & (degree <= DEGREE).all()).to(torch.int32).reshape(1)
+    degree = torch.zeros(n_vertices, dtype=torch.int64, device=faces.device).index_add_(0, lo, counted.to(torch.int64))
+    ok = (total == 0).all() & (degree <= DEGREE).all() & (inside | ~kept).all()
+    return [ok.to(torch.int32).reshape(1), worst]
+
+
+def _flat(dtype: torch.dtype) -> float:
+    """The search's flatness threshold (height over longest edge) in the compute dtype."""
+    return FLAT * torch.finfo(dtype).eps
 
 
 @_threads.custom_op("pcops::mesh_closed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _mesh_closed(faces: torch.Tensor, face_group: torch.Tensor, n_vertices: int, limit: int) -> torch.Tensor:
-    """faces (F, 3) int64 rows of n_vertices vertices, face_group (F,) -> (1,) int32: 1 if the
-    faces whose sample id is below ``limit`` (a padded batch's padding faces are not) form closed
-    meshes (see :func:`_closed_kernel`), else 0."""
+def _mesh_closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padded: bool, padding: int) -> list[torch.Tensor]:
+    """vertices (V, 3) in the search's dtype, faces (F, 3) int64 rows, face_group (F,) -> [(1,)
+    int32: 1 if the faces (a padded batch's padding faces, sample id ``padding``, left out) form
+    closed meshes, else 0; (1,) float64: the largest shape factor (squared longest edge over
+    twice the area) of their faces that are not flat] (see :func:`_closed_kernel`)."""
     if faces.device.type != "cpu":
-        return _closed_torch(faces, face_group, limit, n_vertices)
+        return _closed_torch(vertices, faces, face_group, padded, padding)
     _warp.init()
-    out = torch.zeros(1, dtype=torch.int32)
-    starts, ends = torch.zeros(n_vertices + 1, dtype=torch.int64), torch.empty(3 * faces.shape[0], dtype=torch.int64)
-    _warp.launch(_closed_kernel(), 1, [faces.contiguous(), face_group.contiguous(), limit, starts, ends, out], like=faces, work=0)
-    return out
+    out, shape = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.float64)
+    starts = torch.zeros(vertices.shape[0] + 1, dtype=torch.int64)
+    ends, sample = (torch.empty(3 * faces.shape[0], dtype=torch.int64) for _ in range(2))
+    _warp.launch(_closed_kernel(_flat(vertices.dtype)), 1, [vertices.to(torch.float64).contiguous(), faces.contiguous(), face_group.contiguous(),
+                                                            int(padded), padding, starts, ends, sample, out, shape], like=faces, work=0)
+    return [out, shape]
 
 
 @_mesh_closed.register_fake
-def _(faces, face_group, n_vertices, limit):
-    return faces.new_empty((1,), dtype=torch.int32)
+def _(vertices, faces, face_group, padded, padding):
+    return [faces.new_empty((1,), dtype=torch.int32), vertices.new_empty((1,), dtype=torch.float64)]
 
 
-def closed(faces: torch.Tensor, face_group: torch.Tensor, n_vertices: int, limit: int) -> torch.Tensor:
-    """(1,) int32: whether the faces (sample ids below ``limit``) form closed meshes (see :func:`_closed_kernel`)."""
-    return _mesh_closed(faces, face_group, n_vertices, limit)
+def closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padding: Optional[int]) -> list[torch.Tensor]:
+    """[(1,) int32: whether the faces (but a padded batch's padding faces, sample id ``padding``)
+    form closed meshes, (1,) float64: their worst shape factor] (see :func:`_mesh_closed`)."""
+    return _mesh_closed(vertices, faces, face_group, padding is not None, -1 if padding is None else padding)
 
 
 @_threads.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -518,13 +566,13 @@ def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_d
 
 @_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_winding(
-    query: torch.Tensor, query_group: torch.Tensor, rows: torch.Tensor, reach: torch.Tensor, closed: torch.Tensor,
+    query: torch.Tensor, query_group: torch.Tensor, rows: torch.Tensor, reach: torch.Tensor, closed: torch.Tensor, shape: torch.Tensor,
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
     glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor, radius: torch.Tensor,
     scale: torch.Tensor,
 ) -> torch.Tensor:
     """query (M, 3) walked in the order ``rows``, ``reach`` (M,) each query's distance to its mesh
-    (0 where unknown), ``closed`` (1,) from :func:`closed` -> (M,) the generalised winding
+    (0 where unknown), ``closed`` and ``shape`` (1,) from :func:`closed` -> (M,) the generalised winding
     number of each query about its mesh (on closed meshes, a query in the same region as the
     query before it takes that one's: see the module docs)."""
     m = query.shape[0]
@@ -535,21 +583,21 @@ def _mesh_winding(
     head = torch.empty(m, dtype=torch.bool, device=query.device)  # the queries walked, in walking order
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
     args = [_tree.depth(ta.shape[0]), rows, query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius,
-            reach, closed, scale.reshape(1), head, out]
+            reach, closed, shape, scale.reshape(1), head, out]
     _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64)
     walked = torch.cummax(torch.where(head, torch.arange(m, device=query.device), 0), 0).values  # each query's last walked one
     return out.index_copy_(0, rows, out.index_select(0, rows.index_select(0, walked)))
 
 
 @_mesh_winding.register_fake
-def _(query, query_group, rows, reach, closed, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, scale):
+def _(query, query_group, rows, reach, closed, shape, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, scale):
     return query.new_empty((query.shape[0],))
 
 
 def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, rows: torch.Tensor, reach: torch.Tensor,
-            closed: torch.Tensor) -> torch.Tensor:
+            closed: list[torch.Tensor]) -> torch.Tensor:
     """The generalised winding number of each query point about its mesh (M,), walked in the
     order ``rows`` (:func:`._tree.query_order`); ``reach`` (M,) each query's distance to its mesh
     (0 where unknown) and ``closed`` from :func:`closed` let a closed mesh's queries share walks."""
-    return _mesh_winding(query.detach().contiguous(), query_group, rows, reach.detach().to(query.dtype).contiguous(), closed,
+    return _mesh_winding(query.detach().contiguous(), query_group, rows, reach.detach().to(query.dtype).contiguous(), *closed,
                          t.a, t.b, t.c, t.group, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)

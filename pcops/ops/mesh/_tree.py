@@ -71,8 +71,8 @@ def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
 
 def query_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """The order the searches take queries (M, 3) in: by ``group << 30 | Morton code`` in one
-    stable sort (:func:`morton_order` takes two). Sample ids from 0 to 2^33 keep samples
-    apart; others may interleave, which slows the walks but changes no result (a query's
+    stable sort (:func:`morton_order` takes two). Sample ids from 0 up to 2^33 (not
+    included) keep samples apart; others may interleave, which slows the walks but changes no result (a query's
     order is not what it finds)."""
     return torch.argsort(group << 30 | _codes(points), stable=True)
 

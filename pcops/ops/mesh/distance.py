@@ -181,9 +181,6 @@ def mesh_distance(
     return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None)
 
 
-_NO_PADDING = 2**62  # the sample-id limit of :func:`._search.closed` where no face is padding
-
-
 def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: float, validate: bool) -> MeshDistance:
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
@@ -197,7 +194,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         on, normal_part = None, None
     sign = torch.ones_like(dists)
     if signed:
-        closed = _search.closed(bvh.faces, bvh.face_group, bvh.vertices.shape[0], bvh.batch if bvh.batch > 0 else _NO_PADDING)
+        closed = _search.closed(bvh.vertices.detach().to(bvh.tree.a.dtype), bvh.faces, bvh.face_group, bvh.batch + 1 if bvh.batch > 0 else None)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign

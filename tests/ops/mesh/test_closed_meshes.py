@@ -16,18 +16,30 @@ from tests.op_table import icosphere
 F64 = torch.float64
 
 
-def _closed_by_count(faces, group, limit, n_vertices):
-    """Every directed edge (u != w) of the faces below ``limit`` as often as its reverse, and no
-    lower vertex on more than ``_search.DEGREE`` edges."""
+def _closed_by_count(faces, group, padding, n_vertices):
+    """Every directed edge (u != w) of the faces but padding (sample id ``padding``) used as often
+    as its reverse within its sample, no lower vertex on more than ``_search.DEGREE`` edge uses,
+    no vertex index out of range."""
     count, degree = collections.Counter(), collections.Counter()
     for face, g in zip(faces.tolist(), group.tolist(), strict=True):
-        if g < limit:
+        if g != padding:
+            if min(face) < 0 or max(face) >= n_vertices:
+                return False
             for e in range(3):
                 u, w = face[e], face[(e + 1) % 3]
                 if u != w:
-                    count[u, w] += 1
+                    count[g, u, w] += 1
                     degree[min(u, w)] += 1
-    return all(count[u, w] == count[w, u] for u, w in count) and all(d <= _search.DEGREE for d in degree.values())
+    return all(count[g, u, w] == count[g, w, u] for g, u, w in count) and all(d <= _search.DEGREE for d in degree.values())
+
+
+def _shape_by_faces(v, faces, group, padding):
+    """The largest squared longest edge over twice the area of the faces (but padding) that are not flat."""
+    a, b, c = v.double()[faces].unbind(1)
+    area2 = torch.linalg.cross(b - a, c - a).norm(dim=-1)
+    longest = torch.stack([(b - a).square().sum(-1), (c - b).square().sum(-1), (a - c).square().sum(-1)]).amax(0)
+    solid = (group != padding) & (area2 > _search.FLAT * torch.finfo(v.dtype).eps * longest)
+    return float((longest / area2)[solid].max()) if solid.any() else 0.0
 
 
 def _cone(sides):
@@ -53,23 +65,38 @@ def _meshes(gen):
     (v1, f1), (v2, f2) = _sphere(gen), _sphere(gen)
     yield "two spheres", torch.cat([v1 - 0.3, v2 + 0.3]), torch.cat([f1, f2 + v1.shape[0]])
     yield "an unused vertex past the faces", torch.cat([v, torch.zeros(far - v.shape[0], 3, dtype=F64)]), f
-    cv, cf = _cone(_search.DEGREE // 2)
+    cv, cf = _cone(_search.DEGREE // 2)  # the apex: the lower end of DEGREE edge uses
     yield "a cone within the degree", cv, cf
-    cv, cf = _cone(_search.DEGREE + 1)
+    cv, cf = _cone(_search.DEGREE // 2 + 1)
     yield "a cone past the degree (counted open)", cv, cf
+    yield "a face past the vertices (counted open)", v, torch.cat([f, torch.tensor([[0, 1, v.shape[0]]])])
+    yield "a face across two samples' vertices", v, f  # with the samples below
 
 
 def test_closedness_is_an_exact_count_of_directed_edges():
     gen = torch.Generator().manual_seed(0)
     seen = set()
     for name, v, f in _meshes(gen):
-        for limit, group in ((2**62, torch.zeros(f.shape[0], dtype=torch.int64)),  # one mesh
-                             (1, torch.cat([torch.zeros(f.shape[0] - 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)]))):  # last face padding
-            expected = _closed_by_count(f, group, limit, v.shape[0])
+        n = f.shape[0]
+        layouts = [(None, torch.zeros(n, dtype=torch.int64)),  # one mesh
+                   (2, torch.cat([torch.zeros(n - 1, dtype=torch.int64), torch.full((1,), 2)])),  # the last face padding
+                   (None, torch.full((n,), 2**62)),  # a sample id past 2^62 is a sample like any other
+                   (None, (torch.arange(n) >= n // 2).to(torch.int64))]  # faces of two samples on shared vertices: open seams
+        for padding, group in layouts:
+            expected = _closed_by_count(f, group, padding, v.shape[0])
             seen.add(expected)
-            assert _search.closed(f, group, v.shape[0], limit).item() == expected, (name, limit)
-            assert _search._closed_torch(f, group, limit, v.shape[0]).item() == expected, (name, limit)
+            for dtype in (torch.float32, F64):
+                got = _search.closed(v.to(dtype), f, group, padding)
+                by_torch = _search._closed_torch(v.to(dtype), f, group, padding is not None, -1 if padding is None else padding)
+                assert got[0].item() == by_torch[0].item() == expected, (name, padding)
+                if f.max() < v.shape[0]:
+                    shape = _shape_by_faces(v.to(dtype), f, group, padding)
+                    assert got[1].item() == pytest.approx(shape, rel=1e-12) and by_torch[1].item() == pytest.approx(shape, rel=1e-12), name
     assert seen == {True, False}
+
+
+def _never_closed(*args):
+    return [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=F64)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -87,10 +114,11 @@ def test_queries_of_a_closed_mesh_share_walks_and_keep_the_exact_sign(kind, dtyp
         v, q = v + SHIFT, q + SHIFT
     v, q = v.to(dtype), q.to(dtype)
     bvh = pcops.mesh_bvh(v, f)
-    assert _search.closed(f, torch.zeros(f.shape[0], dtype=torch.int64), v.shape[0], 2**62).item() == 1
+    closed = _search.closed(v, f, torch.zeros(f.shape[0], dtype=torch.int64), None)
+    assert closed[0].item() == 1
     shared = pcops.mesh_distance(q, bvh, signed=True, validate=False).dists
     # every query walked: the same signs, and the exact winding number's (an integer: no query near 1/2)
-    monkeypatch.setattr(_search, "closed", lambda faces, *args: torch.zeros(1, dtype=torch.int32))
+    monkeypatch.setattr(_search, "closed", _never_closed)
     walked = pcops.mesh_distance(q, bvh, signed=True, validate=False).dists
     assert torch.equal(shared.isnan(), walked.isnan()) and torch.equal(shared[~shared.isnan()], walked[~walked.isnan()])
     finite = ~q.isnan().any(1)
@@ -102,9 +130,8 @@ def test_queries_of_a_closed_mesh_share_walks_and_keep_the_exact_sign(kind, dtyp
     group = torch.zeros(q.shape[0], dtype=torch.int64)
     face, rows = _search.closest(q, group, search, float("inf"), False)
     reach = torch.where(face >= 0, walked.abs(), 0)
-    ones, zeros = torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    w_shared = _search.winding(q, group, search, rows, reach, ones)
-    w_own = _search.winding(q, group, search, rows, reach, zeros)
+    w_shared = _search.winding(q, group, search, rows, reach, closed)
+    w_own = _search.winding(q, group, search, rows, reach, _never_closed())
     assert (w_shared[finite] != w_own[finite]).sum() > 100
     assert torch.equal(w_shared[finite] >= 0.5, w_own[finite] >= 0.5)
 
@@ -124,9 +151,46 @@ def test_a_padded_batch_of_closed_meshes_ignores_its_padding_faces():
         faces[1, f2b.shape[0]:] = f1[: f1.shape[0] - f2b.shape[0]]  # padding that would open the mesh
         lengths = torch.tensor([f1.shape[0], f2b.shape[0]])
         bvh = pcops.mesh_bvh(vertices, faces, vertices_lengths=torch.tensor([v1.shape[0], v2.shape[0]]), faces_lengths=lengths)
-        assert _search.closed(bvh.faces, bvh.face_group, bvh.vertices.shape[0], 2).item() == int(not open_second)
+        assert _search.closed(bvh.vertices, bvh.faces, bvh.face_group, 3)[0].item() == int(not open_second)
         d = pcops.mesh_distance(q, bvh, signed=True).dists
         for b, (vb, fb) in enumerate(((v1, f1), (v2, f2b))):
             w = reference.winding_number(q[b], vb, fb)
             clear = (w - 0.5).abs() >= 0.1
             assert torch.equal((d[b] < 0)[clear], (w >= 0.5)[clear]), (open_second, b)
+
+
+def test_a_thin_face_does_not_let_a_query_take_a_winding_number_across_the_surface(monkeypatch):
+    """A closed float32 tetrahedron whose base is split in three, one of them a sliver (height
+    3e-4 of its longest edge, above the flat threshold): its normal's rounding makes the first
+    query's distance 23% too long, and the ball of that distance reaches the second query, inside."""
+    v = torch.tensor([[0.15480799973011017, -0.45142436027526855, -0.14916610717773438], [-0.15480799973011017, 0.45142436027526855, 0.14916610717773438],
+                      [-4.9445192416897044e-05, -4.11896726291161e-05, 7.333778194151819e-05], [-0.40541431307792664, -0.33772510290145874, 0.6013160347938538],
+                      [0.33070841431617737, -0.07772523909807205, 0.5784381628036499]])
+    f = torch.tensor([[0, 2, 1], [1, 2, 3], [3, 2, 0], [0, 1, 4], [1, 3, 4], [3, 0, 4]])
+    q = torch.tensor([[-0.06201552227139473, 0.1805517077445984, 0.05962521955370903], [-0.06192322075366974, 0.18056106567382812, 0.05969270318746567]])
+    assert _search.closed(v, f, torch.zeros(6, dtype=torch.int64), None)[0].item() == 1
+    w = reference.winding_number(q, v, f)
+    assert w[0] < 0.1 and w[1] > 0.9
+    shared = pcops.mesh_distance(q, v, f, signed=True).dists
+    monkeypatch.setattr(_search, "closed", _never_closed)
+    walked = pcops.mesh_distance(q, v, f, signed=True).dists
+    assert torch.equal(shared, walked) and shared[0] > 0 and shared[1] < 0
+
+
+def test_packed_closed_and_open_meshes_with_large_sample_ids_and_a_band():
+    gen = torch.Generator().manual_seed(3)
+    v1, f1 = _sphere(gen, 2)
+    v2, f2 = icosphere(1)
+    v2, f2 = v2.to(F64) * 0.6 + 0.2, f2[4:]  # open: four faces removed
+    for ids in ((0, 1), (2**62, 2**62 + 1), (2**62 + 1, 5)):
+        vertices, faces = torch.cat([v1, v2]), torch.cat([f1, f2 + v1.shape[0]])
+        vertices_batch = torch.cat([torch.full((v1.shape[0],), ids[0]), torch.full((v2.shape[0],), ids[1])])
+        q = 3 * torch.rand(4000, 3, generator=gen, dtype=F64) - 1.5
+        points_batch = torch.tensor(ids)[torch.randint(0, 2, (4000,), generator=gen)]
+        for max_dist in (None, 0.2):
+            d = pcops.mesh_distance(q, vertices, faces, signed=True, max_dist=max_dist, points_batch=points_batch, vertices_batch=vertices_batch).dists
+            for sid, (vb, fb) in zip(ids, ((v1, f1), (v2, f2)), strict=True):
+                rows = points_batch == sid
+                w = reference.winding_number(q[rows], vb, fb)
+                clear = (w - 0.5).abs() >= 0.1
+                assert torch.equal((d[rows] < 0)[clear], (w >= 0.5)[clear]), (ids, max_dist, sid)

@@ -133,9 +133,10 @@ class TestMeshDistance(OpSuite):
             cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True)))
             reach = torch.rand(20, generator=gen, dtype=dtype)
             for closed in (0, 1):
-                cases.append((torch.ops.pcops.mesh_winding.default, (q, qg, rows, reach, torch.tensor([closed], dtype=torch.int32), *tree[1:5], tree.glo,
-                                                                     tree.ghi, tree.center, tree.normal, tree.moment, tree.radius, tree.scale)))
-            cases.append((torch.ops.pcops.mesh_closed.default, (f, group, v.shape[0], 1)))
+                cases.append((torch.ops.pcops.mesh_winding.default, (q, qg, rows, reach, torch.tensor([closed], dtype=torch.int32), torch.tensor([2.0], dtype=F64),
+                                                                     *tree[1:5], tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius, tree.scale)))
+            cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
+            cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]
             cases.append((torch.ops.pcops.triangle_closest.default, (q, *corners.unbind(1))))
             face = torch.randint(-1, f.shape[0], (20,), generator=gen)
