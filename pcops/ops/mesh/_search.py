@@ -374,8 +374,8 @@ def _closed_kernel(flat: float):
     """One thread (the CPU): ``out[0]`` = 1 if every edge of the faces (a padded batch's padding
     faces, sample id ``padding``, left out) is used as often from each end within its sample (the
     faces' boundary is empty: closed meshes), else 0; ``shape[0]`` the largest squared longest
-    edge over twice the area of the faces that are not flat (``flat``: the search's threshold of
-    height over longest edge), 0 if none. Edges are bucketed by their lower vertex (a counting
+    edge over twice the area of the faces whose height over longest edge is above ``flat`` (see
+    :func:`_flat`), 0 if none. Edges are bucketed by their lower vertex (a counting
     sort: ``starts``, V + 1 zeros; ``ends`` and ``sample``, 3F) and each bucket's ends are matched
     pairwise; a bucket of more than ``DEGREE`` edge uses, or a vertex index out of range, counts
     as open (the check stays linear in the faces)."""
@@ -469,8 +469,10 @@ def _closed_torch(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tens
 
 
 def _flat(dtype: torch.dtype) -> float:
-    """The search's flatness threshold (height over longest edge) in the compute dtype."""
-    return FLAT * torch.finfo(dtype).eps
+    """A quarter of the measurements' flatness threshold (height over longest edge) in the compute
+    dtype: a face this close above it may be measured by its plane (the rounded cross product
+    decides), so its shape factor counts."""
+    return FLAT * torch.finfo(dtype).eps / 4
 
 
 @_threads.custom_op("pcops::mesh_closed", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -478,7 +480,7 @@ def _mesh_closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.
     """vertices (V, 3) in the search's dtype, faces (F, 3) int64 rows, face_group (F,) -> [(1,)
     int32: 1 if the faces (a padded batch's padding faces, sample id ``padding``, left out) form
     closed meshes, else 0; (1,) float64: the largest shape factor (squared longest edge over
-    twice the area) of their faces that are not flat] (see :func:`_closed_kernel`)."""
+    twice the area) of their faces that may be measured by their plane] (see :func:`_closed_kernel`)."""
     if faces.device.type != "cpu":
         return _closed_torch(vertices, faces, face_group, padded, padding)
     _warp.init()

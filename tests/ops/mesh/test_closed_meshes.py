@@ -34,11 +34,12 @@ def _closed_by_count(faces, group, padding, n_vertices):
 
 
 def _shape_by_faces(v, faces, group, padding):
-    """The largest squared longest edge over twice the area of the faces (but padding) that are not flat."""
+    """The largest squared longest edge over twice the area of the faces (but padding) above a
+    quarter of the flatness threshold."""
     a, b, c = v.double()[faces].unbind(1)
     area2 = torch.linalg.cross(b - a, c - a).norm(dim=-1)
     longest = torch.stack([(b - a).square().sum(-1), (c - b).square().sum(-1), (a - c).square().sum(-1)]).amax(0)
-    solid = (group != padding) & (area2 > _search.FLAT * torch.finfo(v.dtype).eps * longest)
+    solid = (group != padding) & (area2 > _search.FLAT * torch.finfo(v.dtype).eps / 4 * longest)
     return float((longest / area2)[solid].max()) if solid.any() else 0.0
 
 
@@ -194,3 +195,44 @@ def test_packed_closed_and_open_meshes_with_large_sample_ids_and_a_band():
                 w = reference.winding_number(q[rows], vb, fb)
                 clear = (w - 0.5).abs() >= 0.1
                 assert torch.equal((d[rows] < 0)[clear], (w >= 0.5)[clear]), (ids, max_dist, sid)
+
+
+# A unit box whose bottom is split with a sliver face (A, E, C), E at about 64 eps of AC (the
+# flatness threshold: the rounded cross product decides whether it is measured by its plane),
+# randomly rotated; two queries just above and below the sliver.
+V64 = [[0.0, 0.0, 0.0], [0.12925072306469276, 0.963132589112983, -0.23594462565563112], [-0.8596086312631996, 1.106039372785955, -0.19429335270425374], [-0.9888593543278924, 0.14290678367297205, 0.04165127295137737], [-0.4298043156316157, 0.5530196863929658, -0.09714667635212293], [0.07383378593488128, 0.22793259303743324, 0.970873475322997], [0.20308450899957403, 1.1910651821504163, 0.7349288496673658], [-0.7857748453283183, 1.3339719658233882, 0.7765801226187432], [-0.9150255683930111, 0.3708393767104053, 1.0125247482743742]]
+Q64 = [[-0.42980431563164057, 0.5530196863928607, -0.09714667635261134], [-0.42980431563156707, 0.5530196863930885, -0.09714667635164043]]
+V32 = [[0.0, 0.0, 0.0], [-0.6652421951293945, 0.6735954880714417, -0.32205885648727417], [-1.1287908554077148, 0.6391222476959229, 0.5633417367935181], [-0.4635486304759979, -0.03447321057319641, 0.8854005932807922], [-0.5643938779830933, 0.31955572962760925, 0.28168007731437683], [0.5852994322776794, 0.7382957935333252, 0.33517730236053467], [-0.07994275540113449, 1.4118913412094116, 0.013118435628712177], [-0.5434914231300354, 1.377418041229248, 0.8985190391540527], [0.12175081670284271, 0.7038226127624512, 1.2205779552459717]]
+Q32 = [[-0.5645706057548523, 0.3193381428718567, 0.2815728783607483], [-0.5642194747924805, 0.31978142261505127, 0.2817734479904175]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_face_at_the_flatness_threshold_counts_in_the_shape_factor(dtype, grad, monkeypatch):
+    v, q = (torch.tensor(V32), torch.tensor(Q32)) if dtype == torch.float32 else (torch.tensor(V64, dtype=F64), torch.tensor(Q64, dtype=F64))
+    f = torch.tensor([[0, 4, 2], [0, 2, 1], [0, 3, 4], [4, 3, 2], [5, 6, 7], [5, 7, 8], [0, 1, 6], [0, 6, 5], [1, 2, 7], [1, 7, 6], [2, 3, 8],
+                      [2, 8, 7], [3, 0, 5], [3, 5, 8]])
+    w = reference.winding_number(q, v, f)
+    assert w[0] < 0.1 and w[1] > 0.9
+
+    def run():
+        with torch.set_grad_enabled(grad):
+            return pcops.mesh_distance(q.clone().requires_grad_(grad), v, f, signed=True).dists.detach()
+
+    shared = run()
+    monkeypatch.setattr(_search, "closed", _never_closed)
+    assert torch.equal(shared, run()) and shared[0] > 0 and shared[1] < 0
+
+
+def test_forward_mode_derivatives_of_the_distance_equal_the_reverse_mode_ones():
+    gen = torch.Generator().manual_seed(5)
+    v, f = _sphere(gen)
+    q = 3 * torch.rand(7, 3, generator=gen, dtype=F64) - 1.5
+    t = torch.randn(7, 3, generator=gen, dtype=F64)
+    for signed in (False, True):
+        fn = lambda x: pcops.mesh_distance(x, v, f, signed=signed).dists  # noqa: E731
+        _, forward = torch.func.jvp(fn, (q,), (t,))
+        x = q.clone().requires_grad_()
+        reverse = torch.stack([torch.autograd.grad(fn(x)[i], x)[0][i] @ t[i] for i in range(7)])
+        torch.testing.assert_close(forward, reverse, rtol=1e-12, atol=1e-12)
+        assert forward.abs().min() > 0
