@@ -1,6 +1,8 @@
 """The closest point of a triangle to a point (:func:`closest`): in torch, differentiable to any
 order, where a gradient is to be kept; else the same formula in one Warp kernel (the custom op
-``pcops::triangle_closest``), one launch instead of some 60 torch operations.
+``pcops::triangle_closest``), one launch instead of some 60 torch operations. :func:`measure`
+is that kernel with the triangles gathered from a mesh by face row and the distance of
+``mesh_distance`` (the custom op ``pcops::mesh_measure``).
 
 The same cases as the kernels' squared distance (:func:`._search._funcs`): the interior when
 the point projects inside a triangle that is not flat (height above ``FLAT`` eps of its longest
@@ -87,7 +89,7 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
 def _closest_kernel(dtype: torch.dtype, result: bool):
     """:func:`_closest_torch`'s formula, one thread per point: the nearest edge point (the first of
     equal ones), replaced by the plane's point where p projects inside a triangle that is not flat.
-    ``result``: the kernel of :func:`result` instead (the triangle of each point gathered from a
+    ``result``: the kernel of :func:`measure` instead (the triangle of each point gathered from a
     mesh by its face row, and the distance too)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat2 = s((FLAT * torch.finfo(dtype).eps) ** 2)
@@ -184,7 +186,6 @@ def _triangle_closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torc
 @_triangle_closest.register_fake
 def _(p, a, b, c):
     return torch.empty_like(p), torch.empty_like(p)
-
 
 
 @_threads.custom_op("pcops::mesh_measure", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
