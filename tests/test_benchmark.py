@@ -1,4 +1,7 @@
-"""scripts/benchmark.py runs end to end at tiny sizes and writes the documented JSON."""
+"""scripts/benchmark.py runs end to end at tiny sizes and writes the documented JSON.
+
+Marked slow (about a minute: every section's quick run), to keep the default suite within CI's
+time; run it with ``pytest -m slow tests/test_benchmark.py`` after changing a benchmark script."""
 
 import json
 import pathlib
@@ -12,6 +15,7 @@ import torch
 from tests import op_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
