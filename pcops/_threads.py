@@ -197,6 +197,16 @@ _compiling, _dispatch_modes, _function_modes = torch.compiler.is_compiling, torc
 _profiling, _transforms, _jit_tracing = torch.autograd._profiler_enabled, torch._C._functorch.peek_interpreter_stack, torch._C._get_tracing_state
 
 
+def differentiable(*tensors: torch.Tensor) -> bool:
+    """Whether a derivative with respect to ``tensors`` may be asked for: a gradient to record
+    (grad mode on, one of them requires grad), or, in eager mode, forward-mode AD or a torch.func
+    transform (whose tensors need not require grad). Ops that skip their differentiable torch
+    formula when nothing is to be differentiated ask this (under torch.compile: the first rule)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return True
+    return not _compiling() and (_forward_ad._current_level >= 0 or _transforms() is not None)
+
+
 def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
     operations around its custom ops included); traced by ``torch.compile``, it is ``fn``.

@@ -281,6 +281,7 @@ class _SmallestEigenvector(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         _, values, vectors = output
         ctx.save_for_backward(values, vectors)
+        ctx.save_for_forward(values, vectors)  # (for _ForwardModeEigenvector's jvp)
         ctx.mark_non_differentiable(values, vectors)
 
     @staticmethod
@@ -301,6 +302,22 @@ class _SmallestEigenvector(torch.autograd.Function):
         coeff = torch.where(none, 0, along / torch.where(none, 1, gap))
         g = torch.einsum("pi,pci,pd->pcd", coeff, rest, v0)
         return 0.5 * (g + g.transpose(-1, -2))
+
+
+class _ForwardModeEigenvector(_SmallestEigenvector):
+    """:class:`_SmallestEigenvector` with forward mode (torch.func.jvp, forward_ad), for eager
+    calls only: torch.compile does not trace an autograd.Function that defines ``jvp``."""
+
+    @staticmethod
+    def jvp(ctx, dcov):
+        """The backward's first-order rule forwards: ``dv0 = sum_{i>0} v_i (v_i^T dC v0) / (l0 - l_i)``."""
+        values, vectors = ctx.saved_tensors
+        v0, rest = vectors[..., 0], vectors[..., 1:]
+        gap = values[..., :1] - values[..., 1:]
+        along = torch.einsum("pci,pcd,pd->pi", rest, 0.5 * (dcov + dcov.transpose(-1, -2)), v0)
+        none = (along == 0) | (gap == 0)
+        coeff = torch.where(none, 0, along / torch.where(none, 1, gap))
+        return torch.einsum("pi,pci->pc", coeff, rest), None, None
 
 
 @_threads.limits
@@ -356,7 +373,7 @@ def estimate_normals(
     k = _validate.count("k", k, points.shape[-2], "points")
     dtype, out_dtype = _validate.compute_dtype(points)
     idx, valid = search(flat, k, backend, dtype)
-    if not (torch.is_grad_enabled() and points.requires_grad):  # one kernel, no gradient
+    if not _threads.differentiable(points):  # one kernel, nothing to differentiate
         if flat.query_group is not None:
             idx = torch.where(valid, idx, -1)
         view = None
@@ -374,7 +391,8 @@ def estimate_normals(
         count = w.sum(1, keepdim=True).clamp_min(1)  # (P, 1, 1)
         centred = (neighbours - (w * neighbours).sum(1, keepdim=True) / count) * w
         cov = centred.transpose(1, 2) @ centred / count
-    normals, _, _ = _SmallestEigenvector.apply(cov)
+    eigen = _ForwardModeEigenvector if _threads.differentiable() else _SmallestEigenvector  # forward mode: eager only
+    normals, _, _ = eigen.apply(cov)
 
     direction = normals.detach()
     if orient_to is not None:

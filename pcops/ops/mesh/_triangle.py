@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import torch
 import warp as wp
-from torch.autograd import forward_ad as _forward_ad
 
 from ... import _threads, _warp
 from ._search import FLAT
@@ -39,21 +38,10 @@ def _segment(p, a, b):
     return a + t[..., None] * ab, t
 
 
-def differentiable(*tensors: torch.Tensor) -> bool:
-    """Whether a derivative with respect to ``tensors`` may be asked for: a gradient to record
-    (grad mode on, one requires grad), or, in eager mode, forward-mode AD or a torch.func
-    transform (their tensors need not require grad)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return True
-    if torch.compiler.is_compiling():
-        return False
-    return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
-
-
 def closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Closest:
     """The closest point of triangles abc (..., 3) to points p (..., 3), with barycentric weights:
-    differentiable where a derivative may be asked for (:func:`differentiable`), else from one kernel."""
-    if not differentiable(p, a, b, c) and p.dim() == 2:
+    differentiable where a derivative may be asked for (:func:`pcops._threads.differentiable`), else from one kernel."""
+    if not _threads.differentiable(p, a, b, c) and p.dim() == 2:
         return Closest(*_triangle_closest(*(t.detach().contiguous() for t in (p, a, b, c))))
     return _closest_torch(p, a, b, c)
 

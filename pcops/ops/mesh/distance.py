@@ -187,7 +187,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     face, rows = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
     found = face >= 0
     p = query.points.to(dtype)
-    if _triangle.differentiable(p, bvh.vertices):
+    if _threads.differentiable(p, bvh.vertices):
         dists, on, closest, bary, normal_part = _measured(p, bvh, face, dtype)
     else:  # nothing to differentiate: the same formulas in one kernel
         dists, closest, bary = _triangle.measure(p, bvh.vertices.to(dtype), bvh.faces, face)

@@ -222,17 +222,3 @@ def test_a_face_at_the_flatness_threshold_counts_in_the_shape_factor(dtype, grad
     shared = run()
     monkeypatch.setattr(_search, "closed", _never_closed)
     assert torch.equal(shared, run()) and shared[0] > 0 and shared[1] < 0
-
-
-def test_forward_mode_derivatives_of_the_distance_equal_the_reverse_mode_ones():
-    gen = torch.Generator().manual_seed(5)
-    v, f = _sphere(gen)
-    q = 3 * torch.rand(7, 3, generator=gen, dtype=F64) - 1.5
-    t = torch.randn(7, 3, generator=gen, dtype=F64)
-    for signed in (False, True):
-        fn = lambda x: pcops.mesh_distance(x, v, f, signed=signed).dists  # noqa: E731
-        _, forward = torch.func.jvp(fn, (q,), (t,))
-        x = q.clone().requires_grad_()
-        reverse = torch.stack([torch.autograd.grad(fn(x)[i], x)[0][i] @ t[i] for i in range(7)])
-        torch.testing.assert_close(forward, reverse, rtol=1e-12, atol=1e-12)
-        assert forward.abs().min() > 0

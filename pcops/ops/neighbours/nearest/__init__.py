@@ -140,8 +140,9 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
 
 
 def _points_grad(query: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Whether a gradient to the points is asked for (static under torch.compile)."""
-    return torch.is_grad_enabled() and (query.requires_grad or ref.requires_grad)
+    """Whether a derivative with respect to the points may be asked for (a gradient, or
+    forward-mode AD: :func:`pcops._threads.differentiable`; static under torch.compile)."""
+    return _threads.differentiable(query, ref)
 
 
 def _any_dim_backend(backend: str) -> str:

@@ -1,0 +1,59 @@
+"""Forward-mode derivatives (torch.func.jvp) of the ops that skip their differentiable torch
+formula when nothing is to be differentiated (pcops._threads.differentiable): equal to the
+reverse-mode directional derivatives, not the zeros of the no-gradient path."""
+
+import pytest
+import torch
+
+import pcops
+from tests.op_table import icosphere
+
+F64 = torch.float64
+
+
+def _reverse(fn, x, t):
+    """Per output element, its gradient to ``x`` dotted with the tangent ``t`` (each output row
+    depends on its own input row only in the ops below, so the row's gradient is enough)."""
+    x = x.clone().requires_grad_()
+    out = fn(x)
+    rows = []
+    for i in range(out.shape[0]):
+        flat = out[i].reshape(-1)
+        rows.append(torch.stack([torch.autograd.grad(flat[j], x, retain_graph=True)[0][i].flatten() @ t[i].flatten()
+                                 for j in range(flat.numel())]).reshape(out[i].shape))
+    return torch.stack(rows)
+
+
+def _cases():
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.rand(40, 3, generator=gen, dtype=F64)
+    v, f = icosphere(1)
+    v = v.to(F64)
+    yield "knn", lambda x: pcops.knn(x, ref, 3).dists
+    yield "ball_query", lambda x: pcops.ball_query(x, ref, 0.4, 4).dists
+    yield "mesh_distance", lambda x: pcops.mesh_distance(x, v, f).dists
+    yield "mesh_distance signed", lambda x: pcops.mesh_distance(x, v, f, signed=True).dists
+
+
+@pytest.mark.parametrize("name", [name for name, _ in _cases()])
+def test_forward_mode_derivatives_equal_the_reverse_mode_ones(name):
+    fn = dict(_cases())[name]
+    gen = torch.Generator().manual_seed(1)
+    q = 3 * torch.rand(7, 3, generator=gen, dtype=F64) - 1.5 if name.startswith("mesh") else torch.rand(7, 3, generator=gen, dtype=F64)
+    t = torch.randn(7, 3, generator=gen, dtype=F64)
+    _, forward = torch.func.jvp(fn, (q,), (t,))
+    reverse = _reverse(fn, q, t)
+    finite = torch.isfinite(forward) & torch.isfinite(reverse)
+    torch.testing.assert_close(forward[finite], reverse[finite], rtol=1e-12, atol=1e-12)
+    assert forward[finite].abs().max() > 0
+
+
+def test_forward_mode_derivatives_of_normals_are_those_of_the_differentiable_formula():
+    gen = torch.Generator().manual_seed(2)
+    p = torch.rand(30, 3, generator=gen, dtype=F64)
+    t = torch.randn(30, 3, generator=gen, dtype=F64)
+    _, forward = torch.func.jvp(lambda x: pcops.estimate_normals(x, k=8), (p,), (t,))
+    # the normals depend on the neighbours' points too: compare with the full Jacobian
+    jac = torch.autograd.functional.jacobian(lambda x: pcops.estimate_normals(x, k=8), p)
+    torch.testing.assert_close(forward, torch.einsum("ijkl,kl->ij", jac, t), rtol=1e-10, atol=1e-10)
+    assert forward.abs().max() > 0
