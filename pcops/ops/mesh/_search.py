@@ -556,7 +556,7 @@ def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
-            triangles: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            triangles: tuple | None = None) -> list[torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
     and the order the queries were walked in (for :func:`winding`)."""

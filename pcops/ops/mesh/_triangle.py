@@ -94,7 +94,7 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
 
     @wp.func(module="unique")
     def nearest(p: v, pa_: v, pb_: v, pc_: v):
-        """(the closest point of triangle abc to p, its barycentric weights)."""
+        """(the closest point of triangle abc to p, its barycentric weights, the normal b - a x c - a)."""
         t0, t1, t2 = segment(p, pa_, pb_), segment(p, pb_, pc_), segment(p, pc_, pa_)
         q0 = pa_ + t0 * (pb_ - pa_)
         q1 = pb_ + t1 * (pc_ - pb_)
@@ -118,7 +118,7 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
             if u >= s(0.0) and vv >= s(0.0) and ww >= s(0.0):
                 near = p + (wp.dot(n, pa) / nn) * n
                 w = v(u / nn, vv / nn, ww / nn)
-        return near, w
+        return near, w, n
 
     if not result:
 
@@ -126,7 +126,7 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
         def closest(start: int, points: wp.array(dtype=v), a: wp.array(dtype=v), b: wp.array(dtype=v), c: wp.array(dtype=v),
                     point: wp.array(dtype=v), bary: wp.array(dtype=v)):
             i = wp.tid() + start
-            near, w = nearest(points[i], a[i], b[i], c[i])
+            near, w, _ = nearest(points[i], a[i], b[i], c[i])
             point[i] = near
             bary[i] = w
 
@@ -145,8 +145,7 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
             return
         p = points[i]
         a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
-        near, w = nearest(p, a, b, c)
-        n = wp.cross(b - a, c - a)
+        near, w, n = nearest(p, a, b, c)
         n = n / wp.max(wp.length(n), tiny)
         diff = p - near
         d = wp.length(diff)
