@@ -43,6 +43,9 @@ FACTORIES = [
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
     *[(f"mesh closest {d} faces_to_points={t}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t)) for d in (F32, F64) for t in (False, True)],
     *[(f"mesh winding {d}", importlib.import_module("pcops.ops.mesh._search")._winding_kernel, (d,)) for d in (F32, F64)],
+    ("mesh sides analysis", importlib.import_module("pcops.ops.mesh._sides")._analysis_kernels, ()),
+    *[(f"mesh sides outside {d}", importlib.import_module("pcops.ops.mesh._sides")._outside_kernel, (d,)) for d in (F32, F64)],
+    *[(f"mesh sides {d}", importlib.import_module("pcops.ops.mesh._sides")._sides_kernel, (d,)) for d in (F32, F64)],
     *[(f"triangle closest {d} result={r}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d, r)) for d in (F32, F64) for r in (False, True)],
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
@@ -54,7 +57,8 @@ FACTORIES = [
     *[(f"mesh sample {d} from_seeds={h}", importlib.import_module("pcops.ops.mesh.sample")._draw_kernel, (d, h)) for d in (F32, F64) for h in (False, True)],
 ]
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
-FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs"} | {
+FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
+                  "pcops.ops.mesh._search.walk_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel"}  # GPUs: the torch form (_closed_torch)

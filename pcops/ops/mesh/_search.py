@@ -254,7 +254,9 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
 
 
 @_warp.kernels
-def _winding_kernel(dtype: torch.dtype):
+def walk_func(dtype: torch.dtype):
+    """``walk(q, g, beta2, depth, <the tree's arrays>, skip)``: the fast winding number of q
+    about the faces of sample g (see the module docs)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     m = wp.mat33f if dtype == torch.float32 else wp.mat33d
     _, solid_angle = _funcs(dtype)
@@ -276,8 +278,10 @@ def _winding_kernel(dtype: torch.dtype):
         normal: wp.array(dtype=v),
         moment: wp.array(dtype=m),
         radius: wp.array(dtype=s),
+        skip: int,
     ):
-        """The winding number of q about its sample's faces, nodes farther than sqrt(beta2) radii expanded."""
+        """The winding number of q about its sample's faces but the sorted face ``skip`` (-1: none),
+        nodes farther than sqrt(beta2) radii expanded."""
         n = wp.int64(ta.shape[0])
         single = glo[0] == ghi[0] and glo[0] == g  # one mesh, the query's: no sample ranges to test
         total = s(0.0)
@@ -308,7 +312,7 @@ def _winding_kernel(dtype: torch.dtype):
                     k = node + 1 - (1 << d)
                     j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
-                        if single or group[j] == g:
+                        if (single or group[j] == g) and j != skip:
                             total += solid_angle(q, ta[j], tb[j], tc[j])
                     break
                 stack_node[top] = 2 * node + 2
@@ -318,6 +322,14 @@ def _winding_kernel(dtype: torch.dtype):
                 d = d + 1
         return total / s(4.0 * math.pi)
 
+    return walk
+
+
+@_warp.kernels
+def _winding_kernel(dtype: torch.dtype):
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    m = wp.mat33f if dtype == torch.float32 else wp.mat33d
+    walk = walk_func(dtype)
     coarse2, fine2, margin = s(COARSE * COARSE), s(BETA * BETA), s(MARGIN)
     eps = torch.finfo(dtype).eps
     share, plane, rounding = s(REACH), s(16.0 * eps), s(576.0 * eps)
@@ -343,11 +355,16 @@ def _winding_kernel(dtype: torch.dtype):
         closed: wp.array(dtype=wp.int32),
         shape: wp.array(dtype=wp.float64),
         scale: wp.array(dtype=s),
+        known: wp.array(dtype=s),
         head: wp.array(dtype=wp.bool),
         out: wp.array(dtype=s),
     ):
         t = wp.tid() + start
         i = int(rows[t])
+        if known[i] < s(wp.inf):  # signed by the side of its closest face (see ._sides): no walk
+            head[t] = True
+            out[i] = known[i]
+            return
         q = query[i]
         g = query_group[i]
         if t > 0 and closed[0] != 0:  # a closed mesh: the query before it may hold its winding number
@@ -361,9 +378,9 @@ def _winding_kernel(dtype: torch.dtype):
                 head[t] = False  # no face between the two: the same winding number (see the module docs)
                 return
         head[t] = True
-        w = walk(q, g, coarse2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius)
+        w = walk(q, g, coarse2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, -1)
         if wp.abs(w - s(0.5)) < margin:  # near 1/2: the sign needs the finer expansion
-            w = walk(q, g, fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius)
+            w = walk(q, g, fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, -1)
         out[i] = w
 
     return winding
@@ -375,10 +392,12 @@ def _closed_kernel(flat: float):
     faces, sample id ``padding``, left out) is used as often from each end within its sample (the
     faces' boundary is empty: closed meshes), else 0; ``shape[0]`` the largest squared longest
     edge over twice the area of the faces whose height over longest edge is above ``flat`` (see
-    :func:`_flat`), 0 if none. Edges are bucketed by their lower vertex (a counting
-    sort: ``starts``, V + 1 zeros; ``ends`` and ``sample``, 3F) and each bucket's ends are matched
-    pairwise; a bucket of more than ``DEGREE`` edge uses, or a vertex index out of range, counts
-    as open (the check stays linear in the faces)."""
+    :func:`_flat`), 0 if none; on a closed mesh, ``twin[f, e]`` the face across edge e (corners
+    e, e + 1) of face f where that edge is used once each way (else it stays -1). Edges are
+    bucketed by their lower vertex (a counting sort: ``starts``, V + 1 zeros; ``ends``,
+    ``sample`` and ``use``, 3F) and each bucket's ends are matched pairwise; a bucket of more
+    than ``DEGREE`` edge uses, or a vertex index out of range, counts as open (the check stays
+    linear in the faces)."""
     degree = DEGREE
 
     @wp.func(module="unique")
@@ -393,7 +412,8 @@ def _closed_kernel(flat: float):
     @wp.kernel(enable_backward=False, module="unique")
     def closed(start: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64),
                padded: int, padding: wp.int64, starts: wp.array(dtype=wp.int64), ends: wp.array(dtype=wp.int64),
-               sample: wp.array(dtype=wp.int64), out: wp.array(dtype=wp.int32), shape: wp.array(dtype=wp.float64)):
+               sample: wp.array(dtype=wp.int64), use: wp.array(dtype=wp.int64), out: wp.array(dtype=wp.int32),
+               shape: wp.array(dtype=wp.float64), twin: wp.array2d(dtype=wp.int64)):
         nv = starts.shape[0] - 1
         ok = int(1)
         worst = wp.float64(0.0)
@@ -423,6 +443,7 @@ def _closed_kernel(flat: float):
                             at = int(starts[int(lo)])
                             ends[at] = hi * wp.int64(2) + wp.int64((up + 1) / 2)
                             sample[at] = group[f]
+                            use[at] = wp.int64(3 * f + e)
                             starts[int(lo)] = starts[int(lo)] + wp.int64(1)
         b0 = int(0)
         for x in range(nv):
@@ -432,11 +453,18 @@ def _closed_kernel(flat: float):
             for a in range(b0, b1):
                 if ok == 1:
                     total = int(0)
+                    uses = int(0)
+                    other = int(-1)
                     for b in range(b0, b1):
                         if ends[b] / wp.int64(2) == ends[a] / wp.int64(2) and sample[b] == sample[a]:
                             total = total + int(ends[b] % wp.int64(2)) * 2 - 1
+                            uses = uses + 1
+                            if ends[b] % wp.int64(2) != ends[a] % wp.int64(2):
+                                other = b
                     if total != 0:
                         ok = 0
+                    elif uses == 2:  # once each way: the face across the edge
+                        twin[int(use[a] / wp.int64(3)), int(use[a] % wp.int64(3))] = use[other] / wp.int64(3)
             b0 = b1
         out[0] = ok
 
@@ -444,7 +472,8 @@ def _closed_kernel(flat: float):
 
 
 def _closed_torch(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, padded: bool, padding: int) -> list[torch.Tensor]:
-    """The same test in torch (GPUs: sorts instead of a thread): [(1,) int32, (1,) float64]."""
+    """The same test in torch (GPUs: sorts instead of a thread): [(1,) int32, (1,) float64, (F, 3)
+    int64 twins, all -1: GPUs sign every query by its walk (:mod:`._sides`)]."""
     n_vertices = vertices.shape[0]
     kept = (group != padding) if padded else torch.ones_like(group, dtype=torch.bool)
     inside = ((faces >= 0) & (faces < n_vertices)).all(1)
@@ -465,7 +494,7 @@ def _closed_torch(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tens
     total = torch.zeros_like(key).index_add_(0, same_edge, up[perm])
     degree = torch.zeros(n_vertices, dtype=torch.int64, device=faces.device).index_add_(0, lo, counted.to(torch.int64))
     ok = (total == 0).all() & (degree <= DEGREE).all() & (inside | ~kept).all()
-    return [ok.to(torch.int32).reshape(1), worst]
+    return [ok.to(torch.int32).reshape(1), worst, torch.full_like(faces, -1)]
 
 
 def _flat(dtype: torch.dtype) -> float:
@@ -480,26 +509,29 @@ def _mesh_closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.
     """vertices (V, 3) in the search's dtype, faces (F, 3) int64 rows, face_group (F,) -> [(1,)
     int32: 1 if the faces (a padded batch's padding faces, sample id ``padding``, left out) form
     closed meshes, else 0; (1,) float64: the largest shape factor (squared longest edge over
-    twice the area) of their faces that may be measured by their plane] (see :func:`_closed_kernel`)."""
+    twice the area) of their faces that may be measured by their plane; (F, 3) int64: the face
+    across each edge of a closed mesh used once each way, else -1] (see :func:`_closed_kernel`)."""
     if faces.device.type != "cpu":
         return _closed_torch(vertices, faces, face_group, padded, padding)
     _warp.init()
     out, shape = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.float64)
     starts = torch.zeros(vertices.shape[0] + 1, dtype=torch.int64)
-    ends, sample = (torch.empty(3 * faces.shape[0], dtype=torch.int64) for _ in range(2))
+    ends, sample, use = (torch.empty(3 * faces.shape[0], dtype=torch.int64) for _ in range(3))
+    twin = torch.full((faces.shape[0], 3), -1, dtype=torch.int64)
     _warp.launch(_closed_kernel(_flat(vertices.dtype)), 1, [vertices.to(torch.float64).contiguous(), faces.contiguous(), face_group.contiguous(),
-                                                            int(padded), padding, starts, ends, sample, out, shape], like=faces, work=0)
-    return [out, shape]
+                                                            int(padded), padding, starts, ends, sample, use, out, shape, twin], like=faces, work=0)
+    return [out, shape, twin]
 
 
 @_mesh_closed.register_fake
 def _(vertices, faces, face_group, padded, padding):
-    return [faces.new_empty((1,), dtype=torch.int32), vertices.new_empty((1,), dtype=torch.float64)]
+    return [faces.new_empty((1,), dtype=torch.int32), vertices.new_empty((1,), dtype=torch.float64), torch.empty_like(faces)]
 
 
 def closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padding: Optional[int]) -> list[torch.Tensor]:
     """[(1,) int32: whether the faces (but a padded batch's padding faces, sample id ``padding``)
-    form closed meshes, (1,) float64: their worst shape factor] (see :func:`_mesh_closed`)."""
+    form closed meshes, (1,) float64: their worst shape factor, (F, 3) int64: the face across each
+    edge] (see :func:`_mesh_closed`)."""
     return _mesh_closed(vertices, faces, face_group, padding is not None, -1 if padding is None else padding)
 
 
@@ -571,10 +603,11 @@ def _mesh_winding(
     query: torch.Tensor, query_group: torch.Tensor, rows: torch.Tensor, reach: torch.Tensor, closed: torch.Tensor, shape: torch.Tensor,
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
     glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor, radius: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor, known: torch.Tensor,
 ) -> torch.Tensor:
     """query (M, 3) walked in the order ``rows``, ``reach`` (M,) each query's distance to its mesh
-    (0 where unknown), ``closed`` and ``shape`` (1,) from :func:`closed` -> (M,) the generalised winding
+    (0 where unknown), ``closed`` and ``shape`` (1,) from :func:`closed`, ``known`` (M,) winding
+    numbers known without a walk (inf elsewhere: :mod:`._sides`) -> (M,) the generalised winding
     number of each query about its mesh (on closed meshes, a query in the same region as the
     query before it takes that one's: see the module docs)."""
     m = query.shape[0]
@@ -585,21 +618,25 @@ def _mesh_winding(
     head = torch.empty(m, dtype=torch.bool, device=query.device)  # the queries walked, in walking order
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
     args = [_tree.depth(ta.shape[0]), rows, query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius,
-            reach, closed, shape, scale.reshape(1), head, out]
+            reach, closed, shape, scale.reshape(1), known, head, out]
     _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64)
     walked = torch.cummax(torch.where(head, torch.arange(m, device=query.device), 0), 0).values  # each query's last walked one
     return out.index_copy_(0, rows, out.index_select(0, rows.index_select(0, walked)))
 
 
 @_mesh_winding.register_fake
-def _(query, query_group, rows, reach, closed, shape, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, scale):
+def _(query, query_group, rows, reach, closed, shape, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, scale, known):
     return query.new_empty((query.shape[0],))
 
 
 def winding(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, rows: torch.Tensor, reach: torch.Tensor,
-            closed: list[torch.Tensor]) -> torch.Tensor:
+            closed: list[torch.Tensor], known: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The generalised winding number of each query point about its mesh (M,), walked in the
     order ``rows`` (:func:`._tree.query_order`); ``reach`` (M,) each query's distance to its mesh
-    (0 where unknown) and ``closed`` from :func:`closed` let a closed mesh's queries share walks."""
-    return _mesh_winding(query.detach().contiguous(), query_group, rows, reach.detach().to(query.dtype).contiguous(), *closed,
-                         t.a, t.b, t.c, t.group, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+    (0 where unknown) and ``closed`` from :func:`closed` let a closed mesh's queries share walks;
+    ``known`` (M,) winding numbers found without a walk (inf elsewhere; None: none)."""
+    if known is None:
+        known = query.new_full((query.shape[0],), float("inf"))
+    return _mesh_winding(query.detach().contiguous(), query_group, rows, reach.detach().to(query.dtype).contiguous(), *closed[:2],
+                         t.a, t.b, t.c, t.group, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale,
+                         known.to(query.dtype).contiguous())

@@ -32,7 +32,7 @@ import torch
 
 from ... import _threads, _validate
 from ... import _layout
-from . import _search, _tree, _triangle
+from . import _search, _sides, _tree, _triangle
 
 
 class MeshBVH(NamedTuple):
@@ -194,9 +194,11 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         on, normal_part = None, None
     sign = torch.ones_like(dists)
     if signed:
-        closed = _search.closed(bvh.vertices.detach().to(bvh.tree.a.dtype), bvh.faces, bvh.face_group, bvh.batch + 1 if bvh.batch > 0 else None)
+        padding = bvh.batch + 1 if bvh.batch > 0 else None
+        closed = _search.closed(bvh.vertices.detach().to(bvh.tree.a.dtype), bvh.faces, bvh.face_group, padding)
+        known = _sides.known(search, face, bvh.vertices, bvh.faces, bvh.face_group, padding, closed, bvh.tree)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
-        sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed) >= 0.5, -1.0, 1.0).to(dtype)
+        sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign
     if on is not None:
         dists = torch.where(on, normal_part, dists)

@@ -97,7 +97,7 @@ def test_closedness_is_an_exact_count_of_directed_edges():
 
 
 def _never_closed(*args):
-    return [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=F64)]
+    return [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=F64), torch.full((args[1].shape[0] if args else 0, 3), -1)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])

@@ -132,9 +132,15 @@ class TestMeshDistance(OpSuite):
             rows = torch.randperm(20, generator=gen)
             cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True)))
             reach = torch.rand(20, generator=gen, dtype=dtype)
+            known = torch.tensor([0.0, 1.0, float("inf"), -1.0, float("inf")] * 4, dtype=dtype)  # inf: walked
             for closed in (0, 1):
                 cases.append((torch.ops.pcops.mesh_winding.default, (q, qg, rows, reach, torch.tensor([closed], dtype=torch.int32), torch.tensor([2.0], dtype=F64),
-                                                                     *tree[1:5], tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius, tree.scale)))
+                                                                     *tree[1:5], tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius, tree.scale,
+                                                                     known)))
+            face = pcops.mesh_distance(q, v, f).face
+            flags, _, twin = torch.ops.pcops.mesh_closed.default(v, f, group, False, -1)
+            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, v, f, group, False, -1, flags, twin, tree.order, *tree[1:5], *tree[5:9],
+                                                               tree.center, tree.normal, tree.moment, tree.radius, tree.scale)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]

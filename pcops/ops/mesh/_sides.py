@@ -1,0 +1,443 @@
+"""The sign of signed ``mesh_distance`` without a winding-number walk, on simple closed meshes (CPU).
+
+On a closed mesh whose every edge is used once in each direction (``pcops::mesh_closed``'s
+twins) and whose faces meet only along their shared edges and corners (no face crosses or
+touches another elsewhere: the test below), the space next to a connected piece of the surface
+has one winding number on the faces' outer side (their normals, ``(b - a) x (c - a)``, point
+there) and one more on their inner side. So a query whose closest point lies inside its face,
+or inside an edge, has the winding number of that side: the outer one of its piece, plus one
+when it lies behind the face's plane (behind the plane through the edge whose normal is the sum
+of the two faces' unit normals, for an edge: Baerentzen and Aanaes 2005), decided in float64
+from the exact coordinates. Queries closest to a corner, to a face of poor shape (height under
+``SOUND`` times its longest edge) or to a knife edge (faces folded onto each other) are walked
+as before (:mod:`._search`), as are all queries of any other mesh.
+
+``pcops::mesh_sides`` runs, on one mesh or a batch:
+
+* ``components`` (one thread): the connected pieces (union-find over the twins) and each
+  piece's best-shaped face; nothing (every query walked) unless every edge has its twin.
+* ``crossing`` (a thread per face): the face against every face of its sample whose box meets
+  its own (the hierarchy's boxes), in float64 with a margin of ``MARGIN`` times the mesh's size:
+  faces with no shared corner must be separated by one of the 11 axes of the separating-axis
+  test; faces sharing one corner by a plane through it (one face off the other's plane, the
+  two in one plane on either side of an edge line, or crossing each other's planes along
+  opposite rays); the two faces of an edge must not fold onto each other. Anything else counts
+  as a crossing (the test errs on the safe side), and then every query is walked.
+* ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
+  centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
+  itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
+  every query walked.
+* ``sides`` (a thread per query): the winding number of its closest face's side, inf where it
+  must be walked.
+
+GPUs walk every query (the pieces are found by one thread here).
+"""
+
+import torch
+import warp as wp
+
+from ... import _threads, _warp, _warp_funcs
+from . import _search, _tree
+
+SOUND = 1e-4  # a face whose height is under this times its longest edge: its queries are walked
+MARGIN = 1e-9  # times the mesh's size (and lengths): what faces must be apart by to count as apart
+KNIFE = 1e-6  # two faces of an edge whose unit normals sum to less than this (folded): walked
+_STACK = 64
+_V = wp.vec3d
+
+
+@_warp.kernels
+def _analysis_kernels():
+    """(components, crossing): the float64 kernels of a mesh's analysis (see the module docs)."""
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+
+    @wp.func(module="unique")
+    def _corner(x0: _V, x1: _V, x2: _V, i: int):
+        out = x0
+        if i == 1:
+            out = x1
+        elif i == 2:
+            out = x2
+        return out
+
+
+    @wp.func(module="unique")
+    def _apart(a0: _V, a1: _V, a2: _V, b0: _V, b1: _V, b2: _V, axis: _V, margin: wp.float64):
+        """Whether the projections of triangles a and b on ``axis`` are apart by more than the margin."""
+        p0, p1, p2 = wp.dot(a0 - a0, axis), wp.dot(a1 - a0, axis), wp.dot(a2 - a0, axis)
+        q0, q1, q2 = wp.dot(b0 - a0, axis), wp.dot(b1 - a0, axis), wp.dot(b2 - a0, axis)
+        gap = margin * wp.length(axis)
+        low_a, high_a = wp.min(p0, wp.min(p1, p2)), wp.max(p0, wp.max(p1, p2))
+        low_b, high_b = wp.min(q0, wp.min(q1, q2)), wp.max(q0, wp.max(q1, q2))
+        return high_a < low_b - gap or high_b < low_a - gap
+
+
+    @wp.func(module="unique")
+    def _separated(a0: _V, a1: _V, a2: _V, b0: _V, b1: _V, b2: _V, margin: wp.float64):
+        """Triangles with no shared corner: apart along their normals, an edge-edge axis, or (one
+        plane) an axis in a face's plane across one of its edges."""
+        na, nb = wp.cross(a1 - a0, a2 - a0), wp.cross(b1 - b0, b2 - b0)
+        if _apart(a0, a1, a2, b0, b1, b2, na, margin) or _apart(a0, a1, a2, b0, b1, b2, nb, margin):
+            return True
+        for i in range(3):
+            ea = _corner(a0, a1, a2, (i + 1) % 3) - _corner(a0, a1, a2, i)
+            eb = _corner(b0, b1, b2, (i + 1) % 3) - _corner(b0, b1, b2, i)
+            if _apart(a0, a1, a2, b0, b1, b2, wp.cross(na, ea), margin) or _apart(a0, a1, a2, b0, b1, b2, wp.cross(nb, eb), margin):
+                return True
+            for j in range(3):
+                eb = _corner(b0, b1, b2, (j + 1) % 3) - _corner(b0, b1, b2, j)
+                if _apart(a0, a1, a2, b0, b1, b2, wp.cross(ea, eb), margin):
+                    return True
+        return False
+
+
+    @wp.func(module="unique")
+    def _beyond(v: _V, end: _V, inner: _V, x1: _V, x2: _V, n: _V, rel: wp.float64):
+        """In the plane of unit normal n: x1 and x2 strictly on the other side of the line from v
+        through ``end`` than ``inner``."""
+        e = end - v
+        h0 = wp.dot(wp.cross(e, inner - v), n)
+        h1, h2 = wp.dot(wp.cross(e, x1 - v), n), wp.dot(wp.cross(e, x2 - v), n)
+        m = rel * wp.length(e) * wp.max(wp.length(x1 - v), wp.length(x2 - v))
+        return (h0 > wp.float64(0.0) and h1 < -m and h2 < -m) or (h0 < wp.float64(0.0) and h1 > m and h2 > m)
+
+
+    @wp.func(module="unique")
+    def _split(v: _V, a1: _V, a2: _V, b1: _V, b2: _V, k: _V, rel: wp.float64):
+        """The plane through v of normal k leaves a1 and a2 on one side (or on it) and b1, b2
+        strictly on the other (apart by more than the margin)."""
+        ha = wp.max(wp.dot(a1 - v, k), wp.dot(a2 - v, k))
+        la = wp.min(wp.dot(a1 - v, k), wp.dot(a2 - v, k))
+        hb = wp.max(wp.dot(b1 - v, k), wp.dot(b2 - v, k))
+        lb = wp.min(wp.dot(b1 - v, k), wp.dot(b2 - v, k))
+        m = rel * wp.length(k) * wp.max(wp.max(wp.length(a1 - v), wp.length(a2 - v)), wp.max(wp.length(b1 - v), wp.length(b2 - v)))
+        return (ha <= m * wp.float64(1e-3) and lb > m) or (la >= -m * wp.float64(1e-3) and hb < -m)
+
+    @wp.func(module="unique")
+    def _corner_only(v: _V, p1: _V, p2: _V, q1: _V, q2: _V, rel: wp.float64):
+        """Triangles (v, p1, p2) and (v, q1, q2) meet at v only: a plane through v separates
+        them (one face's plane; a plane through an edge at v, along one face's normal or along
+        an edge of the other; or across the difference of their middle directions), or each crosses
+        the other's plane along opposite rays from v."""
+        na, nb = wp.normalize(wp.cross(p1 - v, p2 - v)), wp.normalize(wp.cross(q1 - v, q2 - v))
+        if _split(v, p1, p2, q1, q2, na, rel) or _split(v, q1, q2, p1, p2, nb, rel):
+            return True
+        if _beyond(v, p1, p2, q1, q2, na, rel) or _beyond(v, p2, p1, q1, q2, na, rel):
+            return True
+        if _beyond(v, q1, q2, p1, p2, nb, rel) or _beyond(v, q2, q1, p1, p2, nb, rel):
+            return True
+        bisect = wp.normalize(p1 - v) + wp.normalize(p2 - v) - wp.normalize(q1 - v) - wp.normalize(q2 - v)
+        if _split(v, q1, q2, p1, p2, bisect, rel):  # the plane between the two faces' middle directions
+            return True
+        for i in range(2):
+            pi, po = p1, p2
+            if i == 1:
+                pi, po = p2, p1
+            for j in range(2):
+                qj, qo = q1, q2
+                if j == 1:
+                    qj, qo = q2, q1
+                k = wp.cross(pi - v, qj - v)  # the plane of an edge of each: the other corners on either side
+                m = rel * wp.length(k) * wp.max(wp.length(po - v), wp.length(qo - v))
+                hp, hq = wp.dot(po - v, k), wp.dot(qo - v, k)
+                if (hp > m and hq < -m) or (hp < -m and hq > m):
+                    return True
+        sq1, sq2 = wp.dot(q1 - v, na), wp.dot(q2 - v, na)
+        sp1, sp2 = wp.dot(p1 - v, nb), wp.dot(p2 - v, nb)
+        mq = rel * wp.max(wp.length(q1 - v), wp.length(q2 - v))
+        mp = rel * wp.max(wp.length(p1 - v), wp.length(p2 - v))
+        if ((sq1 > mq and sq2 < -mq) or (sq1 < -mq and sq2 > mq)) and ((sp1 > mp and sp2 < -mp) or (sp1 < -mp and sp2 > mp)):
+            # each crosses the other's plane: along the planes' common line, from v, opposite ways
+            xa = p1 + (p2 - p1) * (sp1 / (sp1 - sp2)) - v
+            xb = q1 + (q2 - q1) * (sq1 / (sq1 - sq2)) - v
+            return wp.dot(xa, xb) < wp.float64(-0.5) * wp.length(xa) * wp.length(xb)
+        return False
+
+    @wp.func(module="unique")
+    def _unfolded(u: _V, w: _V, ca: _V, cb: _V, rel: wp.float64):
+        """Triangles (u, w, ca) and (w, u, cb) meet along their edge only: cb off the first's plane,
+        or in it on the other side of the edge."""
+        na = wp.normalize(wp.cross(w - u, ca - u))
+        if wp.abs(wp.dot(cb - u, na)) > rel * wp.length(cb - u):
+            return True
+        ha, hb = wp.dot(wp.cross(w - u, ca - u), na), wp.dot(wp.cross(w - u, cb - u), na)
+        m = rel * wp.length(w - u) * wp.length(cb - u)
+        return (ha > wp.float64(0.0) and hb < -m) or (ha < wp.float64(0.0) and hb > m)
+
+
+    @wp.func(module="unique")
+    def _apart_faces(a0: _V, a1: _V, a2: _V, ia: wp.vec3l, b0: _V, b1: _V, b2: _V, ib: wp.vec3l, margin: wp.float64, rel: wp.float64):
+        """Whether two faces (corners, vertex indices) meet at most along their shared corners and edge."""
+        shared = int(0)
+        sa, sb, other_a, other_b = int(0), int(0), int(3), int(3)
+        for i in range(3):
+            for j in range(3):
+                if ia[i] == ib[j]:
+                    shared = shared + 1
+                    sa = i
+                    sb = j
+                    other_a = other_a - i
+                    other_b = other_b - j
+        if shared == 0:
+            return _separated(a0, a1, a2, b0, b1, b2, margin)
+        if shared == 1:
+            return _corner_only(_corner(a0, a1, a2, sa), _corner(a0, a1, a2, (sa + 1) % 3), _corner(a0, a1, a2, (sa + 2) % 3),
+                                _corner(b0, b1, b2, (sb + 1) % 3), _corner(b0, b1, b2, (sb + 2) % 3), rel)
+        if shared == 2:  # other_x: the corner not shared (3 less the two shared ones' positions)
+            return _unfolded(_corner(a0, a1, a2, (other_a + 1) % 3), _corner(a0, a1, a2, (other_a + 2) % 3),
+                             _corner(a0, a1, a2, other_a), _corner(b0, b1, b2, other_b), rel)
+        return False
+
+
+    @wp.func(module="unique")
+    def _root(parent: wp.array(dtype=wp.int64), x: wp.int64):
+        y = x
+        while parent[int(y)] != y:
+            parent[int(y)] = parent[int(parent[int(y)])]
+            y = parent[int(y)]
+        return y
+
+
+    @wp.func(module="unique")
+    def _shape(a: _V, b: _V, c: _V):
+        """Twice the area over the squared longest edge (0 for a flat face)."""
+        longest = wp.max(wp.length_sq(b - a), wp.max(wp.length_sq(c - b), wp.length_sq(a - c)))
+        area2 = wp.length(wp.cross(b - a, c - a))
+        out = wp.float64(0.0)
+        if longest > wp.float64(0.0):
+            out = area2 / longest
+        return out
+
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def _components(start: int, vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64),
+                    padded: int, padding: wp.int64, closed: wp.array(dtype=wp.int32), twin: wp.array2d(dtype=wp.int64),
+                    parent: wp.array(dtype=wp.int64), best: wp.array(dtype=wp.float64), rep: wp.array(dtype=wp.int64),
+                    ok: wp.array(dtype=wp.int32)):
+        """One thread: ``parent[f]`` the root face of f's piece, ``rep[root]`` its best-shaped face
+        (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed with every edge twinned."""
+        ok[0] = 0
+        if closed[0] == 0:
+            return
+        nf = faces.shape[0]
+        for f in range(nf):
+            parent[f] = wp.int64(f)
+            rep[f] = wp.int64(-1)
+        for f in range(nf):
+            if padded == 0 or group[f] != padding:
+                for e in range(3):
+                    g = twin[f, e]
+                    if g < wp.int64(0):
+                        return
+                    ra, rb = _root(parent, wp.int64(f)), _root(parent, g)
+                    if ra != rb:
+                        parent[int(wp.max(ra, rb))] = wp.min(ra, rb)
+        for f in range(nf):
+            if padded == 0 or group[f] != padding:
+                r = _root(parent, wp.int64(f))
+                parent[f] = r
+                q = _shape(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
+                if rep[int(r)] < wp.int64(0) or q > best[int(r)]:
+                    best[int(r)] = q
+                    rep[int(r)] = wp.int64(f)
+        ok[0] = 1
+
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def _crossing(start: int, depth: int, ok: wp.array(dtype=wp.int32), order: wp.array(dtype=wp.int64), faces: wp.array2d(dtype=wp.int64),
+                  vertices: wp.array(dtype=_V), group: wp.array(dtype=wp.int64), padded: int, padding: wp.int64,
+                  lo: wp.array(dtype=_V), hi: wp.array(dtype=_V), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
+                  size: wp.array(dtype=wp.float64), rel: wp.float64, bad: wp.array(dtype=wp.int32)):
+        """Sorted face j against the later sorted faces of its sample whose boxes meet its own:
+        ``bad[0]`` = 1 where two may meet elsewhere than along their shared corners and edge."""
+        j = wp.tid() + start
+        g = group[j]
+        if ok[0] == 0 or (padded != 0 and g == padding):
+            return
+        margin = rel * size[0]
+        f = int(order[j])
+        ia = wp.vec3l(faces[f, 0], faces[f, 1], faces[f, 2])
+        a0, a1, a2 = vertices[int(ia[0])], vertices[int(ia[1])], vertices[int(ia[2])]
+        pad = _V(margin, margin, margin)
+        box_lo, box_hi = wp.min(a0, wp.min(a1, a2)) - pad, wp.max(a0, wp.max(a1, a2)) + pad
+        n = wp.int64(order.shape[0])
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        top = int(1)
+        while top > 0:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            if g < glo[node] or g > ghi[node]:
+                continue
+            l, h = lo[node], hi[node]
+            if l[0] > box_hi[0] or l[1] > box_hi[1] or l[2] > box_hi[2] or h[0] < box_lo[0] or h[1] < box_lo[1] or h[2] < box_lo[2]:
+                continue
+            if d == depth:
+                k = node + 1 - (1 << d)
+                for r in range(wp.max(_warp_funcs.part(k, n, depth), j + 1), _warp_funcs.part(k + 1, n, depth)):
+                    if group[r] == g:
+                        fb = int(order[r])
+                        ib = wp.vec3l(faces[fb, 0], faces[fb, 1], faces[fb, 2])
+                        b0, b1, b2 = vertices[int(ib[0])], vertices[int(ib[1])], vertices[int(ib[2])]
+                        if not _apart_faces(a0, a1, a2, ia, b0, b1, b2, ib, margin, rel):
+                            bad[0] = 1
+                            return
+                continue
+            stack_node[top] = 2 * node + 1
+            stack_depth[top] = d + 1
+            stack_node[top + 1] = 2 * node + 2
+            stack_depth[top + 1] = d + 1
+            top = top + 2
+
+    return _components, _crossing
+
+
+@_warp.kernels
+def _outside_kernel(dtype: torch.dtype):
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    m = wp.mat33f if dtype == torch.float32 else wp.mat33d
+    walk = _search.walk_func(dtype)
+    fine2 = s(_search.BETA * _search.BETA)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def outside(start: int, depth: int, ok: wp.array(dtype=wp.int32), bad: wp.array(dtype=wp.int32), rep: wp.array(dtype=wp.int64),
+                row_of: wp.array(dtype=wp.int64), ta: wp.array(dtype=v), tb: wp.array(dtype=v), tc: wp.array(dtype=v),
+                group: wp.array(dtype=wp.int64), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
+                center: wp.array(dtype=v), normal: wp.array(dtype=v), moment: wp.array(dtype=m), radius: wp.array(dtype=s),
+                wout: wp.array(dtype=wp.float64)):
+        """Root face f: the winding number on the outer side of its piece (``bad[0]`` = 1 if a
+        walk's value is not near an integer there)."""
+        f = wp.tid() + start
+        if ok[0] == 0 or bad[0] != 0 or rep[f] < wp.int64(0):
+            return
+        row = int(row_of[int(rep[f])])
+        c = (ta[row] + tb[row] + tc[row]) / s(3.0)
+        w = wp.float64(walk(c, group[row], fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, row)) - wp.float64(0.5)
+        k = wp.round(w)
+        if wp.abs(w - k) > wp.float64(0.25):
+            bad[0] = 1
+        wout[f] = k
+
+    return outside
+
+
+@_warp.kernels
+def _sides_kernel(dtype: torch.dtype):
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    sound2, knife, zero = wp.float64(SOUND * SOUND), wp.float64(KNIFE - 1.0), wp.float64(0.0)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sides(start: int, ok: wp.array(dtype=wp.int32), bad: wp.array(dtype=wp.int32), query: wp.array(dtype=v),
+              face: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
+              twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
+              out: wp.array(dtype=s)):
+        """Query i: the winding number on its side of its closest face or edge; inf: walk it."""
+        i = wp.tid() + start
+        out[i] = s(wp.inf)
+        f = int(face[i])
+        if ok[0] == 0 or bad[0] != 0 or f < 0:
+            return
+        p = query[i]
+        q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
+        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        ab, ac = b - a, c - a
+        n = wp.cross(ab, ac)
+        nn = wp.dot(n, n)
+        longest = wp.max(wp.dot(ab, ab), wp.max(wp.length_sq(c - b), wp.dot(ac, ac)))
+        if not (nn > sound2 * longest * longest):
+            return
+        # the Voronoi region of q (Ericson 2005, 5.1.5): a corner (walked), an edge or the face
+        ap = q - a
+        d1, d2 = wp.dot(ab, ap), wp.dot(ac, ap)
+        if d1 <= zero and d2 <= zero:
+            return
+        bp = q - b
+        d3, d4 = wp.dot(ab, bp), wp.dot(ac, bp)
+        if d3 >= zero and d4 <= d3:
+            return
+        cp = q - c
+        d5, d6 = wp.dot(ab, cp), wp.dot(ac, cp)
+        if d6 >= zero and d5 <= d6:
+            return
+        edge = int(-1)
+        if d1 * d4 - d3 * d2 <= zero and d1 >= zero and d3 <= zero:
+            edge = 0
+        elif d5 * d2 - d1 * d6 <= zero and d2 >= zero and d6 <= zero:
+            edge = 2
+        elif d3 * d6 - d5 * d4 <= zero and d4 - d3 >= zero and d5 - d6 >= zero:
+            edge = 1
+        side = wp.dot(ap, n)
+        if edge >= 0:
+            g = int(twin[f, edge])
+            if g < 0:
+                return
+            ga, gb, gc = vertices[int(faces[g, 0])], vertices[int(faces[g, 1])], vertices[int(faces[g, 2])]
+            m = wp.cross(gb - ga, gc - ga)
+            mm = wp.dot(m, m)
+            glong = wp.max(wp.length_sq(gb - ga), wp.max(wp.length_sq(gc - gb), wp.length_sq(ga - gc)))
+            if not (mm > sound2 * glong * glong):
+                return
+            nf, ng = n / wp.sqrt(nn), m / wp.sqrt(mm)
+            if wp.dot(nf, ng) < knife:
+                return
+            side = wp.dot(q - vertices[int(faces[f, edge])], nf + ng)
+        w = wout[int(parent[f])]
+        if side < zero:
+            w = w + wp.float64(1.0)
+        out[i] = s(w)
+
+    return sides
+
+
+@_threads.custom_op("pcops::mesh_sides", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_sides(
+    query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padded: bool, padding: int,
+    closed: torch.Tensor, twin: torch.Tensor, order: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
+    lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor,
+    moment: torch.Tensor, radius: torch.Tensor, scale: torch.Tensor,
+) -> torch.Tensor:
+    """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none), the mesh
+    (vertices (V, 3), faces (F, 3), face_group (F,), a padded batch's ``padding`` id), ``closed``
+    (1,) and ``twin`` (F, 3) from :func:`._search.closed`, the tree's tensors -> (M,) the winding
+    number of each query found from its closest face's side, inf where it must be walked."""
+    m, nf = query.shape[0], faces.shape[0]
+    out = query.new_full((m,), float("inf"))
+    if m == 0 or nf == 0 or query.device.type != "cpu":
+        return out
+    _warp.init()
+    v64 = vertices.to(torch.float64).contiguous()
+    ok, bad = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    parent, rep = torch.empty(nf, dtype=torch.int64), torch.empty(nf, dtype=torch.int64)
+    best, wout = torch.empty(nf, dtype=torch.float64), torch.zeros(nf, dtype=torch.float64)
+    faces = faces.contiguous()
+    _warp.launch(_analysis_kernels()[0], 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, parent, best, rep, ok], like=query, work=0)
+    depth = _tree.depth(nf)
+    components, crossing = _analysis_kernels()
+    _warp.launch(crossing, nf, [depth, ok, order, faces, v64, group, int(padded), padding, _warp.array(lo.to(torch.float64).contiguous(), dtype=_V),
+                                _warp.array(hi.to(torch.float64).contiguous(), dtype=_V), glo, ghi, scale.reshape(1).to(torch.float64), MARGIN, bad],
+                 like=query, min_chunk=64)
+    row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
+    m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
+    _warp.launch(_outside_kernel(query.dtype), nf, [depth, ok, bad, rep, row_of, ta, tb, tc, group, glo, ghi, center, normal,
+                                                    _warp.Typed(moment, m33), radius, wout], like=query, min_chunk=64)
+    _warp.launch(_sides_kernel(query.dtype), m, [ok, bad, query.contiguous(), face, v64, faces, twin, parent, wout, out], like=query, min_chunk=64)
+    return out
+
+
+@_mesh_sides.register_fake
+def _(query, face, vertices, faces, face_group, padded, padding, closed, twin, order, ta, tb, tc, group, lo, hi, glo, ghi, center, normal,
+      moment, radius, scale):
+    return query.new_empty((query.shape[0],))
+
+
+def known(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor,
+          padding, closed: list[torch.Tensor], t: _tree.Tree) -> torch.Tensor:
+    """(M,) the winding numbers of the queries that their closest face's side decides (inf where
+    a walk must: see the module docs); ``closed`` from :func:`._search.closed`. Fewer queries than
+    faces are all walked: the mesh's analysis would cost more than their walks."""
+    if query.shape[0] < faces.shape[0]:
+        return query.new_full((query.shape[0],), float("inf"))
+    return _mesh_sides(query.detach().contiguous(), face, vertices.detach(), faces, face_group, padding is not None,
+                       -1 if padding is None else padding, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group, t.lo, t.hi,
+                       t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)

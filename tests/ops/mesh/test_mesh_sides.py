@@ -1,0 +1,175 @@
+"""Signed ``mesh_distance`` on simple closed meshes without winding-number walks
+(``pcops::mesh_sides``): the side of the closest face or edge, and each piece's outer winding
+number, against the exact winding number; meshes that are not simple (open, an edge used more
+than twice, faces that cross or fold) have every query walked."""
+
+import pytest
+import torch
+
+import pcops
+from pcops.ops.mesh import _search, _sides
+from tests import reference
+from tests.op_table import icosphere
+from tests.ops.mesh.test_distance import _sphere
+
+F64 = torch.float64
+
+
+def _outward(v, f):
+    """The faces turned so that the mesh's signed volume is positive."""
+    a, b, c = v[f].unbind(1)
+    return f if (a * torch.linalg.cross(b, c)).sum() > 0 else f.flip(1)
+
+
+def _torus(n=24, m=10, big=1.0, small=0.35):
+    u = torch.arange(n, dtype=F64) * 2 * torch.pi / n
+    w = torch.arange(m, dtype=F64) * 2 * torch.pi / m
+    uu, ww = torch.meshgrid(u, w, indexing="ij")
+    v = torch.stack([(big + small * ww.cos()) * uu.cos(), (big + small * ww.cos()) * uu.sin(), small * ww.sin()], -1).reshape(-1, 3)
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(m), indexing="ij")
+    at = lambda a, b: (a % n) * m + b % m  # noqa: E731
+    p, q, r, s = at(i, j), at(i + 1, j), at(i + 1, j + 1), at(i, j + 1)
+    f = torch.cat([torch.stack([p, q, r], -1).reshape(-1, 3), torch.stack([p, r, s], -1).reshape(-1, 3)])
+    return v, _outward(v, f)
+
+
+def _grid_cube(k=3):
+    """The cube [-1, 1]^3, each side a k x k grid of squares in two triangles: flat fans of coplanar faces."""
+    t = torch.linspace(-1, 1, k + 1, dtype=F64)
+    index, faces = {}, []
+
+    def vertex(p):
+        key = tuple(round(x, 9) for x in p)
+        return index.setdefault(key, len(index))
+
+    for axis in range(3):
+        for side in (-1.0, 1.0):
+            for i in range(k):
+                for j in range(k):
+                    corners = []
+                    for di, dj in ((0, 0), (1, 0), (1, 1), (0, 1)):
+                        p = [0.0, 0.0, 0.0]
+                        p[axis], p[(axis + 1) % 3], p[(axis + 2) % 3] = side, float(t[i + di]), float(t[j + dj])
+                        corners.append(vertex(p))
+                    a, b, c, d = corners if side > 0 else corners[::-1]
+                    faces += [[a, b, c], [a, c, d]]
+    v = torch.tensor(list(index), dtype=F64)
+    return v, torch.tensor(faces)
+
+
+def _corner_tetrahedra():
+    """Two tetrahedra sharing one corner (the origin) and nothing else."""
+    v = torch.tensor([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [-1, 0, 0], [0, -1, 0], [0, 0, -1]], dtype=F64)
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3], [0, 4, 5], [0, 6, 4], [0, 5, 6], [4, 6, 5]])
+    return v, f
+
+
+def _simple(name):
+    gen = torch.Generator().manual_seed(3)
+    if name == "sphere":
+        return _sphere(gen, 2)
+    if name == "torus":
+        return _torus()
+    if name == "grid_cube":
+        return _grid_cube()
+    if name == "nested":  # the inner sphere oriented as the outer: w = 2 inside it
+        v, f = icosphere(2)
+        return torch.cat([v, 0.5 * v]), torch.cat([f, f + v.shape[0]])
+    if name == "hollow":  # the inner sphere reversed: w = 0 inside it
+        v, f = icosphere(2)
+        return torch.cat([v, 0.5 * v]), torch.cat([f, f.flip(1) + v.shape[0]])
+    if name == "apart":  # two spheres that do not meet
+        v, f = icosphere(1)
+        return torch.cat([v - 1.5, v + 1.5]), torch.cat([f, f + v.shape[0]])
+    if name == "corner":
+        return _corner_tetrahedra()
+    raise ValueError(name)
+
+
+def _queries(v, f, gen, n=3000):
+    """Points near the surface (two scales) and spread through its box."""
+    a, b, c = v[f[torch.randint(0, f.shape[0], (2 * n,), generator=gen)]].unbind(1)
+    u, w = torch.rand(2, 2 * n, 1, generator=gen, dtype=F64)
+    flip = u + w > 1
+    u, w = torch.where(flip, 1 - u, u), torch.where(flip, 1 - w, w)
+    surface = a + u * (b - a) + w * (c - a)
+    scale = torch.cat([torch.full((n, 1), 0.05, dtype=F64), torch.full((n, 1), 1e-4, dtype=F64)])
+    near = surface + scale * torch.randn(2 * n, 3, generator=gen, dtype=F64)
+    lo, hi = v.amin(0) - 0.3, v.amax(0) + 0.3
+    return torch.cat([near, lo + (hi - lo) * torch.rand(n, 3, generator=gen, dtype=F64)])
+
+
+def _known(q, v, f):
+    """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
+    bvh = pcops.mesh_bvh(v, f)
+    group = torch.zeros(q.shape[0], dtype=torch.int64)
+    face, _ = _search.closest(q, group, bvh.tree, float("inf"), False)
+    closed = _search.closed(v, f, bvh.face_group, None)
+    return _sides.known(q, face, v, f, bvh.face_group, None, closed, bvh.tree)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", ["sphere", "torus", "grid_cube", "nested", "hollow", "apart", "corner"])
+def test_the_side_of_the_closest_face_is_the_exact_winding_number(name, dtype):
+    gen = torch.Generator().manual_seed(4)
+    v, f = _simple(name)
+    q = _queries(v, f, gen).to(dtype)
+    v = v.to(dtype)
+    k = _known(q, v, f)
+    w = reference.winding_number(q, v, f)
+    assert ((w - w.round()).abs() < 1e-6).all()  # closed meshes: integers (no query on the surface)
+    found = k < float("inf")
+    assert found.float().mean() > 0.5, "most queries take the side of their closest face"
+    assert torch.equal(k[found].double(), w.round()[found])
+    signed = pcops.mesh_distance(q, v, f, signed=True).dists
+    off = signed != 0  # (a float32 query that rounds onto the surface: either sign)
+    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+
+
+def _pushed_through():
+    """An icosphere with one vertex pulled through the sphere and out of its far side: its faces cross others."""
+    v, f = icosphere(1)
+    v = v.clone()
+    v[0] = -1.5 * v[0]
+    return v, f
+
+
+def _shared_edge():
+    """Two tetrahedra sharing an edge: that edge is used twice each way."""
+    v = torch.tensor([[0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 1, 0], [-1, 0, 0]], dtype=F64)
+    f = torch.tensor([[0, 1, 2], [0, 3, 1], [1, 3, 2], [0, 2, 3], [0, 4, 1], [0, 3, 4], [1, 4, 3], [0, 1, 3][::-1]])
+    return v, f
+
+
+def _folded():
+    """A closed mesh with a flap folded flat onto its neighbour: a tetrahedron whose face 0 is
+    replaced by two triangles, one folded back onto the other."""
+    v = torch.tensor([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0.5, 0.5, 0.0], [0.25, 0.25, 0.0]], dtype=F64)
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    return v, f
+
+
+@pytest.mark.parametrize("name", ["overlapping", "pushed_through", "shared_edge", "open", "touching"])
+def test_meshes_that_are_not_simple_have_every_query_walked(name):
+    gen = torch.Generator().manual_seed(5)
+    if name == "overlapping":  # two spheres through each other: w = 2 where they overlap
+        v, f = icosphere(1)
+        v, f = torch.cat([v - 0.3, v + 0.3]), torch.cat([f, f + v.shape[0]])
+    elif name == "pushed_through":
+        v, f = _pushed_through()
+    elif name == "shared_edge":
+        v, f = _shared_edge()
+    elif name == "open":
+        v, f = icosphere(1)
+        f = f[1:]
+    else:  # a second sphere whose face lies on a face of the first (no shared vertex)
+        v, f = icosphere(1)
+        centre = v[f[0]].mean(0)
+        v2 = v + 2 * centre  # its face opposite face 0 now lies in face 0's plane, about the same centre
+        v, f = torch.cat([v, v2]), torch.cat([f, f + v.shape[0]])
+    q = _queries(v, f, gen, 500)
+    assert (_known(q, v, f) == float("inf")).all()
+    w = reference.winding_number(q, v, f)
+    clear = (w - 0.5).abs() >= 0.1
+    signed = pcops.mesh_distance(q, v, f, signed=True).dists
+    assert torch.equal((signed < 0)[clear], (w >= 0.5)[clear])
