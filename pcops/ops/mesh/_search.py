@@ -22,7 +22,8 @@
   order, same sample) lies inside the ball about either of them whose radius is its distance to
   the mesh, less what rounding may have added to that distance (relatively, eps times the
   mesh's worst shape factor; absolutely, flat faces measured by their edges): no face lies
-  between them, so it takes that query's winding number.
+  between them, so it takes that query's winding number. Queries whose winding number
+  :mod:`._sides` found from their closest face's side (``known``, finite) are not walked.
 
 The kernels return indices and winding numbers only; distances, closest points and
 barycentric coordinates are computed in torch from the faces found (:mod:`._triangle`),

@@ -30,7 +30,8 @@ as before (:mod:`._search`), as are all queries of any other mesh.
 * ``sides`` (a thread per query): the winding number of its closest face's side, inf where it
   must be walked.
 
-GPUs walk every query (the pieces are found by one thread here).
+GPUs walk every query (the pieces are found by one thread here), and so does a call with fewer
+queries than faces (the analysis would cost more than their walks).
 """
 
 import torch
@@ -400,10 +401,11 @@ def _mesh_sides(
     """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none), the mesh
     (vertices (V, 3), faces (F, 3), face_group (F,), a padded batch's ``padding`` id), ``closed``
     (1,) and ``twin`` (F, 3) from :func:`._search.closed`, the tree's tensors -> (M,) the winding
-    number of each query found from its closest face's side, inf where it must be walked."""
+    number of each query found from its closest face's side, inf where it must be walked (every
+    query of a call with fewer queries than faces)."""
     m, nf = query.shape[0], faces.shape[0]
     out = query.new_full((m,), float("inf"))
-    if m == 0 or nf == 0 or query.device.type != "cpu":
+    if m < max(nf, 1) or query.device.type != "cpu":  # fewer queries than faces: their walks cost less than the analysis
         return out
     _warp.init()
     v64 = vertices.to(torch.float64).contiguous()
@@ -434,10 +436,7 @@ def _(query, face, vertices, faces, face_group, padded, padding, closed, twin, o
 def known(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor,
           padding, closed: list[torch.Tensor], t: _tree.Tree) -> torch.Tensor:
     """(M,) the winding numbers of the queries that their closest face's side decides (inf where
-    a walk must: see the module docs); ``closed`` from :func:`._search.closed`. Fewer queries than
-    faces are all walked: the mesh's analysis would cost more than their walks."""
-    if query.shape[0] < faces.shape[0]:
-        return query.new_full((query.shape[0],), float("inf"))
+    a walk must: see the module docs); ``closed`` from :func:`._search.closed`."""
     return _mesh_sides(query.detach().contiguous(), face, vertices.detach(), faces, face_group, padding is not None,
                        -1 if padding is None else padding, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group, t.lo, t.hi,
                        t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)

@@ -19,8 +19,9 @@ computed from it in torch (:mod:`._triangle`), so they are differentiable with r
 points and the vertices, to any order (eikonal losses take gradients of gradients). A call
 with no gradient to keep (``torch.no_grad()``, or inputs that do not require grad) computes the
 closest point and weights with the same formula in one Warp kernel instead. The
-winding number is the hierarchical fast winding number (Barill et al. 2018); the sign agrees
-with the exact winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
+winding number is the hierarchical fast winding number (Barill et al. 2018), or on simple
+closed meshes the side of the closest face (:mod:`._sides`); the sign agrees with the exact
+winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
 corners) are measured by their edges, exactly, without a repair step.
 """
 
