@@ -34,6 +34,8 @@ GPUs walk every query (the pieces are found by one thread here), and so does a c
 queries than faces (the analysis would cost more than their walks).
 """
 
+import weakref
+
 import torch
 import warp as wp
 
@@ -329,7 +331,7 @@ def _sides_kernel(dtype: torch.dtype):
     sound2, knife, zero = wp.float64(SOUND * SOUND), wp.float64(KNIFE - 1.0), wp.float64(0.0)
 
     @wp.kernel(enable_backward=False, module="unique")
-    def sides(start: int, ok: wp.array(dtype=wp.int32), bad: wp.array(dtype=wp.int32), query: wp.array(dtype=v),
+    def sides(start: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v),
               face: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
               twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
               out: wp.array(dtype=s)):
@@ -337,7 +339,7 @@ def _sides_kernel(dtype: torch.dtype):
         i = wp.tid() + start
         out[i] = s(wp.inf)
         f = int(face[i])
-        if ok[0] == 0 or bad[0] != 0 or f < 0:
+        if ok[0] == 0 or f < 0:
             return
         p = query[i]
         q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
@@ -391,52 +393,95 @@ def _sides_kernel(dtype: torch.dtype):
     return sides
 
 
-@_threads.custom_op("pcops::mesh_sides", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _mesh_sides(
-    query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padded: bool, padding: int,
+@_threads.custom_op("pcops::mesh_simple", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_simple(
+    vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padded: bool, padding: int, queries: int,
     closed: torch.Tensor, twin: torch.Tensor, order: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor,
     moment: torch.Tensor, radius: torch.Tensor, scale: torch.Tensor,
-) -> torch.Tensor:
-    """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none), the mesh
-    (vertices (V, 3), faces (F, 3), face_group (F,), a padded batch's ``padding`` id), ``closed``
-    (1,) and ``twin`` (F, 3) from :func:`._search.closed`, the tree's tensors -> (M,) the winding
-    number of each query found from its closest face's side, inf where it must be walked (every
-    query of a call with fewer queries than faces)."""
-    m, nf = query.shape[0], faces.shape[0]
-    out = query.new_full((m,), float("inf"))
-    if m < max(nf, 1) or query.device.type != "cpu":  # fewer queries than faces: their walks cost less than the analysis
-        return out
+) -> list[torch.Tensor]:
+    """The mesh (vertices (V, 3), faces (F, 3), face_group (F,), a padded batch's ``padding`` id),
+    ``closed`` (1,) and ``twin`` (F, 3) from :func:`._search.closed` and the tree's tensors ->
+    [(1,) int32: 1 if the mesh is simple (see the module docs), (F,) int64: the root face of each
+    face's piece, (F,) float64: at each root, the outer winding number of its piece]. Not simple
+    (nothing analysed) on a GPU, or for a call of fewer ``queries`` than faces (their walks cost
+    less than the analysis)."""
+    nf = faces.shape[0]
+    ok, parent, wout = torch.zeros(1, dtype=torch.int32), torch.zeros(nf, dtype=torch.int64), torch.zeros(nf, dtype=torch.float64)
+    if queries < max(nf, 1) or faces.device.type != "cpu":
+        return [ok.to(faces.device), parent.to(faces.device), wout.to(faces.device)]
     _warp.init()
-    v64 = vertices.to(torch.float64).contiguous()
-    ok, bad = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-    parent, rep = torch.empty(nf, dtype=torch.int64), torch.empty(nf, dtype=torch.int64)
-    best, wout = torch.empty(nf, dtype=torch.float64), torch.zeros(nf, dtype=torch.float64)
-    faces = faces.contiguous()
-    _warp.launch(_analysis_kernels()[0], 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, parent, best, rep, ok], like=query, work=0)
-    depth = _tree.depth(nf)
+    v64, faces = vertices.to(torch.float64).contiguous(), faces.contiguous()
+    bad, rep, best = torch.zeros(1, dtype=torch.int32), torch.empty(nf, dtype=torch.int64), torch.empty(nf, dtype=torch.float64)
     components, crossing = _analysis_kernels()
+    _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, parent, best, rep, ok], like=faces, work=0)
+    depth = _tree.depth(nf)
     _warp.launch(crossing, nf, [depth, ok, order, faces, v64, group, int(padded), padding, _warp.array(lo.to(torch.float64).contiguous(), dtype=_V),
                                 _warp.array(hi.to(torch.float64).contiguous(), dtype=_V), glo, ghi, scale.reshape(1).to(torch.float64), MARGIN, bad],
-                 like=query, min_chunk=64)
+                 like=faces, min_chunk=64)
     row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
-    m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
-    _warp.launch(_outside_kernel(query.dtype), nf, [depth, ok, bad, rep, row_of, ta, tb, tc, group, glo, ghi, center, normal,
-                                                    _warp.Typed(moment, m33), radius, wout], like=query, min_chunk=64)
-    _warp.launch(_sides_kernel(query.dtype), m, [ok, bad, query.contiguous(), face, v64, faces, twin, parent, wout, out], like=query, min_chunk=64)
+    m33 = wp.mat33f if ta.dtype == torch.float32 else wp.mat33d
+    _warp.launch(_outside_kernel(ta.dtype), nf, [depth, ok, bad, rep, row_of, ta, tb, tc, group, glo, ghi, center, normal,
+                                                 _warp.Typed(moment, m33), radius, wout], like=faces, min_chunk=64)
+    return [ok * (1 - bad), parent, wout]
+
+
+@_mesh_simple.register_fake
+def _(vertices, faces, face_group, padded, padding, queries, closed, twin, order, ta, tb, tc, group, lo, hi, glo, ghi, center, normal,
+      moment, radius, scale):
+    nf = faces.shape[0]
+    return [faces.new_empty((1,), dtype=torch.int32), faces.new_empty((nf,)), faces.new_empty((nf,), dtype=torch.float64)]
+
+
+@_threads.custom_op("pcops::mesh_sides", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _mesh_sides(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, twin: torch.Tensor,
+                simple: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor) -> torch.Tensor:
+    """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none), the mesh
+    (vertices, faces), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and ``wout``
+    from :func:`_mesh_simple` -> (M,) the winding number of each query found from its closest
+    face's side, inf where it must be walked (every query of a mesh that is not simple)."""
+    m = query.shape[0]
+    out = query.new_full((m,), float("inf"))
+    if m == 0 or faces.shape[0] == 0 or query.device.type != "cpu":
+        return out
+    _warp.init()
+    args = [simple, query.contiguous(), face, vertices.to(torch.float64).contiguous(), faces.contiguous(), twin, parent, wout, out]
+    _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64)
     return out
 
 
 @_mesh_sides.register_fake
-def _(query, face, vertices, faces, face_group, padded, padding, closed, twin, order, ta, tb, tc, group, lo, hi, glo, ghi, center, normal,
-      moment, radius, scale):
+def _(query, face, vertices, faces, twin, simple, parent, wout):
     return query.new_empty((query.shape[0],))
 
 
-def known(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor,
-          padding, closed: list[torch.Tensor], t: _tree.Tree) -> torch.Tensor:
+# id(a tree's first tensor) -> (a weak reference to it, its mesh's closed and simple data): kept
+# hierarchies analysed once (eager mode)
+_ANALYSED: dict = {}
+
+
+def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padding, t: _tree.Tree, queries, kept: bool):
+    """(closed, simple): :func:`._search.closed` and :func:`_mesh_simple` of a mesh and its tree.
+    A kept hierarchy (a :class:`MeshBVH` queried many times) is analysed whatever the number of
+    queries, once: in eager mode the result is kept as long as its tree lives."""
+    cache = kept and not torch.compiler.is_compiling()
+    if cache:
+        hit = _ANALYSED.get(id(t.a))
+        if hit is not None and hit[0]() is t.a:
+            return hit[1], hit[2]
+    vertices = vertices.detach()
+    closed = _search.closed(vertices.to(t.a.dtype), faces, face_group, padding)
+    simple = _mesh_simple(vertices, faces, face_group, padding is not None, -1 if padding is None else padding,
+                          max(faces.shape[0], 1) if kept else queries, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group,
+                          t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+    if cache:
+        key = id(t.a)
+        _ANALYSED[key] = (weakref.ref(t.a, lambda _, key=key: _ANALYSED.pop(key, None)), closed, simple)
+    return closed, simple
+
+
+def known(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, closed: list[torch.Tensor],
+          simple: list[torch.Tensor]) -> torch.Tensor:
     """(M,) the winding numbers of the queries that their closest face's side decides (inf where
-    a walk must: see the module docs); ``closed`` from :func:`._search.closed`."""
-    return _mesh_sides(query.detach().contiguous(), face, vertices.detach(), faces, face_group, padding is not None,
-                       -1 if padding is None else padding, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group, t.lo, t.hi,
-                       t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+    a walk must: see the module docs); ``closed`` and ``simple`` from :func:`analysis`."""
+    return _mesh_sides(query.detach().contiguous(), face, vertices.detach(), faces, closed[2], *simple)

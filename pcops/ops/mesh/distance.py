@@ -177,12 +177,14 @@ def mesh_distance(
     if checks is not None:
         _layout.points_have_meshes(checks, query, flat)
         checks.run()
+    kept = bvh is not None
     if bvh is None:  # searched in the points' and vertices' promoted dtype: float64 points, a float64 search
         bvh = _build(flat, _validate.compute_dtype(query.points, flat.vertices)[0])
-    return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None)
+    return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None, kept)
 
 
-def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: float, validate: bool) -> MeshDistance:
+def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: float, validate: bool, kept: bool = False) -> MeshDistance:
+    """``kept``: ``bvh`` is the caller's, queried again later (its sign analysis is kept)."""
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
     face, rows = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
@@ -196,8 +198,8 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     sign = torch.ones_like(dists)
     if signed:
         padding = bvh.batch + 1 if bvh.batch > 0 else None
-        closed = _search.closed(bvh.vertices.detach().to(bvh.tree.a.dtype), bvh.faces, bvh.face_group, padding)
-        known = _sides.known(search, face, bvh.vertices, bvh.faces, bvh.face_group, padding, closed, bvh.tree)
+        closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
+        known = _sides.known(search, face, bvh.vertices, bvh.faces, closed, simple)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign

@@ -139,8 +139,12 @@ class TestMeshDistance(OpSuite):
                                                                      known)))
             face = pcops.mesh_distance(q, v, f).face
             flags, _, twin = torch.ops.pcops.mesh_closed.default(v, f, group, False, -1)
-            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, v, f, group, False, -1, flags, twin, tree.order, *tree[1:5], *tree[5:9],
-                                                               tree.center, tree.normal, tree.moment, tree.radius, tree.scale)))
+            for queries in (0, 1000):  # too few queries: nothing analysed
+                analysis = (v, f, group, False, -1, queries, flags, twin, tree.order, *tree[1:5], *tree[5:9], tree.center, tree.normal, tree.moment,
+                            tree.radius, tree.scale)
+                cases.append((torch.ops.pcops.mesh_simple.default, analysis))
+            simple = torch.ops.pcops.mesh_simple.default(*analysis)
+            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, v, f, twin, *simple)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]

@@ -104,8 +104,8 @@ def _known(q, v, f):
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
     face, _ = _search.closest(q, group, bvh.tree, float("inf"), False)
-    closed = _search.closed(v, f, bvh.face_group, None)
-    return _sides.known(q, face, v, f, bvh.face_group, None, closed, bvh.tree)
+    closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
+    return _sides.known(q, face, v, f, closed, simple)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -173,3 +173,24 @@ def test_meshes_that_are_not_simple_have_every_query_walked(name):
     clear = (w - 0.5).abs() >= 0.1
     signed = pcops.mesh_distance(q, v, f, signed=True).dists
     assert torch.equal((signed < 0)[clear], (w >= 0.5)[clear])
+
+
+def test_a_kept_hierarchy_is_analysed_once_whatever_the_number_of_queries(monkeypatch):
+    v, f = icosphere(3)  # 1,280 faces
+    bvh = pcops.mesh_bvh(v, f)
+    calls = []
+    analyse = _sides._mesh_simple
+    monkeypatch.setattr(_sides, "_mesh_simple", lambda *args: calls.append(args[5]) or analyse(*args))
+    q = _queries(v, f, torch.Generator().manual_seed(6), 100)  # 300 queries: fewer than the faces
+    first = pcops.mesh_distance(q, bvh, signed=True).dists
+    second = pcops.mesh_distance(0.9 * q, bvh, signed=True).dists
+    assert len(calls) == 1 and calls[0] >= f.shape[0]  # analysed once, whatever the queries
+    w = reference.winding_number(torch.cat([q, 0.9 * q]), v, f)
+    signed = torch.cat([first, second])
+    assert torch.equal((signed < 0)[signed != 0], (w.round() >= 1)[signed != 0])
+    key = id(bvh.tree.a)
+    assert key in _sides._ANALYSED
+    pcops.mesh_distance(q, v, f, signed=True)  # a hierarchy built in the call: analysed in it, if the queries are enough
+    assert calls[1:] == [q.shape[0]]
+    del bvh
+    assert key not in _sides._ANALYSED  # (nothing kept past its tree)
