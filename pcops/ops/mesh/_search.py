@@ -158,6 +158,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         chain: int,
         slot: wp.array(dtype=wp.int64),
         found: wp.array(dtype=wp.int64),
+        rival: wp.array(dtype=wp.int64),
     ):
         i = int(rows[wp.tid() + start])
         a, b, c = qa[i], qb[i], qc[i]
@@ -165,6 +166,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         qhi = wp.max(a, wp.max(b, c))
         found[i] = wp.int64(-1)
         slot[i] = wp.int64(-1)
+        rival[i] = wp.int64(-1)
         if not (wp.isfinite(qlo) and wp.isfinite(qhi)):
             return
         g = query_group[i]
@@ -178,6 +180,10 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
         lower = max_d2  # a face nearer than this wins outright
         face = wp.int64(-1)
         at = wp.int64(-1)
+        # the three smallest squared distances of distinct items (the first two with their items):
+        # the items within the tie band besides the one found
+        d_1, d_2, d_3 = s(wp.inf), s(wp.inf), s(wp.inf)
+        f_1, f_2 = wp.int64(-1), wp.int64(-1)
         if chain != 0 and wp.tid() > 0:  # CPU: thread t - 1 ran before t; its face bounds this query's distance
             prev = int(rows[wp.tid() + start - 1])
             jp = slot[prev]
@@ -187,6 +193,8 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                     d2 = triangle_d2(ta[jp], a, b, c)
                 else:
                     d2 = triangle_d2(a, ta[jp], tb[jp], tc[jp])
+                d_1 = d2
+                f_1 = order[jp]
                 if d2 <= max_d2:
                     face = order[jp]
                     at = jp
@@ -219,6 +227,19 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                             else:
                                 d2 = triangle_d2(a, ta[j], tb[j], tc[j])
                             f = order[j]
+                            if f != f_1 and f != f_2:
+                                if d2 < d_1:
+                                    d_3 = d_2
+                                    d_2 = d_1
+                                    f_2 = f_1
+                                    d_1 = d2
+                                    f_1 = f
+                                elif d2 < d_2:
+                                    d_3 = d_2
+                                    d_2 = d2
+                                    f_2 = f
+                                elif d2 < d_3:
+                                    d_3 = d2
                             take = False
                             if face < wp.int64(0):
                                 take = d2 <= upper
@@ -250,6 +271,12 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                 d = d + 1
         found[i] = face
         slot[i] = at
+        if d_3 <= upper:
+            rival[i] = wp.int64(-2)  # two or more others in the band
+        elif d_2 <= upper and face >= wp.int64(0):
+            rival[i] = f_2
+            if f_2 == face:
+                rival[i] = f_1
 
     return closest
 
@@ -565,34 +592,36 @@ def _mesh_closest(
 ) -> list[torch.Tensor]:
     """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
-    in (:func:`._tree.query_order`)]."""
+    in (:func:`._tree.query_order`), (M,) int64 the other item within the tie band of that one
+    (-1: none, -2: two or more; see :mod:`._sides`)]."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
     found = torch.full((m,), -1, dtype=torch.int64, device=qa.device)
     rows = _tree.query_order(qa, query_group)
     if m == 0 or ta.shape[0] == 0:
-        return [found, rows]
+        return [found, rows, found.clone()]
     _warp.init()
     max_d2 = max_dist * max_dist if math.isfinite(max_dist) else float("inf")
-    slot = torch.empty_like(found)  # each query's face as a row of the sorted faces (the next query's first bound)
+    slot, rival = torch.empty_like(found), torch.empty_like(found)  # slot: each query's face as a row of the sorted faces (the next query's first bound)
     chain = int(qa.device.type == "cpu" and CHAIN)
     args = [_tree.depth(ta.shape[0]), rows, qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
-            scale, max_d2, chain, slot, found]
+            scale, max_d2, chain, slot, found, rival]
     _warp.launch(_closest_kernel(qa.dtype, faces_to_points), m, args, like=qa, min_chunk=64)
-    return [found, rows]
+    return [found, rows, rival]
 
 
 @_mesh_closest.register_fake
 def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate):
-    return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(2)]
+    return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(3)]
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
             triangles: tuple | None = None) -> list[torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
-    and the order the queries were walked in (for :func:`winding`)."""
+    the order the queries were walked in (for :func:`winding`); and the other row the search
+    tied with the one found (-1: none, -2: several)."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
     return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,

@@ -106,15 +106,17 @@ def _analysis_kernels():
 
 
     @wp.func(module="unique")
-    def _split(v: _V, a1: _V, a2: _V, b1: _V, b2: _V, k: _V, rel: wp.float64):
-        """The plane through v of normal k leaves a1 and a2 on one side (or on it) and b1, b2
-        strictly on the other (apart by more than the margin)."""
+    def _split(v: _V, a1: _V, a2: _V, b1: _V, b2: _V, k: _V, rel: wp.float64, near: wp.float64):
+        """The plane through v of normal k leaves a1 and a2 on one side (beyond it by at most
+        ``near`` times the margin: rounding, for corners on it by construction; a negative
+        ``near``: strictly on their side) and b1, b2 strictly on the other (apart by more than
+        the margin)."""
         ha = wp.max(wp.dot(a1 - v, k), wp.dot(a2 - v, k))
         la = wp.min(wp.dot(a1 - v, k), wp.dot(a2 - v, k))
         hb = wp.max(wp.dot(b1 - v, k), wp.dot(b2 - v, k))
         lb = wp.min(wp.dot(b1 - v, k), wp.dot(b2 - v, k))
         m = rel * wp.length(k) * wp.max(wp.max(wp.length(a1 - v), wp.length(a2 - v)), wp.max(wp.length(b1 - v), wp.length(b2 - v)))
-        return (ha <= m * wp.float64(1e-3) and lb > m) or (la >= -m * wp.float64(1e-3) and hb < -m)
+        return (ha <= m * near and lb > m) or (la >= -m * near and hb < -m)
 
     @wp.func(module="unique")
     def _corner_only(v: _V, p1: _V, p2: _V, q1: _V, q2: _V, rel: wp.float64):
@@ -123,14 +125,15 @@ def _analysis_kernels():
         an edge of the other; or across the difference of their middle directions), or each crosses
         the other's plane along opposite rays from v."""
         na, nb = wp.normalize(wp.cross(p1 - v, p2 - v)), wp.normalize(wp.cross(q1 - v, q2 - v))
-        if _split(v, p1, p2, q1, q2, na, rel) or _split(v, q1, q2, p1, p2, nb, rel):
+        on = wp.float64(1e-3)  # p1, p2 lie on na's plane, q1, q2 on nb's: rounding only
+        if _split(v, p1, p2, q1, q2, na, rel, on) or _split(v, q1, q2, p1, p2, nb, rel, on):
             return True
         if _beyond(v, p1, p2, q1, q2, na, rel) or _beyond(v, p2, p1, q1, q2, na, rel):
             return True
         if _beyond(v, q1, q2, p1, p2, nb, rel) or _beyond(v, q2, q1, p1, p2, nb, rel):
             return True
         bisect = wp.normalize(p1 - v) + wp.normalize(p2 - v) - wp.normalize(q1 - v) - wp.normalize(q2 - v)
-        if _split(v, q1, q2, p1, p2, bisect, rel):  # the plane between the two faces' middle directions
+        if _split(v, q1, q2, p1, p2, bisect, rel, wp.float64(-1.0)):  # the plane between the faces' middle directions
             return True
         for i in range(2):
             pi, po = p1, p2
@@ -330,49 +333,80 @@ def _sides_kernel(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     sound2, knife, zero = wp.float64(SOUND * SOUND), wp.float64(KNIFE - 1.0), wp.float64(0.0)
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def sides(start: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v),
-              face: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
-              twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
-              out: wp.array(dtype=s)):
-        """Query i: the winding number on its side of its closest face or edge; inf: walk it."""
-        i = wp.tid() + start
-        out[i] = s(wp.inf)
-        f = int(face[i])
-        if ok[0] == 0 or f < 0:
-            return
-        p = query[i]
-        q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
-        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+    @wp.func(module="unique")
+    def feature(q: _V, a: _V, b: _V, c: _V):
+        """(the feature of triangle abc nearest to q: -1 its interior, 0..2 edge e (corners e, e + 1),
+        3 a corner, 4 a face of poor shape; q's squared distance to it), in float64 (Ericson
+        2005, 5.1.5)."""
         ab, ac = b - a, c - a
         n = wp.cross(ab, ac)
         nn = wp.dot(n, n)
         longest = wp.max(wp.dot(ab, ab), wp.max(wp.length_sq(c - b), wp.dot(ac, ac)))
+        kind = int(4)
+        d2 = wp.float64(0.0)
+        ap, bp, cp = q - a, q - b, q - c
+        d1, d2_, d3, d4, d5, d6 = wp.dot(ab, ap), wp.dot(ac, ap), wp.dot(ab, bp), wp.dot(ac, bp), wp.dot(ab, cp), wp.dot(ac, cp)
+        vc, vb, va = d1 * d4 - d3 * d2_, d5 * d2_ - d1 * d6, d3 * d6 - d5 * d4
         if not (nn > sound2 * longest * longest):
+            kind = 4
+        elif d1 <= zero and d2_ <= zero:
+            kind = 3
+            d2 = wp.dot(ap, ap)
+        elif d3 >= zero and d4 <= d3:
+            kind = 3
+            d2 = wp.dot(bp, bp)
+        elif d6 >= zero and d5 <= d6:
+            kind = 3
+            d2 = wp.dot(cp, cp)
+        elif vc <= zero and d1 >= zero and d3 <= zero:
+            kind = 0
+            e = ap - ab * (d1 / (d1 - d3))
+            d2 = wp.dot(e, e)
+        elif vb <= zero and d2_ >= zero and d6 <= zero:
+            kind = 2
+            e = ap - ac * (d2_ / (d2_ - d6))
+            d2 = wp.dot(e, e)
+        elif va <= zero and d4 - d3 >= zero and d5 - d6 >= zero:
+            kind = 1
+            e = bp - (c - b) * ((d4 - d3) / ((d4 - d3) + (d5 - d6)))
+            d2 = wp.dot(e, e)
+        else:
+            kind = -1
+            h = wp.dot(ap, n)
+            d2 = h * h / nn
+        return kind, d2
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sides(start: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v), face: wp.array(dtype=wp.int64),
+              rival: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
+              twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
+              out: wp.array(dtype=s)):
+        """Query i: the winding number on its side of its closest face or edge; inf: walk it. Of
+        the face found and the other face the search tied with it (within its rounding), the
+        nearer in float64; a query tied with more faces is walked."""
+        i = wp.tid() + start
+        out[i] = s(wp.inf)
+        f = int(face[i])
+        r = int(rival[i])
+        if ok[0] == 0 or f < 0 or r < -1:
             return
-        # the Voronoi region of q (Ericson 2005, 5.1.5): a corner (walked), an edge or the face
-        ap = q - a
-        d1, d2 = wp.dot(ab, ap), wp.dot(ac, ap)
-        if d1 <= zero and d2 <= zero:
+        p = query[i]
+        q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
+        kind, d2 = feature(q, vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
+        if r >= 0:
+            kind_r, d2_r = feature(q, vertices[int(faces[r, 0])], vertices[int(faces[r, 1])], vertices[int(faces[r, 2])])
+            if kind_r == 4:
+                return
+            if d2_r < d2:
+                f = r
+                kind = kind_r
+        if kind > 2:  # a corner, or a face of poor shape: walked
             return
-        bp = q - b
-        d3, d4 = wp.dot(ab, bp), wp.dot(ac, bp)
-        if d3 >= zero and d4 <= d3:
-            return
-        cp = q - c
-        d5, d6 = wp.dot(ab, cp), wp.dot(ac, cp)
-        if d6 >= zero and d5 <= d6:
-            return
-        edge = int(-1)
-        if d1 * d4 - d3 * d2 <= zero and d1 >= zero and d3 <= zero:
-            edge = 0
-        elif d5 * d2 - d1 * d6 <= zero and d2 >= zero and d6 <= zero:
-            edge = 2
-        elif d3 * d6 - d5 * d4 <= zero and d4 - d3 >= zero and d5 - d6 >= zero:
-            edge = 1
-        side = wp.dot(ap, n)
-        if edge >= 0:
-            g = int(twin[f, edge])
+        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        n = wp.cross(b - a, c - a)
+        side = wp.dot(q - a, n)
+        if kind >= 0:
+            g = int(twin[f, kind])
             if g < 0:
                 return
             ga, gb, gc = vertices[int(faces[g, 0])], vertices[int(faces[g, 1])], vertices[int(faces[g, 2])]
@@ -381,10 +415,10 @@ def _sides_kernel(dtype: torch.dtype):
             glong = wp.max(wp.length_sq(gb - ga), wp.max(wp.length_sq(gc - gb), wp.length_sq(ga - gc)))
             if not (mm > sound2 * glong * glong):
                 return
-            nf, ng = n / wp.sqrt(nn), m / wp.sqrt(mm)
+            nf, ng = wp.normalize(n), m / wp.sqrt(mm)
             if wp.dot(nf, ng) < knife:
                 return
-            side = wp.dot(q - vertices[int(faces[f, edge])], nf + ng)
+            side = wp.dot(q - vertices[int(faces[f, kind])], nf + ng)
         w = wout[int(parent[f])]
         if side < zero:
             w = w + wp.float64(1.0)
@@ -434,9 +468,10 @@ def _(vertices, faces, face_group, padded, padding, queries, closed, twin, order
 
 
 @_threads.custom_op("pcops::mesh_sides", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _mesh_sides(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, twin: torch.Tensor,
+def _mesh_sides(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, twin: torch.Tensor,
                 simple: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor) -> torch.Tensor:
-    """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none), the mesh
+    """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none) and rival
+    (M,) the face the search tied with it (-1: none, -2: several; :func:`._search.closest`), the mesh
     (vertices, faces), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and ``wout``
     from :func:`_mesh_simple` -> (M,) the winding number of each query found from its closest
     face's side, inf where it must be walked (every query of a mesh that is not simple)."""
@@ -445,13 +480,13 @@ def _mesh_sides(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor,
     if m == 0 or faces.shape[0] == 0 or query.device.type != "cpu":
         return out
     _warp.init()
-    args = [simple, query.contiguous(), face, vertices.to(torch.float64).contiguous(), faces.contiguous(), twin, parent, wout, out]
+    args = [simple, query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(), twin, parent, wout, out]
     _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64)
     return out
 
 
 @_mesh_sides.register_fake
-def _(query, face, vertices, faces, twin, simple, parent, wout):
+def _(query, face, rival, vertices, faces, twin, simple, parent, wout):
     return query.new_empty((query.shape[0],))
 
 
@@ -480,8 +515,9 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     return closed, simple
 
 
-def known(query: torch.Tensor, face: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, closed: list[torch.Tensor],
-          simple: list[torch.Tensor]) -> torch.Tensor:
+def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor,
+          closed: list[torch.Tensor], simple: list[torch.Tensor]) -> torch.Tensor:
     """(M,) the winding numbers of the queries that their closest face's side decides (inf where
-    a walk must: see the module docs); ``closed`` and ``simple`` from :func:`analysis`."""
-    return _mesh_sides(query.detach().contiguous(), face, vertices.detach(), faces, closed[2], *simple)
+    a walk must: see the module docs); ``face`` and ``rival`` from :func:`._search.closest`,
+    ``closed`` and ``simple`` from :func:`analysis`."""
+    return _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), faces, closed[2], *simple)

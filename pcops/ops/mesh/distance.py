@@ -187,7 +187,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     """``kept``: ``bvh`` is the caller's, queried again later (its sign analysis is kept)."""
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
-    face, rows = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
+    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
     found = face >= 0
     p = query.points.to(dtype)
     if _threads.differentiable(p, bvh.vertices):
@@ -199,7 +199,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     if signed:
         padding = bvh.batch + 1 if bvh.batch > 0 else None
         closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
-        known = _sides.known(search, face, bvh.vertices, bvh.faces, closed, simple)
+        known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign

@@ -129,7 +129,7 @@ def test_queries_of_a_closed_mesh_share_walks_and_keep_the_exact_sign(kind, dtyp
     # the queries did share walks: the winding numbers of walked queries differ from their own by rounding
     search = bvh.tree
     group = torch.zeros(q.shape[0], dtype=torch.int64)
-    face, rows = _search.closest(q, group, search, float("inf"), False)
+    face, rows, _ = _search.closest(q, group, search, float("inf"), False)
     reach = torch.where(face >= 0, walked.abs(), 0)
     w_shared = _search.winding(q, group, search, rows, reach, closed)
     w_own = _search.winding(q, group, search, rows, reach, _never_closed())

@@ -144,7 +144,8 @@ class TestMeshDistance(OpSuite):
                             tree.radius, tree.scale)
                 cases.append((torch.ops.pcops.mesh_simple.default, analysis))
             simple = torch.ops.pcops.mesh_simple.default(*analysis)
-            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, v, f, twin, *simple)))
+            rival = torch.ops.pcops.mesh_closest.default(q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, float("inf"), False, False)[2]
+            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, rival, v, f, twin, *simple)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]

@@ -103,9 +103,9 @@ def _known(q, v, f):
     """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
-    face, _ = _search.closest(q, group, bvh.tree, float("inf"), False)
+    face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False)
     closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
-    return _sides.known(q, face, v, f, closed, simple)
+    return _sides.known(q, face, rival, v, f, closed, simple)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -194,3 +194,53 @@ def test_a_kept_hierarchy_is_analysed_once_whatever_the_number_of_queries(monkey
     assert calls[1:] == [q.shape[0]]
     del bvh
     assert key not in _sides._ANALYSED  # (nothing kept past its tree)
+
+
+def _box(hi, dtype, top_last=True):
+    """The box [0, hi]: outward faces, its side faces listed before its top and bottom (which
+    then lose ties of the search by index)."""
+    x, y, z = hi
+    v = torch.tensor([[0, 0, 0], [x, 0, 0], [x, y, 0], [0, y, 0], [0, 0, z], [x, 0, z], [x, y, z], [0, y, z]], dtype=dtype)
+    sides = [[0, 1, 5], [0, 5, 4], [1, 2, 6], [1, 6, 5], [2, 3, 7], [2, 7, 6], [3, 0, 4], [3, 4, 7]]
+    return v, torch.tensor(sides + [[0, 2, 1], [0, 3, 2], [4, 5, 6], [4, 6, 7]])
+
+
+def _wedge(degrees):
+    """A float32 prism whose edge along y at x = 1 is a knife of ``degrees``; its slanted top face
+    listed first."""
+    t = torch.tan(torch.deg2rad(torch.tensor(degrees, dtype=F64))).item()
+    v = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 1, 0], [0, 0, t], [0, 1, t]], dtype=torch.float32)
+    f = torch.tensor([[0, 1, 5], [0, 5, 4], [0, 2, 3], [0, 3, 1], [2, 4, 5], [2, 5, 3], [0, 4, 2], [1, 3, 5]])
+    return v, f
+
+
+@pytest.mark.parametrize("case", ["wedge", "edge_of_a_large_cube", "thin_plate", "far_query"])
+def test_faces_the_search_tied_are_compared_in_float64(case):
+    """The search ties faces whose float32 distances agree to its rounding (and a tie goes to the
+    smaller index): near a sharp edge, an edge of a large mesh, across a plate thinner than that
+    rounding or from far away, the face found may not be the nearest, and its side would be the
+    wrong one; the face it tied with is measured too, in float64."""
+    if case == "wedge":  # queries just below the bottom, just inside the 3-degree tip
+        v, f = _wedge(3.0)
+        h = torch.tensor([1e-2, 5e-3, 3e-3, 1e-3]).repeat_interleave(3)
+        s = 1.2 * h * torch.tan(torch.deg2rad(torch.tensor(1.5)))
+        q = torch.stack([1 - s, torch.tensor([0.3, 0.5, 0.7]).repeat(4), -h], 1)
+    elif case == "edge_of_a_large_cube":  # just above the top, just in from an edge
+        v, f = _box((100.0, 100.0, 100.0), torch.float32)
+        h = torch.tensor([1e-3, 3e-4, 2e-4, 1e-4, 3e-5]).repeat_interleave(3)
+        q = torch.stack([100 - 1.5 * h, torch.tensor([20.0, 50.0, 80.0]).repeat(5), 100 + h], 1)
+    elif case == "thin_plate":
+        v, f = _box((1.0, 1.0, 1e-6), torch.float32)
+        q = torch.tensor([[0.5, 0.5, 0.5], [0.3, 0.6, -0.5]]).repeat(8, 1)
+    else:
+        v, f = _box((1.0, 1.0, 1.0), torch.float32)
+        q = torch.tensor([[0.5, 0.5, 1e6], [0.2, 0.7, -1e6]]).repeat(8, 1)
+    bvh = pcops.mesh_bvh(v, f)
+    _, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False)
+    assert (rival != -1).any()  # the search did tie faces here
+    w = reference.winding_number(q, v, f)
+    assert ((w - 0.5).abs() > 0.4).all()
+    signed = pcops.mesh_distance(q, bvh, signed=True).dists
+    assert torch.equal(signed < 0, w >= 0.5)
+    k = _known(q, v, f)
+    assert torch.equal(k[k < float("inf")].double(), w.round()[k < float("inf")])
