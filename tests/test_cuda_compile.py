@@ -41,7 +41,8 @@ FACTORIES = [
     *[(f"normals {d} oriented={o}", importlib.import_module("pcops.ops.geometry.normals")._kernel, (d, o)) for d in (F32, F64) for o in (False, True)],
     *[(f"segment {r} {d}", importlib.import_module("pcops.ops.sparse.segment")._kernels, (d, r)) for d in (F32, F64) for r in ("sum", "mean", "max", "min")],
     ("serialize codes", importlib.import_module("pcops.ops.sparse.serialize")._codes_kernel, ()),
-    *[(f"mesh closest {d} faces_to_points={t}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t)) for d in (F32, F64) for t in (False, True)],
+    *[(f"mesh closest {d} faces_to_points={t} rivals={r}", importlib.import_module("pcops.ops.mesh._search")._closest_kernel, (d, t, r))
+      for d in (F32, F64) for t in (False, True) for r in (False, True)],
     *[(f"mesh winding {d}", importlib.import_module("pcops.ops.mesh._search")._winding_kernel, (d,)) for d in (F32, F64)],
     ("mesh sides analysis", importlib.import_module("pcops.ops.mesh._sides")._analysis_kernels, ()),
     *[(f"mesh sides outside {d}", importlib.import_module("pcops.ops.mesh._sides")._outside_kernel, (d,)) for d in (F32, F64)],

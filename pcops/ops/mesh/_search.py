@@ -126,7 +126,9 @@ def _funcs(dtype: torch.dtype):
 
 
 @_warp.kernels
-def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
+def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = False):
+    """The search of :func:`_mesh_closest`; ``rivals``: the other item within the tie band is
+    tracked too (signed calls)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     triangle_d2, _ = _funcs(dtype)
     eps = torch.finfo(dtype).eps
@@ -227,7 +229,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                             else:
                                 d2 = triangle_d2(a, ta[j], tb[j], tc[j])
                             f = order[j]
-                            if f != f_1 and f != f_2:
+                            if wp.static(rivals) and f != f_1 and f != f_2:
                                 if d2 < d_1:
                                     d_3 = d_2
                                     d_2 = d_1
@@ -271,6 +273,8 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool):
                 d = d + 1
         found[i] = face
         slot[i] = at
+        if not wp.static(rivals):
+            return
         if d_3 <= upper:
             rival[i] = wp.int64(-2)  # two or more others in the band
         elif d_2 <= upper and face >= wp.int64(0):
@@ -588,12 +592,12 @@ def _mesh_closest(
     qa: torch.Tensor, qb: torch.Tensor, qc: torch.Tensor, query_group: torch.Tensor,
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, scale: torch.Tensor,
-    max_dist: float, faces_to_points: bool, validate: bool,
+    max_dist: float, faces_to_points: bool, validate: bool, rivals: bool = False,
 ) -> list[torch.Tensor]:
     """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
-    in (:func:`._tree.query_order`), (M,) int64 the other item within the tie band of that one
-    (-1: none, -2: two or more; see :mod:`._sides`)]."""
+    in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the tie
+    band of that one (-1: none, -2: two or more; see :mod:`._sides`), else -1]."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
@@ -607,25 +611,25 @@ def _mesh_closest(
     chain = int(qa.device.type == "cpu" and CHAIN)
     args = [_tree.depth(ta.shape[0]), rows, qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
             scale, max_d2, chain, slot, found, rival]
-    _warp.launch(_closest_kernel(qa.dtype, faces_to_points), m, args, like=qa, min_chunk=64)
+    _warp.launch(_closest_kernel(qa.dtype, faces_to_points, rivals), m, args, like=qa, min_chunk=64)
     return [found, rows, rival]
 
 
 @_mesh_closest.register_fake
-def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate):
+def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate, rivals=False):
     return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(3)]
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
-            triangles: tuple | None = None) -> list[torch.Tensor]:
+            triangles: tuple | None = None, rivals: bool = False) -> list[torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
-    the order the queries were walked in (for :func:`winding`); and the other row the search
-    tied with the one found (-1: none, -2: several)."""
+    the order the queries were walked in (for :func:`winding`); and with ``rivals`` the other
+    row the search tied with the one found (-1: none, -2: several; else -1)."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
     return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
-                                        float(max_dist), triangles is not None, validate)
+                                        float(max_dist), triangles is not None, validate, rivals)
 
 
 @_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

@@ -187,7 +187,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     """``kept``: ``bvh`` is the caller's, queried again later (its sign analysis is kept)."""
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
-    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate)  # rows: the order of the walks
+    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, rivals=signed)  # rows: the order of the walks
     found = face >= 0
     p = query.points.to(dtype)
     if _threads.differentiable(p, bvh.vertices):

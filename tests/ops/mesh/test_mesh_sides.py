@@ -103,7 +103,7 @@ def _known(q, v, f):
     """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
-    face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False)
+    face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False, rivals=True)
     closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
     return _sides.known(q, face, rival, v, f, closed, simple)
 
@@ -236,7 +236,7 @@ def test_faces_the_search_tied_are_compared_in_float64(case):
         v, f = _box((1.0, 1.0, 1.0), torch.float32)
         q = torch.tensor([[0.5, 0.5, 1e6], [0.2, 0.7, -1e6]]).repeat(8, 1)
     bvh = pcops.mesh_bvh(v, f)
-    _, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False)
+    _, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False, rivals=True)
     assert (rival != -1).any()  # the search did tie faces here
     w = reference.winding_number(q, v, f)
     assert ((w - 0.5).abs() > 0.4).all()
