@@ -127,8 +127,10 @@ def _funcs(dtype: torch.dtype):
 
 @_warp.kernels
 def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = False):
-    """The search of :func:`_mesh_closest`; ``rivals``: the other item within the tie band is
-    tracked too (signed calls)."""
+    """The search of :func:`_mesh_closest`; ``rivals``: the other items within a wider band
+    are tracked too (signed calls): the tie band widened by what a face's plane may add to a
+    distance by rounding (about eps times the mesh's worst shape factor ``shape[0]`` times the
+    distance from the face), every face in it measured."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     triangle_d2, _ = _funcs(dtype)
     eps = torch.finfo(dtype).eps
@@ -157,6 +159,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
         ghi: wp.array(dtype=wp.int64),
         scale: wp.array(dtype=s),
         max_d2: s,
+        shape: wp.array(dtype=wp.float64),
         chain: int,
         slot: wp.array(dtype=wp.int64),
         found: wp.array(dtype=wp.int64),
@@ -175,10 +178,14 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
         single = glo[0] == ghi[0] and glo[0] == g  # one mesh (or one sample of points), the query's: no sample ranges to test
         size = wp.max(scale[0], wp.max(wp.max(wp.abs(qlo[0]), wp.abs(qhi[0])), wp.max(wp.max(wp.abs(qlo[1]), wp.abs(qhi[1])), wp.max(wp.abs(qlo[2]), wp.abs(qhi[2])))))
         near = tie * size * s(2.0)  # two distances closer than this are a tie
+        wide = s(0.0)  # rivals: the band of a distance r is r + near + wide (r + 2 size)
+        if wp.static(rivals):
+            wide = s(4.0 * eps) * s(shape[0])
         n = wp.int64(ta.shape[0])
         zero = v(s(0.0), s(0.0), s(0.0))
         best = max_d2  # the smallest squared distance found
         upper = max_d2  # a face farther than this cannot win, not even a tie
+        reach = max_d2  # a face farther than this is not measured (upper, or the rivals' band)
         lower = max_d2  # a face nearer than this wins outright
         face = wp.int64(-1)
         at = wp.int64(-1)
@@ -205,6 +212,8 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                     upper = wp.min((r + near) * (r + near), max_d2)
                     lower = wp.max(r - near, s(0.0))
                     lower = lower * lower
+                    band = r + near + wide * (r + s(2.0) * size)
+                    reach = wp.min(wp.max(upper, band * band), max_d2)
         stack_node = _nodes()
         stack_depth = _nodes()
         stack_bound = _bounds()
@@ -213,7 +222,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
             top = top - 1
             node = stack_node[top]
             d = stack_depth[top]
-            if stack_bound[top] > upper * slack:
+            if stack_bound[top] > reach * slack:
                 continue
             while True:
                 if not single and (g < glo[node] or g > ghi[node]):
@@ -255,6 +264,8 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                                 upper = wp.min((r + near) * (r + near), max_d2)
                                 lower = wp.max(r - near, s(0.0))
                                 lower = lower * lower
+                                band = r + near + wide * (r + s(2.0) * size)
+                                reach = wp.min(wp.max(upper, band * band), max_d2)
                     break
                 left = 2 * node + 1
                 gl = wp.max(wp.max(lo[left] - qhi, qlo - hi[left]), zero)
@@ -266,18 +277,21 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                 stack_node[top] = second
                 stack_depth[top] = d + 1
                 stack_bound[top] = other
-                top = top + int(other <= upper * slack)
-                if bound > upper * slack:
+                top = top + int(other <= reach * slack)
+                if bound > reach * slack:
                     break
                 node = first
                 d = d + 1
         found[i] = face
         slot[i] = at
-        if not wp.static(rivals):
+        if not wp.static(rivals) or face < wp.int64(0):
             return
-        if d_3 <= upper:
-            rival[i] = wp.int64(-2)  # two or more others in the band
-        elif d_2 <= upper and face >= wp.int64(0):
+        r = wp.sqrt(best)
+        band = r + near + wide * (r + s(2.0) * size)
+        band = band * band
+        if d_3 <= band or band > max_d2:
+            rival[i] = wp.int64(-2)  # two or more others in the band, or faces past max_dist not measured
+        elif d_2 <= band:
             rival[i] = f_2
             if f_2 == face:
                 rival[i] = f_1
@@ -592,12 +606,13 @@ def _mesh_closest(
     qa: torch.Tensor, qb: torch.Tensor, qc: torch.Tensor, query_group: torch.Tensor,
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, scale: torch.Tensor,
-    max_dist: float, faces_to_points: bool, validate: bool, rivals: bool = False,
+    max_dist: float, faces_to_points: bool, validate: bool, rivals: bool = False, shape: Optional[torch.Tensor] = None,
 ) -> list[torch.Tensor]:
     """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
-    in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the tie
-    band of that one (-1: none, -2: two or more; see :mod:`._sides`), else -1]."""
+    in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the band
+    of that one widened by ``shape`` (1,) float64, the mesh's worst shape factor (-1: none, -2:
+    two or more, or a band past ``max_dist``; see :mod:`._sides`), else -1]."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
@@ -610,26 +625,27 @@ def _mesh_closest(
     slot, rival = torch.empty_like(found), torch.empty_like(found)  # slot: each query's face as a row of the sorted faces (the next query's first bound)
     chain = int(qa.device.type == "cpu" and CHAIN)
     args = [_tree.depth(ta.shape[0]), rows, qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
-            scale, max_d2, chain, slot, found, rival]
+            scale, max_d2, shape if shape is not None else torch.zeros(1, dtype=torch.float64, device=qa.device), chain, slot, found, rival]
     _warp.launch(_closest_kernel(qa.dtype, faces_to_points, rivals), m, args, like=qa, min_chunk=64)
     return [found, rows, rival]
 
 
 @_mesh_closest.register_fake
-def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate, rivals=False):
+def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate, rivals=False, shape=None):
     return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(3)]
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
-            triangles: tuple | None = None, rivals: bool = False) -> list[torch.Tensor]:
+            triangles: tuple | None = None, shape: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
-    the order the queries were walked in (for :func:`winding`); and with ``rivals`` the other
-    row the search tied with the one found (-1: none, -2: several; else -1)."""
+    the order the queries were walked in (for :func:`winding`); and given ``shape`` (the mesh's
+    worst shape factor, :func:`closed`) the other row within the band of the one found, widened
+    for the rounding of thin faces' planes (-1: none, -2: several; without ``shape``, -1)."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
     return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
-                                        float(max_dist), triangles is not None, validate, rivals)
+                                        float(max_dist), triangles is not None, validate, shape is not None, shape)
 
 
 @_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

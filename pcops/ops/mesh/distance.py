@@ -187,7 +187,10 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     """``kept``: ``bvh`` is the caller's, queried again later (its sign analysis is kept)."""
     dtype, out_dtype = _validate.compute_dtype(query.points, bvh.vertices)
     search = query.points.to(bvh.tree.a.dtype)
-    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, rivals=signed)  # rows: the order of the walks
+    if signed:  # the mesh's closedness and analysis (:mod:`._sides`), and the search's wider band for it
+        padding = bvh.batch + 1 if bvh.batch > 0 else None
+        closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
+    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, shape=closed[1] if signed else None)  # rows: the order of the walks
     found = face >= 0
     p = query.points.to(dtype)
     if _threads.differentiable(p, bvh.vertices):
@@ -197,8 +200,6 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         on, normal_part = None, None
     sign = torch.ones_like(dists)
     if signed:
-        padding = bvh.batch + 1 if bvh.batch > 0 else None
-        closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
         known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)

@@ -131,7 +131,7 @@ class TestMeshDistance(OpSuite):
             cases.append((torch.ops.pcops.mesh_tree.default, (v, f, group)))
             rows = torch.randperm(20, generator=gen)
             for rivals in (False, True):
-                cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True, rivals)))
+                cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True, rivals, torch.tensor([3.0], dtype=F64))))
             reach = torch.rand(20, generator=gen, dtype=dtype)
             known = torch.tensor([0.0, 1.0, float("inf"), -1.0, float("inf")] * 4, dtype=dtype)  # inf: walked
             for closed in (0, 1):
@@ -145,7 +145,7 @@ class TestMeshDistance(OpSuite):
                             tree.radius, tree.scale)
                 cases.append((torch.ops.pcops.mesh_simple.default, analysis))
             simple = torch.ops.pcops.mesh_simple.default(*analysis)
-            rival = torch.ops.pcops.mesh_closest.default(q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, float("inf"), False, False, True)[2]
+            rival = torch.ops.pcops.mesh_closest.default(q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, float("inf"), False, False, True, torch.tensor([3.0], dtype=F64))[2]
             cases.append((torch.ops.pcops.mesh_sides.default, (q, face, rival, v, f, twin, *simple)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))

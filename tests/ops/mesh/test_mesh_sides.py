@@ -103,8 +103,8 @@ def _known(q, v, f):
     """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
-    face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False, rivals=True)
     closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
+    face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False, shape=closed[1])
     return _sides.known(q, face, rival, v, f, closed, simple)
 
 
@@ -236,7 +236,8 @@ def test_faces_the_search_tied_are_compared_in_float64(case):
         v, f = _box((1.0, 1.0, 1.0), torch.float32)
         q = torch.tensor([[0.5, 0.5, 1e6], [0.2, 0.7, -1e6]]).repeat(8, 1)
     bvh = pcops.mesh_bvh(v, f)
-    _, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False, rivals=True)
+    shape = _search.closed(v, f, bvh.face_group, None)[1]
+    _, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False, shape=shape)
     assert (rival != -1).any()  # the search did tie faces here
     w = reference.winding_number(q, v, f)
     assert ((w - 0.5).abs() > 0.4).all()
@@ -244,3 +245,53 @@ def test_faces_the_search_tied_are_compared_in_float64(case):
     assert torch.equal(signed < 0, w >= 0.5)
     k = _known(q, v, f)
     assert torch.equal(k[k < float("inf")].double(), w.round()[k < float("inf")])
+
+
+def _turned(v, seed):
+    """The vertices turned by a random rotation (off the axes), in float32."""
+    rotation, _ = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(seed)))
+    return (v.to(F64) @ rotation.T).to(torch.float32)
+
+
+def _needle_plate(thickness=5e-6, width=1e-4):
+    """A closed float32 plate 1 x 1 x ``thickness`` whose top holds a needle face (0.9 long,
+    ``width`` wide at its end: height over longest edge about 1e-4), turned off the axes."""
+    square = [(0, 0), (1, 0), (1, 1), (0, 1)]
+    top = square + [(0.05, 0.5), (0.95, 0.5 - width / 2), (0.95, 0.5 + width / 2)]
+    v = torch.tensor([(x, y, thickness) for x, y in top] + [(x, y, 0.0) for x, y in square], dtype=F64)
+    f = [(4, 5, 6), (0, 1, 5), (0, 5, 4), (1, 2, 6), (1, 6, 5), (2, 3, 4), (2, 4, 6), (3, 0, 4), (7, 9, 8), (7, 10, 9)]
+    for i in range(4):
+        j = (i + 1) % 4
+        f += [(7 + i, 7 + j, j), (7 + i, j, i)]
+    return _turned(v, 0), torch.tensor(f)
+
+
+def test_a_thin_face_s_rounded_plane_does_not_hide_the_nearest_face():
+    """Over a needle face (its float32 plane tilted by about eps over its shape, so its distance is
+    off by far more than the search's tie band) on a plate thinner than that error, the bottom
+    face measured nearer in float32 must not decide the side: the band is widened by the mesh's
+    worst shape factor."""
+    v, f = _needle_plate()
+    v64 = v.double()
+    normal = torch.nn.functional.normalize(torch.linalg.cross(v64[5] - v64[4], v64[6] - v64[4]), dim=0)
+    s = torch.linspace(0.80, 0.99, 200, dtype=F64)[:, None]
+    q = (v64[4] + s * ((v64[5] + v64[6]) / 2 - v64[4]) + 1e-5 * normal).to(torch.float32)
+    w = reference.winding_number(q, v, f)
+    assert ((w - 0.5).abs() > 0.4).all()
+    for mesh in ((v, f), (pcops.mesh_bvh(v, f),)):
+        signed = pcops.mesh_distance(q, *mesh, signed=True).dists
+        assert torch.equal(signed < 0, w >= 0.5)
+
+
+def test_a_band_past_max_dist_walks_the_query():
+    """A float32 plate thinner than the tie band, a query far above it and ``max_dist`` between the
+    two faces' rounded distances: the face past ``max_dist`` is not measured, so the query is walked."""
+    v, f = _box((10.0, 10.0, 1e-6), F64)
+    v = _turned(v, 1)
+    q = torch.tensor([[14.69129467010498, 17.33878517150879, 20.798463821411133]])
+    d = float(pcops.mesh_distance(q.double(), v.double(), f).dists[0])
+    w = reference.winding_number(q, v, f)
+    bvh = pcops.mesh_bvh(v, f)
+    for max_dist in [None] + [d * (1 + k * 1e-8) for k in range(-30, 31, 3)]:
+        out = pcops.mesh_distance(q.repeat(16, 1), bvh, signed=True, max_dist=max_dist).dists
+        assert torch.equal(out < 0, (w >= 0.5).repeat(16)), max_dist
