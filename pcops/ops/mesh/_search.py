@@ -238,7 +238,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                             else:
                                 d2 = triangle_d2(a, ta[j], tb[j], tc[j])
                             f = order[j]
-                            if wp.static(rivals) and f != f_1 and f != f_2:
+                            if wp.static(rivals) and d2 <= reach and f != f_1 and f != f_2:  # (only the band counts)
                                 if d2 < d_1:
                                     d_3 = d_2
                                     d_2 = d_1
