@@ -179,8 +179,10 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
         size = wp.max(scale[0], wp.max(wp.max(wp.abs(qlo[0]), wp.abs(qhi[0])), wp.max(wp.max(wp.abs(qlo[1]), wp.abs(qhi[1])), wp.max(wp.abs(qlo[2]), wp.abs(qhi[2])))))
         near = tie * size * s(2.0)  # two distances closer than this are a tie
         wide = s(0.0)  # rivals: the band of a distance r is r + near + wide (r + 2 size)
+        track = False  # rivals, on a simple mesh (a shape factor above 0; see ._sides)
         if wp.static(rivals):
             wide = s(4.0 * eps) * s(shape[0])
+            track = shape[0] > wp.float64(0.0)
         n = wp.int64(ta.shape[0])
         zero = v(s(0.0), s(0.0), s(0.0))
         best = max_d2  # the smallest squared distance found
@@ -238,7 +240,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                             else:
                                 d2 = triangle_d2(a, ta[j], tb[j], tc[j])
                             f = order[j]
-                            if wp.static(rivals) and d2 <= reach and f != f_1 and f != f_2:  # (only the band counts)
+                            if wp.static(rivals) and track and d2 <= reach and f != f_1 and f != f_2:  # (only the band counts)
                                 if d2 < d_1:
                                     d_3 = d_2
                                     d_2 = d_1
@@ -284,7 +286,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                 d = d + 1
         found[i] = face
         slot[i] = at
-        if not wp.static(rivals) or face < wp.int64(0):
+        if not wp.static(rivals) or not track or face < wp.int64(0):
             return
         r = wp.sqrt(best)
         band = r + near + wide * (r + s(2.0) * size)
@@ -612,7 +614,8 @@ def _mesh_closest(
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
     in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the band
     of that one widened by ``shape`` (1,) float64, the mesh's worst shape factor (-1: none, -2:
-    two or more, or a band past ``max_dist``; see :mod:`._sides`), else -1]."""
+    two or more, or a band past ``max_dist``; see :mod:`._sides`; nothing tracked where that
+    factor is 0: a mesh that is not simple), else -1]."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
