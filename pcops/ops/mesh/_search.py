@@ -226,6 +226,10 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
             d = stack_depth[top]
             if stack_bound[top] > reach * slack:
                 continue
+            # a node past upper (reached through the rivals' wider band only): its faces are
+            # measured for the rivals but never taken, so the face found is the search's without
+            # rivals, face for face (a sliver's rounded distance can be far too small)
+            eligible = stack_bound[top] <= upper * slack
             while True:
                 if not single and (g < glo[node] or g > ghi[node]):
                     break
@@ -254,7 +258,9 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                                 elif d2 < d_3:
                                     d_3 = d2
                             take = False
-                            if face < wp.int64(0):
+                            if not eligible:
+                                take = False
+                            elif face < wp.int64(0):
                                 take = d2 <= upper
                             else:
                                 take = d2 < lower or (d2 <= upper and f < face)
@@ -282,6 +288,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                 top = top + int(other <= reach * slack)
                 if bound > reach * slack:
                     break
+                eligible = eligible and bound <= upper * slack
                 node = first
                 d = d + 1
         found[i] = face

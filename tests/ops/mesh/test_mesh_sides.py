@@ -295,3 +295,38 @@ def test_a_band_past_max_dist_walks_the_query():
     for max_dist in [None] + [d * (1 + k * 1e-8) for k in range(-30, 31, 3)]:
         out = pcops.mesh_distance(q.repeat(16, 1), bvh, signed=True, max_dist=max_dist).dists
         assert torch.equal(out < 0, (w >= 0.5).repeat(16)), max_dist
+
+
+def _needle_box(width=1e-2, seed=1):
+    """A closed float32 box [0, 1] x [-1/2, 1/2] x [0, 1] turned off the axes, its bottom holding a
+    needle face from the corner-less point (0, 0, 0) to a base ``width`` long on the wall x = 1."""
+    v = torch.tensor([(0, -.5, 0), (1, -.5, 0), (1, .5, 0), (0, .5, 0), (0, 0, 0), (1, -width / 2, 0), (1, width / 2, 0),
+                      (0, -.5, 1), (1, -.5, 1), (1, .5, 1), (0, .5, 1)], dtype=F64)
+    f = torch.tensor([(4, 6, 5), (4, 1, 0), (4, 5, 1), (4, 3, 2), (4, 2, 6), (7, 8, 9), (7, 9, 10), (0, 1, 8), (0, 8, 7), (1, 5, 8),
+                      (5, 6, 8), (6, 9, 8), (6, 2, 9), (2, 3, 10), (2, 10, 9), (3, 4, 10), (4, 0, 7), (4, 7, 10)])
+    return _turned(v, seed), f
+
+
+def test_signed_calls_find_the_faces_and_distances_of_unsigned_ones():
+    """The signed search measures more faces (for the sides' rivals) but takes the same ones as the
+    unsigned search: far queries beyond a needle's short edge, where the needle's float32 distance
+    is far too small, keep the unsigned face (and the exact winding number's sign)."""
+    v, f = _needle_box()
+    v64 = v.double()
+    a, b, c = v64[4], v64[6], v64[5]
+    normal = torch.nn.functional.normalize(torch.linalg.cross(b - a, c - a), dim=0)
+    along = torch.nn.functional.normalize((b + c) / 2 - a - (((b + c) / 2 - a) @ normal) * normal, dim=0)
+    gen = torch.Generator().manual_seed(1)
+    beyond = 3e4 * (0.01 + 0.8 * torch.rand(400, 1, generator=gen, dtype=F64))
+    q = ((b + c) / 2 + beyond * along - 3e4 * normal).to(torch.float32)
+    cases = [(q, v, f)]
+    for name in ("sphere", "torus", "grid_cube"):
+        vs, fs = _simple(name)
+        cases.append((_queries(vs, fs, torch.Generator().manual_seed(7), 400).to(torch.float32), vs.to(torch.float32), fs))
+    for points, vertices, faces in cases:
+        bvh = pcops.mesh_bvh(vertices, faces)
+        unsigned, signed = pcops.mesh_distance(points, bvh), pcops.mesh_distance(points, bvh, signed=True)
+        assert torch.equal(signed.face, unsigned.face) and torch.equal(signed.dists.abs(), unsigned.dists)
+        w = reference.winding_number(points, vertices, faces)
+        off = signed.dists != 0
+        assert torch.equal((signed.dists < 0)[off], (w >= 0.5)[off])
