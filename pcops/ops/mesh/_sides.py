@@ -12,26 +12,35 @@ from the exact coordinates. Queries closest to a corner, to a face of poor shape
 ``SOUND`` times its longest edge) or to a knife edge (faces folded onto each other) are walked
 as before (:mod:`._search`), as are all queries of any other mesh.
 
-``pcops::mesh_sides`` runs, on one mesh or a batch:
+``pcops::mesh_simple`` analyses a mesh (one mesh or a batch), once per kept ``MeshBVH`` in eager
+mode (:func:`analysis`):
 
 * ``components`` (one thread): the connected pieces (union-find over the twins) and each
   piece's best-shaped face; nothing (every query walked) unless every edge has its twin.
 * ``crossing`` (a thread per face): the face against every face of its sample whose box meets
   its own (the hierarchy's boxes), in float64 with a margin of ``MARGIN`` times the mesh's size:
-  faces with no shared corner must be separated by one of the 11 axes of the separating-axis
-  test; faces sharing one corner by a plane through it (one face off the other's plane, the
-  two in one plane on either side of an edge line, or crossing each other's planes along
-  opposite rays); the two faces of an edge must not fold onto each other. Anything else counts
-  as a crossing (the test errs on the safe side), and then every query is walked.
+  faces with no shared corner must be separated by one of the separating-axis test's axes
+  (normals, edge pairs, and in-plane axes for faces in one plane); faces sharing one corner by
+  a plane through it (one face's plane, a plane through an edge along a normal or along an edge
+  of the other, the plane between the faces' middle directions) or cross each other's planes
+  along opposite rays from it; the two faces of an edge must not fold onto each other.
+  Anything else counts as a crossing (the test errs on the safe side), and then every query
+  is walked.
 * ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
   centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
   itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
   every query walked.
-* ``sides`` (a thread per query): the winding number of its closest face's side, inf where it
-  must be walked.
+
+``pcops::mesh_sides`` (``sides``, a thread per query) gives the winding number of its closest
+face's side, inf where it must be walked. The search's face may only tie with the truly nearest
+(float32 rounding, larger for thin faces' planes): the search reports the other face within
+that band, widened by the mesh's worst shape factor (:func:`._search.closest`), the two are
+compared in float64 (``feature``) and the nearer decides; a query with two or more others in
+the band is walked.
 
 GPUs walk every query (the pieces are found by one thread here), and so does a call with fewer
-queries than faces (the analysis would cost more than their walks).
+queries than faces on a hierarchy built in the call (the analysis would cost more than their
+walks).
 """
 
 import weakref
