@@ -73,10 +73,9 @@ def _funcs(dtype: torch.dtype):
         """The nearest of the three edges, or the plane where p projects inside a solid triangle."""
         ab, bc, ca = b - a, c - b, a - c
         best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
-        if solid:
-            pa, pb, pc = a - p, b - p, c - p
-            if wp.dot(n, wp.cross(pb, pc)) >= s(0.0) and wp.dot(n, wp.cross(pc, pa)) >= s(0.0) and wp.dot(n, wp.cross(pa, pb)) >= s(0.0):
-                h = wp.dot(n, pa)
+        if solid:  # p's side of each edge as in _triangle (the rounding of p - corner only)
+            if wp.dot(p - b, wp.cross(n, bc)) >= s(0.0) and wp.dot(p - c, wp.cross(n, ca)) >= s(0.0) and wp.dot(p - a, wp.cross(n, ab)) >= s(0.0):
+                h = wp.dot(n, a - p)
                 best = wp.min(best, h * h / nn)
         return best
 

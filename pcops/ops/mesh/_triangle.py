@@ -65,11 +65,15 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     longest = torch.maximum(torch.maximum(_dot(b - a, b - a), _dot(c - b, c - b)), _dot(a - c, a - c))
     solid = nn > (FLAT * eps) ** 2 * longest * longest
     safe = torch.where(solid, nn, 1.0)
-    pa, pb, pc = a - p, b - p, c - p
-    u, v, w = _dot(n, torch.linalg.cross(pb, pc)), _dot(n, torch.linalg.cross(pc, pa)), _dot(n, torch.linalg.cross(pa, pb))
+    # twice the signed areas of p's projection with each edge, n . ((corner - p) x (next - p)),
+    # as (p - corner) . (n x edge): only p - corner rounds with p's distance (for a far point
+    # the cross product of two offsets would round by its square over the edge)
+    u = _dot(p - b, torch.linalg.cross(n, c - b))
+    v = _dot(p - c, torch.linalg.cross(n, a - c))
+    w = _dot(p - a, torch.linalg.cross(n, b - a))
     inside = solid & (u >= 0) & (v >= 0) & (w >= 0)
     weights = torch.stack([u, v, w], -1) / safe[..., None]
-    plane = p + (_dot(n, pa) / safe)[..., None] * n  # p's projection onto the plane
+    plane = p + (_dot(n, a - p) / safe)[..., None] * n  # p's projection onto the plane
     return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary))
 
 
@@ -112,11 +116,10 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
         n = wp.cross(ab, -ca)
         nn = wp.dot(n, n)
         longest = wp.max(wp.max(wp.dot(ab, ab), wp.dot(bc, bc)), wp.dot(ca, ca))
-        if nn > flat2 * longest * longest:
-            pa, pb, pc = pa_ - p, pb_ - p, pc_ - p
-            u, vv, ww = wp.dot(n, wp.cross(pb, pc)), wp.dot(n, wp.cross(pc, pa)), wp.dot(n, wp.cross(pa, pb))
+        if nn > flat2 * longest * longest:  # (the signed areas as in _closest_torch)
+            u, vv, ww = wp.dot(p - pb_, wp.cross(n, bc)), wp.dot(p - pc_, wp.cross(n, ca)), wp.dot(p - pa_, wp.cross(n, ab))
             if u >= s(0.0) and vv >= s(0.0) and ww >= s(0.0):
-                near = p + (wp.dot(n, pa) / nn) * n
+                near = p + (wp.dot(n, pa_ - p) / nn) * n
                 w = v(u / nn, vv / nn, ww / nn)
         return near, w, n
 

@@ -477,3 +477,23 @@ def test_the_hierarchy_is_the_same_built_a_launch_per_level(monkeypatch):
     monkeypatch.setattr(tree, "THREADS", 1)
     for a, b in zip(expected, tree.build(v, f, group, torch.float64), strict=True):
         assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
+    """A float32 needle triangle (1e-2 wide at its base, 1 long) and points up to 2.4e4 beyond
+    its base: whether a point projects inside the face is decided from p - corner only (the cross
+    products of two corner offsets rounded by the squared distance over the short edge: a
+    distance 35 short in 3e4 before), in the search, the kernel and the torch formulas."""
+    rotation, _ = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(1)))
+    v = (torch.tensor([[0, 0, 0], [1, -5e-3, 0], [1, 5e-3, 0]], dtype=F64) @ rotation.T).float()
+    f = torch.tensor([[0, 2, 1]])
+    gen = torch.Generator().manual_seed(2)
+    beyond = 3e4 * (0.01 + 0.8 * torch.rand(2000, 1, generator=gen, dtype=F64))
+    across = (torch.rand(2000, 1, generator=gen, dtype=F64) - 0.5) * 0.008
+    height = 3e4 * (2 * torch.rand(2000, 1, generator=gen, dtype=F64) - 1)
+    axes = rotation.T  # rows: the triangle's frame
+    q = ((v[1] + v[2]).double() / 2 + beyond * axes[0] + across * axes[1] + height * axes[2]).float().requires_grad_(grad)
+    d = pcops.mesh_distance(q, v, f).dists
+    expected = reference.mesh_distance(q.detach(), v, f)[0]
+    assert torch.allclose(d.detach().double(), expected, rtol=1e-6, atol=0)
