@@ -276,6 +276,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _check_edges(rank, world)
         _check_compile(rank, world)
         _check_few_points(rank, world)
+        dist.barrier()  # every rank done before any tears the group down (a rank that left early aborted once)
     finally:
         dist.destroy_process_group()
 
