@@ -138,6 +138,17 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_STACK, dtype=s)
 
+    @wp.func(module="unique")
+    def limits(best: s, near: s, wide: s, size: s, max_d2: s):
+        """(upper, lower, reach) for the smallest squared distance ``best``: a face farther than
+        upper cannot win, not even a tie; one nearer than lower wins outright; one farther than
+        reach is not measured (upper, or the rivals' band r + near + wide (r + 2 size))."""
+        r = wp.sqrt(best)
+        upper = wp.min((r + near) * (r + near), max_d2)
+        lower = wp.max(r - near, s(0.0))
+        band = r + near + wide * (r + s(2.0) * size)
+        return upper, lower * lower, wp.min(wp.max(upper, band * band), max_d2)
+
     @wp.kernel(enable_backward=False, module="unique")
     def closest(
         start: int,
@@ -209,12 +220,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                     face = order[jp]
                     at = jp
                     best = d2
-                    r = wp.sqrt(best)
-                    upper = wp.min((r + near) * (r + near), max_d2)
-                    lower = wp.max(r - near, s(0.0))
-                    lower = lower * lower
-                    band = r + near + wide * (r + s(2.0) * size)
-                    reach = wp.min(wp.max(upper, band * band), max_d2)
+                    upper, lower, reach = limits(best, near, wide, size, max_d2)
         stack_node = _nodes()
         stack_depth = _nodes()
         stack_bound = _bounds()
@@ -267,12 +273,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                                 face = f
                                 at = wp.int64(j)
                                 best = wp.min(best, d2)
-                                r = wp.sqrt(best)
-                                upper = wp.min((r + near) * (r + near), max_d2)
-                                lower = wp.max(r - near, s(0.0))
-                                lower = lower * lower
-                                band = r + near + wide * (r + s(2.0) * size)
-                                reach = wp.min(wp.max(upper, band * band), max_d2)
+                                upper, lower, reach = limits(best, near, wide, size, max_d2)
                     break
                 left = 2 * node + 1
                 gl = wp.max(wp.max(lo[left] - qhi, qlo - hi[left]), zero)
