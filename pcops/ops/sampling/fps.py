@@ -37,6 +37,7 @@ bucket kernels run on the CPU only (they compile for CUDA too).
 """
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple, Optional, Union
 
@@ -518,24 +519,47 @@ def _height(n: int) -> int:
     return h
 
 
-# Warp's array descriptor: what wp.from_torch(..., return_ctype=True) returns
 def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor) -> None:
     """Bucket FPS into ``idx`` (B, S), -1 filled: points (B, N, 3), one kernel thread per
     sample (its tree, then its picks). The work arrays are views of two allocations (one of
-    the points' dtype, one int32), passed as descriptors made here."""
+    the points' dtype, one int32), passed as descriptors (:func:`_scratch`)."""
     b, n, _ = points.shape
     sample, _ = _kernels(points.dtype)
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
+    values = [n, nodes, _warp.array(lengths32), _warp.array(counts), _warp.array(start), _warp.span(points, 0, b * n, 3),
+              *_scratch(points.dtype, b, n, nodes), _warp.array(idx)]
+    _run_samples(sample, b, values)
+
+
+# Scratch of bucket FPS kept for the next call of the same shape on the same thread, up to this
+# many points in all (B * N): a small call's work arrays and their descriptors cost about as
+# much as its picks; a large call's are a small part of it and are not kept
+KEEP_SCRATCH = 1 << 14
+_kept = threading.local()
+
+
+def _scratch(dtype: torch.dtype, b: int, n: int, nodes: int) -> list:
+    """The descriptors of bucket FPS's work arrays for B samples of N points (the ``sample``
+    kernel's parameters from ``pts`` to ``node_arg``): the calling thread's from its last call
+    of this shape, else new (kept when B * N <= :data:`KEEP_SCRATCH`). The kernel writes every
+    entry it reads, so reused arrays need no clearing; a call finishes its launch before it
+    returns, so a thread's arrays serve one call at a time."""
+    key = (dtype, b, n)
+    kept = getattr(_kept, "scratch", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
     m, k = b * n, b * nodes
     # floats: pts (3m), dist (m), lo_box (3k), hi_box (3k), node_max (k), tmp_pts (3m, the kd-tree's)
-    f = points.new_empty((7 * m + 7 * k,))
+    f = torch.empty((7 * m + 7 * k,), dtype=dtype)
     # int32: order, keys, tmp_order, tmp_keys, inv (m each), hist (1024 b), node_arg (k)
-    i = torch.empty(5 * m + 1024 * b + k, dtype=torch.int32, device=points.device)
+    i = torch.empty(5 * m + 1024 * b + k, dtype=torch.int32)
     ints = [_warp.span(i, c * m, m) for c in range(5)]
-    values = [n, nodes, _warp.array(lengths32), _warp.array(counts), _warp.array(start), _warp.span(points, 0, m, 3), _warp.span(f, 0, m, 3), _warp.span(f, 0, 3 * m), _warp.span(f, 4 * m + 7 * k, m, 3), _warp.span(f, 4 * m + 7 * k, 3 * m),
-              *ints[:4], _warp.span(i, 5 * m, 1024 * b), ints[4], _warp.span(f, 3 * m, m), _warp.span(f, 4 * m, k, 3),
-              _warp.span(f, 4 * m + 3 * k, k, 3), _warp.span(f, 4 * m + 6 * k, k), _warp.span(i, 5 * m + 1024 * b, k), _warp.array(idx)]
-    _run_samples(sample, b, values)
+    spans = [_warp.span(f, 0, m, 3), _warp.span(f, 0, 3 * m), _warp.span(f, 4 * m + 7 * k, m, 3), _warp.span(f, 4 * m + 7 * k, 3 * m),
+             *ints[:4], _warp.span(i, 5 * m, 1024 * b), ints[4], _warp.span(f, 3 * m, m), _warp.span(f, 4 * m, k, 3),
+             _warp.span(f, 4 * m + 3 * k, k, 3), _warp.span(f, 4 * m + 6 * k, k), _warp.span(i, 5 * m + 1024 * b, k)]
+    if m <= KEEP_SCRATCH:
+        _kept.scratch = (key, spans)
+    return spans
 
 
 def _run_samples(kernel, b: int, values: list) -> None:

@@ -1,5 +1,6 @@
 """pcops.farthest_point_sample against a float64 brute-force loop (the shared op suite, plus FPS specifics)."""
 
+import concurrent.futures
 import importlib.util
 
 import pytest
@@ -260,6 +261,23 @@ def test_few_picks_use_morton_leaves_and_are_plain_fps_too(gen, kind):
     assert 0 < s * sampling.KD_PICKS < p.shape[0]
     assert torch.equal(pcops.farthest_point_sample(p, s).idx, reference.farthest_point_sample(p, s))
     assert torch.equal(pcops.farthest_point_sample(p.float(), s).idx, brute_force(p.float(), s))
+
+
+def test_kept_scratch_serves_calls_of_any_shape_and_thread(gen):
+    # a thread's bucket FPS work arrays are kept for its next call of the same shape: calls that
+    # reuse them (a kd-tree call after a Morton-leaves one and back, stale contents from another
+    # cloud), change shape or dtype, or run on other threads at once are all plain FPS
+    clouds = [torch.rand(300, 3, generator=gen, dtype=F64) for _ in range(3)] + [adversarial("grid", gen)[:300]]
+    calls = [(clouds[0][:37], 30), (clouds[1][:37].float(), 30)] + [(p, s) for p in clouds for s in (5, 200, 5)]
+    calls += [(clouds[1].float(), 150), (clouds[2][None], 40), (clouds[3][None].expand(2, -1, -1), 60)]
+    plain = lambda q, s: reference.farthest_point_sample(q, s) if q.dtype == F64 else brute_force(q, s)  # noqa: E731
+    expected = [torch.cat([plain(q, s) for q in p.reshape(-1, *p.shape[-2:])]) for p, s in calls]
+    assert sampling.KEEP_SCRATCH >= 300
+    for (p, s), want in zip(calls, expected):
+        assert torch.equal(pcops.farthest_point_sample(p, s).idx.reshape(-1), want)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(lambda p=p, s=s: pcops.farthest_point_sample(p, s).idx.reshape(-1)) for p, s in calls * 4]
+        assert all(torch.equal(r.result(), want) for r, want in zip(runs, expected * 4))
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 127, 128, 129, 257, 1000])
