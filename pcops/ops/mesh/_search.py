@@ -56,7 +56,7 @@ def _funcs(dtype: torch.dtype):
     """``triangle_d2(p, a, b, c)``: the squared distance from p to the triangle abc (exact for
     degenerate ones); ``solid_angle(p, a, b, c)``: the signed solid angle of abc seen from p."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    flat = s(FLAT * torch.finfo(dtype).eps)
+    flat = wp.float64(FLAT * torch.finfo(dtype).eps)
     well = s(WELL * WELL)
 
     @wp.func(module="unique")
@@ -69,14 +69,23 @@ def _funcs(dtype: torch.dtype):
         return wp.dot(e, e)
 
     @wp.func(module="unique")
-    def edges_d2(p: v, a: v, b: v, c: v, n: v, nn: s, solid: bool):
-        """The nearest of the three edges, or the plane where p projects inside a solid triangle."""
+    def edges_d2(p: v, a: v, b: v, c: v):
+        """The nearest of the three edges, or the plane where p projects inside a solid triangle
+        (height above ``FLAT`` eps of its longest edge). The plane in float64 (exact differences of
+        float32 coordinates): a thin face's normal computed in its own precision is off by about
+        eps over its shape factor, its height by that times p's distance from the corner."""
         ab, bc, ca = b - a, c - b, a - c
         best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
-        if solid:  # p's side of each edge as in _triangle (the rounding of p - corner only)
-            if wp.dot(p - b, wp.cross(n, bc)) >= s(0.0) and wp.dot(p - c, wp.cross(n, ca)) >= s(0.0) and wp.dot(p - a, wp.cross(n, ab)) >= s(0.0):
-                h = wp.dot(n, a - p)
-                best = wp.min(best, h * h / nn)
+        pw, aw, bw, cw = wp.vec3d(p), wp.vec3d(a), wp.vec3d(b), wp.vec3d(c)
+        abw, bcw, caw = bw - aw, cw - bw, aw - cw
+        n = wp.cross(abw, -caw)
+        nn = wp.dot(n, n)
+        longest = wp.max(wp.dot(abw, abw), wp.max(wp.dot(bcw, bcw), wp.dot(caw, caw)))
+        if nn > flat * flat * longest * longest:  # p's side of each edge as in _triangle (the rounding of p - corner only)
+            zero = wp.float64(0.0)
+            if wp.dot(pw - bw, wp.cross(n, bcw)) >= zero and wp.dot(pw - cw, wp.cross(n, caw)) >= zero and wp.dot(pw - aw, wp.cross(n, abw)) >= zero:
+                h = wp.dot(n, aw - pw)
+                best = wp.min(best, s(h * h / nn))
         return best
 
     @wp.func(module="unique")
@@ -86,7 +95,7 @@ def _funcs(dtype: torch.dtype):
         nn = wp.dot(n, n)
         longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ac, ac)))
         if not (nn > well * longest * longest):  # slivers, flat and degenerate triangles: edges and interior test
-            return edges_d2(p, a, b, c, n, nn, nn > flat * flat * longest * longest)
+            return edges_d2(p, a, b, c)
         # a well-shaped triangle (height >= WELL times its longest edge): the Voronoi region of p
         # (vertex, edge or face; Ericson 2005, 5.1.5), whose signs a sliver's rounding would flip
         ap = p - a

@@ -60,6 +60,9 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     pick = d2.argmin(-1, keepdim=True)  # the first of equal ones
     point = torch.stack([q for q, _ in candidates], -2).gather(-2, pick[..., None].expand(*pick.shape, 3)).squeeze(-2)
     bary = torch.stack([w for _, w in candidates], -2).gather(-2, pick[..., None].expand(*pick.shape, 3)).squeeze(-2)
+    # the plane in float64 (float32 coordinates' differences exact there): a thin face's normal
+    # computed in float32 is off by about eps over its shape factor (see _search._funcs)
+    p_, a, b, c = (t.to(plane_dtype(t.dtype)) for t in (p, a, b, c))
     n = torch.linalg.cross(b - a, c - a)
     nn = _dot(n, n)
     longest = torch.maximum(torch.maximum(_dot(b - a, b - a), _dot(c - b, c - b)), _dot(a - c, a - c))
@@ -68,13 +71,19 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     # twice the signed areas of p's projection with each edge, n . ((corner - p) x (next - p)),
     # as (p - corner) . (n x edge): only p - corner rounds with p's distance (for a far point
     # the cross product of two offsets would round by its square over the edge)
-    u = _dot(p - b, torch.linalg.cross(n, c - b))
-    v = _dot(p - c, torch.linalg.cross(n, a - c))
-    w = _dot(p - a, torch.linalg.cross(n, b - a))
+    u = _dot(p_ - b, torch.linalg.cross(n, c - b))
+    v = _dot(p_ - c, torch.linalg.cross(n, a - c))
+    w = _dot(p_ - a, torch.linalg.cross(n, b - a))
     inside = solid & (u >= 0) & (v >= 0) & (w >= 0)
-    weights = torch.stack([u, v, w], -1) / safe[..., None]
-    plane = p + (_dot(n, a - p) / safe)[..., None] * n  # p's projection onto the plane
+    weights = (torch.stack([u, v, w], -1) / safe[..., None]).to(p.dtype)
+    plane = (p_ + (_dot(n, a - p_) / safe)[..., None] * n).to(p.dtype)  # p's projection onto the plane
     return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary))
+
+
+def plane_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a face's plane (normal, height, inside test) for coordinates of ``dtype``:
+    float64 (exact differences of float32 coordinates)."""
+    return torch.float64
 
 
 @_warp.kernels
@@ -84,8 +93,8 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
     ``result``: the kernel of :func:`measure` instead (the triangle of each point gathered from a
     mesh by its face row, and the distance too)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    flat2 = s((FLAT * torch.finfo(dtype).eps) ** 2)
-    tiny = s(torch.finfo(dtype).tiny)
+    flat2 = wp.float64((FLAT * torch.finfo(dtype).eps) ** 2)
+    tiny = wp.float64(torch.finfo(torch.float64).tiny)
 
     @wp.func(module="unique")
     def segment(p: v, x: v, y: v):
@@ -112,15 +121,19 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
         elif d2 < d0 and d2 < d1:
             near = q2
             w = v(t2, s(0.0), s(1.0) - t2)
-        ab, bc, ca = pb_ - pa_, pc_ - pb_, pa_ - pc_
+        # the plane in float64 (as the search's, see _search._funcs): exact differences of float32
+        # coordinates, a thin face's normal accurate
+        pw, aw, bw, cw = wp.vec3d(p), wp.vec3d(pa_), wp.vec3d(pb_), wp.vec3d(pc_)
+        ab, bc, ca = bw - aw, cw - bw, aw - cw
         n = wp.cross(ab, -ca)
         nn = wp.dot(n, n)
         longest = wp.max(wp.max(wp.dot(ab, ab), wp.dot(bc, bc)), wp.dot(ca, ca))
         if nn > flat2 * longest * longest:  # (the signed areas as in _closest_torch)
-            u, vv, ww = wp.dot(p - pb_, wp.cross(n, bc)), wp.dot(p - pc_, wp.cross(n, ca)), wp.dot(p - pa_, wp.cross(n, ab))
-            if u >= s(0.0) and vv >= s(0.0) and ww >= s(0.0):
-                near = p + (wp.dot(n, pa_ - p) / nn) * n
-                w = v(u / nn, vv / nn, ww / nn)
+            u, vv, ww = wp.dot(pw - bw, wp.cross(n, bc)), wp.dot(pw - cw, wp.cross(n, ca)), wp.dot(pw - aw, wp.cross(n, ab))
+            zero = wp.float64(0.0)
+            if u >= zero and vv >= zero and ww >= zero:
+                near = v(pw + (wp.dot(n, aw - pw) / nn) * n)
+                w = v(wp.vec3d(u, vv, ww) / nn)
         return near, w, n
 
     if not result:
@@ -153,9 +166,9 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
         diff = p - near
         d = wp.length(diff)
         if diff[0] == s(0.0) and diff[1] == s(0.0) and diff[2] == s(0.0):  # on the surface: along the normal
-            d = wp.dot(diff, n)
+            d = s(wp.dot(wp.vec3d(diff), n))
         elif w[0] > s(0.0) and w[1] > s(0.0) and w[2] > s(0.0):  # inside the face: the height over its plane
-            d = wp.abs(wp.dot(p - a, n))
+            d = s(wp.abs(wp.dot(wp.vec3d(p) - wp.vec3d(a), n)))
         dists[i] = d
         point[i] = near
         bary[i] = w

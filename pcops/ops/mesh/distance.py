@@ -224,18 +224,19 @@ def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
     a, b, c = corners.unbind(1)
     near = _triangle.closest(p, a, b, c)
     diff = p - near.point
-    normal = torch.linalg.cross(b - a, c - a)
-    normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    wide = _triangle.plane_dtype(dtype)  # (a thin face's normal, see _triangle)
+    normal = torch.linalg.cross(b.to(wide) - a.to(wide), c.to(wide) - a.to(wide))
+    normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(wide).tiny)
     # A closest point inside a face (every weight > 0): the distance is the height over its plane,
     # whose gradient is the unit normal however close the point (p - near is rounding noise
     # there). Exactly on the surface: measured along the normal (by the vertex order): value 0,
     # first derivative that normal, second 0, where the norm's are 0 and NaN.
     on = (diff == 0).all(-1)
-    height = ((p - a) * normal).sum(-1)
+    height = ((p.to(wide) - a.to(wide)) * normal).sum(-1).to(dtype)
     planar = (near.bary > 0).all(-1)
     dists = torch.where(planar, height * torch.where(height >= 0, 1.0, -1.0),
                         torch.linalg.vector_norm(torch.where(on[:, None], 1.0, diff), dim=-1))
-    return dists, on, near.point, near.bary, (diff * normal).sum(-1)
+    return dists, on, near.point, near.bary, (diff.to(wide) * normal).sum(-1).to(dtype)
 
 
 __all__ = ["MeshBVH", "MeshDistance", "mesh_bvh", "mesh_distance"]

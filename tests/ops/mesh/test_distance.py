@@ -497,3 +497,35 @@ def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
     d = pcops.mesh_distance(q, v, f).dists
     expected = reference.mesh_distance(q.detach(), v, f)[0]
     assert torch.allclose(d.detach().double(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_points_over_thin_float32_faces_keep_their_distance(grad):
+    """float32 faces whose height is 70 to 10^4 eps of their longest edge (above the flatness
+    threshold, so measured by their planes) and points 3e-4 to 0.3 over their interiors: the
+    plane is computed in float64 in the search, the kernel and the torch formulas (a float32
+    normal is off by about eps over the shape factor: up to 138% off before). With a second,
+    well-shaped face just farther on the other side, the search still finds the thin one."""
+    gen = torch.Generator().manual_seed(4)
+    eps = torch.finfo(torch.float32).eps
+    for ratio in (70.0, 100.0, 1e3, 1e4):
+        rotation, _ = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=gen))
+        corners = torch.tensor([[0, 0, 0], [1, 0, 0], [0.37, ratio * eps, 0]], dtype=F64)
+        thin = (corners @ rotation.T + torch.randn(3, dtype=F64, generator=gen)).float()
+        a, b, c = thin.double()
+        normal = torch.linalg.cross(b - a, c - a)
+        normal = normal / normal.norm()
+        heights = torch.tensor([3e-4, 1e-2, 0.3], dtype=F64)
+        at = torch.tensor([[0.5, 0.2], [0.3, 0.6], [0.7, 0.05]], dtype=F64)
+        base = a + at[:, :1] * (b - a) + at[:, 1:] * (c - a)
+        q = (base[:, None] + heights[None, :, None] * normal).reshape(-1, 3).float()
+        # the second face: a large triangle parallel to the thin one, beyond the point, 1.001 times its height from it
+        for h in heights.tolist():
+            shift = a + 2.001 * h * normal
+            other = torch.stack([shift - 5 * (b - a), shift + 5 * (b - a) - 5 * (c - a), shift + 5 * (c - a) + 5 * (b - a)]).float()
+            v, f = torch.cat([thin, other]), torch.tensor([[0, 1, 2], [3, 4, 5]])
+            near = q.reshape(3, 3, 3)[:, heights.tolist().index(h)].clone().requires_grad_(grad)
+            out = pcops.mesh_distance(near, v, f)
+            exact, _, face = reference.mesh_distance(near.detach(), v, f)
+            assert torch.equal(out.face, face) and bool((face == 0).all()), (ratio, h)
+            assert torch.allclose(out.dists.detach().double(), exact, rtol=4 * eps, atol=0), (ratio, h, out.dists, exact)
