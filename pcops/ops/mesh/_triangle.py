@@ -20,6 +20,11 @@ from ... import _threads, _warp
 from ._search import FLAT
 
 
+# the dtype of a face's plane (normal, inside test, height) in the torch formulas, as in the
+# kernels: float64, where the differences of float32 coordinates are exact
+PLANE = torch.float64
+
+
 class Closest(NamedTuple):
     point: torch.Tensor  # (..., 3)
     bary: torch.Tensor  # (..., 3) weights of a, b, c
@@ -62,7 +67,7 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     bary = torch.stack([w for _, w in candidates], -2).gather(-2, pick[..., None].expand(*pick.shape, 3)).squeeze(-2)
     # the plane in float64 (float32 coordinates' differences exact there): a thin face's normal
     # computed in float32 is off by about eps over its shape factor (see _search._funcs)
-    p_, a, b, c = (t.to(plane_dtype(t.dtype)) for t in (p, a, b, c))
+    p_, a, b, c = (t.to(PLANE) for t in (p, a, b, c))
     n = torch.linalg.cross(b - a, c - a)
     nn = _dot(n, n)
     longest = torch.maximum(torch.maximum(_dot(b - a, b - a), _dot(c - b, c - b)), _dot(a - c, a - c))
@@ -78,12 +83,6 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     weights = (torch.stack([u, v, w], -1) / safe[..., None]).to(p.dtype)
     plane = (p_ + (_dot(n, a - p_) / safe)[..., None] * n).to(p.dtype)  # p's projection onto the plane
     return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary))
-
-
-def plane_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of a face's plane (normal, height, inside test) for coordinates of ``dtype``:
-    float64 (exact differences of float32 coordinates)."""
-    return torch.float64
 
 
 @_warp.kernels

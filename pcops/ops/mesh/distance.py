@@ -224,7 +224,7 @@ def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
     a, b, c = corners.unbind(1)
     near = _triangle.closest(p, a, b, c)
     diff = p - near.point
-    wide = _triangle.plane_dtype(dtype)  # (a thin face's normal, see _triangle)
+    wide = _triangle.PLANE  # (a thin face's normal, see _triangle)
     normal = torch.linalg.cross(b.to(wide) - a.to(wide), c.to(wide) - a.to(wide))
     normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(wide).tiny)
     # A closest point inside a face (every weight > 0): the distance is the height over its plane,
