@@ -11,7 +11,7 @@ degenerate triangles (zero area, repeated corners) are measured by their edges, 
 Every division has a safe denominator, so the branches not taken carry no NaN into gradients.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import warp as wp
@@ -28,6 +28,7 @@ PLANE = torch.float64
 class Closest(NamedTuple):
     point: torch.Tensor  # (..., 3)
     bary: torch.Tensor  # (..., 3) weights of a, b, c
+    normal: Optional[torch.Tensor] = None  # (..., 3) (b - a) x (c - a) in PLANE dtype (the torch formula's; None from the kernel)
 
 
 def _dot(x, y):
@@ -82,7 +83,7 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     inside = solid & (u >= 0) & (v >= 0) & (w >= 0)
     weights = (torch.stack([u, v, w], -1) / safe[..., None]).to(p.dtype)
     plane = (p_ + (_dot(n, a - p_) / safe)[..., None] * n).to(p.dtype)  # p's projection onto the plane
-    return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary))
+    return Closest(torch.where(inside[..., None], plane, point), torch.where(inside[..., None], weights, bary), n)
 
 
 @_warp.kernels

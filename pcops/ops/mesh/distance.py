@@ -222,11 +222,10 @@ def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
     (:func:`._triangle.measure` is the same without gradients)."""
     corners = bvh.vertices.to(dtype).index_select(0, bvh.faces.index_select(0, face.clamp(min=0)).reshape(-1)).view(-1, 3, 3)
     a, b, c = corners.unbind(1)
-    near = _triangle.closest(p, a, b, c)
+    near = _triangle._closest_torch(p, a, b, c)  # (only called where a derivative may be asked for)
     diff = p - near.point
     wide = _triangle.PLANE  # (a thin face's normal, see _triangle)
-    normal = torch.linalg.cross(b.to(wide) - a.to(wide), c.to(wide) - a.to(wide))
-    normal = normal / torch.linalg.vector_norm(normal, dim=-1, keepdim=True).clamp_min(torch.finfo(wide).tiny)
+    normal = near.normal / torch.linalg.vector_norm(near.normal, dim=-1, keepdim=True).clamp_min(torch.finfo(wide).tiny)
     # A closest point inside a face (every weight > 0): the distance is the height over its plane,
     # whose gradient is the unit normal however close the point (p - near is rounding noise
     # there). Exactly on the surface: measured along the normal (by the vertex order): value 0,
