@@ -113,22 +113,32 @@ def requested() -> int:
 _local = threading.local()
 
 
-@contextlib.contextmanager
 def limited():
-    """torch's thread count set to :func:`available` for the block (where that is fewer), then restored."""
+    """A context manager: torch's thread count set to :func:`available` for the block (where that
+    is fewer), then restored. Where every thread is available (the common case) it does nothing,
+    and costs a call less than a generator's context."""
     wanted = torch.get_num_threads()
     n = available()
-    if n >= wanted:
-        yield
-        return
-    outer = getattr(_local, "requested", None)
-    _local.requested = outer or wanted
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(wanted)
-        _local.requested = outer
+    return _ALL if n >= wanted else _Fewer(n, wanted)
+
+
+_ALL = contextlib.nullcontext()
+
+
+class _Fewer:
+    """The block of :func:`limited` on ``n`` threads of the caller's ``wanted``."""
+
+    def __init__(self, n: int, wanted: int) -> None:
+        self.n, self.wanted = n, wanted
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_local, "requested", None)
+        _local.requested = self.outer or self.wanted
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self.wanted)
+        _local.requested = self.outer
 
 
 def custom_op(name: str, fn=None, /, **kwargs):
@@ -164,7 +174,7 @@ def _call(op, *args, **kwargs):
     AD, the profiler; tensor subclasses, negated or conjugated views, a gradient to record; an
     op whose schema was given) goes through the dispatcher, as ``torch.ops.pcops.<name>``
     always does."""
-    direct = op._pcops_direct.get(_plain_device(args, kwargs)) if DIRECT[0] and op._pcops_direct else None
+    direct = op._pcops_direct.get(plain_device(args, kwargs)) if DIRECT[0] and op._pcops_direct else None
     return direct(*args, **kwargs) if direct is not None else super(type(op), op).__call__(*args, **kwargs)
 
 
@@ -173,7 +183,7 @@ def _call(op, *args, **kwargs):
 DIRECT = [True]
 
 
-def _plain_device(args, kwargs):
+def plain_device(args, kwargs):
     """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call)."""
     if (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
             or _jit_tracing() is not None or _forward_ad._current_level >= 0):

@@ -301,6 +301,12 @@ def sum_finite(t: torch.Tensor) -> torch.Tensor:
     return t.sum(dtype=_SUM_DTYPE.get(t.dtype)).isfinite()
 
 
+def sum_is_finite(t: torch.Tensor) -> bool:
+    """:func:`sum_finite` of a CPU tensor, read as a Python bool (one dispatch less), without an
+    autograd node for a tensor that requires grad."""
+    return math.isfinite((t.detach() if t.requires_grad else t).sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
+
+
 def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
@@ -422,7 +428,7 @@ class Checks:
         """No NaN or inf in ``t`` (None is skipped)."""
         if t is not None and t.numel():
             if t.is_cpu:  # the sum read at once: one dispatch, no autograd node
-                ok = math.isfinite((t.detach() if t.requires_grad else t).sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
+                ok = sum_is_finite(t)
             else:
                 ok = sum_finite(t)
             self.add(ok, lambda: f"{name} contains NaN or inf (pass validate=False to skip this check)", lambda: all_finite(t))

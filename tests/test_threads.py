@@ -220,30 +220,30 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x = torch.zeros(3)
-    assert _threads._plain_device((x, 2), {}) == "cpu" and _threads._plain_device((), {"x": [x, x]}) == "cpu"
-    assert _threads._plain_device((x.requires_grad_(),), {}) is None  # a gradient to record
+    assert _threads.plain_device((x, 2), {}) == "cpu" and _threads.plain_device((), {"x": [x, x]}) == "cpu"
+    assert _threads.plain_device((x.requires_grad_(),), {}) is None  # a gradient to record
     with torch.no_grad():
-        assert _threads._plain_device((x,), {}) == "cpu"
+        assert _threads.plain_device((x,), {}) == "cpu"
     x = torch.zeros(3)
-    assert _threads._plain_device((torch.nn.Parameter(x),), {}) is None  # a subclass
-    assert _threads._plain_device((x, x.to("meta")), {}) is None
+    assert _threads.plain_device((torch.nn.Parameter(x),), {}) is None  # a subclass
+    assert _threads.plain_device((x, x.to("meta")), {}) is None
     with FakeTensorMode():
-        assert _threads._plain_device((x,), {}) is None
+        assert _threads.plain_device((x,), {}) is None
         fake = torch.empty(3)
         assert _threads_seen(fake).shape == (3,)  # the fake ran
     with torch.autograd.profiler.profile():
-        assert _threads._plain_device((x,), {}) is None
+        assert _threads.plain_device((x,), {}) is None
     assert torch.vmap(lambda y: _threads_seen(y))(torch.zeros(2, 3)).shape == (2, 3)  # through functorch's dispatch
     with torch.overrides.TorchFunctionMode():
-        assert _threads._plain_device((x,), {}) is None
-    assert _threads._plain_device((torch._neg_view(x),), {}) is None  # a negated view: materialised by the dispatcher
-    assert _threads._plain_device((torch.complex(x, x).conj(),), {}) is None
+        assert _threads.plain_device((x,), {}) is None
+    assert _threads.plain_device((torch._neg_view(x),), {}) is None  # a negated view: materialised by the dispatcher
+    assert _threads.plain_device((torch.complex(x, x).conj(),), {}) is None
     from torch.autograd import forward_ad
 
     with forward_ad.dual_level():
-        assert _threads._plain_device((forward_ad.make_dual(x, torch.ones(3)),), {}) is None
+        assert _threads.plain_device((forward_ad.make_dual(x, torch.ones(3)),), {}) is None
     seen = []
-    torch.jit.trace(lambda y: seen.append(_threads._plain_device((y,), {})) or y + 1, (x,), check_trace=False)
+    torch.jit.trace(lambda y: seen.append(_threads.plain_device((y,), {})) or y + 1, (x,), check_trace=False)
     assert seen == [None]
 
 

@@ -126,6 +126,9 @@ def pair(
     NaN/inf checks are left to the custom op (``Flat.validate``). ``dim`` is the points' last
     dimension; None accepts any D >= 1 shared by query and ref (feature-space search).
     """
+    if query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None and positive is None \
+            and ranges is None and _plain(validate, dim, finite, query, ref, features):
+        return Flat(query, ref, features, None, None, (), 0)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
     padded = _validate.layout(query, ref, features, **batch, dim=dim, names=names)
     checked = _check_values(validate, names, query, ref, features, batch, finite, positive, same=False, ranges=ranges)
@@ -153,6 +156,8 @@ def single(
     points as both query and ref. ``ranges`` (name -> (tensor, low, high)) adds range checks of
     the op's own (e.g. packed ids below the number of per-sample viewpoints). ``flatten=False``
     only checks: the result holds the tensors as given and ``validate`` for the op."""
+    if lengths is None and batch is None and positive is None and ranges is None and _plain(validate, dim, finite, points, points, features):
+        return Flat(points, points, features, None, None, (), 0)
     names = Names(name, name, features_name, "lengths", "lengths", "batch", "batch")
     layout = dict(query_lengths=lengths, ref_lengths=lengths, query_batch=batch, ref_batch=batch)
     padded = _validate.layout(points, points, features, **layout, dim=dim, names=names)
@@ -160,6 +165,27 @@ def single(
     if not flatten:  # an op that takes the layout as it is (FPS runs on padded blocks): checks only
         return Flat(points, points, features, None, None, (), 0, validate and not checked)
     return _flat(points, points, features, padded, layout, validate and not checked)
+
+
+def _plain(validate: bool, dim, finite, query, ref, features) -> bool:
+    """Whether an eager call's clouds are one plain CPU cloud each ((P, dim) and (R, dim) floating
+    tensors, features (R, F) or None), the values finite where ``validate`` asks (with the op's
+    ``finite`` tensors): then every check of :func:`pair` / :func:`single` passes and nothing is to
+    flatten, and the layout is the tensors themselves, its values checked (a sum each, read at once).
+    False sends the call through the checks, which decide (and name what fails)."""
+    if type(query) is not torch.Tensor or type(ref) is not torch.Tensor or dim is None or torch.compiler.is_compiling():
+        return False
+    if query.dim() != 2 or ref.dim() != 2 or query.shape[1] != dim or ref.shape[1] != dim or not (query.is_cpu and ref.is_cpu):
+        return False
+    if not (query.dtype.is_floating_point and ref.dtype.is_floating_point):
+        return False
+    if features is not None and (type(features) is not torch.Tensor or features.dim() != 2 or features.shape[0] != ref.shape[0]
+                                 or not features.is_cpu or not features.dtype.is_floating_point):
+        return False
+    if not validate:
+        return True
+    values = (query, ref, features, *(finite or {}).values()) if ref is not query else (query, features, *(finite or {}).values())
+    return all(t is None or (type(t) is torch.Tensor and t.is_cpu and _validate.sum_is_finite(t)) for t in values)
 
 
 def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:

@@ -4,6 +4,7 @@ on both sides of it, and both sides equal the float64 reference."""
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -239,3 +240,63 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
         assert_identical(got, pcops.knn(query, lattice, k))
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+
+
+def plain_and_general(monkeypatch, fn):
+    """``fn()`` with plain ``knn`` calls searched directly, then through the general path."""
+    from pcops.ops.neighbours import nearest
+
+    out = []
+    for plain in (True, False):
+        monkeypatch.setattr(nearest, "PLAIN", [plain])
+        out.append(fn())
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_knn_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager call (one cloud each, nothing to differentiate) skips the layout layer and the
+    custom op: the same neighbours and distances, on both sides of the scan's crossover."""
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    calls = [lambda: pcops.knn(q, p, 5), lambda: pcops.knn(p, p, 1), lambda: pcops.knn(q, p, p.shape[0]),
+             lambda: pcops.knn(q[::2], p.t().contiguous().t(), 3), lambda: pcops.knn(q, p, 4, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            assert_identical(*plain_and_general(monkeypatch, call))
+
+
+def test_plain_knn_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    """Which calls are plain: the op runs only for the others, and non-finite points without
+    validation give the general path's rows."""
+    from pcops.ops.neighbours.nearest import _registry
+
+    ops = []
+    real = _registry.BACKENDS["warp"].op
+    monkeypatch.setitem(_registry.BACKENDS, "warp", _registry.BACKENDS["warp"].__class__(
+        name="warp", op=lambda *a: (ops.append(a), real(*a))[1], devices=("cpu", "cuda"), requires=("warp",)))
+    q, p = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen)
+    for call in (lambda: pcops.knn(q, p, 4), lambda: pcops.knn(q, q, 4, "warp"), lambda: pcops.knn(q.double(), p.double(), 2)):
+        call()
+    with torch.no_grad():
+        pcops.knn(q.clone().requires_grad_(), p, 4)  # nothing to differentiate
+    assert ops == []
+    general = [
+        lambda: pcops.knn(q.requires_grad_(), p, 4),  # a gradient to record
+        lambda: pcops.knn(q.detach().half(), p.half(), 4),  # searched in float32
+        lambda: pcops.knn(q.detach(), p.double(), 4),  # mixed dtypes
+        lambda: pcops.knn(q.detach()[None], p[None], 4),  # padded
+        lambda: pcops.knn(q.detach(), p, 4, query_batch=torch.zeros(30, dtype=torch.int64), ref_batch=torch.zeros(40, dtype=torch.int64)),
+        lambda: pcops.knn(q.detach(), p, np.int64(4)),  # k not a Python int
+    ]
+    for n, call in enumerate(general, 1):
+        call()
+        assert len(ops) == n
+    bad = p.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="ref contains NaN or inf"):
+        pcops.knn(q.detach(), bad, 4)
+    assert len(ops) == len(general)  # the layout layer's check raised: the op never ran
+    assert_identical(*plain_and_general(monkeypatch, lambda: pcops.knn(q.detach(), bad, 4, validate=False)))

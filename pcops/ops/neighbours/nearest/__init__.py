@@ -33,7 +33,7 @@ import torch
 
 from .... import _layout, _threads, _validate
 from .. import _weighting
-from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends)
+from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
 from ._registry import BACKENDS
 
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend
@@ -154,6 +154,36 @@ def _any_dim_backend(backend: str) -> str:
     return backend
 
 
+# Whether plain eager ``knn`` calls run the search directly (:func:`_plain_knn`; tests switch it
+# off to compare both paths)
+PLAIN = [True]
+
+
+def _plain_knn(query, ref, k, backend: str, validate: bool):
+    """(dists, idx) of a plain eager CPU :func:`knn` call, from the Warp search's function called
+    directly (no layout layer, no custom op: most of a small call's time); None for any other call.
+
+    Plain: one (M, 3) and one (N, 3) CPU tensor of one dtype, float32 or float64, with nothing to
+    differentiate and no mode, transform or tracer active (:func:`pcops._threads.plain_device`),
+    ``k`` an int in 1..N, ``backend`` "auto" or "warp" meaning Warp, and with ``validate`` points
+    whose sums are finite. Every check of the general path passes on such a call, and it would
+    call the same function on the same tensors and return its distances (no gradient asked for)
+    and indices as they are; anything else (a sum that is not finite included) takes that path,
+    which decides and names what fails.
+    """
+    if backend not in ("auto", "warp") or type(k) is not int or type(query) is not torch.Tensor or type(ref) is not torch.Tensor:
+        return None
+    if _threads.plain_device((query, ref), None) != "cpu":
+        return None
+    if query.dim() != 2 or ref.dim() != 2 or query.shape[1] != 3 or ref.shape[1] != 3 or query.dtype is not ref.dtype:
+        return None
+    if query.dtype not in (torch.float32, torch.float64) or not 1 <= k <= ref.shape[0] or resolve_backend(backend, query.device) != "warp":
+        return None
+    if validate and not (_validate.sum_is_finite(query) and (ref is query or _validate.sum_is_finite(ref))):
+        return None
+    return _kdtree.find(query, ref, k)
+
+
 @_threads.limits
 def knn(
     query: torch.Tensor,
@@ -208,6 +238,10 @@ def knn(
                 [0., 2.],
                 [0., 3.]])
     """
+    if PLAIN[0] and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        found = _plain_knn(query, ref, k, backend, validate)
+        if found is not None:
+            return KNN(*found)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
     features_space = isinstance(query, torch.Tensor) and query.dim() > 0 and query.shape[-1] != 3
     if features_space:  # D != 3: a shape check, free under torch.compile

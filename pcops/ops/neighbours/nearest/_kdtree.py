@@ -239,7 +239,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
 def _scan_kernel(dtype: torch.dtype, grouped: bool):
     """Small clouds: each thread measures its query against every reference point (of its group)
     and keeps the k best in its row with the tree search's insertion (the same order: squared
-    distances compared as their roots, ties by the smaller index), so the result is the tree's."""
+    distances compared as their roots, ties by the smaller index), so the result is the tree's.
+    Each thread writes its whole row (inf / -1 where nothing was found): the outputs need no fill."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -256,10 +257,13 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         idx: wp.array2d(dtype=wp.int64),
     ):
         i = wp.tid() + start
+        k = dists.shape[1]
+        for c in range(k):
+            dists[i, c] = s(wp.inf)
+            idx[i, c] = wp.int64(-1)
         q = query[i]
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return
-        k = dists.shape[1]
         n = int(0)
         bound = s(wp.inf)
         for j in range(points.shape[0]):
@@ -561,23 +565,25 @@ def _no_group():
     return _warp.array(torch.zeros(1, dtype=torch.int32))
 
 
-@backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")
-def search(query, ref, k, query_group, ref_group):
+def find(query, ref, k, query_group=None, ref_group=None):
+    """The search (see the module docs and :mod:`._registry`): the function of the ``pcops::knn_warp``
+    op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`)."""
     m = query.shape[0]
-    dists = query.new_full((m, k), float("inf"))
-    idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
-    if m == 0:
-        return dists, idx
     _warp.init()
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    if query.device.type == "cpu" and _scans(m, ref.shape[0], k):  # small: every pair, one launch
+    if m and query.is_cpu and _scans(m, ref.shape[0], k):  # small: every pair, one launch (which fills the rows)
+        dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(),) * 2
         points = vec(query)
         args = [points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
         pairs = m * ref.shape[0]
         _warp.launch(_scan_kernel(query.dtype, grouped), m, args, like=query, min_chunk=1, work=pairs)
+        return dists, idx
+    dists = query.new_full((m, k), float("inf"))
+    idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
+    if m == 0:
         return dists, idx
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
@@ -602,3 +608,6 @@ def search(query, ref, k, query_group, ref_group):
             point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx, int(_CHAIN and query.device.type == "cpu")]
     _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
+
+
+search = backend("warp", devices=("cpu", "cuda"), requires=("warp",), install="pip install warp-lang")(find)
