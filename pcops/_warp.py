@@ -261,13 +261,22 @@ def kernels(factory):
     factory's kernels should be declared ``@wp.kernel(enable_backward=False, module="unique")``.
     """
     cached = functools.cache(factory)
+    made: dict = {}  # the factory's results, read without the lock once made
 
     @functools.wraps(factory)
     def locked(*args):
-        with _BUILD_LOCK:
-            return cached(*args)
+        found = made.get(args)
+        if found is None:
+            with _BUILD_LOCK:
+                found = made[args] = cached(*args)
+        return found
 
-    locked.cache_clear = cached.cache_clear
+    def cache_clear() -> None:
+        with _BUILD_LOCK:
+            made.clear()
+            cached.cache_clear()
+
+    locked.cache_clear = cache_clear
     FACTORIES.append(locked)  # every kernel factory of pcops (tests/test_cuda_compile.py compiles each)
     return locked
 

@@ -300,3 +300,58 @@ def test_plain_knn_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
         pcops.knn(q.detach(), bad, 4)
     assert len(ops) == len(general)  # the layout layer's check raised: the op never ran
     assert_identical(*plain_and_general(monkeypatch, lambda: pcops.knn(q.detach(), bad, 4, validate=False)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager FPS call (one cloud, the default start, nothing to differentiate) runs
+    bucket FPS directly: the same picks and points, Morton and kd-tree leaves, padded results."""
+    from pcops.ops.sampling import fps
+
+    q, p, _ = cloud(kind, gen, m=40, n=2000)
+    q, p = q.to(dtype), p.to(dtype)
+    calls = [lambda: pcops.farthest_point_sample(p, 50), lambda: pcops.farthest_point_sample(p, 1000),
+             lambda: pcops.farthest_point_sample(q, 40), lambda: pcops.farthest_point_sample(q, 64),
+             lambda: pcops.farthest_point_sample(q[:1], 3), lambda: pcops.farthest_point_sample(p[::3], 70, validate=False)]
+    for call in calls:
+        out = []
+        for plain in (True, False):
+            monkeypatch.setattr(fps, "PLAIN", [plain])
+            out.append(call())
+        assert_identical(*out)
+
+
+def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    from pcops.ops.sampling import fps
+
+    ops = []
+    real = fps._fps
+    monkeypatch.setattr(fps, "_fps", lambda *a: (ops.append(a), real(*a))[1])
+    p = torch.rand(300, 3, generator=gen)
+    pcops.farthest_point_sample(p, 20)
+    pcops.farthest_point_sample(p.double(), 400)
+    with torch.no_grad():
+        pcops.farthest_point_sample(p.clone().requires_grad_(), 20)
+    assert ops == []
+    general = [
+        lambda: pcops.farthest_point_sample(p.clone().requires_grad_(), 20),  # a gradient to the points
+        lambda: pcops.farthest_point_sample(p.half(), 20),
+        lambda: pcops.farthest_point_sample(p, 20, start_idx=5),
+        lambda: pcops.farthest_point_sample(p, 20, random_start=True),
+        lambda: pcops.farthest_point_sample(p[None], 20),
+        lambda: pcops.farthest_point_sample(p, np.int64(20)),
+    ]
+    for n, call in enumerate(general, 1):
+        call()
+        assert len(ops) == n
+    bad = p.clone()
+    bad[7, 2] = float("nan")
+    with pytest.raises(ValueError, match="points contains NaN or inf"):
+        pcops.farthest_point_sample(bad, 20)
+    out = []
+    for plain in (True, False):
+        monkeypatch.setattr(fps, "PLAIN", [plain])
+        out.append(pcops.farthest_point_sample(bad, 300, validate=False))  # every finite point, then -1
+    assert_identical(*out)
+    assert out[0].idx[-1] == -1

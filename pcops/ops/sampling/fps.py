@@ -743,6 +743,40 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     return t.to(torch.int64), True
 
 
+# Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
+# compare both paths)
+PLAIN = [True]
+
+
+def _plain_fps(points, n_samples, validate: bool) -> Optional[FPS]:
+    """The result of a plain eager CPU :func:`farthest_point_sample` call, from bucket FPS called
+    directly (no layout layer, no custom op: most of a small call's time); None for any other call.
+
+    Plain: one (N, 3) CPU tensor, N >= 1, float32 or float64, with nothing to differentiate and no
+    mode, transform or tracer active (:func:`pcops._threads.plain_device`), ``n_samples`` a Python
+    int >= 1, the default start (the caller passes no lengths, batch, ratio, start set or random
+    start), and with ``validate`` points whose sum is finite. Every check of the general path
+    passes on such a call, and it would run the same kernel on the same arrays (one sample of N
+    points, starting at index 0) and gather the same rows; anything else takes that path.
+    """
+    if type(points) is not torch.Tensor or type(n_samples) is not int or _threads.plain_device((points,), None) != "cpu":
+        return None
+    if points.dim() != 2 or points.shape[1] != 3 or points.dtype not in (torch.float32, torch.float64):
+        return None
+    n = points.shape[0]
+    if n == 0 or not 1 <= n_samples <= _INT64_MAX or (validate and not _validate.sum_is_finite(points)):
+        return None
+    _warp.init()
+    idx = torch.full((1, n_samples), -1, dtype=torch.int64)
+    count = min(n, n_samples)
+    _bucket(points.contiguous()[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.zeros((1, 1), dtype=torch.int64), idx)
+    idx = idx[0]
+    if count == n_samples and validate:  # finite points: every pick is one
+        return FPS(points.index_select(0, idx), idx)
+    # zeros past N, and past the finite points (validate=False: a NaN point is never picked)
+    return FPS(torch.where(idx[:, None] >= 0, points.index_select(0, idx.clamp(min=0)), 0), idx)
+
+
 @_threads.limits
 def farthest_point_sample(
     points: torch.Tensor,
@@ -812,6 +846,10 @@ def farthest_point_sample(
         >>> out.idx
         tensor([0, 2, 3])
     """
+    if PLAIN[0] and lengths is None and batch is None and ratio is None and start_idx is None and not random_start:
+        out = _plain_fps(points, n_samples, validate)
+        if out is not None:
+            return out
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
     _check_numbers(points, n_samples, ratio)

@@ -91,10 +91,13 @@ def _found(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
     """(the backend's distances (P, k), inf where none; indices (P, k) into the flat ref, -1
     where none): the search itself, no gradient. The op checks values only where the layout
     layer could not (``flat.validate``)."""
-    name = resolve_backend(backend, flat.query.device)
+    chosen = BACKENDS[resolve_backend(backend, flat.query.device)]
     query = _validate.detached(flat.query, dtype)
     ref = query if flat.ref is flat.query else _validate.detached(flat.ref, dtype)
-    return BACKENDS[name].op(query, ref, k, flat.validate, flat.query_group, flat.ref_group)
+    groups = flat.query_group, flat.ref_group
+    if PLAIN[0] and not flat.validate and chosen.fn is not None and _threads.plain_device((query, ref, *groups), None) == "cpu":
+        return chosen.fn(query, ref, k, *groups)  # what the op's call would run (the public function is limited already)
+    return chosen.op(query, ref, k, flat.validate, *groups)
 
 
 def _search(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
@@ -154,8 +157,9 @@ def _any_dim_backend(backend: str) -> str:
     return backend
 
 
-# Whether plain eager ``knn`` calls run the search directly (:func:`_plain_knn`; tests switch it
-# off to compare both paths)
+# Whether plain eager calls run the search directly: ``knn``'s whole call (:func:`_plain_knn`), and
+# the search of every op on it without the custom op (:func:`_found`; tests switch it off to
+# compare both paths)
 PLAIN = [True]
 
 

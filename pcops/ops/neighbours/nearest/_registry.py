@@ -30,6 +30,7 @@ class Backend:
     devices: tuple[str, ...]
     requires: tuple[str, ...] = ()
     install: str = ""
+    fn: Optional[Callable] = None  # the op's function: ``fn(query, ref, k, query_group, ref_group)``
 
     def available(self) -> bool:
         """All the modules it needs import (once they have, they stay imported: not tried again)."""
@@ -73,7 +74,7 @@ def backend(name: str, devices: tuple[str, ...], requires: tuple[str, ...] = (),
             f"pcops::knn_{name}", search, mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,)
         )
         op.register_fake(_fake)
-        BACKENDS[name] = Backend(name=name, op=op, devices=devices, requires=requires, install=install)
+        BACKENDS[name] = Backend(name=name, op=op, devices=devices, requires=requires, install=install, fn=fn)
         return op
 
     return register
