@@ -8,6 +8,7 @@ the caller typed them. Four layouts:
 
 * :mod:`.points` -- point clouds, single, padded (PyTorch3D) or packed (PyTorch Geometric):
   :func:`pair` (two clouds), :func:`single` (one cloud), :func:`unflatten`, :func:`local_index`,
+  the plain clouds that ops may take without it (:func:`plain_clouds`),
   and the sample count of a pair of clouds, :func:`sample_count`;
 * :mod:`.sites` -- integer sites with sample ids, and the value checks of integer data
   (:func:`sites`, :func:`values`);
@@ -22,10 +23,10 @@ then gives an unspecified result, never a crash or a hang.
 
 from .grids import Grid, grid
 from .meshes import FlatMesh, FlatPoints, every_in, local_faces, mesh, mesh_count, mesh_points, points_have_meshes
-from .points import Flat, Names, local_index, names, padded_groups, pair, sample_count, select_rows, single, unflatten
+from .points import Flat, Names, local_index, names, padded_groups, pair, plain_clouds, sample_count, select_rows, single, unflatten
 from .sites import sites, values
 
 __all__ = [
     "Flat", "FlatMesh", "Grid", "grid", "FlatPoints", "Names", "every_in", "local_faces", "local_index", "mesh", "mesh_count", "mesh_points", "names",
-    "padded_groups", "pair", "points_have_meshes", "sample_count", "select_rows", "single", "sites", "unflatten", "values",
+    "padded_groups", "pair", "plain_clouds", "points_have_meshes", "sample_count", "select_rows", "single", "sites", "unflatten", "values",
 ]

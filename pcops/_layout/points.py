@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _validate
+from .. import _threads, _validate
 
 
 class Names(NamedTuple):
@@ -186,6 +186,22 @@ def _plain(validate: bool, dim, finite, query, ref, features) -> bool:
         return True
     values = (query, ref, features, *(finite or {}).values()) if ref is not query else (query, features, *(finite or {}).values())
     return all(t is None or (type(t) is torch.Tensor and t.is_cpu and _validate.sum_is_finite(t)) for t in values)
+
+
+def plain_clouds(validate: bool, *clouds) -> bool:
+    """Whether the clouds of an eager call are plain, for the ops that then call their kernels
+    directly (``knn``, ``ball_query``, ``farthest_point_sample``): each a (P, 3) CPU tensor, all of
+    one dtype, float32 or float64, with nothing to differentiate and no mode, transform or tracer
+    active (:func:`pcops._threads.plain_device`), and with ``validate`` each one's sum finite (a
+    cloud given twice is summed once). Every layout check passes on such clouds, and nothing is
+    to flatten or convert. False sends the call through the layout layer, which decides."""
+    first = clouds[0]
+    for t in clouds:
+        if type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not first.dtype:
+            return False
+    if first.dtype not in (torch.float32, torch.float64) or _threads.plain_device(clouds, None) != "cpu":
+        return False
+    return not validate or all(_validate.sum_is_finite(t) for i, t in enumerate(clouds) if not any(t is u for u in clouds[:i]))
 
 
 def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:

@@ -242,15 +242,20 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
 
 
-def plain_and_general(monkeypatch, fn):
-    """``fn()`` with plain ``knn`` calls searched directly, then through the general path."""
-    from pcops.ops.neighbours import nearest
-
+def plain_and_general(monkeypatch, fn, module="pcops.ops.neighbours.nearest"):
+    """``fn()`` with the plain calls of ``module``'s op run directly, then through the general path."""
     out = []
     for plain in (True, False):
-        monkeypatch.setattr(nearest, "PLAIN", [plain])
+        monkeypatch.setattr(importlib.import_module(module), "PLAIN", [plain])
         out.append(fn())
     return out
+
+
+def assert_op_runs_for_general_calls_only(ops: list, general: list) -> None:
+    """Each call of ``general`` (none of them plain) runs the op once more (``ops`` records its calls)."""
+    for n, call in enumerate(general, 1):
+        call()
+        assert len(ops) == n
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
@@ -291,9 +296,7 @@ def test_plain_knn_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
         lambda: pcops.knn(q.detach(), p, 4, query_batch=torch.zeros(30, dtype=torch.int64), ref_batch=torch.zeros(40, dtype=torch.int64)),
         lambda: pcops.knn(q.detach(), p, np.int64(4)),  # k not a Python int
     ]
-    for n, call in enumerate(general, 1):
-        call()
-        assert len(ops) == n
+    assert_op_runs_for_general_calls_only(ops, general)
     bad = p.clone()
     bad[3, 0] = float("nan")
     with pytest.raises(ValueError, match="ref contains NaN or inf"):
@@ -307,19 +310,13 @@ def test_plain_knn_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
 def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """A plain eager FPS call (one cloud, the default start, nothing to differentiate) runs
     bucket FPS directly: the same picks and points, Morton and kd-tree leaves, padded results."""
-    from pcops.ops.sampling import fps
-
     q, p, _ = cloud(kind, gen, m=40, n=2000)
     q, p = q.to(dtype), p.to(dtype)
     calls = [lambda: pcops.farthest_point_sample(p, 50), lambda: pcops.farthest_point_sample(p, 1000),
              lambda: pcops.farthest_point_sample(q, 40), lambda: pcops.farthest_point_sample(q, 64),
              lambda: pcops.farthest_point_sample(q[:1], 3), lambda: pcops.farthest_point_sample(p[::3], 70, validate=False)]
     for call in calls:
-        out = []
-        for plain in (True, False):
-            monkeypatch.setattr(fps, "PLAIN", [plain])
-            out.append(call())
-        assert_identical(*out)
+        assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.sampling.fps"))
 
 
 def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
@@ -342,16 +339,57 @@ def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
         lambda: pcops.farthest_point_sample(p[None], 20),
         lambda: pcops.farthest_point_sample(p, np.int64(20)),
     ]
-    for n, call in enumerate(general, 1):
-        call()
-        assert len(ops) == n
+    assert_op_runs_for_general_calls_only(ops, general)
     bad = p.clone()
     bad[7, 2] = float("nan")
     with pytest.raises(ValueError, match="points contains NaN or inf"):
         pcops.farthest_point_sample(bad, 20)
-    out = []
-    for plain in (True, False):
-        monkeypatch.setattr(fps, "PLAIN", [plain])
-        out.append(pcops.farthest_point_sample(bad, 300, validate=False))  # every finite point, then -1
-    assert_identical(*out)
+    out = plain_and_general(monkeypatch, lambda: pcops.farthest_point_sample(bad, 300, validate=False), "pcops.ops.sampling.fps")
+    assert_identical(*out)  # every finite point, then -1
     assert out[0].idx[-1] == -1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_ball_query_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager ball query (one cloud each, nothing to differentiate) runs the search
+    directly: the same neighbours, distances and counts, with and without cell lists."""
+    q, p, r = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    calls = [lambda: pcops.ball_query(q, p, r, 5), lambda: pcops.ball_query(p, p, r, 1), lambda: pcops.ball_query(q, p, 3 * r, 200),
+             lambda: pcops.ball_query(q[::2], p.t().contiguous().t(), r, 4), lambda: pcops.ball_query(q, p, r, 6, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        for call in calls:
+            assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.neighbours.ball_query"))
+
+
+def test_plain_ball_query_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    bq = importlib.import_module("pcops.ops.neighbours.ball_query")
+    ops = []
+    real = bq._ball_query
+    monkeypatch.setattr(bq, "_ball_query", lambda *a: (ops.append(a), real(*a))[1])
+    q, p = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen)
+    pcops.ball_query(q, p, 0.3, 8)
+    pcops.ball_query(q.double(), q.double(), 1, 3)
+    assert ops == []
+    general = [
+        lambda: pcops.ball_query(q.clone().requires_grad_(), p, 0.3, 8),  # a gradient to record
+        lambda: pcops.ball_query(q.half(), p.half(), 0.3, 8),
+        lambda: pcops.ball_query(q, p.double(), 0.3, 8),
+        lambda: pcops.ball_query(q[None], p[None], 0.3, 8),
+        lambda: pcops.ball_query(q, p, np.float32(0.3), 8),
+        lambda: pcops.ball_query(q, p, 0.3, np.int64(8)),
+    ]
+    assert_op_runs_for_general_calls_only(ops, general)
+    for radius, match in ((0.0, "radius"), (float("nan"), "radius"), (True, "radius")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            pcops.ball_query(q, p, radius, 8)
+    with pytest.raises((ValueError, TypeError), match="max_neighbors"):
+        pcops.ball_query(q, p, 0.3, 0)
+    bad = p.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="ref contains NaN or inf"):
+        pcops.ball_query(q, bad, 0.3, 8)
+    assert len(ops) == len(general)
+    assert_identical(*plain_and_general(monkeypatch, lambda: pcops.ball_query(q, bad, 0.3, 8, validate=False), "pcops.ops.neighbours.ball_query"))

@@ -15,6 +15,7 @@ so they are differentiable with respect to both point sets; otherwise they are t
 Output shapes are static: the op compiles with ``fullgraph=True``.
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -48,6 +49,26 @@ def _(query, ref, radius, max_neighbors, validate, query_group, ref_group):
 
 def _check_max_neighbors(max_neighbors) -> None:
     _validate.count("max_neighbors", max_neighbors)
+
+
+# Whether plain eager calls run the search directly (:func:`_plain_ball_query`; tests switch it
+# off to compare both paths)
+PLAIN = [True]
+
+
+def _plain_ball_query(query, ref, radius, max_neighbors, validate: bool) -> Optional[BallQuery]:
+    """The result of a plain eager CPU :func:`ball_query` call, from the search called directly (no
+    layout layer, no custom op); None for any other call. Plain: plain clouds
+    (:func:`pcops._layout.plain_clouds`), ``radius`` a finite Python number > 0 and
+    ``max_neighbors`` a Python int >= 1. Every check of the general path passes on such a call,
+    and it would run the same search on the same tensors and return its distances (no gradient
+    asked for), indices and counts as they are; anything else takes that path."""
+    if type(radius) not in (int, float) or not 0 < radius < math.inf or type(max_neighbors) is not int or max_neighbors < 1:
+        return None
+    if not _layout.plain_clouds(validate, query, ref):
+        return None
+    idx, counts, dists = search_one(query, ref, float(radius), max_neighbors, False, None, None)
+    return BallQuery(dists, idx, counts)
 
 
 @_threads.limits
@@ -93,6 +114,10 @@ def ball_query(
         >>> out.counts
         tensor([3])
     """
+    if PLAIN[0] and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        out = _plain_ball_query(query, ref, radius, max_neighbors, validate)
+        if out is not None:
+            return out
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     flat = _layout.pair(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,

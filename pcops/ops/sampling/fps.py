@@ -752,19 +752,17 @@ def _plain_fps(points, n_samples, validate: bool) -> Optional[FPS]:
     """The result of a plain eager CPU :func:`farthest_point_sample` call, from bucket FPS called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
-    Plain: one (N, 3) CPU tensor, N >= 1, float32 or float64, with nothing to differentiate and no
-    mode, transform or tracer active (:func:`pcops._threads.plain_device`), ``n_samples`` a Python
-    int >= 1, the default start (the caller passes no lengths, batch, ratio, start set or random
-    start), and with ``validate`` points whose sum is finite. Every check of the general path
-    passes on such a call, and it would run the same kernel on the same arrays (one sample of N
-    points, starting at index 0) and gather the same rows; anything else takes that path.
+    Plain: a plain cloud (:func:`pcops._layout.plain_clouds`: one (N, 3) CPU tensor, float32 or
+    float64, nothing to differentiate, a finite sum where ``validate`` asks), N >= 1,
+    ``n_samples`` a Python int >= 1, the default start (the caller passes no lengths, batch,
+    ratio, start set or random start). Every check of the general path passes on such a call,
+    and it would run the same kernel on the same arrays (one sample of N points, starting at
+    index 0) and gather the same rows; anything else takes that path.
     """
-    if type(points) is not torch.Tensor or type(n_samples) is not int or _threads.plain_device((points,), None) != "cpu":
-        return None
-    if points.dim() != 2 or points.shape[1] != 3 or points.dtype not in (torch.float32, torch.float64):
+    if type(n_samples) is not int or not 1 <= n_samples <= _INT64_MAX or not _layout.plain_clouds(validate, points):
         return None
     n = points.shape[0]
-    if n == 0 or not 1 <= n_samples <= _INT64_MAX or (validate and not _validate.sum_is_finite(points)):
+    if n == 0:
         return None
     _warp.init()
     idx = torch.full((1, n_samples), -1, dtype=torch.int64)

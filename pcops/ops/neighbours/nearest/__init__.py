@@ -167,23 +167,16 @@ def _plain_knn(query, ref, k, backend: str, validate: bool):
     """(dists, idx) of a plain eager CPU :func:`knn` call, from the Warp search's function called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
-    Plain: one (M, 3) and one (N, 3) CPU tensor of one dtype, float32 or float64, with nothing to
-    differentiate and no mode, transform or tracer active (:func:`pcops._threads.plain_device`),
-    ``k`` an int in 1..N, ``backend`` "auto" or "warp" meaning Warp, and with ``validate`` points
-    whose sums are finite. Every check of the general path passes on such a call, and it would
-    call the same function on the same tensors and return its distances (no gradient asked for)
-    and indices as they are; anything else (a sum that is not finite included) takes that path,
-    which decides and names what fails.
+    Plain: plain clouds (:func:`pcops._layout.plain_clouds`: one (M, 3) and one (N, 3) CPU tensor
+    of one dtype, float32 or float64, nothing to differentiate, finite sums where ``validate``
+    asks), ``k`` an int in 1..N, ``backend`` "auto" or "warp" meaning Warp. Every check of the
+    general path passes on such a call, and it would call the same function on the same tensors
+    and return its distances (no gradient asked for) and indices as they are; anything else (a
+    sum that is not finite included) takes that path, which decides and names what fails.
     """
-    if backend not in ("auto", "warp") or type(k) is not int or type(query) is not torch.Tensor or type(ref) is not torch.Tensor:
+    if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref):
         return None
-    if _threads.plain_device((query, ref), None) != "cpu":
-        return None
-    if query.dim() != 2 or ref.dim() != 2 or query.shape[1] != 3 or ref.shape[1] != 3 or query.dtype is not ref.dtype:
-        return None
-    if query.dtype not in (torch.float32, torch.float64) or not 1 <= k <= ref.shape[0] or resolve_backend(backend, query.device) != "warp":
-        return None
-    if validate and not (_validate.sum_is_finite(query) and (ref is query or _validate.sum_is_finite(ref))):
+    if not 1 <= k <= ref.shape[0] or resolve_backend(backend, query.device) != "warp":
         return None
     return _kdtree.find(query, ref, k)
 
