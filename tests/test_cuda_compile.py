@@ -62,7 +62,8 @@ FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neig
                   "pcops.ops.mesh._search.walk_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
-CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel"}  # GPUs: the torch form (_closed_torch)
+# GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's complete rows) are CPU calls
+CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.neighbours.graph._complete_kernel"}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

@@ -393,3 +393,48 @@ def test_plain_ball_query_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
         pcops.ball_query(q, bad, 0.3, 8)
     assert len(ops) == len(general)
     assert_identical(*plain_and_general(monkeypatch, lambda: pcops.ball_query(q, bad, 0.3, 8, validate=False), "pcops.ops.neighbours.ball_query"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_knn_graph_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager knn_graph (one cloud, every point with k neighbours) writes each point's
+    first k neighbours other than itself with one kernel: the same edges as the general path's
+    masks, duplicates (a point's copies ahead of it) and loops included."""
+    _, p, _ = cloud(kind, gen)
+    p = p.to(dtype)
+    n = p.shape[0]
+    calls = [lambda: pcops.knn_graph(p, 6), lambda: pcops.knn_graph(p, 1), lambda: pcops.knn_graph(p, n - 1),
+             lambda: pcops.knn_graph(p, n), lambda: pcops.knn_graph(p, n, loop=True), lambda: pcops.knn_graph(p, 5, loop=True),
+             lambda: pcops.knn_graph(p[::2].contiguous(), 4), lambda: pcops.knn_graph(p, 4, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            plain, general = plain_and_general(monkeypatch, call, "pcops.ops.neighbours.graph")
+            assert torch.equal(plain, general)
+
+
+def test_plain_knn_graph_calls_skip_the_masks_and_others_do_not(gen, monkeypatch):
+    graph = importlib.import_module("pcops.ops.neighbours.graph")
+    ops = []
+    real = graph._edges_op
+    monkeypatch.setattr(graph, "_edges_op", lambda *a: (ops.append(a), real(*a))[1])
+    p = torch.rand(40, 3, generator=gen)
+    p[7] = p[3]  # a duplicate: point 7's nearest is point 3 (the smaller index), then itself
+    assert torch.equal(pcops.knn_graph(p, 1)[:, 7], torch.tensor([3, 7]))
+    pcops.knn_graph(p, 39)
+    pcops.knn_graph(p.double(), 5, loop=True)
+    assert ops == []
+    general = [
+        lambda: pcops.knn_graph(p, 40),  # fewer than k + 1 points: rows that are not complete
+        lambda: pcops.knn_graph(p, 5, validate=False),
+        lambda: pcops.knn_graph(p, 5, batch=torch.zeros(40, dtype=torch.int64)),
+        lambda: pcops.knn_graph(p.half(), 5),
+        lambda: pcops.knn_graph(p.clone().requires_grad_(), 5),
+        lambda: pcops.knn_graph(p, np.int64(5)),
+    ]
+    assert_op_runs_for_general_calls_only(ops, general)
+    with pytest.raises((ValueError, TypeError), match="k"):
+        pcops.knn_graph(p, 0)
+    with pytest.raises(TypeError, match="loop"):
+        pcops.knn_graph(p, 3, loop=1)

@@ -24,7 +24,7 @@ from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _cells
 from .ball_query import _ball_query
-from .nearest import _found
+from .nearest import _found, _plain_knn
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -77,6 +77,28 @@ def _edges_padded(idx: torch.Tensor, keep: torch.Tensor, size: int) -> tuple[tor
 @_edges_padded.register_fake
 def _(idx, keep, size):
     return idx.new_empty((2, size)), idx.new_empty(())
+
+
+@_warp.kernels
+def _complete_kernel():
+    """One thread per point whose neighbour row (M, K) is complete (no -1): its first ``k``
+    neighbours other than itself (itself too with ``loop``), in row order, as edges (neighbour,
+    centre) into columns ``i k .. i k + k - 1``: what ``_edges(idx, _without_self(idx, k))``
+    (or ``idx >= 0`` with ``loop``) gives for such rows."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def complete(start: int, idx: wp.array2d(dtype=wp.int64), k: int, loop: int, edges: wp.array2d(dtype=wp.int64)):
+        i = wp.tid() + start
+        centre = wp.int64(i)
+        n = int(0)
+        for c in range(idx.shape[1]):
+            o = idx[i, c]
+            if n < k and (loop != 0 or o != centre):
+                edges[0, i * k + n] = o
+                edges[1, i * k + n] = centre
+                n = n + 1
+
+    return complete
 
 
 @_warp.kernels
@@ -200,6 +222,31 @@ def _lay_out(points, batch, loop, validate) -> _layout.Flat:
     return _layout.single(points, batch=batch, validate=validate)
 
 
+# Whether plain eager calls take the direct path (:func:`_plain_knn_graph`; tests switch it off
+# to compare both paths)
+PLAIN = [True]
+
+
+def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[torch.Tensor]:
+    """edge_index of a plain eager CPU :func:`knn_graph` call, or None for any other call.
+
+    Plain: a plain kNN search (:func:`pcops.ops.neighbours.nearest._plain_knn`: one (N, 3) CPU
+    tensor, float32 or float64, nothing to differentiate, ``k`` a Python int >= 1), ``loop`` a
+    bool, validation on (finite points) and N > k (N >= k with ``loop``), no ``max_edges``:
+    then every point's row of k (+ 1) neighbours is complete, so its edges are its first k
+    neighbours other than itself, written by one kernel (:func:`_complete_kernel`) instead of the
+    general path's masks; the same edges in the same order, E = N k."""
+    if max_edges is not None or not validate or type(k) is not int or k < 1 or type(loop) is not bool:
+        return None
+    found = _plain_knn(points, points, k + (0 if loop else 1), "auto", True)  # None unless plain (and N >= k (+ 1))
+    if found is None:
+        return None
+    n = points.shape[0]
+    edges = torch.empty((2, n * k), dtype=torch.int64)
+    _warp.launch(_complete_kernel(), n, [found[1], k, int(loop), edges], like=points, work=n * found[1].shape[1])
+    return edges
+
+
 @_threads.limits
 def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = None, loop: bool = False,
               validate: bool = True, max_edges: Optional[int] = None):
@@ -231,6 +278,10 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         tensor([[1, 0, 1],
                 [0, 1, 2]])
     """
+    if PLAIN[0] and batch is None:
+        edges = _plain_knn_graph(points, k, loop, validate, max_edges)
+        if edges is not None:
+            return edges
     k, size = _validate.plain(k), _bound.bound("max_edges", max_edges)  # NumPy scalars as Python numbers
     flat = _lay_out(points, batch, loop, validate)
     _validate.count("k", k)
