@@ -195,6 +195,8 @@ def plain_clouds(validate: bool, *clouds) -> bool:
     active (:func:`pcops._threads.plain_device`), and with ``validate`` each one's sum finite (a
     cloud given twice is summed once). Every layout check passes on such clouds, and nothing is
     to flatten or convert. False sends the call through the layout layer, which decides."""
+    if torch.compiler.is_compiling():  # (traced: the layout layer, whose checks are metadata only)
+        return False
     first = clouds[0]
     for t in clouds:
         if type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not first.dtype:

@@ -438,3 +438,48 @@ def test_plain_knn_graph_calls_skip_the_masks_and_others_do_not(gen, monkeypatch
         pcops.knn_graph(p, 0)
     with pytest.raises(TypeError, match="loop"):
         pcops.knn_graph(p, 3, loop=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_knn_interpolate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """Inverse-distance interpolation of a plain call (the points plain, the features possibly
+    requiring grad) takes the plain search and unmasked weights: the same values and the same
+    gradient to the features, coincident points (d = 0) and huge coordinates included."""
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    q[0] = p[2]  # a query on a reference point: d = 0, the clamped weight
+    f = torch.rand(p.shape[0], 5, generator=gen, dtype=dtype)
+
+    def run(query, ref, k, **kw):
+        feats = f.clone().requires_grad_()
+        out = pcops.knn_interpolate(query, ref, feats, k, **kw)
+        (grad,) = torch.autograd.grad(out.square().sum(), feats)
+        return out.detach(), grad
+
+    calls = [lambda: run(q, p, 3), lambda: run(p, p, 1), lambda: run(q, p, p.shape[0]), lambda: run(q * 1e18, p * 1e18, 4),
+             lambda: (pcops.knn_aggregate(q, p, f, 2, weights="inverse_distance"),), lambda: run(q, p, 3, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            assert_identical(*plain_and_general(monkeypatch, call))
+
+
+def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
+    from pcops.ops.neighbours import nearest
+
+    taken = []
+    real = nearest._plain_inverse_distance
+    monkeypatch.setattr(nearest, "_plain_inverse_distance", lambda *a: (lambda out: (taken.append(out is not None), out)[1])(real(*a)))
+    q, p, f = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen), torch.rand(40, 6, generator=gen)
+    pcops.knn_interpolate(q, p, f)
+    pcops.knn_interpolate(q, p, f.clone().requires_grad_())
+    assert taken == [True, True]
+    bad = f.clone()
+    bad[1, 1] = float("nan")
+    for call in (lambda: pcops.knn_interpolate(q.clone().requires_grad_(), p, f), lambda: pcops.knn_interpolate(q, p, f.double()),
+                 lambda: pcops.knn_interpolate(q, p, f, validate=False), lambda: pcops.knn_interpolate(q, p, bad, validate=False)):
+        call()
+    assert taken == [True, True, False, False, False, False]
+    with pytest.raises(ValueError, match="features contains NaN or inf"):
+        pcops.knn_interpolate(q, p, bad)

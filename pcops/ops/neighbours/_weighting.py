@@ -50,16 +50,17 @@ def resolve(weights: Optional[str], reduce: str, sigma) -> str:
     return weights
 
 
-def inverse_distance(squared: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def inverse_distance(squared: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
     """Normalised 1 / max(d^2, 1e-16) over the valid neighbours (M, k) of squared distances
-    ``squared``; rows without any are 0.
+    ``squared``; rows without any are 0. ``valid`` None: every neighbour is (complete rows, the
+    same values without the masks).
 
     Each row is scaled by its smallest clamped d^2 first (weights in (0, 1], no overflow for
     any scale of coordinates); normalisation cancels the scale, so it carries no gradient.
     """
     sq = squared.clamp_min(MIN_SQUARED_DISTANCE)
-    smallest = torch.where(valid, sq, float("inf")).amin(1, keepdim=True).detach()
+    smallest = (sq if valid is None else torch.where(valid, sq, float("inf"))).amin(1, keepdim=True).detach()
     smallest = torch.where(torch.isinf(smallest), 1, smallest)
-    w = torch.where(valid, smallest / sq, 0)
+    w = smallest / sq if valid is None else torch.where(valid, smallest / sq, 0)
     total = w.sum(1, keepdim=True)
     return w / torch.where(total > 0, total, 1)

@@ -181,6 +181,26 @@ def _plain_knn(query, ref, k, backend: str, validate: bool):
     return _kdtree.find(query, ref, k)
 
 
+def _plain_inverse_distance(query, ref, features, k, backend: str, validate: bool):
+    """:func:`knn_aggregate` with inverse-distance weights (``knn_interpolate``) of a plain call,
+    or None for any other call: a plain kNN search (:func:`_plain_knn`: the points plain, nothing
+    to differentiate in them) with validation on, and (N, F) CPU features of the points' dtype
+    (which may require grad), finite. Every row of such a search is complete (finite points,
+    k <= N), so the weights are the general path's without its masks
+    (:func:`_weighting.inverse_distance` with no mask): the same operations on the same values,
+    the same result and gradient to the features."""
+    if not validate or torch.compiler.is_compiling() or type(features) is not torch.Tensor or features.dim() != 2 or type(ref) is not torch.Tensor or features.shape[0] != ref.shape[0]:
+        return None
+    if not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
+        return None
+    found = _plain_knn(query, ref, k, backend, True)
+    if found is None or not _validate.sum_is_finite(features):
+        return None
+    dists, idx = found
+    w = _weighting.inverse_distance(dists.square(), None)
+    return (w[..., None] * _layout.select_rows(features, idx)).sum(1)
+
+
 @_threads.limits
 def knn(
     query: torch.Tensor,
@@ -316,6 +336,10 @@ def knn_aggregate(
         tensor([[2.]])
     """
     weights = _weighting.resolve(weights, reduce, sigma)
+    if PLAIN[0] and weights == "inverse_distance" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        out = _plain_inverse_distance(query, ref, features, k, backend, validate)
+        if out is not None:
+            return out
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
     if weights == "softmax":
         _validate.scale("sigma", sigma)
