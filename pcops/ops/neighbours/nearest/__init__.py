@@ -189,9 +189,9 @@ def _plain_inverse_distance(query, ref, features, k, backend: str, validate: boo
     k <= N), so the weights are the general path's without its masks
     (:func:`_weighting.inverse_distance` with no mask): the same operations on the same values,
     the same result and gradient to the features."""
-    if not validate or torch.compiler.is_compiling() or type(features) is not torch.Tensor or features.dim() != 2 or type(ref) is not torch.Tensor or features.shape[0] != ref.shape[0]:
+    if not validate or torch.compiler.is_compiling() or type(features) is not torch.Tensor or type(ref) is not torch.Tensor:
         return None
-    if not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
+    if features.dim() != 2 or features.shape[0] != ref.shape[0] or not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
         return None
     found = _plain_knn(query, ref, k, backend, True)
     if found is None or not _validate.sum_is_finite(features):
