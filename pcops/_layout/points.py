@@ -184,8 +184,16 @@ def _plain(validate: bool, dim, finite, query, ref, features) -> bool:
         return False
     if not validate:
         return True
-    values = (query, ref, features, *(finite or {}).values()) if ref is not query else (query, features, *(finite or {}).values())
-    return all(t is None or (type(t) is torch.Tensor and t.is_cpu and _validate.sum_is_finite(t)) for t in values)
+    extra = tuple((finite or {}).values())
+    if not all(t is None or (type(t) is torch.Tensor and t.is_cpu) for t in extra):
+        return False
+    return _finite_sums(query, ref, features, *extra)
+
+
+def _finite_sums(*tensors) -> bool:
+    """Whether the sum of each CPU tensor is finite (None skipped; a tensor given twice, such as
+    a cloud that is both query and ref, summed once): the layout's value check of plain inputs."""
+    return all(_validate.sum_is_finite(t) for i, t in enumerate(tensors) if t is not None and not any(t is u for u in tensors[:i]))
 
 
 def plain_clouds(validate: bool, *clouds) -> bool:
@@ -203,7 +211,7 @@ def plain_clouds(validate: bool, *clouds) -> bool:
             return False
     if first.dtype not in (torch.float32, torch.float64) or _threads.plain_device(clouds, None) != "cpu":
         return False
-    return not validate or all(_validate.sum_is_finite(t) for i, t in enumerate(clouds) if not any(t is u for u in clouds[:i]))
+    return not validate or _finite_sums(*clouds)
 
 
 def _check_values(validate, names: Names, query, ref, features, batch: dict, finite, positive, same: bool, ranges=None) -> bool:
