@@ -8,6 +8,8 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
   list's bounding box on the CPU);
+* :func:`plane_normal` -- a triangle's normal in float64, accurate for thin float64 triangles
+  (the mesh search's and closest-point kernels' planes);
 * :func:`spread` -- the bits of an integer two zero bits apart, one axis of a 3-d Morton code:
   the one definition of the bit spread (serialize's curve codes; the table of ``morton``). A
   function, not a factory: it has no dtype, and it is created once, at import;
@@ -130,6 +132,58 @@ def finite_bounds(dtype: torch.dtype):
         return lo, hi
 
     return box
+
+
+@kernels
+def plane_normal(dtype: torch.dtype):
+    """``normal(a, b, c) -> n``: (b - a) x (c - a) of a triangle's corners (float64 vectors whose
+    coordinates are of ``dtype``), in float64. float32 corners: the plain formula (their differences
+    are exact in float64, and a thin face's normal then accurate). float64 corners: from the exact
+    differences (two-sum) and products (Veltkamp's split, Dekker's product; no FMA needed, and a
+    contracted one changes nothing), the normal's components within a few float64 ulps of the
+    exact ones: the plain formula's cancel in a thin face's (off by about eps over its height over
+    its longest edge). A corner that is not finite: the plain formula."""
+    exact = dtype == torch.float64
+    d = wp.float64
+    splitter = d(134217729.0)  # 2^27 + 1: a float64 as two halves of 26 bits
+
+    @wp.func(module="unique")
+    def low(x: d, y: d):
+        """The rounding error of x + y (two-sum's second part)."""
+        total = x + y
+        t = total - x
+        return (x - (total - t)) + (y - t)
+
+    @wp.func(module="unique")
+    def two_product(x: d, y: d):
+        p = x * y
+        cx, cy = splitter * x, splitter * y
+        xh, yh = cx - (cx - x), cy - (cy - y)
+        xl, yl = x - xh, y - yh
+        return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
+
+    @wp.func(module="unique")
+    def component(x: d, xe: d, y: d, ye: d, z: d, ze: d, w: d, we: d):
+        """x y - z w of the exact values x + xe, y + ye, z + ze, w + we (xe.. the low parts)."""
+        p, pe = two_product(x, y)
+        q, qe = two_product(z, w)
+        hi = p - q
+        return hi + (low(p, -q) + (pe - qe) + ((x * ye + xe * y) - (z * we + ze * w)))
+
+    @wp.func(module="unique")
+    def normal(a: wp.vec3d, b: wp.vec3d, c: wp.vec3d):
+        u, w = b - a, c - a
+        n = wp.cross(u, w)
+        if wp.static(exact):
+            if wp.isfinite(n):
+                ue = wp.vec3d(low(b[0], -a[0]), low(b[1], -a[1]), low(b[2], -a[2]))
+                we = wp.vec3d(low(c[0], -a[0]), low(c[1], -a[1]), low(c[2], -a[2]))
+                n = wp.vec3d(component(u[1], ue[1], w[2], we[2], u[2], ue[2], w[1], we[1]),
+                             component(u[2], ue[2], w[0], we[0], u[0], ue[0], w[2], we[2]),
+                             component(u[0], ue[0], w[1], we[1], u[1], ue[1], w[0], we[0]))
+        return n
+
+    return normal
 
 
 @wp.func(module="unique")

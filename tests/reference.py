@@ -250,6 +250,54 @@ def triangle_points(p, a, b, c):
     return candidates.gather(-2, pick[..., None, None].expand(*pick.shape, 1, 3))[..., 0, :]
 
 
+def _sub(u, v):
+    return [x - y for x, y in zip(u, v)]
+
+
+def _dot(u, v):
+    return sum(x * y for x, y in zip(u, v))
+
+
+def _cross(u, v):
+    return [u[1] * v[2] - u[2] * v[1], u[2] * v[0] - u[0] * v[2], u[0] * v[1] - u[1] * v[0]]
+
+
+def exact_unit_normal(a, b, c) -> torch.Tensor:
+    """The unit normal of triangle abc (float 3-vectors), (b - a) x (c - a) computed exactly
+    (rationals), then rounded and normalised in float64: within a few ulps of the true direction
+    however thin the triangle."""
+    from fractions import Fraction
+
+    a, b, c = ([Fraction(float(x)) for x in t] for t in (a, b, c))
+    n = torch.tensor([float(x) for x in _cross(_sub(b, a), _sub(c, a))], dtype=torch.float64)
+    return n / n.norm()
+
+
+def exact_triangle_point(p, a, b, c):
+    """The closest point of triangle abc to p (3-vectors of floats) in exact rational arithmetic
+    (the float values as fractions, nothing rounded): (squared distance, closest point, "plane" or
+    "edge"), for inputs whose float64 formulas may round (thin faces in float64). The plane where
+    p projects inside a triangle of nonzero area, else the nearest point of its three edges."""
+    from fractions import Fraction
+
+    p, a, b, c = ([Fraction(float(x)) for x in t] for t in (p, a, b, c))
+    n = _cross(_sub(b, a), _sub(c, a))
+    sub, dot, cross = _sub, _dot, _cross
+    nn = dot(n, n)
+    if nn > 0 and all(dot(n, cross(sub(y, x), sub(p, x))) >= 0 for x, y in ((a, b), (b, c), (c, a))):
+        t = dot(n, sub(a, p)) / nn
+        return t * t * nn, [x + t * y for x, y in zip(p, n)], "plane"
+    best = None
+    for x, y in ((a, b), (b, c), (c, a)):
+        xy = sub(y, x)
+        length2 = dot(xy, xy)
+        t = min(max(dot(sub(p, x), xy) / length2, Fraction(0)), Fraction(1)) if length2 else Fraction(0)
+        q = [u + t * v for u, v in zip(x, xy)]
+        if best is None or dot(sub(p, q), sub(p, q)) < best[0]:
+            best = (dot(sub(p, q), sub(p, q)), q, "edge")
+    return best
+
+
 def mesh_distance(points, vertices, faces, tie: float = 1e-12):
     """Dense float64 point-to-mesh distances from the closest point on every (point, face) pair
     (:func:`triangle_points`): (dists (M,), closest (M, 3), face (M,)), ties within ``tie``

@@ -48,6 +48,7 @@ FACTORIES = [
     *[(f"mesh sides outside {d}", importlib.import_module("pcops.ops.mesh._sides")._outside_kernel, (d,)) for d in (F32, F64)],
     *[(f"mesh sides {d}", importlib.import_module("pcops.ops.mesh._sides")._sides_kernel, (d,)) for d in (F32, F64)],
     *[(f"triangle closest {d} result={r}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d, r)) for d in (F32, F64) for r in (False, True)],
+    ("plane normals", importlib.import_module("pcops.ops.mesh._triangle")._normal_kernel, (F64,)),
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     ("mesh tree centroids", importlib.import_module("pcops.ops.mesh._tree")._centroid_kernel, ()),
@@ -60,7 +61,7 @@ FACTORIES = [
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
                   "pcops.ops.mesh._search.walk_func"} | {
-    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "sorted_insert")}
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "plane_normal", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's complete rows) are CPU calls
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.neighbours.graph._complete_kernel"}

@@ -58,6 +58,7 @@ def _funcs(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat = wp.float64(FLAT * torch.finfo(dtype).eps)
     well = s(WELL * WELL)
+    normal = _warp_funcs.plane_normal(dtype)
 
     @wp.func(module="unique")
     def segment_d2(p: v, a: v, ab: v):
@@ -72,13 +73,14 @@ def _funcs(dtype: torch.dtype):
     def edges_d2(p: v, a: v, b: v, c: v):
         """The nearest of the three edges, or the plane where p projects inside a solid triangle
         (height above ``FLAT`` eps of its longest edge). The plane in float64 (exact differences of
-        float32 coordinates): a thin face's normal computed in its own precision is off by about
-        eps over its shape factor, its height by that times p's distance from the corner."""
+        float32 coordinates; float64 ones' from exact differences and products:
+        :func:`pcops._warp_funcs.plane_normal`): a thin face's normal computed in its own precision
+        is off by about eps over its shape factor, its height by that times p's distance from the corner."""
         ab, bc, ca = b - a, c - b, a - c
         best = wp.min(segment_d2(p, a, ab), wp.min(segment_d2(p, b, bc), segment_d2(p, c, ca)))
         pw, aw, bw, cw = wp.vec3d(p), wp.vec3d(a), wp.vec3d(b), wp.vec3d(c)
         abw, bcw, caw = bw - aw, cw - bw, aw - cw
-        n = wp.cross(abw, -caw)
+        n = normal(aw, bw, cw)
         nn = wp.dot(n, n)
         longest = wp.max(wp.dot(abw, abw), wp.max(wp.dot(bcw, bcw), wp.dot(caw, caw)))
         if nn > flat * flat * longest * longest:  # p's side of each edge as in _triangle (the rounding of p - corner only)

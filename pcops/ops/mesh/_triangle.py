@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 import warp as wp
 
-from ... import _threads, _warp
+from ... import _threads, _warp, _warp_funcs
 from ._search import FLAT
 
 
@@ -52,6 +52,50 @@ def closest(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) 
     return _closest_torch(p, a, b, c)
 
 
+def plane_normal(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, exact: bool) -> torch.Tensor:
+    """(b - a) x (c - a) of float64 corners (..., 3), differentiable; ``exact`` (float64 corners):
+    its value from the exact differences and products (the kernels' formula,
+    :func:`pcops._warp_funcs.plane_normal`, in one launch: ``pcops::plane_normals``), its
+    derivatives the plain formula's. A thin float64 face's plain normal is off by about eps over
+    its height over its longest edge."""
+    n = torch.linalg.cross(b - a, c - a)
+    if not exact:
+        return n
+    a, b, c = (t.detach().expand(n.shape).reshape(-1, 3).contiguous() for t in (a, b, c))
+    fixed = _plane_normals(a, b, c).view(n.shape)
+    return torch.where(torch.isfinite(fixed), fixed + (n - n.detach()), n)  # the value fixed, the plain derivatives
+
+
+@_warp.kernels
+def _normal_kernel(dtype: torch.dtype):
+    """:func:`pcops._warp_funcs.plane_normal` of float64 triangles, one thread each."""
+    normal = _warp_funcs.plane_normal(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def normals(start: int, a: wp.array(dtype=wp.vec3d), b: wp.array(dtype=wp.vec3d), c: wp.array(dtype=wp.vec3d),
+                out: wp.array(dtype=wp.vec3d)):
+        i = wp.tid() + start
+        out[i] = normal(a[i], b[i], c[i])
+
+    return normals
+
+
+@_threads.custom_op("pcops::plane_normals", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _plane_normals(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float64 triangles' corners a, b, c (M, 3) -> their normals (b - a) x (c - a) (M, 3), from the
+    exact differences and products (:func:`pcops._warp_funcs.plane_normal`)."""
+    out = torch.empty_like(a)
+    if a.shape[0]:
+        _warp.init()
+        _warp.launch(_normal_kernel(torch.float64), a.shape[0], [a, b, c, out], like=a)
+    return out
+
+
+@_plane_normals.register_fake
+def _(a, b, c):
+    return torch.empty_like(a)
+
+
 def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Closest:
     """:func:`closest` in torch operations."""
     eps = torch.finfo(p.dtype).eps
@@ -66,10 +110,12 @@ def _closest_torch(p: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.T
     pick = d2.argmin(-1, keepdim=True)  # the first of equal ones
     point = torch.stack([q for q, _ in candidates], -2).gather(-2, pick[..., None].expand(*pick.shape, 3)).squeeze(-2)
     bary = torch.stack([w for _, w in candidates], -2).gather(-2, pick[..., None].expand(*pick.shape, 3)).squeeze(-2)
-    # the plane in float64 (float32 coordinates' differences exact there): a thin face's normal
-    # computed in float32 is off by about eps over its shape factor (see _search._funcs)
+    # the plane in float64 (float32 coordinates' differences exact there; float64 corners' normal
+    # from exact differences and products): a thin face's normal computed in its own precision
+    # is off by about eps over its shape factor (see _search._funcs)
+    exact = a.dtype == torch.float64 and b.dtype == torch.float64 and c.dtype == torch.float64
     p_, a, b, c = (t.to(PLANE) for t in (p, a, b, c))
-    n = torch.linalg.cross(b - a, c - a)
+    n = plane_normal(a, b, c, exact)
     nn = _dot(n, n)
     longest = torch.maximum(torch.maximum(_dot(b - a, b - a), _dot(c - b, c - b)), _dot(a - c, a - c))
     solid = nn > (FLAT * eps) ** 2 * longest * longest
@@ -95,6 +141,7 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat2 = wp.float64((FLAT * torch.finfo(dtype).eps) ** 2)
     tiny = wp.float64(torch.finfo(torch.float64).tiny)
+    plane_normal = _warp_funcs.plane_normal(dtype)
 
     @wp.func(module="unique")
     def segment(p: v, x: v, y: v):
@@ -122,10 +169,10 @@ def _closest_kernel(dtype: torch.dtype, result: bool):
             near = q2
             w = v(t2, s(0.0), s(1.0) - t2)
         # the plane in float64 (as the search's, see _search._funcs): exact differences of float32
-        # coordinates, a thin face's normal accurate
+        # coordinates, float64 ones' normal from exact differences and products (plane_normal)
         pw, aw, bw, cw = wp.vec3d(p), wp.vec3d(pa_), wp.vec3d(pb_), wp.vec3d(pc_)
         ab, bc, ca = bw - aw, cw - bw, aw - cw
-        n = wp.cross(ab, -ca)
+        n = plane_normal(aw, bw, cw)
         nn = wp.dot(n, n)
         longest = wp.max(wp.max(wp.dot(ab, ab), wp.dot(bc, bc)), wp.dot(ca, ca))
         if nn > flat2 * longest * longest:  # (the signed areas as in _closest_torch)

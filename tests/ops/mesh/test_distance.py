@@ -151,6 +151,7 @@ class TestMeshDistance(OpSuite):
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]
             cases.append((torch.ops.pcops.triangle_closest.default, (q, *corners.unbind(1))))
+            cases.append((torch.ops.pcops.plane_normals.default, tuple(t.double().contiguous() for t in corners.unbind(1))))
             face = torch.randint(-1, f.shape[0], (20,), generator=gen)
             cases.append((torch.ops.pcops.mesh_measure.default, (q, v, f, face)))
         return cases
@@ -497,6 +498,44 @@ def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
     d = pcops.mesh_distance(q, v, f).dists
     expected = reference.mesh_distance(q.detach(), v, f)[0]
     assert torch.allclose(d.detach().double(), expected, rtol=1e-6, atol=0)
+
+
+def test_points_over_thin_float64_faces_keep_their_distance_and_gradient():
+    """float64 faces whose height is 70 to 10^8 eps of their longest edge and points 3e-4 to 0.3
+    over them, projecting inside them and outside (1e-9 aside, or along the plain float64 normal,
+    which a thin face's rounding tilts): distances within 1e-12 of the
+    exact ones (rational arithmetic) without and with a gradient, which is the direction away
+    from the exact closest point (up to the face's width over the distance: its two long edges
+    are nearly tied). The plane's normal comes from the exact differences and products of the
+    corners: the plain float64 cross product is off by about eps over the shape factor (40% off
+    with a gradient asked for and 1e-8 without, before)."""
+    gen = torch.Generator().manual_seed(5)
+    eps = torch.finfo(F64).eps
+    f = torch.tensor([[0, 1, 2]])
+    regions = set()
+    for ratio in (70.0, 1e3, 1e5, 1e8):
+        rotation, _ = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=gen))
+        v = torch.tensor([[0, 0, 0], [1, 0, 0], [0.37, ratio * eps, 0]], dtype=F64) @ rotation.T + torch.randn(3, dtype=F64, generator=gen)
+        a, b, c = v
+        normal = reference.exact_unit_normal(a, b, c)
+        at = torch.tensor([[0.5, 0.2], [0.3, 0.6], [0.7, 0.05]], dtype=F64)
+        base = a + at[:, :1] * (b - a) + at[:, 1:] * (c - a)
+        plain = torch.linalg.cross(b - a, c - a)  # (points along it project outside the thin faces)
+        heights = torch.tensor([3e-4, 1e-2, 0.3], dtype=F64).repeat_interleave(9)
+        q = torch.cat([base + h * n + aside * rotation[:, 1] for h in (3e-4, 1e-2, 0.3)
+                       for n, aside in ((normal, 0.0), (normal, 1e-9), (plain / plain.norm(), 0.0))])
+        exact = [reference.exact_triangle_point(x, a, b, c) for x in q]
+        regions |= {where for _, _, where in exact}
+        dist = torch.tensor([float(d2) ** 0.5 for d2, _, _ in exact], dtype=F64)
+        closest = torch.tensor([[float(x) for x in point] for _, point, _ in exact], dtype=F64)
+        assert torch.allclose(pcops.mesh_distance(q, v, f).dists, dist, rtol=1e-12, atol=0), ratio
+        leaf = q.clone().requires_grad_()
+        d = pcops.mesh_distance(leaf, v, f).dists
+        (grad,) = torch.autograd.grad(d.sum(), leaf)
+        assert torch.allclose(d.detach(), dist, rtol=1e-12, atol=0), (ratio, d, dist)
+        width = 2 * ratio * eps  # (the corners' spread over a unit edge)
+        assert ((grad - (q - closest) / dist[:, None]).norm(dim=1) <= 1e-9 + width / heights).all(), ratio
+    assert regions == {"plane", "edge"}
 
 
 @pytest.mark.parametrize("grad", [False, True])
