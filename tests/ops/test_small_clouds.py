@@ -483,3 +483,61 @@ def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
     assert taken == [True, True, False, False, False, False]
     with pytest.raises(ValueError, match="features contains NaN or inf"):
         pcops.knn_interpolate(q, p, bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """``chamfer_distance`` of two plain clouds (which may require grad) skips the layout layer:
+    the same loss and per-point costs and the same gradients to both clouds, for every reduction,
+    one direction or both, and NaN points without validation (cost 0), on both sides of the scan's
+    crossover."""
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    nan = q.clone()
+    nan[1, 2] = float("nan")
+
+    def run(x, y, **kw):
+        x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+        out = pcops.chamfer_distance(x, y, **kw)
+        loss = sum(t.nansum() for t in out) if isinstance(out, tuple) else out.sum()
+        return (*(out if isinstance(out, tuple) else (out,)), *torch.autograd.grad(loss, (x, y), allow_unused=True))
+
+    calls = [lambda: run(q, p), lambda: run(p, p), lambda: run(q[:1], p), lambda: run(q * 1e18, p * 1e18),
+             lambda: run(q, p, point_reduction="sum", batch_reduction="sum"), lambda: run(q, p, point_reduction="max"),
+             lambda: run(q, p, batch_reduction=None), lambda: run(q, p, point_reduction=None, batch_reduction=None),
+             lambda: run(q, p, single_directional=True),
+             lambda: run(q, p, single_directional=True, point_reduction=None, batch_reduction=None),
+             lambda: run(nan, p, validate=False), lambda: (pcops.chamfer_distance(q, p),)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            for a, b in zip(*plain_and_general(monkeypatch, call, "pcops.ops.geometry.chamfer"), strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # (the NaN point's gradient: NaN on both)
+
+
+def test_plain_chamfer_calls_and_others(gen, monkeypatch):
+    """Which chamfer calls are plain (the layout layer never runs for them), and bad values still
+    raise the general path's errors."""
+    from pcops.ops.geometry import chamfer
+
+    taken = []
+    real = chamfer._plain
+    monkeypatch.setattr(chamfer, "_plain", lambda *a: (lambda out: (taken.append(out is not None), out)[1])(real(*a)))
+    x, y = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen)
+    pcops.chamfer_distance(x, y)
+    pcops.chamfer_distance(x.clone().requires_grad_(), y)
+    pcops.chamfer_distance(x, x, single_directional=True)
+    assert taken == [True, True, True]
+    for call in (lambda: pcops.chamfer_distance(x.double(), y), lambda: pcops.chamfer_distance(x.half(), y.half()),
+                 lambda: pcops.chamfer_distance(x[None], y[None]), lambda: pcops.chamfer_distance(x[:0], y),
+                 lambda: pcops.chamfer_distance(x, y, backend="torch"), lambda: pcops.chamfer_distance(x, y[:0])):
+        call()
+    assert taken == [True, True, True, False, False, False, False, False, False]
+    assert not any(taken[3:])
+    bad = y.clone()
+    bad[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="y contains NaN or inf"):
+        pcops.chamfer_distance(x, bad)
+    with pytest.raises(ValueError, match="point_reduction"):
+        pcops.chamfer_distance(x, y, point_reduction="median")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
-from ..neighbours.nearest import search
+from ..neighbours.nearest import _plain_knn, search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -172,6 +172,41 @@ def _per_sample(cost, flat: _layout.Flat, lengths, batch_ids, batch_size: int, r
     return total / count.clamp_min(1)
 
 
+# Whether plain eager calls skip the layout layer (:func:`_plain`; tests switch it off to compare both paths)
+PLAIN = [True]
+
+
+def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool):
+    """:func:`chamfer_distance` (norm 2, no batch keywords) of two plain clouds, or None for any
+    other call: each cloud non-empty, both plain but for gradients (:func:`search`'s plain kNN
+    searches, the points detached, x's and y's values checked once), the search's function
+    called directly. The costs and reductions are the general path's operations on the same
+    values (one cloud each), so the same loss and gradients."""
+    found = _plain_knn(x, y, 1, backend, validate, detach=True)
+    if found is None or x.shape[0] == 0:
+        return None
+    back = None if single_directional else _plain_knn(y, x, 1, backend, False, detach=True)
+    if back is None and not single_directional:
+        return None
+    costs = []
+    for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
+        idx = idx[:, 0]  # (-1: a NaN query without validation, which costs 0)
+        costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
+    if point_reduction is None:
+        return costs[0] if single_directional else tuple(costs)
+    if point_reduction == "max":
+        per_sample = [cost.amax().reshape(1) for cost in costs]
+    else:
+        per_sample = [(cost.sum() if point_reduction == "sum" else cost.sum() / cost.shape[0]).reshape(1) for cost in costs]
+    if single_directional:
+        loss = per_sample[0]
+    else:
+        loss = torch.maximum(*per_sample) if point_reduction == "max" else per_sample[0] + per_sample[1]
+    if batch_reduction is None:
+        return loss.reshape(())
+    return loss.sum() if batch_reduction == "sum" else loss.sum() / 1
+
+
 @_threads.limits
 def chamfer_distance(
     x: torch.Tensor,
@@ -230,6 +265,10 @@ def chamfer_distance(
     """
     batch_size = _validate.plain(batch_size)  # NumPy scalars as Python numbers
     _check_options(norm, single_directional, point_reduction, batch_reduction)
+    if PLAIN[0] and norm == 2 and x_lengths is None and y_lengths is None and x_batch is None and y_batch is None and batch_size is None:
+        loss = _plain(x, y, single_directional, point_reduction, batch_reduction, backend, validate)
+        if loss is not None:
+            return loss
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
     b, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)

@@ -163,7 +163,7 @@ def _any_dim_backend(backend: str) -> str:
 PLAIN = [True]
 
 
-def _plain_knn(query, ref, k, backend: str, validate: bool):
+def _plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False):
     """(dists, idx) of a plain eager CPU :func:`knn` call, from the Warp search's function called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
@@ -173,8 +173,17 @@ def _plain_knn(query, ref, k, backend: str, validate: bool):
     general path passes on such a call, and it would call the same function on the same tensors
     and return its distances (no gradient asked for) and indices as they are; anything else (a
     sum that is not finite included) takes that path, which decides and names what fails.
+    ``detach``: the points may require grad (the caller differentiates what it computes from the
+    indices, as the general path's search does: ``chamfer_distance``).
     """
-    if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref):
+    if backend not in ("auto", "warp") or type(k) is not int:
+        return None
+    if detach:
+        if type(query) is not torch.Tensor or type(ref) is not torch.Tensor:
+            return None
+        same, query = ref is query, query.detach()
+        ref = query if same else ref.detach()
+    if not _layout.plain_clouds(validate, query, ref):
         return None
     if not 1 <= k <= ref.shape[0] or resolve_backend(backend, query.device) != "warp":
         return None
