@@ -196,14 +196,12 @@ def _box_kernel(dtype: torch.dtype):
     return box
 
 
-def _boxes(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-    """(2, 2, 3): for ``ref`` and ``query``, the low and high corners of their finite points
-    (zeros if none): non-finite points (validate=False) would make the grid's frame infinite.
-    On the CPU one launch of a Warp kernel (torch's reductions over the rows of an (N, 3) tensor
-    are slow there, or start an OpenMP team, which a forked DataLoader worker must not), the
-    queries' box beside the reference points'; elsewhere :func:`_finite_box`."""
-    if ref.device.type != "cpu":
-        return torch.stack([_finite_box(ref), _finite_box(query)])
+def _corners(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """CPU: (parts + 1, 2, 3): the low and high corners of the finite points of ``parts`` ranges
+    of ``ref`` (1, or 16 from 2^16 points), then of ``query`` (+inf to -inf where none), from one
+    launch of a Warp kernel (torch's reductions over the rows of an (N, 3) tensor are slow there,
+    or start an OpenMP team, which a forked DataLoader worker must not), the queries' beside the
+    reference points'."""
     parts = 16 if ref.shape[0] >= (1 << 16) else 1
     corners = ref.new_empty((parts + 1, 2, 3))  # the reference points' parts, then the queries'
     vec = _warp.vec3(ref.dtype)
@@ -211,6 +209,17 @@ def _boxes(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     beside = (kernel, [_warp.array(query.contiguous(), dtype=vec), 1, _warp.array(corners[parts:], dtype=vec)])
     _warp.launch(kernel, parts, [_warp.array(ref.contiguous(), dtype=vec), parts, _warp.array(corners[:parts], dtype=vec)],
                  like=ref, min_chunk=1, beside=beside, work=ref.shape[0] + query.shape[0])
+    return corners
+
+
+def _boxes(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """(2, 2, 3): for ``ref`` and ``query``, the low and high corners of their finite points
+    (zeros if none): non-finite points (validate=False) would make the grid's frame infinite.
+    On the CPU from :func:`_corners`, elsewhere :func:`_finite_box`."""
+    if ref.device.type != "cpu":
+        return torch.stack([_finite_box(ref), _finite_box(query)])
+    corners = _corners(ref, query)
+    parts = corners.shape[0] - 1
     boxes = torch.stack([torch.stack([corners[:parts, 0].amin(0), corners[:parts, 1].amax(0)]), corners[parts]])
     return torch.where(boxes[:, :1] <= boxes[:, 1:], boxes, 0)  # no finite point: a box at 0
 
@@ -224,13 +233,24 @@ def _finite_box(points: torch.Tensor) -> torch.Tensor:
     return torch.where(corners[:1] <= corners[1:], corners, 0)  # no finite point: a box at 0
 
 
-def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) -> tuple[torch.Tensor, list]:
+def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) -> tuple[Optional[torch.Tensor], list]:
     """(boxes, host): the boxes of the finite reference and query points (2, 2, 3) on their
-    device (:func:`_boxes`), and on the host (one read, float64: sample ids up to 2^53 stay
-    exact) the same 12 numbers followed by the largest sample id (0 for one cloud): what sizes
-    the grid of a :class:`CellList` of any radius over these points."""
+    device (:func:`_boxes`; None on the CPU, which reads only the host's), and on the host (one
+    read, float64: sample ids up to 2^53 stay exact) the same 12 numbers followed by the largest
+    sample id (0 for one cloud): what sizes the grid of a :class:`CellList` of any radius over
+    these points. CPU clouds below 2^16 points: the host numbers straight from the box kernel's
+    corners (the same values, without the torch operations that combine its parts)."""
+    samples = 0.0  # the largest sample id
+    if ref.device.type == "cpu" and ref.shape[0] < (1 << 16):
+        (ref_lo, ref_hi), (query_lo, query_hi) = _corners(ref, query).tolist()
+        if ref_group is not None and ref_group.numel():
+            samples = float(torch.maximum(ref_group.amax(), query_group.amax()))
+        host = []
+        for lo, hi in ((ref_lo, ref_hi), (query_lo, query_hi)):
+            host += [x if x <= y else 0.0 for x, y in zip(lo, hi)] + [y if x <= y else 0.0 for x, y in zip(lo, hi)]
+        return None, host + [samples]
     boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
-    samples = torch.zeros(1, dtype=torch.float64, device=ref.device)  # the largest sample id
+    samples = torch.zeros(1, dtype=torch.float64, device=ref.device)
     if ref_group is not None and ref_group.numel():
         samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
     return boxes, torch.cat([boxes.flatten().double(), samples]).cpu().tolist()

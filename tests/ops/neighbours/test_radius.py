@@ -393,6 +393,33 @@ def test_cell_sort_is_a_sort_by_cell_with_the_start_of_each_cell(gen, monkeypatc
         assert starts.shape[0] == max(total + 1, _cells.capacity(n)) and bool((starts[total + 1:] == n).all())
 
 
+def test_the_grids_extent_on_the_cpu_equals_the_boxes_of_the_finite_points(gen):
+    """``_cells.extent_of``'s host numbers (the boxes of the finite reference and query points,
+    zeros for a cloud without one, the largest sample id), which CPU clouds below 2^16 points
+    read straight from the box kernel's corners: the float64 boxes of a reference computation,
+    with NaN and inf points, a cloud of one finite point or none, sample ids, float32 and
+    float64, and a cloud past the one-range size (the torch combination of 16 ranges)."""
+    from pcops.ops.neighbours import _cells
+
+    def expected(q, p, samples):
+        out = []
+        for x in (p, q):
+            x = x.double()[torch.isfinite(x).all(1)]
+            out += (x.amin(0).tolist() + x.amax(0).tolist()) if x.shape[0] else [0.0] * 6
+        return out + [float(samples)]
+
+    for dtype in (torch.float32, F64):
+        for n, m in ((1, 1), (40, 7), (1 << 16, 30)):
+            q, p = (10 * torch.randn(m, 3, generator=gen) - 3).to(dtype), (5 * torch.rand(n, 3, generator=gen) + 2).to(dtype)
+            p[0, 1], q[-1, 2] = float("nan"), float("-inf")
+            for group in (None, (torch.zeros(m, dtype=torch.int64), torch.randint(0, 9, (n,), generator=gen))):
+                qg, pg = group or (None, None)
+                samples = 0 if group is None else max(int(qg.max()), int(pg.max()))
+                assert _cells.extent_of(q, p, qg, pg)[1] == expected(q, p, samples), (dtype, n, m)
+        none = torch.full((3, 3), float("nan"), dtype=dtype)
+        assert _cells.extent_of(none, none, None, None)[1] == [0.0] * 13
+
+
 def test_non_finite_points_without_validation_terminate_and_are_never_neighbours(gen):
     q, p = torch.rand(50, 3, generator=gen, dtype=F64), torch.rand(80, 3, generator=gen, dtype=F64)
     f = features(gen, 80)
