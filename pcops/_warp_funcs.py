@@ -134,15 +134,31 @@ def finite_bounds(dtype: torch.dtype):
     return box
 
 
+@wp.func_native("""
+#if defined(__CUDA_ARCH__)
+return __dmul_rn(x, y);
+#else
+return x * y;
+#endif
+""")
+def mul_rounded(x: wp.float64, y: wp.float64) -> wp.float64:
+    """x y rounded to float64 and never fused into an FMA: CUDA code is compiled with FMA contraction
+    (Warp's ``fuse_fp``), which may merge a product with a later sum across statements, and the
+    error-free transformations of :func:`plane_normal` need the rounded product itself (the CPU
+    compiler contracts within one expression only, and Warp emits one operation a statement)."""
+    ...
+
+
 @kernels
 def plane_normal(dtype: torch.dtype):
     """``normal(a, b, c) -> n``: (b - a) x (c - a) of a triangle's corners (float64 vectors whose
     coordinates are of ``dtype``), in float64. float32 corners: the plain formula (their differences
     are exact in float64, and a thin face's normal then accurate). float64 corners: from the exact
-    differences (two-sum) and products (Veltkamp's split, Dekker's product; no FMA needed, and a
-    contracted one changes nothing), the normal's components within a few float64 ulps of the
-    exact ones: the plain formula's cancel in a thin face's (off by about eps over its height over
-    its longest edge). A corner that is not finite: the plain formula."""
+    differences (two-sum) and products (Veltkamp's split, Dekker's product; no FMA needed: the
+    products they rely on are :func:`mul_rounded`, which CUDA's FMA contraction cannot merge), the
+    normal's components within a few float64 ulps of the exact ones: the plain formula's cancel in
+    a thin face's (off by about eps over its height over its longest edge). A corner that is not
+    finite: the plain formula."""
     exact = dtype == torch.float64
     d = wp.float64
     splitter = d(134217729.0)  # 2^27 + 1: a float64 as two halves of 26 bits
@@ -156,8 +172,8 @@ def plane_normal(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def two_product(x: d, y: d):
-        p = x * y
-        cx, cy = splitter * x, splitter * y
+        p = mul_rounded(x, y)
+        cx, cy = mul_rounded(splitter, x), mul_rounded(splitter, y)
         xh, yh = cx - (cx - x), cy - (cy - y)
         xl, yl = x - xh, y - yh
         return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
