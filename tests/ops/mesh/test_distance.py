@@ -500,7 +500,8 @@ def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
     assert torch.allclose(d.detach().double(), expected, rtol=1e-6, atol=0)
 
 
-def test_points_over_thin_float64_faces_keep_their_distance_and_gradient():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_points_over_thin_float64_faces_keep_their_distance_and_gradient(device):
     """float64 faces whose height is 70 to 10^8 eps of their longest edge and points 3e-4 to 0.3
     over them, projecting inside them and outside (1e-9 aside, or along the plain float64 normal,
     which a thin face's rounding tilts): distances within 1e-12 of the
@@ -508,7 +509,8 @@ def test_points_over_thin_float64_faces_keep_their_distance_and_gradient():
     from the exact closest point (up to the face's width over the distance: its two long edges
     are nearly tied). The plane's normal comes from the exact differences and products of the
     corners: the plain float64 cross product is off by about eps over the shape factor (40% off
-    with a gradient asked for and 1e-8 without, before)."""
+    with a gradient asked for and 1e-8 without, before). On CUDA too, whose FMA contraction must
+    not merge the products of those transformations."""
     gen = torch.Generator().manual_seed(5)
     eps = torch.finfo(F64).eps
     f = torch.tensor([[0, 1, 2]])
@@ -528,13 +530,14 @@ def test_points_over_thin_float64_faces_keep_their_distance_and_gradient():
         regions |= {where for _, _, where in exact}
         dist = torch.tensor([float(d2) ** 0.5 for d2, _, _ in exact], dtype=F64)
         closest = torch.tensor([[float(x) for x in point] for _, point, _ in exact], dtype=F64)
-        assert torch.allclose(pcops.mesh_distance(q, v, f).dists, dist, rtol=1e-12, atol=0), ratio
-        leaf = q.clone().requires_grad_()
-        d = pcops.mesh_distance(leaf, v, f).dists
+        on = dict(device=device)
+        assert torch.allclose(pcops.mesh_distance(q.to(**on), v.to(**on), f.to(**on)).dists.cpu(), dist, rtol=1e-12, atol=0), ratio
+        leaf = q.to(**on).requires_grad_()
+        d = pcops.mesh_distance(leaf, v.to(**on), f.to(**on)).dists
         (grad,) = torch.autograd.grad(d.sum(), leaf)
-        assert torch.allclose(d.detach(), dist, rtol=1e-12, atol=0), (ratio, d, dist)
+        assert torch.allclose(d.detach().cpu(), dist, rtol=1e-12, atol=0), (ratio, d, dist)
         width = 2 * ratio * eps  # (the corners' spread over a unit edge)
-        assert ((grad - (q - closest) / dist[:, None]).norm(dim=1) <= 1e-9 + width / heights).all(), ratio
+        assert ((grad.cpu() - (q - closest) / dist[:, None]).norm(dim=1) <= 1e-9 + width / heights).all(), ratio
     assert regions == {"plane", "edge"}
 
 
