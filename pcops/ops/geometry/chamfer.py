@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
-from ..neighbours.nearest import _plain_knn, search
+from ..neighbours.nearest import plain_knn, search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -182,10 +182,10 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
     searches, the points detached, x's and y's values checked once), the search's function
     called directly. The costs and reductions are the general path's operations on the same
     values (one cloud each), so the same loss and gradients."""
-    found = _plain_knn(x, y, 1, backend, validate, detach=True)
+    found = plain_knn(x, y, 1, backend, validate, detach=True)
     if found is None or x.shape[0] == 0:
         return None
-    back = None if single_directional else _plain_knn(y, x, 1, backend, False, detach=True)
+    back = None if single_directional else plain_knn(y, x, 1, backend, False, detach=True)
     if back is None and not single_directional:
         return None
     costs = []

@@ -24,7 +24,7 @@ from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _cells
 from .ball_query import _ball_query
-from .nearest import _found, _plain_knn
+from .nearest import _found, plain_knn
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -230,7 +230,7 @@ PLAIN = [True]
 def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[torch.Tensor]:
     """edge_index of a plain eager CPU :func:`knn_graph` call, or None for any other call.
 
-    Plain: a plain kNN search (:func:`pcops.ops.neighbours.nearest._plain_knn`: one (N, 3) CPU
+    Plain: a plain kNN search (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (N, 3) CPU
     tensor, float32 or float64, nothing to differentiate, ``k`` a Python int >= 1), ``loop`` a
     bool, validation on (finite points) and N > k (N >= k with ``loop``), no ``max_edges``:
     then every point's row of k (+ 1) neighbours is complete, so its edges are its first k
@@ -238,7 +238,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     general path's masks; the same edges in the same order, E = N k."""
     if max_edges is not None or not validate or type(k) is not int or k < 1 or type(loop) is not bool:
         return None
-    found = _plain_knn(points, points, k + (0 if loop else 1), "auto", True)  # None unless plain (and N >= k (+ 1))
+    found = plain_knn(points, points, k + (0 if loop else 1), "auto", True)  # None unless plain (and N >= k (+ 1))
     if found is None:
         return None
     n = points.shape[0]

@@ -157,13 +157,13 @@ def _any_dim_backend(backend: str) -> str:
     return backend
 
 
-# Whether plain eager calls run the search directly: ``knn``'s whole call (:func:`_plain_knn`), and
+# Whether plain eager calls run the search directly: ``knn``'s whole call (:func:`plain_knn`), and
 # the search of every op on it without the custom op (:func:`_found`; tests switch it off to
 # compare both paths)
 PLAIN = [True]
 
 
-def _plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False):
+def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False):
     """(dists, idx) of a plain eager CPU :func:`knn` call, from the Warp search's function called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
@@ -192,7 +192,7 @@ def _plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False
 
 def _plain_inverse_distance(query, ref, features, k, backend: str, validate: bool):
     """:func:`knn_aggregate` with inverse-distance weights (``knn_interpolate``) of a plain call,
-    or None for any other call: a plain kNN search (:func:`_plain_knn`: the points plain, nothing
+    or None for any other call: a plain kNN search (:func:`plain_knn`: the points plain, nothing
     to differentiate in them) with validation on, and (N, F) CPU features of the points' dtype
     (which may require grad), finite. Every row of such a search is complete (finite points,
     k <= N), so the weights are the general path's without its masks
@@ -202,7 +202,7 @@ def _plain_inverse_distance(query, ref, features, k, backend: str, validate: boo
         return None
     if features.dim() != 2 or features.shape[0] != ref.shape[0] or not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
         return None
-    found = _plain_knn(query, ref, k, backend, True)
+    found = plain_knn(query, ref, k, backend, True)
     if found is None or not _validate.sum_is_finite(features):
         return None
     dists, idx = found
@@ -265,7 +265,7 @@ def knn(
                 [0., 3.]])
     """
     if PLAIN[0] and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
-        found = _plain_knn(query, ref, k, backend, validate)
+        found = plain_knn(query, ref, k, backend, validate)
         if found is not None:
             return KNN(*found)
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
