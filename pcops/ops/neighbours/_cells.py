@@ -242,7 +242,7 @@ def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) ->
     corners (the same values, without the torch operations that combine its parts)."""
     samples = 0.0  # the largest sample id
     if ref.device.type == "cpu" and ref.shape[0] < (1 << 16):
-        (ref_lo, ref_hi), (query_lo, query_hi) = _corners(ref, query).tolist()
+        (ref_lo, ref_hi), (query_lo, query_hi) = _corners(ref, query).cpu().tolist()  # (the one read)
         if ref_group is not None and ref_group.numel():
             samples = float(torch.maximum(ref_group.amax(), query_group.amax()))
         host = []
