@@ -196,13 +196,17 @@ def _box_kernel(dtype: torch.dtype):
     return box
 
 
+# The CPU box kernel splits the reference points into 16 ranges from this many points
+_SPLIT_BOX = 1 << 16
+
+
 def _corners(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """CPU: (parts + 1, 2, 3): the low and high corners of the finite points of ``parts`` ranges
     of ``ref`` (1, or 16 from 2^16 points), then of ``query`` (+inf to -inf where none), from one
     launch of a Warp kernel (torch's reductions over the rows of an (N, 3) tensor are slow there,
     or start an OpenMP team, which a forked DataLoader worker must not), the queries' beside the
     reference points'."""
-    parts = 16 if ref.shape[0] >= (1 << 16) else 1
+    parts = 16 if ref.shape[0] >= _SPLIT_BOX else 1
     corners = ref.new_empty((parts + 1, 2, 3))  # the reference points' parts, then the queries'
     vec = _warp.vec3(ref.dtype)
     kernel = _box_kernel(ref.dtype)
@@ -241,7 +245,7 @@ def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) ->
     these points. CPU clouds below 2^16 points: the host numbers straight from the box kernel's
     corners (the same values, without the torch operations that combine its parts)."""
     samples = 0.0  # the largest sample id
-    if ref.device.type == "cpu" and ref.shape[0] < (1 << 16):
+    if ref.device.type == "cpu" and ref.shape[0] < _SPLIT_BOX:
         (ref_lo, ref_hi), (query_lo, query_hi) = _corners(ref, query).cpu().tolist()  # (the one read)
         if ref_group is not None and ref_group.numel():
             samples = float(torch.maximum(ref_group.amax(), query_group.amax()))
