@@ -60,6 +60,17 @@ MIN_CHUNK = 1024
 # The same for kernels whose threads each search (a tree walk, a cell-list scan): a microsecond
 # or more per thread, so a chunk of this many outweighs a fork-join.
 QUERY_CHUNK = 64
+# CUDA: a search in at most this many reference points and (query, point) pairs measures every
+# pair, one thread per query (the kNN and ball-query scans), instead of building a tree or a cell
+# list: one launch and no host read, the same result (:func:`cuda_scans`).
+CUDA_SCAN_POINTS = 1 << 14
+CUDA_SCAN_PAIRS = 1 << 28
+
+
+def cuda_scans(m: int, n: int, cost: int = 1) -> bool:
+    """Whether a CUDA search of ``m`` queries in ``n`` reference points measures every pair
+    (``cost``: the work of one pair, in units of a plain distance)."""
+    return n <= CUDA_SCAN_POINTS and m * n * cost <= CUDA_SCAN_PAIRS
 
 # One re-entrant lock for everything in Warp that is not thread-safe and happens once:
 # initialisation, kernel creation (code generation, module hashing) and first module loads.

@@ -73,6 +73,36 @@ def test_ops_read_the_host_only_where_the_table_says(op):
                                  f"known: {sorted(known)} ({why or 'none'})")
 
 
+def first_sync(op) -> str | None:
+    """The message of the first synchronising CUDA operation of the op table row ``op``, called
+    on CUDA inputs with ``validate=False`` after a first call (kernels loaded), or None when the
+    call made none (``torch.cuda.set_sync_debug_mode("error")``: host reads and torch's own
+    synchronising operations alike). scripts/gpu_check.py reports it for every op."""
+    inputs = {name: t.cuda() if torch.is_tensor(t) else t for name, t in op.inputs().items()}
+    kw = {"validate": False} if op.validates else {}
+    call = op.static or op.call
+    call(inputs, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call(inputs, **kw)
+    except RuntimeError as err:
+        if "synchroniz" not in str(err):
+            raise
+        return str(err).strip().splitlines()[0][:300]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
+def test_cuda_ops_synchronise_only_where_the_table_says(op):
+    """On a GPU the same calls synchronise exactly where :data:`KNOWN` lists a host read."""
+    message = first_sync(op)
+    assert (message is not None) == (op.name in KNOWN), f"{op.name}: {message or 'no synchronisation'}; known: {op.name in KNOWN}"
+
+
 def test_the_counter_sees_a_read_inside_a_custom_op():
     """The counting reaches into custom ops' real implementations (where the reads sit)."""
 

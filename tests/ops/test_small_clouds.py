@@ -21,9 +21,11 @@ PATHS = {"every pair": 1 << 40, "tree and cell list": 0}
 
 @pytest.fixture(params=list(PATHS))
 def path(request, monkeypatch):
-    """Every search of the test on one side of the crossovers."""
+    """Every search of the test on one side of the crossovers (the CPU's and CUDA's)."""
     monkeypatch.setattr(_kdtree, "SCAN_PAIRS", PATHS[request.param])
     monkeypatch.setattr(ball_search, "SCAN_PAIRS", PATHS[request.param])
+    monkeypatch.setattr(_warp, "CUDA_SCAN_POINTS", PATHS[request.param])
+    monkeypatch.setattr(_warp, "CUDA_SCAN_PAIRS", PATHS[request.param])
     return request.param
 
 
@@ -50,6 +52,24 @@ def test_knn_equals_the_float64_reference_on_each_side(gen, path, kind):
         ref_d, ref_idx = reference.knn(q, p, k)
         assert torch.equal(idx, ref_idx)
         torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_cuda_knn_and_ball_query_equal_the_float64_reference_on_each_side(gen, path, kind):
+    q, p, r = cloud(kind, gen)
+    qc, pc = q.cuda(), p.cuda()
+    for k in (1, 7, p.shape[0]):
+        dists, idx = pcops.knn(qc, pc, k, backend="warp")
+        ref_d, ref_idx = reference.knn(q, p, k)
+        assert torch.equal(idx.cpu(), ref_idx)
+        torch.testing.assert_close(dists.cpu(), ref_d, rtol=1e-12, atol=1e-12)
+    d = reference.distances(q, p)
+    dists, idx, counts = pcops.ball_query(qc, pc, r, 9)
+    assert torch.equal(counts.cpu(), (d <= r).sum(1))
+    cpu = pcops.ball_query(q, p, r, 9)
+    assert torch.equal(idx.cpu(), cpu.idx)
+    torch.testing.assert_close(dists.cpu(), cpu.dists, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("kind", CLOUDS)

@@ -5,8 +5,8 @@ a radius, and how many there are (:func:`pcops.ball_query`, :func:`pcops.ball_qu
 The cell list of the radius ops (``pcops.ops.neighbours._cells``: the reference points sorted by
 cells of the grid) yields the candidates; each query keeps its K best (distance, index) pairs
 sorted in its output row by insertion, so the result does not depend on the traversal order.
-Small clouds on the CPU (at most ``SCAN_PAIRS`` pairs) skip the cell list: the same kernel scans
-every pair. Several radii (ball_queries) are searched per group of close radii
+Small clouds (on the CPU at most ``SCAN_PAIRS`` pairs; on CUDA :func:`pcops._warp.cuda_scans`)
+skip the cell list: the same kernel scans every pair. Several radii (ball_queries) are searched per group of close radii
 (``GROUP_RATIO``): one cell list and one scan that tests each point against every radius of
 the group. Every search calls :func:`search` and its one kernel (:func:`kernel`); a group of
 several radii compiles a kernel for its caps (their columns are constants of the kernel), once
@@ -171,7 +171,8 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         return idx, counts, dists
     _warp.init()
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
-    dense = query.device.type == "cpu" and query_group is None and m * ref.shape[0] <= SCAN_PAIRS
+    pairs = m * ref.shape[0]
+    dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, ref.shape[0]))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 else None  # one host read for all
     for group in grouped:
@@ -187,7 +188,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
             cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
             scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
-        _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=m * ref.shape[0] if dense else None)
+        _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=pairs if dense else None)
     return idx, counts, dists
 
 

@@ -64,9 +64,11 @@ _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which group
 SCAN_PAIRS = 1 << 17
 
 
-def _scans(m: int, n: int, k: int) -> bool:
-    """Whether a CPU search of m queries in n points for k neighbours measures every pair."""
-    return m * n <= SCAN_PAIRS // max(1, (k * k) >> 7)
+def _scans(m: int, n: int, k: int, cpu: bool = True) -> bool:
+    """Whether a search of m queries in n points for k neighbours measures every pair (on the
+    CPU, or on CUDA: :func:`pcops._warp.cuda_scans`)."""
+    cost = max(1, (k * k) >> 7)
+    return m * n <= SCAN_PAIRS // cost if cpu else _warp.cuda_scans(m, n, cost)
 
 
 @_warp.kernels
@@ -573,9 +575,12 @@ def find(query, ref, k, query_group=None, ref_group=None):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    if m and query.is_cpu and _scans(m, ref.shape[0], k):  # small: every pair, one launch (which fills the rows)
-        dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
-        groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(),) * 2
+    if m and _scans(m, ref.shape[0], k, query.is_cpu):  # small: every pair, one launch (which fills the rows)
+        dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
+        if grouped:
+            groups = (query_group.contiguous(), ref_group.contiguous())
+        else:
+            groups = (_no_group() if query.is_cpu else torch.zeros(1, dtype=torch.int32, device=query.device),) * 2
         points = vec(query)
         args = [points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
         pairs = m * ref.shape[0]
