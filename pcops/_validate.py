@@ -273,7 +273,7 @@ def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torc
             rounded = float(np.float32(value)) if dtype == torch.float32 else float(value)
         if not (math.isfinite(rounded) and rounded > 0):
             raise ValueError(f"{name} must be finite and > 0 in {dtype} (the dtype it is computed in), got [{rounded}]")
-    return torch.tensor(float(value), dtype=dtype, device=device)
+    return torch.full((), float(value), dtype=dtype, device=device)  # a fill on the device: no copy from the host
 
 
 def compute_dtype(*tensors: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:

@@ -60,11 +60,15 @@ MIN_CHUNK = 1024
 # The same for kernels whose threads each search (a tree walk, a cell-list scan): a microsecond
 # or more per thread, so a chunk of this many outweighs a fork-join.
 QUERY_CHUNK = 64
-# CUDA: a search in at most this many reference points and (query, point) pairs measures every
-# pair, one thread per query (the kNN and ball-query scans), instead of building a tree or a cell
-# list: one launch and no host read, the same result (:func:`cuda_scans`).
-CUDA_SCAN_POINTS = 1 << 14
-CUDA_SCAN_PAIRS = 1 << 28
+# CUDA: a search in at most this many reference points and (query, point) pairs (times the
+# caller's cost of a pair) measures every pair (the kNN and ball-query scans) instead of
+# building a tree or a cell list: one or two launches and no host read, the same result
+# (:func:`cuda_scans`; the crossover measured in docs/benchmarks.md, GPU).
+CUDA_SCAN_POINTS = 1 << 16
+CUDA_SCAN_PAIRS = 1 << 32
+# Threads of a CUDA scan: a query's points are split among several threads when there are fewer
+# queries than this (then one more launch merges each query's partial rows).
+CUDA_SCAN_THREADS = 1 << 17
 
 
 def cuda_scans(m: int, n: int, cost: int = 1) -> bool:

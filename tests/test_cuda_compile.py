@@ -25,6 +25,7 @@ FACTORIES = [
     *[(f"knn scan {d} grouped={g}", nearest._scan_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
     *[(f"ball query dense {d}", ball_search.kernel, (d, (), False, True)) for d in (F32, F64)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
+    *[(f"knn ordered build {d}", nearest._ordered_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],
     *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns

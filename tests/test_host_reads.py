@@ -34,6 +34,8 @@ KNOWN = {
     "serialized_pool": ({("__bool__", "pcops/_validate.py"), ("__int__", "pcops/ops/sparse/serialize.py")},
                         "the padded form's cluster count"),
 }
+# op -> why it synchronises on a GPU with no host read of pcops' own (a torch operation that waits)
+CUDA_ONLY = {"marching_cubes": "nonzero: the cells the surface crosses, the padded form's too"}
 READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
@@ -98,9 +100,11 @@ def first_sync(op) -> str | None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
 def test_cuda_ops_synchronise_only_where_the_table_says(op):
-    """On a GPU the same calls synchronise exactly where :data:`KNOWN` lists a host read."""
+    """On a GPU the same calls synchronise exactly where :data:`KNOWN` lists a host read, or
+    :data:`CUDA_ONLY` a torch operation that waits for the device."""
     message = first_sync(op)
-    assert (message is not None) == (op.name in KNOWN), f"{op.name}: {message or 'no synchronisation'}; known: {op.name in KNOWN}"
+    expected = op.name in KNOWN or op.name in CUDA_ONLY
+    assert (message is not None) == expected, f"{op.name}: {message or 'no synchronisation'}; expected: {expected}"
 
 
 def test_the_counter_sees_a_read_inside_a_custom_op():

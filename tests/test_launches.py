@@ -11,7 +11,7 @@ an equality, not a bound, so a launch loop removed must be removed from the tabl
 table stays the list of what is left to do. (One sample at both sizes: a loop over samples is
 not seen here.)
 
-The GPU's own paths run on the CPU where a switch allows it (the kd-tree built by sorting, the
+The GPU's own paths run on the CPU where a switch allows it (the kd-tree over a Morton order, the
 mesh hierarchy's parents a launch per level, FPS a launch per pick): the ops they serve grow
 there in exactly the launches :data:`GROWS_ON_GPU` lists, for its reason (what #44 leaves to do
 on a GPU).
@@ -32,16 +32,10 @@ from tests import op_table
 
 # op -> why its launches grow with the size on the CPU paths
 GROWS: dict[str, str] = {}
-# the torch operations of one depth of the kd-tree built by sorting (the GPU's build)
-_SORTED_SPLITS = {"aten::" + name for name in (
-    "__lshift__", "__rshift__", "add", "arange", "argmax", "floor_divide", "gather", "index", "index_put_", "isnan", "mul",
-    "new_full", "scatter_reduce", "sort", "sub", "to", "where", "zeros_like")}
 _PARENTS = {"warp:" + _tree._parents_kernel().key}
 # op -> (why its launches grow on the GPU's paths (the CPU runs them with the switches below),
 #        the launches that grow, exactly)
 GROWS_ON_GPU = {
-    **{op: ("the kd-tree built by sorting: torch operations a depth at a time", _SORTED_SPLITS)
-       for op in ("knn", "knn_aggregate", "knn_interpolate", "chamfer_distance", "knn_graph", "estimate_normals")},
     **{op: ("the hierarchy's parents: a launch per level", _PARENTS) for op in ("mesh_distance", "mesh_bvh", "point_mesh_face_distance")},
 }
 # two sizes, as multiples of each builder's default size (the quadratic and scipy ops: smaller)
@@ -138,17 +132,17 @@ def test_launches_do_not_grow_with_the_size(op, form):
 
 @pytest.fixture
 def gpu_paths(monkeypatch):
-    monkeypatch.setattr(_kdtree, "_BUILD_BY_SORTING", True)
+    monkeypatch.setattr(_kdtree, "_GPU_BUILD", True)
     monkeypatch.setattr(_tree, "PER_LEVEL", [True])
     monkeypatch.setattr(fps, "_per_pick", lambda device: True)
 
 
-@pytest.mark.parametrize("op", [op for op in op_table.OPS if op.name in GROWS_ON_GPU], ids=lambda op: op.name)
+@pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
 def test_the_gpu_paths_launches_grow_only_where_the_table_says(op, gpu_paths):
     diff = grown(op)
-    assert set(diff) == GROWS_ON_GPU[op.name][1], (
-        f"{op.name}: launches {diff} grow with the size on the GPU's paths; the table says {sorted(GROWS_ON_GPU[op.name][1])} "
-        f"({GROWS_ON_GPU[op.name][0]})")
+    assert set(diff) == GROWS_ON_GPU.get(op.name, ("", set()))[1], (
+        f"{op.name}: launches {diff} grow with the size on the GPU's paths; the table says "
+        f"{sorted(GROWS_ON_GPU.get(op.name, ('', set()))[1])} ({GROWS_ON_GPU.get(op.name, ('none',))[0]})")
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu_path", "gpu_path"])

@@ -678,10 +678,18 @@ def test_cuda_sync_counts(gen):
 
     train()
     assert _syncs(train) == 1
-    ball = torch.ops.pcops.ball_query  # a cell list per call: its one read of the boxes and the number of samples
+    ball = torch.ops.pcops.ball_query
     ball(q, p, 0.2, 8, False, None, None)
-    assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 1
+    assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 0  # a small cloud: every pair measured, no cell list
+    # a cell list (grouped, or forced): its one read of the boxes and the number of samples
     assert _syncs(lambda: ball(q, p, 0.2, 8, False, qg, pg)) == 1
+    points, pairs = _warp.CUDA_SCAN_POINTS, _warp.CUDA_SCAN_PAIRS
+    _warp.CUDA_SCAN_POINTS = _warp.CUDA_SCAN_PAIRS = 0
+    try:
+        ball(q, p, 0.2, 8, False, None, None)
+        assert _syncs(lambda: ball(q, p, 0.2, 8, False, None, None)) == 1
+    finally:
+        _warp.CUDA_SCAN_POINTS, _warp.CUDA_SCAN_PAIRS = points, pairs
     backends = pcops.ops.neighbours.nearest.BACKENDS
     warp = backends["warp"].op  # the kd-tree is built with torch sorts on the device: no host read
     warp(q, p, 4, False)

@@ -22,7 +22,7 @@ def bound(name: str, value) -> Optional[int]:
 
 def count(n: int, like: torch.Tensor) -> torch.Tensor:
     """The true number of rows ``n``, a 0-dim int64 tensor on ``like``'s device."""
-    return torch.tensor(n, dtype=torch.int64, device=like.device)
+    return torch.full((), n, dtype=torch.int64, device=like.device)  # a fill on the device: no copy from the host
 
 
 def fit(t: torch.Tensor, size: int, fill, dim: int = 0) -> torch.Tensor:

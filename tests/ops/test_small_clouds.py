@@ -44,14 +44,19 @@ def assert_identical(a, b):
         assert torch.equal(x, y)
 
 
+def assert_knn_is_the_reference(q, p, device="cpu"):
+    """pcops.knn (Warp) of q in p on ``device`` equals the float64 brute force at k = 1, 7, all."""
+    for k in (1, 7, p.shape[0]):
+        dists, idx = pcops.knn(q.to(device), p.to(device), k, backend="warp")
+        ref_d, ref_idx = reference.knn(q, p, k)
+        assert torch.equal(idx.cpu(), ref_idx)
+        torch.testing.assert_close(dists.cpu(), ref_d, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_knn_equals_the_float64_reference_on_each_side(gen, path, kind):
     q, p, _ = cloud(kind, gen)
-    for k in (1, 7, p.shape[0]):
-        dists, idx = pcops.knn(q, p, k, backend="warp")
-        ref_d, ref_idx = reference.knn(q, p, k)
-        assert torch.equal(idx, ref_idx)
-        torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+    assert_knn_is_the_reference(q, p)
 
 
 @pytest.mark.cuda
@@ -59,11 +64,7 @@ def test_knn_equals_the_float64_reference_on_each_side(gen, path, kind):
 def test_cuda_knn_and_ball_query_equal_the_float64_reference_on_each_side(gen, path, kind):
     q, p, r = cloud(kind, gen)
     qc, pc = q.cuda(), p.cuda()
-    for k in (1, 7, p.shape[0]):
-        dists, idx = pcops.knn(qc, pc, k, backend="warp")
-        ref_d, ref_idx = reference.knn(q, p, k)
-        assert torch.equal(idx.cpu(), ref_idx)
-        torch.testing.assert_close(dists.cpu(), ref_d, rtol=1e-12, atol=1e-12)
+    assert_knn_is_the_reference(q, p, "cuda")
     d = reference.distances(q, p)
     dists, idx, counts = pcops.ball_query(qc, pc, r, 9)
     assert torch.equal(counts.cpu(), (d <= r).sum(1))
@@ -112,6 +113,39 @@ def test_knn_batches_are_identical_across_the_switch(gen, monkeypatch):
     scan, tree = both_paths(monkeypatch, lambda: pcops.knn(qp, pp, 4, query_batch=qb, ref_batch=pb, backend="warp"))
     assert_identical(scan, tree)
     assert bool((scan.idx == -1).any())  # the sample with 3 points pads its rows
+
+
+@pytest.mark.parametrize("slices", [2, 7, 1000])
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_the_split_scan_equals_the_float64_reference(gen, monkeypatch, kind, slices):
+    """CUDA splits each query's points among several threads (partial rows, then a merge): the
+    same two kernels, run on the CPU, find the reference's neighbours in its order."""
+    monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 1 << 40)
+    monkeypatch.setattr(_kdtree, "_CPU_SLICES", slices)
+    launches = []
+    real = _warp.launch
+    monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+    q, p, _ = cloud(kind, gen)
+    assert_knn_is_the_reference(q, p)
+    assert _kdtree._scan_kernel(torch.float64, False)[1] in launches  # the merge ran
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_the_split_scan_equals_one_scan_on_batches_and_non_finite_points(gen, monkeypatch, value):
+    qs = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (5, 0, 30)]
+    ps = [torch.rand(n, 3, generator=gen, dtype=F64) for n in (3, 8, 40)]
+    fs = [torch.rand(n, 2, generator=gen, dtype=F64) for n in (3, 8, 40)]
+    qp, qb, _, pp, pb, _, _ = pack_pair(qs, ps, fs, gen)
+    qp[2, 1], pp[5, 0], pp[20, 2] = value, value, value
+    monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 1 << 40)
+    found = []
+    for slices in (1, 3, 16):
+        monkeypatch.setattr(_kdtree, "_CPU_SLICES", slices)
+        found.append(pcops.knn(qp, pp, 4, query_batch=qb, ref_batch=pb, backend="warp", validate=False))
+        found.append(pcops.knn(qp, pp, 6, backend="warp", validate=False))
+    for a, b in zip(found[2:], found[:-2]):
+        assert_identical(a, b)
+    assert bool((found[0].idx == -1).any()) and bool(torch.isinf(found[0].dists).any())
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
@@ -167,12 +201,12 @@ def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypat
     monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
     small = torch.rand(64, 3)
     torch.ops.pcops.knn_warp(small, small, 4, False, None, None)
-    assert launches == [_kdtree._scan_kernel(torch.float32, False)]
+    assert launches == [_kdtree._scan_kernel(torch.float32, False)[0]]
     launches.clear()
     side = int(_kdtree.SCAN_PAIRS**0.5) + 1
     large = torch.rand(side, 3)
     torch.ops.pcops.knn_warp(large, large, 4, False, None, None)
-    assert _kdtree._scan_kernel(torch.float32, False) not in launches and len(launches) >= 2
+    assert _kdtree._scan_kernel(torch.float32, False)[0] not in launches and len(launches) >= 2
 
 
 def test_small_launches_run_on_the_calling_thread(monkeypatch):
@@ -255,7 +289,7 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
         monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
         got = pcops.knn(query, lattice, k)
         monkeypatch.setattr(_warp, "launch", real)
-        scan = _kdtree._scan_kernel(torch.float32, False) in launches
+        scan = _kdtree._scan_kernel(torch.float32, False)[0] in launches
         assert scan == (m * n <= limit)
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
         assert_identical(got, pcops.knn(query, lattice, k))

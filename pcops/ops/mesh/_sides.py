@@ -449,10 +449,10 @@ def _mesh_simple(
     face's piece, (F,) float64: at each root, the outer winding number of its piece]. Not simple
     (nothing analysed) on a GPU, or for a call of fewer ``queries`` than faces (their walks cost
     less than the analysis)."""
-    nf = faces.shape[0]
-    ok, parent, wout = torch.zeros(1, dtype=torch.int32), torch.zeros(nf, dtype=torch.int64), torch.zeros(nf, dtype=torch.float64)
-    if queries < max(nf, 1) or faces.device.type != "cpu":
-        return [ok.to(faces.device), parent.to(faces.device), wout.to(faces.device)]
+    nf, dev = faces.shape[0], faces.device
+    ok, parent, wout = (torch.zeros(size, dtype=dtype, device=dev) for size, dtype in ((1, torch.int32), (nf, torch.int64), (nf, torch.float64)))
+    if queries < max(nf, 1) or dev.type != "cpu":
+        return [ok, parent, wout]  # made on the device (no copy from the host)
     _warp.init()
     v64, faces = vertices.to(torch.float64).contiguous(), faces.contiguous()
     bad, rep, best = torch.zeros(1, dtype=torch.int32), torch.empty(nf, dtype=torch.int64), torch.empty(nf, dtype=torch.float64)

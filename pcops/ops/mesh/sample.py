@@ -245,18 +245,19 @@ def _backward(ctx, grad_points, grad_normals, *_):
 _sample.register_autograd(_backward, setup_context=_setup)
 
 
-def _seeds(seed, b: int) -> torch.Tensor:
-    """The per-mesh seeds (B,) int64 of ``seed`` (an int, or an integer tensor of shape () or (B,))."""
+def _seeds(seed, b: int, device) -> torch.Tensor:
+    """The per-mesh seeds (B,) int64 on ``device`` of ``seed`` (an int, or an integer tensor of
+    shape () or (B,)); an int is filled in on the device (no copy from the host)."""
     if isinstance(seed, torch.Tensor):
         _validate.integer("seed", seed, what="random seeds")
         if seed.dim() > 1 or (seed.dim() == 1 and seed.shape[0] not in (1, b)):
             raise ValueError(f"seed must be an int, a 0-d integer tensor or one seed per mesh (B,) = ({b},), got shape {tuple(seed.shape)}")
-        seeds = seed.to(torch.int64).reshape(-1)
+        seeds = seed.to(device=device, dtype=torch.int64).reshape(-1)
         if seed.dim() == 1 and seed.shape[0] == b:
             return seeds
     elif isinstance(seed, (int, torch.SymInt)) and not isinstance(seed, bool):
         _validate.int_option("seed", seed, -2**63, 2**63 - 1, note=" (an int64)")
-        seeds = torch.tensor([seed], dtype=torch.int64)
+        seeds = torch.full((1,), seed, dtype=torch.int64, device=device)
     else:
         raise TypeError(f"seed must be an int or an integer tensor, got {type(seed).__name__}")
     return seeds + torch.arange(b, dtype=torch.int64, device=seeds.device)  # mesh b: seed + b
@@ -351,7 +352,7 @@ def sample_points_on_mesh(
     device = vertices.device
     if generator is not None and generator.device.type != device.type:
         raise ValueError(f"generator must be on the vertices' device, got a generator on {generator.device} and vertices on {device}")
-    seeds = None if seed is None else _seeds(seed, b).to(device)
+    seeds = None if seed is None else _seeds(seed, b, device)
 
     rows, order = flat.faces, None
     if flat.batch == 0:

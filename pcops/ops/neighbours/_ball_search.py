@@ -141,6 +141,9 @@ GROUP_RATIO = 2.0
 # measured (``dense`` kernels), all radii in one scan, instead of building cell lists: the same
 # result in one launch (docs/ops/ball_query.md).
 SCAN_PAIRS = 1 << 18
+# The cost of a pair in CUDA's every-pair scan (one thread per query) against the cell list's
+# few launches: the scan is taken up to about 8,192 x 8,192 pairs (docs/benchmarks.md, GPU).
+SCAN_COST = 4
 
 
 def groups(radii: list) -> list[list[int]]:
@@ -172,7 +175,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     _warp.init()
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     pairs = m * ref.shape[0]
-    dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, ref.shape[0]))
+    dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, ref.shape[0], SCAN_COST))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 else None  # one host read for all
     for group in grouped:

@@ -70,8 +70,17 @@ def _(idx, keep):
 
 @_threads.custom_op("pcops::edges_padded", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _edges_padded(idx: torch.Tensor, keep: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """pcops::edges in the static-size form: (edge_index (2, size), count ())."""
-    return _padded(_edges(idx, keep), size)
+    """pcops::edges in the static-size form: (edge_index (2, size), count ()), without
+    ``nonzero`` (a host read on a GPU): each kept entry's column is its rank among the kept
+    (a cumulative sum, row-major as ``nonzero``), those past ``size`` written to a dropped column."""
+    flat = keep.reshape(-1)
+    rank = torch.cumsum(flat, 0) - 1
+    column = torch.where(flat & (rank < size), rank, size)
+    centre = torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
+    out = idx.new_full((2, size + 1), -1)
+    out[0].scatter_(0, column, torch.where(flat, idx.reshape(-1), -1))
+    out[1].scatter_(0, column, centre)
+    return out[:, :size].contiguous(), flat.sum()
 
 
 @_edges_padded.register_fake

@@ -24,6 +24,7 @@ true V as ``count``; on overflow the parents past the first M are dropped and ``
 for their points (no host read, no error, no warning).
 """
 
+import functools
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -162,9 +163,16 @@ def _serialize_codes(grid_coord: torch.Tensor, batch: Optional[torch.Tensor], de
         return out
     grid = grid_coord.to(torch.int32).contiguous()
     ids = grid.new_zeros((1,), dtype=torch.int64) if batch is None else batch.to(torch.int64).contiguous()
-    kinds = torch.tensor(orders, dtype=torch.int32, device=grid.device)
+    kinds = _kinds(tuple(orders), grid.device)
     _warp.launch(_codes_kernel(), n, [grid, ids, int(batch is not None), kinds, int(depth), out], like=grid)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(orders: tuple, device: torch.device) -> torch.Tensor:
+    """The orders' indices as an int32 tensor on ``device``, made once per (orders, device):
+    a copy from the host per call would be a synchronisation on a GPU. Read only."""
+    return torch.tensor(orders, dtype=torch.int32, device=device)
 
 
 @_serialize_codes.register_fake

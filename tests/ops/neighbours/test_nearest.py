@@ -408,45 +408,57 @@ def test_warp_queries_already_in_spatial_order_are_not_sorted_again(gen):
 
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-def test_warp_kd_tree_builds_by_kernels_and_by_sorting_agree(gen, monkeypatch, dtype):
-    # the CPU build (Warp kernels, quickselect) and the GPUs' build (torch sorts) give the same
-    # node boxes and split axes on a cloud of distinct coordinates, alone or in samples, and the
-    # same neighbours with duplicate coordinates and NaN points too (where the builds may send
-    # equal keys to different sides, or bound a NaN differently: both exact)
+def test_the_gpu_build_bounds_every_node_and_finds_the_cpu_builds_neighbours(gen, monkeypatch, dtype):
+    # the GPUs' build (the points in Morton order, boxes from the leaves up): each node's box is
+    # the box of its range's points (NaN coordinates left out), its group range theirs, the
+    # points a permutation of the cloud in group order; and the same neighbours as the CPU build
+    # (quickselect splits) with duplicate coordinates and NaN points, alone or in samples
     from pcops.ops.neighbours.nearest import _kdtree as tree
 
     p = torch.randn(2500, 3, generator=gen, dtype=F64).to(dtype)
-    groups = torch.randint(0, 3, (2500,), generator=gen, dtype=torch.int32)
-    for group in (None, groups):
-        trees = []
-        for by_sorting in (False, True):
-            monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
-            trees.append(tree._tree(p, group))
-        (_, _, _, lo_k, hi_k, glo_k, ghi_k, axis_k, _, depth), (_, _, _, lo_s, hi_s, glo_s, ghi_s, axis_s, _, _) = trees
-        inner = (1 << depth) - 1
-        torch.testing.assert_close(lo_k, lo_s, rtol=0, atol=0)
-        torch.testing.assert_close(hi_k, hi_s, rtol=0, atol=0)
-        torch.testing.assert_close(axis_k[:inner], axis_s[:inner], rtol=0, atol=0)
-        if group is not None:
-            assert torch.equal(glo_k, glo_s) and torch.equal(ghi_k, ghi_s)
-    q = torch.randn(300, 3, generator=gen, dtype=F64).to(dtype)
     p[:300] = p[:300].round(decimals=1)
     p[[5, 77]] = float("nan")
-    found = []
-    for by_sorting in (False, True):
-        monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
-        found.append(pcops.knn(q, p, 9, backend="warp", validate=False).idx)
-    assert torch.equal(found[0], found[1])
+    p[9, 1] = float("nan")
+    groups = torch.randint(0, 3, (2500,), generator=gen, dtype=torch.int32)
+    monkeypatch.setattr(tree, "_GPU_BUILD", True)
+    for group in (None, groups):
+        points, order, sorted_group, lo, hi, glo, ghi, axis, _, depth = tree._tree(p, group)
+        assert torch.equal(torch.sort(order).values, torch.arange(2500))
+        assert torch.equal(points, p[order]) or torch.equal(points.nan_to_num(7.0), p[order].nan_to_num(7.0))
+        if group is not None:
+            assert torch.equal(sorted_group, group[order]) and bool((sorted_group[1:] >= sorted_group[:-1]).all())
+        for d in range(depth + 1):
+            for node in range(1 << d):
+                first, last = (node * 2500) >> d, ((node + 1) * 2500) >> d
+                b = (1 << d) - 1 + node
+                rows = points[first:last]
+                inf = torch.tensor(float("inf"), dtype=dtype)
+                assert torch.equal(lo[b], torch.where(rows.isnan(), inf, rows).amin(0))
+                assert torch.equal(hi[b], torch.where(rows.isnan(), -inf, rows).amax(0))
+                if group is not None:
+                    assert (int(glo[b]), int(ghi[b])) == (int(sorted_group[first]), int(sorted_group[last - 1]))
+                if d < depth:
+                    multi = group is not None and int(sorted_group[first]) != int(sorted_group[last - 1])
+                    assert int(axis[b]) == -1 if multi else 3 <= int(axis[b]) <= 5
+    q = torch.randn(300, 3, generator=gen, dtype=F64).to(dtype)
+    q_groups = torch.randint(0, 3, (300,), generator=gen, dtype=torch.int32)
+    for batch in ({}, {"query_batch": q_groups, "ref_batch": groups}):
+        found = []
+        for gpu_build in (False, True):
+            monkeypatch.setattr(tree, "_GPU_BUILD", gpu_build)
+            monkeypatch.setattr(tree, "SCAN_PAIRS", 0)
+            found.append(pcops.knn(q, p, 9, backend="warp", validate=False, **batch))
+        assert torch.equal(found[0].idx, found[1].idx) and torch.equal(found[0].dists, found[1].dists)
 
 
 @pytest.mark.parametrize("by_sorting", [False, True])
 def test_warp_kd_tree_builds_are_exact_on_adversarial_clouds(gen, monkeypatch, by_sorting):
-    # the CPU build (Warp kernels) and the GPUs' build (torch sorts, run here on the CPU) find
+    # the CPU build (Warp kernels) and the GPUs' build (Morton order, run here on the CPU) find
     # the float64 brute force's neighbours on skewed and heavily duplicated clouds, in samples
     # or not
     from pcops.ops.neighbours.nearest import _kdtree as tree
 
-    monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
+    monkeypatch.setattr(tree, "_GPU_BUILD", by_sorting)
     skewed = torch.randn(4000, 3, generator=gen, dtype=F64)
     skewed[:3000, 0] = torch.rand(3000, generator=gen, dtype=F64) * 1e-3  # most keys of one axis in a sliver
     dupes = torch.randn(4000, 3, generator=gen, dtype=F64).round(decimals=0)  # a few dozen distinct points
@@ -471,11 +483,11 @@ def test_warp_kd_tree_builds_are_exact_on_adversarial_clouds(gen, monkeypatch, b
 @pytest.mark.parametrize("by_sorting", [False, True])
 def test_warp_kd_tree_with_more_samples_than_leaves(gen, monkeypatch, sort_queries, by_sorting):
     # many tiny samples: tree nodes spanning several samples are split between samples; the
-    # GPUs' build (torch sorts, run here on the CPU) gives the same results
+    # GPUs' build (Morton order, run here on the CPU) gives the same results
     from pcops.ops.neighbours.nearest import _kdtree as tree
 
     monkeypatch.setattr(tree, "_SORT_QUERIES_ABOVE", 0 if sort_queries else 1 << 62)
-    monkeypatch.setattr(tree, "_BUILD_BY_SORTING", by_sorting)
+    monkeypatch.setattr(tree, "_GPU_BUILD", by_sorting)
     sizes = torch.randint(1, 6, (300,), generator=gen)
     p_batch = torch.repeat_interleave(torch.arange(300), sizes)
     p = torch.rand(int(sizes.sum()), 3, generator=gen, dtype=F64)

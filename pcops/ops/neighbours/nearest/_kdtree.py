@@ -1,8 +1,7 @@
 """kNN with Warp, on CPU and CUDA: a balanced kd-tree, searched per query with a short stack.
 
-Build (Warp kernels on the CPU, O(N log N); torch sorts on GPUs, see ``_sorted_splits``): the
-reference points are copied (sorted by group id for batches) and split recursively at the
-middle index: node ``i`` at depth ``d`` holds the
+Build (Warp kernels on the CPU, O(N log N)): the reference points are copied (sorted by group
+id for batches) and split recursively at the middle index: node ``i`` at depth ``d`` holds the
 points ``N i / 2^d .. N (i + 1) / 2^d`` (integer division), and its two children are the
 halves of that range, so no pointer is stored. A node's points are partitioned (quickselect)
 along the widest axis of its bounding box so that its left half lies below the split value and
@@ -11,7 +10,9 @@ instead (its points stay in group order). Every node stores its bounding box, it
 (batches), its split axis and value. Leaves hold at most ``LEAF`` points. A split only has to
 be exact for speed: the boxes are those of the points actually in each range, so a
 partition stopped early (after ``_ROUNDS`` rounds, e.g. on adversarial inputs) keeps the
-search exact; such a split is marked (axis + 3) and gives no plane bound.
+search exact; such a split is marked (axis + 3) and gives no plane bound. On GPUs, where the
+top levels' splits would run on few threads, the same implicit tree is laid over the points in
+Morton order instead (one sort, two launches: ``_ordered_tree``), every split marked so.
 
 Search (one Warp thread per query, the queries in Morton order, see ``search``): from the root, the
 query goes down to the child on its side of each split (the nearer child first), pushing each
@@ -50,7 +51,7 @@ from ._registry import backend
 # (docs/benchmarks.md, design choices).
 LEAF = 16
 _ROUNDS = 64  # partition rounds per split at most (an unfinished split slows the search only)
-_BUILD_BY_SORTING = False  # True: the torch build of GPUs on the CPU too (tests)
+_GPU_BUILD = False  # True: the GPUs' build (:func:`_ordered_tree`) on the CPU too (tests)
 _BITS = 10  # Morton bits per axis of the query order (torch sorts)
 _CPU_BITS = 5  # at most, of the CPU's counting sort of ungrouped queries
 _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up to 2^35 points)
@@ -62,6 +63,9 @@ _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which group
 # with k): SCAN_PAIRS / (k^2 / 128); the same result, one launch (docs/ops/knn.md; the crossover
 # measured in docs/benchmarks.md, design choices)
 SCAN_PAIRS = 1 << 17
+_CPU_SLICES = 1  # ranges of the points per query in a CPU scan (tests: the CUDA scan's split on the CPU)
+_SLICE_POINTS = 64  # points per thread at least in a split CUDA scan
+_SCRATCH = 1 << 25  # entries of a split scan's partial rows at most
 
 
 def _scans(m: int, n: int, k: int, cpu: bool = True) -> bool:
@@ -239,10 +243,16 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
 
 @_warp.kernels
 def _scan_kernel(dtype: torch.dtype, grouped: bool):
-    """Small clouds: each thread measures its query against every reference point (of its group)
-    and keeps the k best in its row with the tree search's insertion (the same order: squared
-    distances compared as their roots, ties by the smaller index), so the result is the tree's.
-    Each thread writes its whole row (inf / -1 where nothing was found): the outputs need no fill."""
+    """Small clouds: each query's reference points measured one by one (of its group), the k
+    best kept in a row with the tree search's insertion (the same order: squared distances
+    compared as their roots, ties by the smaller index), so the result is the tree's.
+
+    ``scan``: thread t measures query t // slices against the t % slices-th of ``slices`` equal
+    ranges of the points and keeps its k best in row t (inf / -1 where it found fewer; every
+    row is written whole: the outputs need no fill); with one slice the row holds distances,
+    with several squared distances, which ``merge`` (thread i: the rows of query i, in any
+    order, since the insertion's order is total) turns into query i's row. Several slices
+    spread a few queries over many GPU threads (:func:`_slices`)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -251,10 +261,47 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     @wp.kernel(enable_backward=False, module="unique")
     def scan(
         start: int,
+        slices: int,
         query: wp.array(dtype=v),
         query_group: wp.array(dtype=wp.int32),
         points: wp.array(dtype=v),
         point_group: wp.array(dtype=wp.int32),
+        dists: wp.array2d(dtype=s),
+        idx: wp.array2d(dtype=wp.int64),
+    ):
+        t = wp.tid() + start
+        i = t // slices
+        piece = wp.int64(t - i * slices)
+        k = dists.shape[1]
+        for c in range(k):
+            dists[t, c] = s(wp.inf)
+            idx[t, c] = wp.int64(-1)
+        q = query[i]
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            return
+        npts = wp.int64(points.shape[0])
+        n = int(0)
+        bound = s(wp.inf)
+        for j in range(int(npts * piece // wp.int64(slices)), int(npts * (piece + wp.int64(1)) // wp.int64(slices))):
+            diff = q - points[j]
+            d2 = wp.dot(diff, diff)
+            ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
+            if wp.static(grouped):
+                ok = ok and point_group[j] == query_group[i]
+            if ok:
+                n = insert(dists, idx, t, n, d2, wp.int64(j))
+                if n == k:
+                    bound = wp.min(bound, dists[t, k - 1] * slack)
+        if slices == 1:
+            for c in range(n):
+                dists[t, c] = wp.sqrt(dists[t, c])
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def merge(
+        start: int,
+        slices: int,
+        found: wp.array2d(dtype=s),
+        found_idx: wp.array2d(dtype=wp.int64),
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
     ):
@@ -263,25 +310,30 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         for c in range(k):
             dists[i, c] = s(wp.inf)
             idx[i, c] = wp.int64(-1)
-        q = query[i]
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return
         n = int(0)
         bound = s(wp.inf)
-        for j in range(points.shape[0]):
-            diff = q - points[j]
-            d2 = wp.dot(diff, diff)
-            ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
-            if wp.static(grouped):
-                ok = ok and point_group[j] == query_group[i]
-            if ok:
-                n = insert(dists, idx, i, n, d2, wp.int64(j))
-                if n == k:
-                    bound = wp.min(bound, dists[i, k - 1] * slack)
+        for piece in range(slices):
+            row = i * slices + piece
+            for c in range(k):
+                j = found_idx[row, c]
+                d2 = found[row, c]
+                if j >= wp.int64(0) and d2 <= bound:
+                    n = insert(dists, idx, i, n, d2, j)
+                    if n == k:
+                        bound = wp.min(bound, dists[i, k - 1] * slack)
         for c in range(n):
             dists[i, c] = wp.sqrt(dists[i, c])
 
-    return scan
+    return scan, merge
+
+
+def _slices(m: int, n: int, k: int, cpu: bool) -> int:
+    """Into how many ranges a scan splits each query's n points: one on the CPU (unless
+    ``_CPU_SLICES``, tests), on CUDA enough for :data:`pcops._warp.CUDA_SCAN_THREADS` threads,
+    each measuring at least ``_SLICE_POINTS`` points, the partial rows (m slices k) bounded."""
+    if cpu:
+        return max(1, min(_CPU_SLICES, n))
+    return max(1, min(_warp.CUDA_SCAN_THREADS // max(m, 1), n // _SLICE_POINTS, _SCRATCH // max(m * k, 1)))
 
 
 @_warp.kernels
@@ -443,10 +495,116 @@ def _build_kernels(dtype: torch.dtype):
     return build, keys, order
 
 
+@_warp.kernels
+def _ordered_kernels(dtype: torch.dtype):
+    """The GPUs' build over points in (group, Morton) order (:func:`_ordered_tree`): ``boxes``
+    (a thread per leaf: its box, and its coordinates into every ancestor's with atomic min /
+    max) and ``splits`` (a thread per node: its group range, and which child a query visits
+    first: the axis along which the right child's centre lies farthest above the left's, + 3,
+    and the midpoint of the centres; no plane bound between the children)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    box = _warp_funcs.bounds(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def boxes(start: int, depth: int, points: wp.array(dtype=v), lo: wp.array2d(dtype=s), hi: wp.array2d(dtype=s)):
+        leaf = wp.tid() + start
+        npts = wp.int64(points.shape[0])
+        l, h = box(points, _warp_funcs.part(leaf, npts, depth), _warp_funcs.part(leaf + 1, npts, depth), 1)
+        b = (1 << depth) - 1 + leaf
+        for c in range(3):
+            lo[b, c] = l[c]
+            hi[b, c] = h[c]
+        node = leaf
+        for up in range(depth):
+            node = node >> 1
+            a = (1 << (depth - 1 - up)) - 1 + node
+            for c in range(3):
+                if l[c] <= h[c]:  # (NaN coordinates are left out of a box: none, none to add)
+                    wp.atomic_min(lo, a, c, l[c])
+                    wp.atomic_max(hi, a, c, h[c])
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def splits(
+        start: int,
+        depth: int,
+        npts: wp.int64,
+        groups: wp.array(dtype=wp.int32),
+        grouped: int,
+        lo: wp.array(dtype=v),
+        hi: wp.array(dtype=v),
+        glo: wp.array(dtype=wp.int32),
+        ghi: wp.array(dtype=wp.int32),
+        axis: wp.array(dtype=wp.int32),
+        split: wp.array(dtype=s),
+    ):
+        b = wp.tid() + start
+        e = int(0)
+        while (2 << e) - 1 <= b:
+            e = e + 1
+        node = b + 1 - (1 << e)
+        first, last = _warp_funcs.part(node, npts, e), _warp_funcs.part(node + 1, npts, e)
+        multi = False
+        if grouped != 0:
+            glo[b] = groups[first]  # the points are in group order
+            ghi[b] = groups[last - 1]
+            multi = groups[first] != groups[last - 1]
+        if e < depth:
+            if multi:
+                axis[b] = -1  # between groups (the right child's first group)
+                split[b] = s(0.0)
+            else:
+                d = (lo[2 * b + 2] + hi[2 * b + 2]) - (lo[2 * b + 1] + hi[2 * b + 1])  # twice the step between the centres
+                a = int(0)
+                if d[1] > d[a]:
+                    a = 1
+                if d[2] > d[a]:
+                    a = 2
+                axis[b] = a + 3
+                split[b] = (lo[2 * b + 1][a] + hi[2 * b + 1][a] + lo[2 * b + 2][a] + hi[2 * b + 2][a]) * s(0.25)
+
+    return boxes, splits
+
+
+def _ordered_tree(ref: torch.Tensor, group, beside=None):
+    """The GPUs' build (``_GPU_BUILD``: on the CPU too, for tests), in a number of launches
+    independent of the size: the points in the (group, Morton) order of the queries'
+    (:func:`_query_order`), one sort, then the same implicit tree over that order (node i of
+    depth d holds the points N i / 2^d .. N (i + 1) / 2^d) with the boxes of its ranges (two
+    launches, :func:`_ordered_kernels`). Its children are separated by no plane (axis + 3):
+    the search prunes them by their boxes, which makes it exact whatever the order."""
+    n, dev = ref.shape[0], ref.device
+    if beside is not None:
+        _warp.launch(beside[0], 1, beside[1], like=ref)
+    order = _query_order(ref, group) if n else torch.arange(0, device=dev)
+    points = ref[order]
+    group = None if group is None else group[order].contiguous()
+    depth = _depth(n)
+    nodes = (2 << depth) - 1
+    lo, hi = ref.new_full((nodes, 3), float("inf")), ref.new_full((nodes, 3), float("-inf"))
+    glo, ghi = (torch.zeros(nodes if group is not None else 1, dtype=torch.int32, device=dev) for _ in range(2))
+    axis = torch.full((nodes,), 3, dtype=torch.int32, device=dev)
+    split = ref.new_zeros(nodes)
+    if n:
+        boxes, splits = _ordered_kernels(ref.dtype)
+        vec = _warp.vec3(ref.dtype)
+        leaves = 1 << depth
+        # (one CPU chunk: the atomics of Warp's CPU kernels are not atomic across threads)
+        _warp.launch(boxes, leaves, [depth, _warp.array(points, dtype=vec), lo, hi], like=ref, min_chunk=leaves)
+        args = [depth, n, group if group is not None else glo, int(group is not None), _warp.array(lo, dtype=vec),
+                _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+        _warp.launch(splits, nodes, args, like=ref)
+    return points, order, group, lo, hi, glo, ghi, axis, split, depth
+
+
 def _query_order(query: torch.Tensor, group) -> torch.Tensor:
-    """The queries in (group, Morton code) order: neighbouring threads walk the same nodes."""
-    low, high = torch.aminmax(query, dim=0)
-    scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)  # NaN with non-finite points: keys 0
+    """The queries (or the GPUs' reference points) in (group, Morton code) order: neighbouring
+    threads walk the same nodes. The frame is the box of the finite points (a NaN or inf point
+    does not put every other into one cell); the others go to the border cells or cell 0."""
+    finite = torch.isfinite(query).all(1, keepdim=True)
+    low = torch.where(finite, query, float("inf")).amin(0)
+    high = torch.where(finite, query, float("-inf")).amax(0)
+    scale = (2**_BITS - 1) / (high - low).max().clamp_min(1e-30)
     frame = torch.cat([low, scale[None]])
     _, keys, _ = _build_kernels(query.dtype)
     code = torch.empty(query.shape[0], dtype=torch.int32, device=query.device)
@@ -493,8 +651,10 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
     of the root."""
     dev, n = ref.device, ref.shape[0]
-    # points in group order (padded batches are already; the check would sync a GPU)
-    in_order = group is None or (dev.type == "cpu" and bool((group[1:] >= group[:-1]).all()))
+    if dev.type != "cpu" or _GPU_BUILD:
+        return _ordered_tree(ref, group, beside)
+    # points in group order (padded batches are already)
+    in_order = group is None or bool((group[1:] >= group[:-1]).all())
     if in_order:
         order, points = torch.arange(n, device=dev), ref.clone()
     else:
@@ -506,11 +666,6 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     glo, ghi = (torch.empty(nodes if group is not None else 1, dtype=torch.int32, device=dev) for _ in range(2))
     axis = torch.empty(nodes, dtype=torch.int32, device=dev)
     split = ref.new_empty(nodes)
-    if dev.type != "cpu" or _BUILD_BY_SORTING:
-        if beside is not None:
-            _warp.launch(beside[0], 1, beside[1], like=ref)
-        points, order = _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split)
-        return points, order, group, lo, hi, glo, ghi, axis, split, depth
     vec = _warp.vec3(ref.dtype)
     args = [_warp.array(points, dtype=vec), order, group if group is not None else glo, int(group is not None),
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
@@ -529,38 +684,6 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
-def _sorted_splits(points, order, group, depth, lo, hi, glo, ghi, axis, split):
-    """The same tree with torch operations, one depth at a time, for GPUs (where the build
-    kernel's top levels, one thread per node, would be serial): every node's points are sorted
-    along its axis (two stable sorts: by key, then by node), not just split at the middle."""
-    n, dev = points.shape[0], points.device
-    j = torch.arange(n, device=dev)
-    for d in range(depth + 1):
-        i = torch.arange(1 << d, device=dev)
-        b, first, last = (1 << d) - 1 + i, (i * n) >> d, ((i + 1) * n) >> d
-        node = (((j + 1) << d) + n - 1) // n - 1  # the node at depth d holding position j
-        spread = node[:, None].expand(-1, 3)
-        box_lo = points.new_full((1 << d, 3), float("inf")).scatter_reduce(0, spread, points, "amin")
-        box_hi = points.new_full((1 << d, 3), float("-inf")).scatter_reduce(0, spread, points, "amax")
-        lo[b], hi[b] = box_lo, box_hi
-        if group is not None:
-            glo[b], ghi[b] = group[first], group[last - 1]
-        if d == depth:
-            return points, order
-        mid = ((2 * i + 1) * n) >> (d + 1)
-        a = (box_hi - box_lo).argmax(1)
-        keys = points.gather(1, a[node][:, None])[:, 0]
-        keys = torch.where(torch.isnan(keys), float("inf"), keys)
-        multi = group[first] != group[last - 1] if group is not None else torch.zeros_like(i, dtype=torch.bool)
-        keys = torch.where(multi[node], 0, keys)  # between samples: the order stays (a stable sort)
-        perm = torch.sort(keys, stable=True).indices
-        perm = perm[torch.sort(node[perm], stable=True).indices]
-        points, order, keys = points[perm], order[perm], keys[perm]
-        axis[b] = torch.where(multi, -1, a).to(torch.int32)
-        split[b] = torch.where(multi, 0, keys[mid])
-    return points, order
-
-
 @functools.cache
 def _no_group():
     """The group argument of an ungrouped CPU search (never read), converted once."""
@@ -575,17 +698,23 @@ def find(query, ref, k, query_group=None, ref_group=None):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    if m and _scans(m, ref.shape[0], k, query.is_cpu):  # small: every pair, one launch (which fills the rows)
-        dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
+    if m and _scans(m, ref.shape[0], k, query.is_cpu):  # small: every pair, one launch (two when split)
+        slices = _slices(m, ref.shape[0], k, query.is_cpu)
+        rows = m * slices
+        dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
         if grouped:
             groups = (query_group.contiguous(), ref_group.contiguous())
         else:
             groups = (_no_group() if query.is_cpu else torch.zeros(1, dtype=torch.int32, device=query.device),) * 2
         points = vec(query)
-        args = [points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
-        pairs = m * ref.shape[0]
-        _warp.launch(_scan_kernel(query.dtype, grouped), m, args, like=query, min_chunk=1, work=pairs)
-        return dists, idx
+        args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
+        scan, merge = _scan_kernel(query.dtype, grouped)
+        _warp.launch(scan, rows, args, like=query, min_chunk=1, work=m * ref.shape[0])
+        if slices == 1:
+            return dists, idx
+        out, out_idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
+        _warp.launch(merge, m, [slices, dists, idx, out, out_idx], like=query, min_chunk=1, work=rows * k)
+        return out, out_idx
     dists = query.new_full((m, k), float("inf"))
     idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
     if m == 0:
