@@ -65,7 +65,7 @@ QUERY_CHUNK = 64
 # building a tree or a cell list: one or two launches and no host read, the same result
 # (:func:`cuda_scans`; the crossover measured in docs/benchmarks.md, GPU).
 CUDA_SCAN_POINTS = 1 << 16
-CUDA_SCAN_PAIRS = 1 << 32
+CUDA_SCAN_PAIRS = 1 << 31
 # Threads of a CUDA scan: a query's points are split among several threads when there are fewer
 # queries than this (then one more launch merges each query's partial rows).
 CUDA_SCAN_THREADS = 1 << 17

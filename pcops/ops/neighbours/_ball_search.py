@@ -142,8 +142,9 @@ GROUP_RATIO = 2.0
 # result in one launch (docs/ops/ball_query.md).
 SCAN_PAIRS = 1 << 18
 # The cost of a pair in CUDA's every-pair scan (one thread per query) against the cell list's
-# few launches: the scan is taken up to about 8,192 x 8,192 pairs (docs/benchmarks.md, GPU).
-SCAN_COST = 4
+# few launches: the scan is taken up to 2^27 pairs, about 11,600^2 (the cell list won from
+# 16,384^2 on an H200, the scan up to 8,192^2: docs/benchmarks.md, GPU).
+SCAN_COST = 16
 
 
 def groups(radii: list) -> list[list[int]]:

@@ -70,9 +70,12 @@ _SCRATCH = 1 << 25  # entries of a split scan's partial rows at most
 
 def _scans(m: int, n: int, k: int, cpu: bool = True) -> bool:
     """Whether a search of m queries in n points for k neighbours measures every pair (on the
-    CPU, or on CUDA: :func:`pcops._warp.cuda_scans`)."""
-    cost = max(1, (k * k) >> 7)
-    return m * n <= SCAN_PAIRS // cost if cpu else _warp.cuda_scans(m, n, cost)
+    CPU, or on CUDA: :func:`pcops._warp.cuda_scans`). A pair costs more with k (the insertion
+    into longer rows), on CUDA faster than on the CPU: there the tree beat the scan from about
+    12,000^2 pairs at k = 16 and 45,000^2 at k = 3 (docs/benchmarks.md, GPU)."""
+    if cpu:
+        return m * n <= SCAN_PAIRS // max(1, (k * k) >> 7)
+    return _warp.cuda_scans(m, n, max(1, (k * k) >> 4))
 
 
 @_warp.kernels
