@@ -1,9 +1,9 @@
-"""The prepared check of pcops' CUDA half (issue #44), started once on a lent GPU machine after
-the carry steps of docs/gpu.md: the device and versions, the GPU rows against dense torch, the
+"""The prepared check of pcops' CUDA half (issue #44), started once on a GPU machine with pcops'
+requirements installed (docs/gpu.md): the device and versions, the GPU rows against dense torch, the
 search crossover, a profile of the fixed costs, which ops synchronise with the host, and
 ``pytest -m cuda``, each section inside its share of a wall-clock budget.
 
-    python3 scripts/gpu_check.py --out "$OUT"                  # everything (about 8 minutes)
+    python3 scripts/gpu_check.py --out "$OUT"                  # everything (about 4 minutes on an H200)
     python3 scripts/gpu_check.py --out /tmp/g --device cpu --quick --no-tests   # the script's smoke test
 
 Files under ``--out``: ``check.json`` (the environment and every row, rewritten after each row,

@@ -228,3 +228,21 @@ def test_the_distributed_benchmark_runs():
     out = result.stdout
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 ranks" in out and all(op in out for op in ("knn (k=16)", "radius_aggregate", "ball_query"))
+
+
+def test_the_gpu_check_runs_every_section_at_tiny_sizes(tmp_path):
+    """scripts/gpu_check.py's smoke run on the CPU: every measuring section writes its rows (the
+    synchronisation check needs CUDA and says so), the profile and the JSON."""
+    cmd = [sys.executable, str(ROOT / "scripts/gpu_check.py"), "--out", str(tmp_path), "--device", "cpu", "--quick", "--no-tests"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["errors"] == [] and report["environment"]["torch"] == torch.__version__
+    ops = {(r["section"], r["op"], r["variant"]) for r in report["rows"] if r["forward_ms"] > 0}
+    for op, peer in (("chamfer_distance", "torch_cdist"), ("knn_k16", "cdist_topk"), ("farthest_point_sample", "torch_loop")):
+        assert {("rows", op, "pcops"), ("rows", op, peer)} <= ops
+    assert {("crossover", "knn_k3", v) for v in ("scan", "tree", "cdist_topk")} <= ops
+    assert {("crossover", "ball_query_K32", v) for v in ("scan", "cells", "cdist_topk")} <= ops
+    assert {("projectors", "knn_projector", "pcops_compiled"), ("large", "knn_k16", "pcops")} <= ops
+    assert report["skipped"] == ["syncs: not a CUDA device"]
+    assert "chamfer_distance train step" in (tmp_path / "profile.txt").read_text()
