@@ -78,7 +78,7 @@ def _edges_padded(idx: torch.Tensor, keep: torch.Tensor, size: int) -> tuple[tor
     column = torch.where(flat & (rank < size), rank, size)
     centre = torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
     out = idx.new_full((2, size + 1), -1)
-    out[0].scatter_(0, column, torch.where(flat, idx.reshape(-1), -1))
+    out[0].scatter_(0, column, idx.reshape(-1))
     out[1].scatter_(0, column, centre)
     return out[:, :size].contiguous(), flat.sum()
 

@@ -688,9 +688,11 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
 
 
 @functools.cache
-def _no_group():
-    """The group argument of an ungrouped CPU search (never read), converted once."""
-    return _warp.array(torch.zeros(1, dtype=torch.int32))
+def _no_group(device: torch.device):
+    """(tensor, its Warp view): the group argument of an ungrouped search (never read), one per
+    device, kept alive here and converted once."""
+    zeros = torch.zeros(1, dtype=torch.int32, device=device)
+    return zeros, _warp.array(zeros)
 
 
 def find(query, ref, k, query_group=None, ref_group=None):
@@ -705,10 +707,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
-        if grouped:
-            groups = (query_group.contiguous(), ref_group.contiguous())
-        else:
-            groups = (_no_group() if query.is_cpu else torch.zeros(1, dtype=torch.int32, device=query.device),) * 2
+        groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
         args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
         scan, merge = _scan_kernel(query.dtype, grouped)
@@ -740,7 +739,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
             sort = per_sample > _SORT_QUERIES_ABOVE and not _in_order(query)
         rows = _query_order(query, query_group) if sort else torch.arange(m, device=query.device)
         ordered = query.index_select(0, rows) if sort else query
-    dummy = torch.zeros(1, dtype=torch.int32, device=query.device)
+    dummy = _no_group(query.device)[1]
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
             point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx, int(_CHAIN and query.device.type == "cpu")]
     _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
