@@ -368,7 +368,13 @@ def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     q, p = q.to(dtype), p.to(dtype)
     calls = [lambda: pcops.farthest_point_sample(p, 50), lambda: pcops.farthest_point_sample(p, 1000),
              lambda: pcops.farthest_point_sample(q, 40), lambda: pcops.farthest_point_sample(q, 64),
-             lambda: pcops.farthest_point_sample(q[:1], 3), lambda: pcops.farthest_point_sample(p[::3], 70, validate=False)]
+             lambda: pcops.farthest_point_sample(q[:1], 3), lambda: pcops.farthest_point_sample(p[::3], 70, validate=False),
+             lambda: pcops.farthest_point_sample(p, 30, start_idx=0), lambda: pcops.farthest_point_sample(p, 30, start_idx=p.shape[0] - 1),
+             lambda: pcops.farthest_point_sample(q, 50, start_idx=[5, 0, 39]), lambda: pcops.farthest_point_sample(p, 9, start_idx=(7, 8)),
+             lambda: pcops.farthest_point_sample(p, 20, start_idx=3000, validate=False),
+             lambda: pcops.farthest_point_sample(p, 40, random_start=True, generator=torch.Generator().manual_seed(5)),
+             lambda: pcops.farthest_point_sample(q, ratio=0.3), lambda: pcops.farthest_point_sample(q, ratio=1.0),
+             lambda: pcops.farthest_point_sample(p, ratio=0.01, random_start=True, generator=torch.Generator().manual_seed(2))]
     for call in calls:
         assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.sampling.fps"))
 
@@ -382,18 +388,32 @@ def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
     p = torch.rand(300, 3, generator=gen)
     pcops.farthest_point_sample(p, 20)
     pcops.farthest_point_sample(p.double(), 400)
+    pcops.farthest_point_sample(p, 20, start_idx=5)
+    pcops.farthest_point_sample(p, 20, start_idx=[5, 6])
+    pcops.farthest_point_sample(p, 20, random_start=True)
+    pcops.farthest_point_sample(p, ratio=0.25)
     with torch.no_grad():
         pcops.farthest_point_sample(p.clone().requires_grad_(), 20)
     assert ops == []
     general = [
         lambda: pcops.farthest_point_sample(p.clone().requires_grad_(), 20),  # a gradient to the points
         lambda: pcops.farthest_point_sample(p.half(), 20),
-        lambda: pcops.farthest_point_sample(p, 20, start_idx=5),
-        lambda: pcops.farthest_point_sample(p, 20, random_start=True),
+        lambda: pcops.farthest_point_sample(p, 20, start_idx=torch.tensor(5)),
+        lambda: pcops.farthest_point_sample(p, ratio=torch.tensor(0.25)),
+        lambda: pcops.farthest_point_sample(p, ratio=0.25, start_idx=3),
         lambda: pcops.farthest_point_sample(p[None], 20),
         lambda: pcops.farthest_point_sample(p, np.int64(20)),
     ]
     assert_op_runs_for_general_calls_only(ops, general)
+    for call, error in ((lambda: pcops.farthest_point_sample(p, 20, start_idx=300), "start_idx values must be in"),
+                        (lambda: pcops.farthest_point_sample(p, 20, start_idx=[4, 4]), "must not repeat"),
+                        (lambda: pcops.farthest_point_sample(p, 20, start_idx=-1), "start_idx values must be >= 0"),
+                        (lambda: pcops.farthest_point_sample(p, 1, start_idx=[1, 2]), "more than n_samples"),
+                        (lambda: pcops.farthest_point_sample(p, 20, start_idx=1, random_start=True), "random_start"),
+                        (lambda: pcops.farthest_point_sample(p, ratio=1.5), "ratio")):
+        with pytest.raises(ValueError, match=error):
+            call()
+    assert len(ops) == len(general)  # each raised before the op
     bad = p.clone()
     bad[7, 2] = float("nan")
     with pytest.raises(ValueError, match="points contains NaN or inf"):
@@ -562,7 +582,11 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
              lambda: run(q, p, batch_reduction=None), lambda: run(q, p, point_reduction=None, batch_reduction=None),
              lambda: run(q, p, single_directional=True),
              lambda: run(q, p, single_directional=True, point_reduction=None, batch_reduction=None),
-             lambda: run(nan, p, validate=False), lambda: (pcops.chamfer_distance(q, p),)]
+             lambda: run(nan, p, validate=False), lambda: (pcops.chamfer_distance(q, p),),
+             lambda: run(q[None], p[None]), lambda: run(q[None], p[None], batch_reduction=None),
+             lambda: run(q[None], p[None], point_reduction="max", batch_reduction="sum"),
+             lambda: run(q[None], p[None], point_reduction=None, batch_reduction=None),
+             lambda: run(q[None], p[None], single_directional=True, point_reduction=None, batch_reduction=None)]
     for pairs in PATHS.values():
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
         for call in calls:
@@ -582,13 +606,14 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
     pcops.chamfer_distance(x, y)
     pcops.chamfer_distance(x.clone().requires_grad_(), y)
     pcops.chamfer_distance(x, x, single_directional=True)
-    assert taken == [True, True, True]
+    pcops.chamfer_distance(x[None], y[None])  # one padded sample each
+    assert taken == [True, True, True, True]
     for call in (lambda: pcops.chamfer_distance(x.double(), y), lambda: pcops.chamfer_distance(x.half(), y.half()),
-                 lambda: pcops.chamfer_distance(x[None], y[None]), lambda: pcops.chamfer_distance(x[:0], y),
-                 lambda: pcops.chamfer_distance(x, y, backend="torch"), lambda: pcops.chamfer_distance(x, y[:0])):
+                 lambda: pcops.chamfer_distance(x.expand(2, 30, 3), y.expand(2, 40, 3)), lambda: pcops.chamfer_distance(x[:0], y),
+                 lambda: pcops.chamfer_distance(x, y, backend="torch"), lambda: pcops.chamfer_distance(x, y[:0]),
+                 lambda: pcops.chamfer_distance(x[None], y[None], x_lengths=torch.tensor([30]))):
         call()
-    assert taken == [True, True, True, False, False, False, False, False, False]
-    assert not any(taken[3:])
+    assert taken == [True] * 4 + [False] * 6  # (the call with lengths never reached the plain function)
     bad = y.clone()
     bad[0, 0] = float("inf")
     with pytest.raises(ValueError, match="y contains NaN or inf"):

@@ -207,6 +207,11 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
     return loss.sum() if batch_reduction == "sum" else loss.sum() / 1
 
 
+def _one_padded(t) -> bool:
+    """Whether ``t`` is a plain tensor of one padded sample, (1, P, 3)."""
+    return type(t) is torch.Tensor and t.dim() == 3 and t.shape[0] == 1
+
+
 @_threads.limits
 def chamfer_distance(
     x: torch.Tensor,
@@ -266,9 +271,16 @@ def chamfer_distance(
     batch_size = _validate.plain(batch_size)  # NumPy scalars as Python numbers
     _check_options(norm, single_directional, point_reduction, batch_reduction)
     if PLAIN[0] and norm == 2 and x_lengths is None and y_lengths is None and x_batch is None and y_batch is None and batch_size is None:
-        loss = _plain(x, y, single_directional, point_reduction, batch_reduction, backend, validate)
-        if loss is not None:
-            return loss
+        if _one_padded(x) and _one_padded(y):  # (1, P, 3) without lengths (PyTorch3D's call): one cloud each
+            loss = _plain(x[0], y[0], single_directional, point_reduction, batch_reduction, backend, validate)
+            if loss is not None and point_reduction is None:  # per-point costs in the padded layout, (1, P)
+                return tuple(c[None] for c in loss) if isinstance(loss, tuple) else loss[None]
+            if loss is not None:  # a per-sample loss (1,), or the batch's
+                return loss.reshape(1) if batch_reduction is None else loss
+        else:
+            loss = _plain(x, y, single_directional, point_reduction, batch_reduction, backend, validate)
+            if loss is not None:
+                return loss
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
     b, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)

@@ -748,26 +748,43 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
 PLAIN = [True]
 
 
-def _plain_fps(points, n_samples, validate: bool) -> Optional[FPS]:
+def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, validate: bool) -> Optional[FPS]:
     """The result of a plain eager CPU :func:`farthest_point_sample` call, from bucket FPS called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
     Plain: a plain cloud (:func:`pcops._layout.plain_clouds`: one (N, 3) CPU tensor, float32 or
     float64, nothing to differentiate, a finite sum where ``validate`` asks), N >= 1,
-    ``n_samples`` a Python int >= 1, the default start (the caller passes no lengths, batch,
-    ratio, start set or random start). Every check of the general path passes on such a call,
-    and it would run the same kernel on the same arrays (one sample of N points, starting at
-    index 0) and gather the same rows; anything else takes that path.
+    ``n_samples`` a Python int >= 1 or else ``ratio`` a Python float in (0, 1]; the default
+    start, a random start (``random_start=True``, drawn as the general path draws it) or, with
+    ``n_samples``, a start set of Python ints (checked by the general path's function). Every
+    check of the general path passes on such a call, and it would run the same kernel on the same
+    arrays (one sample of N points, the same start indices) and gather the same rows; anything
+    else takes that path.
     """
-    if type(n_samples) is not int or not 1 <= n_samples <= _INT64_MAX or not _layout.plain_clouds(validate, points):
+    if ratio is not None:
+        if n_samples is not None or start_idx is not None or type(ratio) is not float or not 0 < ratio <= 1:
+            return None
+    elif type(n_samples) is not int or not 1 <= n_samples <= _INT64_MAX:
+        return None
+    if type(random_start) is not bool or (random_start and start_idx is not None) or not _layout.plain_clouds(validate, points):
         return None
     n = points.shape[0]
     if n == 0:
         return None
+    if ratio is not None:
+        n_samples = max(1, math.ceil(n * ratio))
     _warp.init()
+    if start_idx is not None:
+        if not (type(start_idx) is int or (type(start_idx) in (list, tuple) and all(type(i) is int for i in start_idx))):
+            return None
+        start = _start_set(start_idx, points, n_samples, False, here=validate)[0][None]
+    elif random_start:  # the general path's draw: a float64 uniform u, start floor(u n)
+        start = _start_from(_uniform((1,), generator, points.device), torch.tensor([n]))[None]
+    else:
+        start = torch.zeros((1, 1), dtype=torch.int64)
     idx = torch.full((1, n_samples), -1, dtype=torch.int64)
     count = min(n, n_samples)
-    _bucket(points.contiguous()[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.zeros((1, 1), dtype=torch.int64), idx)
+    _bucket(points.contiguous()[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), start, idx)
     idx = idx[0]
     if count == n_samples and validate:  # finite points: every pick is one
         return FPS(points.index_select(0, idx), idx)
@@ -844,8 +861,8 @@ def farthest_point_sample(
         >>> out.idx
         tensor([0, 2, 3])
     """
-    if PLAIN[0] and lengths is None and batch is None and ratio is None and start_idx is None and not random_start:
-        out = _plain_fps(points, n_samples, validate)
+    if PLAIN[0] and lengths is None and batch is None:
+        out = _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, validate)
         if out is not None:
             return out
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
