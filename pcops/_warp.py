@@ -714,6 +714,71 @@ def _bounds(bounds_type, n: int):
 SERIAL_WORK = 1 << 15
 
 
+class Prepared:
+    """A CPU launch of a loaded kernel with its arguments packed once and kept (:func:`_runner`'s
+    structs), for small calls repeated with arrays of the same shapes: a call points the named
+    array arguments at its tensors' memory (:meth:`run`) and runs the chunks, with no conversion
+    or packing (most of a small call's launch). Every array argument that differs between calls
+    must be named in each run: the packed structs hold addresses, not tensors, and only the
+    tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
+
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "keep")
+
+    def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
+        self.kernel = kernel
+        self._chunks = len(bounds) - 1
+        self._run = _runner(kernel, bounds, [values] * self._chunks, "cpu", None)
+        self._args = [args for _, _, args in self._run.entries]
+        self.keep = keep
+
+    def run(self, **arrays: torch.Tensor) -> None:
+        """Run the launch with the named array arguments on the given contiguous tensors."""
+        for args in self._args:
+            for name, t in arrays.items():
+                getattr(args, name).data = t.data_ptr()
+        if self._chunks == 1:
+            self._run(0)  # on the calling thread
+        else:
+            run_chunks(self._run, 0, self._chunks)
+
+
+def prepared(key, make) -> typing.Optional[Prepared]:
+    """The calling thread's :class:`Prepared` launch for ``key`` and torch's thread count (which
+    sets the chunks): ``make()`` builds it (None: not now, see :func:`prepare`); at most
+    :data:`KEEP_PREPARED` kept a thread."""
+    if not PREPARED[0]:
+        return None
+    kept = getattr(_kept, "prepared", None)
+    if kept is None:
+        kept = _kept.prepared = {}
+    key = (key, _threads.requested())
+    found = kept.get(key)
+    if found is None:
+        found = make()
+        if found is not None:  # (None: asked again next time, once the kernel is loaded)
+            if len(kept) >= KEEP_PREPARED:
+                kept.clear()
+            kept[key] = found
+    return found
+
+
+KEEP_PREPARED = 32
+PREPARED = [True]  # False: every launch packed anew (tests and measurements compare both)
+_kept = threading.local()
+
+
+def prepare(kernel, n: int, args: list, work: int, min_chunk: int = 1, keep: tuple = ()) -> typing.Optional[Prepared]:
+    """A :class:`Prepared` CPU launch of ``kernel`` over threads 0 .. n-1 with the arguments
+    ``args`` (as :func:`launch` takes them), chunked as :func:`launch` chunks it (serial below
+    :data:`SERIAL_WORK` steps of ``work``); None where the kernel is not loaded yet (its first
+    launch goes through :func:`launch`) or has no native entry point."""
+    values = [convert(a) for a in args]
+    if (kernel, "cpu") not in _loaded or _native(kernel, values) is None:
+        return None
+    bounds = [0, n] if work < SERIAL_WORK else chunk_bounds(n, None, min_chunk)
+    return Prepared(kernel, bounds, values, keep)
+
+
 def recorded(kernel, n: int, args: list, like: torch.Tensor, min_chunk: int = MIN_CHUNK):
     """``launch`` prepared once, for a kernel launched many times with the same arrays (their
     contents may change between runs): returns a function of no arguments that runs it. The

@@ -197,8 +197,9 @@ def test_gradients_are_identical_across_the_switch(gen, monkeypatch):
 def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypatch):
     """Below the crossover a kNN search is one launch, above it the tree's several."""
     launches = []
-    real = _warp.launch
+    real, prepared = _warp.launch, _warp.Prepared.run
     monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (launches.append(self.kernel), prepared(self, **kw)))
     small = torch.rand(64, 3)
     torch.ops.pcops.knn_warp(small, small, 4, False, None, None)
     assert launches == [_kdtree._scan_kernel(torch.float32, False)[0]]
@@ -284,12 +285,12 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     lattice = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(n, 3)
     for m in (limit // n, limit // n + 1):
         query = lattice[torch.arange(m) % n] + 0.5
-        launches = []
-        real = _warp.launch
-        monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+        trees = []
+        real = _kdtree._tree
+        monkeypatch.setattr(_kdtree, "_tree", lambda *a: (trees.append(1), real(*a))[1])
         got = pcops.knn(query, lattice, k)
-        monkeypatch.setattr(_warp, "launch", real)
-        scan = _kdtree._scan_kernel(torch.float32, False)[0] in launches
+        monkeypatch.setattr(_kdtree, "_tree", real)
+        scan = not trees  # (the scan builds no tree)
         assert scan == (m * n <= limit)
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
         assert_identical(got, pcops.knn(query, lattice, k))
@@ -620,3 +621,32 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
         pcops.chamfer_distance(x, bad)
     with pytest.raises(ValueError, match="point_reduction"):
         pcops.chamfer_distance(x, y, point_reduction="median")
+
+
+def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
+    """Small kNN scans and plain FPS calls reuse the calling thread's packed launch of their
+    shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
+    call's, with shapes, dtypes and start sets alternating, the kept launches evicted and FPS's
+    shared work arrays taken over by other shapes in between."""
+    from pcops.ops.sampling import fps
+
+    monkeypatch.setattr(_warp, "KEEP_PREPARED", 3)
+    runs = []
+    real = _warp.Prepared.run
+    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (runs.append(self.kernel.key), real(self, **kw)))
+    clouds = [torch.rand(n, 3, generator=gen, dtype=dtype) for n in (40, 40, 90) for dtype in (torch.float32, F64)]
+    for _ in range(2):
+        for c in clouds:
+            q = torch.rand(17, 3, generator=gen, dtype=c.dtype)
+            for query, k in ((q, 3), (c, 5)):
+                got = pcops.knn(query, c, k)
+                want_d, want_idx = reference.knn(query.double(), c.double(), k)
+                assert torch.equal(got.idx, want_idx)
+                torch.testing.assert_close(got.dists.double(), want_d, rtol=1e-6, atol=1e-6)
+            for start in (0, 7, [3, 11]):
+                got = pcops.farthest_point_sample(c, 12, start_idx=start)
+                monkeypatch.setattr(fps, "PLAIN", [False])
+                want = pcops.farthest_point_sample(c, 12, start_idx=start)
+                monkeypatch.setattr(fps, "PLAIN", [True])
+                assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
+    assert any("scan" in key for key in runs) and any("sample" in key for key in runs)

@@ -743,6 +743,20 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     return t.to(torch.int64), True
 
 
+def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optional[_warp.Prepared]:
+    """Bucket FPS of one sample of n points (n_samples picks from m start indices) as a prepared
+    launch (:class:`pcops._warp.Prepared`), its array arguments ``points`` and ``idx`` pointed at
+    each call's tensors; it keeps the lengths, counts and work arrays, and the start indices
+    (``keep[0]``: a NumPy view, written by each call). None before the kernel's first launch."""
+    sample, _ = _kernels(dtype)
+    nodes = (2 << _height(n)) - 1
+    lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.zeros((1, m), dtype=torch.int64)
+    scratch = _scratch(dtype, 1, n, nodes)
+    values = [n, nodes, _warp.array(lengths), _warp.array(counts), _warp.array(first), _warp.span(torch.empty((n, 3), dtype=dtype), 0, n, 3),
+              *scratch, _warp.array(torch.empty((1, n_samples), dtype=torch.int64))]
+    return _warp.prepare(sample, 1, values, work=0, keep=(first.numpy(), first, lengths, counts, scratch))
+
+
 # Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
 # compare both paths)
 PLAIN = [True]
@@ -774,17 +788,24 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     if ratio is not None:
         n_samples = max(1, math.ceil(n * ratio))
     _warp.init()
-    if start_idx is not None:
-        if not (type(start_idx) is int or (type(start_idx) in (list, tuple) and all(type(i) is int for i in start_idx))):
-            return None
-        start = _start_set(start_idx, points, n_samples, False, here=validate)[0][None]
-    elif random_start:  # the general path's draw: a float64 uniform u, start floor(u n)
-        start = _start_from(_uniform((1,), generator, points.device), torch.tensor([n]))[None]
+    if start_idx is None:  # the default start, or the general path's draw: a float64 uniform u, start floor(u n)
+        starts = (min(int(_uniform((1,), generator, points.device).item() * n), n - 1),) if random_start else (0,)
+    elif type(start_idx) is int and 0 <= start_idx < n:
+        starts = (start_idx,)
+    elif type(start_idx) is int or (type(start_idx) in (list, tuple) and all(type(i) is int for i in start_idx)):
+        starts = tuple(_start_set(start_idx, points, n_samples, False, here=validate)[0].tolist())  # (its errors)
     else:
-        start = torch.zeros((1, 1), dtype=torch.int64)
-    idx = torch.full((1, n_samples), -1, dtype=torch.int64)
+        return None
+    points = points.contiguous()
     count = min(n, n_samples)
-    _bucket(points.contiguous()[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), start, idx)
+    idx = torch.full((1, n_samples), -1, dtype=torch.int64)
+    launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts)),
+                            lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
+    if launch is not None:
+        launch.keep[0][0, :] = starts  # (a NumPy view of the kept start indices)
+        launch.run(points=points, idx=idx)
+    else:
+        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx)
     idx = idx[0]
     if count == n_samples and validate:  # finite points: every pick is one
         return FPS(points.index_select(0, idx), idx)

@@ -707,6 +707,14 @@ def find(query, ref, k, query_group=None, ref_group=None):
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
+        if query.is_cpu and not grouped and slices == 1:  # the calling thread's packed launch of these shapes
+            same = ref is query
+            launch = _warp.prepared(("scan", query.dtype, m, ref.shape[0], k, same), lambda: _warp.prepare(
+                _scan_kernel(query.dtype, False)[0], m, [1, vec(query), _no_group(query.device)[1], vec(ref), _no_group(query.device)[1], dists, idx],
+                work=m * ref.shape[0]))
+            if launch is not None:
+                launch.run(query=query, points=ref, dists=dists, idx=idx)
+                return dists, idx
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
         args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
