@@ -194,17 +194,14 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
         costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
     if point_reduction is None:
         return costs[0] if single_directional else tuple(costs)
+    # one sample: its loss is the batch's (the general path's sum, or mean, of one value: the same value)
     if point_reduction == "max":
-        per_sample = [cost.amax().reshape(1) for cost in costs]
+        per_sample = [cost.amax() for cost in costs]
     else:
-        per_sample = [(cost.sum() if point_reduction == "sum" else cost.sum() / cost.shape[0]).reshape(1) for cost in costs]
+        per_sample = [cost.sum() if point_reduction == "sum" else cost.sum() / cost.shape[0] for cost in costs]
     if single_directional:
-        loss = per_sample[0]
-    else:
-        loss = torch.maximum(*per_sample) if point_reduction == "max" else per_sample[0] + per_sample[1]
-    if batch_reduction is None:
-        return loss.reshape(())
-    return loss.sum() if batch_reduction == "sum" else loss.sum() / 1
+        return per_sample[0]
+    return torch.maximum(*per_sample) if point_reduction == "max" else per_sample[0] + per_sample[1]
 
 
 def _one_padded(t) -> bool:
