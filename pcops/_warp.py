@@ -228,6 +228,14 @@ def _packed(t: torch.Tensor, ptr: int, shape: tuple, byte_strides: tuple):
     return out
 
 
+def memory(buffer, shape: tuple):
+    """A Warp array descriptor of a contiguous ctypes array ``buffer`` viewed with ``shape`` (its
+    element type the kernel parameter's), kept alive by the descriptor."""
+    size = ctypes.sizeof(buffer._type_)
+    strides = [size * math.prod(shape[i + 1:]) for i in range(len(shape))]
+    return _packed(buffer, ctypes.addressof(buffer), tuple(shape), tuple(strides))
+
+
 def span(t: torch.Tensor, at: int, count: int, width: int = 1):
     """A 1-d Warp array of ``count`` elements of ``width`` values each, from value ``at`` of the
     contiguous tensor ``t``: parts of one allocation passed as separate kernel arguments, without
@@ -732,10 +740,15 @@ class Prepared:
         self.keep = keep
 
     def run(self, **arrays: torch.Tensor) -> None:
-        """Run the launch with the named array arguments on the given contiguous tensors."""
+        """Run the launch with the named array arguments on the given contiguous tensors (an
+        array in a struct argument: ``struct__field``)."""
         for args in self._args:
             for name, t in arrays.items():
-                getattr(args, name).data = t.data_ptr()
+                if "__" in name:
+                    outer, name = name.split("__")
+                    getattr(getattr(args, outer), name).data = t.data_ptr()
+                else:
+                    getattr(args, name).data = t.data_ptr()
         if self._chunks == 1:
             self._run(0)  # on the calling thread
         else:

@@ -624,18 +624,18 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
 
 
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
-    """Small kNN scans and plain FPS calls reuse the calling thread's packed launch of their
-    shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
+    """Small kNN scans, dense ball queries and plain FPS calls reuse the calling thread's packed
+    launch of their shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
     call's, with shapes, dtypes and start sets alternating, the kept launches evicted and FPS's
     shared work arrays taken over by other shapes in between."""
     from pcops.ops.sampling import fps
 
-    monkeypatch.setattr(_warp, "KEEP_PREPARED", 3)
     runs = []
     real = _warp.Prepared.run
     monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (runs.append(self.kernel.key), real(self, **kw)))
     clouds = [torch.rand(n, 3, generator=gen, dtype=dtype) for n in (40, 40, 90) for dtype in (torch.float32, F64)]
-    for _ in range(2):
+    for keep, _ in ((64, 0), (64, 1), (3, 0)):  # every launch kept (and reused on the second pass), then evicted
+        monkeypatch.setattr(_warp, "KEEP_PREPARED", keep)
         for c in clouds:
             q = torch.rand(17, 3, generator=gen, dtype=c.dtype)
             for query, k in ((q, 3), (c, 5)):
@@ -643,10 +643,18 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
                 want_d, want_idx = reference.knn(query.double(), c.double(), k)
                 assert torch.equal(got.idx, want_idx)
                 torch.testing.assert_close(got.dists.double(), want_d, rtol=1e-6, atol=1e-6)
+            for call in (lambda: pcops.ball_query(q, c, 0.3, 8), lambda: pcops.ball_query(c, c, 0.5, 5),
+                         lambda: pcops.ball_queries(q, c, [0.5, 0.3], [5, 8])):
+                got = call()
+                monkeypatch.setattr(_warp, "PREPARED", [False])
+                want = call()
+                monkeypatch.setattr(_warp, "PREPARED", [True])
+                for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
+                    assert torch.equal(a, b)
             for start in (0, 7, [3, 11]):
                 got = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [False])
                 want = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [True])
                 assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
-    assert any("scan" in key for key in runs) and any("sample" in key for key in runs)
+    assert all(any(name in key for key in runs) for name in ("scan", "sample", "search"))

@@ -178,13 +178,15 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     pairs = m * ref.shape[0]
     dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, ref.shape[0], SCAN_COST))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
+    if dense and query.is_cpu:  # the calling thread's packed launch of these shapes and radii
+        launch = _warp.prepared(("ball", query.dtype, m, ref.shape[0], tuple(radii), tuple(max_neighbors), by_index),
+                                lambda: _dense(query, ref, radii, max_neighbors, by_index, first, grouped[0], idx, counts, dists))
+        if launch is not None:
+            launch.run(cells__query=query.contiguous(), cells__points=ref.contiguous(), dists=dists, idx=idx, counts=counts)
+            return idx, counts, dists
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 else None  # one host read for all
     for group in grouped:
-        if len(group) == 1:  # its own columns, as a view: a kernel for any K
-            (g,), columns = group, ()
-            rows = [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
-        else:
-            columns, rows = tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
+        columns, rows = _columns(group, first, max_neighbors, dists, idx)
         search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, dense)
         if dense:  # small: every pair, no cell list
             scan = _cells.every_point(query, ref)
@@ -194,6 +196,26 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
         _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=pairs if dense else None)
     return idx, counts, dists
+
+
+def _columns(group: list, first: list, max_neighbors: list, dists: torch.Tensor, idx: torch.Tensor) -> tuple:
+    """(columns, rows) of the kernel of one group of radii: a single radius writes its own
+    columns of ``dists`` and ``idx`` (views; a kernel for any K), several their column ranges."""
+    if len(group) == 1:
+        (g,) = group
+        return (), [t[:, first[g]:first[g] + max_neighbors[g]] for t in (dists, idx)]
+    return tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
+
+
+def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, first: list, group: list, idx, counts, dists):
+    """The dense search of one CPU cloud as a prepared launch (:class:`pcops._warp.Prepared`):
+    ``cells__query``, ``cells__points``, ``dists``, ``idx`` and ``counts`` pointed at each call's
+    tensors (one group: its columns start at 0, so each output's views start at its first
+    element); None before the kernel's first launch."""
+    columns, rows = _columns(group, first, max_neighbors, dists, idx)
+    search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True)
+    args = [_cells.every_point(query, ref), Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
+    return _warp.prepare(search_kernel, query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=(args[0],))
 
 
 def search_one(query, ref, radius: float, max_neighbors: int, validate: bool, query_group, ref_group, by_index: bool = False):

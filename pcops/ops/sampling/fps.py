@@ -36,6 +36,7 @@ read back to the host). A thread-per-sample bucket loop on a GPU would leave it 
 bucket kernels run on the CPU only (they compile for CUDA too).
 """
 
+import ctypes
 import math
 import threading
 from collections.abc import Sequence
@@ -747,14 +748,15 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     """Bucket FPS of one sample of n points (n_samples picks from m start indices) as a prepared
     launch (:class:`pcops._warp.Prepared`), its array arguments ``points`` and ``idx`` pointed at
     each call's tensors; it keeps the lengths, counts and work arrays, and the start indices
-    (``keep[0]``: a NumPy view, written by each call). None before the kernel's first launch."""
+    (``keep[0]``: a ctypes array of m int64, written by each call). None before the kernel's
+    first launch."""
     sample, _ = _kernels(dtype)
     nodes = (2 << _height(n)) - 1
-    lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.zeros((1, m), dtype=torch.int64)
+    lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
     scratch = _scratch(dtype, 1, n, nodes)
-    values = [n, nodes, _warp.array(lengths), _warp.array(counts), _warp.array(first), _warp.span(torch.empty((n, 3), dtype=dtype), 0, n, 3),
+    values = [n, nodes, _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)), _warp.span(torch.empty((n, 3), dtype=dtype), 0, n, 3),
               *scratch, _warp.array(torch.empty((1, n_samples), dtype=torch.int64))]
-    return _warp.prepare(sample, 1, values, work=0, keep=(first.numpy(), first, lengths, counts, scratch))
+    return _warp.prepare(sample, 1, values, work=0, keep=(first, lengths, counts, scratch))
 
 
 # Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
@@ -802,7 +804,7 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts)),
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
     if launch is not None:
-        launch.keep[0][0, :] = starts  # (a NumPy view of the kept start indices)
+        launch.keep[0][:] = starts  # (the kept start indices)
         launch.run(points=points, idx=idx)
     else:
         _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx)
