@@ -624,8 +624,8 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
 
 
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
-    """Small kNN scans, dense ball queries and plain FPS calls reuse the calling thread's packed
-    launch of their shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
+    """Small kNN scans, dense ball queries, plain knn_graph edges and plain FPS calls reuse the
+    calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
     call's, with shapes, dtypes and start sets alternating, the kept launches evicted and FPS's
     shared work arrays taken over by other shapes in between."""
     from pcops.ops.sampling import fps
@@ -643,7 +643,7 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
                 want_d, want_idx = reference.knn(query.double(), c.double(), k)
                 assert torch.equal(got.idx, want_idx)
                 torch.testing.assert_close(got.dists.double(), want_d, rtol=1e-6, atol=1e-6)
-            for call in (lambda: pcops.ball_query(q, c, 0.3, 8), lambda: pcops.ball_query(c, c, 0.5, 5),
+            for call in (lambda: pcops.ball_query(q, c, 0.3, 8), lambda: pcops.ball_query(c, c, 0.5, 5), lambda: pcops.knn_graph(c, 6),
                          lambda: pcops.ball_queries(q, c, [0.5, 0.3], [5, 8])):
                 got = call()
                 monkeypatch.setattr(_warp, "PREPARED", [False])
@@ -657,4 +657,4 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
                 want = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [True])
                 assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
-    assert all(any(name in key for key in runs) for name in ("scan", "sample", "search"))
+    assert all(any(name in key for key in runs) for name in ("scan", "sample", "search", "complete"))

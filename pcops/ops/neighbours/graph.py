@@ -250,9 +250,14 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     found = plain_knn(points, points, k + (0 if loop else 1), "auto", True)  # None unless plain (and N >= k (+ 1))
     if found is None:
         return None
-    n = points.shape[0]
+    n, rows = points.shape[0], found[1]
     edges = torch.empty((2, n * k), dtype=torch.int64)
-    _warp.launch(_complete_kernel(), n, [found[1], k, int(loop), edges], like=points, work=n * found[1].shape[1])
+    args = [rows, k, int(loop), edges]
+    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_complete_kernel(), n, args, work=rows.numel()))
+    if launch is not None:  # the calling thread's packed launch of these shapes
+        launch.run(idx=rows, edges=edges)
+    else:
+        _warp.launch(_complete_kernel(), n, args, like=points, work=rows.numel())
     return edges
 
 
