@@ -625,16 +625,32 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
 
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
     """Small kNN scans, dense ball queries, plain knn_graph edges and plain FPS calls reuse the
-    calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's clouds and outputs, never the last
-    call's, with shapes, dtypes and start sets alternating, the kept launches evicted and FPS's
-    shared work arrays taken over by other shapes in between."""
-    from pcops.ops.sampling import fps
-
+    calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's
+    clouds and outputs, never the last call's, with shapes, dtypes and start sets alternating,
+    serial and chunked launches, the kept launches evicted and FPS's shared work arrays taken
+    over by other shapes in between."""
     runs = []
     real = _warp.Prepared.run
-    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (runs.append(self.kernel.key), real(self, **kw)))
-    clouds = [torch.rand(n, 3, generator=gen, dtype=dtype) for n in (40, 40, 90) for dtype in (torch.float32, F64)]
-    for keep, _ in ((64, 0), (64, 1), (3, 0)):  # every launch kept (and reused on the second pass), then evicted
+    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (runs.append((self.kernel.key, self._chunks)), real(self, **kw)))
+    # (300 points: 90,000 pairs, a launch cut into a chunk per thread, run by the native fork-join)
+    clouds = [torch.rand(n, 3, generator=gen, dtype=dtype) for n in (40, 40, 90, 300) for dtype in (torch.float32, F64)]
+    monkeypatch.setattr(_warp._threads, "available", lambda: 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _prepared_calls(gen, monkeypatch, clouds)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete"))
+    assert {chunks for _, chunks in runs} == {1, 2}
+
+
+def _prepared_calls(gen, monkeypatch, clouds):
+    """The calls of :func:`test_prepared_launches_follow_each_calls_tensors`, each compared with
+    the float64 reference or with the same call packed anew (or through the general path)."""
+    from pcops.ops.sampling import fps
+
+    for keep in (64, 64, 3):  # every launch kept (and reused on the second pass), then evicted
         monkeypatch.setattr(_warp, "KEEP_PREPARED", keep)
         for c in clouds:
             q = torch.rand(17, 3, generator=gen, dtype=c.dtype)
@@ -657,4 +673,3 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
                 want = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [True])
                 assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
-    assert all(any(name in key for key in runs) for name in ("scan", "sample", "search", "complete"))
