@@ -780,15 +780,15 @@ PREPARED = [True]  # False: every launch packed anew (tests and measurements com
 _kept = threading.local()
 
 
-def prepare(kernel, n: int, args: list, work: int, min_chunk: int = 1, keep: tuple = ()) -> typing.Optional[Prepared]:
+def prepare(kernel, n: int, args: list, work: typing.Optional[int], min_chunk: int = 1, keep: tuple = ()) -> typing.Optional[Prepared]:
     """A :class:`Prepared` CPU launch of ``kernel`` over threads 0 .. n-1 with the arguments
     ``args`` (as :func:`launch` takes them), chunked as :func:`launch` chunks it (serial below
-    :data:`SERIAL_WORK` steps of ``work``); None where the kernel is not loaded yet (its first
-    launch goes through :func:`launch`) or has no native entry point."""
+    :data:`SERIAL_WORK` steps of ``work``; None: by ``min_chunk`` alone); None where the kernel
+    is not loaded yet (its first launch goes through :func:`launch`) or has no native entry point."""
     values = [convert(a) for a in args]
     if (kernel, "cpu") not in _loaded or _native(kernel, values) is None:
         return None
-    bounds = [0, n] if work < SERIAL_WORK else chunk_bounds(n, None, min_chunk)
+    bounds = [0, n] if work is not None and work < SERIAL_WORK else chunk_bounds(n, None, min_chunk)
     return Prepared(kernel, bounds, values, keep)
 
 

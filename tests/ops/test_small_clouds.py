@@ -285,12 +285,14 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     lattice = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(n, 3)
     for m in (limit // n, limit // n + 1):
         query = lattice[torch.arange(m) % n] + 0.5
-        trees = []
-        real = _kdtree._tree
-        monkeypatch.setattr(_kdtree, "_tree", lambda *a: (trees.append(1), real(*a))[1])
+        launches = []
+        real, prepared = _warp.launch, _warp.Prepared.run
+        monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
+        monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (launches.append(self.kernel), prepared(self, **kw)))
         got = pcops.knn(query, lattice, k)
-        monkeypatch.setattr(_kdtree, "_tree", real)
-        scan = not trees  # (the scan builds no tree)
+        monkeypatch.setattr(_warp, "launch", real)
+        monkeypatch.setattr(_warp.Prepared, "run", prepared)
+        scan = _kdtree._scan_kernel(torch.float32, False)[0] in launches
         assert scan == (m * n <= limit)
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
         assert_identical(got, pcops.knn(query, lattice, k))
@@ -624,8 +626,8 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
 
 
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
-    """Small kNN scans, dense ball queries, plain knn_graph edges and plain FPS calls reuse the
-    calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's
+    """Small kNN scans and trees, dense ball queries, plain knn_graph edges and plain FPS calls
+    reuse the calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's
     clouds and outputs, never the last call's, with shapes, dtypes and start sets alternating,
     serial and chunked launches, the kept launches evicted and FPS's shared work arrays taken
     over by other shapes in between."""
@@ -641,7 +643,7 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
         _prepared_calls(gen, monkeypatch, clouds)
     finally:
         torch.set_num_threads(threads)
-    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete"))
+    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order"))
     assert {chunks for _, chunks in runs} == {1, 2}
 
 
@@ -650,8 +652,11 @@ def _prepared_calls(gen, monkeypatch, clouds):
     the float64 reference or with the same call packed anew (or through the general path)."""
     from pcops.ops.sampling import fps
 
-    for keep in (64, 64, 3):  # every launch kept (and reused on the second pass), then evicted
+    # every launch kept (and reused on the second pass), then evicted; then the small trees
+    # (every kNN search a tree) kept and reused
+    for keep, pairs in ((64, _kdtree.SCAN_PAIRS), (64, _kdtree.SCAN_PAIRS), (3, _kdtree.SCAN_PAIRS), (64, 0), (64, 0)):
         monkeypatch.setattr(_warp, "KEEP_PREPARED", keep)
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
         for c in clouds:
             q = torch.rand(17, 3, generator=gen, dtype=c.dtype)
             for query, k in ((q, 3), (c, 5)):

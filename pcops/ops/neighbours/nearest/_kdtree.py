@@ -687,6 +687,61 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
+def _small_tree(m: int, n: int) -> bool:
+    """Whether the CPU build of n points with m queries runs on the calling thread in one launch
+    (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`), and so as a
+    :class:`_SmallTree`."""
+    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK
+
+
+class _SmallTree:
+    """The search of m queries in n CPU points (ungrouped, a small tree: :func:`_small_tree`) as
+    the calling thread's prepared launches (:class:`pcops._warp.Prepared`): the queries' order,
+    the build and the search, each packed once, with the tree's and the order's arrays kept; a
+    call copies the points (and their indices) into the kept arrays that the build permutes,
+    points the order's launch at the queries and the search at its outputs. The launches and
+    arrays of :func:`find`'s own path for such a search (one thread for the order and the build,
+    the search cut as :func:`pcops._warp.launch` cuts it), so the same neighbours."""
+
+    __slots__ = ("points", "order", "indices", "launches")
+
+    @classmethod
+    def make(cls, query, ref, k: int):
+        """The prepared search of queries like ``query`` in points like ``ref`` for k neighbours;
+        None before each of its kernels has run once (through :func:`find`'s own path)."""
+        self = cls()
+        m, n = query.shape[0], ref.shape[0]
+        (order_kernel, order_args), rows, ordered = _cpu_query_order(query)
+        self.indices = torch.arange(n)
+        self.points, self.order = ref.clone(), self.indices.clone()
+        depth = _depth(n)
+        nodes = (2 << depth) - 1
+        lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
+        glo, ghi, axis, split = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32), ref.new_empty(nodes)
+        vec = _warp.vec3(ref.dtype)
+        dummy = _no_group(query.device)[1]
+        build = [0, depth, depth, _ROUNDS, _warp.array(self.points, dtype=vec), self.order, glo, 0, _warp.array(lo, dtype=vec),
+                 _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+        search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(self.points, dtype=vec), self.order, dummy,
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, query.new_empty((m, k)),
+                  torch.empty((m, k), dtype=torch.int64), int(_CHAIN)]
+        self.launches = (_warp.prepare(order_kernel, 1, order_args, work=0), _warp.prepare(_build_kernels(ref.dtype)[0], 1, build, work=0),
+                         _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
+        if any(launch is None for launch in self.launches):
+            return None
+        self.launches[0].keep = (order_args, rows, ordered)
+        self.launches[2].keep = (lo, hi, glo, ghi, axis, split)
+        return self
+
+    def run(self, query, ref, dists, idx) -> None:
+        order, build, search = self.launches
+        self.points.copy_(ref)
+        self.order.copy_(self.indices)
+        order.run(points=query)
+        build.run()
+        search.run(dists=dists, idx=idx)
+
+
 @functools.cache
 def _no_group(device: torch.device):
     """(tensor, its Warp view): the group argument of an ungrouped search (never read), one per
@@ -729,6 +784,11 @@ def find(query, ref, k, query_group=None, ref_group=None):
     idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
     if m == 0:
         return dists, idx
+    if query.is_cpu and not grouped and not _GPU_BUILD and _small_tree(m, ref.shape[0]):
+        plan = _warp.prepared(("tree", query.dtype, m, ref.shape[0], k, _CHAIN), lambda: _SmallTree.make(query, ref, k))
+        if plan is not None:
+            plan.run(query, ref, dists, idx)
+            return dists, idx
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
     # cell per query, at most 2^5 a side; grids and other queries already in a spatial order
