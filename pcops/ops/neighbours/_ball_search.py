@@ -214,8 +214,9 @@ def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, first: 
     element); None before the kernel's first launch."""
     columns, rows = _columns(group, first, max_neighbors, dists, idx)
     search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True)
-    args = [_cells.every_point(query, ref), Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
-    return _warp.prepare(search_kernel, query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=(args[0],))
+    scan = _cells.every_point(query, ref)
+    return _warp.prepare(search_kernel, query.shape[0], [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts],
+                         work=query.shape[0] * ref.shape[0], keep=(scan.tensors[2],))  # (the indices; not this call's clouds)
 
 
 def search_one(query, ref, radius: float, max_neighbors: int, validate: bool, query_group, ref_group, by_index: bool = False):

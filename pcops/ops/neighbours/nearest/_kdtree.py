@@ -690,8 +690,9 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
 def _small_tree(m: int, n: int) -> bool:
     """Whether the CPU build of n points with m queries runs on the calling thread in one launch
     (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`), and so as a
-    :class:`_SmallTree`."""
-    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK
+    :class:`_SmallTree` (whose kept arrays, about 60 bytes a query or point, are then under a
+    megabyte)."""
+    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK and m + n <= 1 << 14
 
 
 class _SmallTree:
@@ -729,7 +730,7 @@ class _SmallTree:
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if any(launch is None for launch in self.launches):
             return None
-        self.launches[0].keep = (order_args, rows, ordered)
+        self.launches[0].keep = (order_args[2], order_args[3], rows, ordered)  # (not the first call's queries)
         self.launches[2].keep = (lo, hi, glo, ghi, axis, split)
         return self
 
