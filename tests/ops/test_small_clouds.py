@@ -678,3 +678,17 @@ def _prepared_calls(gen, monkeypatch, clouds):
                 want = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [True])
                 assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
+
+
+def test_prepared_launches_made_under_inference_mode_serve_other_calls(gen):
+    """A launch first kept inside ``torch.inference_mode`` (a model's evaluation) serves the calls
+    after it, and the other way round: the same results as the float64 reference."""
+    for n in (40, 1000):  # (a scan, a small tree)
+        p = torch.rand(n, 3, generator=gen, dtype=F64)
+        want = reference.knn(p, p, 8)[1]
+        for mode in (True, False, True):
+            with torch.inference_mode(mode):
+                for _ in range(2):
+                    assert torch.equal(pcops.knn(p, p, 8).idx, want)
+                    assert torch.equal(pcops.ball_query(p, p, 0.3, 8).idx, reference.ball_query(p, p, 0.3, 8)[1])
+                    assert pcops.farthest_point_sample(p, 10).idx.unique().numel() == 10

@@ -713,8 +713,9 @@ class _SmallTree:
         self = cls()
         m, n = query.shape[0], ref.shape[0]
         (order_kernel, order_args), rows, ordered = _cpu_query_order(query)
-        self.indices = torch.arange(n)
-        self.points, self.order = ref.clone(), self.indices.clone()
+        with torch.inference_mode(False):  # (kept arrays a call writes: never inference tensors)
+            self.indices = torch.arange(n)
+            self.points, self.order = ref.clone(), self.indices.clone()
         depth = _depth(n)
         nodes = (2 << depth) - 1
         lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
