@@ -787,7 +787,8 @@ def find(query, ref, k, query_group=None, ref_group=None):
     if m == 0:
         return dists, idx
     if query.is_cpu and not grouped and not _GPU_BUILD and _small_tree(m, ref.shape[0]):
-        plan = _warp.prepared(("tree", query.dtype, m, ref.shape[0], k, _CHAIN), lambda: _SmallTree.make(query, ref, k))
+        key = ("tree", query.dtype, m, ref.shape[0], k, _CHAIN, _ROUNDS, LEAF, _CPU_BITS)  # (the switches its launches hold)
+        plan = _warp.prepared(key, lambda: _SmallTree.make(query, ref, k))
         if plan is not None:
             plan.run(query, ref, dists, idx)
             return dists, idx
