@@ -253,7 +253,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     n, rows = points.shape[0], found[1]
     edges = torch.empty((2, n * k), dtype=torch.int64)
     args = [rows, k, int(loop), edges]
-    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_complete_kernel(), n, args, work=rows.numel()))
+    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_complete_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))
     if launch is not None:  # the calling thread's packed launch of these shapes
         launch.run(idx=rows, edges=edges)
     else:
