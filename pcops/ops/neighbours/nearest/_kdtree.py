@@ -60,22 +60,32 @@ _CHAIN = True  # CPU: each query's first bound from the previous query's (tests 
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
 # CPU: at most this many (query, reference point) pairs are measured one by one (``_scan_kernel``)
 # instead of building and searching the tree, fewer for k > 11 (the insertion of each point grows
-# with k): SCAN_PAIRS / (k^2 / 128); the same result, one launch (docs/ops/knn.md; the crossover
-# measured in docs/benchmarks.md, design choices)
+# with k) and against a prepared small tree (:func:`scan_pairs`); the same result, one launch
+# (docs/ops/knn.md; the crossover measured in docs/benchmarks.md, design choices)
 SCAN_PAIRS = 1 << 17
 _CPU_SLICES = 1  # ranges of the points per query in a CPU scan (tests: the CUDA scan's split on the CPU)
 _SLICE_POINTS = 64  # points per thread at least in a split CUDA scan
 _SCRATCH = 1 << 25  # entries of a split scan's partial rows at most
 
 
-def _scans(m: int, n: int, k: int, cpu: bool = True) -> bool:
+def _scans(m: int, n: int, k: int, cpu: bool = True, grouped: bool = False) -> bool:
     """Whether a search of m queries in n points for k neighbours measures every pair (on the
-    CPU, or on CUDA: :func:`pcops._warp.cuda_scans`). A pair costs more with k (the insertion
-    into longer rows), on CUDA faster than on the CPU: there the tree beat the scan from about
-    12,000^2 pairs at k = 16 and 45,000^2 at k = 3 (docs/benchmarks.md, GPU)."""
+    CPU: :func:`scan_pairs`, or on CUDA: :func:`pcops._warp.cuda_scans`). A pair costs more with
+    k (the insertion into longer rows), on CUDA faster than on the CPU: there the tree beat the
+    scan from about 12,000^2 pairs at k = 16 and 45,000^2 at k = 3 (docs/benchmarks.md, GPU)."""
     if cpu:
-        return m * n <= SCAN_PAIRS // max(1, (k * k) >> 7)
+        return m * n <= scan_pairs(m, n, k, grouped)
     return _warp.cuda_scans(m, n, max(1, (k * k) >> 4))
+
+
+def scan_pairs(m: int, n: int, k: int, grouped: bool) -> int:
+    """The most pairs a CPU search measures one by one: SCAN_PAIRS / (k^2 / 128) against a tree
+    built and searched per call; against a prepared small tree (ungrouped, :func:`_small_tree`),
+    which starts faster, SCAN_PAIRS / 4 / (k / 2) (the crossovers measured in docs/benchmarks.md,
+    design choices)."""
+    if not grouped and not _GPU_BUILD and _warp.PREPARED[0] and _small_tree(m, n):
+        return (SCAN_PAIRS >> 2) // max(1, k >> 1)
+    return SCAN_PAIRS // max(1, (k * k) >> 7)
 
 
 @_warp.kernels
@@ -760,7 +770,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    if m and _scans(m, ref.shape[0], k, query.is_cpu):  # small: every pair, one launch (two when split)
+    if m and _scans(m, ref.shape[0], k, query.is_cpu, grouped):  # small: every pair, one launch (two when split)
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
