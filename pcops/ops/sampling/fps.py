@@ -525,11 +525,15 @@ def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor,
     sample (its tree, then its picks). The work arrays are views of two allocations (one of
     the points' dtype, one int32), passed as descriptors (:func:`_scratch`)."""
     b, n, _ = points.shape
-    sample, _ = _kernels(points.dtype)
+    _run_samples(_kernels(points.dtype)[0], b, _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx))
+
+
+def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor) -> list:
+    """The arguments of the ``sample`` kernel (after ``start``) for points (B, N, 3): ``lengths``,
+    ``counts`` and ``start`` converted, the work arrays :func:`_scratch`'s."""
+    b, n, _ = points.shape
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
-    values = [n, nodes, _warp.array(lengths32), _warp.array(counts), _warp.array(start), _warp.span(points, 0, b * n, 3),
-              *_scratch(points.dtype, b, n, nodes), _warp.array(idx)]
-    _run_samples(sample, b, values)
+    return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx)]
 
 
 # Scratch of bucket FPS kept for the next call of the same shape on the same thread, up to this
@@ -750,13 +754,10 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     each call's tensors; it keeps the lengths, counts and work arrays, and the start indices
     (``keep[0]``: a ctypes array of m int64, written by each call). None before the kernel's
     first launch."""
-    sample, _ = _kernels(dtype)
-    nodes = (2 << _height(n)) - 1
     lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
-    scratch = _scratch(dtype, 1, n, nodes)
-    values = [n, nodes, _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)), _warp.span(torch.empty((n, 3), dtype=dtype), 0, n, 3),
-              *scratch, _warp.array(torch.empty((1, n_samples), dtype=torch.int64))]
-    return _warp.prepare(sample, 1, values, work=0, keep=(first, lengths, counts, scratch))
+    values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
+                            torch.empty((1, n_samples), dtype=torch.int64))
+    return _warp.prepare(_kernels(dtype)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-1]))  # (values[6:-1]: the work arrays)
 
 
 # Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
