@@ -271,7 +271,25 @@ def cell_range(dtype: torch.dtype):
 
 
 @kernels
-def cell_scan(dtype: torch.dtype):
+def _cells_struct(dtype: torch.dtype):
+    """The struct of :func:`cell_scan` for ``dtype``."""
+    s, v = scalar(dtype), vec3(dtype)
+
+    class Cells:
+        rows: wp.array(dtype=wp.int64)
+        starts: wp.array(dtype=wp.int64)
+        frame: wp.array(dtype=s)
+        dims: wp.vec3i
+        query: wp.array(dtype=v)
+        groups: wp.array(dtype=wp.int32)
+        points: wp.array(dtype=v)
+        order: wp.array(dtype=wp.int64)
+
+    return wp.struct(Cells, module="unique")  # (Warp 1.19's decorator form needs the class)
+
+
+@kernels
+def cell_scan(dtype: torch.dtype, dense: bool = False):
     """``(Cells, window, run)``: one query's scan of the cell list, for every kernel that scans
     one (its Python side: ``pcops.ops.neighbours._cells.CellList.scan``)::
 
@@ -295,21 +313,16 @@ def cell_scan(dtype: torch.dtype):
 
     Two loops over y and z, not one over the window's rows (a division per row), and no
     finiteness test of q in ``window`` (the empty range does it) (docs/benchmarks.md, design choices).
+
+    ``dense``: the same loops over every point instead, in the list's order (``window`` one
+    cell, none for a q with a NaN or infinite coordinate; ``run`` all of ``cells.points``):
+    reads ``rows``, ``query``, ``points`` and ``order`` only, so a kernel scans one cloud
+    without a cell list (:func:`pcops.ops.neighbours._cells.every_point`), or a list of one
+    cell in the order its window would.
     """
     s, v = scalar(dtype), vec3(dtype)
     box = cell_range(dtype)
-
-    class Cells:
-        rows: wp.array(dtype=wp.int64)
-        starts: wp.array(dtype=wp.int64)
-        frame: wp.array(dtype=s)
-        dims: wp.vec3i
-        query: wp.array(dtype=v)
-        groups: wp.array(dtype=wp.int32)
-        points: wp.array(dtype=v)
-        order: wp.array(dtype=wp.int64)
-
-    Cells = wp.struct(Cells, module="unique")  # (Warp 1.19's decorator form needs the class)
+    Cells = _cells_struct(dtype)  # one type for both forms
 
     @wp.func(module="unique")
     def window(cells: Cells, i: int, q: v, radius: s):
@@ -324,4 +337,17 @@ def cell_scan(dtype: torch.dtype):
         row = (z * cells.dims[1] + y) * cells.dims[0]
         return int(cells.starts[row + lo[0]]), int(cells.starts[row + hi[0] + 1])
 
+    @wp.func(module="unique")
+    def one_cell(cells: Cells, i: int, q: v, radius: s):
+        hi = wp.vec3i(0, 0, 0)
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            hi = wp.vec3i(-1, -1, -1)
+        return wp.vec3i(0, 0, 0), hi
+
+    @wp.func(module="unique")
+    def every(cells: Cells, lo: wp.vec3i, hi: wp.vec3i, y: int, z: int):
+        return int(0), cells.points.shape[0]
+
+    if dense:
+        return Cells, one_cell, every
     return Cells, window, run

@@ -31,7 +31,8 @@ FACTORIES = [
     *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
-    *[(f"radius max {d}", radius._max_kernel, (d,)) for d in (F32, F64)],
+    *[(f"radius dense {w} {d}", radius._kernels, (d, w, True)) for d in (F32, F64) for w in ("softmax", "uniform")],
+    *[(f"radius max {d} dense={e}", radius._max_kernel, (d, e)) for d in (F32, F64) for e in (False, True)],
     ("cells starts", _cells._starts_kernel, ()),
     ("morton spread table", importlib.import_module("pcops._morton")._table_kernel, ()),
     *[(f"cells permute {d}", _cells._permute_kernel, (d,)) for d in (F32, F64)],
@@ -62,7 +63,7 @@ FACTORIES = [
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
                   "pcops.ops.mesh._search.walk_func"} | {
-    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "cells", "finite_bounds", "plane_normal", "sorted_insert")}
+    f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "_cells_struct", "cells", "finite_bounds", "plane_normal", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's complete rows) are CPU calls
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.neighbours.graph._complete_kernel"}

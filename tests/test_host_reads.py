@@ -12,11 +12,13 @@ not seen here; ``torch.cuda.set_sync_debug_mode("error")`` on a GPU sees those.)
 
 import collections
 import contextlib
+import importlib
 import traceback
 
 import pytest
 import torch
 
+import pcops
 from tests import op_table
 
 # op -> {(the read, where pcops makes it): count}, and why it is there
@@ -62,7 +64,9 @@ def counted(reads: list):
 
 
 @pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
-def test_ops_read_the_host_only_where_the_table_says(op):
+def test_ops_read_the_host_only_where_the_table_says(op, monkeypatch):
+    # radius_aggregate's small CPU clouds skip the cell list (no read): its GPU path is the list's
+    monkeypatch.setattr(importlib.import_module("pcops.ops.neighbours.radius"), "SCAN_PAIRS", 0)
     inputs = op.inputs()
     kw = {"validate": False} if op.validates else {}
     call = op.static or op.call
@@ -118,3 +122,16 @@ def test_the_counter_sees_a_read_inside_a_custom_op():
     with counted(reads):
         reads_once(torch.ones(3))
     assert [name for name, _ in reads] == ["__int__"] or [name for name, _ in reads] == ["__bool__", "__int__"]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["plain", "op"])
+def test_small_cpu_radius_aggregates_read_nothing(grad):
+    """Below the crossover a CPU radius_aggregate visits every pair: no cell list, so no read of
+    the clouds' box, called directly or through the op (a gradient to record). (Its backward
+    reads the grid's shape from a CPU tensor the op returned: no device's.)"""
+    q, p, f = torch.rand(20, 3), torch.rand(30, 3), torch.rand(30, 4, requires_grad=grad)
+    pcops.radius_aggregate(q, p, f, 0.3, 0.1, validate=False)
+    reads = []
+    with counted(reads):
+        pcops.radius_aggregate(q, p, f, 0.3, 0.1, validate=False)
+    assert reads == []

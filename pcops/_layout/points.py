@@ -196,19 +196,24 @@ def _finite_sums(*tensors) -> bool:
     return all(_validate.sum_is_finite(t) for i, t in enumerate(tensors) if t is not None and not any(t is u for u in tensors[:i]))
 
 
-def plain_clouds(validate: bool, *clouds) -> bool:
+def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = None) -> bool:
     """Whether the clouds of an eager call are plain, for the ops that then call their kernels
-    directly (``knn``, ``ball_query``, ``farthest_point_sample``): each a (P, 3) CPU tensor, all of
-    one dtype, float32 or float64, with nothing to differentiate and no mode, transform or tracer
-    active (:func:`pcops._threads.plain_device`), and with ``validate`` each one's sum finite (a
-    cloud given twice is summed once). Every layout check passes on such clouds, and nothing is
-    to flatten or convert. False sends the call through the layout layer, which decides."""
+    directly (``knn``, ``ball_query``, ``farthest_point_sample``, ``radius_aggregate``): each a
+    (P, 3) CPU tensor, all of one dtype, float32 or float64, with nothing to differentiate and no
+    mode, transform or tracer active (:func:`pcops._threads.plain_device`), and with ``validate``
+    each one's sum finite (a cloud given twice is summed once); ``features`` too, if given, (R, F)
+    of any F. Every layout check passes on such clouds, and nothing is to flatten or convert.
+    False sends the call through the layout layer, which decides."""
     if torch.compiler.is_compiling():  # (traced: the layout layer, whose checks are metadata only)
         return False
     first = clouds[0]
     for t in clouds:
         if type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not first.dtype:
             return False
+    if features is not None:
+        if type(features) is not torch.Tensor or features.dim() != 2 or features.dtype is not first.dtype:
+            return False
+        clouds = (*clouds, features)
     if first.dtype not in (torch.float32, torch.float64) or _threads.plain_device(clouds, None) != "cpu":
         return False
     return not validate or _finite_sums(*clouds)

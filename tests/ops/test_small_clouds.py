@@ -16,6 +16,7 @@ from tests.op_suite import F64, pack_pair
 from tests.reference import CLOUDS, cloud
 
 ball_search = importlib.import_module("pcops.ops.neighbours._ball_search")
+radius = importlib.import_module("pcops.ops.neighbours.radius")
 PATHS = {"every pair": 1 << 40, "tree and cell list": 0}
 
 
@@ -24,6 +25,7 @@ def path(request, monkeypatch):
     """Every search of the test on one side of the crossovers (the CPU's and CUDA's)."""
     monkeypatch.setattr(_kdtree, "SCAN_PAIRS", PATHS[request.param])
     monkeypatch.setattr(ball_search, "SCAN_PAIRS", PATHS[request.param])
+    monkeypatch.setattr(radius, "SCAN_PAIRS", PATHS[request.param])
     monkeypatch.setattr(_warp, "CUDA_SCAN_POINTS", PATHS[request.param])
     monkeypatch.setattr(_warp, "CUDA_SCAN_PAIRS", PATHS[request.param])
     return request.param
@@ -35,6 +37,7 @@ def both_paths(monkeypatch, fn):
     for pairs in PATHS.values():
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
         monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        monkeypatch.setattr(radius, "SCAN_PAIRS", pairs)
         out.append(fn())
     return out
 
@@ -194,6 +197,55 @@ def test_gradients_are_identical_across_the_switch(gen, monkeypatch):
     assert_identical(*both_paths(monkeypatch, grads))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_radius_aggregate_is_identical_across_the_switch(gen, monkeypatch, kind, dtype):
+    """Every pair (a list of one cell, the points in their order) or the cell list: the same
+    neighbours, so the same sums where they are exact (integer features, uniform weights) and
+    the same max and arg-max (its gradient); softmax and inverse-distance weights sum the same
+    terms in another order (equal to rounding), both the float64 reference's."""
+    q, p, r = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    r = reference.safe_radius(q.double(), p.double(), r)  # (no pair where float32 rounding decides)
+    f = torch.randint(-50, 50, (p.shape[0], 11), generator=gen).to(dtype)  # exact sums in any order
+    f[5] = f[7]  # ties of the max: the smaller index
+
+    def uniform_and_max():
+        feats = f.clone().requires_grad_()
+        mean = pcops.radius_aggregate(q, p, feats, r, weights="uniform")
+        top = pcops.radius_aggregate(q, p, feats, r, reduce="max")
+        (grad,) = torch.autograd.grad(top.sum(), feats)
+        return mean.detach(), top.detach(), grad
+
+    assert_identical(*both_paths(monkeypatch, uniform_and_max))
+    single = dtype == torch.float32
+    tight, near = (dict(rtol=1e-5, atol=1e-4), dict(rtol=2e-3, atol=2e-2)) if single else (dict(rtol=1e-12, atol=1e-11),) * 2
+    for weights, sigma in (("softmax", 0.2), ("inverse_distance", None)):
+        every, cells = both_paths(monkeypatch, lambda: pcops.radius_aggregate(q, p, f, r, sigma, weights=weights))
+        torch.testing.assert_close(every, cells, **tight)
+        want = reference.radius_weighted(q.double(), p.double(), f.double(), r, weights, sigma=sigma)
+        torch.testing.assert_close(every.double(), want, **near)
+
+
+def test_radius_aggregate_gradients_agree_across_the_switch(gen, monkeypatch):
+    """The backward of a one-cell list visits every point as its forward did: gradients to every
+    input equal the cell list's to rounding, and gradcheck passes on the small side."""
+    q, p, r = cloud("uniform", gen, 12, 15)
+    f = torch.rand(p.shape[0], 3, generator=gen, dtype=F64)
+    r = reference.safe_radius(q, p, r)
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (q, p, f, torch.tensor(0.3, dtype=F64))]
+        out = pcops.radius_aggregate(*leaves[:3], r, leaves[3])
+        return torch.autograd.grad(out.square().sum(), leaves)
+
+    for a, b in zip(*both_paths(monkeypatch, grads), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(radius, "SCAN_PAIRS", 1 << 40)
+    leaves = [t.clone().requires_grad_() for t in (q, p, f, torch.tensor(0.3, dtype=F64))]
+    assert torch.autograd.gradcheck(lambda a, b, c, s: pcops.radius_aggregate(a, b, c, r, s), leaves)
+
+
 def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypatch):
     """Below the crossover a kNN search is one launch, above it the tree's several."""
     launches = []
@@ -236,6 +288,7 @@ def test_searches_of_a_few_hundred_queries_use_every_thread(monkeypatch, op):
     monkeypatch.setattr(_warp, "chunk_bounds", lambda n, s, m: (chunks.append((n, m, len(real(n, s, m)) - 1)), real(n, s, m))[1])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(pcops._threads, "available", lambda: 2)
+    monkeypatch.setattr(radius, "SCAN_PAIRS", 0)  # (the cell list's search; every pair splits by pairs)
     p, r = torch.rand(512, 3, generator=torch.Generator().manual_seed(0)), 0.12
     {"knn": lambda: pcops.knn(p, p, 8), "ball_query": lambda: pcops.ball_query(p, p, r, 8, query_batch=torch.zeros(512, dtype=torch.int64),
                                                                                  ref_batch=torch.zeros(512, dtype=torch.int64)),
@@ -626,6 +679,63 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
         pcops.chamfer_distance(x, y, point_reduction="median")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_radius_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager call below the crossover runs the forward kernel directly (no layout layer,
+    no custom op, no cell list tensors): the same values bit for bit, for every weighting,
+    features padded to whole blocks or not, without validation on non-finite points."""
+    q, p, r = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    f5, f8 = (torch.rand(p.shape[0], c, generator=gen, dtype=dtype) for c in (5, 8))
+    bad = p.clone()
+    bad[3] = float("nan")
+    bad[4, 1] = float("inf")
+    calls = [lambda: pcops.radius_aggregate(q, p, f5, r, 0.2), lambda: pcops.radius_aggregate(q, p, f8, r, 1),
+             lambda: pcops.radius_aggregate(p, p, f5, r, weights="inverse_distance"),
+             lambda: pcops.radius_aggregate(q, p, f8, r, weights="uniform"), lambda: pcops.radius_aggregate(q, bad, f5, r, 0.1, validate=False)]
+    for call in calls:
+        assert_identical(*plain_and_general(monkeypatch, lambda: (call(),), "pcops.ops.neighbours.radius"))
+
+
+def test_plain_radius_aggregate_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    ops = []
+    real = radius._radius_aggregate
+    monkeypatch.setattr(radius, "_radius_aggregate", lambda *a: (ops.append(a), real(*a))[1])
+    q, p, f = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen), torch.rand(40, 6, generator=gen)
+    for call in (lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1), lambda: pcops.radius_aggregate(q.double(), p.double(), f.double(), 0.3, 2),
+                 lambda: pcops.radius_aggregate(q, p, f, 0.3, weights="uniform")):
+        call()
+    with torch.no_grad():
+        pcops.radius_aggregate(q, p, f.clone().requires_grad_(), 0.3, 0.1)  # nothing to differentiate
+    assert ops == []
+    side = int(radius.SCAN_PAIRS**0.5) + 1
+    large = torch.rand(side, 3, generator=gen)
+    general = [
+        lambda: pcops.radius_aggregate(q, p, f.clone().requires_grad_(), 0.3, 0.1),  # a gradient to record
+        lambda: pcops.radius_aggregate(q, p, f, 0.3, torch.tensor(0.1)),  # sigma a tensor
+        lambda: pcops.radius_aggregate(q, p, f.double(), 0.3, 0.1),  # mixed dtypes
+        lambda: pcops.radius_aggregate(q.half(), p.half(), f.half(), 0.3, 0.1),  # in float32
+        lambda: pcops.radius_aggregate(q[None], p[None], f[None], 0.3, 0.1),  # padded
+        lambda: pcops.radius_aggregate(q, p, f, 0.3, 0.1, query_batch=torch.zeros(30, dtype=torch.int64), ref_batch=torch.zeros(40, dtype=torch.int64)),
+        lambda: pcops.radius_aggregate(q, p, f, np.float32(0.3), 0.1),  # radius not a Python number
+        lambda: pcops.radius_aggregate(large, large, torch.rand(side, 2, generator=gen), 0.05, 0.1),  # above the crossover
+        lambda: pcops.radius_aggregate(q, p, f, 0.3, 1e-50),  # sigma 0 in float32: the general path's error
+    ]
+    for n, call in enumerate(general, 1):
+        if n == len(general):
+            with pytest.raises(ValueError, match="sigma must be finite and > 0 in torch.float32"):
+                call()
+        else:
+            call()
+            assert len(ops) == n
+    bad = f.clone()
+    bad[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="features contains NaN or inf"):
+        pcops.radius_aggregate(q, p, bad, 0.3, 0.1)
+    assert len(ops) == len(general) - 1  # the layout layer's check raised: the op never ran
+
+
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
     """Small kNN scans and trees, dense ball queries, plain knn_graph edges and plain FPS calls
     reuse the calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's
@@ -644,7 +754,7 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
         _prepared_calls(gen, monkeypatch, clouds)
     finally:
         torch.set_num_threads(threads)
-    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order"))
+    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order", "forward"))
     assert {chunks for _, chunks in runs} == {1, 2}
 
 
@@ -665,8 +775,10 @@ def _prepared_calls(gen, monkeypatch, clouds):
                 want_d, want_idx = reference.knn(query.double(), c.double(), k)
                 assert torch.equal(got.idx, want_idx)
                 torch.testing.assert_close(got.dists.double(), want_d, rtol=1e-6, atol=1e-6)
+            f = torch.rand(c.shape[0], 9, generator=gen, dtype=c.dtype)
             for call in (lambda: pcops.ball_query(q, c, 0.3, 8), lambda: pcops.ball_query(c, c, 0.5, 5), lambda: pcops.knn_graph(c, 6),
-                         lambda: pcops.ball_queries(q, c, [0.5, 0.3], [5, 8])):
+                         lambda: pcops.ball_queries(q, c, [0.5, 0.3], [5, 8]), lambda: pcops.radius_aggregate(q, c, f, 0.3, 0.1),
+                         lambda: pcops.radius_aggregate(c, c, f[:, :8], 0.2, weights="uniform")):
                 got = call()
                 monkeypatch.setattr(_warp, "PREPARED", [False])
                 want = call()

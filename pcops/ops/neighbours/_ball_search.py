@@ -53,7 +53,7 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     the pairs: the same tests and insertions, so the same result, in one launch).
     ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
-    Cells, window, run = _warp_funcs.cell_scan(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
     insert = _warp_funcs.sorted_insert(dtype)
     insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
     radii = max(len(columns), 1)
@@ -95,20 +95,12 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
         n = Ints()  # per radius: pairs held, points within it
         total = Ints()
         reach = radius[wp.static(last)]
-        lo = wp.vec3i(0, 0, 0)
-        hi = wp.vec3i(0, 0, 0)
-        if wp.static(dense):  # every point, for a finite query (the window is empty for others)
-            if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-                hi = wp.vec3i(-1, -1, -1)
-        else:
-            lo, hi = window(cells, i, q, reach)
+        lo, hi = window(cells, i, q, reach)  # (dense: every point, for a finite query)
         if wp.static(by_index):
             reach = reach * reach
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                first_j, last_j = int(0), cells.points.shape[0]
-                if wp.static(not dense):
-                    first_j, last_j = run(cells, lo, hi, y, z)
+                first_j, last_j = run(cells, lo, hi, y, z)
                 for j in range(first_j, last_j):
                     if wp.static(by_index):  # squared, against reach^2; idx alone
                         e = q - cells.points[j]

@@ -358,15 +358,18 @@ class CellList:
 
     @classmethod
     def empty(cls, m: int, ref: torch.Tensor) -> "CellList":
-        """A list of one cell holding the reference points, for ``m`` queries (never scanned)."""
+        """A list of one cell holding the reference points in their order, for ``m`` queries in
+        theirs: what a kernel that visits every point (``dense``, :func:`every_point`) scanned
+        (its frame is all zeros: a window over it is not the whole cell)."""
         cells = cls.__new__(cls)
         cells._empty(m, ref)
         return cells
 
     def _empty(self, m: int, ref: torch.Tensor) -> None:
         n, dev = ref.shape[0], ref.device
-        self._set(torch.arange(n, device=dev), torch.zeros(capacity(n), dtype=torch.int64, device=dev), torch.arange(m, device=dev),
-                  ref.new_zeros(6), [1, 1, 1], 1)
+        starts = torch.full((capacity(n),), n, dtype=torch.int64, device=dev)
+        starts[0] = 0
+        self._set(torch.arange(n, device=dev), starts, torch.arange(m, device=dev), ref.new_zeros(6), [1, 1, 1], 1)
         self.keys = torch.zeros(n, dtype=torch.int64, device=dev)
 
     def _set(self, order, starts, rows, frame, dims: list, groups: int) -> None:

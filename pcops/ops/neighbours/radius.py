@@ -25,8 +25,10 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 
 
 import functools
+import math
 from typing import Optional
 
+import numpy as np
 import torch
 import torch._prims_common
 import warp as wp
@@ -128,17 +130,19 @@ def _weight_funcs(dtype: torch.dtype, weights: str):
 
 
 @_warp.kernels
-def _kernels(dtype: torch.dtype, weights: str = "softmax"):
+def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample).
 
     Features, the output gradient and the forward's sums are (rows, blocks) arrays of
     ``BLOCK``-vectors (rows padded with zeros); ``out`` is a plain (M, F) array, the feature
-    gradient a plain (N, blocks * BLOCK) one.
+    gradient a plain (N, blocks * BLOCK) one. ``dense``: a thread visits every reference point
+    (``cells.points`` in their order, no window): the kernels of a list of one cell
+    (:func:`_one_cell`), which visit its points in the same order as the window would.
     """
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     vb = _vector(dtype)
-    Cells, window, run = _warp_funcs.cell_scan(dtype)
+    Cells, scope, span = _warp_funcs.cell_scan(dtype, dense)
     key, relative, fixed, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -164,10 +168,10 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         online = m == s(wp.inf)
         w_total = s(0.0)
         reach = radius * radius * s(1.0001)  # squared distances beyond it are out (d > radius)
-        lo, hi = window(cells, i, q, radius)
+        lo, hi = scope(cells, i, q, radius)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                first, last = run(cells, lo, hi, y, z)
+                first, last = span(cells, lo, hi, y, z)
                 for j in range(first, last):
                     diff = q - cells.points[j]
                     sq = wp.dot(diff, diff)
@@ -231,10 +235,10 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
         g_q = v(s(0.0), s(0.0), s(0.0))
         g_s = s(0.0)
         reach = radius * radius * s(1.0001)
-        lo, hi = window(cells, i, q, radius)
+        lo, hi = scope(cells, i, q, radius)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
-                first, last = run(cells, lo, hi, y, z)
+                first, last = span(cells, lo, hi, y, z)
                 for j in range(first, last):
                     diff = q - cells.points[j]
                     sq = wp.dot(diff, diff)
@@ -265,16 +269,48 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax"):
     return forward, backward
 
 
-def _launch(kernel, cells: _cells.CellList, query, points, feats, sigma, radius, query_group, tail: list, scatter=()):
-    """Run a radius kernel over the queries (in cell order). Arguments: (start, the scan's
-    struct (:meth:`pcops.ops.neighbours._cells.CellList.scan`: the list, the queries, their
-    sample ids, the sorted ref points), sorted features, sigma, radius, *tail); ``scatter``
-    indexes ``tail`` (the arrays the kernel accumulates into). ``feats`` may be a Warp array
-    already (feature blocks)."""
+def _launch(kernel, scan, feats, sigma, radius, tail: list, scatter=(), dense: bool = False):
+    """Run a radius kernel over the queries (in cell order). Arguments: (start, ``scan`` (the
+    struct of :meth:`pcops.ops.neighbours._cells.CellList.scan` or
+    :func:`pcops.ops.neighbours._cells.every_point`), sorted features, sigma, radius, *tail);
+    ``scatter`` indexes ``tail`` (the arrays the kernel accumulates into). ``feats`` may be a
+    Warp array already (feature blocks). ``dense``: a kernel that visits every point (a query's
+    work is the number of points: split as the every-pair searches are)."""
     _warp.init()
-    args = [cells.scan(query, query_group, points), feats, sigma.reshape(1).contiguous(), radius, *tail]
+    like, m, n = scan.tensors[0], scan.query.shape[0], scan.points.shape[0]
+    args = [scan, feats, sigma.reshape(1).contiguous(), radius, *tail]
     offset = len(args) - len(tail)
-    _warp.launch(kernel, query.shape[0], args, like=query, scatter=tuple(offset + i for i in scatter), min_chunk=_warp.QUERY_CHUNK)
+    _warp.launch(kernel, m, args, like=like, scatter=tuple(offset + i for i in scatter), min_chunk=1 if dense else _warp.QUERY_CHUNK,
+                 work=m * n if dense else None)
+
+
+# One CPU cloud with at most this many (query, reference point) pairs: every pair is measured,
+# no cell list is built (a list of one cell, in the points' order: see _kernels' dense) (docs/ops/radius_aggregate.md).
+SCAN_PAIRS = 1 << 18
+
+
+def _dense(query: torch.Tensor, group: Optional[torch.Tensor], n: int) -> bool:
+    """Whether a search of ``n`` reference points visits every one (no cell list)."""
+    return query.is_cpu and group is None and query.shape[0] * n <= SCAN_PAIRS
+
+
+def _dense_forward(query, points, feats, sigma, radius: float, weights: str, acc, out, wsum, dmin) -> None:
+    """The forward kernel over every pair of one CPU cloud; a prepared launch
+    (:class:`pcops._warp.Prepared`, the calling thread's for these shapes) once it is loaded."""
+    kernel = _kernels(query.dtype, weights, True)[0]
+    m, n = query.shape[0], points.shape[0]
+    query, sigma = query.contiguous(), sigma.reshape(1).contiguous()
+
+    def make():
+        scan = _cells.every_point(query, points)
+        return _warp.prepare(kernel, m, [scan, _blocks(feats), sigma, radius, _blocks(acc), out, wsum, dmin], work=m * n,
+                             keep=(scan.tensors[2],))  # (the indices; not this call's tensors)
+
+    launch = _warp.prepared(("radius", query.dtype, weights, m, n, feats.shape[1], out.shape[1], radius), make)
+    if launch is None:
+        _launch(kernel, _cells.every_point(query, points), _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=True)
+    else:
+        launch.run(cells__query=query, cells__points=points, feats=feats, sigma=sigma, acc=acc, out=out, wsum=wsum, dmin=dmin)
 
 
 @_threads.custom_op("pcops::radius_aggregate", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
@@ -306,13 +342,20 @@ def _radius_aggregate(
     if m == 0 or n == 0 or f == 0:
         return (query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,)), ref.new_zeros((n, 3)),
                 ref.new_zeros((n, width)), *_cells.CellList.empty(m, ref).tensors())
-    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
     out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
-    forward, _ = _kernels(query.dtype, weights)
-    points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
     # the sums of the padded feature blocks: ``out`` itself when F is a whole number of blocks
     acc = out if width == f else query.new_empty((m, width))
-    _launch(forward, cells, query, points, _blocks(feats), sigma, radius, query_group, [_blocks(acc), out, wsum, dmin])
+    if _dense(query, query_group, n):  # every pair, in the points' order: a list of one cell
+        cells = _cells.CellList.empty(m, ref)
+        points = ref.contiguous().clone()
+        feats = torch.nn.functional.pad(features, (0, width - f)) if width != f else features.contiguous().clone()
+        _dense_forward(query, points, feats, sigma, radius, weights, acc, out, wsum, dmin)
+    else:
+        cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+        forward, _ = _kernels(query.dtype, weights, cells.total == 1)
+        points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
+        scan = cells.scan(query, query_group, points)
+        _launch(forward, scan, _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=cells.total == 1)
     return out, wsum, dmin, points, feats, *cells.tensors()
 
 
@@ -359,8 +402,8 @@ def _radius_aggregate_backward(
     if not (m and n and f):
         grad_ref, grad_feats = torch.zeros_like(points), points.new_zeros((n, f))
     else:
-        _, backward = _kernels(query.dtype, weights)
         cells = _cells.CellList.of(order, keys, rows, frame, shape, starts)
+        _, backward = _kernels(query.dtype, weights, cells.total == 1)
         width = feats.shape[1]
         grad_out = grad_out.contiguous()
         if width != f:  # rows padded to whole blocks
@@ -372,7 +415,7 @@ def _radius_aggregate_backward(
         tail = [_blocks(grad_out), int(need_ref), int(need_features), g_out.contiguous(), wsum, dmin,
                 grad_query, grad_sigma, sorted_ref, _warp.Typed(sorted_feats.view(sorted_feats.shape[0], width // BLOCK, BLOCK), _vector(feats.dtype))]
         scatter = (8,) * need_ref + (9,) * need_features
-        _launch(backward, cells, query, points, _blocks(feats), sigma, radius, query_group, tail, scatter)
+        _launch(backward, cells.scan(query, query_group, points), _blocks(feats), sigma, radius, tail, scatter, cells.total == 1)
         grad_ref = _cells.permute(sorted_ref, cells.order, True) if need_ref else torch.zeros_like(points)
         grad_feats = _cells.permute(sorted_feats, cells.order, True, width=f) if need_features else points.new_zeros((n, f))
     return grad_query, grad_ref, grad_feats, grad_sigma.sum().reshape(sigma.shape)
@@ -410,10 +453,11 @@ _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_warp.kernels
-def _max_kernel(dtype: torch.dtype):
-    """Feature-wise max over the neighbours within the radius, and the reference row holding it."""
+def _max_kernel(dtype: torch.dtype, dense: bool = False):
+    """Feature-wise max over the neighbours within the radius, and the reference row holding it
+    (``dense``: over every point, as :func:`_kernels`)."""
     s = _warp.scalar(dtype)
-    Cells, window, run = _warp_funcs.cell_scan(dtype)
+    Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(
@@ -470,11 +514,14 @@ def _radius_max(
     arg = torch.full((m, f), -1, dtype=torch.int64, device=query.device)
     if m == 0 or ref.shape[0] == 0 or f == 0:
         return out, arg
-    cells = _cells.CellList(query, ref, radius, query_group, ref_group)
-    points, feats = ref[cells.order].contiguous(), features[cells.order].contiguous()
     unit = torch.ones(1, dtype=query.dtype, device=query.device)  # the sigma slot of the launch helper
-    tail = [out, arg]
-    _launch(_max_kernel(query.dtype), cells, query, points, feats, unit, radius, query_group, tail)
+    if _dense(query, query_group, ref.shape[0]):  # every pair, in the points' order
+        scan, feats, dense = _cells.every_point(query, ref), features.contiguous(), True
+    else:
+        cells = _cells.CellList(query, ref, radius, query_group, ref_group)
+        points, feats, dense = ref[cells.order].contiguous(), features[cells.order].contiguous(), cells.total == 1
+        scan = cells.scan(query, query_group, points)
+    _launch(_max_kernel(query.dtype, dense), scan, feats, unit, radius, [out, arg], dense=dense)
     return out, arg
 
 
@@ -498,6 +545,51 @@ def _max_backward(ctx, grad_out, _grad_arg):
 
 
 _radius_max.register_autograd(_max_backward, setup_context=_max_setup_context)
+
+
+# Whether plain eager calls run the forward kernel directly (:func:`_plain_radius_aggregate`;
+# tests switch it off to compare both paths)
+PLAIN = [True]
+
+
+def _plain_radius_aggregate(query, ref, features, radius, sigma, weights: str, validate: bool) -> Optional[torch.Tensor]:
+    """The result of a plain eager CPU :func:`radius_aggregate` call (``reduce="mean"``) small
+    enough to visit every pair (:func:`_dense`), from its forward kernel called directly (no
+    layout layer, no custom op, no cell list tensors); None for any other call. Plain: plain
+    clouds (:func:`pcops._layout.plain_clouds`), (N, F) CPU features of their dtype with F >= 1,
+    nothing to differentiate, finite where ``validate`` asks, ``radius`` and a softmax ``sigma``
+    finite Python numbers > 0 (sigma > 0 in the dtype too). Every check of the general path
+    passes on such a call, and it would run the same kernel on the same values."""
+    if torch.compiler.is_compiling():  # (traced: the general path; no guard on the sizes here)
+        return None
+    if type(radius) not in (int, float) or not 0 < radius < math.inf or (sigma is not None and type(sigma) not in (int, float)):
+        return None
+    if not all(type(t) is torch.Tensor and t.dim() == 2 for t in (query, ref, features)) or features.shape[0] != ref.shape[0]:
+        return None
+    if not (features.shape[1] and query.shape[0] and ref.shape[0]) or not _dense(query, None, ref.shape[0]):
+        return None
+    if not _layout.plain_clouds(validate, query, ref, features=features):  # (last: the sums where validate asks)
+        return None
+    dtype, f = query.dtype, features.shape[1]
+    if sigma is None:
+        sigma = _unit(dtype)
+    else:
+        rounded = float(np.float32(sigma)) if dtype == torch.float32 and sigma < 3e38 else float(sigma)
+        if not (math.isfinite(rounded) and rounded > 0):  # (the general path names it)
+            return None
+        sigma = torch.full((1,), float(sigma), dtype=dtype)
+    m, width = query.shape[0], _padded(f)
+    out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
+    acc = out if width == f else query.new_empty((m, width))
+    feats = features.contiguous() if width == f else torch.nn.functional.pad(features, (0, width - f))
+    _dense_forward(query, ref.contiguous(), feats, sigma, float(radius), weights, acc, out, wsum, dmin)
+    return out
+
+
+@functools.cache
+def _unit(dtype: torch.dtype) -> torch.Tensor:
+    """A (1,) one of ``dtype``: the sigma slot of the weightings without one (never written)."""
+    return torch.ones(1, dtype=dtype)
 
 
 @_threads.limits
@@ -566,6 +658,10 @@ def radius_aggregate(
         tensor([[3.]])
     """
     weights = _weighting.resolve(weights, reduce, sigma)
+    if PLAIN[0] and reduce == "mean" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        out = _plain_radius_aggregate(query, ref, features, radius, sigma, weights, validate)
+        if out is not None:
+            return out
     softmax = reduce != "max" and weights == "softmax"
     if softmax:
         _validate.scale("sigma", sigma)
