@@ -736,6 +736,50 @@ def test_plain_radius_aggregate_calls_skip_the_op_and_others_do_not(gen, monkeyp
     assert len(ops) == len(general) - 1  # the layout layer's check raised: the op never ran
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_estimate_normals_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager call (one cloud, nothing to differentiate, no viewpoint) takes the plain kNN
+    search and the normals kernel directly: the same normals bit for bit, on both sides of the
+    scan's crossover, NaN points without validation included."""
+    _, p, _ = cloud(kind, gen)
+    p = p.to(dtype)
+    bad = p.clone()
+    bad[2, 1] = float("nan")
+    calls = [lambda: pcops.estimate_normals(p, 3), lambda: pcops.estimate_normals(p, 16), lambda: pcops.estimate_normals(p, p.shape[0]),
+             lambda: pcops.estimate_normals(p[::2], 5), lambda: pcops.estimate_normals(bad, 6, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            assert_identical(*plain_and_general(monkeypatch, lambda: (call(),), "pcops.ops.geometry.normals"))
+
+
+def test_plain_estimate_normals_calls_skip_the_layout_and_others_do_not(gen, monkeypatch):
+    normals = importlib.import_module("pcops.ops.geometry.normals")
+    searches = []
+    real = normals.search
+    monkeypatch.setattr(normals, "search", lambda *a: (searches.append(1), real(*a))[1])
+    p = torch.rand(40, 3, generator=gen)
+    pcops.estimate_normals(p, 8)
+    pcops.estimate_normals(p.double(), 3, validate=False)
+    assert searches == []
+    general = [
+        lambda: pcops.estimate_normals(p.clone().requires_grad_(), 8),  # a gradient to record
+        lambda: pcops.estimate_normals(p, 8, orient_to=torch.zeros(3)),  # a viewpoint
+        lambda: pcops.estimate_normals(p[None], 8),  # padded
+        lambda: pcops.estimate_normals(p, 8, batch=torch.zeros(40, dtype=torch.int64)),  # packed
+        lambda: pcops.estimate_normals(p.half(), 8),  # in float32
+        lambda: pcops.estimate_normals(p, np.int64(8)),  # k not a Python int
+    ]
+    for n, call in enumerate(general, 1):
+        call()
+        assert len(searches) == n
+    bad = p.clone()
+    bad[1, 1] = float("inf")
+    with pytest.raises(ValueError, match="points contains NaN or inf"):
+        pcops.estimate_normals(bad, 8)
+
+
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
     """Small kNN scans and trees, dense ball queries, plain knn_graph edges and plain FPS calls
     reuse the calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's
@@ -754,7 +798,7 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
         _prepared_calls(gen, monkeypatch, clouds)
     finally:
         torch.set_num_threads(threads)
-    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order", "forward"))
+    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order", "forward", "normals"))
     assert {chunks for _, chunks in runs} == {1, 2}
 
 
@@ -778,7 +822,7 @@ def _prepared_calls(gen, monkeypatch, clouds):
             f = torch.rand(c.shape[0], 9, generator=gen, dtype=c.dtype)
             for call in (lambda: pcops.ball_query(q, c, 0.3, 8), lambda: pcops.ball_query(c, c, 0.5, 5), lambda: pcops.knn_graph(c, 6),
                          lambda: pcops.ball_queries(q, c, [0.5, 0.3], [5, 8]), lambda: pcops.radius_aggregate(q, c, f, 0.3, 0.1),
-                         lambda: pcops.radius_aggregate(c, c, f[:, :8], 0.2, weights="uniform")):
+                         lambda: pcops.radius_aggregate(c, c, f[:, :8], 0.2, weights="uniform"), lambda: pcops.estimate_normals(c, 7)):
                 got = call()
                 monkeypatch.setattr(_warp, "PREPARED", [False])
                 want = call()

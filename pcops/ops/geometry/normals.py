@@ -21,7 +21,7 @@ import torch
 import warp as wp
 
 from ... import _layout, _threads, _validate, _warp
-from ..neighbours.nearest import search
+from ..neighbours.nearest import plain_knn, search
 
 
 def _cross(a, b):
@@ -252,6 +252,12 @@ def _knn_normals(points: torch.Tensor, idx: torch.Tensor, view: Optional[torch.T
     _warp.init()
     points, idx = points.contiguous(), idx.contiguous()
     oriented = view is not None
+    if not oriented and points.is_cpu:  # the calling thread's packed launch of these shapes
+        kernel, args = _kernel(points.dtype, False), [points, idx, points[:1], 0, out]
+        launch = _warp.prepared(("normals", points.dtype, *idx.shape), lambda: _warp.prepare(kernel, points.shape[0], args, None, 256))
+        if launch is not None:
+            launch.run(points=points, idx=idx, view=points, out=out)
+            return out
     view = view.contiguous() if oriented else points[:1]
     stride = int(view.shape[0] > 1)
     _warp.launch(_kernel(points.dtype, oriented), points.shape[0], [points, idx, view, stride, out], like=points, min_chunk=256)
@@ -320,6 +326,24 @@ class _ForwardModeEigenvector(_SmallestEigenvector):
         return torch.einsum("pi,pci->pc", coeff, rest), None, None
 
 
+# Whether plain eager calls take the direct path (:func:`_plain_normals`; tests switch it off to compare both paths)
+PLAIN = [True]
+
+
+def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Tensor]:
+    """The normals of a plain eager CPU :func:`estimate_normals` call without ``orient_to``, or
+    None for any other call: a plain kNN search of the cloud in itself
+    (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (P, 3) CPU cloud, float32 or float64,
+    nothing to differentiate, k an int in 1..P, its sum finite where ``validate`` asks: every
+    row complete), then the normals kernel called directly: the general path's search and
+    kernel on the same values, so the same normals."""
+    found = plain_knn(points, points, k, backend, validate)
+    if found is None:
+        return None
+    idx = found[1] if validate else found[1].clamp_min(0)  # (as the general search: -1, none found without validation, as row 0)
+    return _knn_normals(points, idx, None)
+
+
 @_threads.limits
 def estimate_normals(
     points: torch.Tensor,
@@ -363,6 +387,10 @@ def estimate_normals(
         tensor([[0., 0., 1.],
                 [0., 0., 1.]])
     """
+    if PLAIN[0] and orient_to is None and lengths is None and batch is None:
+        normals = _plain_normals(points, k, backend, validate)
+        if normals is not None:
+            return normals
     _validate.tensor("points", points)
     if orient_to is not None:
         _check_viewpoints(orient_to, points, batch)
