@@ -260,6 +260,14 @@ def scale(name: str, value) -> None:
         positive_number(name, value)
 
 
+def is_positive_in(value, dtype: torch.dtype) -> bool:
+    """Whether the number ``value`` is finite and > 0 as ``dtype`` (float32 rounds it): what
+    :func:`scale_tensor` checks."""
+    with np.errstate(over="ignore"):  # beyond float32's range: inf there
+        rounded = float(np.float32(value)) if dtype == torch.float32 else float(value)
+    return math.isfinite(rounded) and rounded > 0
+
+
 def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torch.Tensor:
     """A checked scale (number or one-element tensor) as a 0-d tensor of ``dtype`` (differentiable).
 
@@ -268,11 +276,10 @@ def scale_tensor(value, dtype: torch.dtype, device, name: str = "sigma") -> torc
     """
     if isinstance(value, torch.Tensor):
         return value.to(dtype).reshape(())
-    if not torch.compiler.is_compiling():  # the number as dtype rounds it, checked in Python: no tensor read
-        with np.errstate(over="ignore"):  # beyond float32's range: inf there
+    if not torch.compiler.is_compiling() and not is_positive_in(value, dtype):  # checked in Python: no tensor read
+        with np.errstate(over="ignore"):
             rounded = float(np.float32(value)) if dtype == torch.float32 else float(value)
-        if not (math.isfinite(rounded) and rounded > 0):
-            raise ValueError(f"{name} must be finite and > 0 in {dtype} (the dtype it is computed in), got [{rounded}]")
+        raise ValueError(f"{name} must be finite and > 0 in {dtype} (the dtype it is computed in), got [{rounded}]")
     return torch.full((), float(value), dtype=dtype, device=device)  # a fill on the device: no copy from the host
 
 

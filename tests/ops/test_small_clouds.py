@@ -596,12 +596,43 @@ def test_plain_knn_interpolate_calls_equal_the_general_path(gen, monkeypatch, ki
             assert_identical(*plain_and_general(monkeypatch, call))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_knn_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """Uniform and softmax weights of a plain call (the features possibly requiring grad) take
+    the plain search and unmasked weights: the same values and gradients to the features bit
+    for bit, for any sigma (a number; the rows' nearest distance as the shift) and k."""
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    q[0] = p[2]
+    f = torch.rand(p.shape[0], 5, generator=gen, dtype=dtype)
+
+    def run(query, ref, k, **kw):
+        feats = f.clone().requires_grad_()
+        out = pcops.knn_aggregate(query, ref, feats, k, **kw)
+        (grad,) = torch.autograd.grad(out.square().sum(), feats)
+        return out.detach(), grad
+
+    calls = [lambda: run(q, p, 3, weights="uniform"), lambda: run(q, p, p.shape[0], weights="uniform"), lambda: run(p, p, 7, sigma=0.1),
+             lambda: run(q, p, 1, sigma=2), lambda: run(q * 1e18, p * 1e18, 4, sigma=1e17), lambda: run(q, p, 5, sigma=1e-30),
+             lambda: (pcops.knn_aggregate(q, p, f, 6, 0.3),), lambda: run(q, p, 3, sigma=0.1, validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for call in calls:
+            assert_identical(*plain_and_general(monkeypatch, call))
+    from pcops.ops.neighbours import nearest  # which of them were plain
+
+    plain = [nearest._plain_weighted(q, p, f, 3, "auto", v, w, s) is not None
+             for v, w, s in ((True, "uniform", None), (True, "softmax", 0.1), (True, "softmax", torch.tensor(0.1)), (False, "softmax", 0.1))]
+    assert plain == [True, True, False, False]
+
+
 def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
     from pcops.ops.neighbours import nearest
 
     taken = []
-    real = nearest._plain_inverse_distance
-    monkeypatch.setattr(nearest, "_plain_inverse_distance", lambda *a: (lambda out: (taken.append(out is not None), out)[1])(real(*a)))
+    real = nearest._plain_weighted
+    monkeypatch.setattr(nearest, "_plain_weighted", lambda *a: (lambda out: (taken.append(out is not None), out)[1])(real(*a)))
     q, p, f = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen), torch.rand(40, 6, generator=gen)
     pcops.knn_interpolate(q, p, f)
     pcops.knn_interpolate(q, p, f.clone().requires_grad_())

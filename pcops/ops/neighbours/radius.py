@@ -28,7 +28,6 @@ import functools
 import math
 from typing import Optional
 
-import numpy as np
 import torch
 import torch._prims_common
 import warp as wp
@@ -573,11 +572,10 @@ def _plain_radius_aggregate(query, ref, features, radius, sigma, weights: str, v
     dtype, f = query.dtype, features.shape[1]
     if sigma is None:
         sigma = _unit(dtype)
-    else:
-        rounded = float(np.float32(sigma)) if dtype == torch.float32 and sigma < 3e38 else float(sigma)
-        if not (math.isfinite(rounded) and rounded > 0):  # (the general path names it)
-            return None
+    elif _validate.is_positive_in(sigma, dtype):  # (else the general path names it)
         sigma = torch.full((1,), float(sigma), dtype=dtype)
+    else:
+        return None
     m, width = query.shape[0], _padded(f)
     out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
     acc = out if width == f else query.new_empty((m, width))

@@ -190,24 +190,32 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     return _kdtree.find(query, ref, k)
 
 
-def _plain_inverse_distance(query, ref, features, k, backend: str, validate: bool):
-    """:func:`knn_aggregate` with inverse-distance weights (``knn_interpolate``) of a plain call,
-    or None for any other call: a plain kNN search (:func:`plain_knn`: the points plain, nothing
-    to differentiate in them) with validation on, and (N, F) CPU features of the points' dtype
-    (which may require grad), finite. Every row of such a search is complete (finite points,
-    k <= N), so the weights are the general path's without its masks
-    (:func:`_weighting.inverse_distance` with no mask): the same operations on the same values,
-    the same result and gradient to the features."""
+def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weights: str, sigma):
+    """:func:`knn_aggregate` (``reduce="mean"``) of a plain call, or None for any other call: a
+    plain kNN search (:func:`plain_knn`: the points plain, nothing to differentiate in them)
+    with validation on, (N, F) CPU features of the points' dtype (which may require grad),
+    finite, and a softmax ``sigma`` a finite Python number > 0 (in the dtype too). Every row of
+    such a search is complete (finite points, k <= N), so the weights are the general path's
+    without its masks (inverse distance: :func:`_weighting.inverse_distance` with no mask;
+    softmax: the rows' first distance is their smallest): the same operations on the same
+    values, the same result and gradient to the features."""
     if not validate or torch.compiler.is_compiling() or type(features) is not torch.Tensor or type(ref) is not torch.Tensor:
         return None
     if features.dim() != 2 or features.shape[0] != ref.shape[0] or not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
+        return None
+    if weights == "softmax" and (type(sigma) not in (int, float) or not _validate.is_positive_in(sigma, ref.dtype)):
         return None
     found = plain_knn(query, ref, k, backend, True)
     if found is None or not _validate.sum_is_finite(features):
         return None
     dists, idx = found
-    w = _weighting.inverse_distance(dists.square(), None)
-    return (w[..., None] * _layout.select_rows(features, idx)).sum(1)
+    if weights == "inverse_distance":
+        w = _weighting.inverse_distance(dists.square(), None)
+    elif weights == "softmax":
+        w = torch.softmax(-(dists - dists[:, :1]) / torch.full((), float(sigma), dtype=dists.dtype), dim=1)
+    else:
+        w = torch.ones((), dtype=dists.dtype) / k
+    return ((w[..., None] if w.dim() else w) * _layout.select_rows(features, idx)).sum(1)
 
 
 @_threads.limits
@@ -345,8 +353,8 @@ def knn_aggregate(
         tensor([[2.]])
     """
     weights = _weighting.resolve(weights, reduce, sigma)
-    if PLAIN[0] and weights == "inverse_distance" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
-        out = _plain_inverse_distance(query, ref, features, k, backend, validate)
+    if PLAIN[0] and reduce == "mean" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        out = _plain_weighted(query, ref, features, k, backend, validate, weights, sigma)
         if out is not None:
             return out
     batch = dict(query_lengths=query_lengths, ref_lengths=ref_lengths, query_batch=query_batch, ref_batch=ref_batch)
