@@ -6,6 +6,7 @@ list and one scan that tests each point against every radius of the group: the s
 one kernel are ball_query's (``_ball_search``).
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -42,6 +43,11 @@ def _(query, ref, radii, max_neighbors, validate, query_group, ref_group):
 def _check_radii(radii, max_neighbors) -> tuple[list, list]:
     """``radii`` (a sequence of numbers > 0, at least one) and ``max_neighbors`` (an int >= 1, or
     a sequence of as many as there are radii) as lists of Python numbers, one K per radius."""
+    if type(radii) in (list, tuple) and radii and all(type(r) in (int, float) and 0 < r < math.inf for r in radii):
+        if type(max_neighbors) is int and max_neighbors >= 1:  # (Python numbers in range: what the checks below pass)
+            return list(radii), [max_neighbors] * len(radii)
+        if type(max_neighbors) in (list, tuple) and len(max_neighbors) == len(radii) and all(type(k) is int and k >= 1 for k in max_neighbors):
+            return list(radii), list(max_neighbors)
     if isinstance(radii, (torch.Tensor, str, bytes)) or not hasattr(radii, "__len__") or not hasattr(radii, "__iter__"):
         raise TypeError(f"radii must be a sequence of numbers (a list or tuple), got {type(radii).__name__}")
     radii = [_validate.plain(r) for r in radii]
@@ -118,7 +124,8 @@ def ball_queries(
     if len(ks) == 1:
         return (result(flat, q, p, idx, counts[:, 0], found, out_dtype, grad),)
     first = [sum(ks[:g]) for g in range(len(ks))]
-    return tuple(result(flat, q, p, idx[:, a:a + k].contiguous(), counts[:, g].contiguous(), found[:, a:a + k].contiguous(), out_dtype, grad)
+    counts = counts.t().contiguous()  # (G, M): each radius' counts a contiguous row
+    return tuple(result(flat, q, p, idx[:, a:a + k].contiguous(), counts[g], found[:, a:a + k].contiguous(), out_dtype, grad)
                  for g, (a, k) in enumerate(zip(first, ks)))
 
 
