@@ -811,6 +811,36 @@ def test_plain_estimate_normals_calls_skip_the_layout_and_others_do_not(gen, mon
         pcops.estimate_normals(bad, 8)
 
 
+def test_plain_calls_where_distances_overflow_equal_the_general_path(monkeypatch):
+    """Finite float32 points whose squared distances overflow to inf (a search row cut short,
+    -1) pass validation: the plain paths of chamfer, knn_aggregate (every weighting) and
+    estimate_normals give the general path's results there too, not an error."""
+    x = torch.tensor([[3e38, 0.0, 0.0], [1.0, 2.0, 3.0]])
+    y = torch.tensor([[-3e38, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    p = torch.cat([x, y])
+    f = torch.rand(2, 3, generator=torch.Generator().manual_seed(0))
+    calls = {"pcops.ops.geometry.chamfer": [lambda: (pcops.chamfer_distance(x[:1], y[:1]),), lambda: pcops.chamfer_distance(x, y, point_reduction=None, batch_reduction=None)],
+             "pcops.ops.neighbours.nearest": [lambda: (pcops.knn_aggregate(x, y, f, 2, weights=w, sigma=s),)
+                                              for w, s in (("uniform", None), ("softmax", 0.5), ("inverse_distance", None))],
+             "pcops.ops.geometry.normals": [lambda: (pcops.estimate_normals(p, 4),)]}
+    for module, fns in calls.items():
+        for call in fns:
+            for a, b in zip(*plain_and_general(monkeypatch, call, module), strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def test_prepared_normals_follow_the_callers_strides(gen, monkeypatch):
+    """The normals take the strides of the caller's points (a transposed cloud's too): a launch
+    kept for a contiguous cloud is not reused for them."""
+    t = torch.randn(3, 40, generator=gen).t()
+    for points in (t.contiguous(), t, t.contiguous(), t):
+        got = pcops.estimate_normals(points, 8)
+        monkeypatch.setattr(_warp, "PREPARED", [False])
+        want = pcops.estimate_normals(points, 8)
+        monkeypatch.setattr(_warp, "PREPARED", [True])
+        assert got.stride() == want.stride() and torch.equal(got, want)
+
+
 def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
     """Small kNN scans and trees, dense ball queries, plain knn_graph edges and plain FPS calls
     reuse the calling thread's packed launch of their shapes (:class:`pcops._warp.Prepared`): each call's

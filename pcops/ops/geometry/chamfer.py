@@ -190,11 +190,8 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
         return None
     costs = []
     for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
-        idx = idx.view(-1)
-        if validate:  # finite points (their sums checked), k = 1 <= N: every query has its nearest point
-            costs.append((query - ref.index_select(0, idx)).square().sum(-1))
-        else:  # (-1: a NaN query, which costs 0)
-            costs.append(torch.where(idx >= 0, (query - ref.index_select(0, idx.clamp_min(0))).square().sum(-1), 0))
+        idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf: costs 0)
+        costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
     if point_reduction is None:
         return costs[0] if single_directional else tuple(costs)
     # one sample: its loss is the batch's (the general path's sum, or mean, of one value: the same value)

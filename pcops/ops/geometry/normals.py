@@ -254,7 +254,8 @@ def _knn_normals(points: torch.Tensor, idx: torch.Tensor, view: Optional[torch.T
     oriented = view is not None
     if not oriented and points.is_cpu:  # the calling thread's packed launch of these shapes
         kernel, args = _kernel(points.dtype, False), [points, idx, points[:1], 0, out]
-        launch = _warp.prepared(("normals", points.dtype, *idx.shape), lambda: _warp.prepare(kernel, points.shape[0], args, None, 256))
+        key = ("normals", points.dtype, *idx.shape, *out.stride())  # (out has the strides of the caller's points)
+        launch = _warp.prepared(key, lambda: _warp.prepare(kernel, points.shape[0], args, None, 256))
         if launch is not None:
             launch.run(points=points, idx=idx, view=points, out=out)
             return out
@@ -334,14 +335,14 @@ def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Te
     """The normals of a plain eager CPU :func:`estimate_normals` call without ``orient_to``, or
     None for any other call: a plain kNN search of the cloud in itself
     (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (P, 3) CPU cloud, float32 or float64,
-    nothing to differentiate, k an int in 1..P, its sum finite where ``validate`` asks: every
-    row complete), then the normals kernel called directly: the general path's search and
-    kernel on the same values, so the same normals."""
+    nothing to differentiate, k an int in 1..P, its sum finite where ``validate`` asks), then
+    the normals kernel called directly: the general path's search and kernel on the same
+    values, so the same normals."""
     found = plain_knn(points, points, k, backend, validate)
     if found is None:
         return None
-    idx = found[1] if validate else found[1].clamp_min(0)  # (as the general search: -1, none found without validation, as row 0)
-    return _knn_normals(points, idx, None)
+    # (as the general search: -1, none found (NaN points without validation, distances overflowing to inf), as row 0)
+    return _knn_normals(points, found[1].clamp_min(0), None)
 
 
 @_threads.limits
