@@ -1,10 +1,14 @@
 """The bounding volume hierarchy of the mesh ops, built in torch and two Warp kernels (no Warp object outlives a call).
 
-The faces are sorted by sample id, then by the Morton code of their centroids (10 bits per
-axis over the box of all centroids), and split at the middle index as the kd-tree of
-:mod:`pcops.ops.neighbours.nearest._kdtree` splits its points: node ``i`` at depth ``d`` holds
-the sorted faces ``F i / 2^d .. F (i + 1) / 2^d`` (integer division) and its children are the
+The faces are sorted by sample id and split at the middle index as the kd-tree of
+:mod:`pcops.ops.neighbours.nearest` splits its points: node ``i`` at depth ``d`` holds the
+sorted faces ``F i / 2^d .. F (i + 1) / 2^d`` (integer division) and its children are the
 halves, so no pointer is stored; the leaves, at depth ``depth(F)``, hold at most ``LEAF`` faces.
+On the CPU the faces of a node are ordered as that kd-tree's build orders points (its
+centroids split at the middle index along the widest axis of their box, ``nearest.split_order``),
+on GPUs by the Morton code of their centroids (10 bits per axis over the box of all centroids:
+one sort). The kd splits give tighter boxes (a Morton order's halves may interleave): the
+searches open fewer nodes (docs/benchmarks.md, design choices).
 Node ``i`` at depth ``d`` is entry ``2^d - 1 + i`` of the node arrays, whose length is bounded
 by ``4 ceil(F / LEAF)`` (the exact fake's size; entries past ``2^(depth + 1) - 1`` are unused).
 
@@ -24,6 +28,7 @@ import torch
 import warp as wp
 
 from ... import _morton, _warp, _warp_funcs
+from ..neighbours import nearest
 
 LEAF = 4  # faces per leaf at most
 THREADS = 2**31 - 1  # threads of one launch at most (Warp's thread ids are int32)
@@ -63,7 +68,7 @@ def node_count(n_faces):
 def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """The order of points (M, 3) by sample id, then by Morton code (10 bits per axis over the box
     of their coordinates, NaN and inf ones counted as 0 there and put in cell 0): the faces'
-    order (by centroid) and the queries' (neighbouring threads walk the same nodes)."""
+    order on GPUs (by centroid)."""
     code = _codes(points)
     order = torch.argsort(code, stable=True)
     return order[torch.argsort(group[order], stable=True)]
@@ -120,7 +125,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     faces = faces.contiguous()
     centroid = v64.new_empty((n, 3))
     _warp.launch(_centroid_kernel(), n, [v64, faces, centroid], like=v64, work=3 * n)
-    order = morton_order(centroid, group)
+    order = nearest.split_order(centroid, group, LEAF) if device.type == "cpu" else morton_order(centroid, group)
     # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
     # the sums of the fast winding number (area, area x centroid, area vector, area vector x
     # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,

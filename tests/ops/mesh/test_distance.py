@@ -480,6 +480,49 @@ def test_the_hierarchy_is_the_same_built_a_launch_per_level(monkeypatch):
         assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))
 
 
+def test_the_cpu_hierarchy_splits_each_node_along_its_widest_axis():
+    """On the CPU the faces are ordered by sample, then as the kd-tree splits points: every node
+    of one sample holds, in its first half, the faces whose centroids lie at or below those of its
+    second half along the widest axis of its centroids' box (sample ids past int32 included)."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    gen = torch.Generator().manual_seed(12)
+    (v1, f1), (v2, f2) = _sphere(gen, 2), _sphere(gen, 1)
+    v, f = torch.cat([v1 * torch.tensor([3.0, 1.0, 0.2], dtype=F64), v2]), torch.cat([f1, f2 + v1.shape[0]])
+    group = torch.cat([torch.full((f1.shape[0],), 2**33), torch.full((f2.shape[0],), 5)])
+    t = tree.build(v, f, group, torch.float64)
+    n = f.shape[0]
+    assert torch.equal(torch.sort(t.order).values, torch.arange(n))
+    assert torch.equal(t.group, group[t.order]) and bool((t.group[1:] >= t.group[:-1]).all())
+    centroid = v[f[t.order]].mean(1)
+    depth, split = tree.depth(n), 0
+    for d in range(depth):
+        for k in range(1 << d):
+            first, mid, last = (k * n) >> d, ((2 * k + 1) * n) >> (d + 1), ((k + 1) * n) >> d
+            if t.group[first] != t.group[last - 1]:
+                continue
+            c = centroid[first:last]
+            axis = int((c.amax(0) - c.amin(0)).argmax())
+            assert c[: mid - first, axis].max() <= c[mid - first :, axis].min()
+            split += 1
+    assert split > 100
+
+
+def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch):
+    """The faces in Morton order (the GPUs' build), searched on the CPU: the same distances and
+    signs, each against the float64 reference."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    gen = torch.Generator().manual_seed(13)
+    for kind in ("open", "self_intersecting", "degenerate", "far"):
+        v, f, q = mesh(kind, gen)
+        kd = pcops.mesh_distance(q, v, f, signed=True)
+        monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf: tree.morton_order(c, g))
+        morton = pcops.mesh_distance(q, v, f, signed=True)
+        monkeypatch.undo()
+        for out in (kd, morton):
+            assert_mesh_distance(out, q, v, f, F64)
+        torch.testing.assert_close(kd.dists, morton.dists, rtol=0, atol=1e-12 * (1 + float(q.abs().max())))
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
     """A float32 needle triangle (1e-2 wide at its base, 1 long) and points up to 2.4e4 beyond

@@ -36,6 +36,8 @@ from .. import _weighting
 from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
 from ._registry import BACKENDS
 
+split_order = _kdtree.split_order  # (the mesh hierarchy's CPU build orders its faces with the kd-tree's splits)
+
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend
 # (cKDTree + exact ties) on uniform, clustered and surface clouds and as much on the
 # tutorial's Gaussian cloud, with no bad case (docs/ops/knn.md); CUDA: cuML, else Warp.

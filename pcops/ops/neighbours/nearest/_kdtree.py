@@ -40,6 +40,7 @@ ends: it visits each node at most once.
 
 import functools
 import math
+from typing import Optional
 
 import torch
 import warp as wp
@@ -658,22 +659,24 @@ def _depth(n: int) -> int:
     return _morton.leaf_depth(n, LEAF)
 
 
-def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
+def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Optional[int] = None, in_order: Optional[bool] = None):
     """(points, order, groups, boxes lo/hi, group ranges glo/ghi, split axis/value, depth): the
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices).
     ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
-    of the root."""
+    of the root. ``depth``: of the leaves (default: at most LEAF points each); ``in_order``:
+    whether ``group`` is sorted (None: read it)."""
     dev, n = ref.device, ref.shape[0]
     if dev.type != "cpu" or _GPU_BUILD:
         return _ordered_tree(ref, group, beside)
     # points in group order (padded batches are already)
-    in_order = group is None or bool((group[1:] >= group[:-1]).all())
+    if in_order is None:
+        in_order = group is None or bool((group[1:] >= group[:-1]).all())
     if in_order:
         order, points = torch.arange(n, device=dev), ref.clone()
     else:
         group, order = torch.sort(group, stable=True)
         points = ref[order]
-    depth = _depth(n)
+    depth = _depth(n) if depth is None else depth
     nodes = (2 << depth) - 1
     lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
     glo, ghi = (torch.empty(nodes if group is not None else 1, dtype=torch.int32, device=dev) for _ in range(2))
@@ -695,6 +698,22 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0):
         if last == depth:
             break
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
+
+
+def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int) -> torch.Tensor:
+    """(N,) int64: points (N, 3) of the CPU in the build's order (the module docs), with leaves
+    of at most ``leaf`` points: by sample id ``group`` (N,) (stable), each node's range split at
+    its middle index along the widest axis of its points' box (a node spanning samples between
+    them), so node i of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order."""
+    by_group = torch.argsort(group, stable=True)
+    n = points.shape[0]
+    if n == 0:
+        return by_group
+    sorted_group = group.index_select(0, by_group)
+    ranks = torch.zeros(n, dtype=torch.int32, device=points.device)  # the build's int32 ids: each sample's rank
+    torch.cumsum(sorted_group[1:] != sorted_group[:-1], 0, out=ranks[1:])
+    built = _tree(points.index_select(0, by_group), ranks, depth=_morton.leaf_depth(n, leaf), in_order=True)
+    return by_group.index_select(0, built[1])
 
 
 def _small_tree(m: int, n: int) -> bool:
