@@ -7,7 +7,7 @@ halves, so no pointer is stored; the leaves, at depth ``depth(F)``, hold at most
 On the CPU the faces of a node are ordered as that kd-tree's build orders points (its
 centroids split at the middle index along the widest axis of their box, ``nearest.split_order``),
 on GPUs by the Morton code of their centroids (10 bits per axis over the box of all centroids:
-one sort). The kd splits give tighter boxes (a Morton order's halves may interleave): the
+two sorts). The kd splits give tighter boxes (a Morton order's halves may interleave): the
 searches open fewer nodes (docs/benchmarks.md, design choices).
 Node ``i`` at depth ``d`` is entry ``2^d - 1 + i`` of the node arrays, whose length is bounded
 by ``4 ceil(F / LEAF)`` (the exact fake's size; entries past ``2^(depth + 1) - 1`` are unused).

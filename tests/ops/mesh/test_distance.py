@@ -514,10 +514,12 @@ def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch
     gen = torch.Generator().manual_seed(13)
     for kind in ("open", "self_intersecting", "degenerate", "far"):
         v, f, q = mesh(kind, gen)
-        kd = pcops.mesh_distance(q, v, f, signed=True)
+        group = torch.zeros(f.shape[0], dtype=torch.int64)
+        kd, kd_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf: tree.morton_order(c, g))
-        morton = pcops.mesh_distance(q, v, f, signed=True)
+        morton, morton_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.undo()
+        assert not torch.equal(kd_order, morton_order)
         for out in (kd, morton):
             assert_mesh_distance(out, q, v, f, F64)
         torch.testing.assert_close(kd.dists, morton.dists, rtol=0, atol=1e-12 * (1 + float(q.abs().max())))

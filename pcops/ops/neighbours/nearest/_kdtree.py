@@ -664,7 +664,7 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices).
     ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
     of the root. ``depth``: of the leaves (default: at most LEAF points each); ``in_order``:
-    whether ``group`` is sorted (None: read it)."""
+    whether ``group`` is sorted (None: read it; True is trusted, not checked)."""
     dev, n = ref.device, ref.shape[0]
     if dev.type != "cpu" or _GPU_BUILD:
         return _ordered_tree(ref, group, beside)
@@ -704,7 +704,9 @@ def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int) -> torch.T
     """(N,) int64: points (N, 3) of the CPU in the build's order (the module docs), with leaves
     of at most ``leaf`` points: by sample id ``group`` (N,) (stable), each node's range split at
     its middle index along the widest axis of its points' box (a node spanning samples between
-    them), so node i of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order."""
+    them; a split the quickselect stops after ``_ROUNDS`` rounds only partly ordered), so node i
+    of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order. (Elsewhere than on the CPU,
+    or with ``_GPU_BUILD``, the GPUs' Morton order, whatever ``leaf``.)"""
     by_group = torch.argsort(group, stable=True)
     n = points.shape[0]
     if n == 0:
