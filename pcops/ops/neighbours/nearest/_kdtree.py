@@ -664,7 +664,7 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices).
     ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
     of the root. ``depth``: of the leaves (default: at most LEAF points each); ``in_order``:
-    whether ``group`` is sorted (None: read it; True is trusted, not checked)."""
+    whether ``group`` is sorted (None: read it; given, trusted)."""
     dev, n = ref.device, ref.shape[0]
     if dev.type != "cpu" or _GPU_BUILD:
         return _ordered_tree(ref, group, beside)
@@ -707,15 +707,11 @@ def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int) -> torch.T
     them; a split the quickselect stops after ``_ROUNDS`` rounds only partly ordered), so node i
     of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order. (Elsewhere than on the CPU,
     or with ``_GPU_BUILD``, the GPUs' Morton order, whatever ``leaf``.)"""
-    by_group = torch.argsort(group, stable=True)
     n = points.shape[0]
     if n == 0:
-        return by_group
-    sorted_group = group.index_select(0, by_group)
-    ranks = torch.zeros(n, dtype=torch.int32, device=points.device)  # the build's int32 ids: each sample's rank
-    torch.cumsum(sorted_group[1:] != sorted_group[:-1], 0, out=ranks[1:])
-    built = _tree(points.index_select(0, by_group), ranks, depth=_morton.leaf_depth(n, leaf), in_order=True)
-    return by_group.index_select(0, built[1])
+        return torch.empty(0, dtype=torch.int64, device=points.device)
+    ranks = torch.unique(group, return_inverse=True)[1].to(torch.int32)  # the build's int32 ids: each sample's rank
+    return _tree(points, ranks, depth=_morton.leaf_depth(n, leaf), in_order=False)[1]  # (its stable sort by sample)
 
 
 def _small_tree(m: int, n: int) -> bool:
