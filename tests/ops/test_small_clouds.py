@@ -432,8 +432,12 @@ def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
              lambda: pcops.farthest_point_sample(p, 40, random_start=True, generator=torch.Generator().manual_seed(5)),
              lambda: pcops.farthest_point_sample(q, ratio=0.3), lambda: pcops.farthest_point_sample(q, ratio=1.0),
              lambda: pcops.farthest_point_sample(p, ratio=0.01, random_start=True, generator=torch.Generator().manual_seed(2))]
+    bad = q.clone()
+    bad[[3, 17]] = float("nan")  # validate=False: NaN points are never picked, the picks past the others -1
+    calls += [lambda: pcops.farthest_point_sample(bad, s, start_idx=i, validate=False) for s, i in ((30, 0), (38, 5), (39, 0), (40, 0), (45, 1))]
     for call in calls:
         assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.sampling.fps"))
+    assert (pcops.farthest_point_sample(bad, 40, validate=False).idx[-2:] == -1).all()  # (the case the calls above reach)
 
 
 def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):

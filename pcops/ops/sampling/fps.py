@@ -810,9 +810,11 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     else:
         _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx)
     idx = idx[0]
-    if count == n_samples and validate:  # finite points: every pick is one
+    # every pick one: finite points, or (validate=False) the last pick made (the picks stop at
+    # the first -1, where no point is left that can be picked: a NaN point never is)
+    if count == n_samples and (validate or idx.numpy()[-1] >= 0):
         return FPS(points.index_select(0, idx), idx)
-    # zeros past N, and past the finite points (validate=False: a NaN point is never picked)
+    # zeros past N, and past the points that could be picked
     return FPS(torch.where(idx[:, None] >= 0, points.index_select(0, idx.clamp(min=0)), 0), idx)
 
 
