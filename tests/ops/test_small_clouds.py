@@ -542,6 +542,9 @@ def test_plain_knn_graph_calls_equal_the_general_path(gen, monkeypatch, kind, dt
     calls = [lambda: pcops.knn_graph(p, 6), lambda: pcops.knn_graph(p, 1), lambda: pcops.knn_graph(p, n - 1),
              lambda: pcops.knn_graph(p, n), lambda: pcops.knn_graph(p, n, loop=True), lambda: pcops.knn_graph(p, 5, loop=True),
              lambda: pcops.knn_graph(p[::2].contiguous(), 4), lambda: pcops.knn_graph(p, 4, validate=False)]
+    bad = p.clone()
+    bad[[2, 5]] = float("nan")  # validate=False: rows of NaN points cut short (and NaN points never neighbours)
+    calls += [lambda loop=loop: pcops.knn_graph(bad, 3, loop=loop, validate=False) for loop in (False, True)]
     for pairs in PATHS.values():
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
         for call in calls:
@@ -559,10 +562,13 @@ def test_plain_knn_graph_calls_skip_the_masks_and_others_do_not(gen, monkeypatch
     assert torch.equal(pcops.knn_graph(p, 1)[:, 7], torch.tensor([3, 7]))
     pcops.knn_graph(p, 39)
     pcops.knn_graph(p.double(), 5, loop=True)
+    pcops.knn_graph(p, 5, validate=False)
     assert ops == []
+    bad = p.clone()
+    bad[11, 2] = float("nan")
     general = [
         lambda: pcops.knn_graph(p, 40),  # fewer than k + 1 points: rows that are not complete
-        lambda: pcops.knn_graph(p, 5, validate=False),
+        lambda: pcops.knn_graph(bad, 5, validate=False),  # a NaN point's row: none found
         lambda: pcops.knn_graph(p, 5, batch=torch.zeros(40, dtype=torch.int64)),
         lambda: pcops.knn_graph(p.half(), 5),
         lambda: pcops.knn_graph(p.clone().requires_grad_(), 5),
@@ -628,7 +634,17 @@ def test_plain_knn_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind
 
     plain = [nearest._plain_weighted(q, p, f, 3, "auto", v, w, s) is not None
              for v, w, s in ((True, "uniform", None), (True, "softmax", 0.1), (True, "softmax", torch.tensor(0.1)), (False, "softmax", 0.1))]
-    assert plain == [True, True, False, False]
+    assert plain == [True, True, False, True]
+    # validate=False: NaN features (plain, the same NaNs), NaN reference points (never found:
+    # plain while every row is complete) and a NaN query (its row cut short: the general path)
+    bad_f, bad_p, bad_q = f.clone(), p.clone(), q.clone()
+    bad_f[4, 1] = bad_p[[1, 6], 0] = bad_q[3, 2] = float("nan")
+    cases = [(q, p, bad_f, True), (q, bad_p, f, True), (bad_q, p, f, False)]
+    for query, ref, feats, taken in cases:
+        assert (nearest._plain_weighted(query, ref, feats, 3, "auto", False, "softmax", 0.2) is not None) is taken
+        for w, s in (("softmax", 0.2), ("uniform", None), ("inverse_distance", None)):
+            a, b = plain_and_general(monkeypatch, lambda: (pcops.knn_aggregate(query, ref, feats, 3, s, weights=w, validate=False),))
+            torch.testing.assert_close(a[0], b[0], rtol=0, atol=0, equal_nan=True)
 
 
 def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
@@ -646,7 +662,7 @@ def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
     for call in (lambda: pcops.knn_interpolate(q.clone().requires_grad_(), p, f), lambda: pcops.knn_interpolate(q, p, f.double()),
                  lambda: pcops.knn_interpolate(q, p, f, validate=False), lambda: pcops.knn_interpolate(q, p, bad, validate=False)):
         call()
-    assert taken == [True, True, False, False, False, False]
+    assert taken == [True, True, False, False, True, True]  # (validate=False: plain while every row is complete)
     with pytest.raises(ValueError, match="features contains NaN or inf"):
         pcops.knn_interpolate(q, p, bad)
 
@@ -817,8 +833,9 @@ def test_plain_estimate_normals_calls_skip_the_layout_and_others_do_not(gen, mon
 
 def test_plain_calls_where_distances_overflow_equal_the_general_path(monkeypatch):
     """Finite float32 points whose squared distances overflow to inf (a search row cut short,
-    -1) pass validation: the plain paths of chamfer, knn_aggregate (every weighting) and
-    estimate_normals give the general path's results there too, not an error."""
+    -1) pass validation: the plain paths of chamfer, knn_aggregate (every weighting),
+    estimate_normals and knn_graph give the general path's results there too, not an error
+    (nor, for knn_graph, edges to -1)."""
     x = torch.tensor([[3e38, 0.0, 0.0], [1.0, 2.0, 3.0]])
     y = torch.tensor([[-3e38, 0.0, 0.0], [0.0, 1.0, 0.0]])
     p = torch.cat([x, y])
@@ -826,7 +843,8 @@ def test_plain_calls_where_distances_overflow_equal_the_general_path(monkeypatch
     calls = {"pcops.ops.geometry.chamfer": [lambda: (pcops.chamfer_distance(x[:1], y[:1]),), lambda: pcops.chamfer_distance(x, y, point_reduction=None, batch_reduction=None)],
              "pcops.ops.neighbours.nearest": [lambda: (pcops.knn_aggregate(x, y, f, 2, weights=w, sigma=s),)
                                               for w, s in (("uniform", None), ("softmax", 0.5), ("inverse_distance", None))],
-             "pcops.ops.geometry.normals": [lambda: (pcops.estimate_normals(p, 4),)]}
+             "pcops.ops.geometry.normals": [lambda: (pcops.estimate_normals(p, 4),)],
+             "pcops.ops.neighbours.graph": [lambda loop=loop: (pcops.knn_graph(p, 2, loop=loop),) for loop in (False, True)]}
     for module, fns in calls.items():
         for call in fns:
             for a, b in zip(*plain_and_general(monkeypatch, call, module), strict=True):

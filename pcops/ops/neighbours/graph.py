@@ -241,16 +241,19 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
 
     Plain: a plain kNN search (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (N, 3) CPU
     tensor, float32 or float64, nothing to differentiate, ``k`` a Python int >= 1), ``loop`` a
-    bool, validation on (finite points) and N > k (N >= k with ``loop``), no ``max_edges``:
-    then every point's row of k (+ 1) neighbours is complete, so its edges are its first k
-    neighbours other than itself, written by one kernel (:func:`_complete_kernel`) instead of the
-    general path's masks; the same edges in the same order, E = N k."""
-    if max_edges is not None or not validate or type(k) is not int or k < 1 or type(loop) is not bool:
+    bool, N > k (N >= k with ``loop``), no ``max_edges``, and every point's row of k (+ 1)
+    neighbours complete (read back: a NaN or infinite point with ``validate=False``, or finite
+    points whose squared distances overflow, cut rows short): then a point's edges are its first
+    k neighbours other than itself, written by one kernel (:func:`_complete_kernel`) instead of
+    the general path's masks; the same edges in the same order, E = N k."""
+    if max_edges is not None or type(k) is not int or k < 1 or type(loop) is not bool:
         return None
-    found = plain_knn(points, points, k + (0 if loop else 1), "auto", True)  # None unless plain (and N >= k (+ 1))
+    found = plain_knn(points, points, k + (0 if loop else 1), "auto", validate)  # None unless plain (and N >= k (+ 1))
     if found is None:
         return None
     n, rows = points.shape[0], found[1]
+    if int(rows[:, -1].min()) < 0:  # a row cut short: the general path's masks
+        return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
     args = [rows, k, int(loop), edges]
     launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_complete_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))

@@ -195,24 +195,25 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
 def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weights: str, sigma):
     """:func:`knn_aggregate` (``reduce="mean"``) of a plain call, or None for any other call: a
     plain kNN search (:func:`plain_knn`: the points plain, nothing to differentiate in them)
-    with validation on, (N, F) CPU features of the points' dtype (which may require grad),
-    finite, and a softmax ``sigma`` a finite Python number > 0 (in the dtype too), every row of
-    its search complete (finite points and k <= N, unless squared distances overflow), so the
+    (N, F) CPU features of the points' dtype (which may require grad), finite where ``validate``
+    asks, and a softmax ``sigma`` a finite Python number > 0 (in the dtype too), every row of
+    its search complete (read back: k <= N, and neither a NaN or infinite point, with
+    ``validate=False``, nor squared distances that overflow cut a row short), so the
     weights are the general path's without its masks (inverse distance:
     :func:`_weighting.inverse_distance` with no mask; softmax: the rows' first distance is their
     smallest): the same operations on the same values, the same result and gradient to the
     features."""
-    if not validate or torch.compiler.is_compiling() or type(features) is not torch.Tensor or type(ref) is not torch.Tensor:
+    if torch.compiler.is_compiling() or type(features) is not torch.Tensor or type(ref) is not torch.Tensor:
         return None
     if features.dim() != 2 or features.shape[0] != ref.shape[0] or not features.is_cpu or features.dtype is not ref.dtype or features.is_neg() or features.is_conj():
         return None
     if weights == "softmax" and (type(sigma) not in (int, float) or not _validate.is_positive_in(sigma, ref.dtype)):
         return None
-    found = plain_knn(query, ref, k, backend, True)
-    if found is None or not _validate.sum_is_finite(features):
+    found = plain_knn(query, ref, k, backend, validate)
+    if found is None or (validate and not _validate.sum_is_finite(features)):
         return None
     dists, idx = found
-    if idx.numel() and int(idx[:, -1].min()) < 0:  # (a row cut short: distances overflowing to inf; the general path's masks)
+    if idx.numel() and int(idx[:, -1].min()) < 0:  # (a row cut short: the general path's masks)
         return None
     if weights == "inverse_distance":
         w = _weighting.inverse_distance(dists.square(), None)
