@@ -435,6 +435,10 @@ def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     bad = q.clone()
     bad[[3, 17]] = float("nan")  # validate=False: NaN points are never picked, the picks past the others -1
     calls += [lambda: pcops.farthest_point_sample(bad, s, start_idx=i, validate=False) for s, i in ((30, 0), (38, 5), (39, 0), (40, 0), (45, 1))]
+    big = p.clone()
+    big[[5, 100, 999]] = float("nan")  # the same past one leaf: few picks (Morton leaves) and many (kd-tree leaves)
+    n = big.shape[0]
+    calls += [lambda s=s: pcops.farthest_point_sample(big, s, validate=False) for s in (20, n - 3, n - 2, n)]
     for call in calls:
         assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.sampling.fps"))
     assert (pcops.farthest_point_sample(bad, 40, validate=False).idx[-2:] == -1).all()  # (the case the calls above reach)

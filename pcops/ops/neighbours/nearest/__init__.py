@@ -197,8 +197,9 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
     plain kNN search (:func:`plain_knn`: the points plain, nothing to differentiate in them)
     (N, F) CPU features of the points' dtype (which may require grad), finite where ``validate``
     asks, and a softmax ``sigma`` a finite Python number > 0 (in the dtype too), every row of
-    its search complete (read back: k <= N, and neither a NaN or infinite point, with
-    ``validate=False``, nor squared distances that overflow cut a row short), so the
+    its search complete (read back: k <= N, and neither a NaN or infinite query, nor fewer
+    than k finite reference points (``validate=False``), nor squared distances that overflow
+    cut a row short), so the
     weights are the general path's without its masks (inverse distance:
     :func:`_weighting.inverse_distance` with no mask; softmax: the rows' first distance is their
     smallest): the same operations on the same values, the same result and gradient to the
