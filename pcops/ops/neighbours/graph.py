@@ -24,7 +24,7 @@ from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _cells
 from .ball_query import _ball_query
-from .nearest import _found, plain_knn
+from .nearest import _found, complete_rows, plain_knn
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -252,7 +252,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     if found is None:
         return None
     n, rows = points.shape[0], found[1]
-    if int(rows[:, -1].min()) < 0:  # a row cut short: the general path's masks
+    if not complete_rows(rows):  # a row cut short: the general path's masks
         return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
     args = [rows, k, int(loop), edges]

@@ -192,6 +192,13 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     return _kdtree.find(query, ref, k)
 
 
+def complete_rows(idx: torch.Tensor) -> bool:
+    """Whether every row of a plain search's indices (M, k) found its k neighbours: its last
+    column (the farthest found; -1 where a row was cut short) holds no -1. One read of a CPU value
+    (plain calls only)."""
+    return not idx.numel() or int(idx[:, -1].min()) >= 0
+
+
 def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weights: str, sigma):
     """:func:`knn_aggregate` (``reduce="mean"``) of a plain call, or None for any other call: a
     plain kNN search (:func:`plain_knn`: the points plain, nothing to differentiate in them)
@@ -214,7 +221,7 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
     if found is None or (validate and not _validate.sum_is_finite(features)):
         return None
     dists, idx = found
-    if idx.numel() and int(idx[:, -1].min()) < 0:  # (a row cut short: the general path's masks)
+    if not complete_rows(idx):  # (a row cut short: the general path's masks)
         return None
     if weights == "inverse_distance":
         w = _weighting.inverse_distance(dists.square(), None)
