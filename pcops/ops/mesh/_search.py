@@ -602,19 +602,21 @@ def closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor
 
 
 @_threads.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> list[torch.Tensor]:
-    """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 -> the tensors of :class:`._tree.Tree`."""
-    return list(_tree.build(vertices, faces, face_group, vertices.dtype))
+def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool) -> list[torch.Tensor]:
+    """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 (``one``: one
+    mesh, every id 0) -> the tensors of :class:`._tree.Tree`."""
+    return list(_tree.build(vertices, faces, face_group, vertices.dtype, one))
 
 
 @_mesh_tree.register_fake
-def _(vertices, faces, face_group):
+def _(vertices, faces, face_group, one):
     return list(_tree.empty_like(vertices, faces, vertices.dtype))
 
 
-def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor) -> _tree.Tree:
-    """The hierarchy of a flat mesh, in the dtype of ``vertices``."""
-    return _tree.Tree(*_mesh_tree(vertices.detach(), faces, face_group))
+def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool = False) -> _tree.Tree:
+    """The hierarchy of a flat mesh, in the dtype of ``vertices`` (``one``: the layout's one mesh,
+    ``FlatMesh.batch == 0``)."""
+    return _tree.Tree(*_mesh_tree(vertices.detach(), faces, face_group, one))
 
 
 def _queries(qa: torch.Tensor) -> int:

@@ -116,8 +116,9 @@ def _keys_kernel(dtype: torch.dtype):
     return keys
 
 
-def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtype: torch.dtype) -> Tree:
-    """The hierarchy of faces (F, 3) (rows of vertices (V, 3)) with sample ids ``group`` (F,)."""
+def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtype: torch.dtype, one: bool = False) -> Tree:
+    """The hierarchy of faces (F, 3) (rows of vertices (V, 3)) with sample ids ``group`` (F,);
+    ``one``: the faces are one mesh (every id the same), whose CPU order needs no sort by id."""
     n = faces.shape[0]
     d = depth(n)
     device = vertices.device
@@ -125,7 +126,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     faces = faces.contiguous()
     centroid = v64.new_empty((n, 3))
     _warp.launch(_centroid_kernel(), n, [v64, faces, centroid], like=v64, work=3 * n)
-    order = nearest.split_order(centroid, group, LEAF) if device.type == "cpu" else morton_order(centroid, group)
+    order = nearest.split_order(centroid, None if one else group, LEAF) if device.type == "cpu" else morton_order(centroid, group)
     # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
     # the sums of the fast winding number (area, area x centroid, area vector, area vector x
     # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,

@@ -69,7 +69,7 @@ class MeshDistance(NamedTuple):
 def _build(flat: _layout.FlatMesh, dtype: Optional[torch.dtype] = None) -> MeshBVH:
     """The hierarchy of the flat mesh, searched in ``dtype`` (default: the vertices' compute dtype)."""
     dtype = dtype or _validate.compute_dtype(flat.vertices)[0]
-    tree = _search.tree(flat.vertices.to(dtype), flat.faces, flat.face_group)
+    tree = _search.tree(flat.vertices.to(dtype), flat.faces, flat.face_group, one=flat.batch == 0)
     return MeshBVH(flat.vertices, flat.faces, flat.face_group, tree, flat.batch, flat.face_rows)
 
 

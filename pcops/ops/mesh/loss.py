@@ -86,7 +86,7 @@ def point_mesh_face_distance(
     valid_p = query.group != (flat.batch if flat.batch > 0 else -1)  # padding rows of padded points: group B
     valid_f = flat.face_group != (flat.batch + 1 if flat.batch > 0 else -1)
     # points to their nearest faces
-    faces_tree = _search.tree(v, flat.faces, flat.face_group)
+    faces_tree = _search.tree(v, flat.faces, flat.face_group, one=flat.batch == 0)
     face = _search.closest(p, query.group, faces_tree, float("inf"), validate and checks is None)[0].clamp(min=0)
     near = _triangle.closest(p, *corners.index_select(0, face).unbind(1)).point
     d_points = (p - near).pow(2).sum(-1)

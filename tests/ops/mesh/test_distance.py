@@ -128,7 +128,7 @@ class TestMeshDistance(OpSuite):
             tree = pcops.mesh_bvh(v, f).tree
             q = (3 * torch.rand(20, 3, generator=gen) - 1.5).to(dtype)
             qg = torch.zeros(20, dtype=torch.int64)
-            cases.append((torch.ops.pcops.mesh_tree.default, (v, f, group)))
+            cases += [(torch.ops.pcops.mesh_tree.default, (v, f, group, one)) for one in (False, True)]
             rows = torch.randperm(20, generator=gen)
             for rivals in (False, True):
                 cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True, rivals, torch.tensor([3.0], dtype=F64))))
@@ -516,13 +516,35 @@ def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch
         v, f, q = mesh(kind, gen)
         group = torch.zeros(f.shape[0], dtype=torch.int64)
         kd, kd_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
-        monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf: tree.morton_order(c, g))
+        monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf: tree.morton_order(c, c.new_zeros(c.shape[0], dtype=torch.int64) if g is None else g))
         morton, morton_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.undo()
         assert not torch.equal(kd_order, morton_order)
         for out in (kd, morton):
             assert_mesh_distance(out, q, v, f, F64)
         torch.testing.assert_close(kd.dists, morton.dists, rtol=0, atol=1e-12 * (1 + float(q.abs().max())))
+
+
+@pytest.mark.parametrize("kind", ["open", "self_intersecting", "degenerate", "far", "duplicates", "soup"])
+def test_one_meshs_hierarchy_without_the_sort_by_sample_is_the_same(kind):
+    """The hierarchy of one mesh (the layout's ``batch == 0``) skips the sort of its faces by
+    sample id: every tensor of it equals the sorted build's, bit for bit, in both dtypes
+    ("soup": 6,000 faces, whose split order runs its top levels a launch per depth)."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    gen = torch.Generator().manual_seed(17)
+    if kind == "duplicates":  # faces with equal centroids: ties of the split order
+        v, f, _ = mesh("open", gen)
+        f = torch.cat([f, f.flip(1), f])
+    elif kind == "soup":
+        v = torch.rand(3000, 3, generator=gen, dtype=F64)
+        f = torch.randint(0, 3000, (6000, 3), generator=gen)
+    else:
+        v, f, _ = mesh(kind, gen)
+    group = torch.zeros(f.shape[0], dtype=torch.int64)
+    for dtype in (torch.float32, F64):
+        sorted_, one = tree.build(v, f, group, dtype), tree.build(v, f, group, dtype, one=True)
+        for name, a, b in zip(tree.Tree._fields, sorted_, one):
+            assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("grad", [False, True])
