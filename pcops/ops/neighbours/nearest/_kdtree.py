@@ -703,7 +703,7 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
 def split_order(points: torch.Tensor, group: Optional[torch.Tensor], leaf: int) -> torch.Tensor:
     """(N,) int64: points (N, 3) of the CPU in the build's order (the module docs), with leaves
     of at most ``leaf`` points: by sample id ``group`` (N,) (stable; None: one sample, the same
-    order without the sort), each node's range split at
+    order as all ids equal, without the sort, on the CPU build), each node's range split at
     its middle index along the widest axis of its points' box (a node spanning samples between
     them; a split the quickselect stops after ``_ROUNDS`` rounds only partly ordered), so node i
     of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order. (Elsewhere than on the CPU,
