@@ -142,7 +142,7 @@ def test_launches_do_not_grow_with_the_size(op, form):
 def gpu_paths(monkeypatch):
     monkeypatch.setattr(_kdtree, "_GPU_BUILD", True)
     monkeypatch.setattr(_tree, "PER_LEVEL", [True])
-    monkeypatch.setattr(_tree.nearest, "split_order", lambda points, group, leaf: _tree.morton_order(points, points.new_zeros(points.shape[0], dtype=torch.int64) if group is None else group))  # (GPUs' faces)
+    monkeypatch.setattr(_tree.nearest, "split_order", lambda points, group, leaf, one: _tree.morton_order(points, group))  # (GPUs' faces)
     monkeypatch.setattr(fps, "_per_pick", lambda device: True)
 
 

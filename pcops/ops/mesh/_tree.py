@@ -126,7 +126,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     faces = faces.contiguous()
     centroid = v64.new_empty((n, 3))
     _warp.launch(_centroid_kernel(), n, [v64, faces, centroid], like=v64, work=3 * n)
-    order = nearest.split_order(centroid, None if one else group, LEAF) if device.type == "cpu" else morton_order(centroid, group)
+    order = nearest.split_order(centroid, group, LEAF, one) if device.type == "cpu" else morton_order(centroid, group)
     # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
     # the sums of the fast winding number (area, area x centroid, area vector, area vector x
     # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,

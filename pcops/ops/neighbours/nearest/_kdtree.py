@@ -700,10 +700,10 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
-def split_order(points: torch.Tensor, group: Optional[torch.Tensor], leaf: int) -> torch.Tensor:
+def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool = False) -> torch.Tensor:
     """(N,) int64: points (N, 3) of the CPU in the build's order (the module docs), with leaves
-    of at most ``leaf`` points: by sample id ``group`` (N,) (stable; None: one sample, the same
-    order as all ids equal, without the sort, on the CPU build), each node's range split at
+    of at most ``leaf`` points: by sample id ``group`` (N,) (stable; ``one``: every id the same, the
+    same order without the sort, on the CPU build), each node's range split at
     its middle index along the widest axis of its points' box (a node spanning samples between
     them; a split the quickselect stops after ``_ROUNDS`` rounds only partly ordered), so node i
     of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order. (Elsewhere than on the CPU,
@@ -712,7 +712,7 @@ def split_order(points: torch.Tensor, group: Optional[torch.Tensor], leaf: int) 
     if n == 0:
         return torch.empty(0, dtype=torch.int64, device=points.device)
     depth = _morton.leaf_depth(n, leaf)
-    if group is None:
+    if one:
         return _tree(points, None, depth=depth, in_order=True)[1]
     ranks = torch.unique(group, return_inverse=True)[1].to(torch.int32)  # the build's int32 ids: each sample's rank
     return _tree(points, ranks, depth=depth, in_order=False)[1]  # (its stable sort by sample)
