@@ -13,9 +13,10 @@ import warp as wp
 from pcops import _warp
 
 # the modules (pcops.ops re-exports functions of the same names)
-_cells, ball_search, radius, sampling, nearest = (
+_cells, ball_search, radius, sampling, nearest, costs = (
     importlib.import_module(f"pcops.ops.{name}")
-    for name in ("neighbours._cells", "neighbours._ball_search", "neighbours.radius", "sampling.fps", "neighbours.nearest._kdtree")
+    for name in ("neighbours._cells", "neighbours._ball_search", "neighbours.radius", "sampling.fps", "neighbours.nearest._kdtree",
+                 "neighbours.nearest._costs")
 )
 
 F32, F64 = torch.float32, torch.float64
@@ -25,6 +26,7 @@ FACTORIES = [
     *[(f"knn scan {d} grouped={g}", nearest._scan_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
     *[(f"ball query dense {d}", ball_search.kernel, (d, (), False, True)) for d in (F32, F64)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
+    *[(f"chamfer costs {d}", costs._kernels, (d,)) for d in (F32, F64)],
     *[(f"knn ordered build {d}", nearest._ordered_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],

@@ -706,6 +706,50 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
                 torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # (the NaN point's gradient: NaN on both)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch, kind, dtype):
+    """A plain call with nothing to differentiate takes its costs from one Warp launch (the
+    nearest points found in it, or by the kNN search above its crossover): the same loss and
+    per-point costs bit for bit as the torch formula on the search's indices and as the general
+    path, for every reduction, one direction or both, ties, points whose squares overflow, and NaN
+    or infinite points without validation (cost 0), on each side of both crossovers."""
+    from pcops.ops.geometry import chamfer
+    from pcops.ops.neighbours.nearest import _costs
+
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    nan, inf = q.clone(), p.clone()
+    nan[1, 2] = float("nan")
+    inf[[0, 3], 1] = float("inf")
+    tied = torch.cat([p[:3], p[:3]])  # every point twice: ties by the smaller index
+    kw = [{}, dict(point_reduction="sum", batch_reduction="sum"), dict(point_reduction="max"), dict(batch_reduction=None),
+          dict(point_reduction=None, batch_reduction=None), dict(single_directional=True),
+          dict(single_directional=True, point_reduction=None, batch_reduction=None)]
+    calls = [lambda k=k, x=x, y=y: pcops.chamfer_distance(x, y, **k) for k in kw for x, y in ((q, p), (q[None], p[None]), (p, tied))]
+    calls += [lambda: pcops.chamfer_distance(q[:1], p[:1]), lambda: pcops.chamfer_distance(q * 1e25, -p * 1e25, point_reduction=None, batch_reduction=None),
+              lambda: pcops.chamfer_distance(nan, inf, validate=False, point_reduction=None, batch_reduction=None),
+              lambda: pcops.chamfer_distance(q[::2], p.t().contiguous().t())]
+    taken = []
+    monkeypatch.setattr(chamfer, "nearest_costs", lambda *a: (taken.append(1), _costs.costs(*a))[1])
+    for scan in (1 << 40, 0):
+        monkeypatch.setattr(_costs, "SCAN_PAIRS", scan)
+        for pairs in PATHS.values():
+            monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+            for call in calls:
+                outs = []
+                for kernel, plain in ((True, True), (False, True), (False, False)):
+                    monkeypatch.setattr(chamfer, "KERNEL", [kernel])
+                    monkeypatch.setattr(chamfer, "PLAIN", [plain])
+                    out = call()
+                    outs.append(out if isinstance(out, tuple) else (out,))
+                for other in outs[1:]:
+                    for a, b in zip(outs[0], other, strict=True):
+                        assert a.dtype == b.dtype and a.shape == b.shape
+                        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert len(taken) == 4 * len(calls)  # (each call took the launch once a turn)
+
+
 def test_plain_chamfer_calls_and_others(gen, monkeypatch):
     """Which chamfer calls are plain (the layout layer never runs for them), and bad values still
     raise the general path's errors."""

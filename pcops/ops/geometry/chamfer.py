@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
-from ..neighbours.nearest import plain_knn, search
+from ..neighbours.nearest import nearest_costs, plain_knn, resolve_backend, search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -174,6 +174,22 @@ def _per_sample(cost, flat: _layout.Flat, lengths, batch_ids, batch_size: int, r
 
 # Whether plain eager calls skip the layout layer (:func:`_plain`; tests switch it off to compare both paths)
 PLAIN = [True]
+# Whether plain calls with nothing to differentiate take their costs from one Warp launch
+# (:func:`_kernel_costs`; tests switch it off to compare both ways)
+KERNEL = [True]
+
+
+def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
+    """[cx, cy] (or [cx]) of :func:`_plain`'s call from :func:`pcops.ops.neighbours.nearest._costs.costs`, or None
+    unless both clouds are non-empty and plain with nothing to differentiate
+    (:func:`pcops._layout.plain_clouds`, their values checked where ``validate`` asks) and the
+    search is Warp's: the values of the torch formula on the plain kNN search's indices."""
+    if not KERNEL[0] or backend not in ("auto", "warp") or not _layout.plain_clouds(validate, x, y):
+        return None
+    if x.shape[0] == 0 or y.shape[0] == 0 or resolve_backend(backend, x.device) != "warp":
+        return None
+    cx, cy = nearest_costs(x, y, not single_directional)
+    return [cx] if single_directional else [cx, cy]
 
 
 def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool):
@@ -181,17 +197,20 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
     other call: each cloud non-empty, both plain but for gradients (:func:`search`'s plain kNN
     searches, the points detached, x's and y's values checked once), the search's function
     called directly. The costs and reductions are the general path's operations on the same
-    values (one cloud each), so the same loss and gradients."""
-    found = plain_knn(x, y, 1, backend, validate, detach=True)
-    if found is None or x.shape[0] == 0:
-        return None
-    back = None if single_directional else plain_knn(y, x, 1, backend, False, detach=True)
-    if back is None and not single_directional:
-        return None
-    costs = []
-    for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
-        idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf: costs 0)
-        costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
+    values (one cloud each), so the same loss and gradients. With nothing to differentiate, the
+    costs come from one Warp launch (:func:`_kernel_costs`: the same values)."""
+    costs = _kernel_costs(x, y, single_directional, backend, validate)
+    if costs is None:
+        found = plain_knn(x, y, 1, backend, validate, detach=True)
+        if found is None or x.shape[0] == 0:
+            return None
+        back = None if single_directional else plain_knn(y, x, 1, backend, False, detach=True)
+        if back is None and not single_directional:
+            return None
+        costs = []
+        for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
+            idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf: costs 0)
+            costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
     if point_reduction is None:
         return costs[0] if single_directional else tuple(costs)
     # one sample: its loss is the batch's (the general path's sum, or mean, of one value: the same value)

@@ -33,10 +33,11 @@ import torch
 
 from .... import _layout, _threads, _validate
 from .. import _weighting
-from . import _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
+from . import _costs, _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
 from ._registry import BACKENDS
 
 split_order = _kdtree.split_order  # (the mesh hierarchy's CPU build orders its faces with the kd-tree's splits)
+nearest_costs = _costs.costs  # (chamfer's costs of plain clouds with nothing to differentiate)
 
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend
 # (cKDTree + exact ties) on uniform, clustered and surface clouds and as much on the
