@@ -193,7 +193,22 @@ def _plain(validate: bool, dim, finite, query, ref, features) -> bool:
 def _finite_sums(*tensors) -> bool:
     """Whether the sum of each CPU tensor is finite (None skipped; a tensor given twice, such as
     a cloud that is both query and ref, summed once): the layout's value check of plain inputs."""
-    return all(_validate.sum_is_finite(t) for i, t in enumerate(tensors) if t is not None and not any(t is u for u in tensors[:i]))
+    summed: list = []  # (loops: a small call's generators cost more than its sums)
+    for t in tensors:
+        if t is None or any_is(t, summed):
+            continue
+        if not _validate.sum_is_finite(t):
+            return False
+        summed.append(t)
+    return True
+
+
+def any_is(t, items) -> bool:
+    """Whether ``t`` is one of ``items`` (identity: ``in`` would compare tensors by value)."""
+    for u in items:
+        if u is t:
+            return True
+    return False
 
 
 def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = None) -> bool:
