@@ -730,25 +730,40 @@ class Prepared:
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 
-    __slots__ = ("kernel", "_run", "_chunks", "_args", "keep")
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "_pointers", "keep")
 
     def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
         self.kernel = kernel
         self._chunks = len(bounds) - 1
         self._run = _runner(kernel, bounds, [values] * self._chunks, "cpu", None)
         self._args = [args for _, _, args in self._run.entries]
+        self._pointers: dict = {}
         self.keep = keep
+
+    def _pointer(self, name: str) -> tuple:
+        """The data-pointer fields of the array argument ``name`` in every chunk's packed
+        arguments, as ctypes views of those structs (an array in a struct argument:
+        ``struct__field``): made once, a run only stores each call's address in them."""
+        found = self._pointers.get(name)
+        if found is None:
+            found = []
+            for args in self._args:
+                owner = args
+                for part in name.split("__")[:-1]:
+                    owner = getattr(owner, part)
+                field = name.split("__")[-1]
+                array = getattr(owner, field)  # (a view into ``owner``'s buffer)
+                found.append(ctypes.c_uint64.from_buffer(array, type(array).data.offset))  # (keeps ``array``, so ``args``, alive)
+            found = self._pointers[name] = tuple(found)
+        return found
 
     def run(self, **arrays: torch.Tensor) -> None:
         """Run the launch with the named array arguments on the given contiguous tensors (an
         array in a struct argument: ``struct__field``)."""
-        for args in self._args:
-            for name, t in arrays.items():
-                if "__" in name:
-                    outer, name = name.split("__")
-                    getattr(getattr(args, outer), name).data = t.data_ptr()
-                else:
-                    getattr(args, name).data = t.data_ptr()
+        for name, t in arrays.items():
+            address = t.data_ptr()
+            for pointer in self._pointers.get(name) or self._pointer(name):
+                pointer.value = address
         if self._chunks == 1:
             self._run(0)  # on the calling thread
         else:
