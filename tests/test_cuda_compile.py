@@ -56,8 +56,9 @@ FACTORIES = [
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     ("mesh tree centroids", importlib.import_module("pcops.ops.mesh._tree")._centroid_kernel, ()),
-    *[(f"mesh tree {name} {d}", getattr(importlib.import_module("pcops.ops.mesh._tree"), f"_{name}_kernel"), (d,))
-      for name in ("keys", "leaves", "finish") for d in (F32, F64)],
+    *[(f"mesh tree keys {d}", importlib.import_module("pcops.ops.mesh._tree")._keys_kernel, (d,)) for d in (F32, F64)],
+    *[(f"mesh tree {name} {d} winding={w}", getattr(importlib.import_module("pcops.ops.mesh._tree"), f"_{name}_kernel"), (d, w))
+      for name in ("leaves", "finish") for d in (F32, F64) for w in (False, True)],
     *[(f"distributed fps update {d}", importlib.import_module("pcops.distributed._fps")._update_kernel, (d,)) for d in (F32, F64)],
     *[(f"sinkhorn p={p} {d}", importlib.import_module("pcops.ops.transport.sinkhorn")._kernels, (d, p)) for d in (F32, F64) for p in (1, 2)],
     *[(f"mesh sample {d} from_seeds={h}", importlib.import_module("pcops.ops.mesh.sample")._draw_kernel, (d, h)) for d in (F32, F64) for h in (False, True)],

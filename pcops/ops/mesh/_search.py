@@ -602,21 +602,23 @@ def closed(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor
 
 
 @_threads.custom_op("pcops::mesh_tree", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool) -> list[torch.Tensor]:
+def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool, winding: bool = True) -> list[torch.Tensor]:
     """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 (``one``: one
-    mesh, every id 0) -> the tensors of :class:`._tree.Tree`."""
-    return list(_tree.build(vertices, faces, face_group, vertices.dtype, one))
+    mesh, every id 0; ``winding``: with the winding number's data) -> the tensors of
+    :class:`._tree.Tree`."""
+    return list(_tree.build(vertices, faces, face_group, vertices.dtype, one, winding))
 
 
 @_mesh_tree.register_fake
-def _(vertices, faces, face_group, one):
-    return list(_tree.empty_like(vertices, faces, vertices.dtype))
+def _(vertices, faces, face_group, one, winding=True):
+    return list(_tree.empty_like(vertices, faces, vertices.dtype, winding))
 
 
-def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool = False) -> _tree.Tree:
+def tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, one: bool = False, winding: bool = True) -> _tree.Tree:
     """The hierarchy of a flat mesh, in the dtype of ``vertices`` (``one``: the layout's one mesh,
-    ``FlatMesh.batch == 0``)."""
-    return _tree.Tree(*_mesh_tree(vertices.detach(), faces, face_group, one))
+    ``FlatMesh.batch == 0``; ``winding``: with the data of signed searches, else for unsigned
+    ones only, the rest the same)."""
+    return _tree.Tree(*_mesh_tree(vertices.detach(), faces, face_group, one, winding))
 
 
 def _queries(qa: torch.Tensor) -> int:

@@ -18,7 +18,9 @@ query skips the nodes of other meshes) and the data of the hierarchical fast win
 ``normal`` (area times unit normal), the first moment ``moment`` = sum of a_t n_t (c_t -
 center)^T, and the radius of a ball about ``center`` holding the node's box. All of it is
 computed in float64 and stored in the compute dtype; the triangles are stored sorted, three
-(F, 3) arrays of corners, with their sample ids and their rows in the caller's faces.
+(F, 3) arrays of corners, with their sample ids and their rows in the caller's faces. A tree for
+unsigned searches only (``winding=False``) leaves the winding number's data out (those four
+arrays empty): the rest is the same, bit for bit.
 """
 
 
@@ -48,7 +50,7 @@ class Tree(NamedTuple):
     hi: torch.Tensor
     glo: torch.Tensor  # (nodes,) int64 sample range
     ghi: torch.Tensor
-    center: torch.Tensor  # (nodes, 3)
+    center: torch.Tensor  # (nodes, 3); the winding number's four: 0 rows without it
     normal: torch.Tensor  # (nodes, 3)
     moment: torch.Tensor  # (nodes, 3, 3)
     radius: torch.Tensor  # (nodes,)
@@ -116,9 +118,11 @@ def _keys_kernel(dtype: torch.dtype):
     return keys
 
 
-def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtype: torch.dtype, one: bool = False) -> Tree:
+def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtype: torch.dtype, one: bool = False,
+          winding: bool = True) -> Tree:
     """The hierarchy of faces (F, 3) (rows of vertices (V, 3)) with sample ids ``group`` (F,);
-    ``one``: the faces are one mesh (every id the same), whose CPU order needs no sort by id."""
+    ``one``: the faces are one mesh (every id the same), whose CPU order needs no sort by id;
+    ``winding``: with the winding number's data (else those arrays are empty: unsigned searches)."""
     n = faces.shape[0]
     d = depth(n)
     device = vertices.device
@@ -132,13 +136,13 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,
     # the fake's: the finish kernel zeroes those past the last node)
     leaves, nodes, size = 1 << d, (2 << d) - 1, node_count(n)
-    corners = v64.new_empty((3 * n, 3))
+    corners = v64.new_empty((3 * n if winding else 0, 3))
     ta, tb, tc = (v64.new_empty((n, 3), dtype=dtype) for _ in range(3))
     sorted_group = torch.empty_like(group)
-    lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16))
+    lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16 if winding else 0))
     glo, ghi = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     scale = v64.new_empty((leaves,))
-    _warp.launch(_leaves_kernel(dtype), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
+    _warp.launch(_leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
                                                 lo, hi, glo, ghi, sums, scale], like=v64, work=3 * n)
     # every node above the leaves from its two children, up to the root (one thread, in one launch)
     if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
@@ -147,11 +151,16 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
         for level in range(d - 1, -1, -1):
             _warp.launch(_parents_kernel(), 1 << level, [d, level, lo, hi, glo, ghi, sums], like=corners)
     # every node's center, normal and moment, and the boxes in the search's dtype (a thread a node)
-    center = v64.new_empty((size, 3))
-    lo_out, hi_out, center_out, normal = (v64.new_empty((size, 3), dtype=dtype) for _ in range(4))
-    moment = v64.new_empty((size, 9), dtype=dtype)
-    _warp.launch(_finish_kernel(dtype), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
+    rows = size if winding else 0  # (the winding number's arrays)
+    center = v64.new_empty((rows, 3))
+    lo_out, hi_out = (v64.new_empty((size, 3), dtype=dtype) for _ in range(2))
+    center_out, normal = (v64.new_empty((rows, 3), dtype=dtype) for _ in range(2))
+    moment = v64.new_empty((rows, 9), dtype=dtype)
+    _warp.launch(_finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
                  like=v64, work=4 * size)
+    if not winding:
+        return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(0, 3, 3),
+                    v64.new_empty((0,), dtype=dtype), scale.amax().to(dtype))
     # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
     # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
     # ancestor's center (one launch for every depth and leaf), into the node's radius by an atomic max
@@ -183,11 +192,12 @@ def nan_max(a: wp.vec3d, b: wp.vec3d):
 
 
 @_warp.kernels
-def _finish_kernel(dtype: torch.dtype):
+def _finish_kernel(dtype: torch.dtype, winding: bool = True):
     """Thread i: node i's center (the area-weighted centroid of its faces; its box's center if
     its area is not > 0), in float64 (``center``) and in the search's dtype (``center_out``), its
     normal (the sum of the area vectors), its moment (sum of a n (c - center)^T, row-major in 9
-    columns) and its box, in that dtype; every array zero past the last node (``nodes``)."""
+    columns) and its box, in that dtype; every array zero past the last node (``nodes``).
+    Without ``winding``: the box and the sample range only (the other arrays are empty)."""
     v, s = _warp.vec3(dtype), _warp.scalar(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -199,13 +209,18 @@ def _finish_kernel(dtype: torch.dtype):
         if i >= nodes:  # past the last node: zeros
             glo[i] = wp.int64(0)
             ghi[i] = wp.int64(0)
-            center[i] = wp.vec3d()
-            center_out[i] = v()
             lo_out[i] = v()
             hi_out[i] = v()
-            normal[i] = v()
-            for r in range(9):
-                moment[i, r] = s(0.0)
+            if wp.static(winding):
+                center[i] = wp.vec3d()
+                center_out[i] = v()
+                normal[i] = v()
+                for r in range(9):
+                    moment[i, r] = s(0.0)
+            return
+        lo_out[i] = v(lo[i])
+        hi_out[i] = v(hi[i])
+        if not wp.static(winding):
             return
         area = sums[i, 0]
         c = wp.float64(0.5) * (lo[i] + hi[i])
@@ -213,8 +228,6 @@ def _finish_kernel(dtype: torch.dtype):
             c = wp.vec3d(sums[i, 1], sums[i, 2], sums[i, 3]) / area
         center[i] = c
         center_out[i] = v(c)
-        lo_out[i] = v(lo[i])
-        hi_out[i] = v(hi[i])
         normal[i] = v(wp.vec3d(sums[i, 4], sums[i, 5], sums[i, 6]))
         for r in range(3):
             for q in range(3):
@@ -236,11 +249,12 @@ def _centroid_kernel():
 
 
 @_warp.kernels
-def _leaves_kernel(dtype: torch.dtype):
+def _leaves_kernel(dtype: torch.dtype, winding: bool = True):
     """Thread j: leaf j of ``depth``, the sorted faces ``part(j, F, depth)`` .. (faces ``order``):
     their corners (float64 ``corners`` rows 3k .. 3k + 2, and ``ta``, ``tb``, ``tc`` in the
     search's dtype), sample ids, the leaf's box (NaN if a corner is), first and last sample id,
-    face sums and largest finite absolute coordinate (``scale[j]``)."""
+    face sums and largest finite absolute coordinate (``scale[j]``); without ``winding`` neither
+    the float64 corners nor the sums (the winding number's radius and sums)."""
     v = _warp.vec3(dtype)
     Sums = wp.types.vector(16, wp.float64)
 
@@ -269,15 +283,18 @@ def _leaves_kernel(dtype: torch.dtype):
         for k in range(first, last):
             f = order[k]
             a, b, c = vertices[faces[f, 0]], vertices[faces[f, 1]], vertices[faces[f, 2]]
-            corners[3 * k] = a
-            corners[3 * k + 1] = b
-            corners[3 * k + 2] = c
+            if wp.static(winding):  # (the radius's corners)
+                corners[3 * k] = a
+                corners[3 * k + 1] = b
+                corners[3 * k + 2] = c
             ta[k] = v(a)
             tb[k] = v(b)
             tc[k] = v(c)
             sorted_group[k] = group[f]
             low, high = nan_min(nan_min(nan_min(low, a), b), c), nan_max(nan_max(nan_max(high, a), b), c)
             big = largest(largest(largest(big, a), b), c)
+            if not wp.static(winding):
+                continue
             area_vec = wp.float64(0.5) * wp.cross(b - a, c - a)
             area = wp.length(area_vec)
             centroid = ((a + b) + c) / wp.float64(3.0)
@@ -292,8 +309,9 @@ def _leaves_kernel(dtype: torch.dtype):
         hi[node] = high
         glo[node] = group[order[first]]
         ghi[node] = group[order[last - 1]]
-        for r in range(16):
-            sums[node, r] = total[r]
+        if wp.static(winding):
+            for r in range(16):
+                sums[node, r] = total[r]
         scale[j] = big
 
     return leaves
@@ -356,11 +374,12 @@ def _reach_kernel():
     return reach
 
 
-def empty_like(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> Tree:
+def empty_like(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype, winding: bool = True) -> Tree:
     """A tree's tensors with the exact shapes of :func:`build` (the fake)."""
     n = faces.shape[0]
     size = node_count(n)
+    rows = size if winding else 0
     f = lambda *shape: vertices.new_empty(shape, dtype=dtype)  # noqa: E731
     i = lambda *shape: vertices.new_empty(shape, dtype=torch.int64)  # noqa: E731
-    return Tree(i(n), f(n, 3), f(n, 3), f(n, 3), i(n), f(size, 3), f(size, 3), i(size), i(size), f(size, 3), f(size, 3),
-                f(size, 3, 3), f(size), f())
+    return Tree(i(n), f(n, 3), f(n, 3), f(n, 3), i(n), f(size, 3), f(size, 3), i(size), i(size), f(rows, 3), f(rows, 3),
+                f(rows, 3, 3), f(rows), f())

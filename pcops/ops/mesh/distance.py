@@ -66,10 +66,11 @@ class MeshDistance(NamedTuple):
     bary: torch.Tensor
 
 
-def _build(flat: _layout.FlatMesh, dtype: Optional[torch.dtype] = None) -> MeshBVH:
-    """The hierarchy of the flat mesh, searched in ``dtype`` (default: the vertices' compute dtype)."""
+def _build(flat: _layout.FlatMesh, dtype: Optional[torch.dtype] = None, winding: bool = True) -> MeshBVH:
+    """The hierarchy of the flat mesh, searched in ``dtype`` (default: the vertices' compute
+    dtype); ``winding=False``: for unsigned searches only (without the winding number's data)."""
     dtype = dtype or _validate.compute_dtype(flat.vertices)[0]
-    tree = _search.tree(flat.vertices.to(dtype), flat.faces, flat.face_group, one=flat.batch == 0)
+    tree = _search.tree(flat.vertices.to(dtype), flat.faces, flat.face_group, one=flat.batch == 0, winding=winding)
     return MeshBVH(flat.vertices, flat.faces, flat.face_group, tree, flat.batch, flat.face_rows)
 
 
@@ -179,7 +180,7 @@ def mesh_distance(
         checks.run()
     kept = bvh is not None
     if bvh is None:  # searched in the points' and vertices' promoted dtype: float64 points, a float64 search
-        bvh = _build(flat, _validate.compute_dtype(query.points, flat.vertices)[0])
+        bvh = _build(flat, _validate.compute_dtype(query.points, flat.vertices)[0], winding=signed)
     return _distance(query, bvh, signed, float("inf") if max_dist is None else max_dist, validate and checks is None, kept)
 
 

@@ -128,7 +128,7 @@ class TestMeshDistance(OpSuite):
             tree = pcops.mesh_bvh(v, f).tree
             q = (3 * torch.rand(20, 3, generator=gen) - 1.5).to(dtype)
             qg = torch.zeros(20, dtype=torch.int64)
-            cases += [(torch.ops.pcops.mesh_tree.default, (v, f, group, one)) for one in (False, True)]
+            cases += [(torch.ops.pcops.mesh_tree.default, (v, f, group, one, winding)) for one in (False, True) for winding in (False, True)]
             rows = torch.randperm(20, generator=gen)
             for rivals in (False, True):
                 cases.append((torch.ops.pcops.mesh_closest.default, (q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, 0.7, False, True, rivals, torch.tensor([3.0], dtype=F64))))
@@ -545,6 +545,39 @@ def test_one_meshs_hierarchy_without_the_sort_by_sample_is_the_same(kind):
         sorted_, one = tree.build(v, f, group, dtype), tree.build(v, f, group, dtype, one=True)
         for name, a, b in zip(tree.Tree._fields, sorted_, one):
             assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("kind", ["sphere", "open", "degenerate", "duplicates", "soup"])
+def test_a_hierarchy_for_unsigned_searches_is_the_signed_one_without_the_winding_data(kind):
+    """``winding=False`` (unsigned ``mesh_distance`` with a mesh, ``point_mesh_face_distance``)
+    builds every tensor the searches read exactly as the full build does, in both dtypes, one
+    mesh or sorted by sample, and leaves the winding number's four empty; the unsigned results
+    of a call with the mesh equal those through a full ``mesh_bvh``, bit for bit."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    gen = torch.Generator().manual_seed(5)
+    if kind == "duplicates":
+        v, f, _ = mesh("open", gen)
+        f = torch.cat([f, f.flip(1), f])
+    elif kind == "soup":
+        v = torch.rand(3000, 3, generator=gen, dtype=F64)
+        f = torch.randint(0, 3000, (6000, 3), generator=gen)
+    else:
+        v, f, _ = mesh(kind, gen)
+    group = torch.zeros(f.shape[0], dtype=torch.int64)
+    winding = ("center", "normal", "moment", "radius")
+    for dtype in (torch.float32, F64):
+        for one in (False, True):
+            full, unsigned = tree.build(v, f, group, dtype, one), tree.build(v, f, group, dtype, one, winding=False)
+            for name, a, b in zip(tree.Tree._fields, full, unsigned):
+                if name in winding:
+                    assert b.shape[0] == 0 and b.shape[1:] == a.shape[1:] and b.dtype == a.dtype, name
+                else:
+                    assert torch.equal(a, b), name
+        vd = v.to(dtype)
+        lo, hi = vd.amin(0), vd.amax(0)
+        q = lo - 0.2 * (hi - lo) + 1.4 * (hi - lo) * torch.rand(500, 3, generator=gen, dtype=dtype)
+        for a, b in zip(pcops.mesh_distance(q, vd, f), pcops.mesh_distance(q, pcops.mesh_bvh(vd, f)), strict=True):
+            assert torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("grad", [False, True])
