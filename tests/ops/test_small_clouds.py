@@ -750,6 +750,29 @@ def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch,
     assert len(taken) == 4 * len(calls)  # (each call took the launch once a turn)
 
 
+@pytest.mark.parametrize("shape", [(181, 181), (16, 2048), (2048, 16), (20000, 17000)], ids=str)
+def test_chamfer_costs_launch_cut_into_chunks_equals_the_torch_formula(gen, monkeypatch, shape):
+    """The costs' launch on two threads (two chunks: the in-launch scan from 2^14 pairs each way,
+    the costs from the search's indices from 2^15 points in all) gives the torch formula's
+    per-point costs bit for bit, both dtypes."""
+    from pcops.ops.geometry import chamfer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for dtype in (torch.float32, F64):
+            x = torch.rand(shape[0], 3, generator=gen, dtype=dtype)
+            y = torch.rand(shape[1], 3, generator=gen, dtype=dtype)
+            outs = []
+            for kernel in (True, False):
+                monkeypatch.setattr(chamfer, "KERNEL", [kernel])
+                outs.append(pcops.chamfer_distance(x, y, point_reduction=None, batch_reduction=None))
+            for a, b in zip(*outs, strict=True):
+                assert torch.equal(a, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_plain_chamfer_calls_and_others(gen, monkeypatch):
     """Which chamfer calls are plain (the layout layer never runs for them), and bad values still
     raise the general path's errors."""
