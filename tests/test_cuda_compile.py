@@ -54,6 +54,7 @@ FACTORIES = [
     *[(f"triangle closest {d} result={r}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d, r)) for d in (F32, F64) for r in (False, True)],
     ("plane normals", importlib.import_module("pcops.ops.mesh._triangle")._normal_kernel, (F64,)),
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),
+    ("mesh tree radius walk", importlib.import_module("pcops.ops.mesh._tree")._radius_kernel, ()),
     ("mesh tree parents", importlib.import_module("pcops.ops.mesh._tree")._parents_kernel, ()),
     ("mesh tree centroids", importlib.import_module("pcops.ops.mesh._tree")._centroid_kernel, ()),
     *[(f"mesh tree keys {d}", importlib.import_module("pcops.ops.mesh._tree")._keys_kernel, (d,)) for d in (F32, F64)],

@@ -16,7 +16,7 @@ Every node stores the box of its faces, its sample range (the faces are sorted b
 query skips the nodes of other meshes) and the data of the hierarchical fast winding number
 (Barill et al. 2018): the area-weighted centroid ``center``, the sum of the area vectors
 ``normal`` (area times unit normal), the first moment ``moment`` = sum of a_t n_t (c_t -
-center)^T, and the radius of a ball about ``center`` holding the node's box. All of it is
+center)^T, and the radius of a ball about ``center`` holding the node's faces (its farthest corner). All of it is
 computed in float64 and stored in the compute dtype; the triangles are stored sorted, three
 (F, 3) arrays of corners, with their sample ids and their rows in the caller's faces. A tree for
 unsigned searches only (``winding=False``) leaves the winding number's data out (those four
@@ -35,6 +35,7 @@ from ..neighbours import nearest
 LEAF = 4  # faces per leaf at most
 THREADS = 2**31 - 1  # threads of one launch at most (Warp's thread ids are int32)
 PER_LEVEL = [False]  # the CPU too builds the parent levels a launch per level, as CUDA does (tests)
+RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kernel`); False: CUDA's launch (tests)
 
 
 class Tree(NamedTuple):
@@ -161,14 +162,19 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     if not winding:
         return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(0, 3, 3),
                     v64.new_empty((0,), dtype=dtype), scale.amax().to(dtype))
-    # the radius: the farthest corner of the node's faces from its center. Node i of depth l holds
-    # leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1: per depth, each leaf's farthest corner from its
-    # ancestor's center (one launch for every depth and leaf), into the node's radius by an atomic max
+    # the radius: the farthest corner of the node's faces from its center. On the CPU a walk per
+    # node that skips the children whose box lies within the farthest corner found; elsewhere
+    # (node i of depth l holds leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1) each leaf's farthest
+    # corner from each ancestor's center (one launch for every depth and leaf), into the node's
+    # radius by an atomic max: the same value
     radius = v64.new_zeros((size,))
-    args = [corners, n, d, center]
-    levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
-    for first, count in levels:
-        _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)
+    if device.type == "cpu" and RADIUS_WALK[0]:
+        _warp.launch(_radius_kernel(), nodes, [corners, n, d, lo, hi, center, radius], like=corners, min_chunk=16, work=3 * n * 4)
+    else:
+        args = [corners, n, d, center]
+        levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
+        for first, count in levels:
+            _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)
     return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
                 radius.to(dtype), scale.amax().to(dtype))
 
@@ -344,6 +350,59 @@ def _parents_kernel():
                 sums[node, c] = sums[a, c] + sums[b, c]
 
     return parents
+
+
+@_warp.kernels
+def _radius_kernel():
+    """Thread e: node e's radius, the distance from its center to the farthest corner of its
+    faces at a finite distance (0 if none), by a walk down its subtree, the farther child first,
+    that skips a child whose box's farthest point from the center (computed as a corner's
+    distance is, widened by 8 float64 eps: never below the distance computed for a corner in
+    it) is within the farthest corner found: the value of :func:`_reach_kernel`'s launch, with
+    fewer corners measured."""
+    widen = wp.float64(1.0 + 8.0 * torch.finfo(torch.float64).eps)
+    _stack = wp.types.vector(length=64, dtype=wp.int32)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def radius_walk(start: int, corners: wp.array(dtype=wp.vec3d), n: int, depth: int, lo: wp.array(dtype=wp.vec3d),
+                    hi: wp.array(dtype=wp.vec3d), center: wp.array(dtype=wp.vec3d), radius: wp.array(dtype=wp.float64)):
+        e = wp.tid() + start
+        c = center[e]
+        leaf0 = (1 << depth) - 1
+        best = wp.float64(0.0)  # the largest squared distance: one root at the end (a root is monotonic)
+        stack = _stack()
+        stack[0] = e
+        top = int(1)
+        while top > 0:
+            top -= 1
+            k = stack[top]
+            if k >= leaf0:  # a leaf: its corners
+                j = k - leaf0
+                first = _warp_funcs.part(j, wp.int64(n), depth)
+                last = _warp_funcs.part(j + 1, wp.int64(n), depth)
+                for q in range(3 * first, 3 * last):
+                    x = corners[q] - c
+                    d2 = wp.dot(x, x)
+                    if d2 < wp.float64(wp.inf):  # NaN and inf (and overflowing) distances do not count
+                        best = wp.max(best, d2)
+                continue
+            a = 2 * k + 1
+            ga = wp.max(wp.abs(lo[a] - c), wp.abs(hi[a] - c))
+            gb = wp.max(wp.abs(lo[a + 1] - c), wp.abs(hi[a + 1] - c))
+            ba = wp.dot(ga, ga) * widen
+            bb = wp.dot(gb, gb) * widen
+            near, far, bn, bf = a, a + 1, ba, bb
+            if ba > bb:
+                near, far, bn, bf = a + 1, a, bb, ba
+            if not (bn <= best):  # (NaN boxes are walked)
+                stack[top] = near
+                top += 1
+            if not (bf <= best):  # popped first: the farther box
+                stack[top] = far
+                top += 1
+        radius[e] = wp.sqrt(best)
+
+    return radius_walk
 
 
 @_warp.kernels

@@ -580,6 +580,38 @@ def test_a_hierarchy_for_unsigned_searches_is_the_signed_one_without_the_winding
             assert torch.equal(a, b) or torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("kind", ["sphere", "open", "degenerate", "far", "self_intersecting", "duplicates", "soup", "nan"])
+def test_the_cpu_s_radius_walk_equals_the_all_leaves_launch(kind, monkeypatch):
+    """The CPU's node radii (a walk per node skipping boxes within the farthest corner found)
+    equal the launch over every (depth, leaf) pair, bit for bit: every tensor of the hierarchy,
+    both dtypes, one mesh and sorted, adversarial meshes (a NaN vertex and an infinite one: their
+    corners never count)."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    gen = torch.Generator().manual_seed(23)
+    if kind == "duplicates":
+        v, f, _ = mesh("open", gen)
+        f = torch.cat([f, f.flip(1), f])
+    elif kind == "soup":
+        v = torch.rand(3000, 3, generator=gen, dtype=F64)
+        f = torch.randint(0, 3000, (6000, 3), generator=gen)
+    elif kind == "nan":
+        v, f, _ = mesh("sphere", gen)
+        v = v.clone()
+        v[3, 1], v[7, 0] = float("nan"), float("inf")
+    else:
+        v, f, _ = mesh(kind, gen)
+    group = torch.zeros(f.shape[0], dtype=torch.int64)
+    for dtype in (torch.float32, F64):
+        for one in (False, True):
+            monkeypatch.setattr(tree, "RADIUS_WALK", [True])
+            walk = tree.build(v, f, group, dtype, one)
+            monkeypatch.setattr(tree, "RADIUS_WALK", [False])
+            launch = tree.build(v, f, group, dtype, one)
+            for name, a, b in zip(tree.Tree._fields, walk, launch):
+                assert torch.equal(a, b) or (name != "radius" and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)), name
+            assert torch.equal(walk.radius, launch.radius)
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_far_points_beyond_a_thin_face_s_short_edge_keep_their_distance(grad):
     """A float32 needle triangle (1e-2 wide at its base, 1 long) and points up to 2.4e4 beyond
