@@ -744,17 +744,14 @@ class Prepared:
         """The data-pointer fields of the array argument ``name`` in every chunk's packed
         arguments, as ctypes views of those structs (an array in a struct argument:
         ``struct__field``): made once, a run only stores each call's address in them."""
-        found = self._pointers.get(name)
-        if found is None:
-            found = []
-            for args in self._args:
-                owner = args
-                for part in name.split("__")[:-1]:
-                    owner = getattr(owner, part)
-                field = name.split("__")[-1]
-                array = getattr(owner, field)  # (a view into ``owner``'s buffer)
-                found.append(ctypes.c_uint64.from_buffer(array, type(array).data.offset))  # (keeps ``array``, so ``args``, alive)
-            found = self._pointers[name] = tuple(found)
+        *outer, field = name.split("__")
+        found = []
+        for args in self._args:
+            for part in outer:
+                args = getattr(args, part)
+            array = getattr(args, field)  # (a view into the packed struct's buffer)
+            found.append(ctypes.c_uint64.from_buffer(array, type(array).data.offset))  # (keeps ``array``, so the struct, alive)
+        found = self._pointers[name] = tuple(found)
         return found
 
     def run(self, **arrays: torch.Tensor) -> None:

@@ -195,7 +195,7 @@ def _finite_sums(*tensors) -> bool:
     a cloud that is both query and ref, summed once): the layout's value check of plain inputs."""
     summed: list = []  # (loops: a small call's generators cost more than its sums)
     for t in tensors:
-        if t is None or any_is(t, summed):
+        if t is None or _any_is(t, summed):
             continue
         if not _validate.sum_is_finite(t):
             return False
@@ -203,7 +203,7 @@ def _finite_sums(*tensors) -> bool:
     return True
 
 
-def any_is(t, items) -> bool:
+def _any_is(t, items) -> bool:
     """Whether ``t`` is one of ``items`` (identity: ``in`` would compare tensors by value)."""
     for u in items:
         if u is t:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
-from ..neighbours.nearest import nearest_costs, plain_knn, resolve_backend, search
+from ..neighbours.nearest import nearest_costs, plain_knn, plain_warp, search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -182,11 +182,10 @@ KERNEL = [True]
 def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
     """[cx, cy] (or [cx]) of :func:`_plain`'s call from :func:`pcops.ops.neighbours.nearest._costs.costs`, or None
     unless both clouds are non-empty and plain with nothing to differentiate
-    (:func:`pcops._layout.plain_clouds`, their values checked where ``validate`` asks) and the
-    search is Warp's: the values of the torch formula on the plain kNN search's indices."""
-    if not KERNEL[0] or backend not in ("auto", "warp") or not _layout.plain_clouds(validate, x, y):
-        return None
-    if x.shape[0] == 0 or y.shape[0] == 0 or resolve_backend(backend, x.device) != "warp":
+    (:func:`pcops.ops.neighbours.nearest.plain_warp`: their values checked where ``validate``
+    asks) and the search is Warp's: the values of the torch formula on the plain kNN search's
+    indices."""
+    if not KERNEL[0] or not plain_warp(x, y, 1, backend, validate) or x.shape[0] == 0:  # (y: 1 <= N)
         return None
     cx, cy = nearest_costs(x, y, not single_directional)
     return [cx] if single_directional else [cx, cy]

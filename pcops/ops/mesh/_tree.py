@@ -159,24 +159,28 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     moment = v64.new_empty((rows, 9), dtype=dtype)
     _warp.launch(_finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
                  like=v64, work=4 * size)
-    if not winding:
-        return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(0, 3, 3),
-                    v64.new_empty((0,), dtype=dtype), scale.amax().to(dtype))
-    # the radius: the farthest corner of the node's faces from its center. On the CPU a walk per
-    # node that skips the children whose box lies within the farthest corner found; elsewhere
-    # (node i of depth l holds leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1) each leaf's farthest
-    # corner from each ancestor's center (one launch for every depth and leaf), into the node's
-    # radius by an atomic max: the same value
-    radius = v64.new_zeros((size,))
-    if device.type == "cpu" and RADIUS_WALK[0]:
-        _warp.launch(_radius_kernel(), nodes, [corners, n, d, lo, hi, center, radius], like=corners, min_chunk=16, work=3 * n * 4)
+    radius = v64.new_zeros((rows,))
+    if winding:
+        _radii(corners, n, d, lo, hi, center, radius)
+    return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(rows, 3, 3),
+                radius.to(dtype), scale.amax().to(dtype))
+
+
+def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
+    """Each node's ``radius`` (zeros in, float64, the node arrays' rows): the distance from its
+    center to the farthest corner of its faces (``corners``: float64, 3 a sorted face). On the
+    CPU a walk per node that skips the children whose box lies within the farthest corner found;
+    elsewhere (node i of depth l holds leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1) each leaf's
+    farthest corner from each ancestor's center (one launch for every depth and leaf), into the
+    node's radius by an atomic max: the same value."""
+    leaves = 1 << d
+    if corners.is_cpu and RADIUS_WALK[0]:
+        _warp.launch(_radius_kernel(), (2 << d) - 1, [corners, n, d, lo, hi, center, radius], like=corners, min_chunk=16, work=3 * n * 4)
     else:
         args = [corners, n, d, center]
         levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
         for first, count in levels:
             _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)
-    return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(size, 3, 3),
-                radius.to(dtype), scale.amax().to(dtype))
 
 
 @wp.func(module="unique")

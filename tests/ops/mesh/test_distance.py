@@ -525,6 +525,23 @@ def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch
         torch.testing.assert_close(kd.dists, morton.dists, rtol=0, atol=1e-12 * (1 + float(q.abs().max())))
 
 
+def hierarchy_mesh(kind, gen):
+    """(vertices, faces) of a mesh for the hierarchy's build tests: :func:`mesh`'s kinds, or
+    "duplicates" (faces with equal centroids: ties of the split order), "soup" (6,000 random
+    faces, whose split order runs its top levels a launch per depth) and "nan" (a sphere with a
+    NaN and an infinite vertex)."""
+    if kind == "duplicates":
+        v, f, _ = mesh("open", gen)
+        return v, torch.cat([f, f.flip(1), f])
+    if kind == "soup":
+        return torch.rand(3000, 3, generator=gen, dtype=F64), torch.randint(0, 3000, (6000, 3), generator=gen)
+    v, f, _ = mesh("sphere" if kind == "nan" else kind, gen)
+    if kind == "nan":
+        v = v.clone()
+        v[3, 1], v[7, 0] = float("nan"), float("inf")
+    return v, f
+
+
 @pytest.mark.parametrize("kind", ["open", "self_intersecting", "degenerate", "far", "duplicates", "soup"])
 def test_one_meshs_hierarchy_without_the_sort_by_sample_is_the_same(kind):
     """The hierarchy of one mesh (the layout's ``batch == 0``) skips the sort of its faces by
@@ -532,14 +549,7 @@ def test_one_meshs_hierarchy_without_the_sort_by_sample_is_the_same(kind):
     ("soup": 6,000 faces, whose split order runs its top levels a launch per depth)."""
     tree = importlib.import_module("pcops.ops.mesh._tree")
     gen = torch.Generator().manual_seed(17)
-    if kind == "duplicates":  # faces with equal centroids: ties of the split order
-        v, f, _ = mesh("open", gen)
-        f = torch.cat([f, f.flip(1), f])
-    elif kind == "soup":
-        v = torch.rand(3000, 3, generator=gen, dtype=F64)
-        f = torch.randint(0, 3000, (6000, 3), generator=gen)
-    else:
-        v, f, _ = mesh(kind, gen)
+    v, f = hierarchy_mesh(kind, gen)
     group = torch.zeros(f.shape[0], dtype=torch.int64)
     for dtype in (torch.float32, F64):
         sorted_, one = tree.build(v, f, group, dtype), tree.build(v, f, group, dtype, one=True)
@@ -555,14 +565,7 @@ def test_a_hierarchy_for_unsigned_searches_is_the_signed_one_without_the_winding
     of a call with the mesh equal those through a full ``mesh_bvh``, bit for bit."""
     tree = importlib.import_module("pcops.ops.mesh._tree")
     gen = torch.Generator().manual_seed(5)
-    if kind == "duplicates":
-        v, f, _ = mesh("open", gen)
-        f = torch.cat([f, f.flip(1), f])
-    elif kind == "soup":
-        v = torch.rand(3000, 3, generator=gen, dtype=F64)
-        f = torch.randint(0, 3000, (6000, 3), generator=gen)
-    else:
-        v, f, _ = mesh(kind, gen)
+    v, f = hierarchy_mesh(kind, gen)
     group = torch.zeros(f.shape[0], dtype=torch.int64)
     winding = ("center", "normal", "moment", "radius")
     for dtype in (torch.float32, F64):
@@ -588,18 +591,7 @@ def test_the_cpu_s_radius_walk_equals_the_all_leaves_launch(kind, monkeypatch):
     corners never count)."""
     tree = importlib.import_module("pcops.ops.mesh._tree")
     gen = torch.Generator().manual_seed(23)
-    if kind == "duplicates":
-        v, f, _ = mesh("open", gen)
-        f = torch.cat([f, f.flip(1), f])
-    elif kind == "soup":
-        v = torch.rand(3000, 3, generator=gen, dtype=F64)
-        f = torch.randint(0, 3000, (6000, 3), generator=gen)
-    elif kind == "nan":
-        v, f, _ = mesh("sphere", gen)
-        v = v.clone()
-        v[3, 1], v[7, 0] = float("nan"), float("inf")
-    else:
-        v, f, _ = mesh(kind, gen)
+    v, f = hierarchy_mesh(kind, gen)
     group = torch.zeros(f.shape[0], dtype=torch.int64)
     for dtype in (torch.float32, F64):
         for one in (False, True):

@@ -179,18 +179,22 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     ``detach``: the points may require grad (the caller differentiates what it computes from the
     indices, as the general path's search does: ``chamfer_distance``).
     """
-    if backend not in ("auto", "warp") or type(k) is not int:
-        return None
     if detach:
         if type(query) is not torch.Tensor or type(ref) is not torch.Tensor:
             return None
         same, query = ref is query, query.detach()
         ref = query if same else ref.detach()
-    if not _layout.plain_clouds(validate, query, ref):
-        return None
-    if not 1 <= k <= ref.shape[0] or resolve_backend(backend, query.device) != "warp":
-        return None
-    return _kdtree.find(query, ref, k)
+    return _kdtree.find(query, ref, k) if plain_warp(query, ref, k, backend, validate) else None
+
+
+def plain_warp(query, ref, k, backend: str, validate: bool) -> bool:
+    """Whether a search of ``k`` neighbours of ``query`` in ``ref`` is plain and Warp's: plain
+    clouds (:func:`pcops._layout.plain_clouds`, their sums finite where ``validate`` asks), ``k``
+    an int in 1..N and ``backend`` "auto" or "warp" meaning Warp (:func:`plain_knn`, and
+    chamfer's costs of plain clouds)."""
+    if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref):
+        return False
+    return 1 <= k <= ref.shape[0] and resolve_backend(backend, query.device) == "warp"
 
 
 def complete_rows(idx: torch.Tensor) -> bool:
