@@ -87,7 +87,7 @@ def _funcs(dtype: torch.dtype):
             zero = wp.float64(0.0)
             if wp.dot(pw - bw, wp.cross(n, bcw)) >= zero and wp.dot(pw - cw, wp.cross(n, caw)) >= zero and wp.dot(pw - aw, wp.cross(n, abw)) >= zero:
                 h = wp.dot(n, aw - pw)
-                best = wp.min(best, s(h * h / nn))
+                best = wp.min(best, s(h * (h / nn)))  # (h h / nn: size^6, which overflows)
         return best
 
     @wp.func(module="unique")
@@ -122,7 +122,7 @@ def _funcs(dtype: torch.dtype):
         if va <= s(0.0) and d4 - d3 >= s(0.0) and d5 - d6 >= s(0.0):
             return segment_d2(p, b, bc)
         h = wp.dot(n, ap)  # inside: the height over the plane
-        return h * h / nn
+        return h * (h / nn)  # (h h / nn: size^6, which over- or underflows at sizes the coordinates allow)
 
     @wp.func(module="unique")
     def solid_angle(p: v, a: v, b: v, c: v):
@@ -370,9 +370,11 @@ def walk_func(dtype: torch.dtype):
                 rad = radius[node]
                 if pure and r2 > beta2 * rad * rad:  # far: the dipole expansion of the node
                     inv = s(1.0) / wp.sqrt(r2)
-                    inv3 = inv * inv * inv
+                    u = r * inv
                     mo = moment[node]
-                    total += (wp.dot(normal[node], r) + wp.trace(mo) - s(3.0) * wp.dot(r, mo * r) * inv * inv) * inv3
+                    # (n.r + tr M - 3 r.M r / r^2) / r^3, each factor at most the mesh's size cubed
+                    # (r.M r and r^3 apart over- or underflow in float32 at sizes its coordinates allow)
+                    total += ((wp.dot(normal[node], u) + (wp.trace(mo) - s(3.0) * wp.dot(u, mo * u)) * inv) * inv) * inv
                     break
                 if d == depth:
                     k = node + 1 - (1 << d)

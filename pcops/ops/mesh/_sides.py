@@ -382,7 +382,7 @@ def _sides_kernel(dtype: torch.dtype):
         else:
             kind = -1
             h = wp.dot(ap, n)
-            d2 = h * h / nn
+            d2 = h * (h / nn)  # (h h / nn: size^6, which overflows)
         return kind, d2
 
     @wp.kernel(enable_backward=False, module="unique")

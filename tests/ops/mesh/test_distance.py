@@ -695,3 +695,33 @@ def test_points_over_thin_float32_faces_keep_their_distance(grad):
             exact, _, face = reference.mesh_distance(near.detach(), v, f)
             assert torch.equal(out.face, face) and bool((face == 0).all()), (ratio, h)
             assert torch.allclose(out.dists.detach().double(), exact, rtol=4 * eps, atol=0), (ratio, h, out.dists, exact)
+
+
+@pytest.mark.parametrize("dtype, scales", [(torch.float32, (1e-9, 1e-6, 1e7, 3e7, 9e7)), (F64, (1e-60, 1e-30, 1e30, 1e55, 1e60))])
+def test_the_nearest_face_and_the_sign_keep_at_every_scale_the_coordinates_allow(dtype, scales):
+    """A squared height of size^6 (h h / |n|^2) or a dipole term of size^5 over- or underflowed
+    at sizes whose coordinates and distances fit the dtype (float32 1e7-1e8, within its limit):
+    the farther of two parallel faces came back, and every inside point of a closed mesh read
+    outside. Scaled copies of a unit case give the unit answer times the scale: the nearer face,
+    its distance, the signs, and point_mesh_face_distance times the scale squared."""
+    two = torch.tensor([[-1, -1, 2], [3, -1, 2], [-1, 3, 2], [-1, -1, 1], [3, -1, 1], [-1, 3, 1]], dtype=F64) / 3  # z = 2/3 (face 0), 1/3
+    faces = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    v, f = icosphere(2)
+    gen = torch.Generator().manual_seed(31)
+    q = torch.nn.functional.normalize(torch.randn(200, 3, generator=gen, dtype=F64), dim=-1) * (0.3 + 1.2 * torch.rand(200, 1, generator=gen, dtype=F64))
+    inside = q.norm(dim=-1) < 0.9  # (the icosphere's faces lie between radius 0.98 and 1)
+    clear = inside | (q.norm(dim=-1) > 1.1)
+    unit = pcops.mesh_distance(q.to(dtype), v.to(dtype), f, signed=True).dists.double()
+    sample = pcops.sample_points_on_mesh(v, f, 300, seed=1).points
+    noisy = sample + 0.05 * torch.randn(300, 3, generator=torch.Generator().manual_seed(32), dtype=F64)
+    loss = pcops.point_mesh_face_distance(noisy.to(dtype), v.to(dtype), f).double()
+    rtol = 1e-5 if dtype == torch.float32 else 1e-12
+    for s in scales:
+        near = pcops.mesh_distance(torch.zeros(1, 3, dtype=dtype), (two * s).to(dtype), faces)
+        assert near.face.tolist() == [1], s
+        torch.testing.assert_close(near.dists.double(), torch.tensor([s / 3], dtype=F64), rtol=rtol, atol=0)
+        d = pcops.mesh_distance((q * s).to(dtype), (v * s).to(dtype), f, signed=True).dists.double()
+        assert torch.equal((d < 0)[clear], inside[clear]), s
+        torch.testing.assert_close(d / s, unit, rtol=rtol, atol=rtol)
+        scaled = pcops.point_mesh_face_distance((noisy * s).to(dtype), (v * s).to(dtype), f).double()
+        torch.testing.assert_close(scaled / (s * s), loss, rtol=10 * rtol, atol=0)
