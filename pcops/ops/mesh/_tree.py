@@ -173,11 +173,10 @@ def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
     elsewhere (node i of depth l holds leaves i 2^(d - l) .. (i + 1) 2^(d - l) - 1) each leaf's
     farthest corner from each ancestor's center (one launch for every depth and leaf), into the
     node's radius by an atomic max: the same value."""
-    leaves = 1 << d
     if corners.is_cpu and RADIUS_WALK[0]:
         _warp.launch(_radius_kernel(), (2 << d) - 1, [corners, n, d, lo, hi, center, radius], like=corners, min_chunk=16, work=3 * n * 4)
     else:
-        args = [corners, n, d, center]
+        leaves, args = 1 << d, [corners, n, d, center]
         levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
         for first, count in levels:
             _warp.launch(_reach_kernel(), count * leaves, [*args, first, radius], like=corners, work=3 * n * count)

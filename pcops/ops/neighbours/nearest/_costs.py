@@ -15,7 +15,7 @@ operations (docs/benchmarks.md, small clouds).
 import torch
 import warp as wp
 
-from .... import _warp, _warp_funcs
+from .... import _warp
 from . import _kdtree
 
 # Both clouds' nearest points are measured pair by pair in the costs' launch up to this many
@@ -26,13 +26,13 @@ SCAN_PAIRS = 1 << 15
 
 @_warp.kernels
 def _kernels(dtype: torch.dtype):
-    """``scan``: thread t < m finds x[t]'s nearest point of y by the kNN scan's insertion (the
-    same comparisons, so the same point; row t of the scratch rows) and writes its cost to
+    """``scan``: thread t < m finds x[t]'s nearest point of y with the kNN scan's row
+    (:func:`._kdtree.scan_row`: the same comparisons, so the same point; row t of the scratch rows;
+    ``none``: the unread group) and writes its cost to
     cx[t]; thread m + i does the same for y[i] in x into cy[i]. ``from_indices``: the same costs
     from the indices found by a search (-1: none, cost 0)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    insert = _warp_funcs.sorted_insert(dtype, True)
-    slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # the kNN scan's: ties still compared
+    row = _kdtree.scan_row(dtype, False)
 
     @wp.func(module="unique")
     def cost(a: v, b: v):
@@ -46,38 +46,23 @@ def _kernels(dtype: torch.dtype):
         xy = xx + yy
         return xy + zz
 
-    @wp.func(module="unique")
-    def nearest(q: v, points: wp.array(dtype=v), dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), t: int):
-        """The kNN scan's k = 1 row t for the query q (idx -1 where no point is finite or q is not)."""
-        dists[t, 0] = s(wp.inf)
-        idx[t, 0] = wp.int64(-1)
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return wp.int64(-1)
-        n = int(0)
-        bound = s(wp.inf)
-        for j in range(points.shape[0]):
-            diff = q - points[j]
-            d2 = wp.dot(diff, diff)
-            if d2 <= bound and d2 < s(wp.inf):  # NaN / inf points are never neighbours
-                n = insert(dists, idx, t, n, d2, wp.int64(j))
-                bound = wp.min(bound, dists[t, 0] * slack)
-        return idx[t, 0]
-
     @wp.kernel(enable_backward=False, module="unique")
-    def scan(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64),
-             cx: wp.array(dtype=s), cy: wp.array(dtype=s)):
+    def scan(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), none: wp.array(dtype=wp.int32), dists: wp.array2d(dtype=s),
+             idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s)):
         t = wp.tid() + start
         m = x.shape[0]
         if t < m:
             q = x[t]
-            j = nearest(q, y, dists, idx, t)
+            row(q, wp.int32(0), y, none, 0, y.shape[0], dists, idx, t)  # (the kNN scan's k = 1 row t: idx -1 where none is finite)
+            j = idx[t, 0]
             c = s(0.0)
             if j >= wp.int64(0):
                 c = cost(q, y[j])
             cx[t] = c
         else:
             q = y[t - m]
-            j = nearest(q, x, dists, idx, t)
+            row(q, wp.int32(0), x, none, 0, x.shape[0], dists, idx, t)
+            j = idx[t, 0]
             c = s(0.0)
             if j >= wp.int64(0):
                 c = cost(q, x[j])
@@ -127,7 +112,7 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool) -> tuple:
     cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
     if m * n <= SCAN_PAIRS:
         dists, idx = x.new_empty((threads, 1)), torch.empty((threads, 1), dtype=torch.int64)
-        args = [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), dists, idx, cx, cy]
+        args = [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy]
         arrays = dict(x=x, y=y, dists=dists, idx=idx, cx=cx, cy=cy)
         _run(scan, ("chamfer_scan", x.dtype, m, n, both), threads, args, arrays, work=m * n * (2 if both else 1))
     else:

@@ -256,6 +256,45 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
 
 
 @_warp.kernels
+def scan_row(dtype: torch.dtype, grouped: bool):
+    """``row(q, qg, points, point_group, first, last, dists, idx, t) -> n``: the points ``first``
+    .. ``last`` - 1 (of the query's group ``qg`` where ``grouped``) measured one by one from the
+    query q and the k = dists.shape[1] best kept in row t with the tree search's insertion
+    (squared distances; the row first set to inf / -1, and left so for a query that is not
+    finite); returns how many it holds. The scan's (:func:`_scan_kernel`) and chamfer's costs'
+    (:mod:`._costs`: the same comparisons, so the same point)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    insert = _warp_funcs.sorted_insert(dtype, True)
+    slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
+
+    @wp.func(module="unique")
+    def row(q: v, qg: wp.int32, points: wp.array(dtype=v), point_group: wp.array(dtype=wp.int32), first: int, last: int,
+            dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), t: int):
+        k = dists.shape[1]
+        for c in range(k):
+            dists[t, c] = s(wp.inf)
+            idx[t, c] = wp.int64(-1)
+        n = int(0)
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            return n
+        bound = s(wp.inf)
+        for j in range(first, last):
+            diff = q - points[j]
+            d2 = wp.dot(diff, diff)
+            ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
+            if wp.static(grouped):
+                ok = ok and point_group[j] == qg
+            if ok:
+                n = insert(dists, idx, t, n, d2, wp.int64(j))
+                if n == k:
+                    bound = wp.min(bound, dists[t, k - 1] * slack)
+        return n
+
+    return row
+
+
+@_warp.kernels
 def _scan_kernel(dtype: torch.dtype, grouped: bool):
     """Small clouds: each query's reference points measured one by one (of its group), the k
     best kept in a row with the tree search's insertion (the same order: squared distances
@@ -271,6 +310,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
+    row = scan_row(dtype, grouped)
 
     @wp.kernel(enable_backward=False, module="unique")
     def scan(
@@ -286,26 +326,12 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         t = wp.tid() + start
         i = t // slices
         piece = wp.int64(t - i * slices)
-        k = dists.shape[1]
-        for c in range(k):
-            dists[t, c] = s(wp.inf)
-            idx[t, c] = wp.int64(-1)
-        q = query[i]
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
-            return
         npts = wp.int64(points.shape[0])
-        n = int(0)
-        bound = s(wp.inf)
-        for j in range(int(npts * piece // wp.int64(slices)), int(npts * (piece + wp.int64(1)) // wp.int64(slices))):
-            diff = q - points[j]
-            d2 = wp.dot(diff, diff)
-            ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
-            if wp.static(grouped):
-                ok = ok and point_group[j] == query_group[i]
-            if ok:
-                n = insert(dists, idx, t, n, d2, wp.int64(j))
-                if n == k:
-                    bound = wp.min(bound, dists[t, k - 1] * slack)
+        qg = wp.int32(0)
+        if wp.static(grouped):
+            qg = query_group[i]
+        n = row(query[i], qg, points, point_group, int(npts * piece // wp.int64(slices)), int(npts * (piece + wp.int64(1)) // wp.int64(slices)),
+                dists, idx, t)
         if slices == 1:
             for c in range(n):
                 dists[t, c] = wp.sqrt(dists[t, c])
