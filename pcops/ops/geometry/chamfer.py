@@ -131,8 +131,30 @@ def _check_options(norm, single_directional, point_reduction, batch_reduction) -
     _validate.reductions(point_reduction, batch_reduction, POINT_REDUCTIONS, BATCH_REDUCTIONS)
 
 
-def _costs(flat: _layout.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
-    """Per-point cost (P_a,) of the flat query to its nearest ref point: 0 for padding and for no match."""
+def _unmatched(query: torch.Tensor, query_group, ref_group, validate: bool, ids: Optional[int] = None):
+    """The cost of a query whose search found no neighbour (-1): inf where the query is finite
+    and its sample of the other cloud has points (every distance to them overflowed the dtype,
+    or, without validation, none of them is finite), else 0 (padding rows, points whose sample
+    of the other cloud is empty, a NaN query without validation). ``validate``: the caller's
+    (the points were checked finite); query_group / ref_group None: one cloud each, the other
+    one not empty; ``ids``: the groups are below it (padded layouts), else any int32 (packed).
+    A number, or a tensor (P,)."""
+    fill = float("inf")
+    if not validate:
+        fill = torch.where(torch.isfinite(query).all(-1), fill, 0.0)
+    if query_group is not None:
+        if ids is None:
+            present = torch.isin(query_group, ref_group)
+        else:  # (a table of the ids: several times faster than isin's sort)
+            present = query_group.new_zeros(ids, dtype=torch.bool).index_fill_(0, ref_group.long(), True)[query_group.long()]
+        fill = torch.where(present, fill, 0.0)
+    return fill
+
+
+def _costs(flat: _layout.Flat, norm: int, backend: str, dtype, validate: bool) -> torch.Tensor:
+    """Per-point cost (P_a,) of the flat query to its nearest ref point (``validate``: the
+    caller's): 0 for padding and points whose sample of the other cloud is empty, inf where a
+    finite point found none (:func:`_unmatched`)."""
     if flat.ref.shape[0] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
         return flat.query.to(dtype).sum(-1) * 0
     if norm == 2:
@@ -144,7 +166,8 @@ def _costs(flat: _layout.Flat, norm: int, backend: str, dtype) -> torch.Tensor:
         idx, valid = nearest.clamp_min(0), nearest >= 0
     diff = flat.query.to(dtype) - _layout.select_rows(flat.ref.to(dtype), idx)
     cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
-    return torch.where(valid, cost, 0)
+    ids = flat.batch_shape[0] + 2 if flat.batch_shape else None  # (padded: samples, then the two padding ids)
+    return torch.where(valid, cost, _unmatched(flat.query.detach(), flat.query_group, flat.ref_group, validate, ids))
 
 
 def _per_sample(cost, flat: _layout.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
@@ -208,8 +231,9 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
             return None
         costs = []
         for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
-            idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf: costs 0)
-            costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1), 0))
+            idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf)
+            costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1),
+                                     _unmatched(query.detach(), None, None, validate)))
     if point_reduction is None:
         return costs[0] if single_directional else tuple(costs)
     # one sample: its loss is the batch's (the general path's sum, or mean, of one value: the same value)
@@ -251,7 +275,9 @@ def chamfer_distance(
     averages over the sample's points ("mean") or takes the largest ("max", the Hausdorff
     distance) of each; the loss is ``cham_x + cham_y`` (``max(cham_x, cham_y)`` for "max"), or
     ``cham_x`` alone with ``single_directional=True``. ``batch_reduction`` then sums or averages
-    over the B samples. Padding rows and points whose sample of the other cloud is empty cost 0.
+    over the B samples. Padding rows and points whose sample of the other cloud is empty cost 0;
+    a point farther from every point of its sample of the other cloud than the dtype holds (the
+    squared distances overflow: float32 coordinates about 1e19 apart) costs inf.
 
     Args:
         x: Tensor of shape (P1, 3); (B, P1, 3) padded; or (P1_total, 3) packed.
@@ -301,11 +327,11 @@ def chamfer_distance(
     b, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
     flat_x = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
-    terms = [(_costs(flat_x, norm, backend, dtype), flat_x, x_lengths, x_batch)]
+    terms = [(_costs(flat_x, norm, backend, dtype, validate), flat_x, x_lengths, x_batch)]
     if not single_directional:  # the same clouds the other way round: their values are checked
         reverse = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
         flat_y = _layout.pair(y, x, **reverse, validate=flat_x.validate, names=_layout.names("y", "x"))
-        terms.append((_costs(flat_y, norm, backend, dtype), flat_y, y_lengths, y_batch))
+        terms.append((_costs(flat_y, norm, backend, dtype, validate), flat_y, y_lengths, y_batch))
     if point_reduction is None:
         per_point = tuple(_layout.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
         return per_point[0] if single_directional else per_point

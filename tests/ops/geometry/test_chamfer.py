@@ -254,3 +254,56 @@ def test_cuda_matches_reference(gen, norm):
     x, y, xl, yl = _batch(gen, 300, 400)
     out = pcops.chamfer_distance(x.cuda(), y.cuda(), x_lengths=xl.cuda(), y_lengths=yl.cuda(), norm=norm, batch_reduction=None)
     torch.testing.assert_close(out.cpu(), expected(*_samples(x, y, xl, yl), norm, batch_reduction=None), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype, far", [(torch.float32, 3e19), (F64, 1e155)])
+def test_points_farther_than_the_dtype_holds_cost_inf_and_missing_partners_still_cost_0(dtype, far, monkeypatch):
+    """A finite point whose squared distance to every point of the other cloud overflows (the
+    kNN search finds none: -1) costs inf, not 0 (a far point silently dropped out of the loss);
+    padding, an empty sample of the other cloud and a NaN point without validation still cost 0,
+    and, without validation, a finite point whose other cloud holds no finite point costs inf. The
+    same on every path: the costs launch, the torch formula (with gradients), the layout layer,
+    padded and packed, L2 and L1."""
+    x = torch.tensor([[0.0, 0.0, 0.0], [far, 0.0, 0.0]], dtype=dtype)
+    y = torch.tensor([[1.0, 0.0, 0.0], [-far, 0.0, 0.0]], dtype=dtype)
+    inf = float("inf")
+    want = (torch.tensor([1.0, inf], dtype=dtype), torch.tensor([1.0, inf], dtype=dtype))
+    for kernel in (True, False):
+        for plain in (True, False):
+            monkeypatch.setattr(chamfer_module, "KERNEL", [kernel])
+            monkeypatch.setattr(chamfer_module, "PLAIN", [plain])
+            for grad in (False, True):
+                xs = x.clone().requires_grad_(grad)
+                got = pcops.chamfer_distance(xs, y, point_reduction=None, batch_reduction=None)
+                for a, b in zip(got, want, strict=True):
+                    assert torch.equal(a.detach(), b), (kernel, plain, grad)
+                loss = pcops.chamfer_distance(xs, y)
+                assert loss.item() == inf, (kernel, plain, grad)
+                if grad:
+                    got[0][0].backward()  # the finite cost's gradient is still finite
+                    assert torch.isfinite(xs.grad).all()
+            # padded, sample 1 of y empty: its x points cost 0, padding rows 0
+            xp, yp = torch.stack([x, x]), torch.stack([y, y])
+            cx, cy = pcops.chamfer_distance(xp, yp, x_lengths=torch.tensor([2, 1]), y_lengths=torch.tensor([2, 0]),
+                                            point_reduction=None, batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([[1.0, inf], [0.0, 0.0]], dtype=dtype)), (kernel, plain)
+            assert torch.equal(cy, torch.tensor([[1.0, inf], [0.0, 0.0]], dtype=dtype)), (kernel, plain)
+            # packed, the same samples
+            cx, cy = pcops.chamfer_distance(torch.cat([x, x[:1]]), y, x_batch=torch.tensor([0, 0, 1]), y_batch=torch.tensor([0, 0]),
+                                            batch_size=2, point_reduction=None, batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([1.0, inf, 0.0], dtype=dtype)) and torch.equal(cy, want[1]), (kernel, plain)
+            # L1: the far point's L1 distance overflows too, or its cost does
+            if dtype == torch.float32:
+                xl, yl = torch.tensor([[0.0, 0.0, 0.0], [3e38, 0.0, 0.0]]), torch.tensor([[1.0, 0.0, 0.0], [-3e38, 0.0, 0.0]])
+                l1 = pcops.chamfer_distance(xl[1:], yl[1:], norm=1, point_reduction=None, batch_reduction=None)
+                assert torch.equal(l1[0], torch.tensor([inf])) and torch.equal(l1[1], torch.tensor([inf])), (kernel, plain)
+                l1 = pcops.chamfer_distance(xl, yl, norm=1, point_reduction=None, batch_reduction=None)
+                assert torch.equal(l1[0], torch.tensor([1.0, 3e38])), (kernel, plain)
+            # without validation: a NaN point costs 0; a finite one facing only NaN points, inf
+            nan = float("nan")
+            xn = torch.tensor([[nan, 0.0, 0.0], [0.5, 0.0, 0.0]], dtype=dtype)
+            cx, _ = pcops.chamfer_distance(xn, y, validate=False, point_reduction=None, batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([0.0, 0.25], dtype=dtype)), (kernel, plain)
+            cx, cy = pcops.chamfer_distance(xn[1:], torch.full((2, 3), nan, dtype=dtype), validate=False, point_reduction=None,
+                                            batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([inf], dtype=dtype)) and torch.equal(cy, torch.zeros(2, dtype=dtype)), (kernel, plain)

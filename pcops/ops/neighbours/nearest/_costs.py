@@ -3,8 +3,8 @@ of two plain CPU clouds in Warp, for calls with nothing to differentiate.
 
 ``costs(x, y, both)`` returns ``cx`` (M,), the squared distance of each point of ``x`` to its
 nearest point of ``y``, and (``both``) ``cy`` (N,) the other way: what :mod:`pcops.ops.geometry.chamfer`'s torch
-formula computes from the kNN search's indices (``((x - y[idx]) ** 2).sum(-1)``, 0 where a point
-found no neighbour), the same values bit for bit: the nearest point is the kNN search's (small
+formula computes from the kNN search's indices (``((x - y[idx]) ** 2).sum(-1)``; where a point
+found no neighbour, inf if it is finite, else 0), the same values bit for bit: the nearest point is the kNN search's (small
 clouds: the kernel measures every pair with the scan's code; larger ones: the search itself,
 :func:`._kdtree.find`), and a cost is the differences squared and
 summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU compiler
@@ -30,7 +30,7 @@ def _kernels(dtype: torch.dtype):
     (:func:`._kdtree.scan_row`: the same comparisons, so the same point; row t of the scratch rows;
     ``none``: the unread group) and writes its cost to
     cx[t]; thread m + i does the same for y[i] in x into cy[i]. ``from_indices``: the same costs
-    from the indices found by a search (-1: none, cost 0)."""
+    from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     row = _kdtree.scan_row(dtype, False)
 
@@ -46,6 +46,15 @@ def _kernels(dtype: torch.dtype):
         xy = xx + yy
         return xy + zz
 
+    @wp.func(module="unique")
+    def unmatched(q: v):
+        """The cost of a point that found no neighbour (the other cloud is not empty): inf if it
+        is finite (every squared distance overflowed, or no point of the other cloud is finite), else 0."""
+        c = s(0.0)
+        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
+            c = s(wp.inf)
+        return c
+
     @wp.kernel(enable_backward=False, module="unique")
     def scan(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), none: wp.array(dtype=wp.int32), dists: wp.array2d(dtype=s),
              idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s)):
@@ -55,7 +64,7 @@ def _kernels(dtype: torch.dtype):
             q = x[t]
             row(q, wp.int32(0), y, none, 0, y.shape[0], dists, idx, t)  # (the kNN scan's k = 1 row t: idx -1 where none is finite)
             j = idx[t, 0]
-            c = s(0.0)
+            c = unmatched(q)
             if j >= wp.int64(0):
                 c = cost(q, y[j])
             cx[t] = c
@@ -63,7 +72,7 @@ def _kernels(dtype: torch.dtype):
             q = y[t - m]
             row(q, wp.int32(0), x, none, 0, x.shape[0], dists, idx, t)
             j = idx[t, 0]
-            c = s(0.0)
+            c = unmatched(q)
             if j >= wp.int64(0):
                 c = cost(q, x[j])
             cy[t - m] = c
@@ -75,13 +84,13 @@ def _kernels(dtype: torch.dtype):
         m = x.shape[0]
         if t < m:
             j = ix[t, 0]
-            c = s(0.0)
+            c = unmatched(x[t])
             if j >= wp.int64(0):
                 c = cost(x[t], y[j])
             cx[t] = c
         else:
             j = iy[t - m, 0]
-            c = s(0.0)
+            c = unmatched(y[t - m])
             if j >= wp.int64(0):
                 c = cost(y[t - m], x[j])
             cy[t - m] = c
