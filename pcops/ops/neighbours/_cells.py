@@ -339,7 +339,11 @@ class CellList:
         high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
         groups = max(int(host[12]) + 1, 1)
         side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
-        widths = [c * radius for c in CELL]
+        # in units of the larger of the box and the radius (products of three widths neither over- nor
+        # underflow), each width at least 2^-20 of its side and 2^-60 (at most 2^20 cells a side)
+        unit = max(*side, radius)
+        side = [x / unit for x in side]
+        widths = [max(c * (radius / unit), x / (1 << 20), 2.0**-60) for c, x in zip(CELL, side)]
         volume = max(side[0] * side[1] * side[2], 1e-300)
         widen = (volume * groups / (CELLS_PER_POINT * max(n, 1) * widths[0] * widths[1] * widths[2])) ** (1.0 / 3.0)
         widths = [w * max(widen, 1.0) for w in widths]
@@ -347,6 +351,10 @@ class CellList:
         while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
             widths = [w * 1.25 for w in widths]  # a flat or thin cloud: the volume bound above was too generous
             dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
+        widths = [w * unit for w in widths]
+        # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0)
+        tiny = torch.finfo(ref.dtype).tiny ** 0.5
+        widths = [w if d > 1 else max(2.0 * x * unit, tiny) for w, d, x in zip(widths, dims, side)]
         if dev.type == "cpu":  # (low corner, 1 / widths)
             frame = torch.tensor([*low, *(1.0 / w for w in widths)], dtype=ref.dtype)
         else:  # on the device: fills, not a blocking copy from the host

@@ -548,3 +548,28 @@ def test_sparse_sample_ids_beyond_the_saved_starts_table(gen):
         torch.testing.assert_close(out[mq].detach(), alone.detach())
         for leaf, part, m in zip(leaves, parts, (mq, mp, mp)):
             torch.testing.assert_close(leaf.grad[m], part.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_cell_lists_of_extreme_radii_find_every_neighbour(dtype):
+    """The cell list's geometry in Python floats: three widths of a radius below about 1e-109
+    multiplied to 0 (a ZeroDivisionError), widths capped at 2^20 cells a side left a grid of a
+    tiny radius short of the cloud (counts 0: a point missed itself), and a float32 radius above
+    the dtype gave a cell's inverse of 0 (counts 0). Every radius > 0 now finds what a brute
+    force of direct differences finds, on clouds above the every-pair scan (cell lists) and for
+    radius_graph."""
+    p = torch.rand(3000, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    p[1] = p[0]  # an exact duplicate: found at every radius
+    pd = p.to(dtype)
+    f = torch.ones(3000, 1, dtype=dtype)
+    d2 = (pd[:200, None] - pd[None]).square().sum(-1)  # (direct differences in the dtype, as the ops measure)
+    for r in (1e-300, 1e-120, 1e-108, 1e-105, 1e-100, 0.05, 1e39, 1e100, 1e300):
+        r2 = torch.tensor(r, dtype=F64).square().to(dtype)
+        want = (d2 <= r2).sum(1)  # (counts: all within the radius, not only the K kept)
+        got = pcops.ball_query(pd[:200], pd, r, 8).counts
+        assert torch.equal(got, want), r
+        assert torch.equal(pcops.ball_queries(pd[:200], pd, [r], 8)[0].counts, want), r
+        agg = pcops.radius_aggregate(pd[:200], pd, f, r, weights="uniform")
+        assert torch.equal(agg, torch.ones_like(agg)), r
+        edges = pcops.radius_graph(pd[:100], r, loop=True, max_neighbors=100)
+        assert edges.shape[1] == int((d2[:100, :100] <= r2).sum()), r
