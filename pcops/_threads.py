@@ -26,6 +26,8 @@ import time
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
+from . import _validate
+
 # Seconds between two readings of the machine's CPU time: the busy cores are those of the last one.
 WINDOW = 0.25
 
@@ -219,7 +221,8 @@ def differentiable(*tensors: torch.Tensor) -> bool:
 
 def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
-    operations around its custom ops included); traced by ``torch.compile``, it is ``fn``.
+    operations around its custom ops included); traced by ``torch.compile``, it is ``fn``. A
+    ``validate`` keyword must be a bool (a TypeError naming it).
 
     A call with an argument of a type in :data:`PROTOCOL_TYPES` (or a subclass) goes through
     torch's ``__torch_function__`` protocol, as torch's own Python functions do: the type's
@@ -229,6 +232,8 @@ def limits(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if "validate" in kwargs:  # (every public op's flag, keyword-only: None or 1 would pass a truth test)
+            _validate.flag(validate=kwargs["validate"])
         if PROTOCOL_TYPES:
             types = tuple(PROTOCOL_TYPES)
             routed = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, types))

@@ -6,6 +6,7 @@ The per-op checks run on every device of the test base's device axis (tests/op_s
 import inspect
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -109,3 +110,13 @@ def test_half_precision_inputs_are_computed_in_float32_and_returned_in_their_dty
             torch.testing.assert_close(g, w.to(dtype), rtol=0, atol=0, equal_nan=True)
         elif isinstance(g, torch.Tensor):
             assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("op", [op for op in op_table.OPS if op.validates], ids=lambda op: op.name)
+def test_validate_must_be_a_bool(op):
+    """``validate=None`` (or 1, "yes", NumPy's True) would pass a truth test, None silently
+    turning the checks off: every op that takes ``validate`` raises a TypeError naming it, before
+    anything else is read."""
+    for bad in (None, 1, "yes", np.True_):
+        with pytest.raises(TypeError, match="^validate must be a bool"):
+            getattr(pcops, op.name)(validate=bad)
