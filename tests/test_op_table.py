@@ -120,3 +120,25 @@ def test_validate_must_be_a_bool(op):
     for bad in (None, 1, "yes", np.True_):
         with pytest.raises(TypeError, match="^validate must be a bool"):
             getattr(pcops, op.name)(validate=bad)
+
+
+def _flags(op) -> list[str]:
+    """The keyword parameters of an op with a bool default, ``validate`` aside (its own test)."""
+    params = inspect.signature(getattr(pcops, op.name)).parameters.values()
+    return [p.name for p in params if isinstance(p.default, bool) and p.name != "validate"]
+
+
+FLAGS = [(op, name) for op in op_table.OPS for name in _flags(op)]
+
+
+@pytest.mark.parametrize(("op", "name"), FLAGS, ids=[f"{op.name}-{name}" for op, name in FLAGS])
+def test_every_flag_must_be_a_bool(op, name, monkeypatch):
+    """Each bool option (``random_start``, ``signed``, ``potentials``, ...) given None, 1, "yes"
+    or NumPy's True raises a TypeError naming it, on the op's canonical call (the flag forced in
+    over whatever the call passes), never a truth test that silently picks a branch."""
+    f = getattr(pcops, op.name)
+    inputs = op.make(torch.Generator().manual_seed(0))
+    for bad in (None, 1, "yes", np.True_):
+        monkeypatch.setattr(pcops, op.name, lambda *a, **kw: f(*a, **{**kw, name: bad}))
+        with pytest.raises(TypeError, match=f"^{name} must be a bool"):
+            op.call(inputs)

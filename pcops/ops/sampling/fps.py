@@ -891,6 +891,7 @@ def farthest_point_sample(
         out = _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, validate)
         if out is not None:
             return out
+    _validate.flag(random_start=random_start)
     n_samples, ratio = _validate.plain(n_samples), _validate.plain(ratio)  # NumPy scalars as Python numbers
     flat = _layout.single(points, lengths=lengths, batch=batch, validate=validate, flatten=False)
     _check_numbers(points, n_samples, ratio)

@@ -572,7 +572,7 @@ def sinkhorn_divergence(
     p, batch_size = _validate.plain(p), _validate.plain(batch_size)
     _check_options(p, blur, scaling, diameter)
     p = int(p)  # 2.0 means 2 (the op's schema takes an int)
-    _validate.flag(debias=debias)
+    _validate.flag(debias=debias, potentials=potentials)
     _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
     layout = dict(query_lengths=x_lengths, ref_lengths=y_lengths, query_batch=x_batch, ref_batch=y_batch)
     _validate.layout(x, y, None, **layout, names=_NAMES)
