@@ -283,7 +283,9 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
     Returns:
         edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i; edges grouped by
         centre, each centre's neighbours by distance (ties by the smaller index). E = N * k
-        when every sample has more than k points; otherwise it depends on the data (a
+        when every sample has more than k points and no squared distance overflows the dtype
+        (finite float32 points about 1e19 or more apart: no edge, as :func:`pcops.knn`);
+        otherwise it depends on the data (a
         dynamic size under ``torch.compile``: default options break the graph at
         ``pcops.edges``). With ``max_edges``: :class:`PaddedEdges` (edge_index (2, max_edges)
         padded with -1, count).

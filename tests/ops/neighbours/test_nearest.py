@@ -73,6 +73,30 @@ def test_ties_are_broken_by_the_smaller_index(backend):
     assert torch.all(dists == 1)
 
 
+@pytest.mark.parametrize("backend", ["warp", "torch", "warp-scan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monkeypatch, backend, dtype):
+    """Two clusters of finite points so far apart that their squared distances overflow the
+    dtype (validation accepts them): each point's neighbours are those of its own cluster, the
+    missing columns -1 / inf, and knn_graph has only the edges within a cluster (as documented)."""
+    if backend == "warp-scan":  # the every-pair scan, instead of the tree the fixture forces
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 1 << 30)
+    far = 1e20 if dtype == torch.float32 else 1e155
+    near = torch.rand(5, 3, generator=gen, dtype=F64)
+    p = torch.cat([near, near[:3] * 0.5 + far]).to(dtype)[torch.tensor([5, 0, 1, 6, 2, 7, 3, 4])]
+    k = 6
+    dists, idx = pcops.knn(p, p, k, backend=backend.removesuffix("-scan"))
+    d2 = ((p[:, None].double() - p[None].double()) ** 2).to(dtype).sum(-1)  # each square in the dtype, as the search
+    assert torch.isinf(d2).any()
+    for i in range(p.shape[0]):
+        found = [j for j in torch.argsort(d2[i].double(), stable=True).tolist() if math.isfinite(d2[i, j])][:k]
+        assert idx[i].tolist() == found + [-1] * (k - len(found))
+        torch.testing.assert_close(dists[i, : len(found)].double(), d2[i, found].double().sqrt(), rtol=1e-6, atol=0)
+        assert torch.isinf(dists[i, len(found):]).all()
+    within = sum(min(n - 1, 2) for n in (5, 5, 5, 5, 5, 3, 3, 3))
+    assert pcops.knn_graph(p, 2).shape == (2, within)
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_opcheck_search_ops(gen, backend):
     op = knn_module.BACKENDS[backend].op

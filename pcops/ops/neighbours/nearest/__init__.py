@@ -273,8 +273,11 @@ def knn(
         distances (not squared) in the promoted dtype of the points, differentiable with
         respect to ``query`` and ``ref`` (recomputed in torch from the found points when a
         gradient is asked for; the search's own distances otherwise). A query whose sample has fewer than k reference
-        points gets idx -1 and dist inf in the missing columns. float16/bfloat16 points are
-        searched in float32.
+        points gets idx -1 and dist inf in the missing columns; so does one whose squared
+        distance to a reference point overflows the dtype (finite float32 points about 1e19
+        or more apart, float64 about 1e154): that point is never its neighbour, as an
+        infinite distance (the "scipy" backend measures in float64 and finds it).
+        float16/bfloat16 points are searched in float32.
 
     Example:
         >>> import torch, pcops
