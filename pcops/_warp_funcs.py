@@ -29,6 +29,8 @@ Runtime glue (device and stream binding, conversion, launches) is in :mod:`pcops
 closures at definition time.)
 """
 
+import math
+
 import torch
 import warp as wp
 
@@ -249,17 +251,22 @@ def cell_range(dtype: torch.dtype):
     list (``frame``: low corner x, y, z and 1 / the cell widths in x, y, z; ``dims`` cells a
     side) that may hold a point within ``radius`` of q, clamped to the grid (lo > hi on an
     axis: none; so on the axis of a NaN or infinite coordinate of q, which the clamp takes to
-    -1 or n)."""
+    -1 or n). A radius below the square root of the dtype's smallest normal number reaches
+    that far: squares below it round to subnormals or 0, so a kernel's test (``|q - p| <=
+    radius`` from the squared sum, or the squares compared) may pass a point about that far
+    away (:class:`pcops.ops.neighbours._cells.CellList` sizes its cells the same)."""
     s, v = scalar(dtype), vec3(dtype)
+    floor = s(math.sqrt(torch.finfo(dtype).tiny))
 
     @wp.func(module="unique")
     def box(q: v, radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
         lo = wp.vec3i(0, 0, 0)
         hi = wp.vec3i(0, 0, 0)
+        r = wp.max(radius, floor)
         for a in range(3):
             n = dims[a]
             inv_h = frame[3 + a]
-            reach = radius + s(1e-3) / inv_h  # a margin for rounding at cell borders
+            reach = r + s(1e-3) / inv_h  # a margin for rounding at cell borders
             # cell coordinates clamped to [-1, n] (inf included) before the conversion to int
             first = int(wp.floor(wp.clamp((q[a] - reach - frame[a]) * inv_h, s(-1.0), s(n))))
             last = int(wp.floor(wp.clamp((q[a] + reach - frame[a]) * inv_h, s(-1.0), s(n))))

@@ -573,3 +573,38 @@ def test_cell_lists_of_extreme_radii_find_every_neighbour(dtype):
         assert torch.equal(agg, torch.ones_like(agg)), r
         edges = pcops.radius_graph(pd[:100], r, loop=True, max_neighbors=100)
         assert edges.shape[1] == int((d2[:100, :100] <= r2).sum()), r
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e-30), (torch.float32, 1e-21), (F64, 1e-170), (F64, 1e-158)])
+def test_clouds_whose_squares_underflow_give_every_path_the_same_neighbours(dtype, scale, monkeypatch):
+    """Clouds so small that squared distances round to subnormals or 0 in the dtype: a point
+    within the radius is what the kernels' own test says, and the cell list (sized and windowed
+    at least the square root of the smallest normal number) finds exactly what the every-pair
+    scan finds: ball_query, each radius of ball_queries, radius_aggregate and radius_graph.
+    Cells of the radius itself missed pairs the test passes (counts depended on the path and on
+    the other radii of ball_queries)."""
+    from pcops.ops.neighbours import _ball_search, radius as radius_module
+
+    g = torch.Generator().manual_seed(1)
+    p = (torch.rand(1500, 3, generator=g, dtype=F64) * scale).to(dtype)
+    q = p[:120]
+    radii = [scale * f for f in (0.001, 0.02, 0.1, 0.3)]
+    f = torch.arange(1500, dtype=dtype)[:, None] % 7  # (small integers: every mean exact, in any order)
+
+    def everything():
+        return ([pcops.ball_query(q, p, r, 32) for r in radii], pcops.ball_queries(q, p, radii, [32] * 4),
+                [pcops.radius_aggregate(q, p, f, r, weights="uniform") for r in radii],
+                [pcops.radius_graph(p[:400], r, loop=True, max_neighbors=400).shape[1] for r in radii])
+
+    runs = []
+    for pairs in (0, 1 << 40):  # cell lists, then the every-pair scans
+        monkeypatch.setattr(_ball_search, "SCAN_PAIRS", pairs)
+        monkeypatch.setattr(radius_module, "SCAN_PAIRS", pairs)
+        runs.append(everything())
+    cells, scans = runs
+    for g_, r in enumerate(radii):
+        for got in (cells[0][g_], cells[1][g_], scans[1][g_]):
+            assert torch.equal(got.counts, scans[0][g_].counts) and torch.equal(got.idx, scans[0][g_].idx), r
+        torch.testing.assert_close(cells[2][g_], scans[2][g_], rtol=0, atol=0)
+        dense = pcops.ball_query(p[:400], p[:400], r, 400).counts.sum()
+        assert cells[3][g_] == int(dense), r
