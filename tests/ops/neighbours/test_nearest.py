@@ -97,6 +97,53 @@ def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monke
     assert pcops.knn_graph(p, 2).shape == (2, within)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_weighted_means_from_one_launch_equal_the_torch_formula(gen, monkeypatch, kind, dtype):
+    """A plain knn_aggregate / knn_interpolate call with k <= 4, uniform or inverse-distance
+    weights and nothing to differentiate takes its weighted means from one Warp launch: the same
+    values bit for bit as the torch formula (the call with features that require grad) and as
+    the general path, on both sides of the search's crossover, for features of magnitudes 1e-6
+    to 1e6 (the products' summation order shows), zero distances, strided features and 1, 3 or
+    32 channels. This also checks, on each torch release CI tries, that torch sums up to four
+    terms left to right. A row cut short (a NaN query without validation) takes the general path."""
+    from pcops.ops.neighbours.nearest import _mean
+
+    q, p, _ = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    q[0] = p[2]  # a zero distance (the clamp)
+    scale = 10.0 ** torch.randint(-6, 7, (p.shape[0], 1), generator=gen).to(dtype)
+    feats = {c: torch.randn(p.shape[0], c, generator=gen, dtype=dtype) * scale for c in (1, 3, 32)}
+    feats["strided"] = feats[3].t().contiguous().t()
+    taken = []
+    monkeypatch.setattr(_mean, "mean", lambda *a, real=_mean.mean: (taken.append(1), real(*a))[1])
+    calls = 0
+    for pairs in (1 << 40, 0):
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for k in range(1, _mean.MAX_K + 1):
+            for weights in ("inverse_distance", "uniform"):
+                for f in feats.values():
+                    fused = pcops.knn_aggregate(q, p, f, k, weights=weights)
+                    formula = pcops.knn_aggregate(q, p, f.clone().requires_grad_(), k, weights=weights).detach()
+                    monkeypatch.setattr(knn_module, "PLAIN", [False])
+                    general = pcops.knn_aggregate(q, p, f, k, weights=weights)
+                    monkeypatch.setattr(knn_module, "PLAIN", [True])
+                    assert torch.equal(fused, formula) and torch.equal(fused, general), (k, weights, f.shape)
+                    calls += 1
+            assert torch.equal(pcops.knn_interpolate(q, p, feats[32], k), pcops.knn_aggregate(q, p, feats[32], k, weights="inverse_distance"))
+            calls += 2
+    assert len(taken) == calls
+    many, f = torch.rand(5000, 3, generator=gen, dtype=dtype), feats[32]  # (a launch cut into chunks on several threads)
+    assert torch.equal(pcops.knn_interpolate(many, p, f), pcops.knn_interpolate(many, p, f.clone().requires_grad_()).detach())
+    calls += 1
+    nan = q.clone()
+    nan[1, 0] = float("nan")
+    out = pcops.knn_interpolate(nan, p, feats[3], validate=False)
+    monkeypatch.setattr(knn_module, "PLAIN", [False])
+    torch.testing.assert_close(out, pcops.knn_interpolate(nan, p, feats[3], validate=False), rtol=0, atol=0, equal_nan=True)
+    assert len(taken) == calls + 1  # (tried, then the general path)
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_opcheck_search_ops(gen, backend):
     op = knn_module.BACKENDS[backend].op

@@ -33,7 +33,7 @@ import torch
 
 from .... import _layout, _threads, _validate
 from .. import _weighting
-from . import _costs, _cuml, _kdtree, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
+from . import _costs, _cuml, _kdtree, _mean, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
 from ._registry import BACKENDS
 
 split_order = _kdtree.split_order  # (the mesh hierarchy's CPU build orders its faces with the kd-tree's splits)
@@ -226,6 +226,8 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
     if found is None or (validate and not _validate.sum_is_finite(features)):
         return None
     dists, idx = found
+    if weights != "softmax" and k <= _mean.MAX_K and not (features.requires_grad and torch.is_grad_enabled()):
+        return _mean.mean(dists, idx, features, weights == "inverse_distance")  # (None: a row cut short)
     if not complete_rows(idx):  # (a row cut short: the general path's masks)
         return None
     if weights == "inverse_distance":
