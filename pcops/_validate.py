@@ -416,6 +416,18 @@ def checks(validate: bool):
     return Checks()
 
 
+def _widened(t: torch.Tensor, low, high) -> torch.Tensor:
+    """``t``, or ``t`` as int64 where a bound is not a Python int within its integer dtype's range:
+    torch compares a tensor with a Python number in the tensor's dtype, so ``uint8 >= -1`` or
+    ``int8 >= -200`` would wrap the bound (and be False for every value)."""
+    if t.dtype in (torch.int64, torch.bool) or t.is_floating_point():
+        return t
+    info = torch.iinfo(t.dtype)
+    if all(b is None or (type(b) is int and info.min <= b <= info.max) for b in (low, high)):
+        return t
+    return t.to(torch.int64)
+
+
 class Checks:
     """Value checks gathered over one call and read from the device at once (:meth:`run`): one
     host read (one device sync on CUDA) however many tensors a call checks. Each check is a 0-d
@@ -446,6 +458,7 @@ class Checks:
         range in the message in the op's terms (default: [low, high])."""
         if t is None or not t.numel():
             return
+        t = _widened(t, low, high)
         ok = (t >= low).all() if high is None else ((t >= low) & (t <= high)).all()
         said = lambda: bound() if callable(bound) else bound or (f"[{low}, {high}]" if high is not None else f">= {low}")  # noqa: E731
         self.add(ok, lambda: f"{name} values must be {said()}, got min {int(t.min())}, max {int(t.max())}")
@@ -454,6 +467,7 @@ class Checks:
         """``t`` (1-d, None is skipped) non-decreasing with values in [low, high]: a CSR pointer."""
         if t is None or not t.numel():
             return
+        t = _widened(t, low, high)
         ok = (t[1:] >= t[:-1]).all() & (t[0] >= low) & (t[-1] <= high)
         shown = lambda: f"{t.tolist()[:8]}{'...' if t.numel() > 8 else ''}"  # noqa: E731
         self.add(ok, lambda: f"{name} must be non-decreasing with values in [{low}, {high}] (a CSR pointer), got {shown()}")

@@ -295,7 +295,7 @@ def select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``x[idx]`` for flat rows x (P, ...) and any shape of indices: one ``index_select``,
     whose backward on the CPU (an index_add) is several times faster than advanced
     indexing's (an accumulating index_put) (docs/benchmarks.md, design choices)."""
-    return x.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:])
+    return x.index_select(0, idx.reshape(-1)).view((*idx.shape, *x.shape[1:]))  # (a tuple: a 0-d idx of 1-d x is view(()))
 
 
 def sample_count(x, x_batch, y_batch, batch_size, rows: bool = True) -> tuple[int, dict | None]:

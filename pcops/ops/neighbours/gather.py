@@ -74,7 +74,7 @@ def rows_or_zeros(features: torch.Tensor, idx: torch.Tensor, padded: bool = Fals
         b = features.shape[0]
         at = at + (torch.arange(b, device=idx.device) * n).reshape(b, *([1] * (idx.dim() - 1)))
     out = _layout.select_rows(flat, at)
-    return torch.where(valid.reshape(*idx.shape, *([1] * (flat.dim() - 1))), out, out.new_zeros(()))
+    return torch.where(valid.reshape((*idx.shape, *([1] * (flat.dim() - 1)))), out, out.new_zeros(()))
 
 
 __all__ = ["gather"]

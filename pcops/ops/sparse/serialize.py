@@ -202,6 +202,9 @@ def _lay_out(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     _validate.compile_needs("depth", depth, "depth=None reads it from the data")
     if depth is None:
         depth = max(1, (int(grid_coord.max()) + 1).bit_length() if grid_coord.numel() else 1)
+        if depth > MAX_DEPTH:  # (the data's depth: the coordinates are what is out of range)
+            raise ValueError(f"grid_coord values must be in [0, 2**{MAX_DEPTH}) = [0, {2**MAX_DEPTH}) (depth=None: at most {MAX_DEPTH} bits "
+                             f"per axis), got max {int(grid_coord.max())}")
     depth = _validate.int_option("depth", depth, 1, MAX_DEPTH, note=" (bits per axis)")
     return depth, [ORDERS.index(name) for name in names], single
 

@@ -148,3 +148,24 @@ def test_unchecked_indices_out_of_range_give_zeros_not_a_read_out_of_bounds():
     padded = features.reshape(2, 2, 3)
     out = pcops.gather(padded, torch.tensor([[1, 2], [-2, 0]]), validate=False)
     assert torch.equal(out, torch.stack([torch.stack([padded[0, 1], torch.zeros(3)]), torch.stack([torch.zeros(3), padded[1, 0]])]))
+
+
+def test_a_0d_index_and_every_integer_dtype(gen):
+    """A 0-d index gathers one row (a scalar of 1-d features; view(*()) failed), and indices of
+    every integer dtype gather what int64 ones do, validated against [-1, N): the bounds are
+    compared in int64 where the dtype cannot hold them (uint8 >= -1 wrapped -1 to 255 and
+    rejected every valid index; int8 >= -200 would be False)."""
+    f = torch.randn(5, 3, generator=gen)
+    assert torch.equal(pcops.gather(f[:, 0], torch.tensor(2)), f[2, 0])
+    assert torch.equal(pcops.gather(f, torch.tensor(4)), f[4])
+    want = pcops.gather(f, torch.tensor([[4, 0], [2, -1]]))
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        idx = torch.tensor([[4, 0], [2, -1 if dtype.is_signed else 0]], dtype=dtype)
+        got = pcops.gather(f, idx)
+        assert torch.equal(got, want if dtype.is_signed else torch.stack([want[0], torch.stack([f[2], f[0]])]))
+        with pytest.raises(ValueError, match=r"^idx values must be in \[-1, N\) = \[-1, 5\)"):
+            pcops.gather(f, torch.tensor([5], dtype=dtype))
+    with pytest.raises(ValueError, match="idx values must be"):
+        pcops.gather(f, torch.tensor([-2], dtype=torch.int8))
+    ids = torch.tensor([1, 0, 1], dtype=torch.uint8)  # (ids of segments: the same rule)
+    assert torch.equal(pcops.segment_reduce(f[:3], ids=ids, num_segments=2), pcops.segment_reduce(f[:3], ids=ids.long(), num_segments=2))

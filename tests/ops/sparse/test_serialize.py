@@ -231,6 +231,9 @@ def test_batch_equals_a_per_sample_loop_with_the_id_above_bit_3_depth(gen):
 def test_depth_none_takes_the_bits_of_the_largest_coordinate():
     grid = torch.tensor([[0, 5, 2], [1, 1, 1]])
     assert torch.equal(pcops.serialize(grid, depth=None).code, pcops.serialize(grid, depth=3).code)
+    # a coordinate of 2**16 or more: the data's fault, not a depth the caller never gave
+    with pytest.raises(ValueError, match=r"^grid_coord values must be in \[0, 2\*\*16\).*got max 65536"):
+        pcops.serialize(torch.tensor([[2**16, 0, 0]]), depth=None)
 
 
 def test_empty_cloud():
