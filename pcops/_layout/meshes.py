@@ -72,6 +72,8 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
                              f"and vertices {tuple(vertices.shape)}")
         if vertices_batch is not None:
             raise ValueError("vertices_batch describes packed (V, 3) vertices; padded (B, V, 3) vertices take vertices_lengths and faces_lengths")
+        if vertices.shape[0] == 0:  # (as a mesh needs faces: B = 0 would read as one mesh of no faces)
+            raise ValueError(f"vertices must hold at least one mesh (B >= 1) when padded (B, V, 3), got shape {tuple(vertices.shape)}")
     else:
         _validate.tensor("vertices", vertices, ndim=2, last=3, shape_doc="(V, 3) or (B, V, 3)")
         _validate.integer("faces", faces, ndim=2, last=3, shape_doc="(F, 3)", what="vertex indices")

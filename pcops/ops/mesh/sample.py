@@ -268,19 +268,17 @@ def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
     the area (F,) times a power of two, in float64, without a graph (NaN/inf from unchecked
     values as 0)."""
     corners = _layout.select_rows(vertices.to(dtype), rows)
-    # the edges times 2^-e, 2^e the largest coordinate's power of two (1 for coordinates below
-    # 1): the cross products of huge meshes do not overflow, and a power of two changes no bit
+    # the edges times 2^-e, 2^e the largest coordinate's power of two: the cross products of huge
+    # meshes do not overflow, nor those of tiny ones underflow, and a power of two changes no bit
     # of a unit normal or of the areas' ratios, the only use of the areas
     big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).amax()  # (every mesh has a face: _layout.mesh)
-    shrink = torch.exp2(-torch.floor(torch.log2(big.clamp_min(1.0))))
+    shrink = torch.where(big > 0, torch.exp2(-torch.floor(torch.log2(big))), 1.0)
     edges = (corners[:, 1:] - corners[:, :1]) * shrink
     normal = torch.linalg.cross(edges[:, 0], edges[:, 1])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
     normals = normal / torch.where(length > 0, length, 1.0)  # zero-area faces are never chosen
-    exact = normal.detach() if dtype == torch.float64 else edges.detach().to(torch.float64)
-    if dtype != torch.float64:
-        exact = torch.linalg.cross(exact[:, 0], exact[:, 1])
-    area = torch.linalg.vector_norm(exact, dim=-1)
+    exact = edges.detach().to(torch.float64)
+    area = torch.linalg.vector_norm(torch.linalg.cross(exact[:, 0], exact[:, 1]), dim=-1)
     return corners, normals, torch.nan_to_num(area, 0.0, 0.0, 0.0)
 
 

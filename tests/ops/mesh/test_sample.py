@@ -333,6 +333,37 @@ def test_huge_meshes_sample_as_their_unit_copies():
             torch.testing.assert_close(out.normals, unit.normals, rtol=0, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_tiny_meshes_sample_the_normals_of_their_unit_copies(dtype):
+    """The cross products of tiny faces underflowed (float32 legs of 1e-12 gave a normal of
+    length 1e-24, 1e-30 a zero normal; float64 meshes at 1e-300 had no face of positive area):
+    the edges are scaled by the largest coordinate's power of two below 1 as above it, so a mesh
+    at 2^-100 (float32) or 2^-1000 (float64) draws the faces and normals of its unit copy bit for
+    bit, and at any scale down to 1e-30 (1e-300) the same faces and unit normals within rounding."""
+    v = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0.3, 0.9, 0.4]], dtype=dtype)
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3], [4, 1, 2]])
+    draw = lambda vertices: pcops.sample_points_on_mesh(vertices, f, 300, seed=5)  # noqa: E731
+    unit = draw(v)
+    tiny = 2.0**-100 if dtype == torch.float32 else 2.0**-1000
+    out = draw(v * tiny)
+    assert torch.equal(out.face, unit.face) and torch.equal(out.normals, unit.normals)
+    for scale in (1e-12, 1e-20, 1e-30) if dtype == torch.float32 else (1e-200, 1e-300):
+        out = draw(v * scale)
+        assert torch.equal(out.face, unit.face), scale
+        torch.testing.assert_close(out.normals, unit.normals, rtol=0, atol=4 * torch.finfo(dtype).eps)
+
+
+def test_a_padded_batch_of_no_mesh_is_a_value_error():
+    """Padded (0, V, 3) vertices read as one mesh of no faces: mesh_bvh crashed the process
+    (a segmentation fault), sampling failed in torch. Every mesh op names the vertices."""
+    v, f, p = torch.zeros(0, 8, 3), torch.zeros(0, 12, 3, dtype=torch.int64), torch.zeros(0, 5, 3)
+    for call in (lambda: pcops.mesh_bvh(v, f), lambda: pcops.sample_points_on_mesh(v, f, 5, seed=0),
+                 lambda: pcops.sample_points_on_mesh(v, f, 5, seed=0, validate=False), lambda: pcops.mesh_distance(p, v, f, signed=True),
+                 lambda: pcops.point_mesh_face_distance(p, v, f)):
+        with pytest.raises(ValueError, match=r"^vertices must hold at least one mesh \(B >= 1\)"):
+            call()
+
+
 def test_every_face_of_a_large_mesh_is_found_exactly(gen):
     """The guide table's search equals a binary search of the cumulated units (10^4 faces, runs
     of zero-area faces, areas over six orders of magnitude, 10^5 draws)."""
