@@ -1,17 +1,17 @@
 """The triangles of one grid cell for each configuration of its corners, derived, not tabulated by hand.
 
 A cell's corner c (0..7) sits at offset (c & 1, c >> 1 & 1, c >> 2 & 1) along the grid's axes
-(0, 1, 2); bit c of the cell's case is set where the value at that corner is at or above the
+(0, 1, 2); bit c of the cell's case is set where the value at that corner is above the
 level. Edge 4 a + m (0..11) runs along axis a from the corner with bit a clear and the other two
 axes' bits m & 1 and m >> 1 (in increasing axis order) to the corner with bit a set. A vertex
 lies on each edge whose ends are on either side of the level.
 
 On each face of the cell the level set crosses 0, 2 or 4 edges. Walked counter-clockwise as
-seen from outside the cell, the crossings alternate between entering the region at or above the
+seen from outside the cell, the crossings alternate between entering the region above the
 level and leaving it; the contour segments join each leaving crossing to an entering one, so
-that the region at or above the level lies on their left. With 4 crossings (the face's diagonal
-corners alike: ambiguous) the segments keep the two corners at or above the level apart and
-join the two below it across the face: a rule of the face's own corners, so the two cells that
+that the region above the level lies on their left. With 4 crossings (the face's diagonal
+corners alike: ambiguous) the segments keep the two corners above the level apart and
+join the two at or below it across the face: a rule of the face's own corners, so the two cells that
 share a face draw the same segments on it and the surface has no cracks. (The asymptotic
 decider, which picks per face from the values, makes loops of 8 to 12 crossings that no
 triangulation of their vertices can cover without an edge in a cell face, shared then by four
@@ -83,7 +83,7 @@ def _segments(case: int, f: int) -> list[tuple[int, int]]:
     for i in range(4):
         if above[i] != above[(i + 1) % 4]:
             crossings.append((_edge_between(ring[i], ring[(i + 1) % 4]), bool(above[(i + 1) % 4])))
-    # each leaving crossing to the entering one before it: the region at or above the level it
+    # each leaving crossing to the entering one before it: the region above the level it
     # closes is the arc between them (on an ambiguous face: each above corner on its own)
     return [(edge, crossings[i - 1][0]) for i, (edge, entering) in enumerate(crossings) if not entering]
 

@@ -3,13 +3,15 @@
 For a grid ``values[i, j, k]`` sampled at ``origin + voxel_size * (i, j, k)`` (``torch.meshgrid(...,
 indexing="ij")`` order, scikit-image's) and a ``level``:
 
-    a corner is above the level where values >= level, below where values < level
+    a corner is above the level where values > level, at or below it where values <= level
+        (scikit-image's rule: a value equal to the level puts its vertices on that corner once,
+        not once per edge it shares with corners below)
     a vertex lies on each grid edge (i, j, k) -> (i, j, k) + e_axis whose two corners are on
         either side, at t = (level - values[start]) / (values[end] - values[start]) along it:
         the linear interpolation of scikit-image's and PyTorch3D's marching cubes; one vertex
         per edge (vertices are not repeated between the cells that share an edge)
     each cell (2 x 2 x 2 corners) holds the triangles of its corners' configuration, derived in
-        :mod:`._cubes`: on an ambiguous cell face the corners below the level are joined (a
+        :mod:`._cubes`: on an ambiguous cell face the corners at or below the level are joined (a
         rule of the face alone, so that the cells' triangles meet without cracks), and no
         triangle edge lies in a cell face unless it is a contour segment (every mesh edge has
         two faces); each triangle's normal (v1 - v0) x (v2 - v0) points towards increasing values
@@ -83,7 +85,7 @@ def _cells(values: torch.Tensor, level: float) -> tuple[torch.Tensor, torch.Tens
     """The cells the level set crosses: (corner 0's flat index into ``values``, case), each (A,)
     int64, in flat order."""
     b, d, h, w = values.shape
-    case = _cases(values >= level)
+    case = _cases(values > level)
     cell = ((case - 1) < 254).view(-1).nonzero().squeeze(1)  # neither 0 nor 255 (uint8: 0 - 1 wraps to 255)
     k = cell % (w - 1)
     rest = cell // (w - 1)

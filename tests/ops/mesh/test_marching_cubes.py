@@ -200,6 +200,25 @@ def test_vertices_are_scikit_images(kind, dtype):
         torch.testing.assert_close(order(out.vertices.double()), order(theirs), rtol=0, atol=1e-5)
 
 
+def test_values_at_the_level_put_one_vertex_where_scikit_image_does():
+    """Grid values equal to the level count as below it, as in scikit-image: on volumes of small
+    integers (many corners exactly at the level) the vertices are Lorensen's, and a corner at the
+    level between one corner above and several below gives one vertex there, not one per edge
+    (corners at the level counted as above gave 58 vertices at 54 positions and 8 faces of no
+    area where scikit-image has 54)."""
+    measure = pytest.importorskip("skimage.measure")
+    order = lambda p: sorted(map(tuple, p.numpy().round(4)))  # noqa: E731  (positions on a grid of 1/4-steps: exact in float32)
+    g = torch.Generator().manual_seed(0)
+    volumes = [torch.randint(-2, 3, (6, 7, 5), generator=g).double() for _ in range(30)]
+    one = torch.full((5, 5, 5), 1.0, dtype=F64)
+    one[1:4, 1:4, 1:4], one[2, 2, 2], one[1, 2, 2] = -1.0, -2.0, 0.0  # one corner at the level
+    for volume in [one, *volumes]:
+        out = pcops.marching_cubes(volume, 0.0)
+        verts = torch.tensor(np.ascontiguousarray(measure.marching_cubes(volume.numpy(), 0.0, method="lorensen")[0]), dtype=F64)
+        assert out.vertices.shape == verts.shape and order(out.vertices) == order(verts)
+    assert pcops.marching_cubes(one, 0.0).vertices.shape[0] == 54
+
+
 def test_a_sphere_is_a_closed_outward_oriented_sphere():
     n = 48
     axis = torch.linspace(-1, 1, n, dtype=F64)
