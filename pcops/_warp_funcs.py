@@ -245,18 +245,27 @@ def cells(dtype: torch.dtype):
     return cell, morton
 
 
+def reach_floor(dtype: torch.dtype) -> float:
+    """The least reach of a radius search in ``dtype``: 128 times the square root of its smallest
+    subnormal number. A kernel's test (``|q - p| <= radius`` from the summed squares, or the
+    squares compared) rounds each square to a multiple of that subnormal, so it may pass a point
+    whose squared distance exceeds the radius' square by a few of them, a point whose squares all
+    round to 0 included; beyond this reach that excess is under 1/6,000 of the square, which
+    the cell window's margin covers (:func:`cell_range`, and
+    :class:`pcops.ops.neighbours._cells.CellList`'s cells)."""
+    info = torch.finfo(dtype)
+    return 128.0 * math.sqrt(info.tiny * info.eps)
+
+
 @kernels
 def cell_range(dtype: torch.dtype):
     """``box(q, radius, frame, dims) -> (lo, hi)``: the first and last cell (x, y, z) of a cell
     list (``frame``: low corner x, y, z and 1 / the cell widths in x, y, z; ``dims`` cells a
     side) that may hold a point within ``radius`` of q, clamped to the grid (lo > hi on an
     axis: none; so on the axis of a NaN or infinite coordinate of q, which the clamp takes to
-    -1 or n). A radius below the square root of the dtype's smallest normal number reaches
-    that far: squares below it round to subnormals or 0, so a kernel's test (``|q - p| <=
-    radius`` from the squared sum, or the squares compared) may pass a point about that far
-    away (:class:`pcops.ops.neighbours._cells.CellList` sizes its cells the same)."""
+    -1 or n); a radius reaches at least :func:`reach_floor`."""
     s, v = scalar(dtype), vec3(dtype)
-    floor = s(math.sqrt(torch.finfo(dtype).tiny))
+    floor = s(reach_floor(dtype))
 
     @wp.func(module="unique")
     def box(q: v, radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):

@@ -334,8 +334,7 @@ class CellList:
             self._empty(m, ref)
             return
         boxes, host = extent if extent is not None else extent_of(query, ref, query_group, ref_group)
-        tiny = torch.finfo(ref.dtype).tiny ** 0.5
-        radius = max(radius, tiny)  # (squares below the smallest normal number: see _warp_funcs.cell_range)
+        radius = max(radius, _warp_funcs.reach_floor(ref.dtype))  # (subnormal squares)
         reach = radius * 1.01  # beyond it no point can be a neighbour, rounding included
         low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
         high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
@@ -355,6 +354,7 @@ class CellList:
             dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
         widths = [w * unit for w in widths]
         # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0)
+        tiny = torch.finfo(ref.dtype).tiny ** 0.5
         widths = [w if d > 1 else max(2.0 * x * unit, tiny) for w, d, x in zip(widths, dims, side)]
         if dev.type == "cpu":  # (low corner, 1 / widths)
             frame = torch.tensor([*low, *(1.0 / w for w in widths)], dtype=ref.dtype)
