@@ -284,7 +284,7 @@ def knn_graph(points: torch.Tensor, k: int, *, batch: Optional[torch.Tensor] = N
         edge_index (2, E) int64: row 0 the neighbour j, row 1 the centre i; edges grouped by
         centre, each centre's neighbours by distance (ties by the smaller index). E = N * k
         when every sample has more than k points and no squared distance overflows the dtype
-        (finite float32 points about 1e19 or more apart: no edge, as :func:`pcops.knn`);
+        (finite float32 points more than about 1.8e19 apart: no edge, as :func:`pcops.knn`);
         otherwise it depends on the data (a
         dynamic size under ``torch.compile``: default options break the graph at
         ``pcops.edges``). With ``max_edges``: :class:`PaddedEdges` (edge_index (2, max_edges)

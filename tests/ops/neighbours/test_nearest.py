@@ -1,5 +1,6 @@
 """pcops.knn, pcops.knn_aggregate and KNNAggregation against dense float64 references."""
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -73,12 +74,14 @@ def test_ties_are_broken_by_the_smaller_index(backend):
     assert torch.all(dists == 1)
 
 
-@pytest.mark.parametrize("backend", ["warp", "torch", "warp-scan"])
+@pytest.mark.parametrize("backend", ["warp", "torch", "warp-scan", "scipy"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monkeypatch, backend, dtype):
     """Two clusters of finite points so far apart that their squared distances overflow the
     dtype (validation accepts them): each point's neighbours are those of its own cluster, the
-    missing columns -1 / inf, and knn_graph has only the edges within a cluster (as documented)."""
+    missing columns -1 / inf, and knn_graph has only the edges within a cluster (as documented;
+    the scipy backend measures in float64: it finds float32 points that far apart, and float64
+    ones it cannot square are missing too, not cKDTree's index N)."""
     if backend == "warp-scan":  # the every-pair scan, instead of the tree the fixture forces
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 1 << 30)
     far = 1e20 if dtype == torch.float32 else 1e155
@@ -86,6 +89,9 @@ def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monke
     p = torch.cat([near, near[:3] * 0.5 + far]).to(dtype)[torch.tensor([5, 0, 1, 6, 2, 7, 3, 4])]
     k = 6
     dists, idx = pcops.knn(p, p, k, backend=backend.removesuffix("-scan"))
+    if backend == "scipy" and dtype == torch.float32:
+        assert (idx >= 0).all()  # (found, their distances inf in float32)
+        return
     d2 = ((p[:, None].double() - p[None].double()) ** 2).to(dtype).sum(-1)  # each square in the dtype, as the search
     assert torch.isinf(d2).any()
     for i in range(p.shape[0]):
@@ -93,8 +99,21 @@ def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monke
         assert idx[i].tolist() == found + [-1] * (k - len(found))
         torch.testing.assert_close(dists[i, : len(found)].double(), d2[i, found].double().sqrt(), rtol=1e-6, atol=0)
         assert torch.isinf(dists[i, len(found):]).all()
-    within = sum(min(n - 1, 2) for n in (5, 5, 5, 5, 5, 3, 3, 3))
-    assert pcops.knn_graph(p, 2).shape == (2, within)
+    if backend == "scipy":
+        return
+    within = sum(min(n - 1, 4) for n in (5, 5, 5, 5, 5, 3, 3, 3))  # 26 edges of N k = 32
+    assert pcops.knn_graph(p, 4).shape == (2, within)
+
+
+@contextlib.contextmanager
+def _threads_of(n: int):
+    """torch's thread count set to ``n`` for the block (launches cut into that many chunks)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -115,8 +134,8 @@ def test_weighted_means_from_one_launch_equal_the_torch_formula(gen, monkeypatch
     scale = 10.0 ** torch.randint(-6, 7, (p.shape[0], 1), generator=gen).to(dtype)
     feats = {c: torch.randn(p.shape[0], c, generator=gen, dtype=dtype) * scale for c in (1, 3, 32)}
     feats["strided"] = feats[3].t().contiguous().t()
-    taken = []
-    monkeypatch.setattr(_mean, "mean", lambda *a, real=_mean.mean: (taken.append(1), real(*a))[1])
+    taken = []  # whether each launch gave the result (None: a row cut short)
+    monkeypatch.setattr(_mean, "mean", lambda *a, real=_mean.mean: (lambda out: (taken.append(out is not None), out)[1])(real(*a)))
     calls = 0
     for pairs in (1 << 40, 0):
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
@@ -132,16 +151,21 @@ def test_weighted_means_from_one_launch_equal_the_torch_formula(gen, monkeypatch
                     calls += 1
             assert torch.equal(pcops.knn_interpolate(q, p, feats[32], k), pcops.knn_aggregate(q, p, feats[32], k, weights="inverse_distance"))
             calls += 2
-    assert len(taken) == calls
     many, f = torch.rand(5000, 3, generator=gen, dtype=dtype), feats[32]  # (a launch cut into chunks on several threads)
-    assert torch.equal(pcops.knn_interpolate(many, p, f), pcops.knn_interpolate(many, p, f.clone().requires_grad_()).detach())
-    calls += 1
-    nan = q.clone()
-    nan[1, 0] = float("nan")
-    out = pcops.knn_interpolate(nan, p, feats[3], validate=False)
-    monkeypatch.setattr(knn_module, "PLAIN", [False])
-    torch.testing.assert_close(out, pcops.knn_interpolate(nan, p, feats[3], validate=False), rtol=0, atol=0, equal_nan=True)
-    assert len(taken) == calls + 1  # (tried, then the general path)
+    with _threads_of(2):
+        assert torch.equal(pcops.knn_interpolate(many, p, f), pcops.knn_interpolate(many, p, f.clone().requires_grad_()).detach())
+    assert taken == [True] * (calls + 1)
+    # rows cut short (validate=False): a NaN query (no neighbour), and three reference points of
+    # which two are finite (every row one short): the launch says so and the general path answers
+    nan, few = q.clone(), p[:3].clone()
+    nan[1, 0] = few[1, 2] = float("nan")
+    for query, ref, k, weights in ((nan, p, 3, "inverse_distance"), (q, few, 3, "uniform"), (q, few, 3, "inverse_distance")):
+        out = pcops.knn_aggregate(query, ref, feats[3][: ref.shape[0]], k, weights=weights, validate=False)
+        assert taken[-1] is False
+        monkeypatch.setattr(knn_module, "PLAIN", [False])
+        torch.testing.assert_close(out, pcops.knn_aggregate(query, ref, feats[3][: ref.shape[0]], k, weights=weights, validate=False),
+                                   rtol=0, atol=0, equal_nan=True)
+        monkeypatch.setattr(knn_module, "PLAIN", [True])
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -276,9 +276,10 @@ def knn(
         respect to ``query`` and ``ref`` (recomputed in torch from the found points when a
         gradient is asked for; the search's own distances otherwise). A query whose sample has fewer than k reference
         points gets idx -1 and dist inf in the missing columns; so does one whose squared
-        distance to a reference point overflows the dtype (finite float32 points about 1e19
-        or more apart, float64 about 1e154): that point is never its neighbour, as an
-        infinite distance (the "scipy" backend measures in float64 and finds it).
+        distance to a reference point overflows the dtype (finite float32 points more than
+        about 1.8e19 apart, the square root of its largest number; float64 1.3e154): that
+        point is never its neighbour (the "scipy" backend measures in float64, so it finds
+        such float32 points).
         float16/bfloat16 points are searched in float32.
 
     Example:

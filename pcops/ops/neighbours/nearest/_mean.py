@@ -10,7 +10,7 @@ rounded and the k products summed left to right, one operation a statement (the 
 fuses no multiply-add across statements). torch sums up to four terms left to right (its sums
 keep four partial sums); for more neighbours it orders them its own way, so ``k`` is at most
 :data:`MAX_K` here (PointNet++'s interpolation takes 3). One launch instead of about ten small
-torch operations (docs/benchmarks.md, small clouds).
+torch operations for inverse-distance weights, four for uniform ones (docs/ops/knn_interpolate.md).
 """
 
 from typing import Optional

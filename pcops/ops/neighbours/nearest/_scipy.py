@@ -64,10 +64,11 @@ def _search(query, ref, k, query_group, ref_group):
     kq = min(k + 1, n)  # one more, to see whether the k-th is tied with the next
     dist, idx = tree.query(q, k=list(range(1, kq + 1)), workers=-1)
     dist, idx = dist.reshape(m, kq), idx.reshape(m, kq).astype(np.int64)
+    idx[np.isinf(dist)] = -1  # cKDTree's "none" (index n): squared distances beyond float64, never neighbours (as Warp's)
     order = np.lexsort((idx, dist), axis=-1)
     dist, idx = np.take_along_axis(dist, order, 1), np.take_along_axis(idx, order, 1)
     if kq > k:
-        rows = np.flatnonzero(dist[:, k] == dist[:, k - 1])
+        rows = np.flatnonzero((dist[:, k] == dist[:, k - 1]) & np.isfinite(dist[:, k - 1]))
         if rows.size:
             _fix_boundary_ties(tree, q, p, k, dist, idx, rows)
     dist, idx = np.ascontiguousarray(dist[:, :k]), np.ascontiguousarray(idx[:, :k])
