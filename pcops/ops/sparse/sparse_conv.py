@@ -516,11 +516,21 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
     return _sparse_conv(features, weight, in_index, out_index, counts, num_out)
 
 
+# The largest kernel size and dilation: K^3 offsets and a dilation that a kernel's 32-bit int takes
+MAX_KERNEL_SIZE, MAX_DILATION = 1289, 2**31 - 1
+
+
+def _numbers(kernel_size, dilation) -> None:
+    """The checks of a kernel size (None: the weight's) and a dilation."""
+    if kernel_size is not None:
+        _validate.int_option("kernel_size", kernel_size, 1, MAX_KERNEL_SIZE, odd=True)
+    _validate.int_option("dilation", dilation, 1, MAX_DILATION)
+
+
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
     _layout.sites(grid_coord, batch)
-    _validate.int_option("kernel_size", kernel_size, 1, odd=True)
-    _validate.int_option("dilation", dilation, 1)
+    _numbers(kernel_size, dilation)
 
 
 @_deprecated.renamed(coords="grid_coord")
@@ -612,7 +622,9 @@ def sparse_conv3d(
     """
     _validate.tensor("features", features, ndim=2, shape_doc="(N, Cin)")
     _validate.tensor("weight", weight, ndim=(3, 5), shape_doc=_WEIGHT_SHAPE)
-    k = _kernel_size_of(weight, _validate.plain(kernel_size))
+    kernel_size, dilation = _validate.plain(kernel_size), _validate.plain(dilation)
+    _numbers(kernel_size, dilation)
+    k = _kernel_size_of(weight, kernel_size)
     if k % 2 == 0:
         raise ValueError(f"weight has K = {k} taps per axis (shape {tuple(weight.shape)}): K must be odd (a submanifold kernel has a centre)")
     cin, cout = weight.shape[-2], weight.shape[-1]
@@ -625,7 +637,7 @@ def sparse_conv3d(
             raise ValueError("grid_coord is None: pass the sites' grid_coord or their kernel_map")
         if isinstance(grid_coord, torch.Tensor):  # (else sparse_kernel_map names its type)
             _validate.same_size("features", features.shape[0], "grid_coord", grid_coord.shape[0], "number of rows (one per site)")
-        kernel_map = sparse_kernel_map(grid_coord, batch=batch, kernel_size=k, dilation=_validate.plain(dilation), validate=validate)
+        kernel_map = sparse_kernel_map(grid_coord, batch=batch, kernel_size=k, dilation=dilation, validate=validate)
     else:
         _validate.instance("kernel_map", kernel_map, KernelMap, "pcops.KernelMap")
         _validate.same_size("kernel_map.kernel_size", kernel_map.kernel_size, "weight", k, "kernel size K")

@@ -323,11 +323,15 @@ def _check_weights(validate: bool, x, y, x_weights, y_weights) -> None:
     checks.run()
 
 
-def _solve(x, y, a, b, x_group, y_group, samples, p, blur, scaling, diameter, debias):
-    """(blocks, old potentials, new potentials (both sorted block rows), per-row temperature of the last step)."""
+def _solve(x, y, a, b, x_group, y_group, samples, p, blur, scaling, diameter, debias, validate: bool = False):
+    """(blocks, old potentials, new potentials (both sorted block rows), per-row temperature of the last step);
+    ``validate``: the clouds' spans checked (:func:`_check_spans`)."""
     blocks = _Blocks(x, y, a, b, x_group, y_group, samples, debias)
     live = blocks.live.tolist()
-    diameters = [diameter] * samples if diameter is not None else _diameters(x, y, blocks, x.dtype)
+    spans = _diameters(x, y, blocks, x.dtype) if validate or diameter is None else None
+    if validate:
+        _check_spans([d for d, ok in zip(spans, live) if ok], p, x.dtype)
+    diameters = [diameter] * samples if diameter is not None else spans
     table = torch.as_tensor(_schedule(diameters, live, p, blur, scaling), dtype=x.dtype).to(x.device)
     pot = blocks.launch(0, blocks.log_ref, blocks.rows_of(table[0]), p)  # GeomLoss's start: h = log w
     for t in range(1, table.shape[0]):
@@ -365,13 +369,14 @@ def _sinkhorn(
     last update, in the caller's row order; f_aa and g_bb are 0 without debias)."""
     _validate.groups_paired(x_group, y_group)
     _check_options(p, blur, scaling, diameter)
+    _check_temperatures(p, blur, diameter, x.dtype)
     _check_weights(validate, x, y, x_weights, y_weights)
     n, m = x.shape[0], y.shape[0]
     state = x.new_zeros((2, 2 * n + 2 * m))
     if n == 0 or m == 0:
         return x.new_zeros(samples), state
     _warp.init()
-    blocks, old, new = _solve(x, y, x_weights, y_weights, x_group, y_group, samples, p, blur, scaling, diameter, debias)
+    blocks, old, new = _solve(x, y, x_weights, y_weights, x_group, y_group, samples, p, blur, scaling, diameter, debias, validate)
     f, g, faa, gbb = blocks.full(new)
     loss = _per_sample(blocks, f - faa, blocks.a, blocks.gx) + _per_sample(blocks, g - gbb, blocks.b, blocks.gy)
     for r, t in enumerate((old, new)):
@@ -470,6 +475,28 @@ def _check_options(p, blur, scaling, diameter) -> None:
     _validate.interval("scaling", scaling, 0, 1)
     if diameter is not None:
         _validate.positive_number("diameter", diameter)
+
+
+def _check_temperatures(p: int, blur: float, diameter, dtype) -> None:
+    """The temperatures the kernels divide by are normal numbers of ``dtype`` and the first one
+    finite: ``blur^p`` below the smallest normal number had an infinite inverse (NaN losses;
+    rounded to 0, a loss of 0), a given ``diameter^p`` above the largest number no first step."""
+    info = torch.finfo(dtype)
+    if p * math.log(blur) < math.log(info.tiny):
+        raise ValueError(f"blur must be large enough that blur**p is a normal {dtype} number (>= {info.tiny:.3g}; the kernels divide "
+                         f"by it), got blur={blur!r} with p={p}")
+    if diameter is not None and p * math.log(diameter) > math.log(info.max):
+        raise ValueError(f"diameter**p must be finite in {dtype}, got diameter={diameter!r} with p={p}")
+
+
+def _check_spans(diameters: list[float], p: int, dtype) -> None:
+    """Each sample's clouds span a box whose diagonal (measured in ``dtype``) and its p-th power
+    (the largest cost) are finite (finite points farther apart give costs of inf and NaN losses)."""
+    top = math.log(torch.finfo(dtype).max)
+    for d in diameters:
+        if not d < math.inf or (d > 0 and p * math.log(d) > top):
+            raise ValueError(f"x and y span {d:.3g} (a sample's bounding-box diagonal): its costs |x - y|^p overflow {dtype}; "
+                             "rescale the clouds or compute in float64")
 
 
 def _weights(name: str, w, points: torch.Tensor, flat_group, samples: int, dtype) -> torch.Tensor:

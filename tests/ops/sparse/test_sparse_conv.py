@@ -141,7 +141,7 @@ class TestSparseConv3d(OpSuite):
             "kernel_size": (lambda: sc(f, coords, w, kernel_size=5), ValueError, "kernel_size and weight must have the same kernel size K, got 5 and 3"),
             "even kernel": (lambda: pcops.sparse_kernel_map(coords, kernel_size=2), ValueError, "kernel_size must be an odd int"),
             "float kernel": (lambda: pcops.sparse_kernel_map(coords, kernel_size=3.0), TypeError, "kernel_size must be an int, got float"),
-            "dilation": (lambda: sc(f, coords, w, dilation=0), ValueError, "dilation must be >= 1, got 0"),
+            "dilation": (lambda: sc(f, coords, w, dilation=0), ValueError, r"dilation must be in \[1, 2147483647\], got 0"),
             "bias shape": (lambda: sc(f, coords, w, torch.zeros(3)), ValueError, "bias must be a tensor of shape"),
             "batch dtype": (lambda: sc(f, coords, w, batch=torch.zeros(8)), TypeError, "batch must have an integer dtype"),
             "duplicate sites": (lambda: sc(f, dup, w), ValueError, "grid_coord has duplicate sites"),
@@ -298,3 +298,26 @@ def test_the_former_keyword_compiles_whole(gen):
     f, w = torch.randn(3, 4, generator=gen), torch.randn(27, 4, 2, generator=gen)
     fn = torch.compile(lambda f, c, w: pcops.sparse_conv3d(f, coords=c, weight=w), fullgraph=True, backend="eager")
     assert torch.equal(fn(f, grid_coord, w), pcops.sparse_conv3d(f, grid_coord, w))
+
+
+def test_dilations_up_to_the_largest_find_their_pairs_and_larger_ones_are_refused():
+    """The map's kernel takes the dilation as a 32-bit int: from 2^31 it wrapped and not even a
+    site was paired with itself (sparse_conv3d gave 0). Dilations up to 2^31 - 1 pair sites that
+    far apart; larger ones, and kernel sizes above 1,289 (K^3 offsets past a 32-bit int), are
+    ValueErrors naming them, and a bool or float kernel size is refused as a dilation is."""
+    for d in (2**30, 2**31 - 1):
+        grid = torch.tensor([[0, 0, 0], [d, 0, 0], [3 * d, 0, 0]])
+        km = pcops.sparse_kernel_map(grid, kernel_size=3, dilation=d)
+        assert km.neighbours[13].tolist() == [0, 1, 2]  # the centre: each site itself
+        assert km.neighbours[13 + 9].tolist() == [1, -1, -1] and km.neighbours[13 - 9].tolist() == [-1, 0, -1]  # +-d along x
+        out = pcops.sparse_conv3d(torch.ones(3, 1), grid, torch.ones(27, 1, 1), dilation=d)
+        assert out.flatten().tolist() == [2.0, 2.0, 1.0]
+    grid, f = torch.zeros(1, 3, dtype=torch.int64), torch.ones(1, 1)
+    for call, match in ((lambda: pcops.sparse_kernel_map(grid, dilation=2**31), r"^dilation must be in \[1, 2147483647\]"),
+                        (lambda: pcops.sparse_conv3d(f, grid, torch.ones(27, 1, 1), dilation=2**62 + 1), r"^dilation must be in"),
+                        (lambda: pcops.sparse_kernel_map(grid, kernel_size=1291), r"^kernel_size must be an odd int in \[1, 1289\]")):
+        with pytest.raises(ValueError, match=match):
+            call()
+    for bad in (True, 3.0):
+        with pytest.raises(TypeError, match="^kernel_size must be an int"):
+            pcops.sparse_conv3d(torch.ones(2, 1), torch.tensor([[0, 0, 0], [1, 0, 0]]), torch.ones(27, 1, 1), kernel_size=bad)

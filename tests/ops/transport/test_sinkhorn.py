@@ -299,6 +299,30 @@ def test_sinkhorn_loss_module_equals_the_function(gen):
     assert "blur=0.02" in repr(loss)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_temperatures_and_costs_beyond_the_dtype_are_value_errors(gen, dtype):
+    """blur^p below the dtype's smallest normal number had an infinite inverse in the kernels
+    (NaN; rounded to 0, a silent loss of 0), and finite clouds whose costs overflow gave NaN with
+    validation on: ValueErrors naming blur, diameter, or x and y. At the smallest accepted
+    temperatures the loss is the unit-scale loss scaled (p = 2: by s^2), as GeomLoss's."""
+    x, y = torch.rand(30, 3, generator=gen, dtype=F64), torch.rand(20, 3, generator=gen, dtype=F64) + 0.3
+    info = torch.finfo(dtype)
+    tiny_blur = math.sqrt(info.tiny) / 2  # blur^2 below the smallest normal number
+    for p, blur in ((2, tiny_blur), (1, info.tiny / 2), (2, 1e-300)):
+        with pytest.raises(ValueError, match=r"^blur must be large enough that blur\*\*p is a normal"):
+            pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), p=p, blur=blur)
+    with pytest.raises(ValueError, match=r"^diameter\*\*p must be finite"):
+        pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), diameter=float(info.max) ** 0.5 * 4)
+    far = 10 * math.sqrt(info.max)  # finite coordinates whose squared distances overflow
+    with pytest.raises(ValueError, match=r"^x and y span .* overflow"):
+        pcops.sinkhorn_divergence(x.to(dtype) * far, y.to(dtype) * far)
+    pcops.sinkhorn_divergence(x.to(dtype) * far, y.to(dtype) * far, validate=False)  # (unchecked: no error, no hang)
+    s = 1e-17 if dtype == torch.float32 else 1e-150  # blur^2 = (0.05 s)^2: normal
+    unit = pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), blur=0.05)
+    small = pcops.sinkhorn_divergence(x.to(dtype) * s, y.to(dtype) * s, blur=0.05 * s)
+    torch.testing.assert_close(small.double() / s**2, unit.double(), rtol=1e-4 if dtype == torch.float32 else 1e-9, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # The exact earth mover's distance
 
