@@ -55,7 +55,16 @@ def _solve(cost: np.ndarray) -> np.ndarray:
 
 
 def _cost_matrix(x: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
-    """(n, n) costs |x_i - y_j|^p in float64, from direct differences (no matmul formula)."""
+    """(n, n) costs |x_i - y_j|^p in float64, from direct differences (no matmul formula), of
+    the two clouds divided by the power of two of their finite points' extent: the same matching
+    (every cost scaled by one power of two) where the squares stay in float64's range, and one
+    for clouds whose squared distances would overflow or underflow it."""
+    both = np.concatenate([x, y])
+    finite = both[np.isfinite(both).all(1)]
+    extent = float((finite.max(0) - finite.min(0)).max()) if finite.size else 0.0
+    if 0.0 < extent < np.inf:
+        scale = 2.0 ** -np.floor(np.log2(extent))
+        x, y = x * scale, y * scale
     d2 = np.zeros((x.shape[0], y.shape[0]))
     for c in range(x.shape[1]):
         diff = x[:, None, c] - y[None, :, c]
@@ -214,7 +223,7 @@ def earth_movers_distance(
     valid = match >= 0
     rows = r if r.shape[0] else r.new_zeros((1, 3))
     diff = q - _layout.select_rows(rows, match.clamp_min(0))
-    cost = diff.square().sum(-1) if p == 2 else torch.linalg.vector_norm(diff, dim=-1)
+    cost = diff.square().sum(-1) if p == 2 else _norms(diff)
     cost = torch.where(valid, cost, 0)
     local = _layout.local_index(flat, match)
     match_out = _layout.unflatten(flat, local)
@@ -226,6 +235,16 @@ def earth_movers_distance(
     elif x.dim() == 2 and x_batch is None:
         loss = loss.reshape(())
     return EarthMoversDistance(loss.to(out_dtype), match_out)
+
+
+def _norms(diff: torch.Tensor) -> torch.Tensor:
+    """|diff| of each row (differentiable), measured on the row divided by its largest
+    component's power of two: the same value bit for bit where the squares stay in the dtype's
+    range, and no overflow or underflow of the squares for any difference the dtype holds
+    (float32 points 1e20 apart gave inf, 1e-25 apart 0)."""
+    top = diff.detach().abs().amax(-1, keepdim=True)
+    scale = torch.where(torch.isfinite(top) & (top > 0), torch.exp2(torch.floor(torch.log2(top))), 1.0)
+    return torch.linalg.vector_norm(diff / scale, dim=-1) * scale.squeeze(-1)
 
 
 __all__ = ["EarthMoversDistance", "earth_movers_distance", "MAX_POINTS"]

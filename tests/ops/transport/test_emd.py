@@ -5,6 +5,8 @@ packed ids, integral p).
 POT is a test-only extra (``pip install -e ".[test]"``): the tests that need it skip without it."""
 
 
+import math
+
 import pytest
 import torch
 
@@ -143,6 +145,28 @@ def test_emd_equals_pot_and_scipy_on_adversarial_clouds(gen, p, kind):
     torch.testing.assert_close(out.distance, want, rtol=1e-12, atol=1e-12)
     assert out.distance.item() == pytest.approx(exact_emd(x, y, p), rel=1e-12, abs=1e-12)
     assert torch.equal(torch.sort(out.match).values, torch.arange(n))
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_clouds_far_from_unit_size_get_their_unit_copies_matching_and_distance(gen, p):
+    """The matching's float64 costs are of the clouds divided by their extent's power of two, and
+    p = 1's distances are norms of rows divided by theirs: float64 clouds at 1e200 or 1e-170
+    (squares beyond float64: an arbitrary matching) and float32 ones at 1e20 or 1e-25 (norms of
+    inf or 0) get their unit copy's matching, and its distance scaled (p = 1 by s, p = 2 by s^2
+    where the dtype holds it); at a power-of-two scale bit for bit."""
+    x, y = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)
+    for dtype, scales in ((F64, (1e200, 1e-170, 2.0**-300)), (torch.float32, (1e20, 1e-25, 2.0**60))):
+        unit = pcops.earth_movers_distance(x.to(dtype), y.to(dtype), p=p, point_reduction=None, batch_reduction=None)
+        for s in scales:
+            out = pcops.earth_movers_distance(x.to(dtype) * s, y.to(dtype) * s, p=p, point_reduction=None, batch_reduction=None)
+            assert torch.equal(out.match, unit.match), (dtype, s)
+            if p == 2 and not math.isfinite(float(torch.tensor(s, dtype=dtype) ** 2)) or (p == 2 and s**2 < torch.finfo(dtype).tiny):
+                continue  # (the squared distances themselves leave the dtype)
+            want = unit.distance.double() * s**p
+            if math.log2(s).is_integer():
+                assert torch.equal(out.distance.double(), want), (dtype, s)
+            else:
+                torch.testing.assert_close(out.distance.double(), want, rtol=1e-6 if dtype == torch.float32 else 1e-14, atol=0)
 
 
 def test_emd_gradient_is_the_gradient_of_the_cost_at_the_matching(gen):
