@@ -226,7 +226,7 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
     if found is None or (validate and not _validate.sum_is_finite(features)):
         return None
     dists, idx = found
-    if weights != "softmax" and k <= _mean.MAX_K and not (features.requires_grad and torch.is_grad_enabled()):
+    if weights != "softmax" and k <= _mean.MAX_K and not _threads.differentiable(features):
         return _mean.mean(dists, idx, features, weights == "inverse_distance")  # (None: a row cut short)
     if not complete_rows(idx):  # (a row cut short: the general path's masks)
         return None
