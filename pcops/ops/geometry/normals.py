@@ -21,7 +21,7 @@ import torch
 import warp as wp
 
 from ... import _layout, _threads, _validate, _warp
-from ..neighbours.nearest import plain_knn, search
+from ..neighbours.nearest import plain_knn, plain_warp, search
 
 
 def _cross(a, b):
@@ -111,7 +111,8 @@ def _kernel(dtype: torch.dtype, oriented: bool):
     of its smallest eigenvalue by :func:`_eigh3`'s closed form (only the branch that yields it),
     and the sign (towards the point's viewpoint when ``oriented``, else the largest-magnitude
     component positive). Indices < 0 are absent neighbours (a sample smaller than k); a point
-    with none (padding) gets a zero normal."""
+    with none (padding) gets a zero normal. The covariance is of the neighbours' coordinates
+    times ``scale[0]`` (a power of two: :func:`_unit_scale`); the sign of the points as given."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     isotropic = s(16.0 * torch.finfo(dtype).eps)  # as _eigh3: a scaled spread p below this
     sqrt3 = s(math.sqrt(3.0))
@@ -186,18 +187,20 @@ def _kernel(dtype: torch.dtype, oriented: bool):
         start: int,
         points: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
+        scale: wp.array(dtype=s),
         view: wp.array2d(dtype=s),
         view_stride: int,
         out: wp.array2d(dtype=s),
     ):
         i = wp.tid() + start
         k = idx.shape[1]
+        unit = scale[0]
         total = v(s(0.0), s(0.0), s(0.0))
         count = int(0)
         for j in range(k):
             r = idx[i, j]
             if r >= wp.int64(0):
-                total = total + v(points[r, 0], points[r, 1], points[r, 2])
+                total = total + v(points[r, 0] * unit, points[r, 1] * unit, points[r, 2] * unit)
                 count = count + 1
         if count == 0:  # padding
             out[i, 0] = s(0.0)
@@ -214,7 +217,7 @@ def _kernel(dtype: torch.dtype, oriented: bool):
         for j in range(k):
             r = idx[i, j]
             if r >= wp.int64(0):
-                d = v(points[r, 0], points[r, 1], points[r, 2]) - mean
+                d = v(points[r, 0] * unit, points[r, 1] * unit, points[r, 2] * unit) - mean
                 c00 = c00 + d[0] * d[0]
                 c01 = c01 + d[0] * d[1]
                 c02 = c02 + d[0] * d[2]
@@ -242,32 +245,66 @@ def _kernel(dtype: torch.dtype, oriented: bool):
 
 
 @_threads.custom_op("pcops::knn_normals", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _knn_normals(points: torch.Tensor, idx: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
-    """points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), view
-    None (the sign rule), (1, 3) or (P, 3) viewpoints -> unit normals (P, 3) (zeros where a row
-    has no neighbour), no gradient."""
+def _knn_normals(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
+    """points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), scale (1,)
+    of their dtype (the covariances' factor, :func:`_unit_scale`), view None (the sign rule), (1, 3)
+    or (P, 3) viewpoints -> unit normals (P, 3) (zeros where a row has no neighbour), no gradient."""
     out = torch.empty_like(points)
     if points.shape[0] == 0:
         return out
     _warp.init()
-    points, idx = points.contiguous(), idx.contiguous()
+    points, idx, scale = points.contiguous(), idx.contiguous(), scale.contiguous()
     oriented = view is not None
     if not oriented and points.is_cpu:  # the calling thread's packed launch of these shapes
-        kernel, args = _kernel(points.dtype, False), [points, idx, points[:1], 0, out]
+        kernel, args = _kernel(points.dtype, False), [points, idx, scale, points[:1], 0, out]
         key = ("normals", points.dtype, *idx.shape, *out.stride())  # (out has the strides of the caller's points)
         launch = _warp.prepared(key, lambda: _warp.prepare(kernel, points.shape[0], args, None, 256))
         if launch is not None:
-            launch.run(points=points, idx=idx, view=points, out=out)
+            launch.run(points=points, idx=idx, scale=scale, view=points, out=out)
             return out
     view = view.contiguous() if oriented else points[:1]
     stride = int(view.shape[0] > 1)
-    _warp.launch(_kernel(points.dtype, oriented), points.shape[0], [points, idx, view, stride, out], like=points, min_chunk=256)
+    _warp.launch(_kernel(points.dtype, oriented), points.shape[0], [points, idx, scale, view, stride, out], like=points, min_chunk=256)
     return out
 
 
 @_knn_normals.register_fake
-def _(points, idx, view):
+def _(points, idx, scale, view):
     return torch.empty_like(points)
+
+
+def _unit_scale(points: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(1,): 2^-e, 2^e the power of two of the largest absolute coordinate of ``points`` (of a
+    float dtype; ``rows``: a mask of the rows that count, None: all), where e lies beyond 1/8 of
+    the dtype's largest exponent either way (:func:`_limits`), else 1 (and 1 for NaN, inf or no
+    rows). Normals are invariant to the cloud's scale; the search's squared distances and the
+    covariances are not, and leave the dtype's range only at scales where this is not 1: the
+    points times it give the same normals, bit for bit, wherever those squares stay in range (a
+    power of two changes no bit of them). (:func:`_plain_scale`: the same rule on the host.)"""
+    if points.numel() == 0:
+        return points.new_ones(1)
+    points = points.detach()
+    if rows is not None:
+        points = torch.where(rows[:, None], points, 0)
+    big = torch.linalg.vector_norm(points, float("inf")).reshape(1)
+    e = torch.frexp(big)[1] - 1  # big = m 2^e, 1 <= m < 2 (NaN, inf and 0: e = -1)
+    near, top = _limits(points.dtype)
+    return torch.where(e.abs() > near, torch.pow(2.0, -e.clamp(1 - top, top).to(points.dtype)), 1.0).to(points.dtype)
+
+
+def _plain_scale(points: torch.Tensor) -> Optional[float]:
+    """:func:`_unit_scale` of a plain call's points as a Python float (one host read and no
+    other torch operation: most of a small call's time), None where it is 1."""
+    e = math.frexp(float(torch.linalg.vector_norm(points, float("inf"))))[1] - 1
+    near, top = _limits(points.dtype)
+    return 2.0 ** -min(max(e, 1 - top), top) if abs(e) > near else None
+
+
+def _limits(dtype: torch.dtype) -> tuple[int, int]:
+    """(the exponents within which :func:`_unit_scale` is 1, the dtype's largest exponent):
+    float32 (15, 127), float64 (127, 1023)."""
+    top = math.frexp(torch.finfo(dtype).max)[1] - 1
+    return top // 8, top
 
 
 class _SmallestEigenvector(torch.autograd.Function):
@@ -327,22 +364,25 @@ class _ForwardModeEigenvector(_SmallestEigenvector):
         return torch.einsum("pi,pci->pc", coeff, rest), None, None
 
 
+_ONE = {dtype: torch.ones(1, dtype=dtype) for dtype in (torch.float32, torch.float64)}  # (never written)
 # Whether plain eager calls take the direct path (:func:`_plain_normals`; tests switch it off to compare both paths)
 PLAIN = [True]
 
 
 def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Tensor]:
     """The normals of a plain eager CPU :func:`estimate_normals` call without ``orient_to``, or
-    None for any other call: a plain kNN search of the cloud in itself
-    (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (P, 3) CPU cloud, float32 or float64,
+    None for any other call: a plain kNN search of the cloud (times :func:`_unit_scale`) in itself
+    (:func:`pcops.ops.neighbours.nearest.plain_warp`: one (P, 3) CPU cloud, float32 or float64,
     nothing to differentiate, k an int in 1..P, its sum finite where ``validate`` asks), then
     the normals kernel called directly: the general path's search and kernel on the same
     values, so the same normals."""
-    found = plain_knn(points, points, k, backend, validate)
-    if found is None:
+    if not plain_warp(points, points, k, backend, validate):
         return None
+    scale = _plain_scale(points)
+    scaled = points if scale is None else points * scale
+    found = plain_knn(scaled, scaled, k, backend, False)  # (checked above)
     # (as the general search: -1, none found (NaN points without validation, distances overflowing to inf), as row 0)
-    return _knn_normals(points, found[1].clamp_min(0), None)
+    return _knn_normals(points, found[1].clamp_min(0), _ONE[points.dtype] if scale is None else points.new_full((1,), scale), None)
 
 
 @_threads.limits
@@ -401,17 +441,22 @@ def estimate_normals(
                          ranges=dict(batch=(batch, 0, orient_to.shape[0] - 1)) if per_sample else None)
     k = _validate.count("k", k, points.shape[-2], "points")
     dtype, out_dtype = _validate.compute_dtype(points)
-    idx, valid = search(flat, k, backend, dtype)
+    # the search and the covariances of the points times a power of two (the same normals where
+    # their squares stay in range: _unit_scale); the signs of the points as given
+    padding = flat.batch_shape and flat.ref_group is not None  # (padded rows past a length: group B + 1)
+    scale = _unit_scale(flat.ref.to(dtype), flat.ref_group < flat.batch_shape[0] if padding else None)
+    ref = flat.ref.to(dtype) * scale
+    idx, valid = search(flat._replace(query=ref, ref=ref), k, backend, dtype)
     if not _threads.differentiable(points):  # one kernel, nothing to differentiate
         if flat.query_group is not None:
             idx = torch.where(valid, idx, -1)
         view = None
         if orient_to is not None:  # the sign passes no gradient on
             view = orient_to.detach().to(dtype)[None] if orient_to.dim() == 1 else _viewpoints(orient_to.detach(), batch, flat, dtype)
-        normals = _knn_normals(flat.ref.detach().to(dtype), idx, view)
+        normals = _knn_normals(flat.ref.detach().to(dtype), idx, scale, view)
         return _layout.unflatten(flat, normals.to(out_dtype))
 
-    neighbours = _layout.select_rows(flat.ref.to(dtype), idx)  # (P, k, 3)
+    neighbours = _layout.select_rows(ref, idx)  # (P, k, 3)
     if flat.query_group is None:  # one cloud: all k neighbours exist
         centred = neighbours - neighbours.mean(1, keepdim=True)
         cov = centred.transpose(1, 2) @ centred / k

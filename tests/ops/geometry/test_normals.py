@@ -72,7 +72,7 @@ def _kernel_normals(neighbourhoods, dtype):
 
     m, k, _ = neighbourhoods.shape
     idx = (torch.arange(m * k) // k * k)[:, None] + torch.arange(k)
-    return _knn_normals(neighbourhoods.reshape(-1, 3).to(dtype), idx, None)[::k]
+    return _knn_normals(neighbourhoods.reshape(-1, 3).to(dtype), idx, torch.ones(1, dtype=dtype), None)[::k]
 
 
 def _torch_normals(neighbourhoods, dtype):
@@ -153,9 +153,49 @@ def test_kernel_op_passes_opcheck(gen):
     idx = torch.randint(0, 12, (12, 4), generator=gen)
     idx[3, 2:] = -1  # absent neighbours
     idx[5] = -1  # a padding row
-    for view in (None, torch.rand(1, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)):
-        torch.library.opcheck(_knn_normals, (pts, idx, view))
-    assert torch.all(_knn_normals(pts, idx, None)[5] == 0)
+    for scale in (1.0, 2.0**-70):
+        for view in (None, torch.rand(1, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)):
+            torch.library.opcheck(_knn_normals, (pts, idx, torch.tensor([scale], dtype=F64), view))
+    assert torch.all(_knn_normals(pts, idx, torch.ones(1, dtype=F64), None)[5] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_normals_do_not_depend_on_the_clouds_scale(gen, dtype, monkeypatch):
+    # a cloud times a power of two has the same normals, bit for bit, on every path and layout:
+    # at scales whose squared spreads leave the dtype's range (float32 clouds of 1e-30 and 1e30,
+    # float64 of 1e-160 and 1e160) the search and the covariances ran on values that under- or
+    # overflowed, and every normal was wrong
+    from pcops.ops.geometry import normals
+
+    top = 127 if dtype == torch.float32 else 1023
+    base = plane(gen, 60)[0].to(dtype)
+    view = torch.tensor([0.4, -0.3, 2.0], dtype=dtype)
+    padded, lengths = torch.stack([base, base.flip(0)]), torch.tensor([60, 41])
+    packed, batch = torch.cat([base, base[:37]]), torch.tensor([0] * 60 + [1] * 37)
+    cases = {
+        "plain": lambda s: (base * s, 7, {}),
+        "oriented": lambda s: (base * s, 7, dict(orient_to=view * s)),
+        "padded": lambda s: (torch.where(torch.arange(60)[:, None] < lengths[:, None, None], padded * s, 1e30 if s < 1 else 1e-30), 7,
+                             dict(lengths=lengths)),  # padding rows of another scale
+        "packed": lambda s: (packed * s, 7, dict(batch=batch)),
+    }
+    exponents = (-100, -3, 0, 60, 100) if dtype == torch.float32 else (-1000, -531, -60, 0, 60, 531, 1000)
+    assert 2 * max(exponents) > top and 2 * min(exponents) < -top  # squares beyond the dtype's range
+    for name, case in cases.items():
+        for plain in (True, False):
+            monkeypatch.setattr(normals, "PLAIN", [plain])
+            for grad in (False, True):
+                want = None
+                for e in exponents:
+                    points, k, kw = case(2.0**e)
+                    assert torch.isfinite(points).all()
+                    got = pcops.estimate_normals(points.clone().requires_grad_(grad), k, **kw).detach()
+                    if want is None:  # the smallest scale's: the plane's normal up to sign (zeros: padding)
+                        want, rows = got, got.reshape(-1, 3).double()
+                        rows = rows[rows.abs().sum(1) > 0]
+                        assert len(rows) == {"padded": 60 + 41, "packed": 60 + 37}.get(name, 60)
+                        assert ((rows @ plane(torch.Generator(), 1)[1]).abs() - 1).abs().max() < 1e-5
+                    torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{name} plain={plain} grad={grad} 2^{e}")
 
 
 def test_orient_to_a_point_flips_towards_it(gen):
