@@ -95,9 +95,12 @@ def _size(index: torch.Tensor, dim_size: Optional[int]) -> int:
     return int(index.max()) + 1
 
 
-def _check_index(index: torch.Tensor, name: str) -> None:
+def _check_index(index: torch.Tensor, name: str) -> torch.Tensor:
+    """``index`` (any integer dtype) as int64: torch's scatters take int32 and int64 only, and
+    torch.gather misreads an expanded int32 index on the CPU."""
     if index.is_floating_point() or index.dtype == torch.bool or index.is_complex():
         raise TypeError(name + " must be an integer tensor, got " + str(index.dtype))
+    return index.long()
 
 
 def _positions(src: torch.Tensor, dim: int) -> torch.Tensor:
@@ -163,7 +166,7 @@ def _extreme_values(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optio
     """The values of scatter_min / scatter_max (``mode`` "amin" / "amax") without their arg, by
     torch's own reduction: the same values (an index outside [0, size) of a 1-D index joins no
     slot, as in the sorted kernel)."""
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if out is not None:
         return out.scatter_reduce_(d, _broadcast(index, src, d), src, mode, include_self=True)
@@ -186,7 +189,7 @@ def _use_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[
 def scatter_sum(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
     """Sums ``src`` into slot ``index`` along ``dim`` (torch_scatter's ``scatter_sum``); adds
     into ``out`` in place when given. Empty slots are 0."""
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is None:
@@ -203,7 +206,7 @@ def scatter_add(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
 def scatter_mul(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
     """Multiplies ``src`` into slot ``index`` along ``dim`` (``out`` in place when given);
     empty slots are 1."""
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is None:
@@ -215,6 +218,7 @@ def scatter_mul(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
 def scatter_mean(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
     """Means of ``src`` per slot (empty slots 0; integer dtypes floor-divide). With ``out``:
     (out + sum) / count in place, as torch_scatter."""
+    index = _check_index(index, "index")
     res = scatter_sum(src, index, dim, out, dim_size)
     d = _dim(dim, src.dim())
     # counts over index's own shape (a 1-D index: one count per slot), then broadcast
@@ -232,7 +236,7 @@ def scatter_mean(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opt
 def scatter_min(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out, argmin)``: minima per slot (0 for an empty slot) and their positions along
     ``dim`` (``src.size(dim)`` for an empty slot)."""
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
         return _sorted_kernel(src, index, d, _size(index, dim_size), "min")
@@ -251,7 +255,7 @@ def scatter_max(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
         >>> scatter_max(torch.tensor([1., 3., 2.]), torch.tensor([0, 0, 2]))
         (tensor([3., 0., 2.]), tensor([1, 3, 2]))
     """
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
         return _sorted_kernel(src, index, d, _size(index, dim_size), "max")
@@ -291,7 +295,7 @@ def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional
 
 def _coo_index(src: torch.Tensor, index: torch.Tensor, name: str) -> Tuple[torch.Tensor, int]:
     """``index`` (..., N) expanded to ``src``'s shape (leading size-1 and trailing dimensions)."""
-    _check_index(index, name)
+    index = _check_index(index, name)
     d = index.dim() - 1
     if d < 0 or index.dim() > src.dim():
         raise ValueError(name + " must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(index.dim()))
@@ -363,7 +367,7 @@ def _csr_index(src: torch.Tensor, indptr: torch.Tensor) -> Tuple[torch.Tensor, i
     """The slot of each row of ``src`` along ``indptr.dim() - 1`` (static shapes): segment s is
     rows indptr[s] .. indptr[s + 1] - 1; rows outside [indptr[0], indptr[-1]) go to slot S, one
     past the S = indptr.size(-1) - 1 segments, which the caller drops."""
-    _check_index(indptr, "indptr")
+    indptr = _check_index(indptr, "indptr")
     d = indptr.dim() - 1
     if d < 0 or indptr.dim() > src.dim():
         raise ValueError("indptr must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(indptr.dim()))
@@ -402,7 +406,7 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str, need_arg: 
 
 def _csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor], reduce: str, need_arg: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     if indptr.dim() == 1 and indptr.shape[0] > 0 and src.dim() > 0 and (src.dtype == torch.float32 or src.dtype == torch.float64):
-        _check_index(indptr, "indptr")
+        indptr = _check_index(indptr, "indptr")
         res, arg = _csr_kernel(src, indptr, reduce, need_arg)
         if out is not None:
             return out.copy_(res), arg
@@ -479,7 +483,7 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Ten
 def gather_coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``out[..., i, ...] = src[..., index[..., i], ...]`` along ``index.dim() - 1`` (the
     inverse of ``segment_coo``); ``out`` is overwritten when given."""
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = index.dim() - 1
     if d < 0 or index.dim() > src.dim():
         raise ValueError("index must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(index.dim()))
@@ -497,7 +501,7 @@ def gather_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tens
     """Each segment's row of ``src`` repeated over the segment of ``indptr`` (the inverse of
     ``segment_csr``), along ``indptr.dim() - 1``; the output has ``indptr[..., -1]`` rows (one
     host read unless ``out`` is given, whose rows are overwritten)."""
-    _check_index(indptr, "indptr")
+    indptr = _check_index(indptr, "indptr")
     d = indptr.dim() - 1
     if d < 0 or indptr.dim() > src.dim():
         raise ValueError("indptr must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(indptr.dim()))
@@ -541,6 +545,7 @@ def scatter_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, dim_s
         tensor([0.5000, 0.5000, 1.0000])
     """
     _floating(src, "scatter_softmax")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     top = scatter_max(src, index, d, None, dim_size)[0]
@@ -552,6 +557,7 @@ def scatter_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, dim_s
 def scatter_log_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, eps: float = 1e-12, dim_size: Optional[int] = None) -> torch.Tensor:
     """The log-softmax of ``src`` within each slot: ``src - max - log(sum exp(src - max) + eps)``."""
     _floating(src, "scatter_log_softmax")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     top = scatter_max(src, index, d, None, dim_size)[0]
@@ -565,7 +571,7 @@ def scatter_logsumexp(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out
     empty slots 0. With ``out``: its values join each slot's sum, in place; slots whose result
     is not finite keep ``out``'s value (torch_scatter's rule)."""
     _floating(src, "scatter_logsumexp")
-    _check_index(index, "index")
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is not None:
@@ -590,6 +596,7 @@ def scatter_std(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     """Standard deviation per slot, ``sqrt(sum (src - mean)^2 / (count - unbiased + 1e-6))``
     with counts clamped to at least 1 (torch_scatter's formula: empty slots 0). With ``out``,
     the squared deviations are added to ``out`` first."""
+    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if out is not None:
         dim_size = out.shape[d]

@@ -245,6 +245,31 @@ def test_composites_equal_torch_per_group(gen):
         ts.scatter_softmax(index, index)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_narrow_integer_indices_give_the_int64_results(gen, dtype):
+    # torch.gather reads an expanded (stride-0) int32 index wrongly on the CPU: the args of
+    # scatter_max(out=), the composites and gather_coo of a broadcast index were wrong
+    src = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    index = torch.tensor([2, 0, 1, 2, 0, 1])
+    out = torch.full((3, 3), -5.0, dtype=torch.float64)
+    calls = {
+        "scatter_max": lambda i: ts.scatter_max(src, i, dim=0),
+        "scatter_min out=": lambda i: ts.scatter_min(src, i, dim=0, out=out.clone()),
+        "scatter_max grad": lambda i: ts.scatter_max(src.clone().requires_grad_(), i, dim=0),
+        "segment_max_coo": lambda i: ts.segment_max_coo(src, i.sort().values),
+        "scatter_softmax": lambda i: ts.scatter_softmax(src, i, dim=0),
+        "scatter_log_softmax": lambda i: ts.scatter_log_softmax(src, i, dim=0),
+        "scatter_logsumexp": lambda i: ts.scatter_logsumexp(src, i, dim=0),
+        "scatter_std": lambda i: ts.scatter_std(src, i, dim=0),
+        "scatter_mean": lambda i: ts.scatter_mean(src, i, dim=0),
+        "gather_coo": lambda i: ts.gather_coo(src.t().contiguous(), i[None].expand(3, 6)),
+    }
+    for name, call in calls.items():
+        want, got = call(index), call(index.to(dtype))
+        for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+            assert torch.equal(w.detach(), g.detach()), name
+
+
 # ----------------------------------------------------------------------------------------------
 # gradients, scripting, compile, errors
 
