@@ -925,7 +925,7 @@ def _sample(points, n_samples, ratio, lengths, batch, first, random_start, gener
     ratio_tensor = isinstance(ratio, torch.Tensor)
     if batch is None and not ratio_tensor:
         if ratio is not None:
-            n_samples = max(1, math.ceil(points.shape[0] * ratio))
+            n_samples = math.ceil(points.shape[0] * ratio)  # (an empty cloud: none)
             first = None if first is None else first[: n_samples]
         out = _sample(points[None], n_samples, None, None, None, first, random_start, generator, validate)
         return FPS(out.points[0], out.idx[0])

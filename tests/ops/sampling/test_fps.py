@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -154,6 +155,12 @@ def test_packed_ratio_picks_ceil_of_each_sample(gen):
     for b in range(3):  # each sample starts at its first point in packed order
         first = (ids == b).nonzero()[0, 0]
         assert out.idx[counts[:b].sum()] == first
+
+    # one cloud takes the same counts, by a number or a tensor (an empty cloud: none)
+    for n in (0, 1, 13):
+        one = samples[2][:n]
+        for ratio in (0.25, torch.tensor(0.25)):
+            assert pcops.farthest_point_sample(one, ratio=ratio).idx.shape == (math.ceil(n / 4),)
 
 
 def test_random_start_is_reproducible_and_still_farthest(gen):
