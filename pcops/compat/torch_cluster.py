@@ -350,6 +350,8 @@ def _grid_cluster(
         if t is not None and check_tensor(name, t).numel() != d:
             raise ValueError(f"{name} must have one entry per dimension of pos ({d}), got {t.numel()}")
     check_finite(pos=pos, size=size, start=start, end=end)
+    if not is_compiling() and size.numel() and not bool((size > 0).all()):  # (one host read; 0 gave INT64_MIN ids)
+        raise ValueError(f"size must be > 0 in every dimension, got {size.reshape(-1).tolist()}")
     if pos.shape[0] == 0:
         return torch.empty(0, dtype=torch.long, device=pos.device)
     start = pos.min(0).values if start is None else start.reshape(d).to(pos.device)

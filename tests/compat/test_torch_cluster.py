@@ -393,6 +393,9 @@ def test_grid_cluster_matches_the_formula(gen):
     assert torch.equal(tc.grid_cluster(pos, size, start, end), ref_grid(pos, size, start, end))
     pos2 = torch.tensor([[0.0, 0], [11, 9], [2, 8], [2, 2], [8, 3]])  # torch_cluster's docstring example
     assert tc.grid_cluster(pos2, torch.tensor([5.0, 5.0])).tolist() == [0, 5, 3, 0, 1]
+    for bad in ([0.0, 5.0], [-5.0, 5.0], [5.0, -0.0]):  # (0 gave ids of INT64_MIN, -5 negative ones)
+        with pytest.raises(ValueError, match="size must be > 0"):
+            tc.grid_cluster(pos2, torch.tensor(bad))
 
 
 # ----------------------------------------------------------------------------------------------
