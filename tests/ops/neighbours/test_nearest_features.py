@@ -49,6 +49,29 @@ def test_ties_and_duplicates_are_broken_by_the_smaller_index(gen):
     assert torch.all(dists[:, :4] == 0)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_ties_beyond_the_candidates_still_go_to_the_smaller_index(gen, dtype):
+    # more points tie at the k-th distance than the Gram form's k + 8 candidates hold: a 4-d
+    # integer lattice (exact distances, up to 32 at one distance), twenty duplicates in 5-d, and
+    # the same in packed samples (each with its own block): every row in (distance, index) order
+    import itertools
+
+    lattice = torch.tensor(list(itertools.product(range(5), repeat=4)), dtype=dtype)
+    dup = torch.rand(40, 5, generator=gen, dtype=F64).to(dtype)
+    dup[:20] = dup[0]
+    for points, k in ((lattice, 10), (lattice, 25), (dup, 5), (dup, 21)):
+        dists, idx = pcops.knn(points, points, k)
+        ref_d, ref_idx = brute_force(points, points, k)
+        torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+        torch.testing.assert_close(dists.double(), ref_d, rtol=1e-6, atol=0)
+    batch = torch.arange(len(lattice)) % 3
+    dists, idx = pcops.knn(lattice, lattice, 12, query_batch=batch, ref_batch=batch)
+    for b in range(3):
+        rows = (batch == b).nonzero().flatten()
+        torch.testing.assert_close(idx[rows], rows[brute_force(lattice[rows], lattice[rows], 12)[1]], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dim", [8, 64])
 def test_padded_layout_equals_a_per_sample_loop(gen, dim):
     lengths = torch.tensor([50, 7, 31, 1])

@@ -48,6 +48,9 @@ def search(query, ref, k, query_group, ref_group):
 
 
 _CANDIDATES = 8  # extra candidates ordered by (distance, index) in the feature-space search
+# a bound on the Gram form's error, times (|q - c| + max |p - c|)^2: float64 sums of D products
+# and three terms round by a few eps of that square (2^-40: some 4,000 eps, for any D up to 2^10)
+_GRAM_ROUNDING = 2.0**-40
 
 
 def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +80,23 @@ def _direct(q: torch.Tensor, r: torch.Tensor, slots: torch.Tensor, gram: torch.T
     return torch.where(torch.isinf(gram), gram, (q[:, :, None, :] - pts).square().sum(-1))
 
 
+def _exact_rows(q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, cand: torch.Tensor) -> None:
+    """The k = values.shape[-1] nearest points of the queries ``rows`` (G, S) bool of ``q`` (G,
+    S, D), by direct squared distances to every point of their group's block ``r`` (G, R, D)
+    (slots in row order: ties by the smaller row), into ``values`` and ``cand`` (G, S, k) (rows
+    of ref) in place; NaN distances as inf (never a neighbour)."""
+    g, s = rows.nonzero(as_tuple=True)
+    k = values.shape[-1]
+    step = max(1, _ENTRIES // max(r.shape[1] * r.shape[2], 1))
+    for a in range(0, g.shape[0], step):
+        gi, si = g[a : a + step], s[a : a + step]
+        d2 = (q[gi, si][:, None, :] - r[gi]).square().sum(-1)  # (n, R)
+        d2.masked_fill_(d2.isnan() | (r_rows[gi] < 0), float("inf"))
+        sq, slot = _smallest(d2, k)
+        values[gi, si] = sq
+        cand[gi, si] = torch.where(slot >= 0, r_rows[gi].gather(1, slot.clamp_min(0)), -1)
+
+
 def _search_features(query, ref, k, query_group, ref_group):
     """kNN of D-dimensional points (D != 3): every group is a dense block, all blocks at once.
 
@@ -84,7 +104,10 @@ def _search_features(query, ref, k, query_group, ref_group):
     products, O(M N D) flops per group, after centring each group on its mean: float32 inputs
     are exact in float64, so only the sums round, ~1e-16 relative): the k + 8 smallest. Those
     are ranked by their directly computed squared distances (:func:`_direct`), then by index, so
-    exact ties go to the smaller index on any BLAS. ``knn`` recomputes the returned distances by
+    exact ties go to the smaller index on any BLAS. A query whose last candidate's Gram value is
+    not clear of its k-th distance by the Gram form's rounding (more points tie, or nearly tie,
+    than the candidates hold: duplicates, lattices) is searched again by direct differences to
+    every point of its group (:func:`_exact_rows`). ``knn`` recomputes the returned distances by
     direct differences.
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
@@ -103,12 +126,18 @@ def _search_features(query, ref, k, query_group, ref_group):
         qc = q_block[:, s : s + chunk] - centre
         gram = qc.square().sum(-1, keepdim=True) + r_sq - 2 * qc @ rc.transpose(1, 2)
         values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
+        last = values[..., -1]  # no point outside the candidates has a smaller Gram value
         cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
         values = _direct(q_block[:, s : s + chunk], r_block, slots, values)
         cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
         values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
         cand = cand.gather(2, order2)[..., :take]
         values = values[..., :take]
+        if width < r_block.shape[1]:  # points left out: could one tie or beat the k-th?
+            reach = qc.square().sum(-1).sqrt() + r_sq.masked_fill(r_sq.isinf(), 0).amax(-1).sqrt()  # |q - c| + max |p - c|
+            doubt = ~(last - _GRAM_ROUNDING * reach.square() > values[..., -1])  # (NaN: doubt)
+            if bool(doubt.any()):
+                _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
         best = torch.where(torch.isinf(values), -1, cand)
         rows = q_rows[:, s : s + chunk]
         keep = rows >= 0
