@@ -42,7 +42,9 @@ def knn_interpolate(
 
     Returns:
         Tensor of shape (M, F), (B, M, F) or (M_total, F) in the promoted dtype of the
-        inputs, differentiable with respect to ``features``, ``query`` and ``ref``.
+        inputs, differentiable with respect to ``features``, ``query`` and ``ref``; zeros for a
+        query with no neighbour (none in its sample, or every squared distance overflowing the
+        points' dtype: :func:`pcops.knn`).
 
     Example:
         >>> import torch, pcops
