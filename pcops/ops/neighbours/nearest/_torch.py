@@ -48,9 +48,9 @@ def search(query, ref, k, query_group, ref_group):
 
 
 _CANDIDATES = 8  # extra candidates ordered by (distance, index) in the feature-space search
-# a bound on the Gram form's error, times (|q - c| + max |p - c|)^2: float64 sums of D products
-# and three terms round by a few eps of that square (2^-40: some 4,000 eps, for any D up to 2^10)
-_GRAM_ROUNDING = 2.0**-40
+# a bound on the Gram form's error, per dimension, times (|q - c| + max |p - c|)^2: float64 sums of
+# D products and three terms round by at most about (D + 3) eps of that square (16 eps a dimension)
+_GRAM_ROUNDING = 16 * torch.finfo(torch.float64).eps
 
 
 def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +135,7 @@ def _search_features(query, ref, k, query_group, ref_group):
         values = values[..., :take]
         if width < r_block.shape[1]:  # points left out: could one tie or beat the k-th?
             reach = qc.square().sum(-1).sqrt() + r_sq.masked_fill(r_sq.isinf(), 0).amax(-1).sqrt()  # |q - c| + max |p - c|
-            doubt = ~(last - _GRAM_ROUNDING * reach.square() > values[..., -1])  # (NaN: doubt)
+            doubt = ~(last - _GRAM_ROUNDING * (query.shape[1] + 3) * reach.square() > values[..., -1])  # (NaN: doubt)
             if bool(doubt.any()):
                 _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
         best = torch.where(torch.isinf(values), -1, cand)
