@@ -151,23 +151,38 @@ def _unmatched(query: torch.Tensor, query_group, ref_group, validate: bool, ids:
     return fill
 
 
-def _costs(flat: _layout.Flat, norm: int, backend: str, dtype, validate: bool) -> torch.Tensor:
-    """Per-point cost (P_a,) of the flat query to its nearest ref point (``validate``: the
+def _costs(flats: list, norm: int, backend: str, dtype, validate: bool) -> list:
+    """Per-point costs (P_a,) of each flat query to its nearest ref point (``validate``: the
     caller's): 0 for padding and points whose sample of the other cloud is empty, inf where a
-    finite point found none (:func:`_unmatched`)."""
-    if flat.ref.shape[0] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
-        return flat.query.to(dtype).sum(-1) * 0
-    if norm == 2:
-        idx, valid = search(flat, 1, backend, dtype)
-        idx, valid = idx[:, 0], valid[:, 0]
-    else:
-        q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
-        nearest = nearest_l1(q, r, flat.validate, flat.query_group, flat.ref_group)
-        idx, valid = nearest.clamp_min(0), nearest >= 0
-    diff = flat.query.to(dtype) - _layout.select_rows(flat.ref.to(dtype), idx)
-    cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
-    ids = flat.batch_shape[0] + 2 if flat.batch_shape else None  # (padded: samples, then the two padding ids)
-    return torch.where(valid, cost, _unmatched(flat.query.detach(), flat.query_group, flat.ref_group, validate, ids))
+    finite point found none (:func:`_unmatched`). The nearest rows of every direction are
+    gathered from one concatenation of the refs: with each direction's own, torch.compile's
+    inductor (torch 2.13, CPU) gave wrong gradients to a cloud that is one direction's query and
+    the other's gathered ref (tests/test_compile.py)."""
+    found = []
+    for flat in flats:
+        if flat.ref.shape[0] == 0 or flat.query.shape[0] == 0:  # nothing to match: PyTorch3D's zero
+            found.append(None)
+        elif norm == 2:
+            idx, valid = search(flat, 1, backend, dtype)
+            found.append((idx[:, 0], valid[:, 0]))
+        else:
+            q, r = flat.query.detach().to(dtype), flat.ref.detach().to(dtype)
+            nearest = nearest_l1(q, r, flat.validate, flat.query_group, flat.ref_group)
+            found.append((nearest.clamp_min(0), nearest >= 0))
+    refs = [flat.ref.to(dtype) for flat in flats]
+    ref = refs[0] if len(refs) == 1 else torch.cat(refs)
+    costs, offset = [], 0
+    for flat, rows, part in zip(flats, found, refs):
+        if rows is None:
+            costs.append(flat.query.to(dtype).sum(-1) * 0)
+        else:
+            idx, valid = rows
+            diff = flat.query.to(dtype) - _layout.select_rows(ref, idx + offset if offset else idx)
+            cost = diff.square().sum(-1) if norm == 2 else diff.abs().sum(-1)
+            ids = flat.batch_shape[0] + 2 if flat.batch_shape else None  # (padded: samples, then the two padding ids)
+            costs.append(torch.where(valid, cost, _unmatched(flat.query.detach(), flat.query_group, flat.ref_group, validate, ids)))
+        offset += part.shape[0]
+    return costs
 
 
 def _per_sample(cost, flat: _layout.Flat, lengths, batch_ids, batch_size: int, reduction: str) -> torch.Tensor:
@@ -327,11 +342,13 @@ def chamfer_distance(
     b, ranges = _layout.sample_count(x, x_batch, y_batch, batch_size, rows=point_reduction is not None)
     flat_x = _layout.pair(x, y, **layout, validate=validate, names=_NAMES, ranges=ranges)
     dtype, out_dtype = _validate.compute_dtype(x, y)
-    terms = [(_costs(flat_x, norm, backend, dtype, validate), flat_x, x_lengths, x_batch)]
+    terms = [(flat_x, x_lengths, x_batch)]
     if not single_directional:  # the same clouds the other way round: their values are checked
         reverse = dict(query_lengths=y_lengths, ref_lengths=x_lengths, query_batch=y_batch, ref_batch=x_batch)
         flat_y = _layout.pair(y, x, **reverse, validate=flat_x.validate, names=_layout.names("y", "x"))
-        terms.append((_costs(flat_y, norm, backend, dtype, validate), flat_y, y_lengths, y_batch))
+        terms.append((flat_y, y_lengths, y_batch))
+    costs = _costs([flat for flat, _, _ in terms], norm, backend, dtype, validate)
+    terms = [(cost, *term) for cost, term in zip(costs, terms)]
     if point_reduction is None:
         per_point = tuple(_layout.unflatten(flat, cost).to(out_dtype) for cost, flat, _, _ in terms)
         return per_point[0] if single_directional else per_point
