@@ -539,6 +539,8 @@ def _max_setup_context(ctx, inputs, output):
 def _max_backward(ctx, grad_out, _grad_arg):
     (arg,) = ctx.saved_tensors
     grad = grad_out.new_zeros((ctx.rows, grad_out.shape[1]))
+    if ctx.rows == 0:  # no reference point: every arg is -1, and no row 0 to add into
+        return None, None, grad, None, None, None, None
     grad = grad.scatter_add(0, arg.clamp_min(0), torch.where(arg >= 0, grad_out, 0))  # all to the arg-max
     return None, None, grad, None, None, None, None
 

@@ -203,6 +203,12 @@ def test_empty_query_or_ref_gives_zeros(gen):
     assert out.shape == (5, 4) and torch.all(out == 0)
     out.sum().backward()
     assert torch.all(q.grad == 0)
+    for reduce in ("mean", "max"):  # gradients to (0, F) features: zero-size, not an error (max's once indexed row 0)
+        f0 = torch.zeros(0, 4, dtype=F64, requires_grad=True)
+        out = pcops.radius_aggregate(q, torch.zeros(0, 3, dtype=F64), f0, 0.5, 0.1 if reduce == "mean" else None, reduce=reduce)
+        assert torch.all(out == 0)
+        out.sum().backward()
+        assert f0.grad.shape == (0, 4)
 
 
 def test_non_contiguous_inputs(gen):
