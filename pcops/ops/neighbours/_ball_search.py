@@ -227,7 +227,7 @@ def result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tens
     if points_grad:
         valid = idx >= 0
         rows = p if p.shape[0] else p.new_zeros((1, 3))  # an empty ref: every idx is -1, gather from a dummy row
-        dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0))), float("inf")).to(out_dtype)
+        dists = torch.where(valid, _distances(q, _layout.select_rows(rows, idx.clamp(min=0)), valid), float("inf")).to(out_dtype)
     else:
         dists = found.to(out_dtype)
     idx = _layout.local_index(flat, idx)

@@ -624,6 +624,40 @@ def test_warp_search_terminates_on_non_finite_points_without_validation(gen):
     torch.testing.assert_close(idx[rows], finite[ref_idx], rtol=0, atol=0)
 
 
+def test_a_nan_query_without_validation_gives_no_other_point_a_nan_gradient(gen):
+    # a query that finds none (NaN, validate=False) stands in row 0 for its missing neighbours:
+    # their distances once sent 0 * NaN into row 0's gradient; padding rows of NaN did the same
+    # to another sample's point. The gradients equal those of the call without the NaN query
+    p = torch.rand(6, 3, generator=gen, dtype=F64)
+    q = torch.rand(4, 3, generator=gen, dtype=F64)
+    bad = torch.cat([q, torch.tensor([[float("nan"), 0.5, 0.5]], dtype=F64)])
+    f = torch.rand(6, 2, generator=gen, dtype=F64)
+    calls = {
+        "knn": lambda q, p: pcops.knn(q, p, 2, validate=False).dists,
+        "knn_aggregate": lambda q, p: pcops.knn_aggregate(q, p, f, 2, sigma=0.3, validate=False),
+        "knn_interpolate": lambda q, p: pcops.knn_interpolate(q, p, f, k=2, validate=False),
+        "ball_query": lambda q, p: pcops.ball_query(q, p, 0.6, 3, validate=False).dists,
+    }
+    for name, call in calls.items():
+        grads = []
+        for queries in (q, bad):
+            ref = p.clone().requires_grad_()
+            out = call(queries, ref)[: len(q)]
+            torch.where(torch.isfinite(out), out, 0).sum().backward()
+            grads.append(ref.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-14, msg=name)
+    padded = torch.stack([torch.cat([q, torch.full((2, 3), float("nan"), dtype=F64)]), torch.cat([q.flip(0), q[:2]])])
+    for name, kw in (("knn", {}), ("ball_query", {})):
+        ref = torch.stack([p, p.flip(0)]).requires_grad_()
+        lengths = torch.tensor([4, 6])
+        if name == "knn":
+            out = pcops.knn(padded, ref, 2, query_lengths=lengths, validate=False).dists
+        else:
+            out = pcops.ball_query(padded, ref, 0.6, 3, query_lengths=lengths, validate=False).dists
+        torch.where(torch.isfinite(out), out, 0).sum().backward()
+        assert torch.isfinite(ref.grad).all(), name
+
+
 def test_warp_leaves_of_nan_points_only_are_skipped_exactly(gen):
     # a third of the cloud NaN: whole subtrees hold NaN points only (their boxes are empty, from
     # +inf to -inf); the neighbours are those of the finite points

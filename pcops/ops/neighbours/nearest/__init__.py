@@ -125,22 +125,26 @@ def _own_distances(flat: _layout.Flat, backend: str, points_grad: bool) -> bool:
     return not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES
 
 
-def _neighbour_distances(flat: _layout.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool):
+def _neighbour_distances(flat: _layout.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool,
+                         valid: torch.Tensor):
     """Distances to the found neighbours: the search's own ``found`` (see ``_own_distances``),
-    else recomputed in torch from the gathered points (differentiable)."""
+    else recomputed in torch from the gathered points (differentiable; 0 where not ``valid``)."""
     if _own_distances(flat, backend, points_grad):
         return found
-    return _recomputed_distances(flat, idx, dtype)
+    return _recomputed_distances(flat, idx, dtype, valid)
 
 
-def _recomputed_distances(flat: _layout.Flat, idx: torch.Tensor, dtype) -> torch.Tensor:
-    """Distances (P, k) to the flat ref's rows ``idx`` (>= 0), recomputed in torch: differentiable."""
-    return _distances(flat.query.to(dtype), _layout.select_rows(flat.ref.to(dtype), idx))
+def _recomputed_distances(flat: _layout.Flat, idx: torch.Tensor, dtype, valid: torch.Tensor) -> torch.Tensor:
+    """Distances (P, k) to the flat ref's rows ``idx`` (>= 0), recomputed in torch: differentiable
+    (0 where not ``valid``: see :func:`_distances`)."""
+    return _distances(flat.query.to(dtype), _layout.select_rows(flat.ref.to(dtype), idx), valid)
 
 
-def _distances(query: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
-    """||q_i - p_ij|| for neighbours (M, k, 3), differentiable, with a zero (not NaN) gradient at d = 0."""
-    sq = (query[:, None, :] - neighbours).square().sum(-1)
+def _distances(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """||q_i - p_ij|| for neighbours (M, k, 3), differentiable, with a zero (not NaN) gradient at
+    d = 0; 0, and no gradient, where not ``valid`` (M, k): a missing neighbour's stand-in row
+    (row 0) or a NaN query (``validate=False``, padding rows) gives its points no NaN gradient."""
+    sq = torch.where(valid[..., None], query[:, None, :] - neighbours, 0).square().sum(-1)
     positive = sq > 0
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
 
@@ -312,7 +316,7 @@ def knn(
         dists = found  # inf where none already
     else:
         valid = idx >= 0
-        dists = torch.where(valid, _recomputed_distances(flat, idx.clamp_min(0), dtype), float("inf"))
+        dists = torch.where(valid, _recomputed_distances(flat, idx.clamp_min(0), dtype, valid), float("inf"))
     idx = _layout.local_index(flat, idx)
     return KNN(_layout.unflatten(flat, dists.to(out_dtype)), _layout.unflatten(flat, idx))
 
@@ -398,7 +402,7 @@ def knn_aggregate(
         out = torch.where(valid.any(1, keepdim=True), out, 0)  # a query with no neighbour: zeros
         return _layout.unflatten(flat, out.to(out_dtype))
     if weights != "uniform":
-        dists = torch.where(valid, _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref)), 0)
+        dists = torch.where(valid, _neighbour_distances(flat, found, idx, backend, dtype, _points_grad(query, ref), valid), 0)
     if weights == "softmax":
         nearest = torch.where(valid, dists, float("inf")).amin(1, keepdim=True).detach()  # shift: any sigma > 0 stays finite
         logits = torch.where(valid, -(dists - torch.where(valid, nearest, 0)) / sigma, float("-inf"))
