@@ -311,6 +311,16 @@ def _check_edges(rank: int, world: int) -> None:
     got.dists.sum().backward()  # every rank: a collective
     if rank == 0:
         assert torch.equal(got.idx, pcops.knn(queries, torch.cat([cloud[:38], cloud[38 : 38 + world - 1]]), 5).idx)
+    # a rank with neither queries nor points: its backward still joins the exchange's (ball_query's hung)
+    mine, queries = (cloud[:20], cloud[20:26]) if rank != last else (cloud[:0], cloud[:0])
+    feats = torch.rand(mine.shape[0], 2, generator=torch.Generator().manual_seed(rank), dtype=F64)
+    calls = [lambda q, p, f: pd.ball_query(q, p, 0.3, 4).dists, lambda q, p, f: pd.radius_aggregate(q, p, f, 0.3, reduce="max"),
+             lambda q, p, f: pd.radius_aggregate(q, p, f, 0.3, 0.1), lambda q, p, f: pd.knn(q, p, 3).dists,
+             lambda q, p, f: pd.knn_aggregate(q, p, f, 3, 0.1), lambda q, p, f: pd.knn_interpolate(q, p, f, 3)]
+    for call in calls:
+        leaf, fl = mine.clone().requires_grad_(), feats.clone().requires_grad_()
+        out = call(queries, leaf, fl)
+        torch.where(torch.isfinite(out), out, 0).sum().backward()  # every rank: a collective
     gx = torch.Generator().manual_seed(4)
     whole_x, whole_y = torch.rand(5, 3, generator=gx, dtype=F64), torch.rand(6, 3, generator=gx, dtype=F64)
     x, y = (whole_x, whole_y) if rank == 0 else (whole_x[:0], whole_y[:0])  # other ranks: empty shares of both clouds

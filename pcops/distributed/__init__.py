@@ -188,7 +188,7 @@ def ball_query(query: torch.Tensor, ref: torch.Tensor, radius: float, max_neighb
     numbers = _pair(group, query, ref, None, validate, radius=radius, max_neighbors=max_neighbors)
     halo = _halo.gather(query, ref, None, torch.tensor(numbers["radius"], dtype=torch.float64), group)
     out = _ball_query(query, halo.ref, numbers["radius"], numbers["max_neighbors"], validate=False)
-    return BallQuery(out.dists, _halo.to_global(out.idx, halo), out.counts)
+    return BallQuery(out.dists + _kept(halo.ref), _halo.to_global(out.idx, halo), out.counts)  # (the exchange kept: see _kept)
 
 
 @accepts_dtensors(per_query=True)
@@ -198,7 +198,8 @@ def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Ten
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
     radius = _pair(group, query, ref, features, validate, radius=radius)["radius"]
     halo = _halo.gather(query, ref, features, torch.tensor(radius, dtype=torch.float64), group)
-    return _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
+    out = _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
+    return out + _kept(halo.ref, halo.features)  # (the exchange kept in the graph of a rank with nothing to search)
 
 
 @accepts_dtensors(per_query=False)
