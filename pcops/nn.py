@@ -9,21 +9,28 @@ from torch import nn
 
 from . import _deprecated, _validate
 from .ops.neighbours import _weighting
+from .ops.neighbours.nearest._registry import BACKENDS
 from .ops import knn_aggregate, radius_aggregate
 from .ops.transport import earth_movers_distance, sinkhorn_divergence
 
 
 class _Sigma(nn.Module):
-    """Holds sigma as a constant, or as a learnable parameter kept > 0 by a log parametrisation."""
+    """Holds sigma as a constant, or as a learnable parameter kept > 0 by a log parametrisation;
+    None (no sigma: weightings other than softmax, ``weights`` the layer's resolved weighting)."""
 
-    def __init__(self, sigma: float, learnable: bool):
+    def __init__(self, sigma: float | None, learnable: bool, weights: str):
         super().__init__()
-        _validate.positive_number("sigma", sigma)
+        if sigma is None and weights == "softmax":
+            raise ValueError("sigma is required for weights='softmax'")
+        if sigma is not None:
+            _validate.positive_number("sigma", sigma)
         self.learnable_sigma = bool(learnable)
+        if self.learnable_sigma and weights != "softmax":
+            raise ValueError(f"learnable_sigma needs weights='softmax', got weights={weights!r}")
         if self.learnable_sigma:
             self.log_sigma = nn.Parameter(torch.tensor(math.log(sigma)))
         else:
-            self._sigma = float(sigma)
+            self._sigma = None if sigma is None else float(sigma)
 
     @property
     def sigma(self):
@@ -40,7 +47,7 @@ class RadiusAggregation(_Sigma):
 
     Args:
         radius: neighbourhood radius (> 0).
-        sigma: length scale of the softmax weights (> 0); unused by the other weightings.
+        sigma: length scale of the softmax weights (> 0); unused by the other weightings (None allowed there).
         learnable_sigma: make sigma a parameter (stored as ``log_sigma``); softmax only.
         validate: check point values for NaN/inf on every call.
         weights: "softmax", "inverse_distance", "uniform", or None (softmax for
@@ -68,11 +75,10 @@ class RadiusAggregation(_Sigma):
         weights: str | None = None,
         reduce: str = "mean",
     ):
-        super().__init__(sigma, learnable_sigma)
+        resolved = _weighting.name(weights, reduce)
+        super().__init__(sigma, learnable_sigma, resolved)
         _validate.positive_number("radius", radius)
-        self.weights = _weighting.name(weights, reduce)
-        if self.learnable_sigma and self.weights != "softmax":
-            raise ValueError(f"learnable_sigma needs weights='softmax', got weights={self.weights!r}")
+        self.weights = resolved
         self.reduce = reduce
         self.radius = float(radius)
         self.validate = bool(validate)
@@ -99,7 +105,7 @@ class KNNAggregation(_Sigma):
 
     Args:
         k: number of neighbours (>= 1, <= number of reference points at call time).
-        sigma: length scale of the softmax weights (> 0); unused by the other weightings.
+        sigma: length scale of the softmax weights (> 0); unused by the other weightings (None allowed there).
         learnable_sigma: make sigma a parameter (stored as ``log_sigma``); softmax only.
         backend: kNN search backend: "auto", "cuml", "warp", "scipy" or "torch".
         validate: check point values for NaN/inf on every call.
@@ -132,12 +138,12 @@ class KNNAggregation(_Sigma):
         weights: str | None = None,
         reduce: str = "mean",
     ):
-        super().__init__(sigma, learnable_sigma)
+        resolved = _weighting.name(weights, reduce)
+        super().__init__(sigma, learnable_sigma, resolved)
         self.k = _validate.count("k", k)
-        self.weights = _weighting.name(weights, reduce)
-        if self.learnable_sigma and self.weights != "softmax":
-            raise ValueError(f"learnable_sigma needs weights='softmax', got weights={self.weights!r}")
+        self.weights = resolved
         self.reduce = reduce
+        _validate.one_of("backend", backend, ("auto", *BACKENDS))
         self.backend = backend
         self.validate = bool(validate)
 
@@ -217,9 +223,10 @@ class SinkhornLoss(nn.Module):
     def __init__(self, p: int = 2, blur: float = 0.05, scaling: float = 0.5, *, debias: bool = True,
                  diameter: float | None = None, batch_reduction: str | None = "mean", validate: bool = True):
         super().__init__()
-        from .ops.transport.sinkhorn import _check_options
+        from .ops.transport.sinkhorn import BATCH_REDUCTIONS, _check_options
 
         _check_options(p, blur, scaling, diameter)
+        _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
         self.p, self.blur, self.scaling, self.debias, self.diameter = int(p), float(blur), float(scaling), bool(debias), diameter
         self.batch_reduction, self.validate = batch_reduction, bool(validate)
 

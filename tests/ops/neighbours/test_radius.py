@@ -282,10 +282,25 @@ def test_module_matches_functional_and_learns_sigma(gen):
     torch.testing.assert_close(fixed(q, p, f), out.detach())
 
 
-@pytest.mark.parametrize("kwargs,match", [({"radius": 0.0}, "radius"), ({"radius": 1.0, "sigma": -1.0}, "sigma")])
+@pytest.mark.parametrize("kwargs,match", [({"radius": 0.0}, "radius"), ({"radius": 1.0, "sigma": -1.0}, "sigma"),
+                                          ({"radius": 1.0, "sigma": None}, "sigma is required")])
 def test_module_rejects_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
         pcops.RadiusAggregation(**kwargs)
+
+
+def test_layers_check_their_options_when_built(gen):
+    # options the functional op would refuse on the first call are refused when the layer is made;
+    # sigma=None is a layer's sigma where its weighting takes none
+    for make, match in ((lambda: pcops.KNNAggregation(3, backend="bogus"), "backend"),
+                        (lambda: pcops.nn.SinkhornLoss(batch_reduction="bogus"), "batch_reduction"),
+                        (lambda: pcops.KNNAggregation(3, None), "sigma is required"),
+                        (lambda: pcops.KNNAggregation(3, 0.1, True, weights="uniform"), "learnable_sigma")):
+        with pytest.raises(ValueError, match=match):
+            make()
+    q, p, f = torch.rand(6, 3, generator=gen), torch.rand(9, 3, generator=gen), torch.rand(9, 2, generator=gen)
+    torch.testing.assert_close(pcops.KNNAggregation(3, None, weights="uniform")(q, p, f), pcops.knn_aggregate(q, p, f, 3, weights="uniform"))
+    torch.testing.assert_close(pcops.RadiusAggregation(0.5, None, reduce="max")(q, p, f), pcops.radius_aggregate(q, p, f, 0.5, reduce="max"))
 
 
 class _Model(torch.nn.Module):
