@@ -42,7 +42,7 @@ KNOWN = {
 CPU_PLAIN = {
     "farthest_point_sample": ({("numpy", "pcops/ops/sampling/fps.py")}, "whether the last pick was made (points that cannot be picked)"),
     "knn_aggregate": ({("__int__", "pcops/ops/neighbours/nearest/__init__.py")}, "whether every row of the search is complete (complete_rows)"),
-    "estimate_normals": ({("__float__", "pcops/ops/geometry/normals.py")}, "the largest coordinate: whether the cloud's scale asks for a power of two (_plain_scale)"),
+    "estimate_normals": ({("__float__", "pcops/ops/geometry/normals.py")}, "the largest absolute coordinate: the values check and whether the scale asks for a power of two (_plain_scale)"),
     "knn_interpolate": ({("item", "pcops/ops/neighbours/nearest/_mean.py")}, "whether every row of the search is complete (the weighted means' launch flags a row cut short)"),
 }
 # op -> why it synchronises on a GPU with no host read of pcops' own (a torch operation that waits)

@@ -21,7 +21,7 @@ import torch
 import warp as wp
 
 from ... import _layout, _threads, _validate, _warp
-from ..neighbours.nearest import plain_knn, plain_warp, search
+from ..neighbours.nearest import plain_find, plain_warp, search
 
 
 def _cross(a, b):
@@ -292,11 +292,11 @@ def _unit_scale(points: torch.Tensor, rows: Optional[torch.Tensor] = None) -> to
     return torch.where(e.abs() > near, torch.pow(2.0, -e.clamp(1 - top, top).to(points.dtype)), 1.0).to(points.dtype)
 
 
-def _plain_scale(points: torch.Tensor) -> Optional[float]:
-    """:func:`_unit_scale` of a plain call's points as a Python float (one host read and no
-    other torch operation: most of a small call's time), None where it is 1."""
-    e = math.frexp(float(torch.linalg.vector_norm(points, float("inf"))))[1] - 1
-    near, top = _limits(points.dtype)
+def _plain_scale(big: float, dtype: torch.dtype) -> Optional[float]:
+    """:func:`_unit_scale` of a plain call's points as a Python float, from their largest
+    absolute coordinate ``big`` (read once on the host); None where it is 1."""
+    e = math.frexp(big)[1] - 1
+    near, top = _limits(dtype)
     return 2.0 ** -min(max(e, 1 - top), top) if abs(e) > near else None
 
 
@@ -373,14 +373,18 @@ def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Te
     """The normals of a plain eager CPU :func:`estimate_normals` call without ``orient_to``, or
     None for any other call: a plain kNN search of the cloud (times :func:`_unit_scale`) in itself
     (:func:`pcops.ops.neighbours.nearest.plain_warp`: one (P, 3) CPU cloud, float32 or float64,
-    nothing to differentiate, k an int in 1..P, its sum finite where ``validate`` asks), then
+    nothing to differentiate, k an int in 1..P; its largest absolute value, read once, is finite
+    where ``validate`` asks and sets the scale), then
     the normals kernel called directly: the general path's search and kernel on the same
     values, so the same normals."""
-    if not plain_warp(points, points, k, backend, validate):
+    if not plain_warp(points, points, k, backend, False):  # (the values are checked here)
         return None
-    scale = _plain_scale(points)
+    big = float(torch.linalg.vector_norm(points, float("inf")))  # one host read: NaN or inf if any value is
+    if validate and not math.isfinite(big):
+        return None  # (the general path names what fails)
+    scale = _plain_scale(big, points.dtype)
     scaled = points if scale is None else points * scale
-    found = plain_knn(scaled, scaled, k, backend, False)  # (checked above)
+    found = plain_find(scaled, scaled, k)
     # (as the general search: -1, none found (NaN points without validation, distances overflowing to inf), as row 0)
     return _knn_normals(points, found[1].clamp_min(0), _ONE[points.dtype] if scale is None else points.new_full((1,), scale), None)
 

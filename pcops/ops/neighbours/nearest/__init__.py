@@ -188,7 +188,13 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
             return None
         same, query = ref is query, query.detach()
         ref = query if same else ref.detach()
-    return _kdtree.find(query, ref, k) if plain_warp(query, ref, k, backend, validate) else None
+    return plain_find(query, ref, k) if plain_warp(query, ref, k, backend, validate) else None
+
+
+def plain_find(query, ref, k):
+    """(dists, idx) of a search that :func:`plain_warp` accepted (the caller checked the values):
+    the Warp search's function itself, as :func:`plain_knn` calls it."""
+    return _kdtree.find(query, ref, k)
 
 
 def plain_warp(query, ref, k, backend: str, validate: bool) -> bool:
