@@ -325,6 +325,11 @@ def _check_edges(rank: int, world: int) -> None:
     whole_x, whole_y = torch.rand(5, 3, generator=gx, dtype=F64), torch.rand(6, 3, generator=gx, dtype=F64)
     x, y = (whole_x, whole_y) if rank == 0 else (whole_x[:0], whole_y[:0])  # other ranks: empty shares of both clouds
     torch.testing.assert_close(pd.chamfer_distance(x, y), pcops.chamfer_distance(whole_x, whole_y))
+    for a, b in ((whole_x[:0], y), (x, whole_y[:0])):  # a cloud empty on every rank: 0, as the single-process op (a k error once)
+        leaf = a.clone().requires_grad_()
+        loss = pd.chamfer_distance(leaf, b)
+        assert float(loss) == 0.0 == float(pcops.chamfer_distance(whole_x[:0], whole_y)) == float(pcops.chamfer_distance(whole_x, whole_y[:0]))
+        loss.backward()
     # half precision FPS: the single-process op's picks (computed in float32)
     pts = torch.rand(400, 3, generator=torch.Generator().manual_seed(6)).half()  # the same on every rank
     share = pts[rank * 400 // world : (rank + 1) * 400 // world]

@@ -209,6 +209,9 @@ def chamfer_distance(x: torch.Tensor, y: torch.Tensor, *, group=None, validate: 
     on it (or on a loss of it that every rank computes alike): each rank's points get their
     gradients of that one loss."""
     _pair(group, x, y, None, validate, names=_layout.names("x", "y"))
+    sizes = _comm.all_reduce(torch.tensor([x.shape[0], y.shape[0]]), dist.ReduceOp.SUM, group).tolist()
+    if 0 in sizes:  # a whole cloud empty: 0, as the single-process op (PyTorch3D's zero), on every rank
+        return _kept(x, y).to(torch.promote_types(x.dtype, y.dtype))
     sums = []
     for a, b in ((x, y), (y, x)):
         near, halo = _nearest(a, b, 1, group)
