@@ -203,6 +203,17 @@ def _check_bad_inputs(rank: int, world: int) -> None:
         pd.knn(q, p, 2.5 if rank == 0 else 2)
     with pytest.raises(ValueError, match="k must be <= the number of reference points of all ranks"):
         pd.knn(q, p[:2], 2 * world + 1)
+    # options, dtypes or channels that differ between ranks: every rank raises, naming them (a
+    # dtype or a channel count aborted a rank inside gloo, n_samples deadlocked them)
+    last = rank == world - 1
+    mismatched = [(lambda: pd.knn(q.double() if last else q, p, 4), "query's dtype"),
+                  (lambda: pd.knn_aggregate(q, p, f[:, :1] if last else f, 4, 0.1), "features' channels"),
+                  (lambda: pd.farthest_point_sample(p, 6 if last else 5), "n_samples"),
+                  (lambda: pd.radius_aggregate(q, p, f, 0.3 if last else 0.2, 0.1), "radius"),
+                  (lambda: pd.chamfer_distance(q, p.double() if last else p), "y's dtype")]
+    for call, name in mismatched:
+        with pytest.raises(ValueError, match=f"{name} must be the same on every rank"):
+            call()
     assert pd.knn(q, p, 4).idx.shape == (20, 4)  # the group still works after the errors
 
 

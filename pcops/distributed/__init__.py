@@ -130,7 +130,8 @@ def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN
 
 def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
     """The agreed checks of a two-cloud call (the layout's, in the caller's names, and its
-    numbers: ``k=`` an int >= 1, ``radius=`` a number > 0), the numbers as Python numbers."""
+    numbers: ``k=`` an int >= 1, ``radius=`` a number > 0), the numbers as Python numbers; the
+    numbers, the clouds' dtypes and the features' channels the same on every rank."""
 
     def check():
         _layout.pair(query, ref, features, validate=validate, **({"names": names} if names else {}))
@@ -144,7 +145,20 @@ def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
                 out[name] = _validate.count(name, value)
         return out
 
-    return _comm.agree(check, group)
+    said = names or _layout.names()
+    same = {**{name: _validate.plain(value) for name, value in numbers.items()}, f"{said.query}'s dtype": _dtype(query),
+            f"{said.ref}'s dtype": _dtype(ref)}
+    if features is not None:
+        same.update({f"{said.features}'s dtype": _dtype(features), f"{said.features}' channels": _channels(features)})
+    return _comm.agree(check, group, same)
+
+
+def _dtype(t):
+    return t.dtype if isinstance(t, torch.Tensor) else None
+
+
+def _channels(t):
+    return t.shape[-1] if isinstance(t, torch.Tensor) and t.dim() else None
 
 
 @accepts_dtensors(per_query=True)
@@ -235,7 +249,7 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int, *, group=None, v
         _layout.single(points, validate=validate)
         return _validate.count("n_samples", _validate.plain(n_samples))
 
-    n_samples = _comm.agree(check, group)
+    n_samples = _comm.agree(check, group, {"n_samples": _validate.plain(n_samples), "points' dtype": _dtype(points)})
     me, world = _comm.rank_and_size(group)
     counts = torch.stack(_comm.all_gather(torch.tensor([points.shape[0]], dtype=torch.int64), group))[:, 0]
     total, offset = int(counts.sum()), int(counts[:me].sum())
@@ -301,7 +315,7 @@ def partition(points: torch.Tensor, *, group=None, bits: int = 10) -> Partition:
     whose range of Morton codes (``bits`` per axis over the whole cloud's box) holds its code, the
     ranges cut at the codes' quantiles (a sample sort), so every rank gets about the same number
     of points and a compact region of space. Collective: every rank calls it."""
-    _comm.agree(lambda: _layout.single(points), group)
+    _comm.agree(lambda: _layout.single(points), group, {"points' dtype": _dtype(points)})
     me, world = _comm.rank_and_size(group)
     p = points.detach()
     low = _comm.all_reduce(p.amin(0) if p.shape[0] else p.new_full((3,), float("inf")), dist.ReduceOp.MIN, group)

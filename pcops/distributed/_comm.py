@@ -125,17 +125,56 @@ def exchange(rows: list[torch.Tensor], group) -> torch.Tensor:
     return out
 
 
-def agree(check, group):
+def agree(check, group, same: dict | None = None):
     """``check()`` (this rank's input checks; its result returned) on every rank, and the outcome
     agreed: where any rank's raises a ValueError or TypeError, every rank raises (that rank its
-    own error, the others one naming it), so that no rank is left waiting in a collective."""
+    own error, the others one naming it), so that no rank is left waiting in a collective.
+    ``same``: {name: value} that every rank must pass alike (a number, a torch.dtype or None:
+    a dtype, a channel count, k), one all-gather with the outcome; where the checks pass but a
+    value differs between ranks, every rank raises a ValueError naming it (the collectives that
+    follow would wait for another rank's, or abort on rows of another size)."""
     try:
         result, error = check(), None
     except (ValueError, TypeError) as err:
         result, error = None, err
-    failed = [r for r, flag in enumerate(all_gather(torch.tensor([error is not None], dtype=torch.int64), group)) if int(flag)]
+    same = same or {}
+    row = torch.tensor([float(error is not None), *(_code(v) for v in same.values())], dtype=torch.float64)
+    table = torch.stack(all_gather(row, group))
+    failed = [r for r in range(table.shape[0]) if table[r, 0] != 0]
     if not failed:
+        for c, name in enumerate(same, start=1):
+            if not bool((table[:, c] == table[0, c]).all()):
+                got = ", ".join(f"{_decode(float(v))} on rank {r}" for r, v in enumerate(table[:, c].tolist()))
+                raise ValueError(f"{name} must be the same on every rank, got {got}")
         return result
     if error is not None:
         raise error
     raise ValueError(f"the inputs of rank {failed[0]} failed their checks there (its error says which); every rank stops")
+
+
+# torch's dtypes in a fixed order (the same on every rank): a dtype's code in :func:`agree`
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+_DTYPE, _NONE, _OTHER = 2.0**40, -(2.0**41), -(2.0**42)  # the codes of the first dtype, None and a value of another kind
+
+
+def _code(value) -> float:
+    """A float64 code of a value that ranks must pass alike (see :func:`agree`)."""
+    if value is None:
+        return _NONE
+    if isinstance(value, torch.dtype):
+        return _DTYPE + _DTYPES.index(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+        value = value.item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return _OTHER
+
+
+def _decode(code: float) -> str:
+    if code == _NONE:
+        return "None"
+    if code == _OTHER:
+        return "another kind of value"
+    if _DTYPE <= code < _DTYPE + len(_DTYPES):
+        return str(_DTYPES[int(code - _DTYPE)])
+    return repr(int(code)) if code == int(code) else repr(code)
