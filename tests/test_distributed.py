@@ -214,6 +214,10 @@ def _check_bad_inputs(rank: int, world: int) -> None:
     for call, name in mismatched:
         with pytest.raises(ValueError, match=f"{name} must be the same on every rank"):
             call()
+    with pytest.raises((ValueError, TypeError)):  # features on some ranks only: every rank raises (no all-gather of rows of two lengths)
+        pd.radius_aggregate(q, p, None if last else f, 0.2, 0.1)
+    with pytest.raises((ValueError, TypeError)):  # a k beyond float64 on one rank
+        pd.knn(q, p, 10**400 if last else 3)
     assert pd.knn(q, p, 4).idx.shape == (20, 4)  # the group still works after the errors
 
 
@@ -322,6 +326,10 @@ def _check_edges(rank: int, world: int) -> None:
     got.dists.sum().backward()  # every rank: a collective
     if rank == 0:
         assert torch.equal(got.idx, pcops.knn(queries, torch.cat([cloud[:38], cloud[38 : 38 + world - 1]]), 5).idx)
+    # float16 halos whose sums overflow: the term that keeps the exchange in the graph stays 0, not NaN
+    big = (torch.rand(400, 3, generator=torch.Generator().manual_seed(rank)) * 400).half()
+    assert torch.isfinite(pd.ball_query(big[:20], big, 30.0, 4).dists[:, 0]).all()
+    assert torch.isfinite(pd.radius_aggregate(big[:20], big, big, 30.0, reduce="max")).all()
     # a rank with neither queries nor points: its backward still joins the exchange's (ball_query's hung)
     mine, queries = (cloud[:20], cloud[20:26]) if rank != last else (cloud[:0], cloud[:0])
     feats = torch.rand(mine.shape[0], 2, generator=torch.Generator().manual_seed(rank), dtype=F64)

@@ -93,7 +93,7 @@ def _kept(*received: torch.Tensor) -> torch.Tensor:
     """A zero that depends on the received tensors: added to a rank's result, it keeps the exchange
     in every rank's autograd graph (each backward then runs its collective), and stays 0 with NaN
     or inf points in a halo (validate=False)."""
-    return sum(t.nan_to_num(0.0, 0.0, 0.0).sum() for t in received) * 0
+    return sum((t.nan_to_num(0.0, 0.0, 0.0) * 0).sum() for t in received)  # (zeros summed: no sum to overflow to inf, float16 included)
 
 
 def _k_halo(query, ref, features, k: int, group) -> _halo.Halo:
@@ -148,8 +148,7 @@ def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
     said = names or _layout.names()
     same = {**{name: _validate.plain(value) for name, value in numbers.items()}, f"{said.query}'s dtype": _dtype(query),
             f"{said.ref}'s dtype": _dtype(ref)}
-    if features is not None:
-        same.update({f"{said.features}'s dtype": _dtype(features), f"{said.features}' channels": _channels(features)})
+    same.update({f"{said.features}'s dtype": _dtype(features), f"{said.features}' channels": _channels(features)})  # (None: none; every rank's row of one length)
     return _comm.agree(check, group, same)
 
 

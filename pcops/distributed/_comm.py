@@ -163,10 +163,13 @@ def _code(value) -> float:
         return _NONE
     if isinstance(value, torch.dtype):
         return _DTYPE + _DTYPES.index(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
-        value = value.item()
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    try:
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    except (OverflowError, ValueError, TypeError, RuntimeError):  # (an int beyond float64: another kind, the checks refuse it)
+        pass
     return _OTHER
 
 

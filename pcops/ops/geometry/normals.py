@@ -274,27 +274,26 @@ def _(points, idx, scale, view):
 
 
 def _unit_scale(points: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(1,): 2^-e, 2^e the power of two of the largest absolute coordinate of ``points`` (of a
-    float dtype; ``rows``: a mask of the rows that count, None: all), where e lies beyond 1/8 of
-    the dtype's largest exponent either way (:func:`_limits`), else 1 (and 1 for NaN, inf or no
-    rows). Normals are invariant to the cloud's scale; the search's squared distances and the
+    """(1,): 2^-e, 2^e the power of two of the largest finite absolute coordinate of ``points``
+    (of a float dtype; ``rows``: a mask of the rows that count, None: all; NaN and inf do not
+    count), where e lies beyond 1/8 of the dtype's largest exponent either way (:func:`_limits`),
+    else 1 (and 1 where none counts). Normals are invariant to the cloud's scale; the search's squared distances and the
     covariances are not, and leave the dtype's range only at scales where this is not 1: the
     points times it give the same normals, bit for bit, wherever those squares stay in range (a
     power of two changes no bit of them). (:func:`_plain_scale`: the same rule on the host.)"""
     if points.numel() == 0:
         return points.new_ones(1)
     points = points.detach()
-    if rows is not None:
-        points = torch.where(rows[:, None], points, 0)
-    big = torch.linalg.vector_norm(points, float("inf")).reshape(1)
-    e = torch.frexp(big)[1] - 1  # big = m 2^e, 1 <= m < 2 (NaN, inf and 0: e = -1)
+    keep = torch.isfinite(points) if rows is None else torch.isfinite(points) & rows[:, None]
+    big = torch.linalg.vector_norm(torch.where(keep, points, 0), float("inf")).reshape(1)
+    e = torch.frexp(big)[1] - 1  # big = m 2^e, 1 <= m < 2 (0: e = -1)
     near, top = _limits(points.dtype)
     return torch.where(e.abs() > near, torch.pow(2.0, -e.clamp(1 - top, top).to(points.dtype)), 1.0).to(points.dtype)
 
 
 def _plain_scale(big: float, dtype: torch.dtype) -> Optional[float]:
-    """:func:`_unit_scale` of a plain call's points as a Python float, from their largest
-    absolute coordinate ``big`` (read once on the host); None where it is 1."""
+    """:func:`_unit_scale` of a plain call's points as a Python float, from their largest finite
+    absolute coordinate ``big`` (read on the host); None where it is 1."""
     e = math.frexp(big)[1] - 1
     near, top = _limits(dtype)
     return 2.0 ** -min(max(e, 1 - top), top) if abs(e) > near else None
@@ -380,8 +379,10 @@ def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Te
     if not plain_warp(points, points, k, backend, False):  # (the values are checked here)
         return None
     big = float(torch.linalg.vector_norm(points, float("inf")))  # one host read: NaN or inf if any value is
-    if validate and not math.isfinite(big):
-        return None  # (the general path names what fails)
+    if not math.isfinite(big):
+        if validate:
+            return None  # (the general path names what fails)
+        big = float(torch.linalg.vector_norm(torch.where(torch.isfinite(points), points, 0), float("inf")))  # the largest finite one
     scale = _plain_scale(big, points.dtype)
     scaled = points if scale is None else points * scale
     found = plain_find(scaled, scaled, k)

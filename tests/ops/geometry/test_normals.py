@@ -198,6 +198,23 @@ def test_normals_do_not_depend_on_the_clouds_scale(gen, dtype, monkeypatch):
                     torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{name} plain={plain} grad={grad} 2^{e}")
 
 
+def test_nan_points_without_validation_do_not_set_the_scale(gen, monkeypatch):
+    # the scale is the largest finite coordinate's: a NaN or inf point (validate=False) leaves
+    # the other points' normals those of the unit-scale cloud, on both paths
+    from pcops.ops.geometry import normals
+
+    base = plane(gen, 60)[0].float()
+    for bad in (float("nan"), float("inf")):
+        for plain in (True, False):
+            monkeypatch.setattr(normals, "PLAIN", [plain])
+            got = []
+            for e in (0, 100):
+                points = base * 2.0**e
+                points[0, 1] = bad
+                got.append(pcops.estimate_normals(points, 7, validate=False)[1:])
+            torch.testing.assert_close(got[1], got[0], rtol=0, atol=0, msg=f"{bad} plain={plain}")
+
+
 def test_orient_to_a_point_flips_towards_it(gen):
     pts, normal = plane(gen)
     above = pcops.estimate_normals(pts, 8, orient_to=torch.tensor([0.0, 0.0, 5.0], dtype=F64))
