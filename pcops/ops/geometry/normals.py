@@ -449,8 +449,9 @@ def estimate_normals(
     # the search and the covariances of the points times a power of two (the same normals where
     # their squares stay in range: _unit_scale); the signs of the points as given
     padding = flat.batch_shape and flat.ref_group is not None  # (padded rows past a length: group B + 1)
-    scale = _unit_scale(flat.ref.to(dtype), flat.ref_group < flat.batch_shape[0] if padding else None)
-    ref = flat.ref.to(dtype) * scale
+    points_in = flat.ref.to(dtype)  # (converted once: half points)
+    scale = _unit_scale(points_in, flat.ref_group < flat.batch_shape[0] if padding else None)
+    ref = points_in * scale
     idx, valid = search(flat._replace(query=ref, ref=ref), k, backend, dtype)
     if not _threads.differentiable(points):  # one kernel, nothing to differentiate
         if flat.query_group is not None:
@@ -458,7 +459,7 @@ def estimate_normals(
         view = None
         if orient_to is not None:  # the sign passes no gradient on
             view = orient_to.detach().to(dtype)[None] if orient_to.dim() == 1 else _viewpoints(orient_to.detach(), batch, flat, dtype)
-        normals = _knn_normals(flat.ref.detach().to(dtype), idx, scale, view)
+        normals = _knn_normals(points_in.detach(), idx, scale, view)
         return _layout.unflatten(flat, normals.to(out_dtype))
 
     neighbours = _layout.select_rows(ref, idx)  # (P, k, 3)
