@@ -64,12 +64,10 @@ def _batches(x: Tensor, y: Tensor, ptr_x: Optional[Tensor], ptr_y: Optional[Tens
     if ptr_y is None:
         raise ValueError("ptr_y is required with ptr_x")
     bx, by = _batch_of("ptr_x", ptr_x, x.shape[0]), _batch_of("ptr_y", ptr_y, y.shape[0])
-    if bx is None and by is None:
+    if ptr_x.shape[0] != ptr_y.shape[0]:  # (pyg-lib reads ptr_y at ptr_x's examples: past its end, or some unread)
+        raise ValueError(f"ptr_x and ptr_y must hold the offsets of the same number of examples, got {ptr_x.shape[0] - 1} and {ptr_y.shape[0] - 1}")
+    if bx is None:
         return None, None
-    if bx is None:  # one example in x, several in y (or the reverse)
-        bx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    if by is None:
-        by = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
     return bx, by
 
 

@@ -184,3 +184,22 @@ def test_errors_of_a_wrong_argument_type_name_only_its_arguments(fn, gen):
         fn(**kwargs)
     message = str(info.value)
     assert message.startswith(first) and not _foreign(message, fn), message
+
+
+@pytest.mark.parametrize("name", ["_knn", "_radius", "_nearest"])
+def test_pyg_lib_pointers_of_different_example_counts_are_an_error(name, gen):
+    """pyg-lib reads ptr_y at ptr_x's examples: with another count of examples it reads past
+    ptr_y's end, or leaves examples unread; the compat operators (their implementations, called
+    without registering torch.ops.pyg) raise a ValueError naming both pointers instead."""
+    from pcops.compat import pyg_lib
+
+    x, y = _pts(gen, 6, 3), _pts(gen, 4, 3)
+    fn = getattr(pyg_lib, name)
+    for ptr_x, ptr_y in (([0, 6], [0, 2, 4]), ([0, 3, 6], [0, 4]), ([0, 2, 4, 6], [0, 1, 4])):
+        with pytest.raises(ValueError, match="ptr_x and ptr_y"):
+            fn(x, y, torch.tensor(ptr_x), torch.tensor(ptr_y))
+    same = fn(x, y, torch.tensor([0, 3, 6]), torch.tensor([0, 2, 4]))  # the same count: examples paired
+    bx, by = torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0, 0, 1, 1])
+    expected = {"_knn": lambda: tc.knn(x, y, 1, bx, by), "_radius": lambda: tc.radius(x, y, 1.0, bx, by, 32),
+                "_nearest": lambda: tc.nearest(x, y, bx, by)}[name]()
+    assert torch.equal(same, expected)
