@@ -137,6 +137,7 @@ class SparseConvTensor:
 
     def dense(self, channels_first: bool = True) -> torch.Tensor:
         """The dense grid (B, C, X, Y, Z) (or (B, X, Y, Z, C)) with zeros at inactive sites."""
+        _check_sites(self, "indices")
         f = self._features
         grid = f.new_zeros((self.batch_size, *self.spatial_shape, f.shape[1]))
         idx = self.indices.to(f.device).long()
@@ -444,8 +445,22 @@ class SparseConvolution(SparseModule):
         return data
 
 
+def _check_sites(t: SparseConvTensor, name: str) -> None:
+    """Every site of ``t`` inside its grid: sample ids in [0, batch_size), x, y, z in
+    [0, spatial_shape) (spconv leaves other sites undefined; a negative one would wrap around in
+    ``dense()``). One host read, in eager calls (a ValueError naming ``name``)."""
+    if torch.compiler.is_compiling() or not t.indices.shape[0]:
+        return
+    low, high = torch.stack([t.indices.amin(0), t.indices.amax(0)]).tolist()
+    for axis, bound, lo, hi in zip(("sample id", "x", "y", "z"), (t.batch_size, *t.spatial_shape), low, high):
+        if lo < 0 or hi >= bound:
+            given = f"batch_size {bound}" if axis == "sample id" else f"spatial_shape {t.spatial_shape}"
+            raise ValueError(f"{name} hold the {axis} {lo if lo < 0 else hi}, outside [0, {bound}) ({given})")
+
+
 def _find_map(input: SparseConvTensor, ksize, stride, padding, dilation, subm: bool) -> IndiceData:
     """The kernel map of a submanifold or strided convolution (or pooling) of ``input``'s sites."""
+    _check_sites(input, "input.indices")
     indices = input.indices
     batch, grid_coord = indices[:, 0], indices[:, 1:]
     if subm:

@@ -571,3 +571,20 @@ def test_cuda_results_and_gradients_equal_the_cpu_ones(gen):
     assert torch.equal(cpu[2], x.indices) and torch.equal(cuda[0], cpu[0]) and torch.equal(cuda[2], cpu[2])
     for a, b in zip(cpu[1:], cuda[1:]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("column, value", [(0, -1), (0, 2), (1, -1), (2, SHAPE[1]), (3, SHAPE[2] + 5)])
+def test_sites_outside_the_grid_are_an_error(gen, column, value):
+    """A sample id outside [0, batch_size) or a coordinate outside [0, spatial_shape), which spconv
+    leaves undefined: a ValueError naming the indices where a layer builds its kernel map, and in
+    dense() (where a negative site would wrap around to the grid's far side)."""
+    x = random_tensor(gen)
+    indices = x.indices.clone()
+    indices[3, column] = value
+    bad = sp.SparseConvTensor(x.features, indices, SHAPE, 2)
+    for layer in (sp.SubMConv3d(3, 2, 3), sp.SparseConv3d(3, 2, 2, stride=2), sp.SparseMaxPool3d(2, 2)):
+        with pytest.raises(ValueError, match=r"input\.indices hold the .* outside \[0, "):
+            layer.double()(bad)
+    with pytest.raises(ValueError, match=r"^indices hold the "):
+        bad.dense()
+    x.dense()  # the grid's own sites pass
