@@ -72,6 +72,27 @@ def test_ties_beyond_the_candidates_still_go_to_the_smaller_index(gen, dtype):
         torch.testing.assert_close(idx[rows], rows[brute_force(lattice[rows], lattice[rows], 12)[1]], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dim", [4, 8])
+def test_near_ties_beyond_the_gram_forms_rounding_go_by_their_direct_distances(dim):
+    # forty points whose squared distances to the queries differ by about 1e-10, 1e5 away from
+    # the centre of the points (a second cluster at the origin): the Gram form's rounding (about
+    # 1e-9 there) scrambles their order, so its k + 8 candidates may miss the nearest; the
+    # rounding bound sends those queries to the direct search (a bound of 0 fails this)
+    wrong = []
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        dirs = torch.randn(40, dim, generator=g, dtype=F64)
+        centre = torch.zeros(dim, dtype=F64)
+        centre[0] = 1e5
+        radii = (1 + 1e-10 * torch.randperm(40, generator=g).double()).sqrt()
+        p = torch.cat([centre + dirs / dirs.norm(dim=1, keepdim=True) * radii[:, None], torch.randn(40, dim, generator=g, dtype=F64)])
+        q = centre + 1e-7 * torch.randn(20, dim, generator=g, dtype=F64)
+        for k in (1, 2):
+            idx = pcops.knn(q, p, k).idx
+            wrong.append(int((idx != brute_force(q, p, k)[1]).any(1).sum()))
+    assert wrong == [0] * 10
+
+
 @pytest.mark.parametrize("dim", [8, 64])
 def test_padded_layout_equals_a_per_sample_loop(gen, dim):
     lengths = torch.tensor([50, 7, 31, 1])
