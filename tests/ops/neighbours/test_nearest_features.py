@@ -94,10 +94,15 @@ def test_near_ties_beyond_the_gram_forms_rounding_go_by_their_direct_distances(d
 
 
 @pytest.mark.parametrize("dim", [8, 64])
-def test_padded_layout_equals_a_per_sample_loop(gen, dim):
+def test_padded_layout_equals_a_per_sample_loop(gen, dim, monkeypatch):
     lengths = torch.tensor([50, 7, 31, 1])
     q = torch.randn(4, 50, dim, generator=gen, dtype=F64)
+    from pcops.ops.neighbours.nearest import _torch
+
+    again = []  # samples of fewer than k points are complete from their candidates: no second search
+    monkeypatch.setattr(_torch, "_exact_rows", lambda *args: again.append(args))
     dists, idx = pcops.knn(q, q, 10, query_lengths=lengths, ref_lengths=lengths)
+    assert not again
     for b, n in enumerate(lengths.tolist()):
         k = min(10, n)
         ref_d, ref_idx = brute_force(q[b, :n], q[b, :n], k)

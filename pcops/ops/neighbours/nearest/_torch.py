@@ -135,7 +135,8 @@ def _search_features(query, ref, k, query_group, ref_group):
         values = values[..., :take]
         if width < r_block.shape[1]:  # points left out: could one tie or beat the k-th?
             reach = qc.square().sum(-1).sqrt() + r_sq.masked_fill(r_sq.isinf(), 0).amax(-1).sqrt()  # |q - c| + max |p - c|
-            doubt = ~(last - _GRAM_ROUNDING * (query.shape[1] + 3) * reach.square() > values[..., -1])  # (NaN: doubt)
+            clear = last - _GRAM_ROUNDING * (query.shape[1] + 3) * reach.square() > values[..., -1]
+            doubt = ~(clear | (last == float("inf")))  # (NaN: doubt; inf: no point left out is finite, a sample of fewer than k)
             if bool(doubt.any()):
                 _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
         best = torch.where(torch.isinf(values), -1, cand)
