@@ -210,10 +210,22 @@ def _check_bad_inputs(rank: int, world: int) -> None:
                   (lambda: pd.knn_aggregate(q, p, f[:, :1] if last else f, 4, 0.1), "features' channels"),
                   (lambda: pd.farthest_point_sample(p, 6 if last else 5), "n_samples"),
                   (lambda: pd.radius_aggregate(q, p, f, 0.3 if last else 0.2, 0.1), "radius"),
-                  (lambda: pd.chamfer_distance(q, p.double() if last else p), "y's dtype")]
+                  (lambda: pd.chamfer_distance(q, p.double() if last else p), "y's dtype"),
+                  (lambda: pd.knn_aggregate(q, p, f, 4, 0.2 if last else 0.1), "sigma"),
+                  (lambda: pd.radius_aggregate(q, p, f, 0.2, None, weights="uniform" if last else "inverse_distance"), "weights"),
+                  (lambda: pd.knn_aggregate(q, p, f, 4, None, reduce="max" if last else "mean", weights="uniform"), "reduce")]
     for call, name in mismatched:
         with pytest.raises(ValueError, match=f"{name} must be the same on every rank"):
             call()
+    with pytest.raises(ValueError, match="'uniform' on rank"):  # the names spelled out
+        pd.radius_aggregate(q, p, f, 0.2, None, weights="uniform" if last else "inverse_distance")
+    # an aggregation's bad option on one rank: every rank raises before the exchange (the rank
+    # raised after it, and the others' backward waited for it)
+    for options, error in ((dict(weights="cosine"), ValueError), (dict(reduce="max"), ValueError), (dict(weight="uniform"), TypeError)):
+        with pytest.raises(error if last else ValueError, match=None if last else f"the inputs of rank {world - 1}"):
+            pd.knn_aggregate(q, p, f, 4, 0.1, **(options if last else {}))
+    with pytest.raises(ValueError, match="sigma must be finite and > 0" if last else "the inputs of rank"):  # a tensor sigma, validate on
+        pd.radius_aggregate(q, p, f, 0.2, torch.tensor(-0.1 if last else 0.1))
     with pytest.raises((ValueError, TypeError)):  # features on some ranks only: every rank raises (no all-gather of rows of two lengths)
         pd.radius_aggregate(q, p, None if last else f, 0.2, 0.1)
     with pytest.raises((ValueError, TypeError)):  # a k beyond float64 on one rank

@@ -30,9 +30,12 @@ import torch.distributed as dist
 
 from .. import FPS, KNN, BallQuery, _layout, _morton, _validate, nn
 from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
+from ..ops.neighbours import _weighting
 from . import _comm, _fps, _halo
 from ._dtensor import accepts_dtensors
 from ._comm import Traffic, traffic
+
+_comm.spell(*_weighting.WEIGHTS, *_weighting.REDUCE)  # (their names in a message about another rank's options)
 
 __all__ = ["KNNAggregation", "Partition", "RadiusAggregation", "Traffic", "ball_query", "chamfer_distance", "farthest_point_sample", "knn", "knn_aggregate", "knn_interpolate", "partition",
            "radius_aggregate", "traffic"]
@@ -128,13 +131,31 @@ def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN
     return KNN(dists, idx), halo
 
 
-def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
+def _weighting_of(sigma, options: dict) -> str:
+    """The weighting of an aggregation's ``sigma`` and ``options`` (its ``weights`` and
+    ``reduce``: the single-process op's checks)."""
+    unknown = sorted(set(options) - {"weights", "reduce"})
+    if unknown:
+        raise TypeError(f"got an unexpected keyword argument {unknown[0]!r} (the options are weights and reduce)")
+    weights = _weighting.resolve(options.get("weights"), options.get("reduce", "mean"), sigma)
+    if weights == "softmax":
+        _validate.scale("sigma", sigma)
+    return weights
+
+
+def _pair(group, query, ref, features, validate: bool, names=None, aggregate=None, **numbers):
     """The agreed checks of a two-cloud call (the layout's, in the caller's names, and its
-    numbers: ``k=`` an int >= 1, ``radius=`` a number > 0), the numbers as Python numbers; the
-    numbers, the clouds' dtypes and the features' channels the same on every rank."""
+    numbers: ``k=`` an int >= 1, ``radius=`` a number > 0; ``aggregate``: an aggregation's
+    (sigma, options), checked as the single-process op checks them), the numbers as Python
+    numbers; the numbers, the options, the clouds' dtypes and the features' channels the same on
+    every rank."""
 
     def check():
-        _layout.pair(query, ref, features, validate=validate, **({"names": names} if names else {}))
+        positive = None
+        if aggregate is not None and _weighting_of(*aggregate) == "softmax":
+            _validate.same_device(query=query, sigma=aggregate[0])
+            positive = dict(sigma=aggregate[0]) if isinstance(aggregate[0], torch.Tensor) else None
+        _layout.pair(query, ref, features, validate=validate, positive=positive, **({"names": names} if names else {}))
         out = {}
         for name, value in numbers.items():
             value = _validate.plain(value)
@@ -149,6 +170,13 @@ def _pair(group, query, ref, features, validate: bool, names=None, **numbers):
     same = {**{name: _validate.plain(value) for name, value in numbers.items()}, f"{said.query}'s dtype": _dtype(query),
             f"{said.ref}'s dtype": _dtype(ref)}
     same.update({f"{said.features}'s dtype": _dtype(features), f"{said.features}' channels": _channels(features)})  # (None: none; every rank's row of one length)
+    if aggregate is not None:
+        sigma, options = aggregate
+        try:  # (a name that fails: the checks say so first)
+            weights = _weighting.name(options.get("weights"), options.get("reduce", "mean"))
+        except (ValueError, TypeError):
+            weights = None
+        same.update(weights=weights, reduce=options.get("reduce", "mean"), sigma=sigma)
     return _comm.agree(check, group, same)
 
 
@@ -178,7 +206,7 @@ def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor
                   validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.knn_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    k = _pair(group, query, ref, features, validate, k=k)["k"]
+    k = _pair(group, query, ref, features, validate, aggregate=(sigma, options), k=k)["k"]
     halo = _k_halo(query, ref, features, k, group)
     if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
         return features.new_zeros((0, features.shape[1])) + _kept(halo.ref, halo.features)
@@ -209,7 +237,7 @@ def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Ten
                      validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.radius_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    radius = _pair(group, query, ref, features, validate, radius=radius)["radius"]
+    radius = _pair(group, query, ref, features, validate, aggregate=(sigma, options), radius=radius)["radius"]
     halo = _halo.gather(query, ref, features, torch.tensor(radius, dtype=torch.float64), group)
     out = _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
     return out + _kept(halo.ref, halo.features)  # (the exchange kept in the graph of a rank with nothing to search)

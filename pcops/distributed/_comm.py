@@ -5,6 +5,7 @@ a gradient goes back to the rank that sent the value."""
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -155,6 +156,14 @@ def agree(check, group, same: dict | None = None):
 # torch's dtypes in a fixed order (the same on every rank): a dtype's code in :func:`agree`
 _DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 _DTYPE, _NONE, _OTHER = 2.0**40, -(2.0**41), -(2.0**42)  # the codes of the first dtype, None and a value of another kind
+_STRING = -(2.0**43)  # a string's code: this plus its CRC-32
+_SPELLED: dict = {}  # the strings coded in this process, by code (the ops' option names: :func:`spell`)
+
+
+def spell(*names: str) -> None:
+    """Names whose codes :func:`_decode` spells back, in a message about another rank's value."""
+    for name in names:
+        _code(name)
 
 
 def _code(value) -> float:
@@ -163,6 +172,10 @@ def _code(value) -> float:
         return _NONE
     if isinstance(value, torch.dtype):
         return _DTYPE + _DTYPES.index(value)
+    if isinstance(value, str):  # (a name: its CRC-32, the same in every process, spelled back by :func:`_decode`)
+        code = _STRING + zlib.crc32(value.encode())
+        _SPELLED[code] = value
+        return code
     try:
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
             value = value.item()
@@ -178,6 +191,8 @@ def _decode(code: float) -> str:
         return "None"
     if code == _OTHER:
         return "another kind of value"
+    if _STRING <= code < _STRING + 2.0**32:
+        return repr(_SPELLED[code]) if code in _SPELLED else "another string"
     if _DTYPE <= code < _DTYPE + len(_DTYPES):
         return str(_DTYPES[int(code - _DTYPE)])
     return repr(int(code)) if code == int(code) else repr(code)
