@@ -543,3 +543,32 @@ def test_single_cloud_ops_keep_samples_with_ids_above_int32_apart():
     assert sorted(map(tuple, pcops.radius_graph(p, 0.2, batch=b).T.tolist())) == [(0, 2), (2, 0)]
     assert pcops.farthest_point_sample(p, ratio=0.5, batch=b).idx.tolist() == [0, 1]
     assert pcops.voxel_pool(p, 1.0, batch=b).cluster.tolist() == [0, 1, 0, 2]
+
+
+# -- a padded batch of no samples -------------------------------------------------------------------
+
+PADDED = {
+    "knn": lambda q, p, f: pcops.knn(q, p, 2),
+    "knn_aggregate": lambda q, p, f: pcops.knn_aggregate(q, p, f, 2, 0.1),
+    "knn_interpolate": lambda q, p, f: pcops.knn_interpolate(q, p, f, 2),
+    "ball_query": lambda q, p, f: pcops.ball_query(q, p, 0.5, 4),
+    "ball_queries": lambda q, p, f: pcops.ball_queries(q, p, [0.2, 0.5], [2, 4]),
+    "radius_aggregate": lambda q, p, f: pcops.radius_aggregate(q, p, f, 0.5, 0.1),
+    "chamfer_distance": lambda q, p, f: pcops.chamfer_distance(q, p, batch_reduction=None),
+    "earth_movers_distance": lambda q, p, f: pcops.earth_movers_distance(p, p.flip(1), batch_reduction=None),
+    "sinkhorn_divergence": lambda q, p, f: pcops.sinkhorn_divergence(q, p, batch_reduction=None),
+    "farthest_point_sample": lambda q, p, f: pcops.farthest_point_sample(p, 3),
+    "estimate_normals": lambda q, p, f: pcops.estimate_normals(p, 4),
+}
+
+
+@pytest.mark.parametrize("name", PADDED)
+def test_a_padded_batch_of_no_samples_gives_empty_results(name):
+    """Padded inputs with B = 0 (an empty batch, as a loader's last split may give): the results of
+    two samples with none of their rows (knn, ball_query, ball_queries and earth_movers_distance
+    failed in torch reshaping the indices of no sample)."""
+    g = torch.Generator().manual_seed(0)
+    q, p, f = torch.rand(2, 5, 3, generator=g), torch.rand(2, 7, 3, generator=g), torch.rand(2, 7, 2, generator=g)
+    two, none = tensors(PADDED[name](q, p, f)), tensors(PADDED[name](q[:0], p[:0], f[:0]))
+    assert [t.shape[1:] for t in none] == [t.shape[1:] for t in two] and all(t.shape[0] == 0 for t in none)
+    assert [t.dtype for t in none] == [t.dtype for t in two]

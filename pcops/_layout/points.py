@@ -26,6 +26,8 @@ Integer-data ops take the second layout (:mod:`pcops._layout.sites`), meshes the
 
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple, Optional
 
 import torch
@@ -287,7 +289,7 @@ def local_index(flat: Flat, idx: torch.Tensor) -> torch.Tensor:
         return idx
     b, m = flat.batch_shape  # query row r is in sample r // m, whose ref rows start at (r // m) * N
     start = torch.arange(b, device=idx.device) * flat.ref_rows
-    local = idx.reshape(b, -1) - start[:, None]  # a sample's own rows: 0 .. N - 1; -1 (none): below 0
+    local = idx.reshape(b, m * math.prod(idx.shape[1:])) - start[:, None]  # a sample's own rows: 0 .. N - 1; -1 (none): below 0 (no -1 in the shape: B may be 0)
     return local.clamp_min_(-1).view(idx.shape)
 
 
