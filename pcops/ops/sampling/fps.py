@@ -801,15 +801,14 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
         return None
     points = points.contiguous()
     count = min(n, n_samples)
-    idx = torch.full((1, n_samples), -1, dtype=torch.int64)
+    idx = torch.full((n_samples,), -1, dtype=torch.int64)  # (the kernel's (1, n_samples): the same memory)
     launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts)),
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
     if launch is not None:
         launch.keep[0][:] = starts  # (the kept start indices)
         launch.run(points=points, idx=idx)
     else:
-        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx)
-    idx = idx[0]
+        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx[None])
     # every pick one: finite points, or (validate=False) the last pick made (the picks stop at
     # the first -1, where no point is left that can be picked: a NaN point never is)
     if count == n_samples and (validate or idx.numpy()[-1] >= 0):
