@@ -38,6 +38,7 @@ def _l1_brute(query, ref, query_group, ref_group) -> torch.Tensor:
         d = (q[:, None, 0] - ref[None, :, 0]).abs()
         for c in range(1, query.shape[1]):  # the coordinates summed in order (3 for chamfer, any D for compat)
             d += (q[:, None, c] - ref[None, :, c]).abs()
+        d.masked_fill_(d.isnan(), float("inf"))  # a NaN/inf point is never a neighbour (validate=False)
         if query_group is not None:
             d.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
         best, idx = d.min(1)  # the first minimal index
@@ -47,20 +48,23 @@ def _l1_brute(query, ref, query_group, ref_group) -> torch.Tensor:
 
 def _l1_scipy(query, ref, query_group, ref_group) -> torch.Tensor:
     """The same with scipy's cKDTree (p=1, all cores), one tree per group; ties by the smaller
-    index, as the brute force (the tree returns any of the tied points: see :func:`_first_tied`)."""
+    index, as the brute force (the tree returns any of the tied points: see :func:`_first_tied`).
+    Points with a NaN or inf coordinate (``validate=False``; the tree takes none) neither find
+    nor are neighbours, as in the brute force."""
     from scipy.spatial import cKDTree
 
     q, r = query.numpy(), ref.numpy()
     out = np.full(q.shape[0], -1, dtype=np.int64)
+    q_finite, r_finite = np.isfinite(q).all(1), np.isfinite(r).all(1)
     if query_group is None:
-        sets = [(np.arange(q.shape[0]), np.arange(r.shape[0]))]
+        sets = [(np.flatnonzero(q_finite), np.flatnonzero(r_finite))]
     else:  # rows of each group from one stable sort per side (not one scan per group)
         qg, rg = query_group.numpy(), ref_group.numpy()
         size = int(max(qg.max(initial=0), rg.max(initial=0))) + 1
         q_order, r_order = np.argsort(qg, kind="stable"), np.argsort(rg, kind="stable")
         q_split = np.split(q_order, np.cumsum(np.bincount(qg, minlength=size))[:-1])
         r_split = np.split(r_order, np.cumsum(np.bincount(rg, minlength=size))[:-1])
-        sets = zip(q_split, r_split)
+        sets = ((rows[q_finite[rows]], cols[r_finite[cols]]) for rows, cols in zip(q_split, r_split))
     for rows, cols in sets:  # cols ascending: the smallest local index is the smallest index
         if rows.size and cols.size:
             out[rows] = cols[_first_tied(cKDTree(r[cols]), q[rows], r[cols])]

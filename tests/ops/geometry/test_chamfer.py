@@ -310,3 +310,16 @@ def test_points_farther_than_the_dtype_holds_cost_inf_and_missing_partners_still
             cx, cy = pcops.chamfer_distance(xn[1:], torch.full((2, 3), nan, dtype=dtype), validate=False, point_reduction=None,
                                             batch_reduction=None)
             assert torch.equal(cx, torch.tensor([inf], dtype=dtype)) and torch.equal(cy, torch.zeros(2, dtype=dtype)), (kernel, plain)
+            # L1 the same (scipy's tree takes no NaN or inf point: they neither find nor are neighbours)
+            cx, _ = pcops.chamfer_distance(xn, y, norm=1, validate=False, point_reduction=None, batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([0.0, 0.5], dtype=dtype)), (kernel, plain)
+            cx, cy = pcops.chamfer_distance(xn[1:], torch.full((2, 3), nan, dtype=dtype), norm=1, validate=False,
+                                            point_reduction=None, batch_reduction=None)
+            assert torch.equal(cx, torch.tensor([inf], dtype=dtype)) and torch.equal(cy, torch.zeros(2, dtype=dtype)), (kernel, plain)
+    # both L1 searches (the CPU's tree, the brute force elsewhere), grouped or not, with NaN and inf points
+    q = torch.tensor([[nan, 0, 0], [0.5, 0, 0], [inf, 0, 0], [2, 0, 0], [0, 0, 0]], dtype=dtype)
+    r = torch.tensor([[0, nan, 0], [1, 0, 0], [0, -inf, 0], [2.5, 0, 0], [0, 0, nan]], dtype=dtype)
+    qg, rg = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 0, 0, 1, 1])
+    for search in (chamfer_module._l1_scipy, chamfer_module._l1_brute):
+        assert search(q, r, None, None).tolist() == [-1, 1, -1, 3, 1]
+        assert search(q, r, qg, rg).tolist() == [-1, 1, -1, 3, 3]
