@@ -30,6 +30,7 @@ Numbers may be Python or NumPy scalars (``np.float32`` sigma, ``np.int64`` k).
 from __future__ import annotations
 
 import math
+import sys
 import numbers
 
 import numpy as np
@@ -179,12 +180,30 @@ def plain(value):
     return value
 
 
+INT64_MAX = 2**63 - 1
+FLOAT_MAX = sys.float_info.max  # (plain paths' bound of a finite Python number: an int may lie beyond float64)
+
+
+def is_finite_number(value) -> bool:
+    """Whether the (Python or NumPy) number ``value`` is finite in float64: an int beyond its
+    range is not (math.isfinite raises OverflowError on one)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _shown(value) -> str:
+    """``value`` for a message (an int beyond float64's range named, not printed in full)."""
+    return "an int beyond float64's range" if isinstance(value, int) and not is_finite_number(value) else f"{value}"
+
+
 def finite_number(name: str, value) -> None:
     """``value`` is a finite Python or NumPy number (symbolic under ``torch.compile``: not read)."""
     if not is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not torch.compiler.is_compiling() and not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+    if not torch.compiler.is_compiling() and not is_finite_number(value):
+        raise ValueError(f"{name} must be finite, got {_shown(value)}")
 
 
 def positive_number(name: str, value) -> None:
@@ -197,8 +216,8 @@ def positive_number(name: str, value) -> None:
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if torch.compiler.is_compiling():
         return
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    if not is_finite_number(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {_shown(value)}")
 
 
 def triple(name: str, value, positive: bool = False) -> tuple:
@@ -210,7 +229,7 @@ def triple(name: str, value, positive: bool = False) -> tuple:
     out = tuple(plain(v) for v in items)
     if not all(is_number(v) for v in out):
         raise TypeError(f"{name} must be a number or a sequence of three numbers, got {value!r}")
-    if not torch.compiler.is_compiling() and not all(math.isfinite(v) and (v > 0 or not positive) for v in out):
+    if not torch.compiler.is_compiling() and not all(is_finite_number(v) and (v > 0 or not positive) for v in out):
         raise ValueError(f"{name} must be finite{' and > 0' if positive else ''}, got {value!r}")
     return out
 
@@ -232,6 +251,8 @@ def int_option(name: str, value, low: int | None = None, high: int | None = None
 def count(name: str, value, most: int | None = None, what: str = "") -> int:
     """``value`` is an integer (Python, NumPy or symbolic) with 1 <= value <= most; returned as an int."""
     value = int_option(name, value, 1)
+    if not isinstance(value, torch.SymInt) and value > INT64_MAX:  # (torch's sizes are int64)
+        raise ValueError(f"{name} must be <= {INT64_MAX} (an int64), got {value}")
     if most is not None and value > most:
         raise ValueError(f"{name} must be <= the number of {what}, got {name}={value} for {most} {what}")
     return value
@@ -263,6 +284,8 @@ def scale(name: str, value) -> None:
 def is_positive_in(value, dtype: torch.dtype) -> bool:
     """Whether the number ``value`` is finite and > 0 as ``dtype`` (float32 rounds it): what
     :func:`scale_tensor` checks."""
+    if not is_finite_number(value):
+        return False
     with np.errstate(over="ignore"):  # beyond float32's range: inf there
         rounded = float(np.float32(value)) if dtype == torch.float32 else float(value)
     return math.isfinite(rounded) and rounded > 0

@@ -324,6 +324,24 @@ def test_numpy_scalars_work_wherever_python_numbers_do(op):
             assert_same(call(inputs, **case), call(inputs, **python), f"{op.name} with {case!r}")
 
 
+@pytest.mark.parametrize("op", NUMBERED, ids=lambda op: op.name)
+def test_ints_beyond_float64_are_value_errors_naming_the_argument_or_results(op):
+    """Each number argument of the op as an int beyond float64's range (10**400), one at a time:
+    a result, or a ValueError / TypeError naming the argument, never Python's OverflowError (a
+    radius, sigma or blur of one raised it from a float conversion)."""
+    inputs = op.inputs()
+    for call in filter(None, (op.call, op.static)):
+        for name in op_table.numbers(call):
+            if (op.name, name) == ("ball_queries", "radius"):  # (the row scales its radius: the radii are checked below)
+                with pytest.raises(ValueError, match=r"^radii\[1\] must be finite and > 0, got an int beyond"):
+                    pcops.ball_queries(inputs["query"], inputs["ref"], [0.1, 10**400], 4)
+                continue
+            try:
+                call(inputs, **{name: 10**400})
+            except (ValueError, TypeError) as err:
+                assert name.split("_")[0] in str(err), f"{op.name} {name}: {err}"
+
+
 def test_numpy_scalars_as_keywords_layer_arguments_and_on_every_backend():
     np = pytest.importorskip("numpy")
     q, p, f, _ = _separated(torch.float32)

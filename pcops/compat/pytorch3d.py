@@ -15,7 +15,6 @@ Details: docs/interop.md.
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 from typing import List, Optional, Tuple, Union
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 import pcops
 
+from .. import _validate
 from . import check_count, check_finite, check_tensor, compute_dtype, first_within, is_compiling, pad3, same_device, squared
 
 __all__ = [
@@ -229,8 +229,8 @@ def ball_query(
     K = check_count("K", K)
     if isinstance(radius, torch.Tensor) and radius.numel() == 1:
         radius = float(radius)
-    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not (math.isfinite(radius) and radius > 0):
-        raise ValueError(f"radius must be a finite number > 0, got {radius!r}")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not (_validate.is_finite_number(radius) and radius > 0):
+        raise ValueError(f"radius must be a finite number > 0, got {_validate._shown(radius)}")
     n, s1, d = p1.shape
     s2 = p2.shape[1]
     lengths1 = _lengths("lengths1", lengths1, n, s1, p1.device)

@@ -43,6 +43,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false, has_free_unbac
 
 import pcops
 
+from .. import _validate
 from . import check_count, check_finite, check_tensor, compact, compute_dtype, first_within, is_compiling, pad3, same_device
 
 __all__ = [
@@ -91,8 +92,8 @@ def _positive_r(value) -> float:
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"r must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"r must be finite and > 0, got {value}")
+    if not (_validate.is_finite_number(value) and value > 0):
+        raise ValueError(f"r must be finite and > 0, got {_validate._shown(value)}")
     return float(value)
 
 

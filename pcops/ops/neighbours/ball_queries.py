@@ -6,7 +6,6 @@ list and one scan that tests each point against every radius of the group: the s
 one kernel are ball_query's (``_ball_search``).
 """
 
-import math
 from typing import Optional
 
 import torch
@@ -43,10 +42,10 @@ def _(query, ref, radii, max_neighbors, validate, query_group, ref_group):
 def _check_radii(radii, max_neighbors) -> tuple[list, list]:
     """``radii`` (a sequence of numbers > 0, at least one) and ``max_neighbors`` (an int >= 1, or
     a sequence of as many as there are radii) as lists of Python numbers, one K per radius."""
-    if type(radii) in (list, tuple) and radii and all(type(r) in (int, float) and 0 < r < math.inf for r in radii):
-        if type(max_neighbors) is int and max_neighbors >= 1:  # (Python numbers in range: what the checks below pass)
+    if type(radii) in (list, tuple) and radii and all(type(r) in (int, float) and 0 < r <= _validate.FLOAT_MAX for r in radii):
+        if type(max_neighbors) is int and 1 <= max_neighbors <= _validate.INT64_MAX:  # (Python numbers in range: what the checks below pass)
             return list(radii), [max_neighbors] * len(radii)
-        if type(max_neighbors) in (list, tuple) and len(max_neighbors) == len(radii) and all(type(k) is int and k >= 1 for k in max_neighbors):
+        if type(max_neighbors) in (list, tuple) and len(max_neighbors) == len(radii) and all(type(k) is int and 1 <= k <= _validate.INT64_MAX for k in max_neighbors):
             return list(radii), list(max_neighbors)
     if isinstance(radii, (torch.Tensor, str, bytes)) or not hasattr(radii, "__len__") or not hasattr(radii, "__iter__"):
         raise TypeError(f"radii must be a sequence of numbers (a list or tuple), got {type(radii).__name__}")

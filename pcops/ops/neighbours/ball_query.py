@@ -15,7 +15,6 @@ so they are differentiable with respect to both point sets; otherwise they are t
 Output shapes are static: the op compiles with ``fullgraph=True``.
 """
 
-import math
 from typing import Optional
 
 import torch
@@ -63,7 +62,7 @@ def _plain_ball_query(query, ref, radius, max_neighbors, validate: bool) -> Opti
     ``max_neighbors`` a Python int >= 1. Every check of the general path passes on such a call,
     and it would run the same search on the same tensors and return its distances (no gradient
     asked for), indices and counts as they are; anything else takes that path."""
-    if type(radius) not in (int, float) or not 0 < radius < math.inf or type(max_neighbors) is not int or max_neighbors < 1:
+    if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX or type(max_neighbors) is not int or not 1 <= max_neighbors <= _validate.INT64_MAX:
         return None
     if not _layout.plain_clouds(validate, query, ref):
         return None

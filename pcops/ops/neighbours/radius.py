@@ -25,7 +25,6 @@ The shift m_i has exactly zero gradient (softmax is shift-invariant) and is held
 
 
 import functools
-import math
 from typing import Optional
 
 import torch
@@ -563,7 +562,7 @@ def _plain_radius_aggregate(query, ref, features, radius, sigma, weights: str, v
     passes on such a call, and it would run the same kernel on the same values."""
     if torch.compiler.is_compiling():  # (traced: the general path; no guard on the sizes here)
         return None
-    if type(radius) not in (int, float) or not 0 < radius < math.inf or (sigma is not None and type(sigma) not in (int, float)):
+    if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX or (sigma is not None and type(sigma) not in (int, float)):
         return None
     if not all(type(t) is torch.Tensor and t.dim() == 2 for t in (query, ref, features)) or features.shape[0] != ref.shape[0]:
         return None

@@ -480,11 +480,14 @@ def _check_options(p, blur, scaling, diameter) -> None:
 def _check_temperatures(p: int, blur: float, diameter, dtype) -> None:
     """The temperatures the kernels divide by are normal numbers of ``dtype`` and the first one
     finite: ``blur^p`` below the smallest normal number had an infinite inverse (NaN losses;
-    rounded to 0, a loss of 0), a given ``diameter^p`` above the largest number no first step."""
+    rounded to 0, a loss of 0), a given ``diameter^p`` above the largest number no first step,
+    and a ``blur^p`` above it no last (a NaN loss, or Python's OverflowError)."""
     info = torch.finfo(dtype)
     if p * math.log(blur) < math.log(info.tiny):
         raise ValueError(f"blur must be large enough that blur**p is a normal {dtype} number (>= {info.tiny:.3g}; the kernels divide "
                          f"by it), got blur={blur!r} with p={p}")
+    if p * math.log(blur) > math.log(info.max):
+        raise ValueError(f"blur**p must be finite in {dtype}, got blur={blur!r} with p={p}")
     if diameter is not None and p * math.log(diameter) > math.log(info.max):
         raise ValueError(f"diameter**p must be finite in {dtype}, got diameter={diameter!r} with p={p}")
 

@@ -313,6 +313,9 @@ def test_temperatures_and_costs_beyond_the_dtype_are_value_errors(gen, dtype):
             pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), p=p, blur=blur)
     with pytest.raises(ValueError, match=r"^diameter\*\*p must be finite"):
         pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), diameter=float(info.max) ** 0.5 * 4)
+    for p, blur in ((2, float(info.max) ** 0.5 * 4), (1, 10**309 if dtype == F64 else 1e39)):  # blur^p beyond the dtype (NaN; OverflowError)
+        with pytest.raises(ValueError, match=r"^blur(\*\*p)? must be finite"):  # (an int beyond float64: the blur itself)
+            pcops.sinkhorn_divergence(x.to(dtype), y.to(dtype), p=p, blur=blur)
     far = 10 * math.sqrt(info.max)  # finite coordinates whose squared distances overflow
     with pytest.raises(ValueError, match=r"^x and y span .* overflow"):
         pcops.sinkhorn_divergence(x.to(dtype) * far, y.to(dtype) * far)
