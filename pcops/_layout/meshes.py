@@ -47,21 +47,31 @@ class FlatPoints(NamedTuple):
 # vertices): a triangle's squared normal grows as its edges^4 and overflows float32 from edges of
 # about 1e9, which made every distance 0.
 FLOAT32_EXTENT = 1e8
+# ... and the smallest largest coordinate (but 0): squared distances of a mesh whose coordinates
+# all lie below it are near float32's subnormals (at 1e-30 every distance read 0).
+FLOAT32_LEAST = 1e-15
 
 
-def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor) -> None:
-    """No NaN/inf in the vertices, and float32 ones within :data:`FLOAT32_EXTENT`."""
+def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor, searched: bool) -> None:
+    """No NaN/inf in the vertices, and float32 ones' largest coordinate within
+    :data:`FLOAT32_EXTENT` and, where the mesh is ``searched`` for distances, at least
+    :data:`FLOAT32_LEAST` (or 0)."""
     checks.finite("vertices", vertices)
     if vertices.dtype != torch.float64 and vertices.numel():
-        checks.add(vertices.detach().abs().amax() <= FLOAT32_EXTENT, lambda: (
-            f"vertices has coordinates up to {float(vertices.detach().abs().amax()):.3g}, but a {vertices.dtype} mesh is searched in "
+        largest = vertices.detach().abs().amax()
+        checks.add(largest <= FLOAT32_EXTENT, lambda: (
+            f"vertices has coordinates up to {float(largest):.3g}, but a {vertices.dtype} mesh is searched in "
             f"float32, where triangles this large overflow (|coordinates| <= {FLOAT32_EXTENT:.0e}): pass float64 vertices"))
+        if searched:
+            checks.add((largest >= FLOAT32_LEAST) | (largest == 0), lambda: (
+                f"vertices has coordinates only up to {float(largest):.3g}, but a {vertices.dtype} mesh is searched in float32, where "
+                f"squared distances this small underflow (the largest |coordinate| >= {FLOAT32_LEAST:.0e}): pass float64 vertices"))
 
 
 def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices_batch=None,
-         checks: Optional[_validate.Checks] = None) -> FlatMesh:
+         checks: Optional[_validate.Checks] = None, searched: bool = True) -> FlatMesh:
     """The eager checks of a mesh layout, its value checks added to ``checks`` (None: no value
-    checks), and the flat mesh."""
+    checks), and the flat mesh; ``searched``: for a distance search (see :func:`_vertex_values`)."""
     _validate.tensor("vertices", vertices)
     padded = vertices.dim() == 3
     if padded:
@@ -93,7 +103,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     if not padded:
         faces64 = faces.to(torch.int64)
         if checks is not None:
-            _vertex_values(checks, vertices)
+            _vertex_values(checks, vertices, searched)
             checks.in_range("faces", faces64, 0, n_vertices - 1)
             checks.in_range("vertices_batch", vertices_batch, 0, None)
         rows = faces64.clamp(0, n_vertices - 1)
@@ -106,7 +116,7 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     valid = torch.arange(n_faces, device=device)[None, :] < (n_faces if faces_lengths is None else faces_lengths[:, None])
     faces64 = faces.to(torch.int64)
     if checks is not None:
-        _vertex_values(checks, vertices)
+        _vertex_values(checks, vertices, searched)
         checks.in_range("faces_lengths", faces_lengths, 1, n_faces, lambda: f"in [1, F] (every mesh needs a face; F = {n_faces})")
         checks.in_range("vertices_lengths", vertices_lengths, 1, n_vertices)
         high = n_vertices if vertices_lengths is None else vertices_lengths[:, None, None]

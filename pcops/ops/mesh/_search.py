@@ -58,6 +58,8 @@ def _funcs(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flat = wp.float64(FLAT * torch.finfo(dtype).eps)
     well = s(WELL * WELL)
+    small = s(math.sqrt(torch.finfo(dtype).tiny) * 2.0**13)  # a longest squared edge below this: size^4 products near the subnormals
+    near = s(torch.finfo(dtype).tiny ** (1 / 3) * 2.0**8)  # corners all nearer than this: size^3 products near them
     normal = _warp_funcs.plane_normal(dtype)
 
     @wp.func(module="unique")
@@ -96,8 +98,8 @@ def _funcs(dtype: torch.dtype):
         n = wp.cross(ab, ac)
         nn = wp.dot(n, n)
         longest = wp.max(wp.dot(ab, ab), wp.max(wp.dot(bc, bc), wp.dot(ac, ac)))
-        if not (nn > well * longest * longest):  # slivers, flat and degenerate triangles: edges and interior test
-            return edges_d2(p, a, b, c)
+        if not (nn > well * longest * longest) or longest < small:  # slivers, flat, degenerate and tiny triangles: edges and interior test
+            return edges_d2(p, a, b, c)  # (whose plane is float64's: a float32 triangle of edges below about 3e-8 has size^4 products underflow)
         # a well-shaped triangle (height >= WELL times its longest edge): the Voronoi region of p
         # (vertex, edge or face; Ericson 2005, 5.1.5), whose signs a sliver's rounding would flip
         ap = p - a
@@ -128,6 +130,10 @@ def _funcs(dtype: torch.dtype):
     def solid_angle(p: v, a: v, b: v, c: v):
         x, y, z = a - p, b - p, c - p
         lx, ly, lz = wp.length(x), wp.length(y), wp.length(z)
+        big = wp.max(lx, wp.max(ly, lz))
+        unit = wp.where(big < near, s(1.0) / big, s(1.0))  # (size^3 products near the subnormals: the triangle seen at unit size)
+        x, y, z = x * unit, y * unit, z * unit
+        lx, ly, lz = lx * unit, ly * unit, lz * unit
         num = wp.dot(x, wp.cross(y, z))
         den = lx * ly * lz + wp.dot(x, y) * lz + wp.dot(y, z) * lx + wp.dot(z, x) * ly
         return s(2.0) * wp.atan2(num, den)

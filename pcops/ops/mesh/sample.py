@@ -345,7 +345,7 @@ def sample_points_on_mesh(
         _validate.instance("generator", generator, torch.Generator, "torch.Generator")
     checks = _validate.checks(validate)
     flat = _layout.mesh(vertices, faces, vertices_lengths=vertices_lengths, faces_lengths=faces_lengths,
-                        vertices_batch=vertices_batch, checks=checks)
+                        vertices_batch=vertices_batch, checks=checks, searched=False)
     b = _layout.mesh_count(flat, vertices_batch, batch_size)
     device = vertices.device
     if generator is not None and generator.device.type != device.type:

@@ -697,13 +697,17 @@ def test_points_over_thin_float32_faces_keep_their_distance(grad):
             assert torch.allclose(out.dists.detach().double(), exact, rtol=4 * eps, atol=0), (ratio, h, out.dists, exact)
 
 
-@pytest.mark.parametrize("dtype, scales", [(torch.float32, (1e-9, 1e-6, 1e7, 3e7, 9e7)), (F64, (1e-60, 1e-30, 1e30, 1e55, 1e60))])
+@pytest.mark.parametrize("dtype, scales", [(torch.float32, (1e-15, 1e-13, 1e-11, 1e-9, 1e-6, 1e7, 3e7, 9e7)), (F64, (1e-60, 1e-30, 1e30, 1e55, 1e60))])
 def test_the_nearest_face_and_the_sign_keep_at_every_scale_the_coordinates_allow(dtype, scales):
     """A squared height of size^6 (h h / |n|^2) or a dipole term of size^5 over- or underflowed
     at sizes whose coordinates and distances fit the dtype (float32 1e7-1e8, within its limit):
     the farther of two parallel faces came back, and every inside point of a closed mesh read
-    outside. Scaled copies of a unit case give the unit answer times the scale: the nearer face,
-    its distance, the signs, and point_mesh_face_distance times the scale squared."""
+    outside; below float32 1e-8, products of four edges (the search's Voronoi tests) and of three
+    corners (the solid angles) underflowed: wrong faces from 1e-11, every sign outside from 1e-15.
+    Scaled copies of a unit case give the unit answer times the scale: the nearer face, its
+    distance, the signs, and point_mesh_face_distance times the scale squared. Float32 meshes
+    whose coordinates all lie below 1e-15 (their squared distances near the subnormals) are
+    ValueErrors, as those beyond 1e8."""
     two = torch.tensor([[-1, -1, 2], [3, -1, 2], [-1, 3, 2], [-1, -1, 1], [3, -1, 1], [-1, 3, 1]], dtype=F64) / 3  # z = 2/3 (face 0), 1/3
     faces = torch.tensor([[0, 1, 2], [3, 4, 5]])
     v, f = icosphere(2)
@@ -725,3 +729,8 @@ def test_the_nearest_face_and_the_sign_keep_at_every_scale_the_coordinates_allow
         torch.testing.assert_close(d / s, unit, rtol=rtol, atol=rtol)
         scaled = pcops.point_mesh_face_distance((noisy * s).to(dtype), (v * s).to(dtype), f).double()
         torch.testing.assert_close(scaled / (s * s), loss, rtol=10 * rtol, atol=0)
+    if dtype == torch.float32:
+        with pytest.raises(ValueError, match="vertices has coordinates only up to 4e-16"):
+            pcops.mesh_distance(q.float() * 4e-16, (v * 4e-16).float(), f)
+        at_zero = pcops.mesh_distance(q.float(), torch.zeros(3, 3), torch.tensor([[0, 1, 2]])).dists  # (a mesh at 0: no error)
+        torch.testing.assert_close(at_zero, q.float().norm(dim=-1), rtol=1e-6, atol=0)
