@@ -336,7 +336,9 @@ def serialized_pool(
     Args:
         code: int64 Tensor of shape (N,) or (K, N): :func:`serialize`'s codes (batch in the high
             bits). Parents are the distinct values of ``code[0] >> 3 * pooling_depth``.
-        pooling_depth: k >= 0 (Pointcept's stride 2**k; 1 halves the grid).
+        pooling_depth: k >= 0 (Pointcept's stride 2**k; 1 halves the grid), at most the depth
+            of :func:`serialize` that gave ``code`` (deeper, parents join samples: a ValueError
+            where ``batch`` is given and ``validate``).
         features: optional Tensor (N, ...), reduced per parent with ``reduce``.
         coord: optional Tensor (N, 3) of point coordinates, averaged per parent.
         grid_coord: optional integer Tensor (N, 3), returned as ``grid_coord >> k`` per parent.
@@ -345,7 +347,8 @@ def serialized_pool(
         max_clusters: optional int M >= 1, an upper bound on the number of parents: the result
             has exactly M parent rows (static shapes, so ``torch.compile`` needs no graph break
             or dynamic size) and a ``count``. None: V rows.
-        validate: check ``features`` and ``coord`` for NaN/inf (one host read, eagerly only).
+        validate: check ``features`` and ``coord`` for NaN/inf, and with ``batch`` that no parent
+            joins samples (a host read each, eagerly only).
 
     Returns:
         SerializedPool(code, order, inverse, features, coord, grid_coord, batch, cluster, head):
@@ -376,7 +379,10 @@ def serialized_pool(
         tensor([0, 0, 1, 1])
     """
     _pool_layout(code, pooling_depth, features, coord, grid_coord, batch, reduce)
-    _layout.values(validate, finite={"features": features, "coord": coord})
+    checks = _validate.checks(validate)  # (run once the parents are known: one host read)
+    if checks is not None:
+        checks.finite("features", features)
+        checks.finite("coord", coord)
     bound = _bound.bound("max_clusters", max_clusters)
     codes = code if code.dim() == 2 else code[None]
     shift = 3 * pooling_depth
@@ -399,6 +405,13 @@ def serialized_pool(
     mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position)
     coarse = None if grid_coord is None else _bound.rows(grid_coord, head, real, -1) >> pooling_depth
     parent_batch = None if batch is None else _bound.rows(batch, head, real, -1)
+    if checks is not None:
+        if batch is not None and cluster.numel():  # parents of one sample each: pooling_depth within serialize's depth
+            mine = parent_batch.index_select(0, cluster.clamp_min(0))
+            checks.add(((mine == batch) | (cluster < 0)).all(), lambda: (
+                f"pooling_depth={pooling_depth} joins points of different samples in one parent: the codes were serialized at a depth "
+                "below it (the sample id lies above bit 3 * depth of serialize's codes); pass pooling_depth <= that depth"))
+        checks.run()
     if bound is None:
         return SerializedPool(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head)
     return SerializedPoolPadded(parent, order, inverse, pooled, mean, coarse, parent_batch, cluster, head, count)

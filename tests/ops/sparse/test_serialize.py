@@ -650,3 +650,22 @@ def test_validate_false_skips_the_value_checks():
     assert torch.equal(out, torch.stack([features[0], features[2], torch.zeros(2), torch.zeros(2)]))
     with pytest.raises(ValueError, match="features contains NaN"):
         pcops.serialized_pool(pcops.serialize(grid[:1]).code, features=torch.tensor([[float("nan")]]))
+
+
+def test_a_pooling_depth_beyond_the_codes_depth_that_joins_samples_is_an_error():
+    """serialize(depth=d) keeps the sample id above bit 3d: pooling deeper than d shifted it into
+    the parent cell and joined samples silently (one parent of two samples, its features reduced
+    across both). With batch given (validation on) that is a ValueError; a depth up to d, or one
+    that joins no samples (one sample), pools as before."""
+    grid = torch.tensor([[0, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 1]])
+    batch = torch.tensor([0, 0, 1, 1])
+    code = pcops.serialize(grid, batch, depth=1).code
+    f = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    out = pcops.serialized_pool(code, 1, f, grid_coord=grid, batch=batch)
+    assert out.cluster.tolist() == [0, 0, 1, 1] and out.batch.tolist() == [0, 1] and out.features.flatten().tolist() == [2.0, 4.0]
+    for bound in (None, 4):
+        with pytest.raises(ValueError, match="pooling_depth=2 joins points of different samples"):
+            pcops.serialized_pool(code, 2, f, grid_coord=grid, batch=batch, max_clusters=bound)
+    assert pcops.serialized_pool(code, 2, f, batch=batch, validate=False).cluster.tolist() == [0, 0, 0, 0]  # (unchecked, as documented)
+    one = pcops.serialize(grid[:2], depth=1).code
+    assert pcops.serialized_pool(one, 3, f[:2], batch=batch[:2]).cluster.tolist() == [0, 0]
