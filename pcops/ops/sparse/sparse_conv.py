@@ -114,8 +114,8 @@ def _merge_kernel():
         hi = wp.min(lo + block, m)
         a = row // ky
         b = row - a * ky
-        ox = wp.int64(a * dx)
-        oy = wp.int64(b * dy)
+        ox = wp.int64(a) * wp.int64(dx)
+        oy = wp.int64(b) * wp.int64(dy)
         step = (ox * sy + oy) * sz
         target = qkey[lo] + step
         p = int(0)
@@ -137,8 +137,8 @@ def _merge_kernel():
             out = qrow[i]
             r = p
             for c in range(kz):
-                z = qpos[i, 3] + wp.int64(c * dz)
-                qc = q + wp.int64(c * dz)
+                z = qpos[i, 3] + wp.int64(c) * wp.int64(dz)
+                qc = q + wp.int64(c) * wp.int64(dz)
                 while keys[r] < qc:
                     r += 1
                 found = wp.int64(-1)
@@ -240,10 +240,13 @@ def _map_pairs(
     host = torch.cat([c.amin(0), c.amax(0)]).tolist()
     low, high = host[0:3], host[3:6]
     span = [h - lo + 1 for lo, h in zip(low, high)]
-    if float(samples) * span[0] * span[1] * span[2] >= _KEY_LIMIT:
+    # the keys of the outputs' cells and of the taps that may land in the sites' box: the sites' keys
+    # shifted by up to the padding and the kernel's reach (or the box's span, beyond which no tap lands) per axis
+    reach = [min((k - 1) * d, n) + abs(p) for k, d, p, n in zip(kernel_size, dilation, padding, span)]
+    if ((samples * span[0] + reach[0]) * span[1] + reach[1]) * span[2] + reach[2] >= _KEY_LIMIT:
         raise ValueError(
-            f"grid_coord spans {span} sites per axis over {samples} samples: "
-            "too wide for the int64 keys of the kernel map (at most 2^62 cells in all)"
+            f"grid_coord spans {span} sites per axis over {samples} samples, with the padding and the kernel's reach ({reach}) too "
+            "wide for the int64 keys of the kernel map (at most 2^62 in all)"
         )
     neighbours = _searched_map(c, ids, out_coord.to(torch.int64), out_ids, low, span, kernel_size, stride, padding, dilation,
                                validate)
@@ -601,13 +604,14 @@ def sparse_conv3d(
         kernel_size: optional check of K (taken from ``weight``).
         dilation: int >= 1, the spacing of the kernel's taps.
         kernel_map: a :class:`KernelMap` of these sites from :func:`sparse_kernel_map` (or an
-            earlier call), reused instead of a new search.
+            earlier call), reused instead of a new search (a ``grid_coord`` given with it is
+            checked for its shape and dtype only: the map holds the sites).
         validate: check features and weight for NaN/inf (eagerly only) and the sites for
             duplicates (:func:`sparse_kernel_map`).
 
     Returns:
-        Tensor of shape (N, Cout) in the promoted dtype of features and weight (float16 and
-        bfloat16 are computed in float32): ``conv3d`` on the dense grid read at the sites.
+        Tensor of shape (N, Cout) in the promoted dtype of features, weight and bias (float16
+        and bfloat16 are computed in float32): ``conv3d`` on the dense grid read at the sites.
         Differentiable with respect to features, weight and bias.
 
     Example:
@@ -643,6 +647,9 @@ def sparse_conv3d(
         _validate.same_size("kernel_map.kernel_size", kernel_map.kernel_size, "weight", k, "kernel size K")
         _validate.same_size("kernel_map.dilation", kernel_map.dilation, "dilation", dilation, "dilation")
         _validate.same_size("features", features.shape[0], "kernel_map", kernel_map.neighbours.shape[1], "number of sites")
+        if grid_coord is not None:
+            _validate.integer("grid_coord", grid_coord, ndim=2, last=3, shape_doc="(N, 3)", what="integer grid coordinates")
+            _validate.same_size("grid_coord", grid_coord.shape[0], "kernel_map", kernel_map.neighbours.shape[1], "number of sites")
     if validate and not torch.compiler.is_compiling():
         _validate.finite(features=features, weight=weight, bias=bias)
     dtype, out_dtype = _validate.compute_dtype(features, weight, *(() if bias is None else (bias,)))

@@ -1,6 +1,8 @@
 """pcops.sparse_conv3d against a dense torch.nn.functional.conv3d read at the active sites
 (the shared op suite, plus the kernel map, duplicates, dilation, kernel sizes and the layer)."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -321,3 +323,41 @@ def test_dilations_up_to_the_largest_find_their_pairs_and_larger_ones_are_refuse
     for bad in (True, 3.0):
         with pytest.raises(TypeError, match="^kernel_size must be an int"):
             pcops.sparse_conv3d(torch.ones(2, 1), torch.tensor([[0, 0, 0], [1, 0, 0]]), torch.ones(27, 1, 1), kernel_size=bad)
+
+
+def test_a_grid_coord_given_with_a_kernel_map_is_checked():
+    """With a kernel_map, grid_coord was ignored unchecked (any shape, dtype or row count); it is
+    checked as without one (the map holds the sites)."""
+    gc = torch.tensor([[0, 0, 0], [0, 0, 1]])
+    km = pcops.sparse_kernel_map(gc)
+    f, w = torch.ones(2, 1), torch.ones(27, 1, 1)
+    for bad, error, message in ((torch.zeros(5, 3, dtype=torch.long), ValueError, "grid_coord and kernel_map must have the same number of sites"),
+                                (torch.rand(2, 3), TypeError, "grid_coord must have an integer dtype"),
+                                (torch.zeros(2, 2, dtype=torch.long), ValueError, r"grid_coord must be a tensor of shape \(N, 3\)")):
+        with pytest.raises(error, match=message):
+            pcops.sparse_conv3d(f, bad, w, kernel_map=km)
+    assert torch.equal(pcops.sparse_conv3d(f, gc, w, kernel_map=km), pcops.sparse_conv3d(f, None, w, kernel_map=km))
+
+
+@pytest.mark.parametrize("kernel_size", [5, 7, 9])
+def test_dilations_whose_keys_leave_int64_are_value_errors_and_the_others_exact(kernel_size):
+    """Sites (K // 2) 2^30 apart with dilation 2^30: along x the shifted keys fit int64 and the map
+    is the brute force's; along y or z the padding's shift of the keys does not (Python's
+    OverflowError, or int64 wrapping in the kernel, before): a ValueError naming grid_coord."""
+    d = 2**30
+    for axis in range(3):
+        gc = torch.zeros(2, 3, dtype=torch.long)
+        gc[1, axis] = (kernel_size // 2) * d
+        if axis:
+            with pytest.raises(ValueError, match="^grid_coord spans .* too wide for the int64 keys"):
+                pcops.sparse_kernel_map(gc, kernel_size=kernel_size, dilation=d)
+            continue
+        km = pcops.sparse_kernel_map(gc, kernel_size=kernel_size, dilation=d)
+        offsets = torch.tensor(list(itertools.product(range(kernel_size), repeat=3))) - kernel_size // 2
+        expected = torch.full((kernel_size**3, 2), -1)
+        for k, off in enumerate(offsets):
+            for i in range(2):
+                hit = (gc == gc[i] + off * d).all(1).nonzero().flatten()
+                if hit.numel():
+                    expected[k, i] = hit[0]
+        assert torch.equal(km.neighbours, expected)
