@@ -506,6 +506,7 @@ class Checks:
         if not self._items:
             return
         pending = [ok for ok, _, _ in self._items if isinstance(ok, torch.Tensor)]
+        read = iter(())  # (bound in every case: dynamo breaks the graph on a comprehension's unbound cell)
         if pending:
             device = pending[0].device
             read = iter(torch.stack([ok.to(device) for ok in pending]).tolist())  # the one host read

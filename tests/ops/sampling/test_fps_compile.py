@@ -1,4 +1,4 @@
-"""torch.compile of ``farthest_point_sample``'s random start.
+"""torch.compile of ``farthest_point_sample``'s random start (and of Python start indices).
 
 The start is drawn with ``torch.rand`` (torch's global RNG) and reaches the op as a tensor, so
 the draw is part of the graph: ``fullgraph=True`` traces it, and Inductor draws with its own
@@ -6,6 +6,7 @@ generator. Whatever the draw, each sample's sequence must be the exact FPS run f
 it drew. One small function, compiled once (Inductor on the CPU: ~20 s).
 """
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -81,3 +82,20 @@ def test_random_start_adds_no_graph_break_under_default_compile(gen):
         torch._dynamo.reset()
         captured = torch._dynamo.explain(fn)(points, ids)
     assert captured.graph_break_count == 0 and captured.graph_count == 1, [r.reason for r in captured.break_reasons]
+
+
+@pytest.mark.parametrize("start", [3, [3, 5], (0, 7, 2)])
+def test_python_start_indices_compile_without_a_graph_break(gen, start):
+    """start_idx as Python ints (checked at trace time, no tensor to read): one graph under
+    default torch.compile and fullgraph=True, the eager picks (the checks' one host read bound a
+    variable only where a tensor check was pending, and dynamo broke the graph on it)."""
+    points = torch.rand(40, 3, generator=gen)
+
+    def fn(points):
+        return pcops.farthest_point_sample(points, 7, start_idx=start).idx
+
+    torch._dynamo.reset()
+    out = torch._dynamo.explain(fn)(points)
+    assert out.graph_break_count == 0 and out.graph_count == 1, [r.reason for r in out.break_reasons]
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(fn, fullgraph=True)(points), fn(points))
