@@ -318,7 +318,7 @@ class _SmallestEigenvector(torch.autograd.Function):
     @staticmethod
     def forward(cov):
         values, vectors = _eigh3(cov)
-        return vectors[..., 0], values, vectors
+        return vectors[..., 0].contiguous(), values, vectors  # (a copy: forward mode's tangent of a view output must be laid out as it)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -348,8 +348,10 @@ class _SmallestEigenvector(torch.autograd.Function):
 
 
 class _ForwardModeEigenvector(_SmallestEigenvector):
-    """:class:`_SmallestEigenvector` with forward mode (torch.func.jvp, forward_ad), for eager
-    calls only: torch.compile does not trace an autograd.Function that defines ``jvp``."""
+    """:class:`_SmallestEigenvector` with forward mode (torch.func.jvp, jacfwd, forward_ad), for
+    eager calls only: torch.compile does not trace an autograd.Function that defines ``jvp``."""
+
+    generate_vmap_rule = True  # (jacfwd vmaps the jvp over the tangents)
 
     @staticmethod
     def jvp(ctx, dcov):
