@@ -219,6 +219,26 @@ def differentiable(*tensors: torch.Tensor) -> bool:
     return not _compiling() and (_forward_ad._current_level >= 0 or _transforms() is not None)
 
 
+def reverse_only(name: str, *tensors) -> None:
+    """Raise NotImplementedError where a forward-mode derivative would flow through ``tensors``
+    into a custom op whose autograd is reverse-mode only (torch.library's ``register_autograd``:
+    forward mode gets no tangent from it, a silent zero): a dual tensor of
+    ``torch.autograd.forward_ad``, or a ``torch.func.jvp`` / ``jacfwd`` transform around the call
+    (eager calls; None entries skipped)."""
+    if _compiling():
+        return
+    jvp = _transforms() is not None and any(i.key() == _JVP for i in torch._C._functorch.get_interpreter_stack())
+    dual = not jvp and _forward_ad._current_level >= 0 and any(
+        isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    if jvp or dual:
+        raise NotImplementedError(
+            f"{name} has no forward-mode derivative (torch.func.jvp, jacfwd, torch.autograd.forward_ad): its custom op's "
+            "autograd is reverse-mode only; use reverse mode (backward, torch.func.grad, jacrev)")
+
+
+_JVP = torch._C._functorch.TransformType.Jvp
+
+
 def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
     operations around its custom ops included); traced by ``torch.compile``, it is ``fn``. A

@@ -370,6 +370,7 @@ def sample_points_on_mesh(
     uniform = None
     if seeds is None:
         uniform = torch.rand((b, n_samples, 3), dtype=torch.float64, device=device, generator=generator)
+    _threads.reverse_only("sample_points_on_mesh", corners, normals)
     points, normals, chosen, bary, total = _sample(area, owner, corners, normals, seeds, uniform, n_samples, validate and checks is None)
     if checks is not None:
         checks.add((total > 0).all(), lambda: _no_area(total))

@@ -673,6 +673,7 @@ def radius_aggregate(
     _validate.positive_number("radius", radius)
     dtype, out_dtype = _validate.compute_dtype(query, ref, features)
     q, p, f = flat.query.to(dtype), flat.ref.to(dtype), flat.features.to(dtype)
+    _threads.reverse_only("radius_aggregate", q, p, f, sigma)
     if reduce == "max":
         out, _ = _radius_max(q, p, f, float(radius), flat.validate, flat.query_group, flat.ref_group)
         return _layout.unflatten(flat, out.to(out_dtype))

@@ -400,10 +400,11 @@ def segment_reduce(
     return reduce_sorted(values, offsets, reduce, check=validate)
 
 
-def reduce_sorted(values, offsets, reduce, perm=None, inverse=None, check: bool = False) -> torch.Tensor:
+def reduce_sorted(values, offsets, reduce, perm=None, inverse=None, check: bool = False, name: str = "segment_reduce") -> torch.Tensor:
     """segment_reduce of ``values[perm]`` (``values`` if perm is None) over the CSR pointer
     ``offsets`` (``inverse``: the inverse permutation of ``perm``); ``check``: check the pointer
-    (eagerly in one host read, else in the op)."""
+    (eagerly in one host read, else in the op); ``name``: the public function, in errors."""
+    _threads.reverse_only(name, values)
     n = values.shape[0]
     shape = values.shape[1:]
     dtype, out_dtype = _validate.compute_dtype(values)

@@ -401,8 +401,8 @@ def serialized_pool(
     position = None
     if features is not None or coord is not None:
         position = torch.empty_like(indices).scatter_(0, indices, torch.arange(indices.shape[0], device=indices.device))
-    pooled = None if features is None else _segment.reduce_sorted(features, offsets, reduce, indices, position)
-    mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position)
+    pooled = None if features is None else _segment.reduce_sorted(features, offsets, reduce, indices, position, name="serialized_pool")
+    mean = None if coord is None else _segment.reduce_sorted(coord, offsets, "mean", indices, position, name="serialized_pool")
     coarse = None if grid_coord is None else _bound.rows(grid_coord, head, real, -1) >> pooling_depth
     parent_batch = None if batch is None else _bound.rows(batch, head, real, -1)
     if checks is not None:

@@ -516,6 +516,7 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
               counts: torch.Tensor, num_out: Optional[int] = None) -> torch.Tensor:
     """The convolution op on a kernel map's pairs (features (N, Cin) and weight (K^3, Cin, Cout)
     contiguous, of one dtype): (N, Cout) for a submanifold map (``num_out`` None), else (num_out, Cout)."""
+    _threads.reverse_only("sparse_conv3d", features, weight)
     return _sparse_conv(features, weight, in_index, out_index, counts, num_out)
 
 

@@ -612,6 +612,7 @@ def sinkhorn_divergence(
     dtype, out_dtype = _validate.compute_dtype(x, y)
     a = _weights("x_weights", x_weights, x, flat.query_group, samples, dtype)
     b = _weights("y_weights", y_weights, y, flat.ref_group, samples, dtype)
+    _threads.reverse_only("sinkhorn_divergence", x, y, a, b)
     loss, state = _sinkhorn(
         flat.query.to(dtype), flat.ref.to(dtype), a, b, flat.query_group, flat.ref_group, samples, p,
         float(blur), float(scaling), None if diameter is None else float(diameter), debias, bool(validate),
