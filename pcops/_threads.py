@@ -233,7 +233,8 @@ def reverse_only(name: str, *tensors) -> None:
     if jvp or dual:
         raise NotImplementedError(
             f"{name} has no forward-mode derivative (torch.func.jvp, jacfwd, torch.autograd.forward_ad): its custom op's "
-            "autograd is reverse-mode only; use reverse mode (backward, torch.func.grad, jacrev)")
+            "autograd is reverse-mode only; take reverse-mode derivatives with backward() or torch.autograd.grad (torch.func's "
+            "transforms do not reach through it either)")
 
 
 _JVP = torch._C._functorch.TransformType.Jvp
