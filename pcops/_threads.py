@@ -223,21 +223,17 @@ def reverse_only(name: str, *tensors) -> None:
     """Raise NotImplementedError where a forward-mode derivative would flow through ``tensors``
     into a custom op whose autograd is reverse-mode only (torch.library's ``register_autograd``:
     forward mode gets no tangent from it, a silent zero): a dual tensor of
-    ``torch.autograd.forward_ad``, or a ``torch.func.jvp`` / ``jacfwd`` transform around the call
-    (eager calls; None entries skipped)."""
+    ``torch.autograd.forward_ad``, ``torch.func.jvp`` or ``jacfwd`` with a tangent (eager calls;
+    None entries skipped)."""
     if _compiling():
         return
-    jvp = _transforms() is not None and any(i.key() == _JVP for i in torch._C._functorch.get_interpreter_stack())
-    dual = not jvp and _forward_ad._current_level >= 0 and any(
-        isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-    if jvp or dual:
+    if _forward_ad._current_level >= 0 and any(  # (torch.func.jvp and jacfwd hold their tangents so too)
+            isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None for t in tensors):
         raise NotImplementedError(
             f"{name} has no forward-mode derivative (torch.func.jvp, jacfwd, torch.autograd.forward_ad): its custom op's "
             "autograd is reverse-mode only; take reverse-mode derivatives with backward() or torch.autograd.grad (torch.func's "
             "transforms do not reach through it either)")
 
-
-_JVP = torch._C._functorch.TransformType.Jvp
 
 
 def limits(fn):

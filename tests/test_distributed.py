@@ -226,6 +226,9 @@ def _check_bad_inputs(rank: int, world: int) -> None:
             pd.knn_aggregate(q, p, f, 4, 0.1, **(options if last else {}))
     with pytest.raises(ValueError, match="sigma must be finite and > 0" if last else "the inputs of rank"):  # a tensor sigma, validate on
         pd.radius_aggregate(q, p, f, 0.2, torch.tensor(-0.1 if last else 0.1))
+    assert torch.equal(pd.knn_aggregate(q, p, f, 4, 0.1, backend="torch"), pd.knn_aggregate(q, p, f, 4, 0.1))  # (kNN's backend passes)
+    with pytest.raises(TypeError if last else ValueError):  # radius_aggregate has no backend
+        pd.radius_aggregate(q, p, f, 0.2, 0.1, **({"backend": "torch"} if last else {}))
     with pytest.raises((ValueError, TypeError)):  # features on some ranks only: every rank raises (no all-gather of rows of two lengths)
         pd.radius_aggregate(q, p, None if last else f, 0.2, 0.1)
     with pytest.raises((ValueError, TypeError)):  # a k beyond float64 on one rank

@@ -105,9 +105,12 @@ def _reverse_only_cases():
     yield "sinkhorn_divergence", lambda x: pcops.sinkhorn_divergence(x, ref), torch.rand(8, 3, generator=gen, dtype=F64)
     yield "sample_points_on_mesh", lambda x: pcops.sample_points_on_mesh(x, f, 5, seed=0).points, v.to(F64)
     yield "serialized_pool", lambda x: pcops.serialized_pool(pcops.serialize(sites).code, 1, x).features, feats[:4].clone()
+    from pcops.compat import torch_scatter
+
+    yield r"pcops.compat.torch_scatter \(its max, min and CSR reductions\)", lambda x: torch_scatter.segment_csr(x, torch.tensor([0, 1, 4]), reduce="sum"), feats[:4].clone()
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_ops_without_a_forward_rule_raise_instead_of_a_zero_tangent(case):
     """The ops whose custom op has a reverse-mode autograd only gave forward mode no tangent (a
     silent zero from jvp and jacfwd, None from forward_ad): a NotImplementedError naming the op
@@ -123,6 +126,8 @@ def test_ops_without_a_forward_rule_raise_instead_of_a_zero_tangent(case):
         fn(fwAD.make_dual(x, t))
     with fwAD.dual_level():  # a dual level with no tangent reaching the op: no error
         fn(x)
+    _, tangent = torch.func.jvp(lambda y: (2 * y).sum() + fn(x).sum(), (x,), (t,))  # the op on a constant of the transform: no error
+    torch.testing.assert_close(tangent, 2 * t.sum())
     y = x.clone().requires_grad_()
     fn(y).sum().backward()
     assert y.grad is not None and torch.isfinite(y.grad).all()

@@ -339,7 +339,7 @@ def test_ints_beyond_float64_are_value_errors_naming_the_argument_or_results(op)
             try:
                 call(inputs, **{name: 10**400})
             except (ValueError, TypeError) as err:
-                assert name.split("_")[0] in str(err), f"{op.name} {name}: {err}"
+                assert name in str(err), f"{op.name} {name}: {err}"
 
 
 def test_numpy_scalars_as_keywords_layer_arguments_and_on_every_backend():

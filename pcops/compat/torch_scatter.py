@@ -142,6 +142,15 @@ def _flat(rows: torch.Tensor) -> torch.Tensor:
     return rows.reshape(rows.shape[0], cols)
 
 
+@torch.jit.unused
+def _reverse_only(src: torch.Tensor) -> None:
+    """pcops' segment_reduce op has no forward-mode derivative: an error where a tangent reaches it
+    (:func:`pcops._threads.reverse_only`)."""
+    from .. import _threads
+
+    _threads.reverse_only("pcops.compat.torch_scatter (its max, min and CSR reductions)", src)
+
+
 def _sorted_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, size: int, reduce: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """max / min of a float32/float64 ``src`` by a 1-D ``index`` along ``dim``: the rows sorted
     by slot (a stable sort: tied rows keep their order, so the first arg stays the smallest
@@ -151,6 +160,8 @@ def _sorted_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, size: int, 
     rows = src.movedim(dim, 0)
     keys, perm = torch.sort(index.to(torch.long), stable=True)
     ptr = torch.searchsorted(keys, torch.arange(size + 1, device=src.device))
+    if not torch.jit.is_scripting():  # (a scripted function skips this branch)
+        _reverse_only(src)
     res, arg = torch.ops.pcops.segment_reduce(values=_flat(rows).index_select(0, perm), offsets=ptr, reduce=reduce, validate=False)
     arg = torch.where(arg < 0, n, perm.index_select(0, arg.clamp(min=0).reshape(-1)).view(arg.shape))
     shape: List[int] = [size] + list(rows.shape[1:])
@@ -397,6 +408,8 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str, need_arg: 
             res = torch.where((ptr[1:] > ptr[:-1]).view([-1] + [1] * (src.dim() - 1)), res, 0)
         return res, None
     flat = _flat(src)
+    if not torch.jit.is_scripting():  # (a scripted function skips this branch)
+        _reverse_only(src)
     res, arg = torch.ops.pcops.segment_reduce(values=flat, offsets=ptr, reduce=reduce, validate=False)
     shape: List[int] = [res.shape[0]] + list(src.shape[1:])
     if reduce == "sum" or reduce == "mean":

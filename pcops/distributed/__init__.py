@@ -131,12 +131,12 @@ def _nearest(query: torch.Tensor, ref: torch.Tensor, k: int, group) -> tuple[KNN
     return KNN(dists, idx), halo
 
 
-def _weighting_of(sigma, options: dict) -> str:
-    """The weighting of an aggregation's ``sigma`` and ``options`` (its ``weights`` and
-    ``reduce``: the single-process op's checks)."""
-    unknown = sorted(set(options) - {"weights", "reduce"})
+def _weighting_of(sigma, options: dict, allowed: tuple) -> str:
+    """The weighting of an aggregation's ``sigma`` and ``options`` (``allowed``: its ``weights``
+    and ``reduce``, and kNN's search ``backend``; the single-process op's checks)."""
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise TypeError(f"got an unexpected keyword argument {unknown[0]!r} (the options are weights and reduce)")
+        raise TypeError(f"got an unexpected keyword argument {unknown[0]!r} (the options are {', '.join(allowed)})")
     weights = _weighting.resolve(options.get("weights"), options.get("reduce", "mean"), sigma)
     if weights == "softmax":
         _validate.scale("sigma", sigma)
@@ -171,7 +171,7 @@ def _pair(group, query, ref, features, validate: bool, names=None, aggregate=Non
             f"{said.ref}'s dtype": _dtype(ref)}
     same.update({f"{said.features}'s dtype": _dtype(features), f"{said.features}' channels": _channels(features)})  # (None: none; every rank's row of one length)
     if aggregate is not None:
-        sigma, options = aggregate
+        sigma, options, _ = aggregate
         try:  # (a name that fails: the checks say so first)
             weights = _weighting.name(options.get("weights"), options.get("reduce", "mean"))
         except (ValueError, TypeError):
@@ -205,8 +205,8 @@ def knn(query: torch.Tensor, ref: torch.Tensor, k: int, *, group=None, validate:
 def knn_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, k: int, sigma=None, *, group=None,
                   validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.knn_aggregate` of this rank's queries over the whole cloud (``options``:
-    its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    k = _pair(group, query, ref, features, validate, aggregate=(sigma, options), k=k)["k"]
+    its ``weights``, ``reduce`` and ``backend``); gradients reach every rank's points and features."""
+    k = _pair(group, query, ref, features, validate, aggregate=(sigma, options, ("weights", "reduce", "backend")), k=k)["k"]
     halo = _k_halo(query, ref, features, k, group)
     if query.shape[0] == 0:  # no search (this rank's halo may hold fewer than k points), the graph kept
         return features.new_zeros((0, features.shape[1])) + _kept(halo.ref, halo.features)
@@ -237,7 +237,7 @@ def radius_aggregate(query: torch.Tensor, ref: torch.Tensor, features: torch.Ten
                      validate: bool = True, **options) -> torch.Tensor:
     """:func:`pcops.radius_aggregate` of this rank's queries over the whole cloud (``options``:
     its ``weights`` and ``reduce``); gradients reach every rank's points and features."""
-    radius = _pair(group, query, ref, features, validate, aggregate=(sigma, options), radius=radius)["radius"]
+    radius = _pair(group, query, ref, features, validate, aggregate=(sigma, options, ("weights", "reduce")), radius=radius)["radius"]
     halo = _halo.gather(query, ref, features, torch.tensor(radius, dtype=torch.float64), group)
     out = _radius_aggregate(query, halo.ref, halo.features, radius, sigma, validate=False, **options)
     return out + _kept(halo.ref, halo.features)  # (the exchange kept in the graph of a rank with nothing to search)

@@ -60,6 +60,7 @@ def _funcs(dtype: torch.dtype):
     well = s(WELL * WELL)
     small = s(math.sqrt(torch.finfo(dtype).tiny) * 2.0**13)  # a longest squared edge below this: size^4 products near the subnormals
     near = s(torch.finfo(dtype).tiny ** (1 / 3) * 2.0**8)  # corners all nearer than this: size^3 products near them
+    least = s(torch.finfo(dtype).tiny)  # (1 / a subnormal distance would overflow; corners at the query stay 0)
     normal = _warp_funcs.plane_normal(dtype)
 
     @wp.func(module="unique")
@@ -131,7 +132,7 @@ def _funcs(dtype: torch.dtype):
         x, y, z = a - p, b - p, c - p
         lx, ly, lz = wp.length(x), wp.length(y), wp.length(z)
         big = wp.max(lx, wp.max(ly, lz))
-        unit = wp.where(big < near, s(1.0) / big, s(1.0))  # (size^3 products near the subnormals: the triangle seen at unit size)
+        unit = wp.where(big < near, s(1.0) / wp.max(big, least), s(1.0))  # (size^3 products near the subnormals: the triangle seen at unit size)
         x, y, z = x * unit, y * unit, z * unit
         lx, ly, lz = lx * unit, ly * unit, lz * unit
         num = wp.dot(x, wp.cross(y, z))
