@@ -193,7 +193,7 @@ def is_finite_number(value) -> bool:
         return False
 
 
-def _shown(value) -> str:
+def shown_number(value) -> str:
     """``value`` for a message (an int beyond float64's range named, not printed in full)."""
     return "an int beyond float64's range" if isinstance(value, int) and not is_finite_number(value) else f"{value}"
 
@@ -203,7 +203,36 @@ def finite_number(name: str, value) -> None:
     if not is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not torch.compiler.is_compiling() and not is_finite_number(value):
-        raise ValueError(f"{name} must be finite, got {_shown(value)}")
+        raise ValueError(f"{name} must be finite, got {shown_number(value)}")
+
+
+WEIGHTS = ("softmax", "inverse_distance", "uniform")  # the aggregations' weightings (pcops.ops.neighbours._weighting)
+REDUCE = ("mean", "max")
+
+
+def weighting_name(weights, reduce: str) -> str:
+    """The weighting that ``weights`` means for ``reduce``, after checking both names.
+
+    ``weights=None`` means ``"softmax"`` for ``reduce="mean"`` and ``"uniform"`` for
+    ``reduce="max"`` (whose max is unweighted).
+    """
+    one_of("reduce", reduce, REDUCE)
+    if weights is None:
+        weights = "softmax" if reduce == "mean" else "uniform"
+    one_of("weights", weights, WEIGHTS)
+    if reduce == "max" and weights != "uniform":
+        raise ValueError(f"reduce='max' takes the max of the unweighted features: weights must be None or 'uniform', got {weights!r}")
+    return weights
+
+
+def weighting(weights, reduce: str, sigma) -> str:
+    """:func:`weighting_name`, and sigma given exactly when the weighting uses it (``"softmax"`` only)."""
+    weights = weighting_name(weights, reduce)
+    if weights == "softmax" and sigma is None:
+        raise ValueError("sigma is required for weights='softmax'")
+    if weights != "softmax" and sigma is not None:
+        raise ValueError(f"sigma is used by weights='softmax' only; pass sigma=None with weights={weights!r}, reduce={reduce!r}")
+    return weights
 
 
 def positive_number(name: str, value) -> None:
@@ -217,7 +246,7 @@ def positive_number(name: str, value) -> None:
     if torch.compiler.is_compiling():
         return
     if not is_finite_number(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {_shown(value)}")
+        raise ValueError(f"{name} must be finite and > 0, got {shown_number(value)}")
 
 
 def triple(name: str, value, positive: bool = False) -> tuple:

@@ -137,6 +137,12 @@ def _gather(g, n=30, *, n_query=None, k=5, channels=4, dtype=F64):
     return dict(features=_values(g, n, channels, dtype), idx=torch.randint(-1, n, (m, k), generator=g))
 
 
+def _sample_codes(grid_coord, batch, depth: int) -> torch.Tensor:
+    """serialize's codes of the sites with their samples (ranked: any ids give the same codes)."""
+    ranks = None if batch is None else torch.unique(batch, return_inverse=True)[1]
+    return pcops.serialize(grid_coord, ranks, depth=depth).code
+
+
 def _codes(g, n=100, *, channels=4, dtype=F64):
     """grid_coord (n, 3) in [0, 16) (depth 4 and up) and features (n, channels)."""
     grid = torch.randint(0, 16, (n, 3), generator=g)
@@ -275,11 +281,11 @@ OPS = [
        notes={"grad": NO_GRAD, "batch": "its codes hold the sample ids themselves, above bit 3 * depth of an int64 "
                                          "(ids below 2**15 at depth 16; larger ones raise a ValueError)"}),
     Op("serialized_pool", _codes,
-       lambda i, pooling_depth=1, depth=4, **kw: pcops.serialized_pool(
-           pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], **kw),
+       lambda i, pooling_depth=1, depth=4, batch=None, **kw: pcops.serialized_pool(
+           _sample_codes(i["grid_coord"], batch, depth), pooling_depth, i["features"], batch=batch, **kw),
        grad=("features",), page="serialize", bench="serialized_pool", breaks_at="pcops.serialized_cluster",
-       static=lambda i, pooling_depth=1, depth=4, max_clusters=80, **kw: pcops.serialized_pool(
-           pcops.serialize(i["grid_coord"], depth=depth).code, pooling_depth, i["features"], max_clusters=max_clusters, **kw),
+       static=lambda i, pooling_depth=1, depth=4, max_clusters=80, batch=None, **kw: pcops.serialized_pool(
+           _sample_codes(i["grid_coord"], batch, depth), pooling_depth, i["features"], max_clusters=max_clusters, batch=batch, **kw),
        batch={"batch": "grid_coord"}),  # ids returned per parent (the codes tell the samples apart)
     Op("serialized_unpool", _gather, lambda i, **kw: pcops.serialized_unpool(i["features"], i["idx"].clamp_min(0)[:, 0], **kw),
        grad=("features",), page="serialize", bench="gather",  # a gather by the cluster map

@@ -230,7 +230,7 @@ def ball_query(
     if isinstance(radius, torch.Tensor) and radius.numel() == 1:
         radius = float(radius)
     if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating)) or not (_validate.is_finite_number(radius) and radius > 0):
-        raise ValueError(f"radius must be a finite number > 0, got {_validate._shown(radius)}")
+        raise ValueError(f"radius must be a finite number > 0, got {_validate.shown_number(radius)}")
     n, s1, d = p1.shape
     s2 = p2.shape[1]
     lengths1 = _lengths("lengths1", lengths1, n, s1, p1.device)

@@ -93,7 +93,7 @@ def _positive_r(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"r must be a number, got {type(value).__name__}")
     if not (_validate.is_finite_number(value) and value > 0):
-        raise ValueError(f"r must be finite and > 0, got {_validate._shown(value)}")
+        raise ValueError(f"r must be finite and > 0, got {_validate.shown_number(value)}")
     return float(value)
 
 

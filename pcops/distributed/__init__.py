@@ -30,12 +30,11 @@ import torch.distributed as dist
 
 from .. import FPS, KNN, BallQuery, _layout, _morton, _validate, nn
 from .. import ball_query as _ball_query, knn as _knn, knn_aggregate as _knn_aggregate, radius_aggregate as _radius_aggregate
-from ..ops.neighbours import _weighting
 from . import _comm, _fps, _halo
 from ._dtensor import accepts_dtensors
 from ._comm import Traffic, traffic
 
-_comm.spell(*_weighting.WEIGHTS, *_weighting.REDUCE)  # (their names in a message about another rank's options)
+_comm.spell(*_validate.WEIGHTS, *_validate.REDUCE)  # (their names in a message about another rank's options)
 
 __all__ = ["KNNAggregation", "Partition", "RadiusAggregation", "Traffic", "ball_query", "chamfer_distance", "farthest_point_sample", "knn", "knn_aggregate", "knn_interpolate", "partition",
            "radius_aggregate", "traffic"]
@@ -137,7 +136,7 @@ def _weighting_of(sigma, options: dict, allowed: tuple) -> str:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f"got an unexpected keyword argument {unknown[0]!r} (the options are {', '.join(allowed)})")
-    weights = _weighting.resolve(options.get("weights"), options.get("reduce", "mean"), sigma)
+    weights = _validate.weighting(options.get("weights"), options.get("reduce", "mean"), sigma)
     if weights == "softmax":
         _validate.scale("sigma", sigma)
     return weights
@@ -173,7 +172,7 @@ def _pair(group, query, ref, features, validate: bool, names=None, aggregate=Non
     if aggregate is not None:
         sigma, options, _ = aggregate
         try:  # (a name that fails: the checks say so first)
-            weights = _weighting.name(options.get("weights"), options.get("reduce", "mean"))
+            weights = _validate.weighting_name(options.get("weights"), options.get("reduce", "mean"))
         except (ValueError, TypeError):
             weights = None
         same.update(weights=weights, reduce=options.get("reduce", "mean"), sigma=sigma)

@@ -20,34 +20,9 @@ import torch
 
 from ... import _validate
 
-WEIGHTS = ("softmax", "inverse_distance", "uniform")
-REDUCE = ("mean", "max")
+WEIGHTS, REDUCE = _validate.WEIGHTS, _validate.REDUCE
 MIN_SQUARED_DISTANCE = 1e-16  # the clamp of inverse-distance weights (PyTorch Geometric's)
-
-
-def name(weights: Optional[str], reduce: str) -> str:
-    """The weighting that ``weights`` means for ``reduce``, after checking both names.
-
-    ``weights=None`` means ``"softmax"`` for ``reduce="mean"`` and ``"uniform"`` for
-    ``reduce="max"`` (whose max is unweighted).
-    """
-    _validate.one_of("reduce", reduce, REDUCE)
-    if weights is None:
-        weights = "softmax" if reduce == "mean" else "uniform"
-    _validate.one_of("weights", weights, WEIGHTS)
-    if reduce == "max" and weights != "uniform":
-        raise ValueError(f"reduce='max' takes the max of the unweighted features: weights must be None or 'uniform', got {weights!r}")
-    return weights
-
-
-def resolve(weights: Optional[str], reduce: str, sigma) -> str:
-    """:func:`name`, and sigma given exactly when the weighting uses it (``"softmax"`` only)."""
-    weights = name(weights, reduce)
-    if weights == "softmax" and sigma is None:
-        raise ValueError("sigma is required for weights='softmax'")
-    if weights != "softmax" and sigma is not None:
-        raise ValueError(f"sigma is used by weights='softmax' only; pass sigma=None with weights={weights!r}, reduce={reduce!r}")
-    return weights
+name, resolve = _validate.weighting_name, _validate.weighting  # (the checks of the names: pcops.distributed's too)
 
 
 def inverse_distance(squared: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
