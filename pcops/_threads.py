@@ -235,7 +235,6 @@ def reverse_only(name: str, *tensors) -> None:
             "transforms do not reach through it either)")
 
 
-
 def limits(fn):
     """Decorator of a public function: its eager calls run under :func:`limited` (the torch
     operations around its custom ops included); traced by ``torch.compile``, it is ``fn``. A

@@ -30,8 +30,8 @@ Numbers may be Python or NumPy scalars (``np.float32`` sigma, ``np.int64`` k).
 from __future__ import annotations
 
 import math
-import sys
 import numbers
+import sys
 
 import numpy as np
 import torch

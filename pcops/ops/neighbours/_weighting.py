@@ -20,7 +20,6 @@ import torch
 
 from ... import _validate
 
-WEIGHTS, REDUCE = _validate.WEIGHTS, _validate.REDUCE
 MIN_SQUARED_DISTANCE = 1e-16  # the clamp of inverse-distance weights (PyTorch Geometric's)
 name, resolve = _validate.weighting_name, _validate.weighting  # (the checks of the names: pcops.distributed's too)
 

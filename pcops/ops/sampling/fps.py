@@ -687,15 +687,12 @@ def _start(lengths: torch.Tensor, random_start: bool, generator) -> torch.Tensor
     return _start_from(_uniform(lengths.shape, generator, lengths.device), lengths)
 
 
-_INT64_MAX = 2**63 - 1
-
-
 def _check_numbers(points, n_samples, ratio) -> None:
     """``n_samples`` or ``ratio``, one of them, in range (the layout is checked by pcops._layout.single)."""
     _validate.exactly_one(n_samples=n_samples, ratio=ratio)
     if n_samples is not None:
         _validate.count("n_samples", n_samples)
-        _validate.int_option("n_samples", n_samples, high=_INT64_MAX, note=" (an int64)")
+        _validate.int_option("n_samples", n_samples, high=_validate.INT64_MAX, note=" (an int64)")
     else:  # a tensor's value is checked by the op (a data-dependent count)
         _validate.interval("ratio", ratio, 0, 1, closed_high=True, tensor=True)
     if points.dim() == 3 and ratio is not None:
@@ -781,7 +778,7 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     if ratio is not None:
         if n_samples is not None or start_idx is not None or type(ratio) is not float or not 0 < ratio <= 1:
             return None
-    elif type(n_samples) is not int or not 1 <= n_samples <= _INT64_MAX:
+    elif type(n_samples) is not int or not 1 <= n_samples <= _validate.INT64_MAX:
         return None
     if type(random_start) is not bool or (random_start and start_idx is not None) or not _layout.plain_clouds(validate, points):
         return None
