@@ -111,6 +111,8 @@ def flag(**named) -> None:
 def one_of(name: str, value, options) -> None:
     """``value`` is one of ``options`` (a tuple; None may be one; a number equals a number of the
     same value, never a bool), else a ValueError naming it."""
+    if (type(value) is str or value is None) and value in options:  # (a name, or None: equal as _same has it, without a generator)
+        return
     if isinstance(value, torch.Tensor) or not any(_same(value, o) for o in options):
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
 

@@ -362,6 +362,14 @@ def plain_and_general(monkeypatch, fn, module="pcops.ops.neighbours.nearest"):
     return out
 
 
+def recorded(monkeypatch, module: str, name: str) -> list:
+    """The calls of ``module``'s function ``name`` (the op a general call runs), recorded from now on."""
+    owner = importlib.import_module(module)
+    ops, real = [], getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a: (ops.append(a), real(*a))[1])
+    return ops
+
+
 def assert_op_runs_for_general_calls_only(ops: list, general: list) -> None:
     """Each call of ``general`` (none of them plain) runs the op once more (``ops`` records its calls)."""
     for n, call in enumerate(general, 1):
@@ -503,11 +511,59 @@ def test_plain_ball_query_calls_equal_the_general_path(gen, monkeypatch, kind, d
             assert_identical(*plain_and_general(monkeypatch, call, "pcops.ops.neighbours.ball_query"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_ball_queries_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager ``ball_queries`` call runs the search directly: the same neighbours,
+    distances and counts per radius (one radius, several, repeated, unsorted, two groups),
+    with and without cell lists, and without validation on non-finite points."""
+    q, p, r = cloud(kind, gen)
+    q, p = q.to(dtype), p.to(dtype)
+    bad = p.clone()
+    bad[3] = float("nan")
+    bad[4, 1] = float("inf")
+    calls = [lambda: pcops.ball_queries(q, p, [r], 5), lambda: pcops.ball_queries(p, p, [r, r / 2], [8, 3]),
+             lambda: pcops.ball_queries(q, p, (3 * r, r, r), 7), lambda: pcops.ball_queries(q[::2], p.t().contiguous().t(), [r / 3, 2 * r], [4, 40]),
+             lambda: pcops.ball_queries(q, bad, [r, 2 * r], [6, 2], validate=False)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        for call in calls:
+            plain, general = plain_and_general(monkeypatch, call, "pcops.ops.neighbours.ball_queries")
+            assert len(plain) == len(general)
+            for a, b in zip(plain, general, strict=True):
+                assert_identical(a, b)
+                assert all(t.is_contiguous() for t in a)
+
+
+def test_plain_ball_queries_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    ops = recorded(monkeypatch, "pcops.ops.neighbours.ball_queries", "_ball_queries")
+    q, p = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen)
+    pcops.ball_queries(q, p, [0.3, 0.1], 8)
+    pcops.ball_queries(q.double(), q.double(), (1, 2), [3, 4])
+    pcops.ball_queries(q, p, [np.float32(0.3)], [np.int64(8)])  # NumPy scalars, as the general path takes them
+    assert ops == []
+    general = [
+        lambda: pcops.ball_queries(q.clone().requires_grad_(), p, [0.3], 8),  # a gradient to record
+        lambda: pcops.ball_queries(q.half(), p.half(), [0.3], 8),
+        lambda: pcops.ball_queries(q, p.double(), [0.3], 8),
+        lambda: pcops.ball_queries(q[None], p[None], [0.3], 8),
+        lambda: pcops.ball_queries(q, p, [0.3], 8, query_batch=torch.zeros(30, dtype=torch.int64), ref_batch=torch.zeros(40, dtype=torch.int64)),
+    ]
+    assert_op_runs_for_general_calls_only(ops, general)
+    for radii, match in (([0.0], "radii"), ([float("nan")], "radii"), ([], "radii"), (0.3, "radii")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            pcops.ball_queries(q, p, radii, 8)
+    with pytest.raises((ValueError, TypeError), match="max_neighbors"):
+        pcops.ball_queries(q, p, [0.3, 0.2], [8])
+    bad = p.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="ref contains NaN or inf"):
+        pcops.ball_queries(q, bad, [0.3], 8)
+    assert len(ops) == len(general)
+
+
 def test_plain_ball_query_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
-    bq = importlib.import_module("pcops.ops.neighbours.ball_query")
-    ops = []
-    real = bq._ball_query
-    monkeypatch.setattr(bq, "_ball_query", lambda *a: (ops.append(a), real(*a))[1])
+    ops = recorded(monkeypatch, "pcops.ops.neighbours.ball_query", "_ball_query")
     q, p = torch.rand(30, 3, generator=gen), torch.rand(40, 3, generator=gen)
     pcops.ball_query(q, p, 0.3, 8)
     pcops.ball_query(q.double(), q.double(), 1, 3)
@@ -799,6 +855,58 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
         pcops.chamfer_distance(x, bad)
     with pytest.raises(ValueError, match="point_reduction"):
         pcops.chamfer_distance(x, y, point_reduction="median")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (9, 40), (40, 9), (181, 181)], ids=str)
+def test_values_checked_in_the_small_searches_raise_for_every_point(gen, dtype, shape):
+    """The plain kNN calls and chamfer's small clouds check the values in their scans (a flag the
+    kernel sets): a NaN, inf or -inf at any point of either cloud raises the error naming it, on
+    the first call of the shapes (the checks in torch) and once the launch is prepared (the
+    flag), itself or the other cloud, and a finite call after one that raised gets the float64
+    reference: the flag does not stay set."""
+    m, n = shape
+    x, y = torch.rand(m, 3, generator=gen, dtype=dtype), torch.rand(n, 3, generator=gen, dtype=dtype)
+    k = min(3, n)
+    d2 = torch.cdist(x.double(), y.double()).square()
+    for value in (float("nan"), float("inf"), -float("inf")):
+        for which, rows in (("x", m), ("y", n)):
+            for row in sorted({0, rows // 2, rows - 1}):
+                bad = (x if which == "x" else y).clone()
+                bad[row, row % 3] = value
+                a, b = (bad, y) if which == "x" else (x, bad)
+                with pytest.raises(ValueError, match=f"{'query' if which == 'x' else 'ref'} contains NaN or inf"):
+                    pcops.knn(a, b, k)
+                if which == "y" and m == n:
+                    with pytest.raises(ValueError, match="query contains NaN or inf"):
+                        pcops.knn(bad, bad, k)
+                with pytest.raises(ValueError, match=f"{which} contains NaN or inf"):
+                    pcops.chamfer_distance(a, b)
+                with pytest.raises(ValueError, match=f"{which} contains NaN or inf"):
+                    pcops.chamfer_distance(a, b, single_directional=True)
+                found = pcops.knn(x, y, k)
+                torch.testing.assert_close(found.dists.double().square(), d2.gather(1, found.idx), rtol=1e-5, atol=1e-6)
+                assert torch.equal(found.idx[:, 0], d2.argmin(1))
+                expected = d2.amin(1).mean() + d2.amin(0).mean()
+                torch.testing.assert_close(pcops.chamfer_distance(x, y).double(), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_small_plain_searches_read_no_sums(gen, monkeypatch):
+    """The values of a 16-point plain kNN or chamfer call are checked by the scan alone (no
+    torch sum read back), those of larger clouds by the layout's sums."""
+    from pcops import _validate
+
+    read = []
+    real = _validate.sum_is_finite
+    monkeypatch.setattr(_validate, "sum_is_finite", lambda t: (read.append(t.shape[0]), real(t))[1])
+    x, y = torch.rand(16, 3, generator=gen), torch.rand(16, 3, generator=gen)
+    for _ in range(2):
+        pcops.knn(x, y, 4), pcops.knn(x, x, 4), pcops.chamfer_distance(x, y), pcops.knn_graph(x, 3)
+    assert read == []
+    large = torch.rand(400, 3, generator=gen)
+    pcops.knn(large, large, 4)
+    pcops.chamfer_distance(large, large)
+    assert read == [400, 400]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)

@@ -224,13 +224,16 @@ KERNEL = [True]
 def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
     """[cx, cy] (or [cx]) of :func:`_plain`'s call from :func:`pcops.ops.neighbours.nearest._costs.costs`, or None
     unless both clouds are non-empty and plain with nothing to differentiate
-    (:func:`pcops.ops.neighbours.nearest.plain_warp`: their values checked where ``validate``
-    asks) and the search is Warp's: the values of the torch formula on the plain kNN search's
+    (:func:`pcops.ops.neighbours.nearest.plain_warp`), their values finite where ``validate``
+    asks (checked by the costs' launch: a NaN or inf gives None, and the general path names it)
+    and the search is Warp's: the values of the torch formula on the plain kNN search's
     indices."""
-    if not KERNEL[0] or not plain_warp(x, y, 1, backend, validate) or x.shape[0] == 0:  # (y: 1 <= N)
+    if not KERNEL[0] or not plain_warp(x, y, 1, backend, False) or x.shape[0] == 0:  # (y: 1 <= N)
         return None
-    cx, cy = nearest_costs(x, y, not single_directional)
-    return [cx] if single_directional else [cx, cy]
+    found = nearest_costs(x, y, not single_directional, validate)
+    if found is None:
+        return None
+    return [found[0]] if single_directional else list(found)
 
 
 def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool):

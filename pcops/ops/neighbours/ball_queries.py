@@ -66,6 +66,30 @@ def _check_radii(radii, max_neighbors) -> tuple[list, list]:
     return radii, ks
 
 
+# Whether plain eager calls run the search directly (:func:`_plain_ball_queries`; tests switch it
+# off to compare both paths)
+PLAIN = [True]
+
+
+def _plain_ball_queries(query, ref, radii, max_neighbors, validate: bool) -> Optional[tuple]:
+    """The result of a plain eager CPU :func:`ball_queries` call, from the search called directly
+    (no layout layer, no custom op); None for any other call. Plain: plain clouds
+    (:func:`pcops._layout.plain_clouds`, their sums finite where ``validate`` asks) and radii
+    and counts that :func:`_check_radii` accepts (its errors are the general path's: the layout
+    of plain clouds has none to raise first). The general path would run the same search on
+    the same tensors and return its distances (no gradient asked for), the same columns and
+    counts; anything else takes that path."""
+    if not PLAIN[0] or not _layout.plain_clouds(validate, query, ref):
+        return None
+    radii, ks = _check_radii(radii, max_neighbors)
+    idx, counts, dists = search(query, ref, [float(r) for r in radii], ks, False, None, None)
+    if len(ks) == 1:
+        return (BallQuery(dists, idx, counts[:, 0]),)
+    counts = counts.t().contiguous()
+    first = [sum(ks[:g]) for g in range(len(ks))]
+    return tuple(BallQuery(dists[:, a:a + k].contiguous(), idx[:, a:a + k].contiguous(), counts[g]) for g, (a, k) in enumerate(zip(first, ks)))
+
+
 @_threads.limits
 def ball_queries(
     query: torch.Tensor,
@@ -109,6 +133,10 @@ def ball_queries(
         >>> bool((far.counts >= near.counts).all())
         True
     """
+    if query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
+        plain = _plain_ball_queries(query, ref, radii, max_neighbors, validate)
+        if plain is not None:
+            return plain
     flat = _layout.pair(
         query, ref, query_lengths=query_lengths, ref_lengths=ref_lengths,
         query_batch=query_batch, ref_batch=ref_batch, validate=validate,

@@ -175,8 +175,10 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
     Plain: plain clouds (:func:`pcops._layout.plain_clouds`: one (M, 3) and one (N, 3) CPU tensor
-    of one dtype, float32 or float64, nothing to differentiate, finite sums where ``validate``
-    asks), ``k`` an int in 1..N, ``backend`` "auto" or "warp" meaning Warp. Every check of the
+    of one dtype, float32 or float64, nothing to differentiate, finite values where ``validate``
+    asks: checked by the calling thread's kept scan where the search is one,
+    :func:`._kdtree.scan_checked`, else by a sum each), ``k`` an int in 1..N, ``backend`` "auto"
+    or "warp" meaning Warp. Every check of the
     general path passes on such a call, and it would call the same function on the same tensors
     and return its distances (no gradient asked for) and indices as they are; anything else (a
     sum that is not finite included) takes that path, which decides and names what fails.
@@ -188,7 +190,15 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
             return None
         same, query = ref is query, query.detach()
         ref = query if same else ref.detach()
-    return plain_find(query, ref, k) if plain_warp(query, ref, k, backend, validate) else None
+    if not plain_warp(query, ref, k, backend, False):
+        return None
+    if validate:  # the values: in the search where it is a small scan, else the layout's sums first
+        found = _kdtree.scan_checked(query, ref, k)
+        if found is not None:
+            return found or None  # (False: a value not finite; the general path names it)
+        if not _layout.plain_clouds(True, query, ref):
+            return None
+    return plain_find(query, ref, k)
 
 
 def plain_find(query, ref, k):

@@ -15,7 +15,7 @@ operations (docs/benchmarks.md, small clouds).
 import torch
 import warp as wp
 
-from .... import _warp
+from .... import _layout, _warp
 from . import _kdtree
 
 # Both clouds' nearest points are measured pair by pair in the costs' launch up to this many
@@ -29,7 +29,9 @@ def _kernels(dtype: torch.dtype):
     """``scan``: thread t < m finds x[t]'s nearest point of y with the kNN scan's row
     (:func:`._kdtree.scan_row`: the same comparisons, so the same point; row t of the scratch rows;
     ``none``: the unread group) and writes its cost to
-    cx[t]; thread m + i does the same for y[i] in x into cy[i]. ``from_indices``: the same costs
+    cx[t]; thread m + i does the same for y[i] in x into cy[i]; between them the threads look at
+    every point of both clouds and set ``bad[0]`` to 1 where one is NaN or inf (the values check
+    of a plain call). ``from_indices``: the same costs
     from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     row = _kdtree.scan_row(dtype, False)
@@ -57,9 +59,16 @@ def _kernels(dtype: torch.dtype):
 
     @wp.kernel(enable_backward=False, module="unique")
     def scan(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), none: wp.array(dtype=wp.int32), dists: wp.array2d(dtype=s),
-             idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s)):
+             idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
         t = wp.tid() + start
         m = x.shape[0]
+        threads = dists.shape[0]
+        for a in range(t, m, threads):  # the values' check: bad[0] = 1 where a point is not finite
+            if not wp.isfinite(x[a]):
+                bad[0] = 1
+        for a in range(t, y.shape[0], threads):
+            if not wp.isfinite(y[a]):
+                bad[0] = 1
         if t < m:
             q = x[t]
             row(q, wp.int32(0), y, none, 0, y.shape[0], dists, idx, t)  # (the kNN scan's k = 1 row t: idx -1 where none is finite)
@@ -98,36 +107,58 @@ def _kernels(dtype: torch.dtype):
     return scan, from_indices
 
 
-def _run(kernel, key, threads: int, args: list, arrays: dict, work: int) -> None:
+def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
     """``kernel`` over ``threads`` threads: the calling thread's prepared launch of ``key``
     (:func:`pcops._warp.prepared`) with ``arrays`` (its named tensors) pointed at this call's,
-    or, before the kernel has run once, a launch of ``args``."""
-    launch = _warp.prepared(key, lambda: _warp.prepare(kernel, threads, args, work=work))
-    if launch is not None:
-        launch.run(**arrays)
-    else:
+    or, before the kernel has run once, a launch of the arguments ``make_args()`` returns
+    (args, keep: the arrays the prepared launch keeps); returns the kept arrays (of the
+    prepared launch, or of this launch)."""
+    made = []
+
+    def prepare():
+        made.append(make_args())
+        return _warp.prepare(kernel, threads, made[0][0], work=work, keep=made[0][1])
+
+    launch = _warp.prepared(key, prepare)
+    if launch is None:
+        args, keep = made[0] if made else make_args()
         _warp.launch(kernel, threads, args, like=arrays["x"], min_chunk=1, work=work)
+        return keep
+    if launch.keep:
+        launch.keep[1][0] = 0  # (the scan's flag, reset)
+    launch.run(**arrays)
+    return launch.keep
 
 
-def costs(x: torch.Tensor, y: torch.Tensor, both: bool) -> tuple:
+def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     """(cx (M,), cy (N,) or None) of two plain CPU clouds (M, 3) and (N, 3) of one dtype
-    (float32 or float64, contiguous, M and N > 0): see the module docs."""
+    (float32 or float64, M and N > 0): see the module docs. ``check``: their values too (the
+    small clouds' scan looks at every point; larger clouds' sums are read first): None where
+    one is NaN or inf."""
     _warp.init()
     m, n = x.shape[0], y.shape[0]
     x, y = x.contiguous(), y.contiguous()
     threads = m + n if both else m
     scan, from_indices = _kernels(x.dtype)
     vec = _warp.vec3(x.dtype)
+    if m * n > SCAN_PAIRS and check and not _layout.plain_clouds(True, x, y):
+        return None
     cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
     if m * n <= SCAN_PAIRS:
         dists, idx = x.new_empty((threads, 1)), torch.empty((threads, 1), dtype=torch.int64)
-        args = [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy]
         arrays = dict(x=x, y=y, dists=dists, idx=idx, cx=cx, cy=cy)
-        _run(scan, ("chamfer_scan", x.dtype, m, n, both), threads, args, arrays, work=m * n * (2 if both else 1))
+
+        def scan_args():
+            bad = torch.zeros(1, dtype=torch.int32)
+            return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy, bad], (bad, bad.numpy())
+
+        flag = _run(scan, ("chamfer_scan", x.dtype, m, n, both), threads, scan_args, arrays, m * n * (2 if both else 1))[1]
+        if check and flag[0]:
+            return None
     else:
         ix = _kdtree.find(x, y, 1)[1]
         iy = _kdtree.find(y, x, 1)[1] if both else ix[:0]
-        args = [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy]
         arrays = dict(x=x, y=y, ix=ix, iy=iy, cx=cx, cy=cy)
-        _run(from_indices, ("chamfer_costs", x.dtype, m, n, both), threads, args, arrays, work=threads)
+        _run(from_indices, ("chamfer_costs", x.dtype, m, n, both), threads,
+             lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads)
     return cx, cy if both else None

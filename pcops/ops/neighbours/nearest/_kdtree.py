@@ -302,7 +302,9 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
 
     ``scan``: thread t measures query t // slices against the t % slices-th of ``slices`` equal
     ranges of the points and keeps its k best in row t (inf / -1 where it found fewer; every
-    row is written whole: the outputs need no fill); with one slice the row holds distances,
+    row is written whole: the outputs need no fill), and, given a flag ``bad`` (one element;
+    empty: no check), sets it to 1 where a query or point holds NaN or inf (the values check of
+    a plain call, :func:`scan_checked`: the threads look at every value between them); with one slice the row holds distances,
     with several squared distances, which ``merge`` (thread i: the rows of query i, in any
     order, since the insertion's order is total) turns into query i's row. Several slices
     spread a few queries over many GPU threads (:func:`_slices`)."""
@@ -322,6 +324,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         point_group: wp.array(dtype=wp.int32),
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
+        bad: wp.array(dtype=wp.int32),
     ):
         t = wp.tid() + start
         i = t // slices
@@ -335,6 +338,12 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         if slices == 1:
             for c in range(n):
                 dists[t, c] = wp.sqrt(dists[t, c])
+        if bad.shape[0] > 0:  # the values' check (a flag, not empty): thread t looks at its query and every rows-th point from t
+            if piece == wp.int64(0) and not wp.isfinite(query[i]):
+                bad[0] = 1
+            for j in range(t, points.shape[0], dists.shape[0]):
+                if not wp.isfinite(points[j]):
+                    bad[0] = 1
 
     @wp.kernel(enable_backward=False, module="unique")
     def merge(
@@ -809,6 +818,54 @@ def _no_group(device: torch.device):
     return zeros, _warp.array(zeros)
 
 
+@functools.cache
+def _no_flag(device: torch.device):
+    """(tensor, its Warp view): the scan's empty flag (no values check), one per device."""
+    empty = torch.zeros(0, dtype=torch.int32, device=device)
+    return empty, _warp.array(empty)
+
+
+def _scan_run(query, ref, dists, idx):
+    """Run the scan of ``query`` in ``ref`` (contiguous CPU points, one dtype, ungrouped, m >= 1,
+    one slice) into ``dists``, ``idx`` as the calling thread's prepared launch of these shapes;
+    its flag (:func:`_scan_kernel`), a NumPy view of one int32, reset before and 1 after if a
+    value was not finite. None where the kernel has not run once yet (nothing ran)."""
+    m, n, k = query.shape[0], ref.shape[0], dists.shape[1]
+    launch = _warp.prepared(("scan", query.dtype, m, n, k, ref is query), lambda: _prepare_scan(query, ref, dists, idx))
+    if launch is None:
+        return None
+    flag = launch.keep[1]
+    flag[0] = 0
+    launch.run(query=query, points=ref, dists=dists, idx=idx)
+    return flag
+
+
+def _prepare_scan(query, ref, dists, idx):
+    vec = _warp.vec3(query.dtype)
+    bad = torch.zeros(1, dtype=torch.int32)
+    args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1], dists, idx, bad]
+    return _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=(bad, bad.numpy()))
+
+
+def scan_checked(query, ref, k):
+    """(dists, idx) of :func:`find` for plain CPU points (M, 3), (N, 3) of one dtype, ``k`` in
+    1..N, with their values checked in the search itself; False where a value is NaN or inf
+    (nothing returned); None where the search is not the calling thread's prepared scan (no
+    query, more pairs than a scan measures, or its first run: nothing ran, the caller checks the
+    values and calls :func:`find`). The plain calls' values check without a torch reduction and
+    read (most of a 16-point call's time left after the search's)."""
+    m, n = query.shape[0], ref.shape[0]
+    if not m or not _scans(m, n, k) or _slices(m, n, k, True) != 1:
+        return None
+    _warp.init()
+    query, ref = query.contiguous(), ref.contiguous()
+    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
+    flag = _scan_run(query, ref, dists, idx)
+    if flag is None:
+        return None
+    return (dists, idx) if not flag[0] else False
+
+
 def find(query, ref, k, query_group=None, ref_group=None):
     """The search (see the module docs and :mod:`._registry`): the function of the ``pcops::knn_warp``
     op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`)."""
@@ -821,17 +878,11 @@ def find(query, ref, k, query_group=None, ref_group=None):
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
-        if query.is_cpu and not grouped and slices == 1:  # the calling thread's packed launch of these shapes
-            same = ref is query
-            launch = _warp.prepared(("scan", query.dtype, m, ref.shape[0], k, same), lambda: _warp.prepare(
-                _scan_kernel(query.dtype, False)[0], m, [1, vec(query), _no_group(query.device)[1], vec(ref), _no_group(query.device)[1], dists, idx],
-                work=m * ref.shape[0]))
-            if launch is not None:
-                launch.run(query=query, points=ref, dists=dists, idx=idx)
-                return dists, idx
+        if query.is_cpu and not grouped and slices == 1 and _scan_run(query, ref, dists, idx) is not None:
+            return dists, idx
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
-        args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx]
+        args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx, _no_flag(query.device)[1]]
         scan, merge = _scan_kernel(query.dtype, grouped)
         _warp.launch(scan, rows, args, like=query, min_chunk=1, work=m * ref.shape[0])
         if slices == 1:
