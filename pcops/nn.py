@@ -24,7 +24,8 @@ class _Sigma(nn.Module):
             raise ValueError("sigma is required for weights='softmax'")
         if sigma is not None:
             _validate.positive_number("sigma", sigma)
-        self.learnable_sigma = bool(learnable)
+        _validate.flag(learnable_sigma=learnable)
+        self.learnable_sigma = learnable
         if self.learnable_sigma and weights != "softmax":
             raise ValueError(f"learnable_sigma needs weights='softmax', got weights={weights!r}")
         if self.learnable_sigma:
@@ -36,6 +37,10 @@ class _Sigma(nn.Module):
     def sigma(self):
         """The current sigma: a tensor when learnable, else a float."""
         return self.log_sigma.exp() if self.learnable_sigma else self._sigma
+
+    def _sigma_value(self) -> float:
+        """The current sigma as a number (read without recording a gradient: the layer's repr)."""
+        return float(self.log_sigma.detach().exp()) if self.learnable_sigma else self._sigma
 
 
 class RadiusAggregation(_Sigma):
@@ -81,7 +86,8 @@ class RadiusAggregation(_Sigma):
         self.weights = resolved
         self.reduce = reduce
         self.radius = float(radius)
-        self.validate = bool(validate)
+        _validate.flag(validate=validate)
+        self.validate = validate
 
     def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
         """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
@@ -93,7 +99,7 @@ class RadiusAggregation(_Sigma):
     def extra_repr(self) -> str:
         if self.weights != "softmax":
             return f"radius={self.radius}, weights={self.weights!r}, reduce={self.reduce!r}"
-        return f"radius={self.radius}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}"
+        return f"radius={self.radius}, sigma={self._sigma_value():.4g}, learnable_sigma={self.learnable_sigma}"
 
 
 class KNNAggregation(_Sigma):
@@ -145,7 +151,8 @@ class KNNAggregation(_Sigma):
         self.reduce = reduce
         _validate.one_of("backend", backend, ("auto", *BACKENDS))
         self.backend = backend
-        self.validate = bool(validate)
+        _validate.flag(validate=validate)
+        self.validate = validate
 
     def forward(self, query: torch.Tensor, ref: torch.Tensor, features: torch.Tensor, **batch) -> torch.Tensor:
         """``batch``: ``query_lengths``/``ref_lengths`` (padded) or ``query_batch``/``ref_batch`` (packed)."""
@@ -158,7 +165,7 @@ class KNNAggregation(_Sigma):
     def extra_repr(self) -> str:
         if self.weights != "softmax":
             return f"k={self.k}, weights={self.weights!r}, reduce={self.reduce!r}, backend={self.backend!r}"
-        return f"k={self.k}, sigma={float(self.sigma):.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"
+        return f"k={self.k}, sigma={self._sigma_value():.4g}, learnable_sigma={self.learnable_sigma}, backend={self.backend!r}"
 
 
 class SparseConv3d(nn.Module):
@@ -187,6 +194,7 @@ class SparseConv3d(nn.Module):
         self.out_channels = _validate.count("out_channels", out_channels)
         _sites(torch.zeros(0, 3, dtype=torch.int64), None, kernel_size, dilation)
         self.kernel_size, self.dilation = int(kernel_size), int(dilation)
+        _validate.flag(bias=bias)
         bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size**3)
         self.weight = nn.Parameter(torch.empty(self.kernel_size**3, self.in_channels, self.out_channels).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(self.out_channels).uniform_(-bound, bound)) if bias else None
@@ -227,8 +235,9 @@ class SinkhornLoss(nn.Module):
 
         _check_options(p, blur, scaling, diameter)
         _validate.one_of("batch_reduction", batch_reduction, BATCH_REDUCTIONS)
-        self.p, self.blur, self.scaling, self.debias, self.diameter = int(p), float(blur), float(scaling), bool(debias), diameter
-        self.batch_reduction, self.validate = batch_reduction, bool(validate)
+        _validate.flag(debias=debias, validate=validate)
+        self.p, self.blur, self.scaling, self.debias, self.diameter = int(p), float(blur), float(scaling), debias, diameter
+        self.batch_reduction, self.validate = batch_reduction, validate
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, x_weights: torch.Tensor | None = None,
                 y_weights: torch.Tensor | None = None, **batch) -> torch.Tensor:
@@ -267,7 +276,8 @@ class EMDLoss(nn.Module):
 
         self.max_points = MAX_POINTS if max_points is None else max_points
         _check_options(p, point_reduction, batch_reduction, self.max_points)
-        self.p, self.point_reduction, self.batch_reduction, self.validate = int(p), point_reduction, batch_reduction, bool(validate)
+        _validate.flag(validate=validate)
+        self.p, self.point_reduction, self.batch_reduction, self.validate = int(p), point_reduction, batch_reduction, validate
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, **batch) -> torch.Tensor:
         """``batch``: ``x_lengths``/``y_lengths`` (padded), ``x_batch``/``y_batch`` and ``batch_size`` (packed)."""

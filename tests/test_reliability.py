@@ -342,6 +342,47 @@ def test_ints_beyond_float64_are_value_errors_naming_the_argument_or_results(op)
                 assert name in str(err), f"{op.name} {name}: {err}"
 
 
+LAYERS = {  # every nn.Module pcops exports: the arguments it needs
+    "KNNAggregation": dict(k=3), "RadiusAggregation": dict(radius=0.3), "SparseConv3d": dict(in_channels=2, out_channels=3),
+    "SinkhornLoss": {}, "EMDLoss": {},
+}
+
+
+def test_layers_are_all_listed():
+    exported = {n for n in dir(pcops) if isinstance(getattr(pcops, n), type) and issubclass(getattr(pcops, n), torch.nn.Module)}
+    assert exported == set(LAYERS)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layer_flags_must_be_bools(layer):
+    """Every bool argument of a layer (``validate``, ``learnable_sigma``, ``debias``, ``bias``)
+    is checked as the functions check theirs: None, 1, "no" or NumPy's True would pass a truth
+    test (None turning a layer's checks off, "False" making sigma learnable), so each is a
+    TypeError naming it."""
+    import inspect
+
+    np = pytest.importorskip("numpy")
+    cls = getattr(pcops, layer)
+    flags = [p.name for p in inspect.signature(cls.__init__).parameters.values() if isinstance(p.default, bool)]
+    assert flags
+    for name in flags:
+        for bad in (None, 1, "False", np.True_):
+            with pytest.raises(TypeError, match=f"^{name} must be a bool"):
+                cls(**LAYERS[layer], **{name: bad})
+        for good in (True, False):
+            made = cls(**LAYERS[layer], **{name: good})
+            assert (made.bias is not None) is good if name == "bias" else getattr(made, name) is good
+
+
+def test_the_repr_of_a_learnable_sigma_warns_nothing():
+    import warnings
+
+    for layer in (pcops.KNNAggregation(4, sigma=0.25, learnable_sigma=True), pcops.RadiusAggregation(0.3, sigma=0.25, learnable_sigma=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert "sigma=0.25" in repr(layer)
+
+
 def test_numpy_scalars_as_keywords_layer_arguments_and_on_every_backend():
     np = pytest.importorskip("numpy")
     q, p, f, _ = _separated(torch.float32)
