@@ -201,10 +201,12 @@ def _lay_out(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     depth = _validate.plain(depth)
     _validate.compile_needs("depth", depth, "depth=None reads it from the data")
     if depth is None:
-        depth = max(1, (int(grid_coord.max()) + 1).bit_length() if grid_coord.numel() else 1)
+        top = int(grid_coord.max()) if grid_coord.numel() else 0
+        depth = max(1, (top + 1).bit_length())  # (Pointcept's adaptive depth)
         if depth > MAX_DEPTH:  # (the data's depth: the coordinates are what is out of range)
-            raise ValueError(f"grid_coord values must be in [0, 2**{MAX_DEPTH}) = [0, {2**MAX_DEPTH}) (depth=None: at most {MAX_DEPTH} bits "
-                             f"per axis), got max {int(grid_coord.max())}")
+            raise ValueError(f"grid_coord values must be below 2**{MAX_DEPTH} - 1 = {2**MAX_DEPTH - 1} with depth=None (Pointcept's adaptive "
+                             f"depth, the bits of grid_coord.max() + 1, at most {MAX_DEPTH}; depth={MAX_DEPTH} takes values up to "
+                             f"{2**MAX_DEPTH - 1}), got max {top}")
     depth = _validate.int_option("depth", depth, 1, MAX_DEPTH, note=" (bits per axis)")
     return depth, [ORDERS.index(name) for name in names], single
 
@@ -227,8 +229,9 @@ def serialize(
         grid_coord: integer Tensor of shape (N, 3), each value in [0, 2**depth).
         batch: optional integer Tensor of shape (N,), sample ids >= 0 (sorted or not), placed
             above bit 3 * depth of the code (so a sample's points sort together).
-        depth: bits per axis, 1 .. 16 (Pointcept's limit). None: the fewest bits that hold
-            ``grid_coord.max()`` (Pointcept's adaptive depth; eager only).
+        depth: bits per axis, 1 .. 16 (Pointcept's limit). None: Pointcept's adaptive depth,
+            the bits of ``grid_coord.max() + 1`` (one more than the largest coordinate needs
+            where that one is 2**d - 1: Pointcept's rule, kept for the same codes; eager only).
         order: "z", "z-trans", "hilbert", "hilbert-trans", or a list/tuple of them.
         validate: check the values of ``grid_coord`` and ``batch`` (one pass; in the op, so
             also under ``torch.compile``). Unchecked, values out of range give unspecified codes.

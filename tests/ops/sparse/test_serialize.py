@@ -228,12 +228,19 @@ def test_batch_equals_a_per_sample_loop_with_the_id_above_bit_3_depth(gen):
     assert torch.all(batch[out.order][1:] >= batch[out.order][:-1])  # a sample's points sort together
 
 
-def test_depth_none_takes_the_bits_of_the_largest_coordinate():
-    grid = torch.tensor([[0, 5, 2], [1, 1, 1]])
-    assert torch.equal(pcops.serialize(grid, depth=None).code, pcops.serialize(grid, depth=3).code)
-    # a coordinate of 2**16 or more: the data's fault, not a depth the caller never gave
-    with pytest.raises(ValueError, match=r"^grid_coord values must be in \[0, 2\*\*16\).*got max 65536"):
-        pcops.serialize(torch.tensor([[2**16, 0, 0]]), depth=None)
+def test_depth_none_takes_pointcepts_adaptive_depth():
+    """Pointcept's ``int(grid_coord.max() + 1).bit_length()``: 3 bits for a largest coordinate of
+    5 or 6, 4 for 7 (2**3 - 1), 16 for 65534; for 65535 that rule gives 17 bits, an error that says
+    so (depth=16 takes it)."""
+    for top, bits in ((5, 3), (6, 3), (7, 4), (8, 4), (1, 2), (0, 1), (2**16 - 2, 16)):
+        grid = torch.tensor([[0, top, 0], [top // 2, 0, top]])
+        for order in ("z", "hilbert"):
+            assert torch.equal(pcops.serialize(grid, depth=None, order=order).code, pcops.serialize(grid, depth=bits, order=order).code)
+    # a coordinate of 2**16 - 1 or more: the data's fault, not a depth the caller never gave
+    for top in (2**16 - 1, 2**16):
+        with pytest.raises(ValueError, match=rf"^grid_coord values must be below 2\*\*16 - 1 = 65535 with depth=None .*got max {top}$"):
+            pcops.serialize(torch.tensor([[top, 0, 0]]), depth=None)
+    assert pcops.serialize(torch.tensor([[2**16 - 1, 0, 0]]), depth=16).code.shape == (1,)  # (depth 16 takes it)
 
 
 def test_empty_cloud():
