@@ -50,6 +50,7 @@ import threading
 import typing
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 import warp as wp
 
@@ -527,7 +528,11 @@ def _native(kernel, values: list):
         cmd = wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu", record_cmd=True)
         fields = [(a.label, type(p)) for a, p in zip(kernel.adj.args, cmd.params[1:], strict=True)]
         bounds = type(cmd.params[0])
-        found = cmd.hooks.forward, type("Args", (ctypes.Structure,), {"_fields_": fields}), bounds
+        halves = tuple(i for i, a in enumerate(kernel.adj.args) if a.type is wp.float16)
+        body = {"_fields_": fields}
+        if halves:  # (a float16 scalar is packed as its bits, which wp.launch converts and a struct does not)
+            body["__init__"] = lambda self, *v: ctypes.Structure.__init__(self, *(_half_bits(x) if i in halves else x for i, x in enumerate(v)))
+        found = cmd.hooks.forward, type("Args", (ctypes.Structure,), body), bounds
         if found[0] is None or bytes(bounds((1,))) != bytes(cmd.params[0]):
             found = None
     except Exception:  # noqa: BLE001 (another Warp: wp.launch does it all)
@@ -709,6 +714,12 @@ def _serial(kernel, n: int, values: list) -> None:
         return
     forward, args_type, bounds_type = native
     forward(ctypes.byref(_bounds(bounds_type, n)), ctypes.byref(args_type(0, *values)))
+
+
+def _half_bits(value) -> int:
+    """The IEEE binary16 bits of a float16 scalar argument (a number, or Warp's float16 value)."""
+    with np.errstate(over="ignore"):  # (beyond float16: inf, as Warp's own conversion)
+        return int(np.array(float(value), dtype=np.float16).view(np.uint16))
 
 
 @functools.lru_cache(maxsize=256)

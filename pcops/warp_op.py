@@ -152,6 +152,7 @@ class _Spec:
     backward: Any  # a user backward kernel, or None (Warp's adjoint)
     backward_split: bool
     min_chunk: int
+    per_thread: tuple = ()  # (input or output, position) of the arrays indexed by the thread id along their first axis
 
     @property
     def float_outputs(self) -> tuple:
@@ -195,6 +196,17 @@ class _Spec:
                                  f"{wp.types.type_repr(p.warp_type)} needs {p.describe()}")
             shapes.append(shape)
         return shapes
+
+    def check_rows(self, args, shapes: list, dims) -> None:
+        """Each ``per_thread`` array has at least as many rows (first axis) as the first launch
+        dimension has threads, else a ValueError naming it (shapes only: compile-safe)."""
+        threads = dims if isinstance(dims, int) else dims[0]
+        for kind, i in self.per_thread:
+            p, rows = (self.inputs[i], args[i].shape) if kind == "input" else (self.outputs[i], shapes[i])
+            if rows[0] < threads:
+                what = p.name if kind == "input" else f"outputs[{p.name!r}]"
+                raise ValueError(f"{self.name}: {what} has {rows[0]} rows, fewer than the {threads} threads of dim's "
+                                 f"first dimension (per_thread: each thread indexes it by its id)")
 
     def threads(self, args, split: bool):
         """The launch dimensions: an int for a split kernel, an int or a tuple of ints otherwise."""
@@ -293,17 +305,21 @@ def _forward_impl(spec: _Spec):
     def forward(*args):
         args = spec.check_inputs(args)
         like = spec.like(args)
-        outs = [torch.zeros(shape, dtype=p.dtype, device=like.device) for shape, p in zip(spec.output_shapes(args), spec.outputs)]
+        shapes, dims = spec.output_shapes(args), spec.threads(args, spec.split)
+        spec.check_rows(args, shapes, dims)
+        outs = [torch.zeros(shape, dtype=p.dtype, device=like.device) for shape, p in zip(shapes, spec.outputs)]
         launch_args = [_typed(a, p) if p.is_array else a for a, p in zip(args, spec.inputs)]
         launch_args += [_typed(o, p) for o, p in zip(outs, spec.outputs)]
         scatter = tuple(len(spec.inputs) + i for i in spec.accumulate)
-        _launch(spec.kernel, spec.split, spec.threads(args, spec.split), launch_args, like, scatter, spec.min_chunk)
+        _launch(spec.kernel, spec.split, dims, launch_args, like, scatter, spec.min_chunk)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def fake(*args):
         spec.check_inputs(args)
         like = spec.like(args)
-        outs = [like.new_empty(shape, dtype=p.dtype) for shape, p in zip(spec.output_shapes(args), spec.outputs)]
+        shapes = spec.output_shapes(args)
+        spec.check_rows(args, shapes, spec.threads(args, spec.split))
+        outs = [like.new_empty(shape, dtype=p.dtype) for shape, p in zip(shapes, spec.outputs)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return forward, fake
@@ -387,6 +403,7 @@ def warp_op(
     accumulate: Sequence[str] = (),
     backward=None,
     min_chunk: int = _warp.MIN_CHUNK,
+    per_thread: Sequence[str] = (),
 ):
     """Make a Warp kernel a ``torch.library`` custom op that is safe under ``torch.compile``.
 
@@ -416,6 +433,9 @@ def warp_op(
       ``outputs``, in order. The op allocates them zeroed and returns them (one tensor, or a
       tuple in the declared order).
     * Threads: ``dim(*inputs)`` gives the launch dimensions (an int, or a tuple of up to 4).
+      As in ``wp.launch``, nothing checks that a thread's index lies within the arrays it
+      indexes (past an array's end: wrong values or a crash); name in ``per_thread`` the arrays
+      each thread indexes by its id along their first axis, and every call checks their rows.
       A kernel whose first parameter is ``start: int`` must take its thread index as
       ``wp.tid() + start``; pcops then splits the range over the CPU cores (chunks of at least
       ``min_chunk`` threads; on CUDA one launch with ``start = 0``). Without ``start`` a
@@ -452,6 +472,10 @@ def warp_op(
             the inputs; several threads may add into them: split launches give each extra
             chunk a private copy).
         min_chunk: the fewest threads a CPU chunk of a split launch runs.
+        per_thread: names of array inputs and outputs that each thread indexes by its id
+            along their first axis (``points[i]``, ``value[i]``): each must have at least as
+            many rows as the first launch dimension has threads, checked at every call (and
+            under ``torch.compile``, on the shapes): a ValueError naming it.
 
     Returns:
         The forward op (a ``torch.library.CustomOpDef``): call it with the inputs, positionally
@@ -528,7 +552,16 @@ def warp_op(
         if _registered(taken_name):
             raise ValueError(f"name {name!r}: the op {taken_name!r} is already registered in this process (op names are "
                              "process-wide: define each warp_op once, at import time, or pick another name)")
-    spec = _Spec(name, kernel, split, inputs, outs, shapes, dim, grad_pos, accumulate_pos, backward, backward_split, min_chunk)
+    if isinstance(per_thread, str):
+        raise TypeError(f"per_thread must be a sequence of input and output names, got the string {per_thread!r}")
+    unknown = [n for n in per_thread if n not in in_names and n not in out_names]
+    if unknown:
+        raise ValueError(f"per_thread names {unknown}, which are not inputs or outputs of the kernel ({in_names + out_names})")
+    for n in per_thread:
+        if n in in_names and not inputs[in_names.index(n)].is_array:
+            raise TypeError(f"per_thread: input {n!r} is a scalar; only arrays have rows")
+    rows = tuple(("input", in_names.index(n)) if n in in_names else ("output", out_names.index(n)) for n in dict.fromkeys(per_thread))
+    spec = _Spec(name, kernel, split, inputs, outs, shapes, dim, grad_pos, accumulate_pos, backward, backward_split, min_chunk, rows)
     tags = (torch.Tag.cudagraph_unsafe,)
     forward, fake = _forward_impl(spec)
     op = _threads.custom_op(

@@ -67,6 +67,18 @@ def _no_adjoint(points: wp.array(dtype=wp.vec3d), value: wp.array(dtype=wp.float
     value[wp.tid()] = wp.length(points[wp.tid()])
 
 
+@wp.kernel
+def _pair_sum(start: int, x: wp.array(dtype=wp.float64), y: wp.array(dtype=wp.float64), out: wp.array(dtype=wp.float64)):
+    i = wp.tid() + start
+    out[i] = x[i] + y[i]
+
+
+@wp.kernel
+def _scale_half(start: int, x: wp.array(dtype=wp.float16), a: wp.float16, out: wp.array(dtype=wp.float16)):
+    i = wp.tid() + start
+    out[i] = a * x[i]
+
+
 def _rows(points, *_):
     return points.shape[0]
 
@@ -82,6 +94,9 @@ radial = warp_op(
     outputs={"dist": lambda p, c, s: (p.shape[0],), "unit": lambda p, c, s: (p.shape[0], 3), "inside": lambda p, c, s: (p.shape[0],)},
     dim=_rows, min_chunk=16,
 )
+pair_sum = warp_op("pcops_test::pair_sum", _pair_sum, outputs={"out": lambda x, y: (x.shape[0],)}, dim=_rows, per_thread=["x", "y", "out"])
+pair_sum_short_out = warp_op("pcops_test::pair_sum_short_out", _pair_sum, outputs={"out": (2,)}, dim=_rows, per_thread=("out",))
+scale_half = warp_op("pcops_test::scale_half", _scale_half, outputs={"out": lambda x, a: (x.shape[0],)}, dim=_rows, min_chunk=2)
 moment = warp_op("pcops_test::moment", _moment, outputs={"total": (1, 3)}, dim=_rows, accumulate=["total"], min_chunk=16)
 
 
@@ -240,6 +255,8 @@ def _opcheck_cases(gen):
         (torch.ops.pcops_test.radial_backward.default, (points, _center(), 2.0, dist, unit, inside, ones(dist), ones(unit))),
         (torch.ops.pcops_test.moment.default, (points, weights)),
         (torch.ops.pcops_test.moment_backward.default, (points, weights, total, ones(total))),
+        (torch.ops.pcops_test.pair_sum.default, (weights, weights.flip(0))),
+        (torch.ops.pcops_test.scale_half.default, (weights.half(), 0.5)),
     ]
 
 
@@ -396,3 +413,37 @@ def test_calls_are_checked_against_the_schema(gen):
     with pytest.raises(Exception, match="argument"):
         field(points, amp, 99)
     assert torch.equal(field(points, amp), torch.ops.pcops_test.field(points, amp))
+
+
+def test_per_thread_arrays_shorter_than_dim_raise_naming_them(gen):
+    """An array each thread indexes by its id (``per_thread``) with fewer rows than the launch
+    has threads would be read or written past its end: a ValueError naming it, eager and
+    compiled, before anything runs; arrays with enough rows pass, and the op sums them."""
+    x, y = torch.rand(8, generator=gen, dtype=torch.float64), torch.rand(8, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(pair_sum(x, y), x + y, rtol=0, atol=0)
+    torch.testing.assert_close(pair_sum(x[:5], y), x[:5] + y[:5], rtol=0, atol=0)  # (y longer: fine)
+    with pytest.raises(ValueError, match=r"pcops_test::pair_sum: y has 2 rows, fewer than the 8 threads"):
+        pair_sum(x, y[:2])
+    # compiled: the fake's check, at trace time (torch wraps it, with the message)
+    with pytest.raises((ValueError, torch._dynamo.exc.TorchRuntimeError), match=r"pcops_test::pair_sum: y has 2 rows, fewer than the 8 threads"):
+        torch.compile(pair_sum, fullgraph=True, backend="eager")(x, y[:2])
+    with pytest.raises(ValueError, match=r"outputs\['out'\] has 2 rows, fewer than the 8 threads"):
+        pair_sum_short_out(x, y)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(per_thread="x"), TypeError, "per_thread must be a sequence"),
+    (dict(per_thread=["z"]), ValueError, r"per_thread names \['z'\]"),
+])
+def test_a_bad_per_thread_declaration_raises_naming_it(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        warp_op("pcops_test::bad_rows", _pair_sum, outputs={"out": lambda x, y: (x.shape[0],)}, dim=_rows, **kwargs)
+
+
+def test_float16_scalars_reach_split_kernels(gen):
+    """A float16 scalar parameter of a split kernel: Warp's packed launch takes its half bits
+    (a Python float there was a TypeError), the same values as the kernel without chunks."""
+    x = torch.rand(40, generator=gen).half()
+    for a in (2.0, 0.1, -3.5):
+        for _ in range(2):  # (the first launch loads the kernel; the next ones run its entry point)
+            torch.testing.assert_close(scale_half(x, a), (torch.tensor(a).half() * x), rtol=0, atol=0)
