@@ -35,6 +35,7 @@ a count above its bound, the mesh is cut: a kept face that uses a dropped vertex
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -81,11 +82,21 @@ def _cases(above: torch.Tensor) -> torch.Tensor:
     return torch.add(a[:, :, :, :-1], a[:, :, :, 1:], alpha=16)
 
 
+def below(level: float, dtype: torch.dtype) -> float:
+    """The largest value of ``dtype`` at or below ``level``: a value of that dtype is above it
+    exactly where it is above ``level`` (``values > level`` would round the level to the dtype
+    first: a float32 1.0 is not above the level 0.99999999999 there)."""
+    t = torch.tensor(level, dtype=torch.float64).to(dtype)
+    if float(t) > level:
+        t = torch.nextafter(t, torch.tensor(-math.inf, dtype=dtype))
+    return float(t)
+
+
 def _cells(values: torch.Tensor, level: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The cells the level set crosses: (corner 0's flat index into ``values``, case), each (A,)
     int64, in flat order."""
     b, d, h, w = values.shape
-    case = _cases(values > level)
+    case = _cases(values > below(level, values.dtype))
     cell = ((case - 1) < 254).view(-1).nonzero().squeeze(1)  # neither 0 nor 255 (uint8: 0 - 1 wraps to 255)
     k = cell % (w - 1)
     rest = cell // (w - 1)
@@ -168,7 +179,9 @@ def _(values, level, max_vertices=-1, max_faces=-1):
 
 
 def _positions(grid: _layout.Grid, edges: torch.Tensor, level: float, padded: bool) -> torch.Tensor:
-    """The vertices on ``edges`` (R, 2) (-1 rows: padding, zero vertices), differentiable in the values."""
+    """The vertices on ``edges`` (R, 2) (-1 rows: padding, zero vertices), differentiable in the
+    values; measured in float64 (a float32 grid's ``values[end] - values[start]`` overflows from
+    about 1.7e38, and the level is then not rounded to float32), returned in float64."""
     values = grid.values
     _, d, h, w = values.shape
     start, end = edges.unbind(1)
@@ -178,7 +191,7 @@ def _positions(grid: _layout.Grid, edges: torch.Tensor, level: float, padded: bo
     flat = values.reshape(-1)
     if flat.shape[0] == 0:  # padding rows of an empty grid (a shape test, not a data read)
         flat = flat.new_zeros(1)
-    low, high = flat[start], flat[end]
+    low, high = flat[start].to(torch.float64), flat[end].to(torch.float64)
     across = high - low
     if padded:
         across = torch.where(real, across, 1)
@@ -186,12 +199,12 @@ def _positions(grid: _layout.Grid, edges: torch.Tensor, level: float, padded: bo
 
     def index(at: torch.Tensor) -> torch.Tensor:
         at = at % max(d * h * w, 1)
-        return torch.stack([at // max(h * w, 1), at // max(w, 1) % max(h, 1), at % max(w, 1)], 1).to(values.dtype)
+        return torch.stack([at // max(h * w, 1), at // max(w, 1) % max(h, 1), at % max(w, 1)], 1).to(torch.float64)
 
     first = index(start)
     at = first + t * (index(end) - first)
-    out = torch.tensor(grid.origin, dtype=values.dtype, device=values.device) + torch.tensor(
-        grid.voxel_size, dtype=values.dtype, device=values.device) * at
+    out = torch.tensor(grid.origin, dtype=torch.float64, device=values.device) + torch.tensor(
+        grid.voxel_size, dtype=torch.float64, device=values.device) * at
     return torch.where(real[:, None], out, 0) if padded else out
 
 

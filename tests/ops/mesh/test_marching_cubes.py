@@ -219,6 +219,29 @@ def test_values_at_the_level_put_one_vertex_where_scikit_image_does():
     assert pcops.marching_cubes(one, 0.0).vertices.shape[0] == 54
 
 
+def test_a_float32_grid_meshes_as_its_values_in_float64():
+    """The level is not rounded to the grid's dtype before the above-or-below test (a float32 1.0
+    was not above the level 0.99999999999, and a float32 0.1 was at the level 0.1), and the
+    vertices are measured in float64 (a float32 ``values[end] - values[start]`` overflowed from
+    1.7e38, putting the vertices on their start corners): a float32 grid gives its values'
+    float64 mesh, rounded to float32."""
+    peak = torch.full((3, 3, 3), -1.0)
+    peak[1, 1, 1] = 1.0
+    tenth = torch.full((3, 3, 3), -1.0)
+    tenth[1, 1, 1], tenth[1, 1, 2] = 1.0, 0.1
+    wide = torch.full((2, 2, 2), -2e38)
+    wide[1] = 2e38
+    g = torch.Generator().manual_seed(5)
+    noise = (torch.rand(6, 6, 6, generator=g) - 0.5) * 3e38
+    for volume, level in ((peak, 0.99999999999), (peak, 1.0), (tenth, 0.1), (tenth, float(torch.tensor(0.1))), (wide, 0.0), (noise, 1e37)):
+        got, want = pcops.marching_cubes(volume, level), pcops.marching_cubes(volume.double(), level)
+        assert torch.equal(got.faces, want.faces)
+        assert torch.equal(got.vertices, want.vertices.float())
+    assert pcops.marching_cubes(peak, 0.99999999999).faces.shape[0] == 8
+    assert pcops.marching_cubes(peak, 1.0).faces.shape[0] == 0
+    torch.testing.assert_close(pcops.marching_cubes(wide, 0.0).vertices[:, 0], torch.full((4,), 0.5), rtol=0, atol=0)
+
+
 def test_a_sphere_is_a_closed_outward_oriented_sphere():
     n = 48
     axis = torch.linspace(-1, 1, n, dtype=F64)
