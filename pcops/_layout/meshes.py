@@ -53,19 +53,18 @@ FLOAT32_LEAST = 1e-15
 
 
 def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor, searched: bool) -> None:
-    """No NaN/inf in the vertices, and float32 ones' largest coordinate within
-    :data:`FLOAT32_EXTENT` and, where the mesh is ``searched`` for distances, at least
-    :data:`FLOAT32_LEAST` (or 0)."""
+    """No NaN/inf in the vertices, and, where the mesh is ``searched`` for distances, float32
+    ones' largest coordinate within :data:`FLOAT32_EXTENT` and at least :data:`FLOAT32_LEAST`
+    (or 0). (A mesh only sampled takes any finite vertices: its areas and normals are float64's.)"""
     checks.finite("vertices", vertices)
-    if vertices.dtype != torch.float64 and vertices.numel():
+    if searched and vertices.dtype != torch.float64 and vertices.numel():
         largest = vertices.detach().abs().amax()
         checks.add(largest <= FLOAT32_EXTENT, lambda: (
             f"vertices has coordinates up to {float(largest):.3g}, but a {vertices.dtype} mesh is searched in "
             f"float32, where triangles this large overflow (|coordinates| <= {FLOAT32_EXTENT:.0e}): pass float64 vertices"))
-        if searched:
-            checks.add((largest >= FLOAT32_LEAST) | (largest == 0), lambda: (
-                f"vertices has coordinates only up to {float(largest):.3g}, but a {vertices.dtype} mesh is searched in float32, where "
-                f"squared distances this small underflow (the largest |coordinate| >= {FLOAT32_LEAST:.0e}): pass float64 vertices"))
+        checks.add((largest >= FLOAT32_LEAST) | (largest == 0), lambda: (
+            f"vertices has coordinates only up to {float(largest):.3g}, but a {vertices.dtype} mesh is searched in float32, where "
+            f"squared distances this small underflow (the largest |coordinate| >= {FLOAT32_LEAST:.0e}): pass float64 vertices"))
 
 
 def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices_batch=None,

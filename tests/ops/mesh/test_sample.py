@@ -333,6 +333,23 @@ def test_huge_meshes_sample_as_their_unit_copies():
             torch.testing.assert_close(out.normals, unit.normals, rtol=0, atol=1e-15)
 
 
+def test_large_float32_meshes_are_sampled_not_refused():
+    """A float32 mesh beyond 1e8 (the limit of the float32 distance search, which sampling does
+    not run) was refused with that search's error: it is sampled, drawing its unit copy's faces
+    and normals (bit for bit at a power of two), up to coordinates of 1e37."""
+    v = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    draw = lambda vertices: pcops.sample_points_on_mesh(vertices, f, 200, seed=3)  # noqa: E731
+    unit = draw(v)
+    for scale in (2.0**40, 1e9, 1e20, 1e37):
+        out = draw(v * scale)
+        assert torch.equal(out.face, unit.face), scale
+        assert torch.isfinite(out.points).all()
+        torch.testing.assert_close(out.points / scale, unit.points, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(out.normals, unit.normals, rtol=0, atol=4 * torch.finfo(torch.float32).eps)
+    assert torch.equal(draw(v * 2.0**40).normals, unit.normals)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_tiny_meshes_sample_the_normals_of_their_unit_copies(dtype):
     """The cross products of tiny faces underflowed (float32 legs of 1e-12 gave a normal of
