@@ -31,6 +31,7 @@ The rules this module follows:
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,7 @@ from . import _threads, _warp
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INT_TYPES = (wp.int8, wp.uint8, wp.int16, wp.uint16, wp.int32, wp.uint32, wp.int64, wp.uint64)
 _FLOAT_TYPES = (wp.float16, wp.float32, wp.float64)
+_FLOAT_MAX = {t: float(numpy.finfo(d).max) for t, d in zip(_FLOAT_TYPES, (numpy.float16, numpy.float32, numpy.float64))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +183,12 @@ class _Spec:
                 if not info.min <= a <= info.max:
                     raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's "
                                      f"{wp.types.type_repr(p.warp_type)} ({info.min} .. {info.max})")
+            elif p.warp_type in _FLOAT_TYPES and isinstance(a, (int, float)) and not isinstance(a, bool):
+                largest = _FLOAT_MAX[p.warp_type]
+                if not abs(a) <= largest and not (isinstance(a, float) and math.isinf(a)):  # (NaN and inf pass as given)
+                    if not math.isnan(a):
+                        raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's {wp.types.type_repr(p.warp_type)} "
+                                         f"(|value| <= {largest:.6g}; it would be inf there)")
             checked.append(a)
         return checked
 
@@ -191,6 +199,8 @@ class _Spec:
             if isinstance(shape, int) or isinstance(shape, torch.SymInt):
                 shape = (shape,)
             shape = tuple(shape)
+            if any(isinstance(d, bool) or not isinstance(d, (int, torch.SymInt)) for d in shape) or any(d < 0 for d in shape):
+                raise ValueError(f"{self.name}: outputs[{p.name!r}] declared shape {shape}; a shape holds ints >= 0")
             if len(shape) != p.ndim or (p.inner and tuple(shape[p.ndim - len(p.inner):]) != p.inner):
                 raise ValueError(f"{self.name}: outputs[{p.name!r}] declared shape {shape}, but the kernel's "
                                  f"{wp.types.type_repr(p.warp_type)} needs {p.describe()}")
@@ -215,6 +225,8 @@ class _Spec:
             dims = (operator.index(dim),) if not isinstance(dim, Sequence) else tuple(operator.index(d) for d in dim)
         except TypeError:
             dims = ()
+        if isinstance(dim, bool) or (isinstance(dim, Sequence) and any(isinstance(d, bool) for d in dim)):
+            dims = ()  # (True is not a thread count)
         if not 1 <= len(dims) <= 4 or min(dims) < 0:
             raise ValueError(f"{self.name}: dim returned {dim!r}; it must return an int >= 0 or a tuple of 1 to 4 of them")
         if split and len(dims) != 1:

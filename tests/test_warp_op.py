@@ -1,6 +1,7 @@
 """pcops.warp_op: a user's Warp kernel as a compile-safe custom op, checked against float64 torch references."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -447,3 +448,25 @@ def test_float16_scalars_reach_split_kernels(gen):
     for a in (2.0, 0.1, -3.5):
         for _ in range(2):  # (the first launch loads the kernel; the next ones run its entry point)
             torch.testing.assert_close(scale_half(x, a), (torch.tensor(a).half() * x), rtol=0, atol=0)
+
+
+def test_float_scalars_beyond_their_declared_type_raise_naming_them(gen):
+    """A float32 or float16 scalar parameter given a finite number its type cannot hold became
+    inf in the kernel: a ValueError naming it (inf and NaN given as such pass as given)."""
+    x = torch.rand(8, generator=gen).half()
+    for a in (7e4, -1e5, 1e39):
+        with pytest.raises(ValueError, match=rf"pcops_test::scale_half: a = {re.escape(str(a))} does not fit the kernel's float16"):
+            scale_half(x, a)
+    assert torch.equal(scale_half(x, 6e4), torch.tensor(6e4).half() * x)
+    assert torch.isinf(scale_half(torch.ones(2).half(), float("inf"))).all()
+    assert torch.isnan(scale_half(torch.ones(2).half(), float("nan"))).all()
+
+
+def test_shapes_and_dims_that_are_not_counts_raise_naming_them(gen):
+    negative = warp_op("pcops_test::negative_shape", _pair_sum, outputs={"out": lambda x, y: (x.shape[0] - 9,)}, dim=_rows)
+    truth = warp_op("pcops_test::bool_dim", _pair_sum, outputs={"out": lambda x, y: (x.shape[0],)}, dim=lambda x, y: True)
+    x = torch.rand(8, generator=gen, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"outputs\['out'\] declared shape \(-1,\); a shape holds ints >= 0"):
+        negative(x, x)
+    with pytest.raises(ValueError, match="dim returned True"):
+        truth(x, x)
