@@ -717,9 +717,19 @@ def _serial(kernel, n: int, values: list) -> None:
 
 
 def _half_bits(value) -> int:
-    """The IEEE binary16 bits of a float16 scalar argument (a number, or Warp's float16 value)."""
-    with np.errstate(over="ignore"):  # (beyond float16: inf, as Warp's own conversion)
+    """The binary16 bits of a float16 scalar argument (a number), rounded as ``wp.launch`` packs
+    it (Warp's own conversion: ties away from zero, where NumPy rounds them to even), so a
+    kernel's first launch (through ``wp.launch``) and its packed ones see the same value."""
+    if _WARP_HALF is not None:
+        return int(_WARP_HALF(float(value)))
+    with np.errstate(over="ignore"):  # (another Warp: NumPy's rounding; beyond float16 inf, as Warp's)
         return int(np.array(float(value), dtype=np.float16).view(np.uint16))
+
+
+try:  # Warp's conversion of a float16 scalar (not public: found where this Warp keeps it)
+    from warp._src.types import float_to_half_bits as _WARP_HALF
+except ImportError:  # pragma: no cover
+    _WARP_HALF = None
 
 
 @functools.lru_cache(maxsize=256)

@@ -207,10 +207,16 @@ class _Spec:
             shapes.append(shape)
         return shapes
 
-    def check_rows(self, args, shapes: list, dims) -> None:
+    def check_rows(self, args, shapes: list, dims=None) -> None:
         """Each ``per_thread`` array has at least as many rows (first axis) as the first launch
-        dimension has threads, else a ValueError naming it (shapes only: compile-safe)."""
-        threads = dims if isinstance(dims, int) else dims[0]
+        dimension has threads, else a ValueError naming it (shapes only: compile-safe). ``dims``:
+        the checked launch dimensions (eager); None: ``dim``'s own, possibly symbolic, sizes (the
+        fake: no ``operator.index``, which would fix a dynamic size)."""
+        if not self.per_thread:
+            return
+        if dims is None:
+            dims = self.dim(*args)
+        threads = dims[0] if isinstance(dims, Sequence) else dims
         for kind, i in self.per_thread:
             p, rows = (self.inputs[i], args[i].shape) if kind == "input" else (self.outputs[i], shapes[i])
             if rows[0] < threads:
@@ -330,7 +336,7 @@ def _forward_impl(spec: _Spec):
         spec.check_inputs(args)
         like = spec.like(args)
         shapes = spec.output_shapes(args)
-        spec.check_rows(args, shapes, spec.threads(args, spec.split))
+        spec.check_rows(args, shapes)
         outs = [like.new_empty(shape, dtype=p.dtype) for shape, p in zip(shapes, spec.outputs)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -80,6 +80,12 @@ def _scale_half(start: int, x: wp.array(dtype=wp.float16), a: wp.float16, out: w
     out[i] = a * x[i]
 
 
+@wp.kernel
+def _scale_half_ties(start: int, x: wp.array(dtype=wp.float16), a: wp.float16, out: wp.array(dtype=wp.float16)):
+    i = wp.tid() + start
+    out[i] = a * x[i]
+
+
 def _rows(points, *_):
     return points.shape[0]
 
@@ -98,6 +104,7 @@ radial = warp_op(
 pair_sum = warp_op("pcops_test::pair_sum", _pair_sum, outputs={"out": lambda x, y: (x.shape[0],)}, dim=_rows, per_thread=["x", "y", "out"])
 pair_sum_short_out = warp_op("pcops_test::pair_sum_short_out", _pair_sum, outputs={"out": (2,)}, dim=_rows, per_thread=("out",))
 scale_half = warp_op("pcops_test::scale_half", _scale_half, outputs={"out": lambda x, a: (x.shape[0],)}, dim=_rows, min_chunk=2)
+scale_half_ties = warp_op("pcops_test::scale_half_ties", _scale_half_ties, outputs={"out": lambda x, a: (x.shape[0],)}, dim=_rows)  # (only its test calls it)
 moment = warp_op("pcops_test::moment", _moment, outputs={"total": (1, 3)}, dim=_rows, accumulate=["total"], min_chunk=16)
 
 
@@ -448,6 +455,10 @@ def test_float16_scalars_reach_split_kernels(gen):
     for a in (2.0, 0.1, -3.5):
         for _ in range(2):  # (the first launch loads the kernel; the next ones run its entry point)
             torch.testing.assert_close(scale_half(x, a), (torch.tensor(a).half() * x), rtol=0, atol=0)
+    # 2049 lies halfway between the float16s 2048 and 2050: the packed launches round it as the
+    # first call's wp.launch does (Warp's conversion, ties away from zero; NumPy's gave 2048)
+    calls = [scale_half_ties(torch.ones(4).half(), 2049.0) for _ in range(3)]
+    assert [float(c[0]) for c in calls] == [2050.0] * 3
 
 
 def test_float_scalars_beyond_their_declared_type_raise_naming_them(gen):
@@ -470,3 +481,21 @@ def test_shapes_and_dims_that_are_not_counts_raise_naming_them(gen):
         negative(x, x)
     with pytest.raises(ValueError, match="dim returned True"):
         truth(x, x)
+
+
+@pytest.mark.parametrize("op", ["pair_sum", "field"])
+def test_dynamic_sizes_stay_dynamic(op, gen):
+    """Compiled with dynamic=True, an op (with per_thread checks or without) is one frame for every
+    size: the fake's checks read dim's sizes as they are (an operator.index there fixed each size,
+    one recompile per size)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("eager")
+    fn = (lambda x: pair_sum(x, x)) if op == "pair_sum" else (lambda x: field(x, torch.ones(1, dtype=torch.float64)))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for n in (10, 20, 30, 40):
+        x = torch.rand(n, 3, generator=gen, dtype=torch.float64)
+        x = x[:, 0].contiguous() if op == "pair_sum" else x
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+    assert backend.frame_count == 1
