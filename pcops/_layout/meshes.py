@@ -55,7 +55,8 @@ FLOAT32_LEAST = 1e-15
 def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor, searched: bool) -> None:
     """No NaN/inf in the vertices, and, where the mesh is ``searched`` for distances, float32
     ones' largest coordinate within :data:`FLOAT32_EXTENT` and at least :data:`FLOAT32_LEAST`
-    (or 0). (A mesh only sampled takes any finite vertices: its areas and normals are float64's.)"""
+    (or 0). (A mesh only sampled takes any finite vertices: its faces' edges are taken on corners
+    scaled by their mesh's power of two, and its areas in float64.)"""
     checks.finite("vertices", vertices)
     if searched and vertices.dtype != torch.float64 and vertices.numel():
         largest = vertices.detach().abs().amax()

@@ -263,17 +263,22 @@ def _seeds(seed, b: int, device) -> torch.Tensor:
     return seeds + torch.arange(b, dtype=torch.int64, device=seeds.device)  # mesh b: seed + b
 
 
-def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
+def _faces(vertices: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype, owner: torch.Tensor, meshes: int, real=None):
     """Per face: corners (F, 3, 3) and unit normals (F, 3) in ``dtype``, differentiable, and twice
-    the area (F,) times a power of two, in float64, without a graph (NaN/inf from unchecked
-    values as 0)."""
+    the area (F,) times its mesh's power of two, in float64, without a graph (NaN/inf from
+    unchecked values as 0). ``owner`` (F,): each face's mesh, of ``meshes``; ``real`` (F,) bool:
+    the faces that are not padding (None: all)."""
     corners = _layout.select_rows(vertices.to(dtype), rows)
-    # the edges times 2^-e, 2^e the largest coordinate's power of two: the cross products of huge
-    # meshes do not overflow, nor those of tiny ones underflow, and a power of two changes no bit
-    # of a unit normal or of the areas' ratios, the only use of the areas
-    big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).amax()  # (every mesh has a face: _layout.mesh)
-    shrink = torch.where(big > 0, torch.exp2(-torch.floor(torch.log2(big))), 1.0)
-    edges = (corners[:, 1:] - corners[:, :1]) * shrink
+    # the corners times 2^-e, 2^e the largest coordinate's power of two in the face's mesh (of its
+    # real faces), before the edges are taken: the edges of huge meshes do not overflow, nor the
+    # cross products of tiny ones underflow, whatever the other meshes of a batch hold, and a
+    # power of two changes no bit of a unit normal or of the ratios of a mesh's areas, their only use
+    face_big = torch.nan_to_num(corners.detach().abs(), 0.0, 0.0, 0.0).amax((1, 2))
+    if real is not None:
+        face_big = torch.where(real, face_big, 0.0)
+    big = face_big.new_zeros(meshes).scatter_reduce(0, owner, face_big, "amax")
+    shrink = torch.where(big > 0, torch.exp2(-torch.floor(torch.log2(big))), 1.0)[owner][:, None, None]
+    edges = corners[:, 1:] * shrink - corners[:, :1] * shrink
     normal = torch.linalg.cross(edges[:, 0], edges[:, 1])
     length = torch.linalg.vector_norm(normal, dim=-1, keepdim=True)
     normals = normal / torch.where(length > 0, length, 1.0)  # zero-area faces are never chosen
@@ -363,9 +368,10 @@ def sample_points_on_mesh(
         owner, order = torch.sort(flat.face_group.clamp(0, b - 1), stable=True)
         rows = rows.index_select(0, order)
     dtype, out_dtype = _validate.compute_dtype(vertices)
-    corners, normals, area = _faces(flat.vertices, rows, dtype)
-    if flat.batch > 0:
-        area = torch.where(flat.face_group == owner, area, 0.0)  # padding faces (faces_lengths) are never chosen
+    real = flat.face_group == owner if flat.batch > 0 else None  # (padding faces (faces_lengths) are never chosen)
+    corners, normals, area = _faces(flat.vertices, rows, dtype, owner, b, real)
+    if real is not None:
+        area = torch.where(real, area, 0.0)
 
     uniform = None
     if seeds is None:

@@ -420,6 +420,40 @@ def test_one_seed_for_a_batch_gives_mesh_b_the_seed_plus_b():
     assert not torch.equal(out.face[0], out.face[1])
 
 
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e20), (torch.float32, 1e37), (F64, 1e200)], ids=str)
+def test_a_huge_mesh_beside_a_unit_one_leaves_it_its_own_samples(dtype, scale):
+    """Each mesh of a batch is scaled by its own power of two before its edges are taken: a unit
+    mesh beside a huge one got normals of 1e-40 or 0 (float32) or no face of positive area
+    (float64), the batch's one scale underflowing its cross products. Padded and packed, each
+    mesh draws its faces, points and normals as alone."""
+    v = torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=dtype)
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    meshes = (v, v * scale)
+    alone = [pcops.sample_points_on_mesh(m, f, 64, seed=9 + b) for b, m in enumerate(meshes)]
+    padded = pcops.sample_points_on_mesh(torch.stack(meshes), torch.stack([f, f]), 64, seed=9)
+    packed = pcops.sample_points_on_mesh(torch.cat(meshes), torch.cat([f, f + 4]), 64, seed=9, vertices_batch=torch.tensor([0] * 4 + [1] * 4))
+    for b, one in enumerate(alone):
+        rows = slice(64 * b, 64 * (b + 1))
+        for got in (padded.face[b], packed.face[rows] - 4 * b):
+            assert torch.equal(got, one.face)
+        for got in (padded.normals[b], packed.normals[rows]):
+            assert torch.equal(got, one.normals)
+        assert torch.equal(padded.points[b], one.points) and torch.equal(packed.points[rows], one.points)
+    torch.testing.assert_close(alone[0].normals.norm(dim=1), torch.ones(64, dtype=dtype))
+
+
+def test_float32_edges_beyond_the_dtype_are_measured():
+    """A float32 face whose edges are longer than float32's largest value (its corners within it)
+    was never drawn (its edge overflowed to inf, its area read 0): the corners are scaled before
+    the edges are taken, so the faces are drawn as those of the float64 mesh."""
+    v = torch.tensor([[-2e38, 0, 0], [2e38, 0, 0], [0, 2e38, 0], [0, 0, 2e38]])
+    f = torch.tensor([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]])
+    single, double = (pcops.sample_points_on_mesh(m, f, 4000, seed=1) for m in (v, v.double()))
+    assert torch.equal(single.face, double.face)
+    torch.testing.assert_close(single.normals, double.normals.float(), rtol=0, atol=1e-7)
+    assert pcops.sample_points_on_mesh(v, f[:1], 8, seed=1).face.tolist() == [0] * 8
+
+
 def test_a_generator_reproduces_its_draws():
     v, f = icosphere(2)
     a = pcops.sample_points_on_mesh(v, f, 300, generator=torch.Generator().manual_seed(5))
