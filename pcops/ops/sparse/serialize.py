@@ -202,7 +202,7 @@ def _lay_out(grid_coord, batch, depth, order) -> tuple[int, list[int], bool]:
     _validate.compile_needs("depth", depth, "depth=None reads it from the data")
     if depth is None:
         top = int(grid_coord.max()) if grid_coord.numel() else 0
-        depth = max(1, (top + 1).bit_length())  # (Pointcept's adaptive depth)
+        depth = max(1, (max(top, 0) + 1).bit_length())  # (Pointcept's adaptive depth; negative values: the range check names them)
         if depth > MAX_DEPTH:  # (the data's depth: the coordinates are what is out of range)
             raise ValueError(f"grid_coord values must be below 2**{MAX_DEPTH} - 1 = {2**MAX_DEPTH - 1} with depth=None (Pointcept's adaptive "
                              f"depth, the bits of grid_coord.max() + 1, at most {MAX_DEPTH}; depth={MAX_DEPTH} takes values up to "

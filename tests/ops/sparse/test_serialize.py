@@ -241,6 +241,8 @@ def test_depth_none_takes_pointcepts_adaptive_depth():
         with pytest.raises(ValueError, match=rf"^grid_coord values must be below 2\*\*16 - 1 = 65535 with depth=None .*got max {top}$"):
             pcops.serialize(torch.tensor([[top, 0, 0]]), depth=None)
     assert pcops.serialize(torch.tensor([[2**16 - 1, 0, 0]]), depth=16).code.shape == (1,)  # (depth 16 takes it)
+    with pytest.raises(ValueError, match=r"^grid_coord values must be in \[0, .*got min -100000"):  # (not "below 65535 ... got max -100000")
+        pcops.serialize(torch.full((2, 3), -100000), depth=None)
 
 
 def test_empty_cloud():
