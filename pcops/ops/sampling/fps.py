@@ -395,7 +395,7 @@ def _kernels(dtype: torch.dtype):
                     for j in range(lo, hi):  # branch-free: the first farthest point (the leaf is in index order)
                         dj = dist[j]
                         x = wp.length_sq(pts[j] - c)
-                        dj = wp.where(dj < x, dj, x)  # a NaN point's distance is NaN: never the farthest
+                        dj = wp.where(dj < x or dj < s(0.0), dj, x)  # a NaN point's distance is NaN: never the farthest; picked (-1) stays
                         dist[j] = dj
                         far = dj > top
                         top = wp.where(far, dj, top)
@@ -488,7 +488,7 @@ def _kernels(dtype: torch.dtype):
         for j in range(lo, hi):  # branch-free: selects, no jumps
             d = dist[row + j]
             x = wp.length_sq(points[row + j] - c)
-            d = wp.where(d < x, d, x)  # picked points (-1) stay; a NaN point's distance is NaN
+            d = wp.where(d < x or d < s(0.0), d, x)  # picked points (-1) stay, x NaN too; a NaN point's distance is NaN
             d = wp.where(j == last, s(-1.0), d)  # picked: never again
             dist[row + j] = d
             better = d > top
@@ -883,6 +883,8 @@ def farthest_point_sample(
         >>> out.idx
         tensor([0, 2, 3])
     """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if PLAIN[0] and lengths is None and batch is None:
         out = _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, validate)
         if out is not None:

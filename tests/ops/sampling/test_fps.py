@@ -369,6 +369,50 @@ def test_nan_points_are_never_picked_without_validation(gen):
     assert torch.equal(idx[:50], keep[reference.farthest_point_sample(p[finite], 50)])
 
 
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")], ids=["inf", "-inf"])
+def test_infinite_points_are_picked_once_without_validation(gen, monkeypatch, value):
+    """Without validation an infinite point is the farthest and is picked, once: its mark was
+    overwritten by a NaN distance (inf - inf) in the bucket walk, and the next pick made it inf
+    again (111 of 200 such clouds repeated a pick). Every layout equals the per-pick path
+    (CUDA's, run on the CPU here) and picks each point at most once."""
+    fps_module = importlib.import_module("pcops.ops.sampling.fps")
+    small = torch.tensor([[0.0, 0, 0], [1, 0, 0], [2, 0, 0], [value, 0, 0], [3, 0, 0]], dtype=F64)
+    assert pcops.farthest_point_sample(small, 5, validate=False).idx.tolist() == [0, 3, 4, 1, 2]
+    clouds = []
+    for n in (40, 300, 2000):
+        p = torch.rand(n, 3, generator=gen, dtype=F64)
+        rows = torch.randperm(n, generator=gen)[:3]
+        p[rows, torch.randint(0, 3, (3,), generator=gen)] = value
+        clouds.append(p)
+    points, lengths = pad(clouds)
+    results = []
+    for per_pick in (False, True):
+        monkeypatch.setattr(fps_module, "_per_pick", lambda device, per_pick=per_pick: per_pick)
+        single = [pcops.farthest_point_sample(p, p.shape[0] // 2, validate=False).idx for p in clouds]
+        padded = pcops.farthest_point_sample(points, 20, lengths=lengths, validate=False).idx
+        for b, idx in enumerate(single):
+            assert idx.unique().numel() == idx.numel()
+            assert torch.equal(padded[b], idx[:20])
+        results.append(single)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_nan_start_ends_the_picks_and_a_bad_generator_is_named(gen, monkeypatch):
+    """A NaN start point (given, without validation) makes every distance NaN: the picks after
+    the start set are -1, as documented, on both paths; a generator that is not one is a
+    TypeError naming it (it was torch's rand() error, or accepted without random_start)."""
+    fps_module = importlib.import_module("pcops.ops.sampling.fps")
+    p = torch.tensor([[float("nan"), 0, 0], [1.0, 0, 0], [2, 0, 0], [3, 0, 0]], dtype=F64)
+    for per_pick in (False, True):
+        monkeypatch.setattr(fps_module, "_per_pick", lambda device, per_pick=per_pick: per_pick)
+        assert pcops.farthest_point_sample(p, 4, validate=False).idx.tolist() == [0, -1, -1, -1]
+        assert pcops.farthest_point_sample(p, 4, start_idx=[3, 0], validate=False).idx.tolist() == [3, 0, -1, -1]
+    for bad in (5, "not a generator"):
+        for kwargs in (dict(random_start=True), {}):
+            with pytest.raises(TypeError, match="^generator must be a torch.Generator"):
+                pcops.farthest_point_sample(p.nan_to_num(), 2, generator=bad, **kwargs)
+
+
 def test_nan_points_are_never_picked_with_few_picks(gen):
     # the Morton-ordered leaves (few picks) put NaN points last; the kd-tree (above) anywhere
     p = torch.rand(3000, 3, generator=gen, dtype=F64)
