@@ -95,6 +95,14 @@ def _size(index: torch.Tensor, dim_size: Optional[int]) -> int:
     return int(index.max()) + 1
 
 
+def _src_size(src: torch.Tensor, index: torch.Tensor, dim_size: Optional[int]) -> int:
+    """:func:`_size` of an index broadcast to ``src`` (torch_scatter's): 0 slots without
+    ``dim_size`` where ``src`` holds no element, whatever a 1-D ``index`` holds."""
+    if dim_size is None and src.numel() == 0:
+        return 0
+    return _size(index, dim_size)
+
+
 def _check_index(index: torch.Tensor, name: str) -> torch.Tensor:
     """``index`` (any integer dtype) as int64: torch's scatters take int32 and int64 only, and
     torch.gather misreads an expanded int32 index on the CPU."""
@@ -181,7 +189,7 @@ def _extreme_values(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optio
     d = _dim(dim, src.dim())
     if out is not None:
         return out.scatter_reduce_(d, _broadcast(index, src, d), src, mode, include_self=True)
-    size = _size(index, dim_size)
+    size = _src_size(src, index, dim_size)
     if index.dim() == 1:
         index = torch.where((index >= 0) & (index < size), index, size)
         res = src.new_zeros(_out_shape(src, d, size + 1)).scatter_reduce(d, _broadcast(index, src, d), src, mode, include_self=False)
@@ -227,8 +235,14 @@ def scatter_mul(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
 
 
 def scatter_mean(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
-    """Means of ``src`` per slot (empty slots 0; integer dtypes floor-divide). With ``out``:
-    (out + sum) / count in place, as torch_scatter."""
+    """Means of ``src`` per slot (empty slots 0; integer dtypes floor-divide, as torch_scatter's
+    ``scatter_mean``). With ``out``: (out + sum) / count in place, as torch_scatter."""
+    return _mean(src, index, dim, out, dim_size, "floor")
+
+
+def _mean(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.Tensor], dim_size: Optional[int], rounding: str) -> torch.Tensor:
+    """:func:`scatter_mean` with integer means rounded by ``rounding``: "floor" (torch_scatter's
+    ``scatter_mean``, in Python) or "trunc" (its segment means, C++ integer division)."""
     index = _check_index(index, "index")
     res = scatter_sum(src, index, dim, out, dim_size)
     d = _dim(dim, src.dim())
@@ -241,7 +255,7 @@ def scatter_mean(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opt
         count = count.unsqueeze(-1)
     if res.is_floating_point():
         return res.true_divide_(count)
-    return res.div_(count, rounding_mode="floor")
+    return res.div_(count, rounding_mode=rounding)
 
 
 def scatter_min(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -250,7 +264,7 @@ def scatter_min(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
-        return _sorted_kernel(src, index, d, _size(index, dim_size), "min")
+        return _sorted_kernel(src, index, d, _src_size(src, index, dim_size), "min")
     index = _broadcast(index, src, d)
     size = out.shape[d] if out is not None else _size(index, dim_size)
     return _reduce_arg(src, index, d, out, size, "amin")
@@ -269,7 +283,7 @@ def scatter_max(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
-        return _sorted_kernel(src, index, d, _size(index, dim_size), "max")
+        return _sorted_kernel(src, index, d, _src_size(src, index, dim_size), "max")
     index = _broadcast(index, src, d)
     size = out.shape[d] if out is not None else _size(index, dim_size)
     return _reduce_arg(src, index, d, out, size, "amax")
@@ -326,7 +340,7 @@ def _coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor], di
     if reduce == "sum":
         return scatter_sum(src, idx, d, out, dim_size), None
     if reduce == "mean":
-        return scatter_mean(src, idx, d, out, dim_size), None
+        return _mean(src, idx, d, out, dim_size, "trunc"), None
     if reduce == "min":
         res, arg = scatter_min(src, idx, d, out, dim_size)
         return res, arg
@@ -429,7 +443,7 @@ def _csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor], r
     if reduce == "sum":
         res = scatter_sum(src, slot, d, None, segments + 1)
     elif reduce == "mean":
-        res = scatter_mean(src, slot, d, None, segments + 1)
+        res = _mean(src, slot, d, None, segments + 1, "trunc")
     elif reduce == "min":
         res, arg = scatter_min(src, slot, d, None, segments + 1)
     else:

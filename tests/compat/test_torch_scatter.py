@@ -166,6 +166,32 @@ def test_integer_and_half_dtypes(gen):
         assert half.dtype == torch.float16
 
 
+def test_integer_means_round_as_torch_scatter_does():
+    """torch_scatter's ``scatter_mean`` floor-divides integer sums (Python), its segment means
+    divide in C++ (toward zero): the mean of -3 and -4 is -4 by scatter and -3 by segments."""
+    src, index = torch.tensor([-3, -4, 5]), torch.tensor([0, 0, 1])
+    assert ts.scatter(src, index, reduce="mean").tolist() == [-4, 5]
+    assert ts.scatter_mean(src, index).tolist() == [-4, 5]
+    for got in (ts.segment_csr(src, torch.tensor([0, 2, 3]), reduce="mean"), ts.segment_coo(src, index, reduce="mean"),
+                ts.segment_mean_csr(src, torch.tensor([0, 2, 3])), ts.segment_mean_coo(src, index)):
+        assert got.tolist() == [-3, 5]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mul", "min", "max"])
+def test_no_elements_give_no_slots(reduce):
+    """A src without elements (a zero-size dimension other than ``dim``) broadcasts the index to
+    no elements: no slots without ``dim_size``, whatever a 1-D index holds (torch_scatter's
+    rule; max and min gave index.max() + 1 slots where sum gave none)."""
+    src, index = torch.empty(4, 0), torch.tensor([0, 1, 0, 2])
+    for grad in (False, True):
+        got = ts.scatter(src.clone().requires_grad_(grad), index, 0, reduce=reduce)
+        assert got.shape == (0, 0)
+        assert ts.scatter(src, index, 0, dim_size=5, reduce=reduce).shape == (5, 0)
+    if reduce in ("min", "max"):
+        values, arg = getattr(ts, f"scatter_{reduce}")(src, index, 0)
+        assert values.shape == arg.shape == (0, 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # segment_csr / segment_coo / gather
 
@@ -187,8 +213,11 @@ def test_segments_equal_scatter_and_the_reference(gen, dtype, reduce):
     tol = {torch.float16: {"rtol": 1e-2, "atol": 1e-2}, torch.float32: {"rtol": 1e-5, "atol": 1e-5}}.get(dtype, {})
     for got in (ts.segment_csr(src, indptr, reduce=reduce), ts.segment_coo(src, ids, reduce=reduce)):
         assert got.dtype == dtype and got.shape == (7, 2, 3)
-        if dtype == torch.int64 and reduce == "mean":
-            continue  # floor division: test_integer_and_half_dtypes
+        if dtype == torch.int64 and reduce == "mean":  # torch_scatter's segment means: C++ integer division, toward zero
+            sums = ref_scatter(src, full, 0, 7, "sum")[0]
+            counts = torch.bincount(ids, minlength=7).clamp(min=1).view(7, 1, 1)
+            assert torch.equal(got, (sums / counts).trunc().long())
+            continue
         torch.testing.assert_close(got.double(), want, **tol)
     if reduce in ("min", "max"):
         for _, arg in (getattr(ts, f"segment_{reduce}_csr")(src, indptr), getattr(ts, f"segment_{reduce}_coo")(src, ids)):
