@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional, Union
 
+import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
@@ -86,9 +87,13 @@ def below(level: float, dtype: torch.dtype) -> float:
     """The largest value of ``dtype`` at or below ``level``: a value of that dtype is above it
     exactly where it is above ``level`` (``values > level`` would round the level to the dtype
     first: a float32 1.0 is not above the level 0.99999999999 there)."""
-    t = torch.tensor(level, dtype=torch.float64).to(dtype)
-    if float(t) > level:
-        t = torch.nextafter(t, torch.tensor(-math.inf, dtype=dtype))
+    if dtype == torch.float64:
+        return level
+    kind = np.float16 if dtype == torch.float16 else np.float32  # (the grid's compute dtypes: float32, float64)
+    with np.errstate(over="ignore"):  # (a level beyond the dtype: inf, then its largest value)
+        t = kind(level)
+        if float(t) > level:
+            t = np.nextafter(t, kind(-math.inf))
     return float(t)
 
 
