@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from . import _deprecated, _validate
-from .ops.neighbours import _weighting
 from .ops.neighbours.nearest._registry import BACKENDS
 from .ops import knn_aggregate, radius_aggregate
 from .ops.transport import earth_movers_distance, sinkhorn_divergence
@@ -80,7 +79,7 @@ class RadiusAggregation(_Sigma):
         weights: str | None = None,
         reduce: str = "mean",
     ):
-        resolved = _weighting.name(weights, reduce)
+        resolved = _validate.weighting_name(weights, reduce)
         super().__init__(sigma, learnable_sigma, resolved)
         _validate.positive_number("radius", radius)
         self.weights = resolved
@@ -144,7 +143,7 @@ class KNNAggregation(_Sigma):
         weights: str | None = None,
         reduce: str = "mean",
     ):
-        resolved = _weighting.name(weights, reduce)
+        resolved = _validate.weighting_name(weights, reduce)
         super().__init__(sigma, learnable_sigma, resolved)
         self.k = _validate.count("k", k)
         self.weights = resolved

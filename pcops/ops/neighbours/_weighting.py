@@ -9,7 +9,8 @@
 
 ``reduce="max"`` is the feature-wise max over the neighbours, unweighted (PointNet++
 grouping): its gradient goes to the arg-max neighbour of each feature, and a query without
-neighbours gets zeros.
+neighbours gets zeros. The names and their rule (``weights=None`` per ``reduce``, sigma given
+exactly for softmax) are checked by :func:`pcops._validate.weighting`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import Optional
 
 import torch
 
-from ... import _validate
-
 MIN_SQUARED_DISTANCE = 1e-16  # the clamp of inverse-distance weights (PyTorch Geometric's)
-name, resolve = _validate.weighting_name, _validate.weighting  # (the checks of the names: pcops.distributed's too)
 
 
 def inverse_distance(squared: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:

@@ -656,7 +656,7 @@ def radius_aggregate(
         >>> pcops.radius_aggregate(torch.tensor([[0.0, 0.0, 0.0]]), ref, features, radius=1.0, weights="uniform")  # the mean within the radius
         tensor([[3.]])
     """
-    weights = _weighting.resolve(weights, reduce, sigma)
+    weights = _validate.weighting(weights, reduce, sigma)
     if PLAIN[0] and reduce == "mean" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
         out = _plain_radius_aggregate(query, ref, features, radius, sigma, weights, validate)
         if out is not None:

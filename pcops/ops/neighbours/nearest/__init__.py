@@ -397,7 +397,7 @@ def knn_aggregate(
         >>> pcops.knn_aggregate(torch.tensor([[0.4, 0.0, 0.0]]), ref, features, k=2, weights="uniform")  # the mean of the 2 nearest
         tensor([[2.]])
     """
-    weights = _weighting.resolve(weights, reduce, sigma)
+    weights = _validate.weighting(weights, reduce, sigma)
     if PLAIN[0] and reduce == "mean" and query_lengths is None and ref_lengths is None and query_batch is None and ref_batch is None:
         out = _plain_weighted(query, ref, features, k, backend, validate, weights, sigma)
         if out is not None:
