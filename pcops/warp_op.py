@@ -183,12 +183,10 @@ class _Spec:
                 if not info.min <= a <= info.max:
                     raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's "
                                      f"{wp.types.type_repr(p.warp_type)} ({info.min} .. {info.max})")
-            elif p.warp_type in _FLOAT_TYPES and isinstance(a, (int, float)) and not isinstance(a, bool):
-                largest = _FLOAT_MAX[p.warp_type]
-                if not abs(a) <= largest and not (isinstance(a, float) and math.isinf(a)):  # (NaN and inf pass as given)
-                    if not math.isnan(a):
-                        raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's {wp.types.type_repr(p.warp_type)} "
-                                         f"(|value| <= {largest:.6g}; it would be inf there)")
+            elif p.warp_type in _FLOAT_TYPES and isinstance(a, float) and math.isfinite(a) and abs(a) > _FLOAT_MAX[p.warp_type]:
+                # (NaN and inf pass as given; the schema makes an int argument a float)
+                raise ValueError(f"{self.name}: {p.name} = {a} does not fit the kernel's {wp.types.type_repr(p.warp_type)} "
+                                 f"(|value| <= {_FLOAT_MAX[p.warp_type]:.6g}; it would be inf there)")
             checked.append(a)
         return checked
 

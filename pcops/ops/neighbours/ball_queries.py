@@ -83,11 +83,17 @@ def _plain_ball_queries(query, ref, radii, max_neighbors, validate: bool) -> Opt
         return None
     radii, ks = _check_radii(radii, max_neighbors)
     idx, counts, dists = search(query, ref, [float(r) for r in radii], ks, False, None, None)
+    return tuple(BallQuery(d, i, c) for i, c, d in _per_radius(idx, counts, dists, ks))
+
+
+def _per_radius(idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor, ks: list) -> list:
+    """(idx, counts, distances) of each radius from the search's columns (radius g's K_g after
+    those of the radii before it; counts (M, G)), each contiguous."""
     if len(ks) == 1:
-        return (BallQuery(dists, idx, counts[:, 0]),)
-    counts = counts.t().contiguous()
+        return [(idx, counts[:, 0], found)]
     first = [sum(ks[:g]) for g in range(len(ks))]
-    return tuple(BallQuery(dists[:, a:a + k].contiguous(), idx[:, a:a + k].contiguous(), counts[g]) for g, (a, k) in enumerate(zip(first, ks)))
+    counts = counts.t().contiguous()  # (G, M): each radius' counts a contiguous row
+    return [(idx[:, a:a + k].contiguous(), counts[g], found[:, a:a + k].contiguous()) for g, (a, k) in enumerate(zip(first, ks))]
 
 
 @_threads.limits
@@ -148,12 +154,7 @@ def ball_queries(
         q.detach(), p.detach(), [float(r) for r in radii], ks, flat.validate, flat.query_group, flat.ref_group
     )
     grad = _points_grad(query, ref)
-    if len(ks) == 1:
-        return (result(flat, q, p, idx, counts[:, 0], found, out_dtype, grad),)
-    first = [sum(ks[:g]) for g in range(len(ks))]
-    counts = counts.t().contiguous()  # (G, M): each radius' counts a contiguous row
-    return tuple(result(flat, q, p, idx[:, a:a + k].contiguous(), counts[g], found[:, a:a + k].contiguous(), out_dtype, grad)
-                 for g, (a, k) in enumerate(zip(first, ks)))
+    return tuple(result(flat, q, p, i, c, d, out_dtype, grad) for i, c, d in _per_radius(idx, counts, found, ks))
 
 
 __all__ = ["ball_queries"]

@@ -35,6 +35,7 @@ def _kernels(dtype: torch.dtype):
     from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     row = _kdtree.scan_row(dtype, False)
+    flag = _kdtree.flag_not_finite(dtype)
 
     @wp.func(module="unique")
     def cost(a: v, b: v):
@@ -62,13 +63,8 @@ def _kernels(dtype: torch.dtype):
              idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
         t = wp.tid() + start
         m = x.shape[0]
-        threads = dists.shape[0]
-        for a in range(t, m, threads):  # the values' check: bad[0] = 1 where a point is not finite
-            if not wp.isfinite(x[a]):
-                bad[0] = 1
-        for a in range(t, y.shape[0], threads):
-            if not wp.isfinite(y[a]):
-                bad[0] = 1
+        flag(x, t, dists.shape[0], bad)  # the values' check: bad[0] = 1 where a point is not finite
+        flag(y, t, dists.shape[0], bad)
         if t < m:
             q = x[t]
             row(q, wp.int32(0), y, none, 0, y.shape[0], dists, idx, t)  # (the kNN scan's k = 1 row t: idx -1 where none is finite)
@@ -113,15 +109,14 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple
     or, before the kernel has run once, a launch of the arguments ``make_args()`` returns
     (args, keep: the arrays the prepared launch keeps); returns the kept arrays (of the
     prepared launch, or of this launch)."""
-    made = []
 
     def prepare():
-        made.append(make_args())
-        return _warp.prepare(kernel, threads, made[0][0], work=work, keep=made[0][1])
+        args, keep = make_args()
+        return _warp.prepare(kernel, threads, args, work=work, keep=keep)
 
     launch = _warp.prepared(key, prepare)
-    if launch is None:
-        args, keep = made[0] if made else make_args()
+    if launch is None:  # (the kernel's first run: its arguments made again, once)
+        args, keep = make_args()
         _warp.launch(kernel, threads, args, like=arrays["x"], min_chunk=1, work=work)
         return keep
     if launch.keep:
@@ -149,8 +144,8 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
         arrays = dict(x=x, y=y, dists=dists, idx=idx, cx=cx, cy=cy)
 
         def scan_args():
-            bad = torch.zeros(1, dtype=torch.int32)
-            return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy, bad], (bad, bad.numpy())
+            flag = _kdtree.values_flag()
+            return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy, flag[0]], flag
 
         flag = _run(scan, ("chamfer_scan", x.dtype, m, n, both), threads, scan_args, arrays, m * n * (2 if both else 1))[1]
         if check and flag[0]:

@@ -294,6 +294,28 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     return row
 
 
+def flag_not_finite(dtype: torch.dtype):
+    """``flag(points, first, step, bad)``: ``bad[0] = 1`` where a point of ``points[first::step]``
+    holds NaN or inf; the threads of a launch, each from its own first point by their number,
+    look at every point between them (a plain call's values check, read from :func:`values_flag`)."""
+    v = _warp.vec3(dtype)
+
+    @wp.func(module="unique")
+    def flag(points: wp.array(dtype=v), first: int, step: int, bad: wp.array(dtype=wp.int32)):
+        for j in range(first, points.shape[0], step):
+            if not wp.isfinite(points[j]):
+                bad[0] = 1
+
+    return flag
+
+
+def values_flag() -> tuple:
+    """(the flag of :func:`flag_not_finite`, one int32, and its NumPy view): kept with a prepared
+    launch, reset (``view[0] = 0``) before each run and read after it without a torch read."""
+    bad = torch.zeros(1, dtype=torch.int32)
+    return bad, bad.numpy()
+
+
 @_warp.kernels
 def _scan_kernel(dtype: torch.dtype, grouped: bool):
     """Small clouds: each query's reference points measured one by one (of its group), the k
@@ -313,6 +335,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     insert = _warp_funcs.sorted_insert(dtype, True)
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
     row = scan_row(dtype, grouped)
+    flag = flag_not_finite(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def scan(
@@ -341,9 +364,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         if bad.shape[0] > 0:  # the values' check (a flag, not empty): thread t looks at its query and every rows-th point from t
             if piece == wp.int64(0) and not wp.isfinite(query[i]):
                 bad[0] = 1
-            for j in range(t, points.shape[0], dists.shape[0]):
-                if not wp.isfinite(points[j]):
-                    bad[0] = 1
+            flag(points, t, dists.shape[0], bad)
 
     @wp.kernel(enable_backward=False, module="unique")
     def merge(
@@ -842,9 +863,9 @@ def _scan_run(query, ref, dists, idx):
 
 def _prepare_scan(query, ref, dists, idx):
     vec = _warp.vec3(query.dtype)
-    bad = torch.zeros(1, dtype=torch.int32)
-    args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1], dists, idx, bad]
-    return _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=(bad, bad.numpy()))
+    flag = values_flag()
+    args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1], dists, idx, flag[0]]
+    return _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=flag)
 
 
 def scan_checked(query, ref, k):
