@@ -640,18 +640,20 @@ def _mesh_closest(
     ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, order: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, scale: torch.Tensor,
     max_dist: float, faces_to_points: bool, validate: bool, rivals: bool = False, shape: Optional[torch.Tensor] = None,
+    one: bool = False,
 ) -> list[torch.Tensor]:
     """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
     in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the band
     of that one widened by ``shape`` (1,) float64, the mesh's worst shape factor (-1: none, -2:
     two or more, or a band past ``max_dist``; see :mod:`._sides`; nothing tracked where that
-    factor is 0: a mesh that is not simple), else -1]."""
+    factor is 0: a mesh that is not simple), else -1]. ``one``: the faces are one mesh (the
+    queries' order: :func:`._tree.query_order`)."""
     if validate:
         _validate.finite(points=qa)
     m = qa.shape[0]
     found = torch.full((m,), -1, dtype=torch.int64, device=qa.device)
-    rows = _tree.query_order(qa, query_group)
+    rows = _tree.query_order(qa, query_group, one)
     if m == 0 or ta.shape[0] == 0:
         return [found, rows, found.clone()]
     _warp.init()
@@ -665,21 +667,23 @@ def _mesh_closest(
 
 
 @_mesh_closest.register_fake
-def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate, rivals=False, shape=None):
+def _(qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi, scale, max_dist, faces_to_points, validate, rivals=False, shape=None,
+      one=False):
     return [qa.new_empty((qa.shape[0],), dtype=torch.int64) for _ in range(3)]
 
 
 def closest(query: torch.Tensor, query_group: torch.Tensor, t: _tree.Tree, max_dist: float, validate: bool,
-            triangles: tuple | None = None, shape: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+            triangles: tuple | None = None, shape: Optional[torch.Tensor] = None, one: bool = False) -> list[torch.Tensor]:
     """The nearest face of each query point (or, given query ``triangles`` and a tree of points,
     the nearest point of each triangle): (M,) int64 rows, -1 where none is within ``max_dist``;
     the order the queries were walked in (for :func:`winding`); and given ``shape`` (the mesh's
     worst shape factor, :func:`closed`) the other row within the band of the one found, widened
-    for the rounding of thin faces' planes (-1: none, -2: several; without ``shape``, -1)."""
+    for the rounding of thin faces' planes (-1: none, -2: several; without ``shape``, -1).
+    ``one``: the tree holds one mesh (``FlatMesh.batch == 0``; the queries' order)."""
     qa, qb, qc = (query, query, query) if triangles is None else triangles
     return _mesh_closest(qa.detach().contiguous(), qb.detach().contiguous(), qc.detach().contiguous(), query_group,
                                         t.a, t.b, t.c, t.group, t.order, t.lo, t.hi, t.glo, t.ghi, t.scale,
-                                        float(max_dist), triangles is not None, validate, shape is not None, shape)
+                                        float(max_dist), triangles is not None, validate, shape is not None, shape, one)
 
 
 @_threads.custom_op("pcops::mesh_winding", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))

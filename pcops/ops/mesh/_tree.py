@@ -35,6 +35,11 @@ from ..neighbours import nearest
 LEAF = 4  # faces per leaf at most
 THREADS = 2**31 - 1  # threads of one launch at most (Warp's thread ids are int32)
 PER_LEVEL = [False]  # the CPU too builds the parent levels a launch per level, as CUDA does (tests)
+# One mesh's CPU queries up to this many go in the kNN search's order (:func:`query_order`): its
+# counting sort costs less than the sort, and up to here its cells (at most 32 a side) hold about
+# one query each; more queries share cells, whose walks then cost more than the sort saves
+# (docs/benchmarks.md, meshes).
+COUNTED = 1 << 15
 RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kernel`); False: CUDA's launch (tests)
 
 
@@ -77,11 +82,17 @@ def morton_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return order[torch.argsort(group[order], stable=True)]
 
 
-def query_order(points: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+def query_order(points: torch.Tensor, group: torch.Tensor, one: bool = False) -> torch.Tensor:
     """The order the searches take queries (M, 3) in: by ``group << 30 | Morton code`` in one
     stable sort (:func:`morton_order` takes two). Sample ids from 0 up to 2^33 (not
-    included) keep samples apart; others may interleave, which slows the walks but changes no result (a query's
-    order is not what it finds)."""
+    included) keep samples apart; others may interleave, which slows the walks but changes no
+    result (a query's order is not what it finds, but for faces whose float32 distances agree to
+    that search's rounding, which the order may pick between). ``one``: the queries of one mesh,
+    which on the CPU, up to :data:`COUNTED` of them, go in the kNN search's order instead (the
+    Morton order of cells, about one a query, by a counting sort on the calling thread; queries
+    in a spatial order already, such as a grid's, stay as they are)."""
+    if one and points.is_cpu and points.shape[0] <= COUNTED:
+        return nearest.cpu_query_rows(points)
     return torch.argsort(group << 30 | _codes(points), stable=True)
 
 

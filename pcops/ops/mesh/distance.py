@@ -192,7 +192,8 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         padding = bvh.batch + 1 if bvh.batch > 0 else None
         closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
     # (the band of the faces the sides compare, widened by the worst shape factor on simple meshes only)
-    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, shape=closed[1] * simple[0] if signed else None)
+    face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, shape=closed[1] * simple[0] if signed else None,
+                                        one=bvh.batch == 0)
     found = face >= 0
     p = query.points.to(dtype)
     if _threads.differentiable(p, bvh.vertices):

@@ -87,14 +87,14 @@ def point_mesh_face_distance(
     valid_f = flat.face_group != (flat.batch + 1 if flat.batch > 0 else -1)
     # points to their nearest faces
     faces_tree = _search.tree(v, flat.faces, flat.face_group, one=flat.batch == 0, winding=False)
-    face = _search.closest(p, query.group, faces_tree, float("inf"), validate and checks is None)[0].clamp(min=0)
+    face = _search.closest(p, query.group, faces_tree, float("inf"), validate and checks is None, one=flat.batch == 0)[0].clamp(min=0)
     near = _triangle.closest(p, *corners.index_select(0, face).unbind(1)).point
     d_points = (p - near).pow(2).sum(-1)
     # faces to their nearest points: the points as a hierarchy of faces with three equal corners
     rows = torch.arange(p.shape[0], device=p.device)[:, None].expand(-1, 3)
     points_tree = _search.tree(p, rows, query.group, winding=False)
     a, b, c = corners.unbind(1)
-    point = _search.closest(a, flat.face_group, points_tree, float("inf"), False, triangles=(a, b, c))[0].clamp(min=0)
+    point = _search.closest(a, flat.face_group, points_tree, float("inf"), False, triangles=(a, b, c), one=flat.batch == 0)[0].clamp(min=0)
     found = p.index_select(0, point)
     d_faces = (found - _triangle.closest(found, a, b, c).point).pow(2).sum(-1)
     # means per sample, then over samples (a packed sample's size from its ids: static shapes)

@@ -377,6 +377,50 @@ def test_the_cpu_chain_of_bounds_changes_nothing(monkeypatch):
     assert torch.equal(chained.face, plain.face) and torch.equal(chained.dists, plain.dists)
 
 
+@pytest.mark.parametrize("queries", ["random", "grid"])
+def test_one_mesh_cpu_queries_go_in_the_knn_search_order_and_find_the_same(monkeypatch, queries):
+    """The CPU queries of one mesh (up to COUNTED) are walked in the kNN search's order (a
+    counting sort of Morton cells; grids stay as they are), others in the sorted (sample, Morton
+    code) order. In
+    float64 the order changes nothing: the faces and distances, signed (an open and a closed
+    mesh: the closed one's walks copy the winding number of the query before them) and
+    unsigned, equal those of the sorted order bit for bit."""
+    from pcops.ops.mesh import _search, _tree
+    from pcops.ops.neighbours import nearest
+
+    gen = torch.Generator().manual_seed(11)
+    sphere = _sphere(gen, 2)
+    grid = _grid(6)
+    if queries == "grid":
+        axis = torch.linspace(-1.4, 1.4, 20, dtype=F64)  # (steps under 1/16 of the box: a spatial order)
+        q = torch.cartesian_prod(axis, axis, axis) + torch.tensor([0.011, 0.023, 0.037], dtype=F64)
+    else:
+        q = torch.cat([3 * torch.rand(2000, 3, generator=gen, dtype=F64) - 1.5, sphere[0] * 1.01])
+    seen = []
+    counted = nearest.cpu_query_rows
+    monkeypatch.setattr(nearest, "cpu_query_rows", lambda p: seen.append(p.shape[0]) or counted(p))
+    _, rows, _ = _search.closest(q, torch.zeros(len(q), dtype=torch.long), pcops.mesh_bvh(*sphere).tree, float("inf"), False, one=True)
+    assert torch.equal(rows, counted(q)) and torch.equal(torch.sort(rows).values, torch.arange(len(q)))
+    assert torch.equal(rows, torch.arange(len(q))) == (queries == "grid")
+    assert not torch.equal(rows, torch.argsort(_tree._codes(q), stable=True))  # (another order than the sort's)
+    results = [pcops.mesh_distance(q, v, f, signed=signed) for v, f in (sphere, grid) for signed in (False, True)]
+    assert seen and set(seen) == {len(q)}
+    monkeypatch.setattr(nearest, "cpu_query_rows", lambda p: torch.argsort(_tree._codes(p), stable=True))
+    for got, (v, f, signed) in zip(results, [(*m, s) for m in (sphere, grid) for s in (False, True)]):
+        want = pcops.mesh_distance(q, v, f, signed=signed)
+        assert torch.equal(got.face, want.face) and torch.equal(got.dists, want.dists)
+    # more queries than COUNTED, or two meshes (packed): the sorted order (samples apart)
+    monkeypatch.setattr(_tree, "COUNTED", len(q) - 1)
+    _, rows, _ = _search.closest(q, torch.zeros(len(q), dtype=torch.long), pcops.mesh_bvh(*sphere).tree, float("inf"), False, one=True)
+    assert torch.equal(rows, _tree.query_order(q, torch.zeros(len(q), dtype=torch.long)))
+    monkeypatch.undo()
+    both = pcops.mesh_bvh(torch.cat([sphere[0], grid[0]]), torch.cat([sphere[1], grid[1] + len(sphere[0])]),
+                          vertices_batch=torch.cat([torch.zeros(len(sphere[0])), torch.ones(len(grid[0]))]).long())
+    group = torch.arange(len(q)) % 2
+    _, rows, _ = _search.closest(q, group, both.tree, float("inf"), False, one=both.batch == 0)
+    assert torch.equal(rows, _tree.query_order(q, group))
+
+
 def test_float32_meshes_too_large_to_search_raise_and_float64_ones_are_exact():
     """A float32 triangle with edges past ~1e9 overflowed its squared normal: every distance 0,
     the closest point the query. Such meshes raise naming the vertices; float64 ones are exact."""

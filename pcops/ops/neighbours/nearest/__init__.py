@@ -37,6 +37,7 @@ from . import _costs, _cuml, _kdtree, _mean, _scipy, _torch  # noqa: F401  (regi
 from ._registry import BACKENDS
 
 split_order = _kdtree.split_order  # (the mesh hierarchy's CPU build orders its faces with the kd-tree's splits)
+cpu_query_rows = _kdtree.cpu_query_rows  # (the mesh searches take one mesh's CPU queries in the kNN search's order)
 nearest_costs = _costs.costs  # (chamfer's costs of plain clouds with nothing to differentiate)
 
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend

@@ -699,6 +699,16 @@ def _cpu_query_order(query: torch.Tensor):
     return (_build_kernels(query.dtype)[2], args), rows, ordered
 
 
+def cpu_query_rows(query: torch.Tensor) -> torch.Tensor:
+    """(M,) int64: ungrouped CPU queries (M, 3) in the order the search takes them
+    (:func:`_cpu_query_order`, run on the calling thread): the order of other walks over the
+    same queries (the mesh searches')."""
+    (kernel, args), rows, _ = _cpu_query_order(query.contiguous())
+    if query.shape[0]:
+        _warp.launch(kernel, 1, args, like=query)
+    return rows
+
+
 def _in_order(query: torch.Tensor) -> bool:
     """Whether consecutive queries already lie near each other (a grid, a sorted cloud): the
     median step between the first few thousand is under 1/16 of their box's largest side (a
