@@ -5,8 +5,9 @@
   walk over a hierarchy of points stored as faces of three equal corners). One thread per
   query walks down to the nearer child first and stacks the farther one with its box distance;
   boxes farther than the best distance found are skipped. Distances that agree to rounding
-  (``TIE`` eps times the size of the coordinates: faces sharing the closest edge or vertex)
-  are ties, won by the smaller face index. Nothing beyond ``max_dist`` is found (-1).
+  (within ``TIE`` eps times the size of the coordinates of the smallest: faces sharing the
+  closest edge or vertex) are ties, won by the smaller face index, whatever order the walk
+  takes. Nothing beyond ``max_dist`` is found (-1).
 * ``pcops::mesh_winding``: the generalised winding number of each query (Jacobson et al.
   2013), by the hierarchical fast winding number (Barill et al. 2018): a node farther than
   ``BETA`` times its radius contributes its dipole expansion to second order, nearer nodes
@@ -158,14 +159,13 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
 
     @wp.func(module="unique")
     def limits(best: s, near: s, wide: s, size: s, max_d2: s):
-        """(upper, lower, reach) for the smallest squared distance ``best``: a face farther than
-        upper cannot win, not even a tie; one nearer than lower wins outright; one farther than
-        reach is not measured (upper, or the rivals' band r + near + wide (r + 2 size))."""
+        """(upper, reach) for the smallest squared distance ``best``: a face farther than upper
+        cannot win, not even a tie (the band); one farther than reach is not measured (upper, or
+        the rivals' band r + near + wide (r + 2 size))."""
         r = wp.sqrt(best)
         upper = wp.min((r + near) * (r + near), max_d2)
-        lower = wp.max(r - near, s(0.0))
         band = r + near + wide * (r + s(2.0) * size)
-        return upper, lower * lower, wp.min(wp.max(upper, band * band), max_d2)
+        return upper, wp.min(wp.max(upper, band * band), max_d2)
 
     @wp.kernel(enable_backward=False, module="unique")
     def closest(
@@ -213,16 +213,26 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
             track = shape[0] > wp.float64(0.0)
         n = wp.int64(ta.shape[0])
         zero = v(s(0.0), s(0.0), s(0.0))
-        best = max_d2  # the smallest squared distance found
-        upper = max_d2  # a face farther than this cannot win, not even a tie
+        best = max_d2  # the smallest squared distance measured (within the band)
+        upper = max_d2  # the band: a face farther than this cannot win, not even a tie
         reach = max_d2  # a face farther than this is not measured (upper, or the rivals' band)
-        lower = max_d2  # a face nearer than this wins outright
+        # The face found is the smallest index among the faces within the band of the smallest
+        # distance, whatever order the walk takes (so whatever the other queries). The band only
+        # narrows and every face of the final band is measured inside it: a face in the band
+        # replaces the one taken if its index is smaller, or if the one taken has left the band;
+        # a face passed over for its index (``passed``: the smallest such distance) may lie in the
+        # final band while the one that beat it leaves it (faces chaining through the band, a few
+        # times the rounding wide): then (``again``) a second walk takes the final band's faces.
         face = wp.int64(-1)
         at = wp.int64(-1)
+        taken = s(wp.inf)  # the squared distance of the face taken
+        passed = s(wp.inf)
+        again = bool(False)
         # the three smallest squared distances of distinct items (the first two with their items):
         # the items within the tie band besides the one found
         d_1, d_2, d_3 = s(wp.inf), s(wp.inf), s(wp.inf)
         f_1, f_2 = wp.int64(-1), wp.int64(-1)
+        chained = wp.int64(-1)  # the sorted row measured before the walk
         if chain != 0 and wp.tid() > 0:  # CPU: thread t - 1 ran before t; its face bounds this query's distance
             prev = int(rows[wp.tid() + start - 1])
             jp = slot[prev]
@@ -234,81 +244,96 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
                     d2 = triangle_d2(a, ta[jp], tb[jp], tc[jp])
                 d_1 = d2
                 f_1 = order[jp]
+                chained = jp
                 if d2 <= max_d2:
+                    best = d2
+                    upper, reach = limits(best, near, wide, size, max_d2)
                     face = order[jp]
                     at = jp
-                    best = d2
-                    upper, lower, reach = limits(best, near, wide, size, max_d2)
+                    taken = d2
         stack_node = _nodes()
         stack_depth = _nodes()
         stack_bound = _bounds()
-        top = int(1)  # the root: entry 0, depth 0, bound 0
-        while top > 0:
-            top = top - 1
-            node = stack_node[top]
-            d = stack_depth[top]
-            if stack_bound[top] > reach * slack:
-                continue
-            # a node past upper (reached through the rivals' wider band only): its faces are
-            # measured for the rivals but never taken, so the face found is the search's without
-            # rivals, face for face (a sliver's rounded distance can be far too small)
-            eligible = stack_bound[top] <= upper * slack
-            while True:
-                if not single and (g < glo[node] or g > ghi[node]):
+        for walk in range(2):
+            if walk == 1:
+                if not (again and passed <= upper):
                     break
-                if d == depth:  # a leaf
-                    k = node + 1 - (1 << d)
-                    j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
-                    for j in range(j0, j1):
-                        if single or group[j] == g:
-                            d2 = s(0.0)
-                            if wp.static(faces_to_points):
-                                d2 = triangle_d2(ta[j], a, b, c)
-                            else:
-                                d2 = triangle_d2(a, ta[j], tb[j], tc[j])
-                            f = order[j]
-                            if wp.static(rivals) and track and d2 <= reach and f != f_1 and f != f_2:  # (only the band counts)
-                                if d2 < d_1:
-                                    d_3 = d_2
-                                    d_2 = d_1
-                                    f_2 = f_1
-                                    d_1 = d2
-                                    f_1 = f
-                                elif d2 < d_2:
-                                    d_3 = d_2
-                                    d_2 = d2
-                                    f_2 = f
-                                elif d2 < d_3:
-                                    d_3 = d2
-                            take = False
-                            if not eligible:
-                                take = False
-                            elif face < wp.int64(0):
-                                take = d2 <= upper
-                            else:
-                                take = d2 < lower or (d2 <= upper and f < face)
-                            if take:
-                                face = f
-                                at = wp.int64(j)
-                                best = wp.min(best, d2)
-                                upper, lower, reach = limits(best, near, wide, size, max_d2)
-                    break
-                left = 2 * node + 1
-                gl = wp.max(wp.max(lo[left] - qhi, qlo - hi[left]), zero)
-                gr = wp.max(wp.max(lo[left + 1] - qhi, qlo - hi[left + 1]), zero)
-                dl, dr = wp.dot(gl, gl), wp.dot(gr, gr)
-                first, second, bound, other = left, left + 1, dl, dr
-                if dr < dl:
-                    first, second, bound, other = left + 1, left, dr, dl
-                stack_node[top] = second
-                stack_depth[top] = d + 1
-                stack_bound[top] = other
-                top = top + int(other <= reach * slack)
-                if bound > reach * slack:
-                    break
-                eligible = eligible and bound <= upper * slack
-                node = first
-                d = d + 1
+                face = wp.int64(-1)
+            top = int(1)  # the root: entry 0, depth 0, bound 0
+            stack_node[0] = 0
+            stack_depth[0] = 0
+            stack_bound[0] = s(0.0)
+            while top > 0:
+                top = top - 1
+                node = stack_node[top]
+                d = stack_depth[top]
+                if stack_bound[top] > reach * slack:
+                    continue
+                # a node past upper (reached through the rivals' wider band only): its faces are
+                # measured for the rivals but never taken, so the face found is the search's without
+                # rivals, face for face (a sliver's rounded distance can be far too small)
+                eligible = stack_bound[top] <= upper * slack
+                while True:
+                    if not single and (g < glo[node] or g > ghi[node]):
+                        break
+                    if d == depth:  # a leaf
+                        k = node + 1 - (1 << d)
+                        j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
+                        for j in range(j0, j1):
+                            if single or group[j] == g:
+                                d2 = s(0.0)
+                                if wp.static(faces_to_points):
+                                    d2 = triangle_d2(ta[j], a, b, c)
+                                else:
+                                    d2 = triangle_d2(a, ta[j], tb[j], tc[j])
+                                f = order[j]
+                                if walk == 1:  # the final band: the smaller index
+                                    if eligible and d2 <= upper and (face < wp.int64(0) or f < face):
+                                        face = f
+                                        at = wp.int64(j)
+                                    continue
+                                if wp.static(rivals) and track and d2 <= reach and f != f_1 and f != f_2:  # (only the band counts)
+                                    if d2 < d_1:
+                                        d_3 = d_2
+                                        d_2 = d_1
+                                        f_2 = f_1
+                                        d_1 = d2
+                                        f_1 = f
+                                    elif d2 < d_2:
+                                        d_3 = d_2
+                                        d_2 = d2
+                                        f_2 = f
+                                    elif d2 < d_3:
+                                        d_3 = d2
+                                if eligible and d2 <= upper and wp.int64(j) != chained:
+                                    if d2 < best:
+                                        best = d2
+                                        upper, reach = limits(best, near, wide, size, max_d2)
+                                    if face < wp.int64(0) or taken > upper:  # none yet, or the one taken left the band
+                                        again = again or passed <= upper
+                                        face, at, taken = f, wp.int64(j), d2
+                                    elif f < face:
+                                        passed = wp.min(passed, taken)
+                                        face, at, taken = f, wp.int64(j), d2
+                                    elif f != face:
+                                        passed = wp.min(passed, d2)
+                        break
+                    left = 2 * node + 1
+                    gl = wp.max(wp.max(lo[left] - qhi, qlo - hi[left]), zero)
+                    gr = wp.max(wp.max(lo[left + 1] - qhi, qlo - hi[left + 1]), zero)
+                    dl, dr = wp.dot(gl, gl), wp.dot(gr, gr)
+                    first, second, bound, other = left, left + 1, dl, dr
+                    if dr < dl:
+                        first, second, bound, other = left + 1, left, dr, dl
+                    stack_node[top] = second
+                    stack_depth[top] = d + 1
+                    stack_bound[top] = other
+                    top = top + int(other <= reach * slack)
+                    if bound > reach * slack:
+                        break
+                    eligible = eligible and bound <= upper * slack
+                    node = first
+                    d = d + 1
         found[i] = face
         slot[i] = at
         if not wp.static(rivals) or not track or face < wp.int64(0):

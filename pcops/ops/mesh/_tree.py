@@ -86,8 +86,7 @@ def query_order(points: torch.Tensor, group: torch.Tensor, one: bool = False) ->
     """The order the searches take queries (M, 3) in: by ``group << 30 | Morton code`` in one
     stable sort (:func:`morton_order` takes two). Sample ids from 0 up to 2^33 (not
     included) keep samples apart; others may interleave, which slows the walks but changes no
-    result (a query's order is not what it finds, but for faces whose float32 distances agree to
-    that search's rounding, which the order may pick between). ``one``: the queries of one mesh,
+    result (a query's order is not what it finds). ``one``: the queries of one mesh,
     which on the CPU, up to :data:`COUNTED` of them, go in the kNN search's order instead (the
     Morton order of cells, about one a query, by a counting sort on the calling thread; queries
     in a spatial order already, such as a grid's, stay as they are)."""

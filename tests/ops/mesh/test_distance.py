@@ -421,6 +421,40 @@ def test_one_mesh_cpu_queries_go_in_the_knn_search_order_and_find_the_same(monke
     assert torch.equal(rows, _tree.query_order(q, group))
 
 
+def test_float32_faces_chained_through_the_tie_band_do_not_depend_on_the_other_queries(monkeypatch):
+    """Seen from afar, a fan of nearly coplanar float32 faces about a corner has many faces
+    within a few times float32's rounding of the nearest distance, chaining through the tie
+    band (each within the band of the next, the ends farther apart). The face found is the
+    smallest index within the band of the smallest distance, whatever order the walk takes: the
+    queries flipped, one at a time, or without the CPU's chain of bounds find the same faces
+    (a walk that let a nearer face win outright over the face taken lost the faces passed over
+    for it: 49 of 20,000 queries here differed), each within float32's rounding of the exact
+    nearest distance."""
+    import math
+
+    from pcops.ops.mesh import _search
+
+    found = {}
+    for seed in range(5):
+        gen = torch.Generator().manual_seed(seed)
+        angle = torch.arange(48, dtype=F64) * 2 * math.pi / 48
+        ring = torch.stack([angle.cos(), angle.sin(), 3e-4 * torch.randn(48, generator=gen, dtype=F64)], 1)
+        v = torch.cat([torch.zeros(1, 3, dtype=F64), ring]).float()
+        f = torch.stack([torch.zeros(48, dtype=torch.long), torch.arange(1, 49), torch.arange(1, 49) % 48 + 1], 1)
+        q = torch.randn(4000, 3, generator=gen)
+        q = 2 * torch.cat([0.05 * q[:, :2], q[:, 2:].abs() + 0.5], 1)  # above the corner, 1 to 8 away
+        face = pcops.mesh_distance(q, v, f).face
+        found[seed] = (q, v, f, face)
+        assert torch.equal(pcops.mesh_distance(q.flip(0), v, f).face.flip(0), face)
+        assert torch.equal(torch.cat([pcops.mesh_distance(q[i:i + 1], v, f).face for i in range(0, 4000, 7)]), face[::7])
+        exact = reference.mesh_distance(q.double(), v.double(), f)[0]
+        own = (q.double() - reference.triangle_points(q.double(), *v.double()[f[face]].unbind(1))).norm(dim=1)
+        assert bool(((own - exact) <= 64 * torch.finfo(torch.float32).eps * q.abs().amax()).all())
+    monkeypatch.setattr(_search, "CHAIN", False)
+    for q, v, f, face in found.values():
+        assert torch.equal(pcops.mesh_distance(q, v, f).face, face)
+
+
 def test_float32_meshes_too_large_to_search_raise_and_float64_ones_are_exact():
     """A float32 triangle with edges past ~1e9 overflowed its squared normal: every distance 0,
     the closest point the query. Such meshes raise naming the vertices; float64 ones are exact."""
