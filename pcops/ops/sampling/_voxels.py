@@ -66,10 +66,17 @@ def assign(
     if live == 0:
         return torch.full_like(ids, -1), torch.arange(n, device=dev), empty(3), empty(), empty()
     lows, highs = _extent(cells_f if every else cells_f[:, valid])
-    if not all(map(math.isfinite, lows + highs)):  # NaN / inf points (validate=False): in cell 0, results unspecified
-        cells_f = torch.nan_to_num(cells_f, nan=0.0, posinf=0.0, neginf=0.0)
-        lows, highs = _extent(cells_f if every else cells_f[:, valid])
     big = max(abs(x) for x in lows + highs)
+    if not all(map(math.isfinite, lows + highs)):
+        # a finite point whose cell overflowed (the size too small for its coordinates): the
+        # error below; else NaN / inf points (validate=False): in cell 0, results unspecified
+        given = torch.isfinite(points.t()) if origin is None else torch.isfinite(points.t()) & torch.isfinite(origin)[:, None]
+        if bool((given & ~torch.isfinite(cells_f) & valid).any()):
+            big = math.inf
+        else:
+            cells_f = torch.nan_to_num(cells_f, nan=0.0, posinf=0.0, neginf=0.0)
+            lows, highs = _extent(cells_f if every else cells_f[:, valid])
+            big = max(abs(x) for x in lows + highs)
     if big >= CELL_LIMIT:
         raise ValueError(
             f"{name}={size} is too small for the extent of the points: a grid coordinate reaches "
