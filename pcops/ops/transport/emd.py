@@ -62,9 +62,9 @@ def _cost_matrix(x: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
     both = np.concatenate([x, y])
     finite = both[np.isfinite(both).all(1)]
     extent = float((finite.max(0) - finite.min(0)).max()) if finite.size else 0.0
-    if 0.0 < extent < np.inf:
-        scale = 2.0 ** -np.floor(np.log2(extent))
-        x, y = x * scale, y * scale
+    if 0.0 < extent < np.inf:  # (ldexp: 2^-e itself overflows for subnormal extents, e < -1023)
+        e = -int(np.floor(np.log2(extent)))
+        x, y = np.ldexp(x, e), np.ldexp(y, e)
     d2 = np.zeros((x.shape[0], y.shape[0]))
     for c in range(x.shape[1]):
         diff = x[:, None, c] - y[None, :, c]
