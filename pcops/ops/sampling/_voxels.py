@@ -43,7 +43,8 @@ def assign(
     that each sample's smallest cell is 0 on every axis with ``shift`` (Pointcept's
     ``grid_coord``; only with ``origin`` None), as computed otherwise (None with ``coords=False``,
     which skips their gather: a random read of V rows). ``validate``: reject
-    NaN/inf points or origin (unchecked, a non-finite cell is cell 0, results unspecified).
+    NaN/inf points or origin (unchecked, their cells are cell 0, results unspecified); a finite
+    point whose cell overflows (``size`` too small for its coordinates) raises, checked or not.
     """
     _validate.positive_number(name, size)
     if validate:
