@@ -405,10 +405,13 @@ def test_one_mesh_cpu_queries_go_in_the_knn_search_order_and_find_the_same(monke
     assert not torch.equal(rows, torch.argsort(_tree._codes(q), stable=True))  # (another order than the sort's)
     results = [pcops.mesh_distance(q, v, f, signed=signed) for v, f in (sphere, grid) for signed in (False, True)]
     assert seen and set(seen) == {len(q)}
+    loss = pcops.point_mesh_face_distance(q, *sphere)  # (both ways: the faces' corners as queries too)
+    assert len(seen) > 4
     monkeypatch.setattr(nearest, "cpu_query_rows", lambda p: torch.argsort(_tree._codes(p), stable=True))
     for got, (v, f, signed) in zip(results, [(*m, s) for m in (sphere, grid) for s in (False, True)]):
         want = pcops.mesh_distance(q, v, f, signed=signed)
         assert torch.equal(got.face, want.face) and torch.equal(got.dists, want.dists)
+    assert torch.equal(pcops.point_mesh_face_distance(q, *sphere), loss)
     # more queries than COUNTED, or two meshes (packed): the sorted order (samples apart)
     monkeypatch.setattr(_tree, "COUNTED", len(q) - 1)
     _, rows, _ = _search.closest(q, torch.zeros(len(q), dtype=torch.long), pcops.mesh_bvh(*sphere).tree, float("inf"), False, one=True)
