@@ -56,15 +56,17 @@ def _solve(cost: np.ndarray) -> np.ndarray:
 
 def _cost_matrix(x: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
     """(n, n) costs |x_i - y_j|^p in float64, from direct differences (no matmul formula), of
-    the two clouds divided by the power of two of their finite points' extent: the same matching
-    (every cost scaled by one power of two) where the squares stay in float64's range, and one
-    for clouds whose squared distances would overflow or underflow it."""
+    the two clouds moved to the low corner of their finite points' box and divided by the power
+    of two of its extent: the same matching (every cost scaled by one power of two) where the
+    squares stay in float64's range, and one for clouds whose squared distances would overflow
+    or underflow it, wherever they lie."""
     both = np.concatenate([x, y])
     finite = both[np.isfinite(both).all(1)]
-    extent = float((finite.max(0) - finite.min(0)).max()) if finite.size else 0.0
-    if 0.0 < extent < np.inf:  # (ldexp: 2^-e itself overflows for subnormal extents, e < -1023)
+    low = finite.min(0) if finite.size else 0.0
+    extent = float((finite.max(0) - low).max()) if finite.size else 0.0
+    if 0.0 < extent < np.inf:  # (ldexp: 2^e itself overflows for subnormal extents, e > 1023)
         e = -int(np.floor(np.log2(extent)))
-        x, y = np.ldexp(x, e), np.ldexp(y, e)
+        x, y = np.ldexp(x - low, e), np.ldexp(y - low, e)
     d2 = np.zeros((x.shape[0], y.shape[0]))
     for c in range(x.shape[1]):
         diff = x[:, None, c] - y[None, :, c]

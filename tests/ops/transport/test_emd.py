@@ -155,7 +155,9 @@ def test_clouds_far_from_unit_size_get_their_unit_copies_matching_and_distance(g
     inf or 0) get their unit copy's matching, and its distance scaled (p = 1 by s, p = 2 by s^2
     where the dtype holds it); at a power-of-two scale bit for bit. Subnormal float64 clouds
     (1e-310: the power of two of their extent, 2^1030, beyond float64) get it too (their
-    distances, subnormal, are not compared)."""
+    distances, subnormal, are not compared), and so do small clouds far from the origin (in the
+    plane z = 1: their scaled coordinates overflowed where the box's low corner was not taken
+    off first)."""
     x, y = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)
     for dtype, scales in ((F64, (1e200, 1e-170, 2.0**-300, 1e-310)), (torch.float32, (1e20, 1e-25, 2.0**60))):
         unit = pcops.earth_movers_distance(x.to(dtype), y.to(dtype), p=p, point_reduction=None, batch_reduction=None)
@@ -171,6 +173,19 @@ def test_clouds_far_from_unit_size_get_their_unit_copies_matching_and_distance(g
                 assert torch.equal(out.distance.double(), want), (dtype, s)
             else:
                 torch.testing.assert_close(out.distance.double(), want, rtol=1e-6 if dtype == torch.float32 else 1e-14, atol=0)
+
+
+def test_small_clouds_far_from_the_origin_get_their_unit_copies_matching(gen):
+    """Clouds in the plane z = z0 (every point there), scaled small: the same matching as their
+    unit copies at z = 0, off the origin too (the scale of a subnormal extent, 2^1030, made every
+    coordinate z0 2^1030 = inf, every cost NaN: an arbitrary matching)."""
+    x, y = torch.rand(12, 3, generator=gen, dtype=F64), torch.rand(12, 3, generator=gen, dtype=F64)
+    x[:, 2], y[:, 2] = 0.0, 0.0
+    unit = pcops.earth_movers_distance(x, y, point_reduction=None, batch_reduction=None).match
+    for s, z in ((1e-310, 0.1), (1e-310, 1.0), (1e-200, 1e120), (2.0**-40, 2.0**200)):
+        xs, ys = x * s, y * s
+        xs[:, 2], ys[:, 2] = z, z
+        assert torch.equal(pcops.earth_movers_distance(xs, ys, point_reduction=None, batch_reduction=None).match, unit), (s, z)
 
 
 def test_emd_gradient_is_the_gradient_of_the_cost_at_the_matching(gen):
