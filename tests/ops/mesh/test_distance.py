@@ -431,7 +431,7 @@ def test_float32_faces_chained_through_the_tie_band_do_not_depend_on_the_other_q
     smallest index within the band of the smallest distance, whatever order the walk takes: the
     queries flipped, one at a time, or without the CPU's chain of bounds find the same faces
     (a walk that let a nearer face win outright over the face taken lost the faces passed over
-    for it: 49 of 20,000 queries here differed), each within float32's rounding of the exact
+    for it: here 49 faces differed between those calls at 34b756f), each within float32's rounding of the exact
     nearest distance."""
     import math
 
