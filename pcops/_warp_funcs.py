@@ -103,7 +103,8 @@ def bounds(dtype: torch.dtype):
         +inf to -inf)."""
         lx, ly, lz = s(wp.inf), s(wp.inf), s(wp.inf)
         hx, hy, hz = -s(wp.inf), -s(wp.inf), -s(wp.inf)
-        for j in range(first, last, step):
+        j = first
+        while j < last:  # (step >= 1; a while loop: faster than Warp's range loop on the CPU)
             p = points[j]
             lx = wp.where(p[0] < lx, p[0], lx)
             ly = wp.where(p[1] < ly, p[1], ly)
@@ -111,6 +112,7 @@ def bounds(dtype: torch.dtype):
             hx = wp.where(p[0] > hx, p[0], hx)
             hy = wp.where(p[1] > hy, p[1], hy)
             hz = wp.where(p[2] > hz, p[2], hz)
+            j += step
         return v(lx, ly, lz), v(hx, hy, hz)
 
     return box

@@ -28,7 +28,8 @@ distance from c to its box is at least its ``node_max`` (shrunk by a rounding ma
 no point of a skipped node would have changed in floating point). The walk needs no stack (a
 finished right child hands its parent the better of its two children). Work per pick: the
 nodes and leaves near the pick, O(LEAF + log N) for spread-out clouds, O(N) at worst (as
-plain FPS).
+plain FPS). The loops over points are while loops: on the CPU, Warp's ``for j in range(a, b)``
+costs more per step (docs/benchmarks.md, design choices).
 
 CUDA: one launch per pick for every sample at once (blocks of 128 points per thread, torch
 takes each sample's farthest block between launches; the launch is recorded once, nothing is
@@ -106,21 +107,25 @@ def _kernels(dtype: torch.dtype):
         """One stable counting-sort pass of keys lo..hi-1 on their bits shift..shift+9."""
         for k in range(1024):
             hist[hb + k] = 0
-        for j in range(lo, hi):
+        j = lo
+        while j < hi:
             digit = (src_key[j] >> shift) & 1023
             hist[hb + digit] = hist[hb + digit] + 1
+            j += 1
         total = int(lo)
         for k in range(1024):
             c = hist[hb + k]
             hist[hb + k] = total
             total += c
-        for j in range(lo, hi):
+        j = lo
+        while j < hi:
             key = src_key[j]
             digit = (key >> shift) & 1023
             at = hist[hb + digit]
             hist[hb + digit] = at + 1
             dst_key[at] = key
             dst_ord[at] = src_ord[j]
+            j += 1
 
     @wp.func(module="unique")
     def better(d: s, i: int, top: s, top_i: int):
@@ -163,17 +168,20 @@ def _kernels(dtype: torch.dtype):
             last = s(cells - 1)
             for w in range(cells):
                 hist[hb + w] = 0
-            for j in range(lo, hi):
+            j = lo
+            while j < hi:
                 u = (src_flat[3 * j + axis] - low) * width
                 u = wp.where(u > s(0.0), u, s(0.0))  # NaN: cell 0
                 cell = int(wp.where(u < last, u, last))
                 hist[hb + cell] = hist[hb + cell] + 1
+                j += 1
             total = int(lo)
             for w in range(cells):
                 cnt = hist[hb + w]
                 hist[hb + w] = total
                 total += cnt
-            for j in range(lo, hi):
+            j = lo
+            while j < hi:
                 p = src[j]
                 u = (src_flat[3 * j + axis] - low) * width
                 u = wp.where(u > s(0.0), u, s(0.0))
@@ -182,6 +190,7 @@ def _kernels(dtype: torch.dtype):
                 hist[hb + cell] = at + 1
                 dst[at] = p
                 dst_order[at] = src_order[j]
+                j += 1
 
     @wp.func(module="unique")
     def morton_leaves(
@@ -203,7 +212,8 @@ def _kernels(dtype: torch.dtype):
         for a in range(3):
             if ext[a] > s(0.0):
                 scale[a] = s(1023.0) / ext[a]
-        for j in range(base, end):
+        j = base
+        while j < end:
             p = points[j]
             code = int(0x3FFFFFFF)  # NaN/inf (validate=False): last
             if wp.isfinite(p):
@@ -214,6 +224,7 @@ def _kernels(dtype: torch.dtype):
                 code = (spread(qx) << 2) | (spread(qy) << 1) | spread(qz)
             tmp_keys[j] = code
             tmp_order[j] = j - base
+            j += 1
         radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 0)
         radix_pass(keys, order, tmp_keys, tmp_order, hist, hb, base, end, 10)
         radix_pass(tmp_keys, tmp_order, keys, order, hist, hb, base, end, 20)
@@ -262,13 +273,15 @@ def _kernels(dtype: torch.dtype):
         ``order[base + at]``: the point at leaf position at; ``inv``: the position of each point."""
         end = base + nb
         if h > 0:
-            for j in range(base, end):
-                inv[base + order[j]] = j - base
-            for leaf in range(1 << h):
-                tmp_keys[base + leaf] = part(leaf, nb, h)
+            for leaf in range(1 << h):  # inv: the leaf of each point (no division per point)
+                j = base + part(leaf, nb, h)
+                last = base + part(leaf + 1, nb, h)
+                tmp_keys[base + leaf] = j - base
+                while j < last:
+                    inv[base + order[j]] = leaf
+                    j += 1
             for o in range(nb):
-                # the leaf of position p: floor(((p + 1) 2^h - 1) / nb)
-                leaf = int(((wp.int64(inv[base + o]) + wp.int64(1)) * (wp.int64(1) << wp.int64(h)) - wp.int64(1)) / wp.int64(nb))
+                leaf = inv[base + o]
                 at = tmp_keys[base + leaf]
                 tmp_keys[base + leaf] = at + 1
                 order[base + at] = o
@@ -298,20 +311,24 @@ def _kernels(dtype: torch.dtype):
         end = base + nb
         leaf0 = (1 << h) - 1
         nan_box = v(s(wp.nan))
-        for j in range(base, end):
+        j = base
+        while j < end:
             pts[j] = points[base + order[j]]
             dist[j] = s(wp.inf)
+            j += 1
         for leaf in range(1 << h):
             lo = base + part(leaf, nb, h)
             hi = base + part(leaf + 1, nb, h)
             bl = v(s(wp.inf))
             bh = v(-s(wp.inf))
             finite = bool(True)
-            for j in range(lo, hi):
+            j = lo
+            while j < hi:
                 p = pts[j]
                 bl = wp.min(bl, p)
                 bh = wp.max(bh, p)
                 finite = finite and wp.isfinite(p)
+                j += 1
             arg = wp.where(lo < hi, order[wp.min(lo, end - 1)], -1)
             node = root + leaf0 + leaf
             lo_box[node] = wp.where(finite, bl, nan_box)  # a NaN/inf point (validate=False): never skipped
@@ -392,7 +409,8 @@ def _kernels(dtype: torch.dtype):
                     hi = base + part(leaf + 1, nb, h)
                     top = s(-2.0)
                     top_j = lo
-                    for j in range(lo, hi):  # branch-free: the first farthest point (the leaf is in index order)
+                    j = lo
+                    while j < hi:  # branch-free: the first farthest point (the leaf is in index order)
                         dj = dist[j]
                         x = wp.length_sq(pts[j] - c)
                         dj = wp.where(dj < x or dj < s(0.0), dj, x)  # a NaN point's distance is NaN: never the farthest; picked (-1) stays
@@ -400,6 +418,7 @@ def _kernels(dtype: torch.dtype):
                         far = dj > top
                         top = wp.where(far, dj, top)
                         top_j = wp.where(far, j, top_j)
+                        j += 1
                     node_max[node] = top
                     node_arg[node] = wp.where(top > s(-2.0), order[wp.min(top_j, end - 1)], -1)
                 while i > 0 and (i & 1) == 0:  # a right child done: so is its parent

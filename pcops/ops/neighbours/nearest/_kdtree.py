@@ -36,6 +36,9 @@ Memory is O(N + M).
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
 point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and every walk
 ends: it visits each node at most once.
+
+The loops over points (a leaf, a scan, a partition) are while loops: on the CPU, Warp's
+``for j in range(a, b)`` costs more per step (docs/benchmarks.md, design choices).
 """
 
 import functools
@@ -221,7 +224,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                 if d == depth:  # a leaf: insert its points into the sorted row
                     node = b + 1 - (1 << d)
                     j0, j1 = _warp_funcs.part(node, npts, depth), _warp_funcs.part(node + 1, npts, depth)
-                    for j in range(j0, j1):
+                    j = j0
+                    while j < j1:
                         diff = q - points[j]
                         d2 = wp.dot(diff, diff)
                         ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
@@ -231,6 +235,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                             n = insert(dists, idx, i, n, d2, order[j])
                             if n == k:  # a full row: nothing farther than its last (with slack) can enter
                                 bound = wp.min(bound, dists[i, k - 1] * slack)
+                        j += 1
                     break
                 a = int(axis[b])
                 side = int(0)
@@ -279,7 +284,8 @@ def scan_row(dtype: torch.dtype, grouped: bool):
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
             return n
         bound = s(wp.inf)
-        for j in range(first, last):
+        j = first
+        while j < last:
             diff = q - points[j]
             d2 = wp.dot(diff, diff)
             ok = d2 <= bound and d2 < s(wp.inf)  # NaN / inf points are never neighbours
@@ -289,6 +295,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
                 n = insert(dists, idx, t, n, d2, wp.int64(j))
                 if n == k:
                     bound = wp.min(bound, dists[t, k - 1] * slack)
+            j += 1
         return n
 
     return row
@@ -302,9 +309,11 @@ def flag_not_finite(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def flag(points: wp.array(dtype=v), first: int, step: int, bad: wp.array(dtype=wp.int32)):
-        for j in range(first, points.shape[0], step):
+        j = first
+        while j < points.shape[0]:  # (step >= 1)
             if not wp.isfinite(points[j]):
                 bad[0] = 1
+            j += step
 
     return flag
 
@@ -487,7 +496,8 @@ def _build_kernels(dtype: torch.dtype):
                             for strict in range(2):
                                 fence = left
                                 equal = int(0)
-                                for j in range(left, rite):
+                                j = left
+                                while j < rite:
                                     p = points[j]
                                     o = order[j]
                                     x = key(p, a)
@@ -501,6 +511,7 @@ def _build_kernels(dtype: torch.dtype):
                                     points[fence] = p
                                     order[fence] = o
                                     fence = fence + int(below)
+                                    j += 1
                                 if mid < fence:
                                     rite = fence
                                     if strict == 1:
