@@ -663,8 +663,10 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     """
     if n <= 0:
         return
-    if beside is None and work is not None and work < SERIAL_WORK and like.is_cpu and (kernel, "cpu") in _loaded:
+    if work is not None and work < SERIAL_WORK and like.is_cpu and (kernel, "cpu") in _loaded and (beside is None or (beside[0], "cpu") in _loaded):
         _serial(kernel, n, [convert(a) for a in args])  # the common small CPU launch, nothing to decide
+        if beside is not None and (beside[2] if len(beside) > 2 else 1) > 0:  # (then beside's, as the serial path below runs them)
+            _serial(beside[0], beside[2] if len(beside) > 2 else 1, [convert(a) for a in beside[1]])
         return
     s = cuda_stream(like)
     dev = "cpu" if s is None else device(like)

@@ -156,14 +156,17 @@ def _counting_sort_kernel():
         n = keys.shape[0]
         for c in range(total + 1):
             starts[c] = wp.int64(0)
-        for i in range(n):  # counts, one place up
+        i = int(0)
+        while i < n:  # counts, one place up (while loops: faster than Warp's range loops on the CPU)
             k = wp.clamp(int(keys[i]), 0, total)
             if k < total:
                 starts[k + 1] = starts[k + 1] + wp.int64(1)
+            i += 1
         for c in range(total):
             starts[c + 1] = starts[c + 1] + starts[c]
         tail = wp.int64(starts[total])  # the dropped points follow the kept ones
-        for i in range(n):  # scatter; starts[k] advances to the start of key k + 1
+        i = int(0)
+        while i < n:  # scatter; starts[k] advances to the start of key k + 1
             k = wp.clamp(int(keys[i]), 0, total)
             if k < total:
                 order[int(starts[k])] = wp.int64(i)
@@ -171,6 +174,7 @@ def _counting_sort_kernel():
             else:
                 order[int(tail)] = wp.int64(i)
                 tail = tail + wp.int64(1)
+            i += 1
         for c in range(total, 0, -1):  # shift back by one cell
             starts[c] = starts[c - 1]
         starts[0] = wp.int64(0)

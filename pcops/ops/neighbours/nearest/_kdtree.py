@@ -549,9 +549,11 @@ def _build_kernels(dtype: torch.dtype):
         side = wp.max(wp.max(ext[0], ext[1]), ext[2])
         near = int(0)
         steps = wp.min(m, 4097) - 1
-        for i in range(1, steps + 1):
+        i = int(1)
+        while i <= steps:
             d = wp.abs(points[i] - points[i - 1])
             near = near + int(wp.max(wp.max(d[0], d[1]), d[2]) < side / s(16.0))
+            i += 1
         if 2 * near > steps:
             for i in range(m):
                 rows[i] = wp.int64(i)
@@ -561,17 +563,21 @@ def _build_kernels(dtype: torch.dtype):
         scale = top / side  # inf or NaN (a box of one point or none): cell 0
         for c in range(count.shape[0]):
             count[c] = 0
-        for i in range(m):
+        i = int(0)
+        while i < m:
             c = morton(spread, (points[i] - low) * scale, top)
             cells[i] = c
             count[c + 1] = count[c + 1] + 1
+            i += 1
         for c in range(1, count.shape[0]):
             count[c] = count[c] + count[c - 1]  # count[c]: the points in the cells before c
-        for i in range(m):
+        i = int(0)
+        while i < m:
             c = cells[i]
             rows[count[c]] = wp.int64(i)
             ordered[count[c]] = points[i]
             count[c] = count[c] + 1
+            i += 1
 
     return build, keys, order
 
