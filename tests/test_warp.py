@@ -364,6 +364,28 @@ def test_a_launch_beside_another_runs_once_with_its_own_arguments(chunk_threads)
         torch.testing.assert_close(other_total, other[:1, 0])
 
 
+@pytest.mark.parametrize("side_threads", [None, 3, 0])
+def test_a_small_launch_runs_the_one_beside_it_on_the_calling_thread(chunk_threads, side_threads, monkeypatch):
+    # below SERIAL_WORK (``work``) both kernels, once loaded, run directly one after the other:
+    # the launch's threads, then beside's (its thread count, 1 when not given, none when 0)
+    x, y = torch.rand(2, 50, 3, generator=torch.Generator().manual_seed(3))
+    for turn in range(3):  # first loads, then the direct calls (no packed chunks)
+        if turn == 1:
+            monkeypatch.setattr(_warp, "_runner", lambda *a, **k: pytest.fail("packed chunks for a small launch"))
+        out, total = torch.empty_like(x), torch.zeros(1)
+        other, other_total = torch.full_like(y, -1.0), torch.zeros(1)
+        shift = wp.vec3f(1.0, 2.0, 3.0)
+        args = [_warp.array(x, dtype=wp.vec3f), 0.5, shift, 7, _warp.array(out, dtype=wp.vec3f), total]
+        side = [_warp.array(y, dtype=wp.vec3f), 2.0, shift, 0, _warp.array(other, dtype=wp.vec3f), other_total]
+        beside = (_affine_kernel(), side) if side_threads is None else (_affine_kernel(), side, side_threads)
+        _warp.launch(_affine_kernel(), 50, args, like=x, min_chunk=1, beside=beside, work=100)
+        torch.testing.assert_close(out, 0.5 * x + torch.tensor([8.0, 2.0, 3.0]))
+        ran = 1 if side_threads is None else side_threads
+        torch.testing.assert_close(other[:ran], 2.0 * y[:ran] + torch.tensor([1.0, 2.0, 3.0]))
+        assert bool((other[ran:] == -1.0).all())
+        torch.testing.assert_close(other_total, other[:ran, 0].sum(0, keepdim=True))
+
+
 @_warp.kernels
 def _count_kernel():
     @wp.kernel(enable_backward=False, module="unique")
