@@ -663,10 +663,13 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     """
     if n <= 0:
         return
+    side_threads = 0 if beside is None else beside[2] if len(beside) > 2 else 1
+    if side_threads <= 0:
+        beside = None
     if work is not None and work < SERIAL_WORK and like.is_cpu and (kernel, "cpu") in _loaded and (beside is None or (beside[0], "cpu") in _loaded):
         _serial(kernel, n, [convert(a) for a in args])  # the common small CPU launch, nothing to decide
-        if beside is not None and (beside[2] if len(beside) > 2 else 1) > 0:  # (then beside's, as the serial path below runs them)
-            _serial(beside[0], beside[2] if len(beside) > 2 else 1, [convert(a) for a in beside[1]])
+        if beside is not None:  # (then beside's, as the serial path below runs them)
+            _serial(beside[0], side_threads, [convert(a) for a in beside[1]])
         return
     s = cuda_stream(like)
     dev = "cpu" if s is None else device(like)
@@ -674,8 +677,6 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     bounds = [0, n] if serial else chunk_bounds(n, s, min_chunk)
     chunks = len(bounds) - 1
     values = [convert(a) for a in args]  # once per launch: a conversion costs as much as a small chunk's work
-    if beside is not None and (beside[2] if len(beside) > 2 else 1) <= 0:
-        beside = None
     if chunks == 1 and beside is None and s is None and (kernel, dev) in _loaded:
         _serial(kernel, n, values)  # the common small launch: no fork-join
         return
@@ -683,8 +684,7 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     private = [values] + [[convert(extra[i]) if i in extra else v for i, v in enumerate(values)] for extra in extras]
     jobs = [(kernel, bounds, private)]
     if beside is not None:
-        side_kernel, side_args, *rest = beside
-        jobs.append((side_kernel, [0, rest[0] if rest else 1], [[convert(a) for a in side_args]]))
+        jobs.append((beside[0], [0, side_threads], [[convert(a) for a in beside[1]]]))
     todo, entries = [], []  # the chunks left to run, and their packed forms (None unless every one has it)
     for job in jobs:
         first = first_load(job[0], dev, lambda: _runner(*job, dev, s)(0))

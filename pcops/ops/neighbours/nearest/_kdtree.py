@@ -37,7 +37,7 @@ A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or 
 point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and every walk
 ends: it visits each node at most once.
 
-The loops over points (a leaf, a scan, a partition) are while loops: on the CPU, Warp's
+The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
 ``for j in range(a, b)`` costs more per step (docs/benchmarks.md, design choices).
 """
 
