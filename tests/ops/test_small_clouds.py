@@ -732,8 +732,8 @@ def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
 def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """``chamfer_distance`` of two plain clouds (which may require grad) skips the layout layer:
     the same loss and per-point costs and the same gradients to both clouds, for every reduction,
-    one direction or both, and NaN points without validation (cost 0), on both sides of the scan's
-    crossover."""
+    one direction or both, and NaN points without validation (cost 0), on both sides of the kNN
+    scan's crossover and of chamfer's pass over every pair."""
     q, p, _ = cloud(kind, gen)
     q, p = q.to(dtype), p.to(dtype)
     nan = q.clone()
@@ -755,11 +755,21 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
              lambda: run(q[None], p[None], point_reduction="max", batch_reduction="sum"),
              lambda: run(q[None], p[None], point_reduction=None, batch_reduction=None),
              lambda: run(q[None], p[None], single_directional=True, point_reduction=None, batch_reduction=None)]
-    for pairs in PATHS.values():
-        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
-        for call in calls:
-            for a, b in zip(*plain_and_general(monkeypatch, call, "pcops.ops.geometry.chamfer"), strict=True):
-                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # (the NaN point's gradient: NaN on both)
+    from pcops.ops.geometry import chamfer
+    from pcops.ops.neighbours.nearest import _costs
+
+    passes = []
+    real = chamfer.plain_nearest
+    monkeypatch.setattr(chamfer, "plain_nearest", lambda *a: (lambda out: (passes.append(out is not None), out)[1])(real(*a)))
+    for each_pair in (1 << 40, 0):  # the plain path's nearest points from chamfer's pass over every pair, or its kNN searches
+        monkeypatch.setattr(_costs, "SCAN_PAIRS", each_pair)
+        for pairs in PATHS.values():
+            monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+            for call in calls:
+                for a, b in zip(*plain_and_general(monkeypatch, call, "pcops.ops.geometry.chamfer"), strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # (the NaN point's gradient: NaN on both)
+        assert any(passes) == bool(each_pair)
+        passes.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
@@ -806,10 +816,57 @@ def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch,
     assert len(taken) == 4 * len(calls)  # (each call took the launch once a turn)
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypatch, blocks, dtype):
+    """Chamfer's pass over every pair, its points of x cut into blocks (each keeping its nearest
+    point of every point of y, merged in block order), finds each point's nearest point of the
+    other cloud as the kNN search does: ties (duplicates in different blocks, a grid's equal
+    distances) by the smaller index, none (-1) for NaN or infinite points and where every
+    squared distance overflows; both directions and one, four points of x at a time (sizes
+    that are not multiples of four), two threads."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    monkeypatch.setattr(_costs, "BLOCKS", blocks)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for m, n in ((181, 183), (255, 130), (3, 6000), (1, 1), (7, 5)):
+            base = torch.rand(m, 3, generator=gen, dtype=dtype)
+            for kind in ("uniform", "grid", "duplicates", "not finite", "overflow"):
+                x, y = base.clone(), torch.rand(n, 3, generator=gen, dtype=dtype)
+                if kind == "grid":
+                    x, y = (x * 4).floor(), (y * 4).floor()
+                elif kind == "duplicates":  # every point of y twice, x holding both copies far apart
+                    y = torch.cat([y, y])[:n]
+                    x = torch.cat([y, x])[:m].flip(0).contiguous()
+                elif kind == "not finite":
+                    x[::3, 1] = float("nan")
+                    y[::4, 0] = float("inf")
+                elif kind == "overflow":
+                    big = 1e19 if dtype == torch.float32 else 1e154
+                    x, y = x * big, -y * big
+                for both in (True, False):
+                    ix, iy, cx, cy = _costs.pairs(x, y, both, False)
+                    want = pcops.knn(x, y, 1, validate=False).idx[:, 0]
+                    assert torch.equal(ix, want)
+                    unmatched = torch.where(torch.isfinite(x).all(-1), float("inf"), 0.0).to(dtype)
+                    assert torch.equal(cx, torch.where(want >= 0, ((x - y[want.clamp(min=0)]) ** 2).sum(-1), unmatched))
+                    if both:
+                        want = pcops.knn(y, x, 1, validate=False).idx[:, 0]
+                        assert torch.equal(iy, want)
+                    else:
+                        assert iy is None and cy is None
+                if kind == "not finite":
+                    assert _costs.pairs(x, y, True, True) is None and _costs.pairs(base, y, False, True) is None
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("shape", [(181, 181), (16, 2048), (2048, 16), (20000, 17000)], ids=str)
 def test_chamfer_costs_launch_cut_into_chunks_equals_the_torch_formula(gen, monkeypatch, shape):
-    """The costs' launch on two threads (two chunks: the in-launch scan from 2^14 pairs each way,
-    the costs from the search's indices from 2^15 points in all) gives the torch formula's
+    """The costs' launch on two threads (two chunks: the pass over every pair in blocks from 2^14
+    pairs, the costs from the search's indices from 2^15 points in all) gives the torch formula's
     per-point costs bit for bit, both dtypes."""
     from pcops.ops.geometry import chamfer
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ... import _layout, _threads, _validate
-from ..neighbours.nearest import nearest_costs, plain_knn, plain_warp, search
+from ..neighbours.nearest import nearest_costs, plain_knn, plain_nearest, plain_warp, search
 
 POINT_REDUCTIONS = ("mean", "sum", "max", None)
 BATCH_REDUCTIONS = ("mean", "sum", None)
@@ -238,22 +238,27 @@ def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
 
 def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool):
     """:func:`chamfer_distance` (norm 2, no batch keywords) of two plain clouds, or None for any
-    other call: each cloud non-empty, both plain but for gradients (:func:`search`'s plain kNN
-    searches, the points detached, x's and y's values checked once), the search's function
-    called directly. The costs and reductions are the general path's operations on the same
-    values (one cloud each), so the same loss and gradients. With nothing to differentiate, the
-    costs come from one Warp launch (:func:`_kernel_costs`: the same values)."""
+    other call: each cloud non-empty, both plain but for gradients (the points detached, x's and
+    y's values checked once), each point's nearest point of the other cloud from chamfer's pass
+    over every pair (small clouds: :func:`plain_nearest`) or the plain kNN searches (the search's
+    function called directly), the same points either way. The costs and reductions are the
+    general path's operations on the same values (one cloud each), so the same loss and
+    gradients. With nothing to differentiate, the costs come from one Warp launch
+    (:func:`_kernel_costs`: the same values)."""
     costs = _kernel_costs(x, y, single_directional, backend, validate)
     if costs is None:
-        found = plain_knn(x, y, 1, backend, validate, detach=True)
-        if found is None or x.shape[0] == 0:
-            return None
-        back = None if single_directional else plain_knn(y, x, 1, backend, False, detach=True)
-        if back is None and not single_directional:
-            return None
+        nearest = plain_nearest(x, y, not single_directional, backend, validate)
+        if nearest is None:
+            found = plain_knn(x, y, 1, backend, validate, detach=True)
+            if found is None or x.shape[0] == 0:
+                return None
+            back = None if single_directional else plain_knn(y, x, 1, backend, False, detach=True)
+            if back is None and not single_directional:
+                return None
+            nearest = found[1][:, 0], None if back is None else back[1][:, 0]
         costs = []
-        for query, ref, (_, idx) in ((x, y, found), (y, x, back))[: 1 if single_directional else 2]:
-            idx = idx[:, 0]  # (-1: a NaN query without validation, or every distance overflowing to inf)
+        for query, ref, idx in ((x, y, nearest[0]), (y, x, nearest[1]))[: 1 if single_directional else 2]:
+            # (idx -1: a NaN query without validation, or every distance overflowing to inf)
             costs.append(torch.where(idx >= 0, (query - _layout.select_rows(ref, idx.clamp_min(0))).square().sum(-1),
                                      _unmatched(query.detach(), None, None, validate)))
     if point_reduction is None:

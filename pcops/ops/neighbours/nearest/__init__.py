@@ -202,6 +202,23 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     return plain_find(query, ref, k)
 
 
+def plain_nearest(x, y, both: bool, backend: str, validate: bool):
+    """(ix (M,), iy (N,) or None) of a plain chamfer call whose points may require grad: each
+    point's nearest point of the other cloud (int64, -1 where none) as :func:`plain_knn` with
+    ``k = 1`` and ``detach=True`` finds it, from chamfer's pass over every pair
+    (:func:`._costs.pairs`, the points detached) where the clouds have at most
+    :data:`._costs.SCAN_PAIRS` pairs; None for any other call, or where ``validate`` asks and a
+    value is NaN or inf (the general path names it)."""
+    if type(x) is not torch.Tensor or type(y) is not torch.Tensor:
+        return None
+    same, x = y is x, x.detach()
+    y = x if same else y.detach()
+    if not plain_warp(x, y, 1, backend, False) or not 0 < x.shape[0] * y.shape[0] <= _costs.SCAN_PAIRS:
+        return None
+    found = _costs.pairs(x.contiguous(), y.contiguous(), both, validate)
+    return None if found is None else found[:2]
+
+
 def plain_find(query, ref, k):
     """(dists, idx) of a search that :func:`plain_warp` accepted (the caller checked the values):
     the Warp search's function itself, as :func:`plain_knn` calls it."""

@@ -1,15 +1,23 @@
-"""Chamfer's per-point costs (each point's squared distance to its nearest point of the other cloud)
-of two plain CPU clouds in Warp, for calls with nothing to differentiate.
+"""Chamfer's nearest points and per-point costs of two plain CPU clouds in Warp.
 
-``costs(x, y, both)`` returns ``cx`` (M,), the squared distance of each point of ``x`` to its
-nearest point of ``y``, and (``both``) ``cy`` (N,) the other way: what :mod:`pcops.ops.geometry.chamfer`'s torch
-formula computes from the kNN search's indices (``((x - y[idx]) ** 2).sum(-1)``; where a point
-found no neighbour, inf if it is finite, else 0), the same values bit for bit: the nearest point is the kNN search's (small
-clouds: the kernel measures every pair with the scan's code; larger ones: the search itself,
-:func:`._kdtree.find`), and a cost is the differences squared and
-summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU compiler
-fuses no multiply-add across statements). One launch instead of about fourteen small torch
-operations (docs/benchmarks.md, small clouds).
+``pairs(x, y, both)`` finds, in one pass over every (x, y) pair, each point's nearest point of the
+other cloud as the kNN search finds it (squared distances in the order of their roots, ties by
+the smaller index, none for a point that is not finite or whose every squared distance
+overflows) and its cost; ``costs(x, y, both)`` returns the costs alone, ``cx`` (M,), the squared
+distance of each point of ``x`` to its nearest point of ``y``, and (``both``) ``cy`` (N,) the other
+way: what :mod:`pcops.ops.geometry.chamfer`'s torch formula computes from the kNN search's
+indices (``((x - y[idx]) ** 2).sum(-1)``; where a point found no neighbour, inf if it is finite,
+else 0), the same values bit for bit: the nearest point is the kNN search's (small clouds: the
+pass; larger ones: the search itself, :func:`._kdtree.find`), and a cost is the differences
+squared and summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU
+compiler fuses no multiply-add across statements). One launch instead of about fourteen small
+torch operations (docs/benchmarks.md, small clouds); chamfer calls that differentiate take the
+pass's indices (:func:`pcops.ops.neighbours.nearest.plain_nearest`).
+
+The pass measures each pair once for both directions: thread c takes block c of x's points,
+four at a time against each point of y (y's point loaded once for four, their four nearest
+kept in registers), and keeps y's points' nearest among its block's in a row of its own; the
+rows are merged in block order (one block: by the same thread, no second launch).
 """
 
 import torch
@@ -18,24 +26,30 @@ import warp as wp
 from .... import _layout, _warp
 from . import _kdtree
 
-# Both clouds' nearest points are measured pair by pair in the costs' launch up to this many
-# (point, point) pairs both ways (m n each way); above, each way's kNN search (a tree) first
-# (the crossover in docs/benchmarks.md, small clouds)
-SCAN_PAIRS = 1 << 15
+# Both clouds' nearest points come from the pass over every pair up to this many (x, y) pairs
+# (m n); above, from each way's kNN search (a tree) (the crossover in docs/benchmarks.md, design
+# choices)
+SCAN_PAIRS = 1 << 16
+
+# The pass cuts x's points into this many blocks at most (one below SERIAL_WORK steps), a thread
+# of its launch each, keeping its points' nearest of each of y's points (a row of N)
+BLOCKS = 8
 
 
 @_warp.kernels
 def _kernels(dtype: torch.dtype):
-    """``scan``: thread t < m finds x[t]'s nearest point of y with the kNN scan's row
-    (:func:`._kdtree.scan_row`: the same comparisons, so the same point; row t of the scratch rows;
-    ``none``: the unread group) and writes its cost to
-    cx[t]; thread m + i does the same for y[i] in x into cy[i]; between them the threads look at
-    every point of both clouds and set ``bad[0]`` to 1 where one is NaN or inf (the values check
-    of a plain call). ``from_indices``: the same costs
-    from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
+    """``rows``: thread c is block c of ``blocks`` equal ranges of x's points; it measures each
+    of them against every point of y, keeps its nearest (``ix``, its cost ``cx``) and, where
+    ``col_d`` is not empty (both ways), each point of y's nearest among the block's points in
+    row c (entries c n .. c n + n - 1) of ``col_d`` / ``col_i``, and with one block y's nearest
+    points (``iy``, ``cy``) too; between them the threads look at every point of both clouds and
+    set ``bad[0]`` to 1 where one is NaN or inf (the values check of a plain call).
+    ``columns``: thread j takes y[j]'s nearest from the blocks' rows. ``from_indices``: the
+    costs from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    row = _kdtree.scan_row(dtype, False)
     flag = _kdtree.flag_not_finite(dtype)
+    eps = torch.finfo(dtype).eps
+    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)
 
     @wp.func(module="unique")
     def cost(a: v, b: v):
@@ -58,29 +72,134 @@ def _kernels(dtype: torch.dtype):
             c = s(wp.inf)
         return c
 
+    @wp.func(module="unique")
+    def nearer(d2: s, best: s):
+        """Whether a point at squared distance d2 replaces the best so far (squared distance
+        ``best``, inf: none) that has a smaller index: the kNN search's order
+        (:func:`pcops._warp_funcs.sorted_insert`, squared: by the roots, ties by the smaller
+        index), so its root is smaller; a NaN or infinite d2 never."""
+        if d2 < best * below:
+            return True
+        if not (d2 <= best * above):
+            return False
+        return wp.sqrt(d2) < wp.sqrt(best)
+
+    @wp.func(module="unique")
+    def settle(q: v, other: wp.array(dtype=v), near: int, r: int, idx: wp.array(dtype=wp.int64), costs: wp.array(dtype=s)):
+        """Point r (at q): its nearest point ``near`` of the other cloud (-1: none) and its cost."""
+        idx[r] = wp.int64(near)
+        own = unmatched(q)
+        if near >= 0:
+            own = cost(q, other[near])
+        costs[r] = own
+
+    @wp.func(module="unique")
+    def column(x: wp.array(dtype=v), y: wp.array(dtype=v), col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32), j: int,
+               iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s)):
+        """y[j]'s nearest point of x and its cost, from the blocks' rows in block order (a tie
+        keeps the earlier block's: the smaller index)."""
+        n = y.shape[0]
+        best = s(wp.inf)
+        near = int(-1)
+        c = int(0)
+        while c < col_d.shape[0]:
+            if nearer(col_d[c + j], best):
+                best = col_d[c + j]
+                near = col_i[c + j]
+            c += n
+        settle(y[j], x, near, j, iy, cy)
+
     @wp.kernel(enable_backward=False, module="unique")
-    def scan(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), none: wp.array(dtype=wp.int32), dists: wp.array2d(dtype=s),
-             idx: wp.array2d(dtype=wp.int64), cx: wp.array(dtype=s), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
-        t = wp.tid() + start
+    def columns(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32),
+                iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s)):
+        column(x, y, col_d, col_i, wp.tid() + start, iy, cy)
+
+    @wp.func(module="unique")
+    def keep(d2: s, j: int, best: s, lim: s, near: int):
+        """A point's nearest so far (squared distance ``best``, below ``lim`` = best * above:
+        a rival, index ``near``) after point j of y at squared distance d2."""
+        if d2 < lim:
+            if nearer(d2, best):
+                return d2, d2 * above, j
+        return best, lim, near
+
+    @wp.func(module="unique")
+    def entry(x: wp.array(dtype=v), r: int, end: int, bad: wp.array(dtype=wp.int32)):
+        """Point r of x if below ``end`` (flagged in ``bad`` if not finite), else NaN (nobody's neighbour)."""
+        if r < end:
+            p = x[r]
+            if not wp.isfinite(p):
+                bad[0] = 1
+            return p
+        return v(s(wp.nan))
+
+    @wp.func(module="unique")
+    def finish(x: wp.array(dtype=v), y: wp.array(dtype=v), r: int, end: int, near: int, ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s)):
+        """Point r's nearest and cost, if below ``end``."""
+        if r < end:
+            settle(x[r], y, near, r, ix, cx)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def rows(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), blocks: int, col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32),
+             ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
+        c = wp.tid() + start
         m = x.shape[0]
-        flag(x, t, dists.shape[0], bad)  # the values' check: bad[0] = 1 where a point is not finite
-        flag(y, t, dists.shape[0], bad)
-        if t < m:
-            q = x[t]
-            row(q, wp.int32(0), y, none, 0, y.shape[0], dists, idx, t)  # (the kNN scan's k = 1 row t: idx -1 where none is finite)
-            j = idx[t, 0]
-            c = unmatched(q)
-            if j >= wp.int64(0):
-                c = cost(q, y[j])
-            cx[t] = c
-        else:
-            q = y[t - m]
-            row(q, wp.int32(0), x, none, 0, x.shape[0], dists, idx, t)
-            j = idx[t, 0]
-            c = unmatched(q)
-            if j >= wp.int64(0):
-                c = cost(q, x[j])
-            cy[t - m] = c
+        n = y.shape[0]
+        both = col_d.shape[0] > 0
+        flag(y, c, blocks, bad)  # the values' check of y (x's: its rows below)
+        base = c * n
+        j = int(0)
+        while both and j < n:
+            col_d[base + j] = s(wp.inf)
+            col_i[base + j] = -1
+            j += 1
+        i = m * c // blocks  # (m * blocks fits an int: m n <= SCAN_PAIRS)
+        end = m * (c + 1) // blocks
+        while i < end:  # four points of x at a time
+            q0 = entry(x, i, end, bad)
+            q1 = entry(x, i + 1, end, bad)
+            q2 = entry(x, i + 2, end, bad)
+            q3 = entry(x, i + 3, end, bad)
+            b0, b1, b2, b3 = s(wp.inf), s(wp.inf), s(wp.inf), s(wp.inf)
+            l0, l1, l2, l3 = s(wp.inf), s(wp.inf), s(wp.inf), s(wp.inf)
+            n0, n1, n2, n3 = int(-1), int(-1), int(-1), int(-1)
+            j = int(0)
+            while j < n:
+                p = y[j]
+                g0 = q0 - p
+                g1 = q1 - p
+                g2 = q2 - p
+                g3 = q3 - p
+                d0 = wp.dot(g0, g0)
+                d1 = wp.dot(g1, g1)
+                d2 = wp.dot(g2, g2)
+                d3 = wp.dot(g3, g3)
+                b0, l0, n0 = keep(d0, j, b0, l0, n0)
+                b1, l1, n1 = keep(d1, j, b1, l1, n1)
+                b2, l2, n2 = keep(d2, j, b2, l2, n2)
+                b3, l3, n3 = keep(d3, j, b3, l3, n3)
+                if both:
+                    cd = col_d[base + j]
+                    cl = cd * above
+                    if d0 < cl or d1 < cl or d2 < cl or d3 < cl:
+                        ci = col_i[base + j]
+                        cd, cl, ci = keep(d0, i, cd, cl, ci)  # in the points' order: ties keep the smaller index
+                        cd, cl, ci = keep(d1, i + 1, cd, cl, ci)
+                        cd, cl, ci = keep(d2, i + 2, cd, cl, ci)
+                        cd, cl, ci = keep(d3, i + 3, cd, cl, ci)
+                        col_d[base + j] = cd
+                        col_i[base + j] = ci
+                j += 1
+            finish(x, y, i, end, n0, ix, cx)
+            finish(x, y, i + 1, end, n1, ix, cx)
+            finish(x, y, i + 2, end, n2, ix, cx)
+            finish(x, y, i + 3, end, n3, ix, cx)
+            i += 4
+        if both and blocks == 1:  # (one block: y's nearest points too, without a second launch)
+            j = int(0)
+            while j < n:
+                column(x, y, col_d, col_i, j, iy, cy)
+                j += 1
 
     @wp.kernel(enable_backward=False, module="unique")
     def from_indices(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), ix: wp.array2d(dtype=wp.int64),
@@ -100,7 +219,7 @@ def _kernels(dtype: torch.dtype):
                 c = cost(y[t - m], x[j])
             cy[t - m] = c
 
-    return scan, from_indices
+    return rows, columns, from_indices
 
 
 def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
@@ -125,35 +244,56 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple
     return launch.keep
 
 
+def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
+    """(ix (M,), iy (N,) or None, cx (M,), cy (N,) or None) from one pass over every pair of two
+    plain CPU clouds (M, 3) and (N, 3) of one dtype (float32 or float64, M and N > 0): each
+    point's nearest point of the other cloud as the kNN search finds it (int64, -1 where none)
+    and its cost (the module docs); ``iy``, ``cy`` where ``both``. ``check``: None where a
+    value is NaN or inf (the pass looks at every point)."""
+    m, n = x.shape[0], y.shape[0]
+    work = m * n * (2 if both else 1)
+    blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS)  # (one block: the calling thread's launch, columns included)
+    rows, columns, _ = _kernels(x.dtype)
+    vec = _warp.vec3(x.dtype)
+    ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
+    iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
+
+    def rows_args():
+        flag = _kdtree.values_flag()
+        col_d, col_i = x.new_empty(blocks * n if both else 0), torch.empty(blocks * n if both else 0, dtype=torch.int32)
+        return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0]], (*flag, col_d, col_i)
+
+    keep = _run(rows, ("chamfer_rows", x.dtype, m, n, both), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work)
+    if check and keep[1][0]:
+        return None
+    if not both:
+        return ix, None, cx, None
+    if blocks > 1:
+        col_d, col_i = keep[2], keep[3]
+        _run(columns, ("chamfer_columns", x.dtype, m, n), n, lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), col_d, col_i, iy, cy], ()),
+             dict(x=x, y=y, col_d=col_d, col_i=col_i, iy=iy, cy=cy), n * blocks)
+    return ix, iy, cx, cy
+
+
 def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     """(cx (M,), cy (N,) or None) of two plain CPU clouds (M, 3) and (N, 3) of one dtype
     (float32 or float64, M and N > 0): see the module docs. ``check``: their values too (the
-    small clouds' scan looks at every point; larger clouds' sums are read first): None where
+    small clouds' pass looks at every point; larger clouds' sums are read first): None where
     one is NaN or inf."""
     _warp.init()
     m, n = x.shape[0], y.shape[0]
     x, y = x.contiguous(), y.contiguous()
-    threads = m + n if both else m
-    scan, from_indices = _kernels(x.dtype)
-    vec = _warp.vec3(x.dtype)
-    if m * n > SCAN_PAIRS and check and not _layout.plain_clouds(True, x, y):
-        return None
-    cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
     if m * n <= SCAN_PAIRS:
-        dists, idx = x.new_empty((threads, 1)), torch.empty((threads, 1), dtype=torch.int64)
-        arrays = dict(x=x, y=y, dists=dists, idx=idx, cx=cx, cy=cy)
-
-        def scan_args():
-            flag = _kdtree.values_flag()
-            return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), _kdtree._no_group(x.device)[1], dists, idx, cx, cy, flag[0]], flag
-
-        flag = _run(scan, ("chamfer_scan", x.dtype, m, n, both), threads, scan_args, arrays, m * n * (2 if both else 1))[1]
-        if check and flag[0]:
-            return None
-    else:
-        ix = _kdtree.find(x, y, 1)[1]
-        iy = _kdtree.find(y, x, 1)[1] if both else ix[:0]
-        arrays = dict(x=x, y=y, ix=ix, iy=iy, cx=cx, cy=cy)
-        _run(from_indices, ("chamfer_costs", x.dtype, m, n, both), threads,
-             lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads)
+        found = pairs(x, y, both, check)
+        return None if found is None else found[2:]
+    if check and not _layout.plain_clouds(True, x, y):
+        return None
+    threads = m + n if both else m
+    vec = _warp.vec3(x.dtype)
+    cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
+    ix = _kdtree.find(x, y, 1)[1]
+    iy = _kdtree.find(y, x, 1)[1] if both else ix[:0]
+    arrays = dict(x=x, y=y, ix=ix, iy=iy, cx=cx, cy=cy)
+    _run(_kernels(x.dtype)[2], ("chamfer_costs", x.dtype, m, n, both), threads,
+         lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads)
     return cx, cy if both else None
