@@ -45,6 +45,7 @@ import functools
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import warp as wp
 
@@ -321,8 +322,8 @@ def flag_not_finite(dtype: torch.dtype):
 def values_flag() -> tuple:
     """(the flag of :func:`flag_not_finite`, one int32, and its NumPy view): kept with a prepared
     launch, reset (``view[0] = 0``) before each run and read after it without a torch read."""
-    bad = torch.zeros(1, dtype=torch.int32)
-    return bad, bad.numpy()
+    view = np.zeros(1, dtype=np.int32)  # (NumPy's memory, torch's view of it: no tensor read to make it)
+    return torch.from_numpy(view), view
 
 
 @_warp.kernels
