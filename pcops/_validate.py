@@ -265,6 +265,18 @@ def triple(name: str, value, positive: bool = False) -> tuple:
     return out
 
 
+def origin(value, owner: str, like: torch.Tensor) -> torch.Tensor:
+    """A grid's ``origin`` (a finite number, three, or a real tensor of shape (3,) or () on the
+    device of ``like``, the argument ``owner``) as a float64 (3,) tensor on that device; a tensor
+    keeps its gradient, and its values are the caller's to check (with the op's other values)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_complex or value.dtype == torch.bool or value.shape not in ((3,), ()):
+            raise ValueError(f"origin must be a number, 3 numbers or a real tensor of shape (3,), got {value.dtype} {tuple(value.shape)}")
+        same_device(**{owner: like, "origin": value})
+        return value.to(torch.float64).expand(3).contiguous()
+    return torch.tensor([float(x) for x in triple("origin", value)], dtype=torch.float64, device=like.device)
+
+
 def int_option(name: str, value, low: int | None = None, high: int | None = None, *, odd: bool = False, note: str = ""):
     """``value`` is an integer (Python, NumPy or symbolic; not a bool) in [low, high] (either
     bound may be None), odd with ``odd``; returned as an int. ``note`` follows the range in the

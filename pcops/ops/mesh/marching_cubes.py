@@ -208,8 +208,7 @@ def _positions(grid: _layout.Grid, edges: torch.Tensor, level: float, padded: bo
 
     first = index(start)
     at = first + t * (index(end) - first)
-    out = torch.tensor(grid.origin, dtype=torch.float64, device=values.device) + torch.tensor(
-        grid.voxel_size, dtype=torch.float64, device=values.device) * at
+    out = grid.origin + torch.tensor(grid.voxel_size, dtype=torch.float64, device=values.device) * at
     return torch.where(real[:, None], out, 0) if padded else out
 
 
@@ -231,9 +230,11 @@ def marching_cubes(
             ``origin + voxel_size * (i, j, k)`` in ``volume[..., i, j, k]`` (the order of
             ``torch.meshgrid(x, y, z, indexing="ij")``).
         level: Python number, the value of the surface.
-        origin: a number or three, the position of ``volume[..., 0, 0, 0]``.
+        origin: a number or three, or a real tensor of shape (3,) or () on ``volume``'s device
+            (the vertices are then differentiable with respect to it too): the position of
+            ``volume[..., 0, 0, 0]``.
         voxel_size: a number or three (> 0), the grid's step along each axis.
-        validate: check the values for NaN/inf (one host read).
+        validate: check the values (and a tensor origin) for NaN/inf (one host read).
         max_vertices, max_faces: optional ints >= 1, given together: bounds on each mesh's
             vertices and faces, for a result of static shape (one whole graph under
             ``torch.compile``). None: the meshes' own sizes (data-dependent).

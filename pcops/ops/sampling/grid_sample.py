@@ -139,15 +139,7 @@ def _origin(origin, points: torch.Tensor):
     """``origin`` (None, a number, 3 numbers or a (3,) tensor) as a float64 (3,) tensor or None.
     Numbers must be finite (free to check: always, as ``voxel_size``); a tensor's values are checked
     with the points' (``validate``)."""
-    if origin is None:
-        return None
-    if isinstance(origin, torch.Tensor):
-        if origin.dtype.is_complex or origin.dtype == torch.bool or origin.shape not in ((3,), ()):
-            raise ValueError(f"origin must be a number, 3 numbers or a real tensor of shape (3,), got {origin.dtype} {tuple(origin.shape)}")
-        _validate.same_device(points=points, origin=origin)
-        return origin.to(torch.float64).expand(3).contiguous()
-    values = _validate.triple("origin", origin)
-    return torch.tensor([float(x) for x in values], dtype=torch.float64, device=points.device)
+    return None if origin is None else _validate.origin(origin, "points", points)
 
 
 @_deprecated.renamed(grid_size="voxel_size")
