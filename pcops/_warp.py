@@ -229,6 +229,14 @@ def _packed(t: torch.Tensor, ptr: int, shape: tuple, byte_strides: tuple):
     return out
 
 
+def values_flag() -> tuple:
+    """(a kernel's values-check flag, one int32 tensor a launch sets to 1 where a value is NaN or
+    inf, and its NumPy view): kept with a prepared launch, reset (``view[0] = 0``) before each run
+    and read after it without a torch read (the plain calls' values check in their kernels)."""
+    view = np.zeros(1, dtype=np.int32)  # (NumPy's memory, torch's view of it: no tensor read to make it)
+    return torch.from_numpy(view), view
+
+
 def memory(buffer, shape: tuple):
     """A Warp array descriptor of a contiguous ctypes array ``buffer`` viewed with ``shape`` (its
     element type the kernel parameter's), kept alive by the descriptor."""

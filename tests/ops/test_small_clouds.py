@@ -967,6 +967,36 @@ def test_small_plain_searches_read_no_sums(gen, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_plain_fps_checks_its_values_in_its_launch(gen, monkeypatch, dtype):
+    """A plain FPS call with the default start or one index in range has its points' values
+    checked by its prepared launch (no torch sum read back; its first call by the sums), and a
+    NaN, inf or -inf anywhere (Morton and kd-tree leaves, one leaf) still raises the general
+    path's error, on the first call and later ones, and the next finite call picks as before;
+    the other starts (a list, a random start) sum first."""
+    from pcops import _validate
+
+    read = []
+    real = _validate.sum_is_finite
+    monkeypatch.setattr(_validate, "sum_is_finite", lambda t: (read.append(t.shape[0]), real(t))[1])
+    for n, s in ((16, 4), (300, 20), (300, 200), (2000, 50)):
+        p = torch.rand(n, 3, generator=gen, dtype=dtype)
+        want = pcops.farthest_point_sample(p, s, validate=False).idx
+        for value in (float("nan"), float("inf"), -float("inf")):
+            for row in sorted({0, 1, n // 2, n - 1}):
+                bad = p.clone()
+                bad[row, row % 3] = value
+                for start in (None, 0, n - 1):
+                    with pytest.raises(ValueError, match="points contains NaN or inf"):
+                        pcops.farthest_point_sample(bad, s, start_idx=start)
+                assert torch.equal(pcops.farthest_point_sample(p, s).idx, want)
+        read.clear()
+        pcops.farthest_point_sample(p, s), pcops.farthest_point_sample(p, s, start_idx=n // 3)
+        assert read == []
+        pcops.farthest_point_sample(p, s, start_idx=[1, 2]), pcops.farthest_point_sample(p, s, random_start=True)
+        assert read == [n, n]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_plain_radius_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """A plain eager call below the crossover runs the forward kernel directly (no layout layer,

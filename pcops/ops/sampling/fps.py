@@ -459,16 +459,25 @@ def _kernels(dtype: torch.dtype):
         node_max: wp.array(dtype=s),
         node_arg: wp.array(dtype=wp.int32),
         idx: wp.array2d(dtype=wp.int64),
+        bad: wp.array(dtype=wp.int32),
     ):
         """All picks of sample b: its leaves (a kd-tree when the sample takes many picks, else
         its points in Morton order), the tree over them, then its picks. Each phase is a
-        function called once per sample."""
+        function called once per sample. Given a flag ``bad`` (one element; empty: no check),
+        first sets it to 1 where a point of the sample is NaN or inf (a plain call's values
+        check: the picks go on, the caller discards them)."""
         b = wp.tid() + start
         nb = lengths[b]
         count = int(counts[b])
         if nb == 0 or count == 0:
             return
         base = b * n
+        if bad.shape[0] > 0:
+            j = base
+            while j < base + nb:
+                if not wp.isfinite(points[j]):
+                    bad[0] = 1
+                j += 1
         h = int(0)
         while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
             h += 1
@@ -547,12 +556,17 @@ def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor,
     _run_samples(_kernels(points.dtype)[0], b, _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx))
 
 
-def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor) -> list:
+def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor, bad=None) -> list:
     """The arguments of the ``sample`` kernel (after ``start``) for points (B, N, 3): ``lengths``,
-    ``counts`` and ``start`` converted, the work arrays :func:`_scratch`'s."""
+    ``counts`` and ``start`` converted, the work arrays :func:`_scratch`'s; ``bad``: the values
+    check's flag (None: no check)."""
     b, n, _ = points.shape
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
-    return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx)]
+    flag = _NO_FLAG[1] if bad is None else bad
+    return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx), flag]
+
+
+_NO_FLAG = (lambda t: (t, _warp.array(t)))(torch.zeros(0, dtype=torch.int32))  # (tensor, its Warp view): no values check
 
 
 # Scratch of bucket FPS kept for the next call of the same shape on the same thread, up to this
@@ -771,9 +785,10 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     (``keep[0]``: a ctypes array of m int64, written by each call). None before the kernel's
     first launch."""
     lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
+    flag = _warp.values_flag()
     values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
-                            torch.empty((1, n_samples), dtype=torch.int64))
-    return _warp.prepare(_kernels(dtype)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-1]))  # (values[6:-1]: the work arrays)
+                            torch.empty((1, n_samples), dtype=torch.int64), flag[0])
+    return _warp.prepare(_kernels(dtype)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-2], flag))  # (values[6:-2]: the work arrays)
 
 
 # Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
@@ -786,7 +801,8 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
     Plain: a plain cloud (:func:`pcops._layout.plain_clouds`: one (N, 3) CPU tensor, float32 or
-    float64, nothing to differentiate, a finite sum where ``validate`` asks), N >= 1,
+    float64, nothing to differentiate, finite values where ``validate`` asks: checked by the
+    prepared launch itself where the start is the default or one index in range, else by a sum), N >= 1,
     ``n_samples`` a Python int >= 1 or else ``ratio`` a Python float in (0, 1]; the default
     start, a random start (``random_start=True``, drawn as the general path draws it) or, with
     ``n_samples``, a start set of Python ints (checked by the general path's function). Every
@@ -799,10 +815,15 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
             return None
     elif type(n_samples) is not int or not 1 <= n_samples <= _validate.INT64_MAX:
         return None
-    if type(random_start) is not bool or (random_start and start_idx is not None) or not _layout.plain_clouds(validate, points):
+    if type(random_start) is not bool or (random_start and start_idx is not None) or not _layout.plain_clouds(False, points):
         return None
     n = points.shape[0]
     if n == 0:
+        return None
+    # the values: checked by the prepared launch itself for the default start or one in range (nothing
+    # is drawn or raised before it), else by the layout's sum first
+    in_kernel = validate and not random_start and n <= KEEP_SCRATCH and (start_idx is None or (type(start_idx) is int and 0 <= start_idx < n))
+    if validate and not in_kernel and not _layout.plain_clouds(True, points):
         return None
     if ratio is not None:
         n_samples = max(1, math.ceil(n * ratio))
@@ -822,8 +843,14 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
     if launch is not None:
         launch.keep[0][:] = starts  # (the kept start indices)
+        flag = launch.keep[-1][1]
+        flag[0] = 0
         launch.run(points=points, idx=idx)
+        if in_kernel and flag[0]:
+            return None  # (a NaN or inf: the general path names it)
     else:
+        if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
+            return None
         _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx[None])
     # every pick one: finite points, or (validate=False) the last pick made (the picks stop at
     # the first -1, where no point is left that can be picked: a NaN point never is)

@@ -259,7 +259,7 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
 
     def rows_args():
-        flag = _kdtree.values_flag()
+        flag = _warp.values_flag()
         col_d, col_i = x.new_empty(blocks * n if both else 0), torch.empty(blocks * n if both else 0, dtype=torch.int32)
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0]], (*flag, col_d, col_i)
 

@@ -45,7 +45,6 @@ import functools
 import math
 from typing import Optional
 
-import numpy as np
 import torch
 import warp as wp
 
@@ -305,7 +304,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
 def flag_not_finite(dtype: torch.dtype):
     """``flag(points, first, step, bad)``: ``bad[0] = 1`` where a point of ``points[first::step]``
     holds NaN or inf; the threads of a launch, each from its own first point by their number,
-    look at every point between them (a plain call's values check, read from :func:`values_flag`)."""
+    look at every point between them (a plain call's values check, read from :func:`pcops._warp.values_flag`)."""
     v = _warp.vec3(dtype)
 
     @wp.func(module="unique")
@@ -317,13 +316,6 @@ def flag_not_finite(dtype: torch.dtype):
             j += step
 
     return flag
-
-
-def values_flag() -> tuple:
-    """(the flag of :func:`flag_not_finite`, one int32, and its NumPy view): kept with a prepared
-    launch, reset (``view[0] = 0``) before each run and read after it without a torch read."""
-    view = np.zeros(1, dtype=np.int32)  # (NumPy's memory, torch's view of it: no tensor read to make it)
-    return torch.from_numpy(view), view
 
 
 @_warp.kernels
@@ -891,7 +883,7 @@ def _scan_run(query, ref, dists, idx):
 
 def _prepare_scan(query, ref, dists, idx):
     vec = _warp.vec3(query.dtype)
-    flag = values_flag()
+    flag = _warp.values_flag()
     args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1], dists, idx, flag[0]]
     return _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=flag)
 
