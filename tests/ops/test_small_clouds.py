@@ -827,10 +827,13 @@ def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypat
     that are not multiples of four), two threads."""
     from pcops.ops.neighbours.nearest import _costs
 
-    monkeypatch.setattr(_costs, "BLOCKS", blocks)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
+        monkeypatch.setattr(_costs, "BLOCKS", 1 if blocks > 1 else 8)  # (launches of these shapes with other blocks, kept: not taken)
+        for _ in range(2):
+            _costs.pairs(torch.rand(181, 3, generator=gen, dtype=dtype), torch.rand(183, 3, generator=gen, dtype=dtype), True)
+        monkeypatch.setattr(_costs, "BLOCKS", blocks)
         for m, n in ((181, 183), (255, 130), (3, 6000), (1, 1), (7, 5)):
             base = torch.rand(m, 3, generator=gen, dtype=dtype)
             for kind in ("uniform", "grid", "duplicates", "not finite", "overflow"):

@@ -263,14 +263,14 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
         col_d, col_i = x.new_empty(blocks * n if both else 0), torch.empty(blocks * n if both else 0, dtype=torch.int32)
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0]], (*flag, col_d, col_i)
 
-    keep = _run(rows, ("chamfer_rows", x.dtype, m, n, both), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work)
+    keep = _run(rows, ("chamfer_rows", x.dtype, m, n, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work)
     if check and keep[1][0]:
         return None
     if not both:
         return ix, None, cx, None
     if blocks > 1:
         col_d, col_i = keep[2], keep[3]
-        _run(columns, ("chamfer_columns", x.dtype, m, n), n, lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), col_d, col_i, iy, cy], ()),
+        _run(columns, ("chamfer_columns", x.dtype, m, n, blocks), n, lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), col_d, col_i, iy, cy], ()),
              dict(x=x, y=y, col_d=col_d, col_i=col_i, iy=iy, cy=cy), n * blocks)
     return ix, iy, cx, cy
 
