@@ -971,12 +971,14 @@ def test_small_plain_searches_read_no_sums(gen, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 def test_plain_fps_checks_its_values_in_its_launch(gen, monkeypatch, dtype):
-    """A plain FPS call with the default start or one index in range has its points' values
-    checked by its prepared launch (no torch sum read back; its first call by the sums), and a
+    """A plain FPS call with the default start or one index in range of up to CHECK_IN_LAUNCH
+    points has its points' values checked by its prepared launch (no torch sum read back; its
+    first call by the sums), and a
     NaN, inf or -inf anywhere (Morton and kd-tree leaves, one leaf) still raises the general
     path's error, on the first call and later ones, and the next finite call picks as before;
     the other starts (a list, a random start) sum first."""
     from pcops import _validate
+    from pcops.ops.sampling import fps
 
     read = []
     real = _validate.sum_is_finite
@@ -994,7 +996,8 @@ def test_plain_fps_checks_its_values_in_its_launch(gen, monkeypatch, dtype):
                 assert torch.equal(pcops.farthest_point_sample(p, s).idx, want)
         read.clear()
         pcops.farthest_point_sample(p, s), pcops.farthest_point_sample(p, s, start_idx=n // 3)
-        assert read == []
+        assert read == ([] if n <= fps.CHECK_IN_LAUNCH else [n, n])  # (larger clouds: the sums cost less)
+        read.clear()
         pcops.farthest_point_sample(p, s, start_idx=[1, 2]), pcops.farthest_point_sample(p, s, random_start=True)
         assert read == [n, n]
 

@@ -791,6 +791,10 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     return _warp.prepare(_kernels(dtype)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-2], flag))  # (values[6:-2]: the work arrays)
 
 
+# A plain call of up to this many points has its values checked by its launch (a pass over its
+# points there), a larger one by a torch sum, which then costs less (docs/benchmarks.md, design choices)
+CHECK_IN_LAUNCH = 512
+
 # Whether plain eager calls run bucket FPS directly (:func:`_plain_fps`; tests switch it off to
 # compare both paths)
 PLAIN = [True]
@@ -822,7 +826,7 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
         return None
     # the values: checked by the prepared launch itself for the default start or one in range (nothing
     # is drawn or raised before it), else by the layout's sum first
-    in_kernel = validate and not random_start and n <= KEEP_SCRATCH and (start_idx is None or (type(start_idx) is int and 0 <= start_idx < n))
+    in_kernel = validate and not random_start and n <= CHECK_IN_LAUNCH and (start_idx is None or (type(start_idx) is int and 0 <= start_idx < n))
     if validate and not in_kernel and not _layout.plain_clouds(True, points):
         return None
     if ratio is not None:
