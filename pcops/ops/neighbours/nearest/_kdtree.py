@@ -266,8 +266,8 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     .. ``last`` - 1 (of the query's group ``qg`` where ``grouped``) measured one by one from the
     query q and the k = dists.shape[1] best kept in row t with the tree search's insertion
     (squared distances; the row first set to inf / -1, and left so for a query that is not
-    finite); returns how many it holds. The scan's (:func:`_scan_kernel`) and chamfer's costs'
-    (:mod:`._costs`: the same comparisons, so the same point)."""
+    finite); returns how many it holds: the scan's (:func:`_scan_kernel`). (Chamfer's pass,
+    :mod:`._costs`, keeps k = 1 with the same order: the same point.)"""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
