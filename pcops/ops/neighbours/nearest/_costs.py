@@ -85,13 +85,18 @@ def _kernels(dtype: torch.dtype):
         return wp.sqrt(d2) < wp.sqrt(best)
 
     @wp.func(module="unique")
+    def cost_of(q: v, other: wp.array(dtype=v), near: wp.int64):
+        """The cost of the point at q whose nearest point of the other cloud is ``near`` (-1: none)."""
+        own = unmatched(q)
+        if near >= wp.int64(0):
+            own = cost(q, other[near])
+        return own
+
+    @wp.func(module="unique")
     def settle(q: v, other: wp.array(dtype=v), near: int, r: int, idx: wp.array(dtype=wp.int64), costs: wp.array(dtype=s)):
         """Point r (at q): its nearest point ``near`` of the other cloud (-1: none) and its cost."""
         idx[r] = wp.int64(near)
-        own = unmatched(q)
-        if near >= 0:
-            own = cost(q, other[near])
-        costs[r] = own
+        costs[r] = cost_of(q, other, wp.int64(near))
 
     @wp.func(module="unique")
     def column(x: wp.array(dtype=v), y: wp.array(dtype=v), col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32), j: int,
@@ -207,17 +212,9 @@ def _kernels(dtype: torch.dtype):
         t = wp.tid() + start
         m = x.shape[0]
         if t < m:
-            j = ix[t, 0]
-            c = unmatched(x[t])
-            if j >= wp.int64(0):
-                c = cost(x[t], y[j])
-            cx[t] = c
+            cx[t] = cost_of(x[t], y, ix[t, 0])
         else:
-            j = iy[t - m, 0]
-            c = unmatched(y[t - m])
-            if j >= wp.int64(0):
-                c = cost(y[t - m], x[j])
-            cy[t - m] = c
+            cy[t - m] = cost_of(y[t - m], x, iy[t - m, 0])
 
     return rows, columns, from_indices
 
