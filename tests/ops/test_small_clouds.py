@@ -289,6 +289,7 @@ def test_searches_of_a_few_hundred_queries_use_every_thread(monkeypatch, op):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(pcops._threads, "available", lambda: 2)
     monkeypatch.setattr(radius, "SCAN_PAIRS", 0)  # (the cell list's search; every pair splits by pairs)
+    monkeypatch.setattr(ball_search, "SCAN_PAIRS", 0)
     p, r = torch.rand(512, 3, generator=torch.Generator().manual_seed(0)), 0.12
     {"knn": lambda: pcops.knn(p, p, 8), "ball_query": lambda: pcops.ball_query(p, p, r, 8, query_batch=torch.zeros(512, dtype=torch.int64),
                                                                                  ref_batch=torch.zeros(512, dtype=torch.int64)),
@@ -639,6 +640,71 @@ def test_plain_knn_graph_calls_skip_the_masks_and_others_do_not(gen, monkeypatch
         pcops.knn_graph(p, 0)
     with pytest.raises(TypeError, match="loop"):
         pcops.knn_graph(p, 3, loop=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_plain_radius_graph_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
+    """A plain eager radius_graph (one cloud checked finite) takes the ball search and writes each
+    point's edges with one kernel: the same edges as the general path's masks (capped) and its
+    cell-list pass (uncapped), on both sides of the ball search's crossover, duplicates (a point's
+    copies ahead of it) and loops included; float64 clouds equal the float64 brute force."""
+    _, p, r = cloud(kind, gen)
+    p = p.to(dtype)
+    n = p.shape[0]
+    cases = [(r, 32, False), (r, 1, False), (r, 3, True), (r, n - 1, False), (r, n, True), (r, n + 5, False),
+             (r, None, False), (r, None, True), (r / 1000, None, False), (r / 1000, 2, False), (1e9, None, False), (1e9, 4, True)]
+    for pairs in PATHS.values():
+        monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        for radius_, cap, loop in cases:
+            def call(q=p, radius_=radius_, cap=cap, loop=loop):
+                return pcops.radius_graph(q, radius_, max_neighbors=cap, loop=loop)
+            plain, general = plain_and_general(monkeypatch, call, "pcops.ops.neighbours.graph")
+            assert torch.equal(plain, general), (pairs, radius_, cap, loop)
+            if dtype == F64:
+                assert torch.equal(plain, reference.graph(p, loop=loop, radius=radius_, max_neighbors=cap))
+        one = p[:1].contiguous()  # a cloud of one point: no edge without loop, itself with it
+        for loop in (False, True):
+            assert torch.equal(*plain_and_general(monkeypatch, lambda loop=loop: pcops.radius_graph(one, r, loop=loop), "pcops.ops.neighbours.graph"))
+            assert torch.equal(*plain_and_general(monkeypatch, lambda loop=loop: pcops.radius_graph(one, r, max_neighbors=2, loop=loop), "pcops.ops.neighbours.graph"))
+
+
+def test_plain_radius_graph_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
+    ops = recorded(monkeypatch, "pcops.ops.neighbours.graph", "_radius_graph")
+    padded = recorded(monkeypatch, "pcops.ops.neighbours.graph", "_radius_graph_padded")
+    p = torch.rand(40, 3, generator=gen)
+    p[7] = p[3]  # a duplicate: point 7's nearest is point 3 (the smaller index), then itself
+    assert torch.equal(pcops.radius_graph(p, 1e-6, max_neighbors=1)[:, :2], torch.tensor([[7, 3], [3, 7]]))
+    looped = pcops.radius_graph(p, 1e-6, max_neighbors=2, loop=True)  # each point itself; 3 and 7 each other too
+    assert torch.equal(looped[:, looped[1] == 3], torch.tensor([[3, 7], [3, 3]]))
+    assert torch.equal(looped[:, looped[1] == 7], torch.tensor([[3, 7], [7, 7]]))
+    assert looped.shape[1] == 42
+    pcops.radius_graph(p, 0.3)
+    pcops.radius_graph(p.double(), 2, max_neighbors=5, loop=True)
+    assert ops == []
+    bad = p.clone()
+    bad[11, 2] = float("nan")
+    general = [
+        lambda: pcops.radius_graph(p, 0.3, max_neighbors=4, validate=False),  # unchecked values: a NaN point is not within its own radius
+        lambda: pcops.radius_graph(bad, 0.3, validate=False),
+        lambda: pcops.radius_graph(p, 0.3, batch=torch.zeros(40, dtype=torch.int64)),
+        lambda: pcops.radius_graph(p.half(), 0.3),
+        lambda: pcops.radius_graph(p.clone().requires_grad_(), 0.3),
+        lambda: pcops.radius_graph(p, np.float64(0.3)),
+        lambda: pcops.radius_graph(p, 0.3, max_neighbors=np.int64(4)),
+        lambda: pcops.radius_graph(p[:0], 0.3),
+    ]
+    assert_op_runs_for_general_calls_only(ops, general)
+    pcops.radius_graph(p, 0.3, max_edges=100)
+    assert len(padded) == 1
+    with pytest.raises(ValueError, match="points"):
+        pcops.radius_graph(bad, 0.3, max_neighbors=4)
+    with pytest.raises((ValueError, TypeError), match="radius"):
+        pcops.radius_graph(p, 0.0)
+    with pytest.raises((ValueError, TypeError), match="max_neighbors"):
+        pcops.radius_graph(p, 0.3, max_neighbors=0)
+    with pytest.raises(TypeError, match="loop"):
+        pcops.radius_graph(p, 0.3, loop=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
@@ -1153,7 +1219,7 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
         _prepared_calls(gen, monkeypatch, clouds)
     finally:
         torch.set_num_threads(threads)
-    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "complete", "build", "order", "forward", "normals"))
+    assert all(any(name in key for key, _ in runs) for name in ("scan", "sample", "search", "edge_rows", "build", "order", "forward", "normals"))
     assert {chunks for _, chunks in runs} == {1, 2}
 
 

@@ -22,7 +22,7 @@ import warp as wp
 
 from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
-from . import _cells
+from . import _ball_search, _cells
 from .ball_query import _ball_query
 from .nearest import _found, complete_rows, plain_knn
 
@@ -89,25 +89,34 @@ def _(idx, keep, size):
 
 
 @_warp.kernels
-def _complete_kernel():
-    """One thread per point whose neighbour row (M, K) is complete (no -1): its first ``k``
-    neighbours other than itself (itself too with ``loop``), in row order, as edges (neighbour,
-    centre) into columns ``i k .. i k + k - 1``: what ``_edges(idx, _without_self(idx, k))``
-    (or ``idx >= 0`` with ``loop``) gives for such rows."""
+def _rows_kernel():
+    """One thread per point of a sorted neighbour table (M, K) (its valid entries first, -1
+    after them): its first ``k`` valid neighbours other than itself (itself too with ``loop``),
+    in row order, as edges (neighbour, centre) into the columns from ``first[i]`` on (no
+    ``first``: from ``i k``, for complete rows): what ``_edges(idx, _without_self(idx, k))``
+    (or ``idx >= 0`` with ``loop``) gives, when ``first`` holds each row's start among them."""
 
     @wp.kernel(enable_backward=False, module="unique")
-    def complete(start: int, idx: wp.array2d(dtype=wp.int64), k: int, loop: int, edges: wp.array2d(dtype=wp.int64)):
+    def edge_rows(start: int, idx: wp.array2d(dtype=wp.int64), first: wp.array(dtype=wp.int64), k: int, loop: int,
+             edges: wp.array2d(dtype=wp.int64)):
         i = wp.tid() + start
         centre = wp.int64(i)
+        base = wp.int64(i) * wp.int64(k)
+        if first.shape[0] > 0:
+            base = first[i]
         n = int(0)
-        for c in range(idx.shape[1]):
+        c = int(0)
+        while c < idx.shape[1] and n < k:
             o = idx[i, c]
-            if n < k and (loop != 0 or o != centre):
-                edges[0, i * k + n] = o
-                edges[1, i * k + n] = centre
+            if o < wp.int64(0):
+                break
+            if loop != 0 or o != centre:
+                edges[0, base + wp.int64(n)] = o
+                edges[1, base + wp.int64(n)] = centre
                 n = n + 1
+            c = c + 1
 
-    return complete
+    return edge_rows
 
 
 @_warp.kernels
@@ -231,7 +240,7 @@ def _lay_out(points, batch, loop, validate) -> _layout.Flat:
     return _layout.single(points, batch=batch, validate=validate)
 
 
-# Whether plain eager calls take the direct path (:func:`_plain_knn_graph`; tests switch it off
+# Whether plain eager calls take the direct paths (:func:`_plain_knn_graph`, :func:`_plain_radius_graph`; tests switch it off
 # to compare both paths)
 PLAIN = [True]
 
@@ -244,7 +253,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     bool, N > k (N >= k with ``loop``), no ``max_edges``, and every point's row of k (+ 1)
     neighbours complete (read back: a NaN or infinite point with ``validate=False``, or finite
     points whose squared distances overflow, cut rows short): then a point's edges are its first
-    k neighbours other than itself, written by one kernel (:func:`_complete_kernel`) instead of
+    k neighbours other than itself, written by one kernel (:func:`_rows_kernel`) instead of
     the general path's masks; the same edges in the same order, E = N k."""
     if max_edges is not None or type(k) is not int or k < 1 or type(loop) is not bool:
         return None
@@ -255,12 +264,50 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     if not complete_rows(rows):  # a row cut short: the general path's masks
         return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
-    args = [rows, k, int(loop), edges]
-    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_complete_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))
+    args = [rows, _NO_FIRST, k, int(loop), edges]
+    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_rows_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))
     if launch is not None:  # the calling thread's packed launch of these shapes
         launch.run(idx=rows, edges=edges)
     else:
-        _warp.launch(_complete_kernel(), n, args, like=points, work=rows.numel())
+        _warp.launch(_rows_kernel(), n, args, like=points, work=rows.numel())
+    return edges
+
+
+_NO_FIRST = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
+
+
+def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges) -> Optional[torch.Tensor]:
+    """edge_index of a plain eager CPU :func:`radius_graph` call, or None for any other call.
+
+    Plain: one plain cloud (:func:`pcops._layout.plain_clouds`: an (N, 3) CPU tensor, float32 or
+    float64, nothing to differentiate) of N >= 1 points checked finite (``validate=True``),
+    ``radius`` a finite Python number > 0, ``max_neighbors`` None or a Python int >= 1, ``loop``
+    a bool, no ``max_edges``. Every check of the general path passes on such a call. With a cap
+    K: the ball search of K (+ 1) neighbours, then every point's edges written by one kernel
+    (:func:`_rows_kernel`) instead of the general path's masks: a finite point is within the
+    radius of itself, so a row holds min(count - 1, K) neighbours other than itself (min(count,
+    K) with ``loop``), the same edges in the same order. Without a cap: the same with K = N - 1
+    (N) while the ball search scans every pair (its ``SCAN_PAIRS``; the same distances and
+    order as the cell-list pass), the general path's cell-list pass above (no custom op)."""
+    if max_edges is not None or validate is not True or type(loop) is not bool:
+        return None
+    if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX:
+        return None
+    if max_neighbors is not None and (type(max_neighbors) is not int or not 1 <= max_neighbors < _validate.INT64_MAX):
+        return None
+    if not _layout.plain_clouds(validate, points) or not points.shape[0]:
+        return None
+    n, own = points.shape[0], 0 if loop else 1
+    cap = max_neighbors
+    if cap is None:
+        if n * n > _ball_search.SCAN_PAIRS:
+            return _all_within(points, float(radius), loop, None)
+        cap = n - own  # every point's row holds the whole cloud: a ball search of every pair
+    idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
+    kept = (counts - own).clamp_(0, cap)
+    ends = torch.cumsum(kept, 0)
+    edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
+    _warp.launch(_rows_kernel(), n, [idx, ends - kept, cap, int(loop), edges], like=points, work=idx.numel())
     return edges
 
 
@@ -345,6 +392,10 @@ def radius_graph(points: torch.Tensor, radius: float, *, batch: Optional[torch.T
         tensor([[1, 0],
                 [0, 1]])
     """
+    if PLAIN[0] and batch is None:
+        edges = _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges)
+        if edges is not None:
+            return edges
     radius, max_neighbors = _validate.plain(radius), _validate.plain(max_neighbors)  # NumPy scalars as Python numbers
     size = _bound.bound("max_edges", max_edges)
     flat = _lay_out(points, batch, loop, validate)
