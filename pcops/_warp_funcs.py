@@ -8,6 +8,8 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
   list's bounding box on the CPU);
+* :func:`flag_not_finite` -- a flag set where a point of a strided range is NaN or inf (the
+  values check of a plain call inside its own launch: the kNN scan, chamfer's pass, FPS);
 * :func:`plane_normal` -- a triangle's normal in float64, accurate for thin float64 triangles
   (the mesh search's and closest-point kernels' planes);
 * :func:`spread` -- the bits of an integer two zero bits apart, one axis of a 3-d Morton code:
@@ -136,6 +138,24 @@ def finite_bounds(dtype: torch.dtype):
         return lo, hi
 
     return box
+
+
+@kernels
+def flag_not_finite(dtype: torch.dtype):
+    """``flag(points, first, end, step, bad)``: ``bad[0] = 1`` where a point of
+    ``points[first:end:step]`` holds NaN or inf (a launch's threads, each from its own first
+    point by their number, look at every point between them; one thread: step 1)."""
+    v = vec3(dtype)
+
+    @wp.func(module="unique")
+    def flag(points: wp.array(dtype=v), first: int, end: int, step: int, bad: wp.array(dtype=wp.int32)):
+        j = first
+        while j < end:  # (step >= 1)
+            if not wp.isfinite(points[j]):
+                bad[0] = 1
+            j += step
+
+    return flag
 
 
 @wp.func_native("""

@@ -71,6 +71,7 @@ def _kernels(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     finite_box = _warp_funcs.finite_bounds(dtype)
+    flag = _warp_funcs.flag_not_finite(dtype)
     eps = float(torch.finfo(dtype).eps)
     # A skipped node must not hold a point whose computed distance to the pick is below its
     # node_max: the box distance is computed by the same kind of operations on coordinate gaps
@@ -473,11 +474,7 @@ def _kernels(dtype: torch.dtype):
             return
         base = b * n
         if bad.shape[0] > 0:
-            j = base
-            while j < base + nb:
-                if not wp.isfinite(points[j]):
-                    bad[0] = 1
-                j += 1
+            flag(points, base, base + nb, 1, bad)
         h = int(0)
         while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
             h += 1

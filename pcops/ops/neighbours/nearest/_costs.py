@@ -23,7 +23,7 @@ rows are merged in block order (one block: by the same thread, no second launch)
 import torch
 import warp as wp
 
-from .... import _layout, _warp
+from .... import _layout, _warp, _warp_funcs
 from . import _kdtree
 
 # Both clouds' nearest points come from the pass over every pair up to this many (x, y) pairs
@@ -47,7 +47,7 @@ def _kernels(dtype: torch.dtype):
     ``columns``: thread j takes y[j]'s nearest from the blocks' rows. ``from_indices``: the
     costs from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    flag = _kdtree.flag_not_finite(dtype)
+    flag = _warp_funcs.flag_not_finite(dtype)
     eps = torch.finfo(dtype).eps
     below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)
 
@@ -151,7 +151,7 @@ def _kernels(dtype: torch.dtype):
         m = x.shape[0]
         n = y.shape[0]
         both = col_d.shape[0] > 0
-        flag(y, c, blocks, bad)  # the values' check of y (x's: its rows below)
+        flag(y, c, y.shape[0], blocks, bad)  # the values' check of y (x's: its rows below)
         base = c * n
         j = int(0)
         while both and j < n:

@@ -301,23 +301,6 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     return row
 
 
-def flag_not_finite(dtype: torch.dtype):
-    """``flag(points, first, step, bad)``: ``bad[0] = 1`` where a point of ``points[first::step]``
-    holds NaN or inf; the threads of a launch, each from its own first point by their number,
-    look at every point between them (a plain call's values check, read from :func:`pcops._warp.values_flag`)."""
-    v = _warp.vec3(dtype)
-
-    @wp.func(module="unique")
-    def flag(points: wp.array(dtype=v), first: int, step: int, bad: wp.array(dtype=wp.int32)):
-        j = first
-        while j < points.shape[0]:  # (step >= 1)
-            if not wp.isfinite(points[j]):
-                bad[0] = 1
-            j += step
-
-    return flag
-
-
 @_warp.kernels
 def _scan_kernel(dtype: torch.dtype, grouped: bool):
     """Small clouds: each query's reference points measured one by one (of its group), the k
@@ -337,7 +320,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     insert = _warp_funcs.sorted_insert(dtype, True)
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
     row = scan_row(dtype, grouped)
-    flag = flag_not_finite(dtype)
+    flag = _warp_funcs.flag_not_finite(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def scan(
@@ -366,7 +349,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
         if bad.shape[0] > 0:  # the values' check (a flag, not empty): thread t looks at its query and every rows-th point from t
             if piece == wp.int64(0) and not wp.isfinite(query[i]):
                 bad[0] = 1
-            flag(points, t, dists.shape[0], bad)
+            flag(points, t, points.shape[0], dists.shape[0], bad)
 
     @wp.kernel(enable_backward=False, module="unique")
     def merge(
