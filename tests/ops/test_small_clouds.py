@@ -669,6 +669,22 @@ def test_plain_radius_graph_calls_equal_the_general_path(gen, monkeypatch, kind,
             assert torch.equal(*plain_and_general(monkeypatch, lambda loop=loop: pcops.radius_graph(one, r, max_neighbors=2, loop=loop), "pcops.ops.neighbours.graph"))
 
 
+def test_plain_radius_graph_counts_rows_that_lack_their_own_point(monkeypatch):
+    """A radius that dwarfs the cloud by hundreds of orders of magnitude: the ball search's cells
+    may leave a point out of its own row; the plain path counts each row from the row itself (it
+    once took count - 1 and wrote past the edges), the same edges as the general path."""
+    tiny = torch.arange(600, dtype=F64)[:, None].repeat(1, 3) * 1e-40
+    clouds = [(tiny, None), (torch.tensor([[0.0] * 3, [1e-100] * 3], dtype=F64), 0),
+              (torch.tensor([[-3e38] * 3, [3e38] * 3]), 0)]
+    for p, pairs in clouds:
+        if pairs is not None:
+            monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        for cap, loop in ((1, False), (1, True), (2, False)):
+            plain, general = plain_and_general(monkeypatch, lambda p=p, cap=cap, loop=loop: pcops.radius_graph(p, 1e300, max_neighbors=cap, loop=loop),
+                                               "pcops.ops.neighbours.graph")
+            assert torch.equal(plain, general), (p.shape, cap, loop)
+
+
 def test_plain_radius_graph_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
     ops = recorded(monkeypatch, "pcops.ops.neighbours.graph", "_radius_graph")
     padded = recorded(monkeypatch, "pcops.ops.neighbours.graph", "_radius_graph_padded")

@@ -92,29 +92,39 @@ def _(idx, keep, size):
 def _rows_kernel():
     """One thread per point of a sorted neighbour table (M, K) (its valid entries first, -1
     after them): its first ``k`` valid neighbours other than itself (itself too with ``loop``),
-    in row order, as edges (neighbour, centre) into the columns from ``first[i]`` on (no
-    ``first``: from ``i k``, for complete rows): what ``_edges(idx, _without_self(idx, k))``
-    (or ``idx >= 0`` with ``loop``) gives, when ``first`` holds each row's start among them."""
+    in row order, as edges (neighbour, centre): what ``_edges(idx, _without_self(idx, k))`` (or
+    ``idx >= 0`` with ``loop``) gives. Without ``ends`` (empty): complete rows, into the columns
+    from ``i k`` on. With ``ends`` (each row's end among the edges, a cumulative sum of counts
+    made before the table was read): into the row's columns only, ``bad[0] = 1`` where a row
+    holds another number of edges than its columns (the counts were wrong: the caller drops the
+    edges)."""
 
     @wp.kernel(enable_backward=False, module="unique")
-    def edge_rows(start: int, idx: wp.array2d(dtype=wp.int64), first: wp.array(dtype=wp.int64), k: int, loop: int,
-             edges: wp.array2d(dtype=wp.int64)):
+    def edge_rows(start: int, idx: wp.array2d(dtype=wp.int64), ends: wp.array(dtype=wp.int64), k: int, loop: int,
+             edges: wp.array2d(dtype=wp.int64), bad: wp.array(dtype=wp.int32)):
         i = wp.tid() + start
         centre = wp.int64(i)
         base = wp.int64(i) * wp.int64(k)
-        if first.shape[0] > 0:
-            base = first[i]
-        n = int(0)
+        room = wp.int64(k)
+        if ends.shape[0] > 0:
+            base = wp.int64(0)
+            if i > 0:
+                base = ends[i - 1]
+            room = ends[i] - base
+        n = wp.int64(0)
         c = int(0)
-        while c < idx.shape[1] and n < k:
+        while c < idx.shape[1] and n < wp.int64(k):
             o = idx[i, c]
             if o < wp.int64(0):
                 break
             if loop != 0 or o != centre:
-                edges[0, base + wp.int64(n)] = o
-                edges[1, base + wp.int64(n)] = centre
-                n = n + 1
+                if n < room:
+                    edges[0, base + n] = o
+                    edges[1, base + n] = centre
+                n = n + wp.int64(1)
             c = c + 1
+        if n != room and bad.shape[0] > 0:
+            bad[0] = 1
 
     return edge_rows
 
@@ -264,7 +274,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     if not complete_rows(rows):  # a row cut short: the general path's masks
         return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
-    args = [rows, _NO_FIRST, k, int(loop), edges]
+    args = [rows, _NO_ENDS, k, int(loop), edges, _NO_FLAG]
     launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_rows_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))
     if launch is not None:  # the calling thread's packed launch of these shapes
         launch.run(idx=rows, edges=edges)
@@ -273,7 +283,8 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     return edges
 
 
-_NO_FIRST = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
+_NO_ENDS = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
+_NO_FLAG = torch.empty(0, dtype=torch.int32)  # (nothing to check)
 
 
 def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges) -> Optional[torch.Tensor]:
@@ -286,9 +297,12 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     K: the ball search of K (+ 1) neighbours, then every point's edges written by one kernel
     (:func:`_rows_kernel`) instead of the general path's masks: a finite point is within the
     radius of itself, so a row holds min(count - 1, K) neighbours other than itself (min(count,
-    K) with ``loop``), the same edges in the same order. Without a cap: the same with K = N - 1
-    (N) while the ball search scans every pair (its ``SCAN_PAIRS``; the same distances and
-    order as the cell-list pass), the general path's cell-list pass above (no custom op)."""
+    K) with ``loop``), the same edges in the same order. The kernel checks that count on each
+    row: where a row lacks its own point (a radius that dwarfs the cloud's extent by hundreds of
+    orders of magnitude: the search's cells miss points), None: the general path. Without a
+    cap: the same with K = N - 1 (N) while the ball search scans every pair (its
+    ``SCAN_PAIRS``; the same edges as the general path's cell-list pass but at such radii), the
+    general path's cell-list pass above (no custom op)."""
     if max_edges is not None or validate is not True or type(loop) is not bool:
         return None
     if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX:
@@ -304,11 +318,11 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
             return _all_within(points, float(radius), loop, None)
         cap = n - own  # every point's row holds the whole cloud: a ball search of every pair
     idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
-    kept = (counts - own).clamp_(0, cap)
-    ends = torch.cumsum(kept, 0)
+    ends = torch.cumsum((counts - own).clamp_(0, cap), 0)
     edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
-    _warp.launch(_rows_kernel(), n, [idx, ends - kept, cap, int(loop), edges], like=points, work=idx.numel())
-    return edges
+    flag, view = _warp.values_flag()
+    _warp.launch(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag], like=points, work=idx.numel())
+    return None if view[0] else edges  # a row without its own point (the ball search's cells at extreme radii): the general path's masks
 
 
 @_threads.limits
