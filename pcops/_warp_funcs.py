@@ -21,6 +21,8 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
   and ``morton`` (the Morton code of a point's cell, from a table of :func:`spread`): the
   kd-tree's Morton order of queries;
+* :func:`cell_offset` -- a coordinate in cells from a grid's low side, without the overflow of
+  the subtraction (the cell list's keys and windows);
 * :func:`cell_range` -- the first and last cell of the cell list a query must scan (the radius
   ops and the ball query);
 * :func:`cell_scan` -- a query's scan of the cell list (its arrays in one struct, the cells
@@ -280,6 +282,21 @@ def reach_floor(dtype: torch.dtype) -> float:
 
 
 @kernels
+def cell_offset(dtype: torch.dtype):
+    """``offset(x, low, inv_h)``: a coordinate x in cells from a grid's low side ``low`` (cells
+    ``1 / inv_h`` wide), ``(x - low) * inv_h`` as the dtype rounds it, but from halves: the same
+    value bit for bit where ``x - low`` is finite, and finite where it overflows (float32 points
+    at -3e38 and 3e38) instead of inf, which put such points outside the grid."""
+    s = scalar(dtype)
+
+    @wp.func(module="unique")
+    def offset(x: s, low: s, inv_h: s):
+        return ((x * s(0.5) - low * s(0.5)) * inv_h) * s(2.0)
+
+    return offset
+
+
+@kernels
 def cell_range(dtype: torch.dtype):
     """``box(q, radius, frame, dims) -> (lo, hi)``: the first and last cell (x, y, z) of a cell
     list (``frame``: low corner x, y, z and 1 / the cell widths in x, y, z; ``dims`` cells a
@@ -288,6 +305,7 @@ def cell_range(dtype: torch.dtype):
     -1 or n); a radius reaches at least :func:`reach_floor`."""
     s, v = scalar(dtype), vec3(dtype)
     floor = s(reach_floor(dtype))
+    offset = cell_offset(dtype)
 
     @wp.func(module="unique")
     def box(q: v, radius: s, frame: wp.array(dtype=s), dims: wp.vec3i):
@@ -299,8 +317,8 @@ def cell_range(dtype: torch.dtype):
             inv_h = frame[3 + a]
             reach = r + s(1e-3) / inv_h  # a margin for rounding at cell borders
             # cell coordinates clamped to [-1, n] (inf included) before the conversion to int
-            first = int(wp.floor(wp.clamp((q[a] - reach - frame[a]) * inv_h, s(-1.0), s(n))))
-            last = int(wp.floor(wp.clamp((q[a] + reach - frame[a]) * inv_h, s(-1.0), s(n))))
+            first = int(wp.floor(wp.clamp(offset(q[a] - reach, frame[a], inv_h), s(-1.0), s(n))))
+            last = int(wp.floor(wp.clamp(offset(q[a] + reach, frame[a], inv_h), s(-1.0), s(n))))
             lo[a] = wp.max(first, 0)
             hi[a] = wp.min(last, n - 1)
         return lo, hi

@@ -116,6 +116,7 @@ def _key_kernel(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     cell, _ = _warp_funcs.cells(dtype)
+    offset = _warp_funcs.cell_offset(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def cell_keys(
@@ -133,7 +134,7 @@ def _key_kernel(dtype: torch.dtype):
         cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
         outside = False
         for a in range(3):
-            x = (p[a] - frame[a]) * frame[3 + a]
+            x = offset(p[a], frame[a], frame[3 + a])
             if not (x >= s(-0.5) and x < s(dims[a]) + s(0.5)):
                 outside = True
             c[a] = cell(x, s(dims[a] - 1))
@@ -343,12 +344,12 @@ class CellList:
         low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
         high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
         groups = max(int(host[12]) + 1, 1)
-        side = [max(h - lo, 0.0) for lo, h in zip(low, high)]
+        half = [max(h * 0.5 - lo * 0.5, 0.0) for lo, h in zip(low, high)]  # (halves: finite where a side overflows)
         # in units of the larger of the box and the radius (products of three widths neither over- nor
         # underflow), each width at least 2^-20 of its side and 2^-60 (at most 2^20 cells a side)
-        unit = max(*side, radius)
-        side = [x / unit for x in side]
-        widths = [max(c * (radius / unit), x / (1 << 20), 2.0**-60) for c, x in zip(CELL, side)]
+        unit = max(*half, radius * 0.5)
+        side = [x / unit for x in half]
+        widths = [max(c * (radius * 0.5 / unit), x / (1 << 20), 2.0**-60) for c, x in zip(CELL, side)]
         volume = max(side[0] * side[1] * side[2], 1e-300)
         widen = (volume * groups / (CELLS_PER_POINT * max(n, 1) * widths[0] * widths[1] * widths[2])) ** (1.0 / 3.0)
         widths = [w * max(widen, 1.0) for w in widths]
@@ -356,10 +357,12 @@ class CellList:
         while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
             widths = [w * 1.25 for w in widths]  # a flat or thin cloud: the volume bound above was too generous
             dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
-        widths = [w * unit for w in widths]
-        # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0)
-        tiny = torch.finfo(ref.dtype).tiny ** 0.5
-        widths = [w if d > 1 else max(2.0 * x * unit, tiny) for w, d, x in zip(widths, dims, side)]
+        widths = [w * unit * 2.0 for w in widths]
+        # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0;
+        # the side itself, not its share of the unit: a radius 1e300 over points 1e-100 apart makes that share 0); no
+        # width past the dtype's largest number (an inverse of 0 makes the windows NaN; two such cells span every extent)
+        info = torch.finfo(ref.dtype)
+        widths = [min(w if d > 1 else max(4.0 * x, info.tiny ** 0.5), info.max) for w, d, x in zip(widths, dims, half)]
         if dev.type == "cpu":  # (low corner, 1 / widths)
             frame = torch.tensor([*low, *(1.0 / w for w in widths)], dtype=ref.dtype)
         else:  # on the device: fills, not a blocking copy from the host

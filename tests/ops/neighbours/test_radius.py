@@ -596,6 +596,44 @@ def test_cell_lists_of_extreme_radii_find_every_neighbour(dtype):
         assert edges.shape[1] == int((d2[:100, :100] <= r2).sum()), r
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_cell_lists_at_the_ends_of_the_dtype_find_what_the_every_pair_scans_find(dtype, monkeypatch):
+    """Clouds whose extent a radius dwarfs by hundreds of orders of magnitude (the grid's one
+    cell was sized from the extent's share of the radius, which rounded to 0: the cell a
+    subnormal wide, every point but the first outside it), and clouds wider than the dtype's
+    largest number (float32 points at -3e38 and 3e38: their coordinate differences overflowed
+    to inf, those points fell outside the grid, a point missed itself; in float64 the host's
+    sizes were NaN, a ValueError): the cell lists find what the every-pair scans find and what a
+    brute force of direct differences in the dtype finds, for ball_query, ball_queries,
+    radius_aggregate and radius_graph."""
+    from pcops.ops.neighbours import _ball_search, radius as radius_module
+
+    big, g = torch.finfo(dtype).max, torch.Generator().manual_seed(2)
+    tiny = torch.arange(300, dtype=F64)[:, None].repeat(1, 3) * (1e-40 if dtype == F64 else 1e-30)
+    ends = torch.tensor([[-0.9 * big] * 3, [0.9 * big] * 3, [0.0] * 3, [-0.9 * big, 0.0, 0.0], [0.9 * big, 1.0, 0.0]], dtype=F64)
+    spread = torch.randn(60, 3, generator=g, dtype=F64) * torch.logspace(-30, 30, 60, dtype=F64)[:, None]
+    cases = [(tiny, [1e300 if dtype == F64 else 1e38, 1.0]), (ends, [1.0, 0.5 * big, big]), (spread, [1e-20, 1.0, 1e20, 1e35])]
+    for points, radii in cases:
+        p = points.to(dtype)
+        d2 = (p[:, None] - p[None]).square().sum(-1)  # (direct differences in the dtype, as the ops measure)
+        ones = torch.ones(p.shape[0], 1, dtype=dtype)
+        for r in radii:
+            reach = torch.tensor(r, dtype=F64).to(dtype)  # a pair whose square overflows is within an infinite radius only
+            want = ((d2 <= reach.double().square().to(dtype)) & d2.isfinite() | reach.isinf()).sum(1)
+            runs = []
+            for pairs in (0, 1 << 40):  # cell lists, then the every-pair scans
+                monkeypatch.setattr(_ball_search, "SCAN_PAIRS", pairs)
+                monkeypatch.setattr(radius_module, "SCAN_PAIRS", pairs)
+                found = pcops.ball_query(p, p, r, 8)
+                assert torch.equal(found.counts, want), (p.shape, r, pairs)
+                assert torch.equal(pcops.ball_queries(p, p, [r], 8)[0].idx, found.idx), (p.shape, r, pairs)
+                assert torch.equal(pcops.radius_aggregate(p, p, ones, r, weights="uniform"), ones), (p.shape, r, pairs)
+                edges = pcops.radius_graph(p, r, loop=True)
+                assert edges.shape[1] == int(want.sum()), (p.shape, r, pairs)
+                runs.append((found.idx, edges))
+            assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]), (p.shape, r)
+
+
 @pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e-30), (torch.float32, 1e-21), (F64, 1e-170), (F64, 1e-158)])
 def test_clouds_whose_squares_underflow_give_every_path_the_same_neighbours(dtype, scale, monkeypatch):
     """Clouds so small that squared distances round to subnormals or 0 in the dtype: a point
