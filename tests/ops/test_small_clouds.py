@@ -669,20 +669,37 @@ def test_plain_radius_graph_calls_equal_the_general_path(gen, monkeypatch, kind,
             assert torch.equal(*plain_and_general(monkeypatch, lambda loop=loop: pcops.radius_graph(one, r, max_neighbors=2, loop=loop), "pcops.ops.neighbours.graph"))
 
 
-def test_plain_radius_graph_counts_rows_that_lack_their_own_point(monkeypatch):
-    """A radius that dwarfs the cloud by hundreds of orders of magnitude: the ball search's cells
-    may leave a point out of its own row; the plain path counts each row from the row itself (it
-    once took count - 1 and wrote past the edges), the same edges as the general path."""
-    tiny = torch.arange(600, dtype=F64)[:, None].repeat(1, 3) * 1e-40
-    clouds = [(tiny, None), (torch.tensor([[0.0] * 3, [1e-100] * 3], dtype=F64), 0),
-              (torch.tensor([[-3e38] * 3, [3e38] * 3]), 0)]
-    for p, pairs in clouds:
-        if pairs is not None:
-            monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
-        for cap, loop in ((1, False), (1, True), (2, False)):
-            plain, general = plain_and_general(monkeypatch, lambda p=p, cap=cap, loop=loop: pcops.radius_graph(p, 1e300, max_neighbors=cap, loop=loop),
-                                               "pcops.ops.neighbours.graph")
-            assert torch.equal(plain, general), (p.shape, cap, loop)
+def test_plain_radius_graph_checks_each_row_against_its_count(gen, monkeypatch):
+    """The plain path writes each row's edges into the columns its count gives (the ball search's
+    count less the point itself) and checks the row: a row that holds another number of edges
+    (here a stand-in search whose row 5 lacks its own point, as the cell list's rows once did at
+    radii hundreds of orders of magnitude above the cloud's extent: the kernel wrote past the
+    edges) sends the call to the general path, whose edges it returns."""
+    real = ball_search.search_one
+
+    def without_own_point(query, ref, radius, cap, *rest):  # (row 5 and its count without point 5)
+        idx, counts, dists = real(query, ref, radius, cap, *rest)
+        row = idx[5][idx[5] != 5]
+        idx, counts = idx.clone(), counts.clone()
+        idx[5] = torch.cat([row, row.new_full((idx.shape[1] - row.shape[0],), -1)])
+        counts[5] -= 1
+        return idx, counts, dists
+
+    p = torch.rand(40, 3, generator=gen)
+    general = recorded(monkeypatch, "pcops.ops.neighbours.graph", "_radius_graph")
+    for cap in (1, 39, 60):  # (row 5 full at cap 1: its first neighbour, as counted; short of it at 39 and 60: one edge more than counted)
+        want = plain_and_general(monkeypatch, lambda cap=cap: pcops.radius_graph(p, 0.5, max_neighbors=cap), "pcops.ops.neighbours.graph")[1]
+        monkeypatch.setattr(importlib.import_module("pcops.ops.neighbours.graph"), "PLAIN", [True])
+        monkeypatch.setattr(ball_search, "search_one", without_own_point)
+        calls = len(general)
+        assert torch.equal(pcops.radius_graph(p, 0.5, max_neighbors=cap), want), cap
+        assert len(general) == calls + (cap > 1), cap  # (flagged: the general path's op)
+        monkeypatch.setattr(ball_search, "search_one", real)
+    tiny = torch.arange(600, dtype=F64)[:, None].repeat(1, 3) * 1e-40  # (the cell list's once: now every row holds its point)
+    for cap, loop in ((1, False), (1, True), (2, False)):
+        plain, general_ = plain_and_general(monkeypatch, lambda cap=cap, loop=loop: pcops.radius_graph(tiny, 1e300, max_neighbors=cap, loop=loop),
+                                            "pcops.ops.neighbours.graph")
+        assert torch.equal(plain, general_) and plain.shape[1] == 600 * cap, (cap, loop)
 
 
 def test_plain_radius_graph_calls_skip_the_op_and_others_do_not(gen, monkeypatch):

@@ -297,12 +297,12 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     K: the ball search of K (+ 1) neighbours, then every point's edges written by one kernel
     (:func:`_rows_kernel`) instead of the general path's masks: a finite point is within the
     radius of itself, so a row holds min(count - 1, K) neighbours other than itself (min(count,
-    K) with ``loop``), the same edges in the same order. The kernel checks that count on each
-    row: where a row lacks its own point (a radius that dwarfs the cloud's extent by hundreds of
-    orders of magnitude: the search's cells miss points), None: the general path. Without a
-    cap: the same with K = N - 1 (N) while the ball search scans every pair (its
-    ``SCAN_PAIRS``; the same edges as the general path's cell-list pass but at such radii), the
-    general path's cell-list pass above (no custom op)."""
+    K) with ``loop``), the same edges in the same order. The kernel checks each row against that
+    count: a row without its own point (the cell list's rows once, at radii hundreds of orders
+    of magnitude above the cloud's extent) gives None: the general path. Without a cap: the
+    same with K = N - 1 (N) while the ball search scans every pair (its ``SCAN_PAIRS``; the
+    same edges as the general path's cell-list pass), the general path's cell-list pass above
+    (no custom op)."""
     if max_edges is not None or validate is not True or type(loop) is not bool:
         return None
     if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX:
@@ -322,7 +322,7 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
     flag, view = _warp.values_flag()
     _warp.launch(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag], like=points, work=idx.numel())
-    return None if view[0] else edges  # a row without its own point (the ball search's cells at extreme radii): the general path's masks
+    return None if view[0] else edges  # a row without its own point: the general path's masks
 
 
 @_threads.limits
