@@ -220,7 +220,8 @@ def _radius_edges(points, radius: float, max_neighbors: int, loop: bool, validat
             return torch.empty((2, 0), dtype=torch.int64, device=points.device)
         return _all_within(points, radius, loop, group)
     extra = 0 if loop else 1  # the centre itself is in its own ball
-    idx, _, _ = _ball_query(points, points, radius, max_neighbors + extra, validate, group, group)
+    width = max(1, min(max_neighbors + extra, points.shape[0]))  # (no row holds more than the cloud: a huge cap allocates nothing)
+    idx, _, _ = _ball_query(points, points, radius, width, validate, group, group)
     return _edges(idx, (idx >= 0) if loop else _without_self(idx, max_neighbors))
 
 
@@ -317,6 +318,7 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
         if n * n > _ball_search.SCAN_PAIRS:
             return _all_within(points, float(radius), loop, None)
         cap = n - own  # every point's row holds the whole cloud: a ball search of every pair
+    cap = max(1, min(cap, n - own))  # (no row holds more than the cloud)
     idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
     ends = torch.cumsum((counts - own).clamp_(0, cap), 0)
     edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)

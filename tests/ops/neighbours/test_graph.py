@@ -161,6 +161,27 @@ def test_radius_graph_keeps_every_neighbour_without_a_cap(gen):
 
 
 @pytest.mark.parametrize("loop", [False, True])
+def test_radius_graph_caps_past_the_cloud_allocate_no_wider_rows(gen, loop, monkeypatch):
+    """A max_neighbors past the cloud's size (up to the int64 range) gives the float64 brute
+    force's edges, the uncapped graph's, on the plain and general paths, with a batch and in the
+    static-size form: the search's rows are no wider than the cloud (a cap of 2^31 on 40 points
+    asked for 80 GB, 2^63 - 1 overflowed the row width)."""
+    from pcops.ops.neighbours import graph
+
+    p = torch.rand(40, 3, generator=gen, dtype=F64)
+    want = reference.graph(p, loop=loop, radius=0.6)
+    assert torch.equal(pcops.radius_graph(p, 0.6, loop=loop), want)
+    batch = torch.zeros(40, dtype=torch.int64)
+    for plain in (True, False):
+        monkeypatch.setattr(graph, "PLAIN", [plain])
+        for cap in (40, 2**31, 2**63 - 1):
+            assert torch.equal(pcops.radius_graph(p, 0.6, max_neighbors=cap, loop=loop), want), (plain, cap)
+            assert torch.equal(pcops.radius_graph(p, 0.6, max_neighbors=cap, loop=loop, batch=batch), want), (plain, cap)
+            padded = pcops.radius_graph(p, 0.6, max_neighbors=cap, loop=loop, max_edges=2000)
+            assert int(padded.count) == want.shape[1] and torch.equal(padded.edge_index[:, : want.shape[1]], want), (plain, cap)
+
+
+@pytest.mark.parametrize("loop", [False, True])
 def test_radius_graph_without_a_cap_sorts_long_runs_of_neighbours(gen, loop):
     """Dozens of neighbours a point, duplicates (ties at equal distances) and three samples: the
     count pass and the fill pass agree, and each centre's run is sorted by distance, then index."""
