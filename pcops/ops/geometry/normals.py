@@ -244,9 +244,9 @@ def _kernel(dtype: torch.dtype, oriented: bool):
     return normals
 
 
-@_threads.custom_op("pcops::knn_normals", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def _knn_normals(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
-    """points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), scale (1,)
+def _normals_of(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
+    """The implementation of pcops::knn_normals (:func:`_knn_normals`, the op; plain calls run it
+    directly): points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), scale (1,)
     of their dtype (the covariances' factor, :func:`_unit_scale`), view None (the sign rule), (1, 3)
     or (P, 3) viewpoints -> unit normals (P, 3) (zeros where a row has no neighbour), no gradient."""
     out = torch.empty_like(points)
@@ -266,6 +266,9 @@ def _knn_normals(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, v
     stride = int(view.shape[0] > 1)
     _warp.launch(_kernel(points.dtype, oriented), points.shape[0], [points, idx, scale, view, stride, out], like=points, min_chunk=256)
     return out
+
+
+_knn_normals = _threads.custom_op("pcops::knn_normals", _normals_of, mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 
 
 @_knn_normals.register_fake
@@ -376,8 +379,8 @@ def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Te
     (:func:`pcops.ops.neighbours.nearest.plain_warp`: one (P, 3) CPU cloud, float32 or float64,
     nothing to differentiate, k an int in 1..P; its largest absolute value, read once, is finite
     where ``validate`` asks and sets the scale), then
-    the normals kernel called directly: the general path's search and kernel on the same
-    values, so the same normals."""
+    the normals kernel called directly (not through the op): the general path's search and
+    kernel on the same values, so the same normals."""
     if not plain_warp(points, points, k, backend, False):  # (the values are checked here)
         return None
     big = float(torch.linalg.vector_norm(points, float("inf")))  # one host read: NaN or inf if any value is
@@ -387,9 +390,10 @@ def _plain_normals(points, k, backend: str, validate: bool) -> Optional[torch.Te
         big = float(torch.linalg.vector_norm(torch.where(torch.isfinite(points), points, 0), float("inf")))  # the largest finite one
     scale = _plain_scale(big, points.dtype)
     scaled = points if scale is None else points * scale
-    found = plain_find(scaled, scaled, k)
-    # (as the general search: -1, none found (NaN points without validation, distances overflowing to inf), as row 0)
-    return _knn_normals(points, found[1].clamp_min(0), _ONE[points.dtype] if scale is None else points.new_full((1,), scale), None)
+    rows = plain_find(scaled, scaled, k)[1]
+    if not validate:  # (as the general search: -1, none found (NaN points), as row 0; finite points' unit-scaled rows are complete)
+        rows = rows.clamp_min(0)
+    return _normals_of(points, rows, _ONE[points.dtype] if scale is None else points.new_full((1,), scale), None)
 
 
 @_threads.limits
