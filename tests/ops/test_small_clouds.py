@@ -923,11 +923,12 @@ def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypat
     other cloud as the kNN search does: ties (duplicates in different blocks, a grid's equal
     distances) by the smaller index, none (-1) for NaN or infinite points and where every
     squared distance overflows; both directions and one, four points of x at a time (sizes
-    that are not multiples of four), two threads."""
+    that are not multiples of four), as many threads as blocks (at least two: the pass makes no
+    more blocks than threads)."""
     from pcops.ops.neighbours.nearest import _costs
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(max(2, blocks))
     try:
         monkeypatch.setattr(_costs, "BLOCKS", 1 if blocks > 1 else 8)  # (launches of these shapes with other blocks, kept: not taken)
         for _ in range(2):

@@ -23,7 +23,7 @@ rows are merged in block order (one block: by the same thread, no second launch)
 import torch
 import warp as wp
 
-from .... import _layout, _warp, _warp_funcs
+from .... import _layout, _threads, _warp, _warp_funcs
 from . import _kdtree
 
 # Both clouds' nearest points come from the pass over every pair up to this many (x, y) pairs
@@ -31,8 +31,9 @@ from . import _kdtree
 # choices)
 SCAN_PAIRS = 1 << 16
 
-# The pass cuts x's points into this many blocks at most (one below SERIAL_WORK steps), a thread
-# of its launch each, keeping its points' nearest of each of y's points (a row of N)
+# The pass cuts x's points into this many blocks at most, and no more than torch's threads (one
+# below SERIAL_WORK steps), a thread of its launch each, keeping its points' nearest of each of
+# y's points (a row of N: more blocks than threads only add rows to fill and merge)
 BLOCKS = 8
 
 
@@ -249,7 +250,7 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     value is NaN or inf (the pass looks at every point)."""
     m, n = x.shape[0], y.shape[0]
     work = m * n * (2 if both else 1)
-    blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS)  # (one block: the calling thread's launch, columns included)
+    blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS, _threads.requested())  # (one block: the calling thread's launch, columns included)
     rows, columns, _ = _kernels(x.dtype)
     vec = _warp.vec3(x.dtype)
     ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
