@@ -672,7 +672,7 @@ def _mesh_closest(
     in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the band
     of that one widened by ``shape`` (1,) float64, the mesh's worst shape factor (-1: none, -2:
     two or more, or a band past ``max_dist``; see :mod:`._sides`; nothing tracked where that
-    factor is 0: a mesh that is not simple), else -1]. ``one``: the faces are one mesh (the
+    factor is 0: a mesh not analysed), else -1]. ``one``: the faces are one mesh (the
     queries' order: :func:`._tree.query_order`)."""
     if validate:
         _validate.finite(points=qa)

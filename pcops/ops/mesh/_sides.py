@@ -1,22 +1,24 @@
-"""The sign of signed ``mesh_distance`` without a winding-number walk, on simple closed meshes (CPU).
+"""The sign of signed ``mesh_distance`` without a winding-number walk, on closed meshes (CPU).
 
 On a closed mesh whose every edge is used once in each direction (``pcops::mesh_closed``'s
-twins) and whose faces meet only along their shared edges and corners (no face crosses or
-touches another elsewhere: the test below), the space next to a connected piece of the surface
-has one winding number on the faces' outer side (their normals, ``(b - a) x (c - a)``, point
-there) and one more on their inner side. So a query whose closest point lies inside its face,
-or inside an edge, has the winding number of that side: the outer one of its piece, plus one
-when it lies behind the face's plane (behind the plane through the edge whose normal is the sum
-of the two faces' unit normals, for an edge: Baerentzen and Aanaes 2005), decided in float64
-from the exact coordinates. Queries closest to a corner, to a face of poor shape (height under
-``SOUND`` times its longest edge) or to a knife edge (faces folded onto each other) are walked
-as before (:mod:`._search`), as are all queries of any other mesh.
+twins), take the faces that meet no other face but along their shared edges and corners (no
+face crosses or touches them elsewhere: the test below), joined into pieces by the edges two
+of them share. The space next to a piece has one winding number on its faces' outer side
+(their normals, ``(b - a) x (c - a)``, point there) and one more on their inner side: no other
+face passes between a piece's faces and the space next to them. So a query whose closest point
+lies inside such a face, or inside an edge of two of them, has the winding number of that
+side: the outer one of its piece, plus one when it lies behind the face's plane (behind the
+plane through the edge whose normal is the sum of the two faces' unit normals, for an edge:
+Baerentzen and Aanaes 2005), decided in float64 from the exact coordinates. Queries closest to
+a corner, to a face of poor shape (height under ``SOUND`` times its longest edge), to a knife
+edge (faces folded onto each other) or to a face that crosses, touches or folds onto another
+are walked as before (:mod:`._search`), as are all queries of a mesh that is not closed. (On a
+simple mesh, whose faces meet only along their shared edges and corners, every face is in a
+piece: the connected pieces of the surface.)
 
 ``pcops::mesh_simple`` analyses a mesh (one mesh or a batch), once per kept ``MeshBVH`` in eager
 mode (:func:`analysis`):
 
-* ``components`` (one thread): the connected pieces (union-find over the twins) and each
-  piece's best-shaped face; nothing (every query walked) unless every edge has its twin.
 * ``crossing`` (a thread per face): the face against every face of its sample whose box meets
   its own (the hierarchy's boxes), in float64 with a margin of ``MARGIN`` times the mesh's size:
   faces with no shared corner must be separated by one of the separating-axis test's axes
@@ -24,8 +26,10 @@ mode (:func:`analysis`):
   a plane through it (one face's plane, a plane through an edge along a normal or along an edge
   of the other, the plane between the faces' middle directions) or cross each other's planes
   along opposite rays from it; the two faces of an edge must not fold onto each other.
-  Anything else counts as a crossing (the test errs on the safe side), and then every query
-  is walked.
+  Anything else counts as a crossing (the test errs on the safe side): both faces are
+  ``crossed``.
+* ``components`` (one thread): the pieces (union-find over the twins of faces not crossed) and
+  each piece's best-shaped face; nothing (every query walked) unless every edge has its twin.
 * ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
   centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
   itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
@@ -227,10 +231,12 @@ def _analysis_kernels():
     @wp.kernel(enable_backward=False, module="unique")
     def _components(start: int, vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64), group: wp.array(dtype=wp.int64),
                     padded: int, padding: wp.int64, closed: wp.array(dtype=wp.int32), twin: wp.array2d(dtype=wp.int64),
-                    parent: wp.array(dtype=wp.int64), best: wp.array(dtype=wp.float64), rep: wp.array(dtype=wp.int64),
-                    ok: wp.array(dtype=wp.int32)):
-        """One thread: ``parent[f]`` the root face of f's piece, ``rep[root]`` its best-shaped face
-        (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed with every edge twinned."""
+                    crossed: wp.array(dtype=wp.int32), parent: wp.array(dtype=wp.int64), best: wp.array(dtype=wp.float64),
+                    rep: wp.array(dtype=wp.int64), ok: wp.array(dtype=wp.int32)):
+        """One thread: ``parent[f]`` the root face of f's piece (the faces joined by the edges of
+        two faces that are not ``crossed``; -1 for a crossed face), ``rep[root]`` its best-shaped
+        face (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed with every edge
+        twinned."""
         ok[0] = 0
         if closed[0] == 0:
             return
@@ -244,11 +250,14 @@ def _analysis_kernels():
                     g = twin[f, e]
                     if g < wp.int64(0):
                         return
-                    ra, rb = _root(parent, wp.int64(f)), _root(parent, g)
-                    if ra != rb:
-                        parent[int(wp.max(ra, rb))] = wp.min(ra, rb)
-        for f in range(nf):
-            if padded == 0 or group[f] != padding:
+                    if crossed[f] == 0 and crossed[int(g)] == 0:
+                        ra, rb = _root(parent, wp.int64(f)), _root(parent, g)
+                        if ra != rb:
+                            parent[int(wp.max(ra, rb))] = wp.min(ra, rb)
+        for f in range(nf):  # (a crossed face is no other face's root: setting its parent to -1 breaks no walk to a root)
+            if crossed[f] != 0:
+                parent[f] = wp.int64(-1)
+            elif padded == 0 or group[f] != padding:
                 r = _root(parent, wp.int64(f))
                 parent[f] = r
                 q = _shape(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
@@ -259,15 +268,16 @@ def _analysis_kernels():
 
 
     @wp.kernel(enable_backward=False, module="unique")
-    def _crossing(start: int, depth: int, ok: wp.array(dtype=wp.int32), order: wp.array(dtype=wp.int64), faces: wp.array2d(dtype=wp.int64),
+    def _crossing(start: int, depth: int, closed: wp.array(dtype=wp.int32), order: wp.array(dtype=wp.int64), faces: wp.array2d(dtype=wp.int64),
                   vertices: wp.array(dtype=_V), group: wp.array(dtype=wp.int64), padded: int, padding: wp.int64,
                   lo: wp.array(dtype=_V), hi: wp.array(dtype=_V), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
-                  size: wp.array(dtype=wp.float64), rel: wp.float64, bad: wp.array(dtype=wp.int32)):
+                  size: wp.array(dtype=wp.float64), rel: wp.float64, crossed: wp.array(dtype=wp.int32)):
         """Sorted face j against the later sorted faces of its sample whose boxes meet its own:
-        ``bad[0]`` = 1 where two may meet elsewhere than along their shared corners and edge."""
+        ``crossed`` 1 at both faces (rows of ``faces``) of each pair that may meet elsewhere than
+        along their shared corners and edge (zeros in; a face's flag is only ever set to 1)."""
         j = wp.tid() + start
         g = group[j]
-        if ok[0] == 0 or (padded != 0 and g == padding):
+        if closed[0] == 0 or (padded != 0 and g == padding):
             return
         margin = rel * size[0]
         f = int(order[j])
@@ -296,8 +306,8 @@ def _analysis_kernels():
                         ib = wp.vec3l(faces[fb, 0], faces[fb, 1], faces[fb, 2])
                         b0, b1, b2 = vertices[int(ib[0])], vertices[int(ib[1])], vertices[int(ib[2])]
                         if not _apart_faces(a0, a1, a2, ia, b0, b1, b2, ib, margin, rel):
-                            bad[0] = 1
-                            return
+                            crossed[f] = 1
+                            crossed[fb] = 1
                 continue
             stack_node[top] = 2 * node + 1
             stack_depth[top] = d + 1
@@ -409,14 +419,14 @@ def _sides_kernel(dtype: torch.dtype):
             if d2_r < d2:
                 f = r
                 kind = kind_r
-        if kind > 2:  # a corner, or a face of poor shape: walked
+        if kind > 2 or parent[f] < wp.int64(0):  # a corner, a face of poor shape, or one that meets another: walked
             return
         a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
         n = wp.cross(b - a, c - a)
         side = wp.dot(q - a, n)
         if kind >= 0:
             g = int(twin[f, kind])
-            if g < 0:
+            if g < 0 or parent[g] < wp.int64(0):
                 return
             ga, gb, gc = vertices[int(faces[g, 0])], vertices[int(faces[g, 1])], vertices[int(faces[g, 2])]
             m = wp.cross(gb - ga, gc - ga)
@@ -445,10 +455,10 @@ def _mesh_simple(
 ) -> list[torch.Tensor]:
     """The mesh (vertices (V, 3), faces (F, 3), face_group (F,), a padded batch's ``padding`` id),
     ``closed`` (1,) and ``twin`` (F, 3) from :func:`._search.closed` and the tree's tensors ->
-    [(1,) int32: 1 if the mesh is simple (see the module docs), (F,) int64: the root face of each
-    face's piece, (F,) float64: at each root, the outer winding number of its piece]. Not simple
-    (nothing analysed) on a GPU, or for a call of fewer ``queries`` than faces (their walks cost
-    less than the analysis)."""
+    [(1,) int32: 1 if the mesh was analysed (closed; see the module docs), (F,) int64: the root
+    face of each face's piece (-1: a face that crosses, touches or folds onto another), (F,)
+    float64: at each root, the outer winding number of its piece]. Nothing analysed on a GPU, or
+    for a call of fewer ``queries`` than faces (their walks cost less than the analysis)."""
     nf, dev = faces.shape[0], faces.device
     ok, parent, wout = (torch.zeros(size, dtype=dtype, device=dev) for size, dtype in ((1, torch.int32), (nf, torch.int64), (nf, torch.float64)))
     if queries < max(nf, 1) or dev.type != "cpu":
@@ -456,12 +466,14 @@ def _mesh_simple(
     _warp.init()
     v64, faces = vertices.to(torch.float64).contiguous(), faces.contiguous()
     bad, rep, best = torch.zeros(1, dtype=torch.int32), torch.empty(nf, dtype=torch.int64), torch.empty(nf, dtype=torch.float64)
+    crossed = torch.zeros(nf, dtype=torch.int32)
     components, crossing = _analysis_kernels()
-    _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, parent, best, rep, ok], like=faces, work=0)
     depth = _tree.depth(nf)
-    _warp.launch(crossing, nf, [depth, ok, order, faces, v64, group, int(padded), padding, _warp.array(lo.to(torch.float64).contiguous(), dtype=_V),
-                                _warp.array(hi.to(torch.float64).contiguous(), dtype=_V), glo, ghi, scale.reshape(1).to(torch.float64), MARGIN, bad],
-                 like=faces, min_chunk=64)
+    _warp.launch(crossing, nf, [depth, closed, order, faces, v64, group, int(padded), padding, _warp.array(lo.to(torch.float64).contiguous(), dtype=_V),
+                                _warp.array(hi.to(torch.float64).contiguous(), dtype=_V), glo, ghi, scale.reshape(1).to(torch.float64), MARGIN,
+                                crossed], like=faces, min_chunk=64)
+    _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, crossed, parent, best, rep, ok],
+                 like=faces, work=0)
     row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
     m33 = wp.mat33f if ta.dtype == torch.float32 else wp.mat33d
     _warp.launch(_outside_kernel(ta.dtype), nf, [depth, ok, bad, rep, row_of, ta, tb, tc, group, glo, ghi, center, normal,
@@ -483,7 +495,7 @@ def _mesh_sides(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, ve
     (M,) the face the search tied with it (-1: none, -2: several; :func:`._search.closest`), the mesh
     (vertices, faces), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and ``wout``
     from :func:`_mesh_simple` -> (M,) the winding number of each query found from its closest
-    face's side, inf where it must be walked (every query of a mesh that is not simple)."""
+    face's side, inf where it must be walked (every query of a mesh that is not closed)."""
     m = query.shape[0]
     out = query.new_full((m,), float("inf"))
     if m == 0 or faces.shape[0] == 0 or query.device.type != "cpu":

@@ -19,8 +19,9 @@ computed from it in torch (:mod:`._triangle`), so they are differentiable with r
 points and the vertices, to any order (eikonal losses take gradients of gradients). A call
 with no gradient to keep (``torch.no_grad()``, or inputs that do not require grad) computes the
 closest point and weights with the same formula in one Warp kernel instead. The
-winding number is the hierarchical fast winding number (Barill et al. 2018), or on simple
-closed meshes the side of the closest face (:mod:`._sides`); the sign agrees with the exact
+winding number is the hierarchical fast winding number (Barill et al. 2018), or on closed
+meshes, next to faces no other face crosses, the side of the closest face (:mod:`._sides`);
+the sign agrees with the exact
 winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
 corners) are measured by their edges, exactly, without a repair step.
 """
@@ -191,7 +192,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     if signed:  # the mesh's closedness and analysis (:mod:`._sides`), and the search's wider band for it
         padding = bvh.batch + 1 if bvh.batch > 0 else None
         closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
-    # (the band of the faces the sides compare, widened by the worst shape factor on simple meshes only)
+    # (the band of the faces the sides compare, widened by the worst shape factor on analysed (closed) meshes only)
     face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, shape=closed[1] * simple[0] if signed else None,
                                         one=bvh.batch == 0)
     found = face >= 0
