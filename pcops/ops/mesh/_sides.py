@@ -319,10 +319,12 @@ def _analysis_kernels():
 
 
 @_warp.kernels
-def _outside_kernel(dtype: torch.dtype):
-    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
-    m = wp.mat33f if dtype == torch.float32 else wp.mat33d
-    walk = _search.walk_func(dtype)
+def _outside_kernel():
+    """The pieces' walks, in float64 whatever the tree's dtype (its arrays widened: a float32
+    centroid may lie off its face's plane by more than ``MARGIN``, on the far side of a face
+    that close, and its walk's winding number be one off)."""
+    s, v, m = wp.float64, wp.vec3d, wp.mat33d
+    walk = _search.walk_func(torch.float64)
     fine2 = s(_search.BETA * _search.BETA)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -475,9 +477,9 @@ def _mesh_simple(
     _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, crossed, parent, best, rep, ok],
                  like=faces, work=0)
     row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
-    m33 = wp.mat33f if ta.dtype == torch.float32 else wp.mat33d
-    _warp.launch(_outside_kernel(ta.dtype), nf, [depth, ok, bad, rep, row_of, ta, tb, tc, group, glo, ghi, center, normal,
-                                                 _warp.Typed(moment, m33), radius, wout], like=faces, min_chunk=64)
+    wide = [x.to(torch.float64).contiguous() for x in (ta, tb, tc, center, normal, moment, radius)]  # (float32 values: exact)
+    _warp.launch(_outside_kernel(), nf, [depth, ok, bad, rep, row_of, *wide[:3], group, glo, ghi, wide[3], wide[4],
+                                         _warp.Typed(wide[5], wp.mat33d), wide[6], wout], like=faces, min_chunk=64)
     return [ok * (1 - bad), parent, wout]
 
 
