@@ -361,21 +361,14 @@ def test_signed_calls_find_the_faces_and_distances_of_unsigned_ones():
         assert torch.equal((signed.dists < 0)[off], (w >= 0.5)[off])
 
 
-def _cuboid(lo, hi):
-    (x0, y0, z0), (x1, y1, z1) = lo, hi
-    v = torch.tensor([[x0, y0, z0], [x1, y0, z0], [x1, y1, z0], [x0, y1, z0], [x0, y0, z1], [x1, y0, z1], [x1, y1, z1], [x0, y1, z1]], dtype=F64)
-    f = torch.tensor([[0, 1, 5], [0, 5, 4], [1, 2, 6], [1, 6, 5], [2, 3, 7], [2, 7, 6], [3, 0, 4], [3, 4, 7], [0, 2, 1], [0, 3, 2], [4, 5, 6], [4, 6, 7]])
-    return v, f
-
-
 @pytest.mark.parametrize("scale", [1.0, 1e3])
 def test_a_piece_s_outer_winding_number_is_walked_in_float64(scale):
     """A box standing on another (its side faces touch the lower box's top: flagged), turned,
     float32: the upper box's bottom is a piece of its own, whose centroid rounded to float32 may
     lie below the lower box's top, which it touches; its outer winding number is 1 (inside the
     lower box), and the queries under it take it."""
-    (va, fa), (vb, fb) = _cuboid((0, 0, 0), (1, 1, 1)), _cuboid((0.2, 0.3, 1), (0.6, 0.7, 1.5))
-    v0, f = torch.cat([va, vb]), torch.cat([fa, fb + 8])
+    (va, fa), (vb, fb) = _box((1.0, 1.0, 1.0), F64), _box((0.4, 0.4, 0.5), F64)
+    v0, f = torch.cat([va, vb + torch.tensor([0.2, 0.3, 1.0], dtype=F64)]), torch.cat([fa, fb + 8])
     grid = torch.linspace(0.25, 0.55, 4, dtype=F64)
     q0 = torch.stack(torch.meshgrid(grid, grid + 0.1, torch.tensor([0.9, 0.97], dtype=F64), indexing="ij"), -1).reshape(-1, 3)
     for angle in torch.linspace(0.01, 0.3, 30, dtype=F64):
