@@ -357,7 +357,7 @@ def walk_func(dtype: torch.dtype):
     about the faces of sample g (see the module docs)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     m = wp.mat33f if dtype == torch.float32 else wp.mat33d
-    _, solid_angle = _funcs(dtype)
+    _, solid_angle = _funcs(torch.float64)
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
 
     @wp.func(module="unique")
@@ -379,8 +379,10 @@ def walk_func(dtype: torch.dtype):
         skip: int,
     ):
         """The winding number of q about its sample's faces but the sorted face ``skip`` (-1: none),
-        nodes farther than sqrt(beta2) radii expanded."""
+        nodes farther than sqrt(beta2) radii expanded; the faces of the nodes opened measured in
+        float64 (float32 values widened exactly)."""
         n = wp.int64(ta.shape[0])
+        q64 = wp.vec3d(wp.float64(q[0]), wp.float64(q[1]), wp.float64(q[2]))
         single = glo[0] == ghi[0] and glo[0] == g  # one mesh, the query's: no sample ranges to test
         total = s(0.0)
         stack_node = _nodes()
@@ -413,7 +415,10 @@ def walk_func(dtype: torch.dtype):
                     j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
                         if (single or group[j] == g) and j != skip:
-                            total += solid_angle(q, ta[j], tb[j], tc[j])
+                            a, b, c = ta[j], tb[j], tc[j]
+                            total += s(solid_angle(q64, wp.vec3d(wp.float64(a[0]), wp.float64(a[1]), wp.float64(a[2])),
+                                                   wp.vec3d(wp.float64(b[0]), wp.float64(b[1]), wp.float64(b[2])),
+                                                   wp.vec3d(wp.float64(c[0]), wp.float64(c[1]), wp.float64(c[2]))))
                     break
                 stack_node[top] = 2 * node + 2
                 stack_depth[top] = d + 1

@@ -379,3 +379,30 @@ def test_a_piece_s_outer_winding_number_is_walked_in_float64(scale):
         assert ((w - 1).abs() < 1e-6).all()
         signed = pcops.mesh_distance(q, v, f, signed=True).dists
         assert (signed < 0).all(), f"angle {float(angle):.3f}: {int((signed >= 0).sum())} of {q.shape[0]} queries inside signed outside"
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0])
+def test_queries_a_few_roundings_inside_a_sliver_through_a_sphere_are_walked_in_float64(scale):
+    """A sliver tetrahedron (3 long, 1e-4 thick) through a sphere, float32: its faces cross the
+    sphere's, so the queries inside it are walked. Those a few float32 roundings of the mesh's
+    size from its wide faces see each of them at nearly a half turn, whose sign float32's solid
+    angles lose: the faces the walk opens are measured in float64 (the float32 values widened)."""
+    v, f = icosphere(2)
+    sliver = torch.tensor([[-1.5, 0, 0], [1.5, 0, 0], [0.0, 0.6, 0], [0.1, 0.25, 1e-4]], dtype=F64)
+    fs = torch.tensor([[0, 1, 2], [0, 3, 1], [0, 2, 3], [1, 3, 2]])  # outwards (the fourth corner above the first face)
+    gen = torch.Generator().manual_seed(5)
+    e = -torch.rand(400, 3, generator=gen, dtype=F64).log()
+    on_face = (e / e.sum(1, keepdim=True)) @ sliver[:3]  # on the wide face z = 0, then a few roundings up (z <= 1e-4 inside)
+    height = 1e-4 * torch.logspace(-6, -1, 400, dtype=F64)
+    q0 = on_face + height[:, None] * torch.tensor([0.0, 0.0, 1.0], dtype=F64)
+    for seed in range(3):
+        turn = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(seed), dtype=F64))[0]
+        vt = (scale * torch.cat([v.double(), sliver @ turn.T])).float()
+        q = (scale * q0 @ turn.T).float()
+        ft = torch.cat([f, fs + v.shape[0]])
+        w = reference.winding_number(q.double(), vt.double(), ft)
+        signed = pcops.mesh_distance(q, vt, ft, signed=True).dists
+        clear = ((w - 0.5).abs() >= 0.1) & (signed != 0)
+        assert clear.sum() > 250
+        wrong = (signed < 0) != (w >= 0.5)
+        assert not (wrong & clear).any(), f"seed {seed}: {int((wrong & clear).sum())} of {int(clear.sum())} signs wrong"
