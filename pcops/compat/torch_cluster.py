@@ -18,7 +18,8 @@ returns one fixed result:
 * ``fps``: ties by the smaller index; a point is never picked twice.
 
 ``num_workers`` is accepted and ignored (pcops uses torch's threads); ``batch_size`` is
-accepted (pcops needs no sample count). Batches need not be sorted. A NaN or inf in the points
+accepted (pcops needs no sample count), and where given must count every example of the batch
+vectors (a ValueError naming it otherwise: torch_cluster would search fewer examples). Batches need not be sorted. A NaN or inf in the points
 raises a ValueError naming the argument (``x``, ``y``, ``src``, ``pos``), outside
 ``torch.compile``.
 
@@ -69,6 +70,26 @@ def _batch(name: str, batch, n: int) -> Optional[torch.Tensor]:
     if batch.dtype.is_floating_point or batch.dtype == torch.bool or batch.dim() != 1 or batch.shape[0] != n:
         raise ValueError(f"{name} must be an integer tensor of shape ({n},), got {batch.dtype} of shape {tuple(batch.shape)}")
     return batch
+
+
+def _batch_size(batch_size, **batches) -> None:
+    """``batch_size``, where given, an int >= 1 that counts every example of the named batch
+    vectors (their ids below it). torch_cluster takes it as the number of examples: with 1 it
+    searches the points as one example whatever the batch vectors say, and with fewer than the
+    ids it leaves the later examples' points out (or fails, in ``fps``). pcops reads the examples
+    from the batch vectors, so a count that contradicts them raises here rather than give other
+    results than torch_cluster's (one host read; skipped while compiling)."""
+    if batch_size is None:
+        return
+    check_count("batch_size", batch_size)
+    if is_compiling():
+        return
+    for name, batch in batches.items():
+        if isinstance(batch, torch.Tensor) and batch.numel():
+            top = int(batch.max())
+            if top >= batch_size:
+                raise ValueError(f"batch_size={batch_size} counts fewer examples than {name} holds (ids up to {top}); "
+                                 "leave it None (pcops needs no count) or give the number of examples")
 
 
 def _pair_batches(batch_x, batch_y, x, y):
@@ -154,6 +175,7 @@ def _knn(
     k = check_count("k", k)
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
     check_finite(x=x, y=y)
+    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
     idx = _knn_table(x, y, k, batch_x, batch_y, cosine)
@@ -180,6 +202,7 @@ def _knn_graph(
     k = check_count("k", k)
     same_device(x=x, batch=batch)
     check_finite(x=x)
+    _batch_size(batch_size, batch=batch)
     if _known_empty(x):
         return _empty(x.device)
     idx = _knn_table(x, x, k if loop else k + 1, batch, batch, cosine)
@@ -209,6 +232,7 @@ def _radius(
         raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
     check_finite(x=x, y=y)
+    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
     if x.shape[1] != y.shape[1]:
@@ -292,6 +316,7 @@ def _fps(
     batch = _batch("batch", batch, n)
     same_device(src=src, batch=batch)
     check_finite(src=src)
+    _batch_size(batch_size, batch=batch)
     if ratio is None:
         ratio = 0.5
     if isinstance(ratio, torch.Tensor):  # its values set the counts: no host read while compiling
@@ -389,7 +414,8 @@ def knn(
         batch_x, batch_y: optional int tensors (N,) / (M,) of example ids (sorted or not).
         cosine: rank by the cosine distance 1 - cos(x_j, y_i) (on every device; torch_cluster
             supports it on CUDA only).
-        num_workers, batch_size: accepted, not needed.
+        num_workers: accepted, not needed. batch_size: the number of examples, not needed; where
+            given it must count every example of the batch vectors (a ValueError otherwise).
 
     Returns:
         LongTensor (2, E): row 0 the index into ``y``, row 1 into ``x``; grouped by ``y``
@@ -442,7 +468,8 @@ def radius(
         batch_x, batch_y: optional int tensors of example ids (sorted or not).
         max_num_neighbors: at most this many per element of ``y``: the first ones by index.
         ignore_same_index: skip ``x_i`` for ``y_i`` (the same row number), before the cap.
-        num_workers, batch_size: accepted, not needed.
+        num_workers: accepted, not needed. batch_size: the number of examples, not needed; where
+            given it must count every example of the batch vectors (a ValueError otherwise).
 
     Returns:
         LongTensor (2, E): row 0 the index into ``y``, row 1 into ``x``; grouped by ``y``
@@ -509,7 +536,8 @@ def fps(
             otherwise at its first point. The draw is a tensor op, so under ``torch.compile``
             it stays in the graph (Inductor draws with its own generator; set
             ``torch._inductor.config.fallback_random = True`` to get eager's draws).
-        batch_size: accepted, not needed.
+        batch_size: the number of examples, not needed; where given it must count every
+            example of ``batch`` (a ValueError otherwise).
         ptr: instead of ``batch``, CSR boundaries of contiguous examples (tensor or list).
 
     Returns:

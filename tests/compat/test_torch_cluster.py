@@ -365,6 +365,34 @@ def test_fps_errors(gen):
         tc.fps(_cloud(gen, 10, 4))
 
 
+def test_a_batch_size_that_counts_fewer_examples_than_the_batch_vectors_is_an_error(gen):
+    """torch_cluster reads ``batch_size`` as the number of examples: 1 searches every point as one
+    example whatever the batch vectors say, and fewer than their ids leave the later examples
+    out; pcops reads the examples from the vectors, so such a count is a ValueError naming it,
+    and a count that covers them (or more, trailing examples empty) gives the same edges as none."""
+    x, y = _cloud(gen, 60), _cloud(gen, 20)
+    bx, by = _sorted_batch(gen, 60, 3), _sorted_batch(gen, 20, 3)
+    top = int(max(bx.max(), by.max()))
+    calls = {
+        "knn": lambda size: tc.knn(x, y, 4, bx, by, batch_size=size),
+        "knn_graph": lambda size: tc.knn_graph(x, 4, bx, batch_size=size),
+        "radius": lambda size: tc.radius(x, y, 0.5, bx, by, batch_size=size),
+        "radius_graph": lambda size: tc.radius_graph(x, 0.5, bx, batch_size=size),
+        "fps": lambda size: tc.fps(x, bx, 0.5, random_start=False, batch_size=size),
+    }
+    for name, call in calls.items():
+        for size in (1, top):
+            with pytest.raises(ValueError, match="batch_size"):
+                call(size)
+        for size in (top + 1, top + 3):
+            assert torch.equal(call(size), call(None)), name
+        for bad, error in ((0, ValueError), (1.5, TypeError), (True, TypeError)):
+            with pytest.raises(error, match="batch_size"):
+                call(bad)
+    one = torch.zeros(60, dtype=torch.long)  # every id 0: one example, as batch_size=1 says
+    assert torch.equal(tc.knn_graph(x, 4, one, batch_size=1), tc.knn_graph(x, 4))
+
+
 # ----------------------------------------------------------------------------------------------
 # nearest / grid_cluster
 
