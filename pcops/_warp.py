@@ -761,7 +761,7 @@ class Prepared:
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 
-    __slots__ = ("kernel", "_run", "_chunks", "_args", "_pointers", "keep")
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "_pointers", "_fields", "keep")
 
     def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
         self.kernel = kernel
@@ -769,6 +769,7 @@ class Prepared:
         self._run = _runner(kernel, bounds, [values] * self._chunks, "cpu", None)
         self._args = [args for _, _, args in self._run.entries]
         self._pointers: dict = {}
+        self._fields: dict = {}
         self.keep = keep
 
     def _pointer(self, name: str) -> tuple:
@@ -788,10 +789,20 @@ class Prepared:
     def run(self, **arrays: torch.Tensor) -> None:
         """Run the launch with the named array arguments on the given contiguous tensors (an
         array in a struct argument: ``struct__field``)."""
-        for name, t in arrays.items():
-            address = t.data_ptr()
-            for pointer in self._pointers.get(name) or self._pointer(name):
-                pointer.value = address
+        names = tuple(arrays)
+        self.run_at(self._fields.get(names) or self.fields(*names), *arrays.values())
+
+    def fields(self, *names: str) -> tuple:
+        """The pointer fields of the array arguments ``names`` for :meth:`run_at` (found once)."""
+        found = self._fields[names] = tuple((pointer, i) for i, name in enumerate(names)
+                                            for pointer in (self._pointers.get(name) or self._pointer(name)))
+        return found
+
+    def run_at(self, fields: tuple, *tensors: torch.Tensor) -> None:
+        """:meth:`run` with the array arguments of ``fields`` (:meth:`fields`) given in their order:
+        every run goes through here."""
+        for pointer, i in fields:
+            pointer.value = tensors[i].data_ptr()
         if self._chunks == 1:
             self._run(0)  # on the calling thread
         else:

@@ -70,21 +70,21 @@ def launches(call) -> collections.Counter:
             run()
         return again
 
-    prepared_run = _warp.Prepared.run
+    prepared_run = _warp.Prepared.run_at
 
-    def counted_prepared(self, **arrays):
+    def counted_prepared(self, *args):
         counts["warp:" + self.kernel.key] += 1
-        return prepared_run(self, **arrays)
+        return prepared_run(self, *args)
 
     _warp.launch, _warp.launch_chunks, _warp.recorded = counted, counted_chunks, counted_recorded
-    _warp.Prepared.run = counted_prepared
+    _warp.Prepared.run_at = counted_prepared
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             call()
     finally:
         for name, f in saved.items():
             setattr(_warp, name, f)
-        _warp.Prepared.run = prepared_run
+        _warp.Prepared.run_at = prepared_run
     for event in prof.events():  # the outermost aten operations (how torch runs one inside may vary with the size)
         if not event.name.startswith("aten::") or (event.cpu_parent is not None and event.cpu_parent.name.startswith("aten::")):
             continue

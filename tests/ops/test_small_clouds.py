@@ -249,9 +249,9 @@ def test_radius_aggregate_gradients_agree_across_the_switch(gen, monkeypatch):
 def test_the_crossovers_pick_the_one_launch_path_for_small_clouds_only(monkeypatch):
     """Below the crossover a kNN search is one launch, above it the tree's several."""
     launches = []
-    real, prepared = _warp.launch, _warp.Prepared.run
+    real, prepared = _warp.launch, _warp.Prepared.run_at
     monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
-    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (launches.append(self.kernel), prepared(self, **kw)))
+    monkeypatch.setattr(_warp.Prepared, "run_at", lambda self, *a: (launches.append(self.kernel), prepared(self, *a)))
     small = torch.rand(64, 3)
     torch.ops.pcops.knn_warp(small, small, 4, False, None, None)
     assert launches == [_kdtree._scan_kernel(torch.float32, False)[0]]
@@ -341,12 +341,12 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     for m in (limit // n, limit // n + 1):
         query = lattice[torch.arange(m) % n] + 0.5
         launches = []
-        real, prepared = _warp.launch, _warp.Prepared.run
+        real, prepared = _warp.launch, _warp.Prepared.run_at
         monkeypatch.setattr(_warp, "launch", lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw)))
-        monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (launches.append(self.kernel), prepared(self, **kw)))
+        monkeypatch.setattr(_warp.Prepared, "run_at", lambda self, *a: (launches.append(self.kernel), prepared(self, *a)))
         got = pcops.knn(query, lattice, k)
         monkeypatch.setattr(_warp, "launch", real)
-        monkeypatch.setattr(_warp.Prepared, "run", prepared)
+        monkeypatch.setattr(_warp.Prepared, "run_at", prepared)
         scan = _kdtree._scan_kernel(torch.float32, False)[0] in launches
         assert scan == (m * n <= limit)
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0 if scan else 1 << 40)  # the other path
@@ -1242,8 +1242,8 @@ def test_prepared_launches_follow_each_calls_tensors(gen, monkeypatch):
     serial and chunked launches, the kept launches evicted and FPS's shared work arrays taken
     over by other shapes in between."""
     runs = []
-    real = _warp.Prepared.run
-    monkeypatch.setattr(_warp.Prepared, "run", lambda self, **kw: (runs.append((self.kernel.key, self._chunks)), real(self, **kw)))
+    real = _warp.Prepared.run_at
+    monkeypatch.setattr(_warp.Prepared, "run_at", lambda self, *a: (runs.append((self.kernel.key, self._chunks)), real(self, *a)))
     # (300 points: 90,000 pairs, a launch cut into a chunk per thread, run by the native fork-join)
     clouds = [torch.rand(n, 3, generator=gen, dtype=dtype) for n in (40, 40, 90, 300) for dtype in (torch.float32, F64)]
     monkeypatch.setattr(_warp._threads, "available", lambda: 2)

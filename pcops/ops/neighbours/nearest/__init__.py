@@ -232,7 +232,15 @@ def plain_warp(query, ref, k, backend: str, validate: bool) -> bool:
     chamfer's costs of plain clouds)."""
     if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref):
         return False
-    return 1 <= k <= ref.shape[0] and resolve_backend(backend, query.device) == "warp"
+    return 1 <= k <= ref.shape[0] and _cpu_warp(backend)
+
+
+def _cpu_warp(backend: str) -> bool:
+    """Whether ``backend`` ("auto" or "warp") means Warp for CPU tensors, as :func:`resolve_backend`
+    decides it, without its device object, warning or errors: Warp available and, for "auto",
+    first of ``AUTO["cpu"]``. False sends a plain call to the general path, which resolves the
+    backend there (and warns or raises)."""
+    return BACKENDS["warp"].available() and (backend == "warp" or AUTO["cpu"][0] == "warp")
 
 
 def complete_rows(idx: torch.Tensor) -> bool:

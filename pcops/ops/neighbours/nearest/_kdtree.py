@@ -43,6 +43,7 @@ The loops over points (a leaf, a scan, a partition, the query order) are while l
 
 import functools
 import math
+import threading
 from typing import Optional
 
 import torch
@@ -854,14 +855,65 @@ def _scan_run(query, ref, dists, idx):
     one slice) into ``dists``, ``idx`` as the calling thread's prepared launch of these shapes;
     its flag (:func:`_scan_kernel`), a NumPy view of one int32, reset before and 1 after if a
     value was not finite. None where the kernel has not run once yet (nothing ran)."""
-    m, n, k = query.shape[0], ref.shape[0], dists.shape[1]
-    launch = _warp.prepared(("scan", query.dtype, m, n, k, ref is query), lambda: _prepare_scan(query, ref, dists, idx))
+    plan = _scan_plan(query, ref, dists.shape[1], True)
+    return None if plan is None else plan.run(query, ref, dists, idx)
+
+
+class _Scan:
+    """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of m queries in n points
+    for k neighbours, with what a call needs at hand: the pointer fields of its four array arguments, its
+    values flag (a NumPy view of one int32), an (m, k) output of each dtype that a call's outputs
+    are allocated like (``torch.empty_like`` checks less than a new shape does), and ``state``, the
+    thread count and switches it was decided under (:func:`_scan_state`)."""
+
+    __slots__ = ("state", "launch", "fields", "flag", "dists", "idx")
+
+    def run(self, query, ref, dists, idx):
+        flag = self.flag
+        flag[0] = 0
+        self.launch.run_at(self.fields, query, ref, dists, idx)
+        return flag
+
+
+def _scan_state() -> tuple:
+    """What decides a search's path and chunks besides its shapes: the caller's thread count and
+    the module's switches (which tests change)."""
+    return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK)
+
+
+def _scan_plan(query, ref, k: int, make: bool) -> Optional[_Scan]:
+    """The calling thread's :class:`_Scan` of ``query`` (m, 3) in ``ref`` (n, 3) for k neighbours,
+    kept by shapes, dtype and whether ``ref is query``: one kept under the same
+    :func:`_scan_state` was made for a scan (one slice, every pair measured: :func:`_scans`), so a
+    caller that finds one has nothing to decide. Else, with ``make`` (the caller decided the
+    scan), one made and kept; None where launches are not prepared
+    (:data:`pcops._warp.PREPARED`) or the kernel has not run once yet."""
+    if not _warp.PREPARED[0]:
+        return None
+    plans = getattr(_kept, "scans", None)
+    if plans is None:
+        plans = _kept.scans = {}
+    m = query.shape[0]
+    key = (m, ref.shape[0], k, query.dtype, ref is query)
+    plan, state = plans.get(key), _scan_state()
+    if plan is not None and plan.state == state:
+        return plan
+    if not make:
+        return None
+    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
+    launch = _warp.prepared(("scan", *key), lambda: _prepare_scan(query, ref, dists, idx))
     if launch is None:
         return None
-    flag = launch.keep[1]
-    flag[0] = 0
-    launch.run(query=query, points=ref, dists=dists, idx=idx)
-    return flag
+    plan = _Scan()
+    plan.state, plan.launch, plan.fields, plan.flag = state, launch, launch.fields("query", "points", "dists", "idx"), launch.keep[1]
+    plan.dists, plan.idx = dists, idx
+    if len(plans) >= _warp.KEEP_PREPARED:
+        plans.clear()
+    plans[key] = plan
+    return plan
+
+
+_kept = threading.local()
 
 
 def _prepare_scan(query, ref, dists, idx):
@@ -878,16 +930,18 @@ def scan_checked(query, ref, k):
     query, more pairs than a scan measures, or its first run: nothing ran, the caller checks the
     values and calls :func:`find`). The plain calls' values check without a torch reduction and
     read (most of a 16-point call's time left after the search's)."""
-    m, n = query.shape[0], ref.shape[0]
-    if not m or not _scans(m, n, k) or _slices(m, n, k, True) != 1:
-        return None
-    _warp.init()
     query, ref = query.contiguous(), ref.contiguous()
-    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
-    flag = _scan_run(query, ref, dists, idx)
-    if flag is None:
-        return None
-    return (dists, idx) if not flag[0] else False
+    plan = _scan_plan(query, ref, k, False)  # kept: a scan of these shapes, nothing to decide
+    if plan is None:
+        m, n = query.shape[0], ref.shape[0]
+        if not m or not _scans(m, n, k) or _slices(m, n, k, True) != 1:
+            return None
+        _warp.init()
+        plan = _scan_plan(query, ref, k, True)
+        if plan is None:
+            return None
+    dists, idx = torch.empty_like(plan.dists), torch.empty_like(plan.idx)
+    return (dists, idx) if not plan.run(query, ref, dists, idx)[0] else False
 
 
 def find(query, ref, k, query_group=None, ref_group=None):
