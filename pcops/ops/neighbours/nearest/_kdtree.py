@@ -940,8 +940,14 @@ def scan_checked(query, ref, k):
         plan = _scan_plan(query, ref, k, True)
         if plan is None:
             return None
+    dists, idx, bad = _run_kept(plan, query, ref)
+    return (dists, idx) if not bad else False
+
+
+def _run_kept(plan: _Scan, query, ref):
+    """(dists, idx, flag value) of a kept scan of contiguous ``query`` in ``ref``, its outputs new."""
     dists, idx = torch.empty_like(plan.dists), torch.empty_like(plan.idx)
-    return (dists, idx) if not plan.run(query, ref, dists, idx)[0] else False
+    return dists, idx, plan.run(query, ref, dists, idx)[0]
 
 
 def find(query, ref, k, query_group=None, ref_group=None):
@@ -951,6 +957,9 @@ def find(query, ref, k, query_group=None, ref_group=None):
     _warp.init()
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
+    plan = None if grouped or not query.is_cpu else _scan_plan(query, ref, k, False)
+    if plan is not None:  # the thread's kept scan of these shapes: nothing to decide
+        return _run_kept(plan, query, ref)[:2]
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
     if m and _scans(m, ref.shape[0], k, query.is_cpu, grouped):  # small: every pair, one launch (two when split)
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
