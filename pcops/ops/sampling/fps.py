@@ -63,11 +63,17 @@ LEAF = 64
 # least 1 / KD_PICKS of its points, else Morton-ordered leaves (docs/benchmarks.md, design choices).
 KD_PICKS = 10
 
+# A sample whose points times picks are at most this many runs plain FPS (every point updated by
+# every pick), no tree: below it the tree's build and walks cost more than they save (the
+# crossover measured in docs/benchmarks.md, design choices).
+PLAIN_PAIRS = 1 << 14
+
 
 @_warp.kernels
-def _kernels(dtype: torch.dtype):
-    """(sample, step): the bucket FPS of a sample per thread (its tree, then its picks); one
-    pick for every block of every sample (the CUDA path)."""
+def _kernels(dtype: torch.dtype, plain_pairs: int):
+    """(sample, step): the bucket FPS of a sample per thread (its tree, then its picks; plain FPS
+    where the sample's points times its picks are at most ``plain_pairs``: :data:`PLAIN_PAIRS`);
+    one pick for every block of every sample (the CUDA path)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     finite_box = _warp_funcs.finite_bounds(dtype)
@@ -81,6 +87,7 @@ def _kernels(dtype: torch.dtype):
     shrink = s(1.0 - 16.0 * eps)
     leaf_size = LEAF
     kd_picks = KD_PICKS
+    plain_limit = wp.int64(plain_pairs)
     tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
 
     @wp.func(module="unique")
@@ -435,6 +442,48 @@ def _kernels(dtype: torch.dtype):
                     break
                 i += 1
 
+    @wp.func(module="unique")
+    def plain_picks(first: wp.array2d(dtype=wp.int64), points: wp.array(dtype=v), dist: wp.array(dtype=s), idx: wp.array2d(dtype=wp.int64),
+                    b: int, base: int, nb: int, count: int):
+        """The ``count`` picks of sample b by plain FPS: every point's distance lowered by every
+        pick, in index order (the same distances, minima and first farthest point as
+        :func:`picks`, whose skipped nodes change nothing: the same picks)."""
+        end = base + nb
+        j = base
+        while j < end:
+            dist[j] = s(wp.inf)
+            j += 1
+        given = first.shape[1]
+        top = s(-2.0)
+        top_j = base
+        t = int(0)
+        while t < count:
+            last = int(0)
+            if t < given:
+                last = wp.clamp(int(first[b, t]), 0, nb - 1)
+            elif top >= s(0.0):
+                last = top_j - base
+            else:  # only NaN points are left (validate=False): no pick
+                break
+            idx[b, t] = wp.int64(last)
+            t += 1
+            if t == count:
+                break
+            c = points[base + last]
+            dist[base + last] = s(-1.0)  # picked: never again (-1 stays below every distance)
+            top = s(-2.0)
+            top_j = base
+            j = base
+            while j < end:  # branch-free: the first farthest point
+                dj = dist[j]
+                x = wp.length_sq(points[j] - c)
+                dj = wp.where(dj < x or dj < s(0.0), dj, x)  # a NaN point's distance is NaN: never the farthest; picked (-1) stays
+                dist[j] = dj
+                far = dj > top
+                top = wp.where(far, dj, top)
+                top_j = wp.where(far, j, top_j)
+                j += 1
+
     @wp.kernel(enable_backward=False, module="unique")
     def sample(
         start: int,
@@ -475,6 +524,9 @@ def _kernels(dtype: torch.dtype):
         base = b * n
         if bad.shape[0] > 0:
             flag(points, base, base + nb, 1, bad)
+        if wp.int64(nb) * wp.int64(count) <= plain_limit:  # few pairs: no tree pays for itself
+            plain_picks(first, points, dist, idx, b, base, nb, count)
+            return
         h = int(0)
         while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
             h += 1
@@ -550,7 +602,7 @@ def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor,
     sample (its tree, then its picks). The work arrays are views of two allocations (one of
     the points' dtype, one int32), passed as descriptors (:func:`_scratch`)."""
     b, n, _ = points.shape
-    _run_samples(_kernels(points.dtype)[0], b, _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx))
+    _run_samples(_kernels(points.dtype, PLAIN_PAIRS)[0], b, _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx))
 
 
 def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor, bad=None) -> list:
@@ -612,7 +664,7 @@ def _per_pick_fps(points: torch.Tensor, lengths32: torch.Tensor, start: torch.Te
     """One launch per pick (CUDA): every block of every sample in parallel, torch finds each
     sample's farthest block between launches; into ``idx`` (B, S), -1 filled."""
     b, n, _ = points.shape
-    _, step = _kernels(points.dtype)
+    _, step = _kernels(points.dtype, PLAIN_PAIRS)
     block = _block(n, b, points.device)
     blocks = math.ceil(n / block)
     best = points.new_empty((b * blocks,))
@@ -785,7 +837,7 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     flag = _warp.values_flag()
     values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
                             torch.empty((1, n_samples), dtype=torch.int64), flag[0])
-    return _warp.prepare(_kernels(dtype)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-2], flag))  # (values[6:-2]: the work arrays)
+    return _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-2], flag))  # (values[6:-2]: the work arrays)
 
 
 # A plain call of up to this many points has its values checked by its launch (a pass over its
@@ -840,7 +892,7 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     points = points.contiguous()
     count = min(n, n_samples)
     idx = torch.full((n_samples,), -1, dtype=torch.int64)  # (the kernel's (1, n_samples): the same memory)
-    launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts)),
+    launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts), PLAIN_PAIRS),
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
     if launch is not None:
         launch.keep[0][:] = starts  # (the kept start indices)

@@ -287,12 +287,46 @@ def test_kept_scratch_serves_calls_of_any_shape_and_thread(gen):
         assert all(torch.equal(r.result(), want) for r, want in zip(runs, expected * 4))
 
 
+@pytest.mark.parametrize("bucket", [False, True], ids=["default", "bucket"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 127, 128, 129, 257, 1000])
-def test_small_clouds_and_leaf_boundaries(gen, n):
+def test_small_clouds_and_leaf_boundaries(gen, n, bucket, monkeypatch):
+    if bucket:  # the bucket path's leaves and tree, which small samples skip for plain FPS
+        monkeypatch.setattr(sampling, "PLAIN_PAIRS", 0)
     p = torch.rand(n, 3, generator=gen, dtype=F64)
     out = pcops.farthest_point_sample(p, n + 2)
     assert torch.equal(out.idx[:n], reference.farthest_point_sample(p, n))
     assert sorted(out.idx[:n].tolist()) == list(range(n))  # every point once
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_plain_fps_below_its_crossover_picks_what_bucket_fps_picks(gen, dtype, monkeypatch):
+    """A sample of at most PLAIN_PAIRS points times picks runs plain FPS, no tree; forced through
+    the bucket path (PLAIN_PAIRS 0) the same samples give the same picks, on both sides of the
+    crossover: every adversarial cloud kind cut to a few hundred points, picks around the limit,
+    start sets, a padded batch of samples on either side, NaN and infinite points without
+    validation; and both equal the plain loop."""
+    limit = sampling.PLAIN_PAIRS
+    calls = []
+    for kind in ADVERSARIAL:
+        p = adversarial(kind, gen)[:300].to(dtype)
+        for s in (5, limit // 300, limit // 300 + 1, 300):  # 300 s pairs: below, at, above the limit
+            calls.append((p, s, {}))
+        calls.append((p, 100, {"start_idx": [7, 3, 250]}))
+    odd = torch.rand(260, 3, generator=gen, dtype=F64).to(dtype)
+    odd[[5, 100]] = float("nan")
+    odd[[7, 200], 1] = float("inf")
+    calls += [(odd, limit // 260, {"validate": False}), (odd, 260, {"validate": False})]
+    points, lengths = pad([torch.rand(n, 3, generator=gen, dtype=F64).to(dtype) for n in (64, 120, 300)])
+    calls.append((points, 120, {"lengths": lengths}))  # 64 x 64 and 120 x 120 pairs plain, 300 x 120 not
+    runs = []
+    for plain_pairs in (limit, 0):
+        monkeypatch.setattr(sampling, "PLAIN_PAIRS", plain_pairs)
+        runs.append([pcops.farthest_point_sample(p, s, **kw).idx for p, s, kw in calls])
+    for (p, s, kw), default, bucket in zip(calls, *runs):
+        assert torch.equal(default, bucket), (p.shape, s, kw)
+        if p.dim() == 2 and "validate" not in kw:
+            want = brute_force(p, s, kw.get("start_idx", (0,)))
+            assert torch.equal(default[: want.numel()], want)
 
 
 def test_a_single_cloud_smaller_than_n_samples_is_padded_with_minus_one(gen):
