@@ -28,7 +28,7 @@ FACTORIES = [
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"chamfer costs {d}", costs._kernels, (d,)) for d in (F32, F64)],
     *[(f"knn ordered build {d}", nearest._ordered_kernels, (d,)) for d in (F32, F64)],
-    *[(f"farthest point sample {d}", sampling._kernels, (d,)) for d in (F32, F64)],
+    *[(f"farthest point sample {d}", sampling._kernels, (d, sampling.PLAIN_PAIRS)) for d in (F32, F64)],
     *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],
     *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],

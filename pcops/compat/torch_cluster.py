@@ -175,9 +175,9 @@ def _knn(
     k = check_count("k", k)
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
     check_finite(x=x, y=y)
-    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
+    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     idx = _knn_table(x, y, k, batch_x, batch_y, cosine)
     if batch_x is None and batch_y is None and not _data_dependent(x):  # min(k, N) neighbours each: a static size
         rows = torch.arange(y.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
@@ -202,9 +202,9 @@ def _knn_graph(
     k = check_count("k", k)
     same_device(x=x, batch=batch)
     check_finite(x=x)
-    _batch_size(batch_size, batch=batch)
     if _known_empty(x):
         return _empty(x.device)
+    _batch_size(batch_size, batch=batch)
     idx = _knn_table(x, x, k if loop else k + 1, batch, batch, cosine)
     keep = idx >= 0
     if not loop:
@@ -232,9 +232,9 @@ def _radius(
         raise TypeError(f"ignore_same_index must be a bool, got {type(ignore_same_index).__name__}")
     same_device(x=x, y=y, batch_x=batch_x, batch_y=batch_y)
     check_finite(x=x, y=y)
-    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     if _known_empty(x) or _known_empty(y):
         return _empty(x.device)
+    _batch_size(batch_size, batch_x=batch_x, batch_y=batch_y)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same number of features, got {x.shape[1]} and {y.shape[1]}")
     dtype = compute_dtype(x, y)
@@ -316,7 +316,6 @@ def _fps(
     batch = _batch("batch", batch, n)
     same_device(src=src, batch=batch)
     check_finite(src=src)
-    _batch_size(batch_size, batch=batch)
     if ratio is None:
         ratio = 0.5
     if isinstance(ratio, torch.Tensor):  # its values set the counts: no host read while compiling
@@ -333,6 +332,8 @@ def _fps(
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
     if guard_or_false(n == 0):  # a data-dependent n (points picked before) goes on: the op handles 0
         return torch.empty(0, dtype=torch.long, device=src.device)
+    if ptr is None:  # (torch_cluster reads the examples from ``ptr`` alone when it is given)
+        _batch_size(batch_size, batch=batch)
     points = pad3(src.detach().to(compute_dtype(src)), "src")
     if batch is None and not isinstance(ratio, torch.Tensor) and not _data_dependent(src):
         picks = math.ceil(float(np.float32(n) * np.float32(ratio)))  # as torch_cluster: float32

@@ -391,6 +391,11 @@ def test_a_batch_size_that_counts_fewer_examples_than_the_batch_vectors_is_an_er
                 call(bad)
     one = torch.zeros(60, dtype=torch.long)  # every id 0: one example, as batch_size=1 says
     assert torch.equal(tc.knn_graph(x, 4, one, batch_size=1), tc.knn_graph(x, 4))
+    # as in torch_cluster: fps reads the examples from ptr alone, and empty inputs give no edges first
+    ptr = [0, 20, 60]
+    assert torch.equal(tc.fps(x, ratio=0.5, random_start=False, ptr=ptr, batch_size=1), tc.fps(x, ratio=0.5, random_start=False, ptr=ptr))
+    assert tc.knn(x[:0], y, 4, bx[:0], by, batch_size=1).shape == (2, 0)
+    assert tc.radius(x, y[:0], 0.5, bx, by[:0], batch_size=1).shape == (2, 0)
 
 
 # ----------------------------------------------------------------------------------------------

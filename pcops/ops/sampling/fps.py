@@ -389,7 +389,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                 last = wp.clamp(int(first[b, t]), 0, nb - 1)
             elif node_max[root] >= s(0.0):
                 last = node_arg[root]
-            else:  # only NaN points are left (validate=False): no pick
+            else:  # only points of NaN distance are left (validate=False): no pick
                 break
             idx[b, t] = wp.int64(last)
             t += 1
@@ -421,7 +421,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     while j < hi:  # branch-free: the first farthest point (the leaf is in index order)
                         dj = dist[j]
                         x = wp.length_sq(pts[j] - c)
-                        dj = wp.where(dj < x or dj < s(0.0), dj, x)  # a NaN point's distance is NaN: never the farthest; picked (-1) stays
+                        dj = wp.where(dj < x or dj < s(0.0) or wp.isnan(dj), dj, x)  # NaN (a NaN point's, or once NaN) stays NaN: never the farthest; picked (-1) stays
                         dist[j] = dj
                         far = dj > top
                         top = wp.where(far, dj, top)
@@ -463,7 +463,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                 last = wp.clamp(int(first[b, t]), 0, nb - 1)
             elif top >= s(0.0):
                 last = top_j - base
-            else:  # only NaN points are left (validate=False): no pick
+            else:  # only points of NaN distance are left (validate=False): no pick
                 break
             idx[b, t] = wp.int64(last)
             t += 1
@@ -477,7 +477,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             while j < end:  # branch-free: the first farthest point
                 dj = dist[j]
                 x = wp.length_sq(points[j] - c)
-                dj = wp.where(dj < x or dj < s(0.0), dj, x)  # a NaN point's distance is NaN: never the farthest; picked (-1) stays
+                dj = wp.where(dj < x or dj < s(0.0) or wp.isnan(dj), dj, x)  # NaN (a NaN point's, or once NaN) stays NaN: never the farthest; picked (-1) stays
                 dist[j] = dj
                 far = dj > top
                 top = wp.where(far, dj, top)
@@ -565,7 +565,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         for j in range(lo, hi):  # branch-free: selects, no jumps
             d = dist[row + j]
             x = wp.length_sq(points[row + j] - c)
-            d = wp.where(d < x or d < s(0.0), d, x)  # picked points (-1) stay, x NaN too; a NaN point's distance is NaN
+            d = wp.where(d < x or d < s(0.0) or wp.isnan(d), d, x)  # picked points (-1) stay; a NaN distance stays NaN (x NaN makes it so)
             d = wp.where(j == last, s(-1.0), d)  # picked: never again
             dist[row + j] = d
             better = d > top
@@ -956,8 +956,9 @@ def farthest_point_sample(
             generator argument breaks the graph under ``torch.compile`` (torch 2.13): when
             compiling, leave it None and seed torch's global RNG (``torch.manual_seed``).
         validate: check the points for NaN/inf and lengths, batch ids and ``start_idx`` for
-            range. With ``validate=False`` a NaN point is never picked (and once only NaN
-            points are left, the remaining picks are -1).
+            range. With ``validate=False`` a point whose distance is NaN (a NaN point, or an
+            infinite one after an infinite pick) is never picked, and once only such points
+            are left, the remaining picks are -1.
 
     Returns:
         FPS(points, idx). Single: (S, 3) and (S,). Padded: (B, S, 3) and (B, S) with idx per

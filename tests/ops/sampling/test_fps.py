@@ -327,6 +327,22 @@ def test_plain_fps_below_its_crossover_picks_what_bucket_fps_picks(gen, dtype, m
         if p.dim() == 2 and "validate" not in kw:
             want = brute_force(p, s, kw.get("start_idx", (0,)))
             assert torch.equal(default[: want.numel()], want)
+    # non-finite picks without validation: a NaN distance stays NaN on every path, so a short
+    # run's picks (plain) are a long run's first ones (bucket) and the per-pick path's (CUDA's,
+    # run on the CPU here); a NaN start makes every distance NaN: -1 after the start set
+    monkeypatch.setattr(sampling, "PLAIN_PAIRS", limit)
+    nan_start = torch.rand(200, 3, generator=gen, dtype=F64).to(dtype)
+    nan_start[4] = float("nan")
+    half_inf = torch.rand(1000, 3, generator=gen, dtype=F64).to(dtype)
+    half_inf[:500, 0] = float("inf")
+    for cloud, kw in ((nan_start, {"start_idx": [4, 7]}), (half_inf, {}), (half_inf, {"start_idx": [0, 600]})):
+        short = pcops.farthest_point_sample(cloud, 6, validate=False, **kw).idx
+        long = pcops.farthest_point_sample(cloud, 100, validate=False, **kw).idx
+        assert torch.equal(short, long[:6]), (short, long[:6])
+        with monkeypatch.context() as m:
+            m.setattr(sampling, "_per_pick", lambda device: True)
+            assert torch.equal(pcops.farthest_point_sample(cloud, 100, validate=False, **kw).idx, long)
+    assert pcops.farthest_point_sample(nan_start, 6, start_idx=[4, 7], validate=False).idx.tolist() == [4, 7, -1, -1, -1, -1]
 
 
 def test_a_single_cloud_smaller_than_n_samples_is_padded_with_minus_one(gen):
