@@ -421,7 +421,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     while j < hi:  # branch-free: the first farthest point (the leaf is in index order)
                         dj = dist[j]
                         x = wp.length_sq(pts[j] - c)
-                        dj = wp.where(dj < x or dj < s(0.0) or wp.isnan(dj), dj, x)  # NaN (a NaN point's, or once NaN) stays NaN: never the farthest; picked (-1) stays
+                        dj = wp.where(dj < x or not dj >= s(0.0), dj, x)  # picked (-1) and NaN (a NaN point's, or once NaN) stay: never the farthest
                         dist[j] = dj
                         far = dj > top
                         top = wp.where(far, dj, top)
@@ -477,7 +477,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             while j < end:  # branch-free: the first farthest point
                 dj = dist[j]
                 x = wp.length_sq(points[j] - c)
-                dj = wp.where(dj < x or dj < s(0.0) or wp.isnan(dj), dj, x)  # NaN (a NaN point's, or once NaN) stays NaN: never the farthest; picked (-1) stays
+                dj = wp.where(dj < x or not dj >= s(0.0), dj, x)  # picked (-1) and NaN (a NaN point's, or once NaN) stay: never the farthest
                 dist[j] = dj
                 far = dj > top
                 top = wp.where(far, dj, top)
@@ -565,7 +565,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         for j in range(lo, hi):  # branch-free: selects, no jumps
             d = dist[row + j]
             x = wp.length_sq(points[row + j] - c)
-            d = wp.where(d < x or d < s(0.0) or wp.isnan(d), d, x)  # picked points (-1) stay; a NaN distance stays NaN (x NaN makes it so)
+            d = wp.where(d < x or not d >= s(0.0), d, x)  # picked points (-1) and NaN distances stay (x NaN makes one)
             d = wp.where(j == last, s(-1.0), d)  # picked: never again
             dist[row + j] = d
             better = d > top
