@@ -382,7 +382,7 @@ def walk_func(dtype: torch.dtype):
         nodes farther than sqrt(beta2) radii expanded; the faces of the nodes opened measured in
         float64 (float32 values widened exactly)."""
         n = wp.int64(ta.shape[0])
-        q64 = wp.vec3d(wp.float64(q[0]), wp.float64(q[1]), wp.float64(q[2]))
+        q64 = wp.vec3d(q)
         single = glo[0] == ghi[0] and glo[0] == g  # one mesh, the query's: no sample ranges to test
         total = s(0.0)
         stack_node = _nodes()
@@ -415,10 +415,7 @@ def walk_func(dtype: torch.dtype):
                     j0, j1 = _warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)
                     for j in range(j0, j1):
                         if (single or group[j] == g) and j != skip:
-                            a, b, c = ta[j], tb[j], tc[j]
-                            total += s(solid_angle(q64, wp.vec3d(wp.float64(a[0]), wp.float64(a[1]), wp.float64(a[2])),
-                                                   wp.vec3d(wp.float64(b[0]), wp.float64(b[1]), wp.float64(b[2])),
-                                                   wp.vec3d(wp.float64(c[0]), wp.float64(c[1]), wp.float64(c[2]))))
+                            total += s(solid_angle(q64, wp.vec3d(ta[j]), wp.vec3d(tb[j]), wp.vec3d(tc[j])))
                     break
                 stack_node[top] = 2 * node + 2
                 stack_depth[top] = d + 1

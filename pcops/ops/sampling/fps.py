@@ -358,6 +358,25 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             node_arg[node] = wp.where(right, node_arg[left + 1], la)
 
     @wp.func(module="unique")
+    def lower(pts: wp.array(dtype=v), dist: wp.array(dtype=s), c: v, lo: int, hi: int):
+        """Plain FPS's update of positions lo .. hi - 1 by the pick c: each distance lowered to
+        the point's, picked ones (-1) and NaN ones (a NaN point's, or once NaN) kept (never the
+        farthest); (the largest distance, -2 if none, and its first position)."""
+        top = s(-2.0)
+        top_j = lo
+        j = lo
+        while j < hi:  # branch-free
+            dj = dist[j]
+            x = wp.length_sq(pts[j] - c)
+            dj = wp.where(dj < x or not dj >= s(0.0), dj, x)
+            dist[j] = dj
+            far = dj > top
+            top = wp.where(far, dj, top)
+            top_j = wp.where(far, j, top_j)
+            j += 1
+        return top, top_j
+
+    @wp.func(module="unique")
     def picks(
         first: wp.array2d(dtype=wp.int64),
         pts: wp.array(dtype=v),
@@ -415,18 +434,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     leaf = i - leaf0
                     lo = base + part(leaf, nb, h)
                     hi = base + part(leaf + 1, nb, h)
-                    top = s(-2.0)
-                    top_j = lo
-                    j = lo
-                    while j < hi:  # branch-free: the first farthest point (the leaf is in index order)
-                        dj = dist[j]
-                        x = wp.length_sq(pts[j] - c)
-                        dj = wp.where(dj < x or not dj >= s(0.0), dj, x)  # picked (-1) and NaN (a NaN point's, or once NaN) stay: never the farthest
-                        dist[j] = dj
-                        far = dj > top
-                        top = wp.where(far, dj, top)
-                        top_j = wp.where(far, j, top_j)
-                        j += 1
+                    top, top_j = lower(pts, dist, c, lo, hi)  # (the leaf is in index order)
                     node_max[node] = top
                     node_arg[node] = wp.where(top > s(-2.0), order[wp.min(top_j, end - 1)], -1)
                 while i > 0 and (i & 1) == 0:  # a right child done: so is its parent
@@ -471,18 +479,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                 break
             c = points[base + last]
             dist[base + last] = s(-1.0)  # picked: never again (-1 stays below every distance)
-            top = s(-2.0)
-            top_j = base
-            j = base
-            while j < end:  # branch-free: the first farthest point
-                dj = dist[j]
-                x = wp.length_sq(points[j] - c)
-                dj = wp.where(dj < x or not dj >= s(0.0), dj, x)  # picked (-1) and NaN (a NaN point's, or once NaN) stay: never the farthest
-                dist[j] = dj
-                far = dj > top
-                top = wp.where(far, dj, top)
-                top_j = wp.where(far, j, top_j)
-                j += 1
+            top, top_j = lower(points, dist, c, base, end)
 
     @wp.kernel(enable_backward=False, module="unique")
     def sample(
