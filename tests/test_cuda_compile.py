@@ -69,9 +69,10 @@ FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neig
                   "pcops.ops.mesh._search.walk_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "_cells_struct", "cell_offset", "cells", "finite_bounds", "flag_not_finite", "plane_normal", "sorted_insert")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
-# GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's complete rows, knn_aggregate's weighted means) are CPU calls
+# GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's complete rows, knn_aggregate's weighted means) and
+# the small trees kept per thread (their points' load) are CPU calls
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.neighbours.graph._rows_kernel",
-            "pcops.ops.neighbours.nearest._mean._kernel"}
+            "pcops.ops.neighbours.nearest._mean._kernel", "pcops.ops.neighbours.nearest._kdtree._load_kernel"}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

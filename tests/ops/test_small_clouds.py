@@ -1052,21 +1052,28 @@ def test_values_checked_in_the_small_searches_raise_for_every_point(gen, dtype, 
 
 
 def test_small_plain_searches_read_no_sums(gen, monkeypatch):
-    """The values of a 16-point plain kNN or chamfer call are checked by the scan alone (no
-    torch sum read back), those of larger clouds by the layout's sums."""
+    """The values of a plain kNN call whose search is a kept small scan or tree (16 and 400
+    points), and of a 16-point chamfer call, are checked by their launches alone (no torch sum
+    read back); those of a larger chamfer call and of a kNN search past the small trees by the
+    layout's sums."""
     from pcops import _validate
 
+    x, y = torch.rand(16, 3, generator=gen), torch.rand(16, 3, generator=gen)
+    large, larger = torch.rand(400, 3, generator=gen), torch.rand(5000, 3, generator=gen)
+    calls = (lambda: pcops.knn(x, y, 4), lambda: pcops.knn(x, x, 4), lambda: pcops.chamfer_distance(x, y), lambda: pcops.knn_graph(x, 3),
+             lambda: pcops.knn(large, large, 4), lambda: pcops.knn(large, x, 4))
+    for call in calls:  # (each kernel's first run, through the general path)
+        call()
     read = []
     real = _validate.sum_is_finite
     monkeypatch.setattr(_validate, "sum_is_finite", lambda t: (read.append(t.shape[0]), real(t))[1])
-    x, y = torch.rand(16, 3, generator=gen), torch.rand(16, 3, generator=gen)
     for _ in range(2):
-        pcops.knn(x, y, 4), pcops.knn(x, x, 4), pcops.chamfer_distance(x, y), pcops.knn_graph(x, 3)
+        for call in calls:
+            call()
     assert read == []
-    large = torch.rand(400, 3, generator=gen)
-    pcops.knn(large, large, 4)
     pcops.chamfer_distance(large, large)
-    assert read == [400, 400]
+    pcops.knn(larger, larger, 4)
+    assert read == [400, 5000]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
@@ -1290,6 +1297,34 @@ def _prepared_calls(gen, monkeypatch, clouds):
                 want = pcops.farthest_point_sample(c, 12, start_idx=start)
                 monkeypatch.setattr(fps, "PLAIN", [True])
                 assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_kept_small_trees_write_every_row_whole(gen, monkeypatch, dtype):
+    """A kept small tree (every call of its shapes after the first) allocates its outputs
+    without a fill: with ``validate=False`` the rows that a NaN or inf query, or too few finite
+    points, cut short hold inf / -1 past what was found, as the general path's (launches packed
+    per call), in a cloud searched in itself and in another, before and after calls whose rows
+    were full; and finite calls equal the float64 reference."""
+    p, q = torch.rand(300, 3, generator=gen, dtype=dtype), torch.rand(200, 3, generator=gen, dtype=dtype)
+    bad_p, bad_q = p.clone(), q.clone()
+    bad_p[::3] = float("nan")  # (100 finite points of 300: rows of k = 150 cut short)
+    bad_p[1::3, 0] = float("inf")
+    bad_q[5], bad_q[7, 2] = float("nan"), -float("inf")
+    k = 150
+    assert not _kdtree._scans(300, 300, k) and _kdtree._small_tree(300, 300)
+    for query, ref in ((p, p), (q, p), (bad_p, bad_p), (bad_q, bad_p), (p, p), (bad_q, p), (q, p), (bad_p, bad_p)):
+        for _ in range(2):
+            got = pcops.knn(query, ref, k, validate=False)
+            monkeypatch.setattr(_warp, "PREPARED", [False])
+            want = pcops.knn(query, ref, k, validate=False)
+            monkeypatch.setattr(_warp, "PREPARED", [True])
+            assert torch.equal(got.idx, want.idx) and torch.equal(got.dists, want.dists)
+            if query is p or query is q:
+                want_d, want_idx = reference.knn(query.double(), ref.double(), k)
+                assert torch.equal(got.idx, want_idx)
+                torch.testing.assert_close(got.dists.double(), want_d, rtol=1e-6, atol=1e-6)
+    assert (pcops.knn(bad_q, bad_p, k, validate=False).idx[:, 100:] == -1).all()
 
 
 def test_prepared_launches_made_under_inference_mode_serve_other_calls(gen):

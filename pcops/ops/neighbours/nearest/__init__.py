@@ -177,8 +177,8 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
 
     Plain: plain clouds (:func:`pcops._layout.plain_clouds`: one (M, 3) and one (N, 3) CPU tensor
     of one dtype, float32 or float64, nothing to differentiate, finite values where ``validate``
-    asks: checked by the calling thread's kept scan where the search is one,
-    :func:`._kdtree.scan_checked`, else by a sum each), ``k`` an int in 1..N, ``backend`` "auto"
+    asks: checked by the calling thread's kept search where it is one (a small scan or tree,
+    :func:`._kdtree.search_checked`), else by a sum each), ``k`` an int in 1..N, ``backend`` "auto"
     or "warp" meaning Warp. Every check of the
     general path passes on such a call, and it would call the same function on the same tensors
     and return its distances (no gradient asked for) and indices as they are; anything else (a
@@ -193,8 +193,8 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
         ref = query if same else ref.detach()
     if not plain_warp(query, ref, k, backend, False):
         return None
-    if validate:  # the values: in the search where it is a small scan, else the layout's sums first
-        found = _kdtree.scan_checked(query, ref, k)
+    if validate:  # the values: in the search where it is a kept small one, else the layout's sums first
+        found = _kdtree.search_checked(query, ref, k)
         if found is not None:
             return found or None  # (False: a value not finite; the general path names it)
         if not _layout.plain_clouds(True, query, ref):

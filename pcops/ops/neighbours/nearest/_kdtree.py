@@ -35,7 +35,13 @@ Memory is O(N + M).
 
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
 point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and every walk
-ends: it visits each node at most once.
+ends: it visits each node at most once. The search writes every row whole (inf / -1 past what
+it found): its outputs need no fill.
+
+Small CPU searches (every pair measured, or a tree built by one thread: ``_small_tree``) are
+kept by the calling thread per shapes (:func:`_kept_plan`): a call that finds its plan has
+nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
+tree's order (no query order to compute).
 
 The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
 ``for j in range(a, b)`` costs more per step (docs/benchmarks.md, design choices).
@@ -175,15 +181,19 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         t = wp.tid() + start
         i = int(rows[t])
         q = query[t]  # the queries in the threads' order (query[t] is query rows[t], read directly, not through rows)
+        k = dists.shape[1]
+        n = int(0)
         if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+            while n < k:  # (every row is written whole: the outputs need no fill)
+                dists[i, n] = s(wp.inf)
+                idx[i, n] = wp.int64(-1)
+                n += 1
             return
         g = int(0)
         if wp.static(grouped):
             g = int(query_group[i])
-        k = dists.shape[1]
         npts = wp.int64(points.shape[0])
         zero = v(s(0.0), s(0.0), s(0.0))
-        n = int(0)
         bound = s(wp.inf)  # squared distance beyond which nothing can enter the row
         if chain != 0 and wp.tid() > 0:  # thread t - 1 ran before t on this CPU thread: its row is done
             prev = int(rows[t - 1])
@@ -257,6 +267,10 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                 d = d + 1
         for c in range(n):
             dists[i, c] = wp.sqrt(dists[i, c])
+        while n < k:  # inf / -1 where fewer than k were found
+            dists[i, n] = s(wp.inf)
+            idx[i, n] = wp.int64(-1)
+            n += 1
 
     return search
 
@@ -312,7 +326,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     ranges of the points and keeps its k best in row t (inf / -1 where it found fewer; every
     row is written whole: the outputs need no fill), and, given a flag ``bad`` (one element;
     empty: no check), sets it to 1 where a query or point holds NaN or inf (the values check of
-    a plain call, :func:`scan_checked`: the threads look at every value between them); with one slice the row holds distances,
+    a plain call, :func:`search_checked`: the threads look at every value between them); with one slice the row holds distances,
     with several squared distances, which ``merge`` (thread i: the rows of query i, in any
     order, since the insertion's order is total) turns into query i's row. Several slices
     spread a few queries over many GPU threads (:func:`_slices`)."""
@@ -787,52 +801,107 @@ def _small_tree(m: int, n: int) -> bool:
 
 
 class _SmallTree:
-    """The search of m queries in n CPU points (ungrouped, a small tree: :func:`_small_tree`) as
-    the calling thread's prepared launches (:class:`pcops._warp.Prepared`): the queries' order,
-    the build and the search, each packed once, with the tree's and the order's arrays kept; a
-    call copies the points (and their indices) into the kept arrays that the build permutes,
-    points the order's launch at the queries and the search at its outputs. The launches and
-    arrays of :func:`find`'s own path for such a search (one thread for the order and the build,
-    the search cut as :func:`pcops._warp.launch` cuts it), so the same neighbours."""
+    """The calling thread's search of m queries in n CPU points (ungrouped, a small tree:
+    :func:`_small_tree`) as prepared launches (:class:`pcops._warp.Prepared`), with the tree's
+    arrays kept: ``load`` copies the points (and their indices) into the arrays the build
+    permutes and checks the values, then the queries' order (not for a self-query, whose queries
+    are the tree's own points in the tree's order), the build and the search, which is cut as
+    :func:`pcops._warp.launch` cuts it. The kernels of :func:`find`'s own path for such a search,
+    so the same neighbours (the search's result does not depend on the queries' order)."""
 
-    __slots__ = ("points", "order", "indices", "launches")
+    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "keep")
 
     @classmethod
     def make(cls, query, ref, k: int):
-        """The prepared search of queries like ``query`` in points like ``ref`` for k neighbours;
-        None before each of its kernels has run once (through :func:`find`'s own path)."""
+        """The search of queries like ``query`` in points like ``ref`` for k neighbours; None
+        before the build's and the search's kernels have run once (through :func:`find`'s own
+        path)."""
         self = cls()
         m, n = query.shape[0], ref.shape[0]
-        (order_kernel, order_args), rows, ordered = _cpu_query_order(query)
+        self.same, self.k = ref is query, k
+        vec = _warp.vec3(ref.dtype)
         with torch.inference_mode(False):  # (kept arrays a call writes: never inference tensors)
-            self.indices = torch.arange(n)
-            self.points, self.order = ref.clone(), self.indices.clone()
+            points, order = ref.new_empty((n, 3)), torch.empty(n, dtype=torch.int64)
+            self.dists, self.idx = _outputs(query, k) if m * k <= _KEEP_OUTPUTS else (None, None)
+        self.flag = _warp.values_flag()
+        load_args = [_warp.array(ref, dtype=vec), _warp.array(ref[:0] if self.same else query, dtype=vec),
+                     _warp.array(points, dtype=vec), order, self.flag[0]]
+        load = _load_kernel(ref.dtype)
+        _warp.launch(load, 1, load_args, like=ref, work=0)  # (its first run loads it)
         depth = _depth(n)
         nodes = (2 << depth) - 1
         lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
         glo, ghi, axis, split = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32), ref.new_empty(nodes)
-        vec = _warp.vec3(ref.dtype)
         dummy = _no_group(query.device)[1]
-        build = [0, depth, depth, _ROUNDS, _warp.array(self.points, dtype=vec), self.order, glo, 0, _warp.array(lo, dtype=vec),
+        build = [0, depth, depth, _ROUNDS, _warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec),
                  _warp.array(hi, dtype=vec), glo, ghi, axis, split]
-        search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(self.points, dtype=vec), self.order, dummy,
-                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, query.new_empty((m, k)),
-                  torch.empty((m, k), dtype=torch.int64), int(_CHAIN)]
-        self.launches = (_warp.prepare(order_kernel, 1, order_args, work=0), _warp.prepare(_build_kernels(ref.dtype)[0], 1, build, work=0),
+        if self.same:
+            rows, ordered, order_launch = order, points, None
+        else:
+            (order_kernel, order_args), rows, ordered = _cpu_query_order(query)
+            order_launch = _warp.prepare(order_kernel, 1, order_args, work=0)
+            if order_launch is None:
+                return None
+        search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, *_outputs(query, k), int(_CHAIN)]
+        self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, _warp.prepare(_build_kernels(ref.dtype)[0], 1, build, work=0),
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
-        if any(launch is None for launch in self.launches):
+        if any(launch is None for i, launch in enumerate(self.launches) if i != 1):
             return None
-        self.launches[0].keep = (order_args[2], order_args[3], rows, ordered)  # (not the first call's queries)
-        self.launches[2].keep = (lo, hi, glo, ghi, axis, split)
+        self.keep = (points, order, rows, ordered, lo, hi, glo, ghi, axis, split, order_args if order_launch else None)
+        self.fields = (self.launches[0].fields("ref") if self.same else self.launches[0].fields("ref", "query"),
+                       None if self.same else order_launch.fields("points"), (), self.launches[3].fields("dists", "idx"))
         return self
 
-    def run(self, query, ref, dists, idx) -> None:
-        order, build, search = self.launches
-        self.points.copy_(ref)
-        self.order.copy_(self.indices)
-        order.run(points=query)
-        build.run()
-        search.run(dists=dists, idx=idx)
+    def run(self, query, ref, dists, idx):
+        """Search ``query`` in ``ref`` into ``dists``, ``idx``; the values flag (a NumPy view of
+        one int32): 1 where a value of either is NaN or inf."""
+        flag = self.flag[1]
+        flag[0] = 0
+        load, order, build, search = self.launches
+        fields = self.fields
+        if self.same:
+            load.run_at(fields[0], ref)
+        else:
+            load.run_at(fields[0], ref, query)
+            order.run_at(fields[1], query)
+        build.run_at(())
+        search.run_at(fields[3], dists, idx)
+        return flag
+
+
+# A kept plan keeps output templates (for ``torch.empty_like``) of at most this many entries
+_KEEP_OUTPUTS = 1 << 17
+
+
+def _outputs(query, k: int) -> tuple:
+    """New (dists, idx) outputs (M, k) of a search of ``query``."""
+    return query.new_empty((query.shape[0], k)), torch.empty((query.shape[0], k), dtype=torch.int64, device=query.device)
+
+
+@_warp.kernels
+def _load_kernel(dtype: torch.dtype):
+    """``load``: one thread copies ``ref`` into ``points`` and 0..n-1 into ``order`` (the arrays a
+    small tree's build permutes) and sets ``bad[0]`` to 1 where a value of ``ref`` or ``query`` is
+    NaN or inf (a plain call's values check)."""
+    v = _warp.vec3(dtype)
+    flag = _warp_funcs.flag_not_finite(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def load(start: int, ref: wp.array(dtype=v), query: wp.array(dtype=v), points: wp.array(dtype=v), order: wp.array(dtype=wp.int64),
+             bad: wp.array(dtype=wp.int32)):
+        n = ref.shape[0]
+        j = int(0)
+        while j < n:
+            p = ref[j]
+            points[j] = p
+            order[j] = wp.int64(j)
+            if not wp.isfinite(p):
+                bad[0] = 1
+            j += 1
+        flag(query, 0, query.shape[0], 1, bad)
+
+    return load
 
 
 @functools.cache
@@ -850,23 +919,27 @@ def _no_flag(device: torch.device):
     return empty, _warp.array(empty)
 
 
-def _scan_run(query, ref, dists, idx):
-    """Run the scan of ``query`` in ``ref`` (contiguous CPU points, one dtype, ungrouped, m >= 1,
-    one slice) into ``dists``, ``idx`` as the calling thread's prepared launch of these shapes;
-    its flag (:func:`_scan_kernel`), a NumPy view of one int32, reset before and 1 after if a
-    value was not finite. None where the kernel has not run once yet (nothing ran)."""
-    plan = _scan_plan(query, ref, dists.shape[1], True)
-    return None if plan is None else plan.run(query, ref, dists, idx)
-
-
 class _Scan:
     """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of m queries in n points
-    for k neighbours, with what a call needs at hand: the pointer fields of its four array arguments, its
-    values flag (a NumPy view of one int32), an (m, k) output of each dtype that a call's outputs
-    are allocated like (``torch.empty_like`` checks less than a new shape does), and ``state``, the
-    thread count and switches it was decided under (:func:`_scan_state`)."""
+    for k neighbours (one slice, every pair measured), with what a call needs at hand: the
+    pointer fields of its four array arguments and its values flag (a NumPy view of one int32)."""
 
     __slots__ = ("state", "launch", "fields", "flag", "dists", "idx")
+
+    @classmethod
+    def make(cls, query, ref, k: int):
+        """The scan of queries like ``query`` in points like ``ref``; None before its kernel has run once."""
+        self = cls()
+        vec = _warp.vec3(query.dtype)
+        flag = _warp.values_flag()
+        self.dists, self.idx = _outputs(query, k)
+        args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1],
+                self.dists, self.idx, flag[0]]
+        self.launch = _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=flag)
+        if self.launch is None:
+            return None
+        self.fields, self.flag = self.launch.fields("query", "points", "dists", "idx"), flag[1]
+        return self
 
     def run(self, query, ref, dists, idx):
         flag = self.flag
@@ -875,78 +948,75 @@ class _Scan:
         return flag
 
 
-def _scan_state() -> tuple:
-    """What decides a search's path and chunks besides its shapes: the caller's thread count and
-    the module's switches (which tests change)."""
-    return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK)
+def _plan_state() -> tuple:
+    """What decides a search's path, chunks and launches besides its shapes: the caller's thread
+    count and the module's switches (which tests change)."""
+    return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK, _CHAIN, _ROUNDS, _CPU_BITS)
 
 
-def _scan_plan(query, ref, k: int, make: bool) -> Optional[_Scan]:
-    """The calling thread's :class:`_Scan` of ``query`` (m, 3) in ``ref`` (n, 3) for k neighbours,
-    kept by shapes, dtype and whether ``ref is query``: one kept under the same
-    :func:`_scan_state` was made for a scan (one slice, every pair measured: :func:`_scans`), so a
-    caller that finds one has nothing to decide. Else, with ``make`` (the caller decided the
-    scan), one made and kept; None where launches are not prepared
-    (:data:`pcops._warp.PREPARED`) or the kernel has not run once yet."""
-    if not _warp.PREPARED[0]:
+def _kept_plan(query, ref, k: int):
+    """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`) of ``query`` (m, 3) in
+    ``ref`` (n, 3) (contiguous CPU points, ungrouped) for k neighbours, kept by shapes, dtype and
+    whether ``ref is query`` and made under the same :func:`_plan_state`: a caller that finds
+    one has nothing to decide. None where there is none (or launches are not prepared:
+    :data:`pcops._warp.PREPARED`)."""
+    plans = getattr(_kept, "plans", None)
+    if plans is None or not _warp.PREPARED[0]:
         return None
-    plans = getattr(_kept, "scans", None)
+    plan = plans.get((query.shape[0], ref.shape[0], k, query.dtype, ref is query))
+    return plan if plan is not None and plan.state == _plan_state() else None
+
+
+def _new_plan(query, ref, k: int):
+    """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
+    points: a scan in one slice (:func:`_scans`) or a small tree (:func:`_small_tree`); None for
+    any other search, where launches are not prepared, or before its kernels' first run."""
+    m, n = query.shape[0], ref.shape[0]
+    if not _warp.PREPARED[0] or not m:
+        return None
+    if _scans(m, n, k):
+        plan = _Scan.make(query, ref, k) if _slices(m, n, k, True) == 1 else None
+    else:
+        plan = _SmallTree.make(query, ref, k) if not _GPU_BUILD and _small_tree(m, n) else None
+    if plan is None:
+        return None
+    plan.state = _plan_state()
+    plans = getattr(_kept, "plans", None)
     if plans is None:
-        plans = _kept.scans = {}
-    m = query.shape[0]
-    key = (m, ref.shape[0], k, query.dtype, ref is query)
-    plan, state = plans.get(key), _scan_state()
-    if plan is not None and plan.state == state:
-        return plan
-    if not make:
-        return None
-    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
-    launch = _warp.prepared(("scan", *key), lambda: _prepare_scan(query, ref, dists, idx))
-    if launch is None:
-        return None
-    plan = _Scan()
-    plan.state, plan.launch, plan.fields, plan.flag = state, launch, launch.fields("query", "points", "dists", "idx"), launch.keep[1]
-    plan.dists, plan.idx = dists, idx
+        plans = _kept.plans = {}
     if len(plans) >= _warp.KEEP_PREPARED:
         plans.clear()
-    plans[key] = plan
+    plans[(m, n, k, query.dtype, ref is query)] = plan
     return plan
 
 
 _kept = threading.local()
 
 
-def _prepare_scan(query, ref, dists, idx):
-    vec = _warp.vec3(query.dtype)
-    flag = _warp.values_flag()
-    args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1], dists, idx, flag[0]]
-    return _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=flag)
-
-
-def scan_checked(query, ref, k):
+def search_checked(query, ref, k):
     """(dists, idx) of :func:`find` for plain CPU points (M, 3), (N, 3) of one dtype, ``k`` in
-    1..N, with their values checked in the search itself; False where a value is NaN or inf
-    (nothing returned); None where the search is not the calling thread's prepared scan (no
-    query, more pairs than a scan measures, or its first run: nothing ran, the caller checks the
-    values and calls :func:`find`). The plain calls' values check without a torch reduction and
-    read (most of a 16-point call's time left after the search's)."""
+    1..N, with their values checked in the search's own launches; False where a value is NaN or
+    inf (nothing returned); None where the search is not the calling thread's kept plan (no
+    query, a search that is neither a one-slice scan nor a small tree, or its first run: nothing
+    ran, the caller checks the values and calls :func:`find`). The plain calls' values check
+    without a torch reduction and read."""
     query, ref = query.contiguous(), ref.contiguous()
-    plan = _scan_plan(query, ref, k, False)  # kept: a scan of these shapes, nothing to decide
+    plan = _kept_plan(query, ref, k)  # kept: nothing to decide
     if plan is None:
-        m, n = query.shape[0], ref.shape[0]
-        if not m or not _scans(m, n, k) or _slices(m, n, k, True) != 1:
-            return None
         _warp.init()
-        plan = _scan_plan(query, ref, k, True)
+        plan = _new_plan(query, ref, k)
         if plan is None:
             return None
     dists, idx, bad = _run_kept(plan, query, ref)
     return (dists, idx) if not bad else False
 
 
-def _run_kept(plan: _Scan, query, ref):
-    """(dists, idx, flag value) of a kept scan of contiguous ``query`` in ``ref``, its outputs new."""
-    dists, idx = torch.empty_like(plan.dists), torch.empty_like(plan.idx)
+def _run_kept(plan, query, ref):
+    """(dists, idx, flag value) of a kept plan's search of contiguous ``query`` in ``ref``, its outputs new."""
+    if plan.dists is not None:
+        dists, idx = torch.empty_like(plan.dists), torch.empty_like(plan.idx)
+    else:
+        dists, idx = _outputs(query, plan.k)
     return dists, idx, plan.run(query, ref, dists, idx)[0]
 
 
@@ -957,16 +1027,19 @@ def find(query, ref, k, query_group=None, ref_group=None):
     _warp.init()
     grouped = query_group is not None
     query, ref = query.contiguous(), ref.contiguous()
-    plan = None if grouped or not query.is_cpu else _scan_plan(query, ref, k, False)
-    if plan is not None:  # the thread's kept scan of these shapes: nothing to decide
+    small = not grouped and query.is_cpu
+    plan = _kept_plan(query, ref, k) if small else None
+    if plan is not None:  # the thread's kept plan of these shapes: nothing to decide
         return _run_kept(plan, query, ref)[:2]
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
+    if small:
+        plan = _new_plan(query, ref, k)
+        if plan is not None:
+            return _run_kept(plan, query, ref)[:2]
     if m and _scans(m, ref.shape[0], k, query.is_cpu, grouped):  # small: every pair, one launch (two when split)
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
-        if query.is_cpu and not grouped and slices == 1 and _scan_run(query, ref, dists, idx) is not None:
-            return dists, idx
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
         args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx, _no_flag(query.device)[1]]
@@ -977,16 +1050,9 @@ def find(query, ref, k, query_group=None, ref_group=None):
         out, out_idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
         _warp.launch(merge, m, [slices, dists, idx, out, out_idx], like=query, min_chunk=1, work=rows * k)
         return out, out_idx
-    dists = query.new_full((m, k), float("inf"))
-    idx = torch.full((m, k), -1, dtype=torch.int64, device=query.device)
+    dists, idx = _outputs(query, k)  # (the search writes every row whole)
     if m == 0:
         return dists, idx
-    if query.is_cpu and not grouped and not _GPU_BUILD and _small_tree(m, ref.shape[0]):
-        key = ("tree", query.dtype, m, ref.shape[0], k, _CHAIN, _ROUNDS, LEAF, _CPU_BITS)  # (the switches its launches hold)
-        plan = _warp.prepared(key, lambda: _SmallTree.make(query, ref, k))
-        if plan is not None:
-            plan.run(query, ref, dists, idx)
-            return dists, idx
     # The queries go in the Morton order of their cells: neighbouring threads walk the same
     # nodes. Ungrouped CPU queries are put in order by one thread (a counting sort, about one
     # cell per query, at most 2^5 a side; grids and other queries already in a spatial order
