@@ -800,13 +800,31 @@ class Prepared:
 
     def run_at(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """:meth:`run` with the array arguments of ``fields`` (:meth:`fields`) given in their order:
-        every run goes through here."""
+        every run goes through here (or through :meth:`point` and :func:`run_together`)."""
         for pointer, i in fields:
             pointer.value = tensors[i].data_ptr()
         if self._chunks == 1:
             self._run(0)  # on the calling thread
         else:
             run_chunks(self._run, 0, self._chunks)
+
+    def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
+        """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""
+        for pointer, i in fields:
+            pointer.value = tensors[i].data_ptr()
+
+
+def run_together(launches: tuple) -> None:
+    """Prepared launches independent of each other, each pointed at its arrays
+    (:meth:`Prepared.point`), in one fork-join: their chunks taken in turn by the first free
+    thread (two one-thread launches: one a thread)."""
+    calls = [(launch._run, c) for launch in launches for c in range(launch._chunks)]
+
+    def run(c: int) -> None:
+        calls[c][0](calls[c][1])
+
+    run.entries = [entry for launch in launches for entry in launch._run.entries]
+    run_chunks(run, 0, len(calls))
 
 
 def prepared(key, make) -> typing.Optional[Prepared]:

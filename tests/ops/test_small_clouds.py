@@ -831,8 +831,9 @@ def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
 def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """``chamfer_distance`` of two plain clouds (which may require grad) skips the layout layer:
     the same loss and per-point costs and the same gradients to both clouds, for every reduction,
-    one direction or both, and NaN points without validation (cost 0), on both sides of the kNN
-    scan's crossover and of chamfer's pass over every pair."""
+    one direction or both, clouds of one shape (two kept trees of the same shapes side by side),
+    and NaN points without validation (cost 0), on both sides of the kNN scan's crossover and of
+    chamfer's pass over every pair."""
     q, p, _ = cloud(kind, gen)
     q, p = q.to(dtype), p.to(dtype)
     nan = q.clone()
@@ -844,7 +845,7 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
         loss = sum(t.nansum() for t in out) if isinstance(out, tuple) else out.sum()
         return (*(out if isinstance(out, tuple) else (out,)), *torch.autograd.grad(loss, (x, y), allow_unused=True))
 
-    calls = [lambda: run(q, p), lambda: run(p, p), lambda: run(q[:1], p), lambda: run(q * 1e18, p * 1e18),
+    calls = [lambda: run(q, p), lambda: run(p, p), lambda: run(q, p[: q.shape[0]]), lambda: run(q[:1], p), lambda: run(q * 1e18, p * 1e18),
              lambda: run(q, p, point_reduction="sum", batch_reduction="sum"), lambda: run(q, p, point_reduction="max"),
              lambda: run(q, p, batch_reduction=None), lambda: run(q, p, point_reduction=None, batch_reduction=None),
              lambda: run(q, p, single_directional=True),
@@ -857,18 +858,22 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
     from pcops.ops.geometry import chamfer
     from pcops.ops.neighbours.nearest import _costs
 
-    passes = []
-    real = chamfer.plain_nearest
+    passes, sides = [], []
+    real, real_both = chamfer.plain_nearest, _kdtree.find_both
     monkeypatch.setattr(chamfer, "plain_nearest", lambda *a: (lambda out: (passes.append(out is not None), out)[1])(real(*a)))
-    for each_pair in (1 << 40, 0):  # the plain path's nearest points from chamfer's pass over every pair, or its kNN searches
+    monkeypatch.setattr(_kdtree, "find_both", lambda *a: (lambda out: (sides.append(out is not None), out)[1])(real_both(*a)))
+    # the plain path's nearest points from chamfer's pass over every pair, or the two small trees
+    # side by side (kNN trees), or its kNN searches one way and the other (scans)
+    for each_pair in (1 << 40, 0):
         monkeypatch.setattr(_costs, "SCAN_PAIRS", each_pair)
         for pairs in PATHS.values():
             monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
             for call in calls:
                 for a, b in zip(*plain_and_general(monkeypatch, call, "pcops.ops.geometry.chamfer"), strict=True):
                     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # (the NaN point's gradient: NaN on both)
-        assert any(passes) == bool(each_pair)
-        passes.clear()
+            assert any(passes) == bool(each_pair or not pairs) and any(sides) == (not each_pair and not pairs)
+            passes.clear()
+            sides.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
@@ -1018,10 +1023,11 @@ def test_plain_chamfer_calls_and_others(gen, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (9, 40), (40, 9), (181, 181)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (9, 40), (40, 9), (181, 181), (300, 300), (300, 260)], ids=str)
 def test_values_checked_in_the_small_searches_raise_for_every_point(gen, dtype, shape):
-    """The plain kNN calls and chamfer's small clouds check the values in their scans (a flag the
-    kernel sets): a NaN, inf or -inf at any point of either cloud raises the error naming it, on
+    """The plain kNN calls and chamfer's small clouds check the values in their scans or small
+    trees (a flag the launches set; chamfer's two trees side by side from 300 x 260 points): a
+    NaN, inf or -inf at any point of either cloud raises the error naming it, on
     the first call of the shapes (the checks in torch) and once the launch is prepared (the
     flag), itself or the other cloud, and a finite call after one that raised gets the float64
     reference: the flag does not stay set."""

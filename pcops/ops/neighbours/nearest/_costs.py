@@ -284,13 +284,19 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     if m * n <= SCAN_PAIRS:
         found = pairs(x, y, both, check)
         return None if found is None else found[2:]
-    if check and not _layout.plain_clouds(True, x, y):
-        return None
+    found = _kdtree.find_both(x, y, 1) if both else None  # (small trees: their builds side by side, the values checked)
+    if found is not None:
+        if check and found[2]:
+            return None
+        ix, iy = found[0], found[1]
+    else:
+        if check and not _layout.plain_clouds(True, x, y):
+            return None
+        ix = _kdtree.find(x, y, 1)[1]
+        iy = _kdtree.find(y, x, 1)[1] if both else ix[:0]
     threads = m + n if both else m
     vec = _warp.vec3(x.dtype)
     cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
-    ix = _kdtree.find(x, y, 1)[1]
-    iy = _kdtree.find(y, x, 1)[1] if both else ix[:0]
     arrays = dict(x=x, y=y, ix=ix, iy=iy, cx=cx, cy=cy)
     _run(_kernels(x.dtype)[2], ("chamfer_costs", x.dtype, m, n, both), threads,
          lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads)

@@ -856,17 +856,22 @@ class _SmallTree:
     def run(self, query, ref, dists, idx):
         """Search ``query`` in ``ref`` into ``dists``, ``idx``; the values flag (a NumPy view of
         one int32): 1 where a value of either is NaN or inf."""
+        flag = self.load(query, ref)
+        self.launches[2].run_at(())
+        self.launches[3].run_at(self.fields[3], dists, idx)
+        return flag
+
+    def load(self, query, ref):
+        """The values flag reset, the points loaded (their values checked) and the queries
+        ordered: what comes before the build; the flag."""
         flag = self.flag[1]
         flag[0] = 0
-        load, order, build, search = self.launches
-        fields = self.fields
+        load, order = self.launches[:2]
         if self.same:
-            load.run_at(fields[0], ref)
+            load.run_at(self.fields[0], ref)
         else:
-            load.run_at(fields[0], ref, query)
-            order.run_at(fields[1], query)
-        build.run_at(())
-        search.run_at(fields[3], dists, idx)
+            load.run_at(self.fields[0], ref, query)
+            order.run_at(self.fields[1], query)
         return flag
 
 
@@ -954,20 +959,21 @@ def _plan_state() -> tuple:
     return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK, _CHAIN, _ROUNDS, _CPU_BITS)
 
 
-def _kept_plan(query, ref, k: int):
+def _kept_plan(query, ref, k: int, slot: int = 0):
     """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`) of ``query`` (m, 3) in
     ``ref`` (n, 3) (contiguous CPU points, ungrouped) for k neighbours, kept by shapes, dtype and
-    whether ``ref is query`` and made under the same :func:`_plan_state`: a caller that finds
+    whether ``ref is query`` (and ``slot``: a caller running two plans of the same shapes at once
+    keeps the second apart) and made under the same :func:`_plan_state`: a caller that finds
     one has nothing to decide. None where there is none (or launches are not prepared:
     :data:`pcops._warp.PREPARED`)."""
     plans = getattr(_kept, "plans", None)
     if plans is None or not _warp.PREPARED[0]:
         return None
-    plan = plans.get((query.shape[0], ref.shape[0], k, query.dtype, ref is query))
+    plan = plans.get((query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot))
     return plan if plan is not None and plan.state == _plan_state() else None
 
 
-def _new_plan(query, ref, k: int):
+def _new_plan(query, ref, k: int, slot: int = 0):
     """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
     points: a scan in one slice (:func:`_scans`) or a small tree (:func:`_small_tree`); None for
     any other search, where launches are not prepared, or before its kernels' first run."""
@@ -986,7 +992,7 @@ def _new_plan(query, ref, k: int):
         plans = _kept.plans = {}
     if len(plans) >= _warp.KEEP_PREPARED:
         plans.clear()
-    plans[(m, n, k, query.dtype, ref is query)] = plan
+    plans[(m, n, k, query.dtype, ref is query, slot)] = plan
     return plan
 
 
@@ -1009,6 +1015,33 @@ def search_checked(query, ref, k):
             return None
     dists, idx, bad = _run_kept(plan, query, ref)
     return (dists, idx) if not bad else False
+
+
+def find_both(x, y, k: int):
+    """(idx (M, k) of x's points' k nearest in y, idx (N, k) of y's in x, whether a value of
+    either is NaN or inf) of contiguous plain CPU clouds (M, 3), (N, 3) of one dtype, as
+    :func:`find` finds each, where both searches are the calling thread's small trees (kept, or
+    made now): their loads (which check the values) and orders run first, then their builds in
+    one fork-join (a thread each) and their searches in another; None for any other pair of
+    searches (nothing ran: the caller calls :func:`find` each way)."""
+    if x is y or not x.shape[0] or not y.shape[0]:
+        return None
+    _warp.init()
+    plans = []
+    for slot, (query, ref) in enumerate(((x, y), (y, x))):  # (slot: two plans, whatever the shapes)
+        plan = _kept_plan(query, ref, k, slot) or _new_plan(query, ref, k, slot)
+        if not isinstance(plan, _SmallTree):
+            return None
+        plans.append(plan)
+    a, b = plans
+    bad = a.load(x, y)[0] | b.load(y, x)[0]
+    _warp.run_together((a.launches[2], b.launches[2]))
+    out = []  # (dists and idx alive until the searches ran: the launches hold their addresses only)
+    for plan, query in ((a, x), (b, y)):
+        out.append((torch.empty_like(plan.dists), torch.empty_like(plan.idx)) if plan.dists is not None else _outputs(query, k))
+        plan.launches[3].point(plan.fields[3], *out[-1])
+    _warp.run_together((a.launches[3], b.launches[3]))
+    return out[0][1], out[1][1], bool(bad)
 
 
 def _run_kept(plan, query, ref):
