@@ -32,6 +32,7 @@ def _kernel(dtype: torch.dtype, k: int, inverse: bool):
     and writes nothing."""
     s = _warp.scalar(dtype)
     weights = wp.types.vector(length=MAX_K, dtype=s)
+    indices = wp.types.vector(length=MAX_K, dtype=wp.int32)
     least = s(_weighting.MIN_SQUARED_DISTANCE)
 
     @wp.kernel(enable_backward=False, module="unique")
@@ -61,12 +62,18 @@ def _kernel(dtype: torch.dtype, k: int, inverse: bool):
         else:  # torch: ones(()) / k
             for j in range(wp.static(k)):
                 w[j] = s(1.0) / s(wp.static(float(k)))
-        for f in range(features.shape[1]):
+        rows = indices()  # (the neighbours' rows read once; a while loop over the features: Warp's dynamic range loop costs more per step)
+        for j in range(wp.static(k)):
+            rows[j] = int(idx[i, j])
+        nf = features.shape[1]
+        f = int(0)
+        while f < nf:
             acc = s(0.0)
             for j in range(wp.static(k)):
-                p = w[j] * features[int(idx[i, j]), f]
+                p = w[j] * features[rows[j], f]
                 acc = acc + p
             out[i, f] = acc
+            f += 1
 
     return mean
 
