@@ -796,7 +796,8 @@ def _small_tree(m: int, n: int) -> bool:
     """Whether the CPU build of n points with m queries runs on the calling thread in one launch
     (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`), and so as a
     :class:`_SmallTree` (whose kept arrays, about 60 bytes a query or point, are then under a
-    megabyte)."""
+    megabyte, with output templates of at most :data:`_KEEP_OUTPUTS` entries, at most 0.5 MB,
+    beside them: a thread keeps :data:`pcops._warp.KEEP_PREPARED` plans at most)."""
     return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK and m + n <= 1 << 14
 
 
@@ -876,7 +877,8 @@ class _SmallTree:
 
 
 # A kept plan keeps output templates (for ``torch.empty_like``) of at most this many entries
-_KEEP_OUTPUTS = 1 << 17
+# (larger outputs are allocated by shape: their search costs far more than the allocation)
+_KEEP_OUTPUTS = 1 << 15
 
 
 def _outputs(query, k: int) -> tuple:
