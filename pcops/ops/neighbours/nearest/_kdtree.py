@@ -929,14 +929,16 @@ def _no_flag(device: torch.device):
 class _Scan:
     """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of m queries in n points
     for k neighbours (one slice, every pair measured), with what a call needs at hand: the
-    pointer fields of its four array arguments and its values flag (a NumPy view of one int32)."""
+    pointer fields of its four array arguments, its values flag (a NumPy view of one int32),
+    output templates (:func:`_plan_outputs`) and ``state`` (:func:`_plan_state`)."""
 
-    __slots__ = ("state", "launch", "fields", "flag", "dists", "idx")
+    __slots__ = ("state", "k", "launch", "fields", "flag", "dists", "idx")
 
     @classmethod
     def make(cls, query, ref, k: int):
         """The scan of queries like ``query`` in points like ``ref``; None before its kernel has run once."""
         self = cls()
+        self.k = k
         vec = _warp.vec3(query.dtype)
         flag = _warp.values_flag()
         self.dists, self.idx = _outputs(query, k)
@@ -1040,18 +1042,23 @@ def find_both(x, y, k: int):
     _warp.run_together((a.launches[2], b.launches[2]))
     out = []  # (dists and idx alive until the searches ran: the launches hold their addresses only)
     for plan, query in ((a, x), (b, y)):
-        out.append((torch.empty_like(plan.dists), torch.empty_like(plan.idx)) if plan.dists is not None else _outputs(query, k))
+        out.append(_plan_outputs(plan, query))
         plan.launches[3].point(plan.fields[3], *out[-1])
     _warp.run_together((a.launches[3], b.launches[3]))
     return out[0][1], out[1][1], bool(bad)
 
 
+def _plan_outputs(plan, query) -> tuple:
+    """New (dists, idx) outputs of a kept plan's search of ``query``: like its kept templates
+    (``torch.empty_like`` checks less than a new shape does), or by shape where it keeps none."""
+    if plan.dists is not None:
+        return torch.empty_like(plan.dists), torch.empty_like(plan.idx)
+    return _outputs(query, plan.k)
+
+
 def _run_kept(plan, query, ref):
     """(dists, idx, flag value) of a kept plan's search of contiguous ``query`` in ``ref``, its outputs new."""
-    if plan.dists is not None:
-        dists, idx = torch.empty_like(plan.dists), torch.empty_like(plan.idx)
-    else:
-        dists, idx = _outputs(query, plan.k)
+    dists, idx = _plan_outputs(plan, query)
     return dists, idx, plan.run(query, ref, dists, idx)[0]
 
 
