@@ -38,7 +38,7 @@ import torch
 import warp as wp
 
 from ... import _threads, _validate, _warp, _warp_funcs
-from . import _tree
+from . import _kept_tree, _tree
 
 TIE = 8.0  # eps of the compute dtype, times the size of the coordinates: distances this close are ties
 FLAT = 64.0  # eps: a triangle whose height is below this times its longest edge is measured by its edges
@@ -642,7 +642,8 @@ def _mesh_tree(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Te
     """vertices (V, 3) float32/64, faces (F, 3) int64 rows, face_group (F,) int64 (``one``: one
     mesh, every id 0; ``winding``: with the winding number's data) -> the tensors of
     :class:`._tree.Tree`."""
-    return list(_tree.build(vertices, faces, face_group, vertices.dtype, one, winding))
+    kept = _kept_tree.build(vertices, faces, face_group, winding) if one else None  # (the thread's kept build of these shapes)
+    return list(kept if kept is not None else _tree.build(vertices, faces, face_group, vertices.dtype, one, winding))
 
 
 @_mesh_tree.register_fake

@@ -760,18 +760,27 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     args = [_warp.array(points, dtype=vec), order, group if group is not None else glo, int(group is not None),
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
     build = _build_kernels(ref.dtype)[0]
-    # One launch per depth down to where there is a subtree for every CPU thread; then one
-    # thread per subtree does the rest (faster than one thread, or several subtrees per thread,
-    # whose launches cost more than they balance (docs/benchmarks.md, design choices)).
-    # (A small tree is built by one thread in one launch, its queries ordered after it.)
+    steps, work = build_steps(n, depth, queries)
+    for d, last in steps:
+        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
+    return points, order, group, lo, hi, glo, ghi, axis, split, depth
+
+
+def build_steps(n: int, depth: int, queries: int = 0) -> tuple[list[tuple[int, int]], int]:
+    """([(depth, last depth)] of the CPU build's launches of n points, its work estimate): one
+    launch per depth down to where there is a subtree for every CPU thread, then one thread per
+    subtree does the rest (faster than one thread, or several subtrees per thread, whose
+    launches cost more than they balance (docs/benchmarks.md, design choices)); a small tree
+    (its work, with ``queries`` ordered beside it, under :data:`pcops._warp.SERIAL_WORK`) is
+    built by one thread in one launch."""
     work = n * max(depth, 1) + queries
     serial = min(depth, (_threads.requested() - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
+    steps = []
     for d in range(depth + 1):
-        last = d if d < serial else depth
-        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
-        if last == depth:
+        steps.append((d, d if d < serial else depth))
+        if steps[-1][1] == depth:
             break
-    return points, order, group, lo, hi, glo, ghi, axis, split, depth
+    return steps, work
 
 
 def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool = False) -> torch.Tensor:

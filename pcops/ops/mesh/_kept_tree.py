@@ -1,0 +1,134 @@
+"""The calling thread's kept builds of one CPU mesh's hierarchy, for meshes built again and again
+with the same shapes (a mesh deformed step by step, a loss's hierarchies every call).
+
+:func:`._tree.build`'s launches, prepared once (:class:`pcops._warp.Prepared`) with their work
+arrays kept: a call allocates the hierarchy's own tensors, points the launches at them and at
+its vertices and faces, and runs the same kernels in the same order with the same chunks, so it
+returns the same tensors bit for bit, without the conversions and allocations most of a small
+mesh's build costs (docs/benchmarks.md, meshes). A thread keeps :data:`KEEP` builds at most, of
+meshes of at most :data:`KEEP_FACES` faces (their work arrays take about 400 bytes a face).
+"""
+
+import threading
+from typing import Optional
+
+import torch
+
+from ... import _warp
+from ..neighbours.nearest import _kdtree
+from . import _tree
+
+KEEP = 4  # kept builds a thread
+KEEP_FACES = 1 << 13  # the largest mesh kept (about 3 MB of work arrays)
+
+
+def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, winding: bool) -> Optional[_tree.Tree]:
+    """:func:`._tree.build` of one CPU mesh (every id of ``group`` 0) in the dtype of ``vertices``
+    by the calling thread's kept build of these shapes (made now if there is none); None where
+    builds are not kept (another device, an empty or large mesh, launches not prepared, the
+    switches of the tests, or the kernels' first run: the caller builds as usual)."""
+    n = faces.shape[0]
+    if not (vertices.is_cpu and 0 < n <= KEEP_FACES and _warp.PREPARED[0]) or _tree.PER_LEVEL[0] or not _tree.RADIUS_WALK[0]:
+        return None
+    v64 = vertices.detach().to(torch.float64).contiguous()
+    faces, group = faces.contiguous(), group.contiguous()
+    key = (v64.shape[0], n, vertices.dtype, winding)
+    builds = getattr(_kept, "builds", None)
+    if builds is None:
+        builds = _kept.builds = {}
+    plan = builds.get(key)
+    if plan is None or plan.state != _state():
+        plan = _Build.make(v64, faces, group, vertices.dtype, winding)
+        if plan is None:
+            return None
+        if len(builds) >= KEEP:
+            builds.clear()
+        builds[key] = plan
+    return plan.run(v64, faces, group)
+
+
+def _state() -> tuple:
+    """What decides the launches and their chunks besides the shapes (the kd build's too)."""
+    return (_kdtree._plan_state(), _tree.LEAF)
+
+
+_kept = threading.local()
+
+
+class _Build:
+    """One mesh's build as prepared launches: the centroids (into the points the kd split
+    permutes), the split's launches (:func:`._kdtree.build_steps`), the leaves, the parents, the
+    nodes' data and the radii (with ``winding``), with their work arrays."""
+
+    __slots__ = ("state", "n", "dtype", "winding", "launches", "keep", "shapes")
+
+    @classmethod
+    def make(cls, v64, faces, group, dtype: torch.dtype, winding: bool):
+        """The build of meshes like (``v64``, ``faces``, ``group``); None before every kernel
+        has run once (through :func:`._tree.build`)."""
+        self = cls()
+        n, d = faces.shape[0], _tree.depth(faces.shape[0])
+        leaves, nodes, size = 1 << d, (2 << d) - 1, _tree.node_count(n)
+        rows = size if winding else 0
+        self.n, self.dtype, self.winding, self.state, self.shapes = n, dtype, winding, _state(), (rows, d)
+        vec64 = _warp.vec3(torch.float64)
+        with torch.inference_mode(False):  # (arrays the launches write: never inference tensors)
+            points = v64.new_empty((n, 3))  # the centroids, permuted by the split
+            kd_nodes = (2 << d) - 1
+            kd_lo, kd_hi, kd_split = v64.new_empty((kd_nodes, 3)), v64.new_empty((kd_nodes, 3)), v64.new_empty(kd_nodes)
+            kd_glo, kd_ghi = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
+            kd_axis = torch.empty(kd_nodes, dtype=torch.int32)
+            corners = v64.new_empty((3 * n if winding else 0, 3))
+            lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16 if winding else 0))
+            scale, center, radius = v64.new_empty((leaves,)), v64.new_empty((rows, 3)), v64.new_zeros((rows,))
+        order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment = self._outputs()
+        steps, work = _kdtree.build_steps(n, d)
+        split = [_warp.array(points, dtype=vec64), order, kd_glo, 0, _warp.array(kd_lo, dtype=vec64), _warp.array(kd_hi, dtype=vec64),
+                 kd_glo, kd_ghi, kd_axis, kd_split]
+        kd_build = _kdtree._build_kernels(torch.float64)[0]
+        # (launch, the names of its arguments a call points at its own tensors), chunked as the build's
+        chunk = _warp.MIN_CHUNK
+        launches = [(_warp.prepare(_tree._centroid_kernel(), n, [v64, faces, points], work=3 * n, min_chunk=chunk),
+                     ("vertices", "faces"))]
+        launches += [(_warp.prepare(kd_build, 1 << depth, [depth, last, d, _kdtree._ROUNDS, *split], work=work), ("order",))
+                     for depth, last in steps]
+        launches.append((_warp.prepare(_tree._leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group, corners, ta, tb, tc,
+                                                                                      sorted_group, lo, hi, glo, ghi, sums, scale], work=3 * n,
+                                        min_chunk=chunk),
+                         ("vertices", "faces", "order", "group", "ta", "tb", "tc", "sorted_group", "glo", "ghi")))
+        launches.append((_warp.prepare(_tree._parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], work=nodes), ("glo", "ghi")))
+        launches.append((_warp.prepare(_tree._finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out,
+                                                                                    center_out, normal, moment], work=4 * size,
+                                        min_chunk=chunk),
+                         ("glo", "ghi", "lo_out", "hi_out", "center_out", "normal", "moment")))
+        if winding:
+            launches.append((_warp.prepare(_tree._radius_kernel(), nodes, [corners, n, d, lo, hi, center, radius], work=3 * n * 4,
+                                           min_chunk=16), ()))
+        if any(launch is None for launch, _ in launches):
+            return None
+        self.launches = [(launch, launch.fields(*used), used) for launch, used in launches]
+        self.keep = (points, kd_lo, kd_hi, kd_split, kd_glo, kd_ghi, kd_axis, corners, lo, hi, sums, scale, center, radius)
+        return self
+
+    def _outputs(self) -> list:
+        """New tensors of the hierarchy the launches write: order, the sorted faces' corners and
+        sample ids, the nodes' boxes and sample ranges, and their winding data."""
+        n, size, rows = self.n, _tree.node_count(self.n), self.shapes[0]
+        f = lambda *shape: torch.empty(shape, dtype=self.dtype)  # noqa: E731
+        i = lambda *shape: torch.empty(shape, dtype=torch.int64)  # noqa: E731
+        return [torch.arange(n), f(n, 3), f(n, 3), f(n, 3), i(n), f(size, 3), f(size, 3), i(size), i(size), f(rows, 3), f(rows, 3),
+                f(rows, 9)]
+
+    def run(self, v64, faces, group) -> _tree.Tree:
+        """The hierarchy of the mesh (``v64``: its vertices in float64, contiguous)."""
+        order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment = self._outputs()
+        arrays = dict(vertices=v64, faces=faces, order=order, group=group, ta=ta, tb=tb, tc=tc, sorted_group=sorted_group, glo=glo,
+                      ghi=ghi, lo_out=lo_out, hi_out=hi_out, center_out=center_out, normal=normal, moment=moment)
+        for launch, fields, used in self.launches:
+            launch.run_at(fields, *(arrays[name] for name in used))
+        scale, radius = self.keep[11], self.keep[13]
+        return _tree.Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(-1, 3, 3),
+                          radius.to(self.dtype, copy=True), scale.amax().to(self.dtype))
+
+
+__all__ = ["build"]
