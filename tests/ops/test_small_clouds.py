@@ -876,6 +876,35 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
             sides.clear()
 
 
+@pytest.mark.parametrize("shapes", [(3500, 4000), (8000, 8384), (8000, 8385), (200, 12000)], ids=str)
+def test_chamfer_trees_side_by_side_up_to_their_bound_equal_the_reference(gen, monkeypatch, shapes):
+    """Past one thread's small trees, chamfer's two searches still run as kept trees side by side
+    (a thread each) while both clouds together hold at most 2^14 points: the same nearest points
+    as a float64 brute force and the same loss and gradients as the general path; past that bound
+    each search runs as before."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    m, n = shapes
+    x = torch.rand(m, 3, generator=gen) * 2 - 1
+    y = torch.rand(n, 3, generator=gen) * 2 - 1
+    pcops.chamfer_distance(x, y)  # (the kernels' first run)
+    found = _kdtree.find_both(x, y, 1)
+    assert (found is not None) == (m + n <= 1 << 14) and not _kdtree._small_tree(m, n)
+    if found is not None:
+        assert not found[2]
+        for a, b, idx in ((x, y, found[0]), (y, x, found[1])):
+            assert torch.equal(idx, reference.knn(a.double(), b.double(), 1)[1])
+
+    def run():
+        a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+        loss = pcops.chamfer_distance(a, b)
+        return (loss, *torch.autograd.grad(loss, (a, b)))
+
+    monkeypatch.setattr(_costs, "SCAN_PAIRS", 0)
+    for a, b in zip(*plain_and_general(monkeypatch, run, "pcops.ops.geometry.chamfer"), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch, kind, dtype):

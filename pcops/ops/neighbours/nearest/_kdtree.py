@@ -801,13 +801,16 @@ def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool 
     return _tree(points, ranks, depth=depth, in_order=False)[1]  # (its stable sort by sample)
 
 
-def _small_tree(m: int, n: int) -> bool:
+def _small_tree(m: int, n: int, pair: bool = False) -> bool:
     """Whether the CPU build of n points with m queries runs on the calling thread in one launch
     (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`), and so as a
     :class:`_SmallTree` (whose kept arrays, about 60 bytes a query or point, are then under a
     megabyte, with output templates of at most :data:`_KEEP_OUTPUTS` entries, at most 0.5 MB,
-    beside them: a thread keeps :data:`pcops._warp.KEEP_PREPARED` plans at most)."""
-    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK and m + n <= 1 << 14
+    beside them: a thread keeps :data:`pcops._warp.KEEP_PREPARED` plans at most). ``pair``: one
+    of two searches whose builds run side by side, a thread each (:func:`find_both`): up to the
+    same m + n whatever the work (one thread a tree then beats the general path's build of each
+    tree on every thread in turn: docs/benchmarks.md, design choices)."""
+    return (pair or n * max(_depth(n), 1) + m < _warp.SERIAL_WORK) and m + n <= 1 << 14
 
 
 class _SmallTree:
@@ -975,8 +978,8 @@ def _plan_state() -> tuple:
 def _kept_plan(query, ref, k: int, slot: int = 0):
     """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`) of ``query`` (m, 3) in
     ``ref`` (n, 3) (contiguous CPU points, ungrouped) for k neighbours, kept by shapes, dtype and
-    whether ``ref is query`` (and ``slot``: a caller running two plans of the same shapes at once
-    keeps the second apart) and made under the same :func:`_plan_state`: a caller that finds
+    whether ``ref is query`` (and ``slot``: 0 for :func:`find`'s, 1 and 2 for :func:`find_both`'s
+    two, whatever their shapes) and made under the same :func:`_plan_state`: a caller that finds
     one has nothing to decide. None where there is none (or launches are not prepared:
     :data:`pcops._warp.PREPARED`)."""
     plans = getattr(_kept, "plans", None)
@@ -986,17 +989,18 @@ def _kept_plan(query, ref, k: int, slot: int = 0):
     return plan if plan is not None and plan.state == _plan_state() else None
 
 
-def _new_plan(query, ref, k: int, slot: int = 0):
+def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
-    points: a scan in one slice (:func:`_scans`) or a small tree (:func:`_small_tree`); None for
-    any other search, where launches are not prepared, or before its kernels' first run."""
+    points: a scan in one slice (:func:`_scans`) or a small tree (:func:`_small_tree`, ``pair``:
+    one of :func:`find_both`'s); None for any other search, where launches are not prepared, or
+    before its kernels' first run."""
     m, n = query.shape[0], ref.shape[0]
     if not _warp.PREPARED[0] or not m:
         return None
     if _scans(m, n, k):
         plan = _Scan.make(query, ref, k) if _slices(m, n, k, True) == 1 else None
     else:
-        plan = _SmallTree.make(query, ref, k) if not _GPU_BUILD and _small_tree(m, n) else None
+        plan = _SmallTree.make(query, ref, k) if not _GPU_BUILD and _small_tree(m, n, pair) else None
     if plan is None:
         return None
     plan.state = _plan_state()
@@ -1034,15 +1038,15 @@ def find_both(x, y, k: int):
     """(idx (M, k) of x's points' k nearest in y, idx (N, k) of y's in x, whether a value of
     either is NaN or inf) of contiguous plain CPU clouds (M, 3), (N, 3) of one dtype, as
     :func:`find` finds each, where both searches are the calling thread's small trees (kept, or
-    made now): their loads (which check the values) and orders run first, then their builds in
+    made now; :func:`_small_tree` with ``pair``, up to 2^14 points and queries each): their loads (which check the values) and orders run first, then their builds in
     one fork-join (a thread each) and their searches in another; None for any other pair of
     searches (nothing ran: the caller calls :func:`find` each way)."""
     if x is y or not x.shape[0] or not y.shape[0]:
         return None
     _warp.init()
     plans = []
-    for slot, (query, ref) in enumerate(((x, y), (y, x))):  # (slot: two plans, whatever the shapes)
-        plan = _kept_plan(query, ref, k, slot) or _new_plan(query, ref, k, slot)
+    for slot, (query, ref) in enumerate(((x, y), (y, x)), 1):  # (slots 1 and 2: two plans, whatever the shapes, apart from find's)
+        plan = _kept_plan(query, ref, k, slot) or _new_plan(query, ref, k, slot, pair=True)
         if not isinstance(plan, _SmallTree):
             return None
         plans.append(plan)
