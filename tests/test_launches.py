@@ -25,7 +25,7 @@ import torch
 
 import pcops
 from pcops import _warp
-from pcops.ops.mesh import _tree
+from pcops.ops.mesh import _kept_tree, _tree
 from pcops.ops.neighbours.nearest import _kdtree
 from pcops.ops.sampling import fps
 from tests import op_table
@@ -123,8 +123,12 @@ def grown(op, form: str = "static") -> dict:
 @pytest.fixture(autouse=True)
 def threaded(monkeypatch):
     """Every launch as a large one (split across threads): a small launch's serial form is
-    another path (the kd-tree's build then takes one launch instead of a few), not growth."""
+    another path (the kd-tree's build then takes one launch instead of a few), not growth; so is
+    a kept kd-tree or mesh build (their tensors allocated as they keep them), which the larger
+    sizes here are past: every size builds from scratch."""
     monkeypatch.setattr(_warp, "SERIAL_WORK", 0)
+    monkeypatch.setattr(_kdtree, "_KEPT_POINTS", 0)
+    monkeypatch.setattr(_kept_tree, "KEEP_FACES", 0)
 
 
 FORMS = [(op, "static") for op in op_table.OPS] + [(op, "dynamic") for op in op_table.OPS if op.static is not None] + [

@@ -876,6 +876,43 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
             sides.clear()
 
 
+@pytest.mark.parametrize("shapes", [(4096, 4096, 2), (1024, 4096, 1), (1024, 4096, 2), (3000, 12000, 2)], ids=str)
+def test_kept_trees_past_one_thread_equal_the_reference(gen, monkeypatch, shapes):
+    """A plain search of up to 2^14 points and queries past one thread's small trees is kept with
+    the general path's build launches (the root's splits, then a subtree a thread): the float64
+    brute force's neighbours and the general path's distances, call after call, NaN queries and
+    points included (validate=False), on one thread and two."""
+    m, n, threads = shapes
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ref = torch.rand(n, 3, generator=gen) * 2 - 1
+        query = ref if m == n else torch.rand(m, 3, generator=gen) * 2 - 1
+        assert not _kdtree._small_tree(m, n)
+        nearest = reference.knn(query.double(), ref.double(), 16)[1]  # (sorted, ties by the smaller index)
+        for k in (1, 16):
+            want = nearest[:, :k]
+            general = None
+            for kept in (False, True, True):
+                monkeypatch.setattr(_warp, "PREPARED", [kept])
+                got = pcops.knn(query, ref, k)
+                assert torch.equal(got[1], want)
+                general = got if general is None else general
+                assert torch.equal(got[0], general[0])
+            plan = _kdtree._kept_plan(query, ref, k)
+            assert plan is not None and len(plan.launches[2]) == (1 if threads == 1 else 2)
+        bad_ref, bad_query = ref.clone(), query.clone()
+        bad_ref[5], bad_query[7, 1] = float("nan"), float("inf")
+        for q in (bad_query, bad_ref):
+            out = []
+            for kept in (False, True, True):
+                monkeypatch.setattr(_warp, "PREPARED", [kept])
+                out.append(pcops.knn(q, bad_ref, 8, validate=False))
+            assert all(torch.equal(a, b) for o in out[1:] for a, b in zip(o, out[0], strict=True))
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("shapes", [(3500, 4000), (8000, 8384), (8000, 8385), (200, 12000)], ids=str)
 def test_chamfer_trees_side_by_side_up_to_their_bound_equal_the_reference(gen, monkeypatch, shapes):
     """Past one thread's small trees, chamfer's two searches still run as kept trees side by side
@@ -1087,16 +1124,16 @@ def test_values_checked_in_the_small_searches_raise_for_every_point(gen, dtype, 
 
 
 def test_small_plain_searches_read_no_sums(gen, monkeypatch):
-    """The values of a plain kNN call whose search is a kept small scan or tree (16 and 400
+    """The values of a plain kNN call whose search is a kept scan or tree (16, 400 and 5,000
     points), and of a 16-point chamfer call, are checked by their launches alone (no torch sum
-    read back); those of a larger chamfer call and of a kNN search past the small trees by the
-    layout's sums."""
+    read back); those of a chamfer call of a cloud with itself and of a kNN search past the kept
+    trees (m + n over 2^14) by the layout's sums."""
     from pcops import _validate
 
     x, y = torch.rand(16, 3, generator=gen), torch.rand(16, 3, generator=gen)
-    large, larger = torch.rand(400, 3, generator=gen), torch.rand(5000, 3, generator=gen)
+    large, kept, larger = (torch.rand(n, 3, generator=gen) for n in (400, 5000, 8193))
     calls = (lambda: pcops.knn(x, y, 4), lambda: pcops.knn(x, x, 4), lambda: pcops.chamfer_distance(x, y), lambda: pcops.knn_graph(x, 3),
-             lambda: pcops.knn(large, large, 4), lambda: pcops.knn(large, x, 4))
+             lambda: pcops.knn(large, large, 4), lambda: pcops.knn(large, x, 4), lambda: pcops.knn(kept, kept, 4))
     for call in calls:  # (each kernel's first run, through the general path)
         call()
     read = []
@@ -1108,7 +1145,7 @@ def test_small_plain_searches_read_no_sums(gen, monkeypatch):
     assert read == []
     pcops.chamfer_distance(large, large)
     pcops.knn(larger, larger, 4)
-    assert read == [400, 5000]
+    assert read == [400, 8193]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)

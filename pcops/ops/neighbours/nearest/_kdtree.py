@@ -38,9 +38,9 @@ point is never a neighbour (a NaN coordinate sorts as +inf in the splits), and e
 ends: it visits each node at most once. The search writes every row whole (inf / -1 past what
 it found): its outputs need no fill.
 
-Small CPU searches (every pair measured, or a tree built by one thread: ``_small_tree``) are
-kept by the calling thread per shapes (:func:`_kept_plan`): a call that finds its plan has
-nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
+Small CPU searches (every pair measured in one slice, or a tree of at most ``_KEPT_POINTS``
+points and queries) are kept by the calling thread per shapes (:func:`_kept_plan`): a call that
+finds its plan has nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
 tree's order (no query order to compute).
 
 The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
@@ -801,34 +801,38 @@ def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool 
     return _tree(points, ranks, depth=depth, in_order=False)[1]  # (its stable sort by sample)
 
 
-def _small_tree(m: int, n: int, pair: bool = False) -> bool:
+def _small_tree(m: int, n: int) -> bool:
     """Whether the CPU build of n points with m queries runs on the calling thread in one launch
-    (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`), and so as a
-    :class:`_SmallTree` (whose kept arrays, about 60 bytes a query or point, are then under a
-    megabyte, with output templates of at most :data:`_KEEP_OUTPUTS` entries, at most 0.5 MB,
-    beside them: a thread keeps :data:`pcops._warp.KEEP_PREPARED` plans at most). ``pair``: one
-    of two searches whose builds run side by side, a thread each (:func:`find_both`): up to the
-    same m + n whatever the work (one thread a tree then beats the general path's build of each
-    tree on every thread in turn: docs/benchmarks.md, design choices)."""
-    return (pair or n * max(_depth(n), 1) + m < _warp.SERIAL_WORK) and m + n <= 1 << 14
+    (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`)."""
+    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK
+
+
+# The most points and queries (together) of a search kept as a :class:`_SmallTree`: its kept
+# arrays, about 60 bytes a query or point, under a megabyte, with output templates of at most
+# :data:`_KEEP_OUTPUTS` entries (at most 0.5 MB) beside them; a thread keeps
+# :data:`pcops._warp.KEEP_PREPARED` plans at most.
+_KEPT_POINTS = 1 << 14
 
 
 class _SmallTree:
-    """The calling thread's search of m queries in n CPU points (ungrouped, a small tree:
-    :func:`_small_tree`) as prepared launches (:class:`pcops._warp.Prepared`), with the tree's
+    """The calling thread's search of m queries in n CPU points (ungrouped, m + n at most
+    :data:`_KEPT_POINTS`) as prepared launches (:class:`pcops._warp.Prepared`), with the tree's
     arrays kept: ``load`` copies the points (and their indices) into the arrays the build
     permutes and checks the values, then the queries' order (not for a self-query, whose queries
-    are the tree's own points in the tree's order), the build and the search, which is cut as
+    are the tree's own points in the tree's order), the build (one launch or several:
+    :meth:`make`) and the search, which is cut as
     :func:`pcops._warp.launch` cuts it. The kernels of :func:`find`'s own path for such a search,
     so the same neighbours (the search's result does not depend on the queries' order)."""
 
     __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "keep")
 
     @classmethod
-    def make(cls, query, ref, k: int):
+    def make(cls, query, ref, k: int, pair: bool = False):
         """The search of queries like ``query`` in points like ``ref`` for k neighbours; None
         before the build's and the search's kernels have run once (through :func:`find`'s own
-        path)."""
+        path). The build's launches are :func:`_tree`'s (:func:`build_steps`: one thread for a
+        small tree, else the root's splits, then a subtree a thread); ``pair``: one launch on
+        one thread whatever the size (:func:`find_both` runs two side by side)."""
         self = cls()
         m, n = query.shape[0], ref.shape[0]
         self.same, self.k = ref is query, k
@@ -846,8 +850,10 @@ class _SmallTree:
         lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
         glo, ghi, axis, split = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32), ref.new_empty(nodes)
         dummy = _no_group(query.device)[1]
-        build = [0, depth, depth, _ROUNDS, _warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec),
-                 _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+        build = [_warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+        steps, work = ([(0, depth)], 0) if pair else build_steps(n, depth, m)
+        build_kernel = _build_kernels(ref.dtype)[0]
+        builds = tuple(_warp.prepare(build_kernel, 1 << d, [d, last, depth, _ROUNDS, *build], work=work) for d, last in steps)
         if self.same:
             rows, ordered, order_launch = order, points, None
         else:
@@ -857,9 +863,9 @@ class _SmallTree:
                 return None
         search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
                   _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, *_outputs(query, k), int(_CHAIN)]
-        self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, _warp.prepare(_build_kernels(ref.dtype)[0], 1, build, work=0),
+        self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
-        if any(launch is None for i, launch in enumerate(self.launches) if i != 1):
+        if any(launch is None for launch in (self.launches[0], *builds, self.launches[3])):
             return None
         self.keep = (points, order, rows, ordered, lo, hi, glo, ghi, axis, split, order_args if order_launch else None)
         self.fields = (self.launches[0].fields("ref") if self.same else self.launches[0].fields("ref", "query"),
@@ -870,7 +876,8 @@ class _SmallTree:
         """Search ``query`` in ``ref`` into ``dists``, ``idx``; the values flag (a NumPy view of
         one int32): 1 where a value of either is NaN or inf."""
         flag = self.load(query, ref)
-        self.launches[2].run_at(())
+        for build in self.launches[2]:
+            build.run_at(())
         self.launches[3].run_at(self.fields[3], dists, idx)
         return flag
 
@@ -991,16 +998,16 @@ def _kept_plan(query, ref, k: int, slot: int = 0):
 
 def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
-    points: a scan in one slice (:func:`_scans`) or a small tree (:func:`_small_tree`, ``pair``:
-    one of :func:`find_both`'s); None for any other search, where launches are not prepared, or
-    before its kernels' first run."""
+    points: a scan in one slice (:func:`_scans`) or a kd-tree of at most :data:`_KEPT_POINTS`
+    points and queries (a :class:`_SmallTree`; ``pair``: one of :func:`find_both`'s); None for
+    any other search, where launches are not prepared, or before its kernels' first run."""
     m, n = query.shape[0], ref.shape[0]
     if not _warp.PREPARED[0] or not m:
         return None
     if _scans(m, n, k):
         plan = _Scan.make(query, ref, k) if _slices(m, n, k, True) == 1 else None
     else:
-        plan = _SmallTree.make(query, ref, k) if not _GPU_BUILD and _small_tree(m, n, pair) else None
+        plan = _SmallTree.make(query, ref, k, pair) if not _GPU_BUILD and m + n <= _KEPT_POINTS else None
     if plan is None:
         return None
     plan.state = _plan_state()
@@ -1037,10 +1044,12 @@ def search_checked(query, ref, k):
 def find_both(x, y, k: int):
     """(idx (M, k) of x's points' k nearest in y, idx (N, k) of y's in x, whether a value of
     either is NaN or inf) of contiguous plain CPU clouds (M, 3), (N, 3) of one dtype, as
-    :func:`find` finds each, where both searches are the calling thread's small trees (kept, or
-    made now; :func:`_small_tree` with ``pair``, up to 2^14 points and queries each): their loads (which check the values) and orders run first, then their builds in
-    one fork-join (a thread each) and their searches in another; None for any other pair of
-    searches (nothing ran: the caller calls :func:`find` each way)."""
+    :func:`find` finds each, where both searches are the calling thread's kept trees (kept, or
+    made now: up to :data:`_KEPT_POINTS` points and queries each): their loads (which check the
+    values) and orders run first, then their builds in one fork-join (a thread each, one launch
+    each, whatever the size: past one thread's small trees this beats building each tree on
+    every thread in turn, docs/benchmarks.md, design choices) and their searches in another; None
+    for any other pair of searches (nothing ran: the caller calls :func:`find` each way)."""
     if x is y or not x.shape[0] or not y.shape[0]:
         return None
     _warp.init()
@@ -1052,7 +1061,7 @@ def find_both(x, y, k: int):
         plans.append(plan)
     a, b = plans
     bad = a.load(x, y)[0] | b.load(y, x)[0]
-    _warp.run_together((a.launches[2], b.launches[2]))
+    _warp.run_together((*a.launches[2], *b.launches[2]))  # (a pair's build: one launch each)
     out = []  # (dists and idx alive until the searches ran: the launches hold their addresses only)
     for plan, query in ((a, x), (b, y)):
         out.append(_plan_outputs(plan, query))
