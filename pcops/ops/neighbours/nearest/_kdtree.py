@@ -803,8 +803,8 @@ def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool 
 
 def _small_tree(m: int, n: int) -> bool:
     """Whether the CPU build of n points with m queries runs on the calling thread in one launch
-    (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`)."""
-    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK
+    (its work under :data:`pcops._warp.SERIAL_WORK`: :func:`_tree`) in a kept plan."""
+    return n * max(_depth(n), 1) + m < _warp.SERIAL_WORK and m + n <= _KEPT_POINTS
 
 
 # The most points and queries (together) of a search kept as a :class:`_SmallTree`: its kept
