@@ -28,7 +28,9 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
     builds are not kept (another device, an empty or large mesh, launches not prepared, the
     switches of the tests, or the kernels' first run: the caller builds as usual)."""
     n = faces.shape[0]
-    if not (vertices.is_cpu and 0 < n <= KEEP_FACES and _warp.PREPARED[0]) or _tree.PER_LEVEL[0] or not _tree.RADIUS_WALK[0]:
+    if not (vertices.is_cpu and 0 < n <= KEEP_FACES and _warp.PREPARED[0]):
+        return None
+    if _tree.PER_LEVEL[0] or not _tree.RADIUS_WALK[0] or _kdtree._GPU_BUILD:  # (the tests' switches: other launches or order)
         return None
     v64 = vertices.detach().to(torch.float64).contiguous()
     faces, group = faces.contiguous(), group.contiguous()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import pcops
+from pcops import _warp
 from tests import reference
 from tests.op_suite import TOL, OpSuite, pack
 from tests.op_table import icosphere
@@ -598,6 +599,7 @@ def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch
         group = torch.zeros(f.shape[0], dtype=torch.int64)
         kd, kd_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf, one: tree.morton_order(c, g))
+        monkeypatch.setattr(_warp, "PREPARED", [False])  # (a kept build orders by the kd splits: the call builds from scratch)
         morton, morton_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.undo()
         assert not torch.equal(kd_order, morton_order)

@@ -9,6 +9,7 @@ import torch
 import pcops
 from pcops import _warp
 from pcops.ops.mesh import _kept_tree, _search, _tree
+from pcops.ops.neighbours.nearest import _kdtree
 from tests.op_table import icosphere
 
 
@@ -130,6 +131,17 @@ def test_builds_are_kept_for_small_one_mesh_cpu_calls_only(gen, monkeypatch):
     v2, f2 = _soup(gen, n_faces=f.shape[0] + 5)
     pcops.mesh_bvh(v2, f2)  # over it: built from scratch
     assert _kept_count() == 2
+
+
+def test_the_gpus_build_switch_builds_from_scratch(gen, monkeypatch):
+    """Under the switch that runs the GPUs' build on the CPU (the faces in Morton order), no kept
+    build (kept in the kd split order) answers: the op's tree is that build's."""
+    v, f = _soup(gen)
+    _build(v, f, True, kept=True)
+    _build(v, f, True, kept=True)
+    monkeypatch.setattr(_kdtree, "_GPU_BUILD", True)
+    monkeypatch.setattr(_tree.nearest, "split_order", lambda c, g, leaf, one: _tree.morton_order(c, g))
+    _assert_same(_build(v, f, True, kept=True), _tree.build(v, f, torch.zeros(f.shape[0], dtype=torch.int64), v.dtype, True))
 
 
 def test_mesh_distance_with_kept_builds_equals_the_reference(gen):
