@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ... import _warp
-from ..neighbours.nearest import _kdtree
+from ..neighbours import nearest
 from . import _tree
 
 KEEP = 4  # kept builds a thread
@@ -30,7 +30,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
     n = faces.shape[0]
     if not (vertices.is_cpu and 0 < n <= KEEP_FACES and _warp.PREPARED[0]):
         return None
-    if _tree.PER_LEVEL[0] or not _tree.RADIUS_WALK[0] or _kdtree._GPU_BUILD:  # (the tests' switches: other launches or order)
+    if _tree.PER_LEVEL[0] or not _tree.RADIUS_WALK[0]:  # (the tests' switches: other launches; the GPUs' order: prepared_split)
         return None
     v64 = vertices.detach().to(torch.float64).contiguous()
     faces, group = faces.contiguous(), group.contiguous()
@@ -51,7 +51,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
 
 def _state() -> tuple:
     """What decides the launches and their chunks besides the shapes (the kd build's too)."""
-    return (_kdtree._plan_state(), _tree.LEAF)
+    return (nearest.kept_state(), _tree.LEAF)
 
 
 _kept = threading.local()
@@ -59,7 +59,7 @@ _kept = threading.local()
 
 class _Build:
     """One mesh's build as prepared launches: the centroids (into the points the kd split
-    permutes), the split's launches (:func:`._kdtree.build_steps`), the leaves, the parents, the
+    permutes), the split's launches (:func:`..neighbours.nearest.prepared_split`), the leaves, the parents, the
     nodes' data and the radii (with ``winding``), with their work arrays."""
 
     __slots__ = ("state", "n", "dtype", "winding", "launches", "keep", "shapes")
@@ -73,27 +73,20 @@ class _Build:
         leaves, nodes, size = 1 << d, (2 << d) - 1, _tree.node_count(n)
         rows = size if winding else 0
         self.n, self.dtype, self.winding, self.state, self.shapes = n, dtype, winding, _state(), (rows, d)
-        vec64 = _warp.vec3(torch.float64)
         with torch.inference_mode(False):  # (arrays the launches write: never inference tensors)
             points = v64.new_empty((n, 3))  # the centroids, permuted by the split
-            kd_nodes = (2 << d) - 1
-            kd_lo, kd_hi, kd_split = v64.new_empty((kd_nodes, 3)), v64.new_empty((kd_nodes, 3)), v64.new_empty(kd_nodes)
-            kd_glo, kd_ghi = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
-            kd_axis = torch.empty(kd_nodes, dtype=torch.int32)
             corners = v64.new_empty((3 * n if winding else 0, 3))
             lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16 if winding else 0))
             scale, center, radius = v64.new_empty((leaves,)), v64.new_empty((rows, 3)), v64.new_zeros((rows,))
         order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment = self._outputs()
-        steps, work = _kdtree.build_steps(n, d)
-        split = [_warp.array(points, dtype=vec64), order, kd_glo, 0, _warp.array(kd_lo, dtype=vec64), _warp.array(kd_hi, dtype=vec64),
-                 kd_glo, kd_ghi, kd_axis, kd_split]
-        kd_build = _kdtree._build_kernels(torch.float64)[0]
+        split = nearest.prepared_split(points, order, d)
+        if split is None:
+            return None
         # (launch, the names of its arguments a call points at its own tensors), chunked as the build's
         chunk = _warp.MIN_CHUNK
         launches = [(_warp.prepare(_tree._centroid_kernel(), n, [v64, faces, points], work=3 * n, min_chunk=chunk),
                      ("vertices", "faces"))]
-        launches += [(_warp.prepare(kd_build, 1 << depth, [depth, last, d, _kdtree._ROUNDS, *split], work=work), ("order",))
-                     for depth, last in steps]
+        launches += [(launch, ("order",)) for launch in split[0]]
         launches.append((_warp.prepare(_tree._leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group, corners, ta, tb, tc,
                                                                                       sorted_group, lo, hi, glo, ghi, sums, scale], work=3 * n,
                                         min_chunk=chunk),
@@ -109,7 +102,7 @@ class _Build:
         if any(launch is None for launch, _ in launches):
             return None
         self.launches = [(launch, launch.fields(*used), used) for launch, used in launches]
-        self.keep = (points, kd_lo, kd_hi, kd_split, kd_glo, kd_ghi, kd_axis, corners, lo, hi, sums, scale, center, radius)
+        self.keep = (points, split[1], corners, lo, hi, sums, scale, center, radius)
         return self
 
     def _outputs(self) -> list:
@@ -128,7 +121,7 @@ class _Build:
                       ghi=ghi, lo_out=lo_out, hi_out=hi_out, center_out=center_out, normal=normal, moment=moment)
         for launch, fields, used in self.launches:
             launch.run_at(fields, *(arrays[name] for name in used))
-        scale, radius = self.keep[11], self.keep[13]
+        scale, radius = self.keep[6], self.keep[8]
         return _tree.Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(-1, 3, 3),
                           radius.to(self.dtype, copy=True), scale.amax().to(self.dtype))
 

@@ -38,6 +38,7 @@ from ._registry import BACKENDS
 
 split_order = _kdtree.split_order  # (the mesh hierarchy's CPU build orders its faces with the kd-tree's splits)
 cpu_query_rows = _kdtree.cpu_query_rows  # (the mesh searches take one mesh's CPU queries in the kNN search's order)
+prepared_split, kept_state = _kdtree.prepared_split, _kdtree.kept_state  # (the mesh ops' kept builds: pcops.ops.mesh._kept_tree)
 nearest_costs = _costs.costs  # (chamfer's costs of plain clouds with nothing to differentiate)
 
 # Preference per device. CPU: the Warp tree search does less work than the scipy backend

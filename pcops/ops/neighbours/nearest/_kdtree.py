@@ -766,6 +766,34 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
+def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int):
+    """(launches, work arrays, state) of :func:`split_order`'s CPU build of ``points`` (N, 3) of one
+    sample, kept for builds of the same shapes: its launches (:func:`build_steps`) prepared
+    (:class:`pcops._warp.Prepared`; ``order`` the argument a call points at its own (N,) int64
+    indices, 0..N-1 in, its order out; ``points`` permuted in place), the arrays they write, and
+    what decides them besides the shapes (:func:`_plan_state`); None where it is not prepared (a
+    kernel's first run, or the GPUs' build switch)."""
+    if _GPU_BUILD:
+        return None
+    vec = _warp.vec3(points.dtype)
+    nodes = (2 << depth) - 1
+    with torch.inference_mode(False):  # (arrays the launches write: never inference tensors)
+        lo, hi, split = points.new_empty((nodes, 3)), points.new_empty((nodes, 3)), points.new_empty(nodes)
+        glo, ghi, axis = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32)
+    args = [_warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
+    steps, work = build_steps(points.shape[0], depth)
+    kernel = _build_kernels(points.dtype)[0]
+    launches = [_warp.prepare(kernel, 1 << d, [d, last, depth, _ROUNDS, *args], work=work) for d, last in steps]
+    if any(launch is None for launch in launches):
+        return None
+    return launches, (lo, hi, split, glo, ghi, axis), _plan_state()
+
+
+def kept_state() -> tuple:
+    """What decides a kept CPU search's or split's launches besides its shapes (:func:`_plan_state`)."""
+    return _plan_state()
+
+
 def build_steps(n: int, depth: int, queries: int = 0) -> tuple[list[tuple[int, int]], int]:
     """([(depth, last depth)] of the CPU build's launches of n points, its work estimate): one
     launch per depth down to where there is a subtree for every CPU thread, then one thread per
