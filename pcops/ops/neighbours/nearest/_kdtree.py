@@ -766,13 +766,13 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
-def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int):
-    """(launches, work arrays, state) of :func:`split_order`'s CPU build of ``points`` (N, 3) of one
-    sample, kept for builds of the same shapes: its launches (:func:`build_steps`) prepared
-    (:class:`pcops._warp.Prepared`; ``order`` the argument a call points at its own (N,) int64
-    indices, 0..N-1 in, its order out; ``points`` permuted in place), the arrays they write, and
-    what decides them besides the shapes (:func:`_plan_state`); None where it is not prepared (a
-    kernel's first run, or the GPUs' build switch)."""
+def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, queries: int = 0, one_launch: bool = False):
+    """(launches, (lo, hi, glo, ghi, axis, split)) of the CPU build of an ungrouped kd-tree of
+    ``points`` (N, 3), kept for builds of the same shapes: its launches (:func:`build_steps`, with
+    ``queries`` ordered beside; ``one_launch``: one launch on one thread whatever the size)
+    prepared (:class:`pcops._warp.Prepared`; ``order`` the argument a call points at its own (N,)
+    int64 indices, 0..N-1 in, the tree's order out; ``points`` permuted in place) and the arrays
+    they write; None where it is not prepared (a kernel's first run, or the GPUs' build switch)."""
     if _GPU_BUILD:
         return None
     vec = _warp.vec3(points.dtype)
@@ -781,12 +781,12 @@ def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int):
         lo, hi, split = points.new_empty((nodes, 3)), points.new_empty((nodes, 3)), points.new_empty(nodes)
         glo, ghi, axis = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32)
     args = [_warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
-    steps, work = build_steps(points.shape[0], depth)
+    steps, work = ([(0, depth)], 0) if one_launch else build_steps(points.shape[0], depth, queries)
     kernel = _build_kernels(points.dtype)[0]
-    launches = [_warp.prepare(kernel, 1 << d, [d, last, depth, _ROUNDS, *args], work=work) for d, last in steps]
+    launches = tuple(_warp.prepare(kernel, 1 << d, [d, last, depth, _ROUNDS, *args], work=work) for d, last in steps)
     if any(launch is None for launch in launches):
         return None
-    return launches, (lo, hi, split, glo, ghi, axis), _plan_state()
+    return launches, (lo, hi, glo, ghi, axis, split)
 
 
 def kept_state() -> tuple:
@@ -874,14 +874,11 @@ class _SmallTree:
         load = _load_kernel(ref.dtype)
         _warp.launch(load, 1, load_args, like=ref, work=0)  # (its first run loads it)
         depth = _depth(n)
-        nodes = (2 << depth) - 1
-        lo, hi = ref.new_empty((nodes, 3)), ref.new_empty((nodes, 3))
-        glo, ghi, axis, split = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32), ref.new_empty(nodes)
+        tree = prepared_split(points, order, depth, m, one_launch=pair)
+        if tree is None:
+            return None
+        builds, (lo, hi, glo, ghi, axis, split) = tree
         dummy = _no_group(query.device)[1]
-        build = [_warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
-        steps, work = ([(0, depth)], 0) if pair else build_steps(n, depth, m)
-        build_kernel = _build_kernels(ref.dtype)[0]
-        builds = tuple(_warp.prepare(build_kernel, 1 << d, [d, last, depth, _ROUNDS, *build], work=work) for d, last in steps)
         if self.same:
             rows, ordered, order_launch = order, points, None
         else:
@@ -893,7 +890,7 @@ class _SmallTree:
                   _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, *_outputs(query, k), int(_CHAIN)]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
-        if any(launch is None for launch in (self.launches[0], *builds, self.launches[3])):
+        if self.launches[0] is None or self.launches[3] is None:
             return None
         self.keep = (points, order, rows, ordered, lo, hi, glo, ghi, axis, split, order_args if order_launch else None)
         self.fields = (self.launches[0].fields("ref") if self.same else self.launches[0].fields("ref", "query"),
