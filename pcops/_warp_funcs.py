@@ -123,6 +123,24 @@ def bounds(dtype: torch.dtype):
 
 
 @kernels
+def widest_axis(dtype: torch.dtype):
+    """``widest(extent) -> axis``: the axis of the largest component of a box's extent (the
+    first of equals; NaN components never)."""
+    v = vec3(dtype)
+
+    @wp.func(module="unique")
+    def widest(extent: v):
+        axis = int(0)
+        if extent[1] > extent[0]:
+            axis = 1
+        if extent[2] > extent[axis]:
+            axis = 2
+        return axis
+
+    return widest
+
+
+@kernels
 def finite_bounds(dtype: torch.dtype):
     """``box(points, first, last) -> (lo, hi)``: the box of the finite points of
     points[first:last] (a point with a NaN or inf coordinate is left out; none: +inf to -inf)."""

@@ -826,14 +826,26 @@ def test_plain_knn_interpolate_calls_and_others(gen, monkeypatch):
         pcops.knn_interpolate(q, p, bad)
 
 
+CHAMFER_PATHS = ("pass", "grids", "trees")
+
+
+def chamfer_path(monkeypatch, path: str) -> None:
+    """Chamfer's nearest points from its pass over every pair, its grids, or the kNN search's trees."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    monkeypatch.setattr(_costs, "SCAN_PAIRS", 0 if path == "trees" else 1 << 40)
+    monkeypatch.setattr(_costs, "GRID_PAIRS", 0 if path == "trees" else 1 << 40)
+    monkeypatch.setattr(_costs, "GRID_FROM", 0 if path == "grids" else 1 << 40)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """``chamfer_distance`` of two plain clouds (which may require grad) skips the layout layer:
     the same loss and per-point costs and the same gradients to both clouds, for every reduction,
     one direction or both, clouds of one shape (two kept trees of the same shapes side by side),
-    and NaN points without validation (cost 0), on both sides of the kNN scan's crossover and of
-    chamfer's pass over every pair."""
+    and NaN points without validation (cost 0), on both sides of the kNN scan's crossover and
+    with chamfer's pass over every pair, its grids or the trees."""
     q, p, _ = cloud(kind, gen)
     q, p = q.to(dtype), p.to(dtype)
     nan = q.clone()
@@ -856,7 +868,6 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
              lambda: run(q[None], p[None], point_reduction=None, batch_reduction=None),
              lambda: run(q[None], p[None], single_directional=True, point_reduction=None, batch_reduction=None)]
     from pcops.ops.geometry import chamfer
-    from pcops.ops.neighbours.nearest import _costs
 
     passes, sides = [], []
     real, real_both = chamfer.plain_nearest, _kdtree.find_both
@@ -864,8 +875,9 @@ def test_plain_chamfer_calls_equal_the_general_path(gen, monkeypatch, kind, dtyp
     monkeypatch.setattr(_kdtree, "find_both", lambda *a: (lambda out: (sides.append(out is not None), out)[1])(real_both(*a)))
     # the plain path's nearest points from chamfer's pass over every pair, or the two small trees
     # side by side (kNN trees), or its kNN searches one way and the other (scans)
-    for each_pair in (1 << 40, 0):
-        monkeypatch.setattr(_costs, "SCAN_PAIRS", each_pair)
+    for path in CHAMFER_PATHS:
+        chamfer_path(monkeypatch, path)
+        each_pair = path != "trees"
         for pairs in PATHS.values():
             monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
             for call in calls:
@@ -919,7 +931,6 @@ def test_chamfer_trees_side_by_side_up_to_their_bound_equal_the_reference(gen, m
     (a thread each) while both clouds together hold at most 2^14 points: the same nearest points
     as a float64 brute force and the same loss and gradients as the general path; past that bound
     each search runs as before."""
-    from pcops.ops.neighbours.nearest import _costs
 
     m, n = shapes
     x = torch.rand(m, 3, generator=gen) * 2 - 1
@@ -937,7 +948,7 @@ def test_chamfer_trees_side_by_side_up_to_their_bound_equal_the_reference(gen, m
         loss = pcops.chamfer_distance(a, b)
         return (loss, *torch.autograd.grad(loss, (a, b)))
 
-    monkeypatch.setattr(_costs, "SCAN_PAIRS", 0)
+    chamfer_path(monkeypatch, "trees")
     for a, b in zip(*plain_and_general(monkeypatch, run, "pcops.ops.geometry.chamfer"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -968,8 +979,8 @@ def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch,
               lambda: pcops.chamfer_distance(q[::2], p.t().contiguous().t())]
     taken = []
     monkeypatch.setattr(chamfer, "nearest_costs", lambda *a: (taken.append(1), _costs.costs(*a))[1])
-    for scan in (1 << 40, 0):
-        monkeypatch.setattr(_costs, "SCAN_PAIRS", scan)
+    for path in CHAMFER_PATHS:
+        chamfer_path(monkeypatch, path)
         for pairs in PATHS.values():
             monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
             for call in calls:
@@ -983,7 +994,7 @@ def test_chamfer_costs_from_one_launch_equal_the_torch_formula(gen, monkeypatch,
                     for a, b in zip(outs[0], other, strict=True):
                         assert a.dtype == b.dtype and a.shape == b.shape
                         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    assert len(taken) == 4 * len(calls)  # (each call took the launch once a turn)
+    assert len(taken) == 2 * len(CHAMFER_PATHS) * len(calls)  # (each call took the launch once a turn)
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 8])
@@ -1035,6 +1046,113 @@ def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypat
                     assert _costs.pairs(x, y, True, True) is None and _costs.pairs(base, y, False, True) is None
     finally:
         torch.set_num_threads(threads)
+
+
+GRID_KINDS = ("uniform", "grid", "duplicates", "not finite", "none finite", "overflow", "flat", "line", "one point", "clustered",
+              "far apart", "huge", "tiny")
+
+
+def grid_case(kind: str, m: int, n: int, gen, dtype):
+    """Clouds (m, 3) and (n, 3) of a kind that a grid of cells may get wrong: ties on a lattice,
+    duplicates, NaN and inf (in some points, or in every point of y), squares that overflow (no
+    neighbour to take: every column visited), a plane and a line (extents of zero), one
+    repeated point, tight clusters, two groups far apart (empty columns between), coordinates
+    whose box overflows, and subnormal coordinates."""
+    x, y = torch.rand(m, 3, generator=gen, dtype=dtype), torch.rand(n, 3, generator=gen, dtype=dtype)
+    big = 1e19 if dtype == torch.float32 else 1e154
+    if kind == "grid":
+        x, y = (x * 4).floor(), (y * 4).floor()
+    elif kind == "duplicates":  # every point of y twice, x holding copies of y's
+        y = torch.cat([y, y])[:n]
+        x = torch.cat([y, x])[:m].flip(0).contiguous()
+    elif kind == "not finite":
+        x[::3, 1] = float("nan")
+        y[::4, 0] = float("inf")
+        y[1::5, 2] = float("nan")
+    elif kind == "none finite":
+        y[:, 1] = float("nan")
+    elif kind == "overflow":
+        x, y = x * big, -y * big
+    elif kind == "flat":
+        x[:, 2], y[:, 2] = 0.5, 0.5
+    elif kind == "line":
+        x[:, 1:], y[:, 1:] = 0.25, 0.25
+    elif kind == "one point":
+        x, y = torch.full_like(x, 0.5), torch.full_like(y, 0.5)
+    elif kind == "clustered":
+        x, y = (x * 4).floor() + x * 1e-3, (y * 4).floor() + y * 1e-3
+    elif kind == "far apart":
+        x[: m // 2] += 1000
+        y[n // 2:] -= 1000
+    elif kind == "huge":
+        top = torch.finfo(dtype).max / 2
+        x, y = (x - 0.5) * top, (y - 0.5) * top
+    elif kind == "tiny":
+        x, y = x * torch.finfo(dtype).tiny, y * torch.finfo(dtype).tiny
+    return x, y
+
+
+@pytest.mark.parametrize("points", [1, 6, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_chamfer_grids_find_the_pass_points(gen, monkeypatch, points, dtype):
+    """From GRID_FROM pairs chamfer's nearest points come from a grid of each cloud (a thread a
+    direction) instead of the pass over every pair: the same nearest points (the kNN search's:
+    ties by the smaller index, none for NaN or inf points or where every square overflows) and
+    the same costs bit for bit as the pass, for clouds a grid may get wrong, unequal and tiny
+    shapes, columns of one point up to many, one direction or both; NaN and inf flagged when
+    checked."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    monkeypatch.setattr(_costs, "GRID_POINTS", points)
+    for m, n in ((181, 183), (255, 130), (3, 6000), (1, 1), (7, 5), (1, 40), (700, 900)):
+        for kind in GRID_KINDS:
+            x, y = grid_case(kind, m, n, gen, dtype)
+            for both in (True, False):
+                found = []
+                for grid_from in (0, 1 << 40):
+                    monkeypatch.setattr(_costs, "GRID_FROM", grid_from)
+                    found.append(_costs.pairs(x, y, both, False))
+                for a, b in zip(*found, strict=True):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+                assert torch.equal(found[0][0], pcops.knn(x, y, 1, validate=False).idx[:, 0])
+                if both:
+                    assert torch.equal(found[0][1], pcops.knn(y, x, 1, validate=False).idx[:, 0])
+            monkeypatch.setattr(_costs, "GRID_FROM", 0)
+            finite = bool(torch.isfinite(x).all() and torch.isfinite(y).all())
+            for both in (True, False):
+                assert (_costs.pairs(x, y, both, True) is None) == (not finite)
+
+
+def test_chamfer_grids_take_the_pairs_between_their_crossovers(gen, monkeypatch):
+    """Both directions of two clouds take the grids from GRID_FROM pairs up to GRID_PAIRS with at
+    most GRID_KEPT points together, one direction up to SCAN_PAIRS; beyond, the trees: the loss
+    and gradients on each side of every bound equal the float64 brute force's nearest points."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    taken = []
+    real = _costs._grid_nearest
+    monkeypatch.setattr(_costs, "_grid_nearest", lambda *a: (taken.append(a[0].shape[0] * a[1].shape[0]), real(*a))[1])
+    side = int(_costs.GRID_FROM**0.5)
+    most, kept = int(_costs.GRID_PAIRS**0.5), _costs.GRID_KEPT
+    for m, n, single, grid in ((side, side - 1, False, False), (side, side, False, True), (256, 256, True, True), (257, 256, True, False),
+                               (most, most, False, True), (most, most + 1, False, False), (100, kept - 100, False, True),
+                               (100, kept - 99, False, False)):
+        x = torch.rand(m, 3, generator=gen, dtype=F64)
+        y = torch.rand(n, 3, generator=gen, dtype=F64)
+        a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+        loss = pcops.chamfer_distance(a, b, single_directional=single, point_reduction="sum")
+        grads = torch.autograd.grad(loss, (a, b), allow_unused=True)
+        assert bool(taken) == grid, (m, n)
+        taken.clear()
+        ix = reference.knn(x, y, 1)[1][:, 0]
+        want = ((x - y[ix]) ** 2).sum()
+        if not single:
+            iy = reference.knn(y, x, 1)[1][:, 0]
+            want = want + ((y - x[iy]) ** 2).sum()
+        torch.testing.assert_close(loss, want)
+        assert grads[0] is not None
 
 
 @pytest.mark.parametrize("shape", [(181, 181), (16, 2048), (2048, 16), (20000, 17000)], ids=str)
@@ -1125,15 +1243,17 @@ def test_values_checked_in_the_small_searches_raise_for_every_point(gen, dtype, 
 
 def test_small_plain_searches_read_no_sums(gen, monkeypatch):
     """The values of a plain kNN call whose search is a kept scan or tree (16, 400 and 5,000
-    points), and of a 16-point chamfer call, are checked by their launches alone (no torch sum
-    read back); those of a chamfer call of a cloud with itself and of a kNN search past the kept
-    trees (m + n over 2^14) by the layout's sums."""
+    points), and of chamfer calls by its pass (16 points) or its grids (400 points with itself),
+    are checked by their launches alone (no torch sum read back); those of a chamfer call of a
+    cloud with itself past the grids and of a kNN search past the kept trees (m + n over 2^14)
+    by the layout's sums."""
     from pcops import _validate
 
     x, y = torch.rand(16, 3, generator=gen), torch.rand(16, 3, generator=gen)
     large, kept, larger = (torch.rand(n, 3, generator=gen) for n in (400, 5000, 8193))
     calls = (lambda: pcops.knn(x, y, 4), lambda: pcops.knn(x, x, 4), lambda: pcops.chamfer_distance(x, y), lambda: pcops.knn_graph(x, 3),
-             lambda: pcops.knn(large, large, 4), lambda: pcops.knn(large, x, 4), lambda: pcops.knn(kept, kept, 4))
+             lambda: pcops.knn(large, large, 4), lambda: pcops.knn(large, x, 4), lambda: pcops.knn(kept, kept, 4),
+             lambda: pcops.chamfer_distance(large, large))
     for call in calls:  # (each kernel's first run, through the general path)
         call()
     read = []
@@ -1143,9 +1263,9 @@ def test_small_plain_searches_read_no_sums(gen, monkeypatch):
         for call in calls:
             call()
     assert read == []
-    pcops.chamfer_distance(large, large)
+    pcops.chamfer_distance(larger, larger)
     pcops.knn(larger, larger, 4)
-    assert read == [400, 8193]
+    assert read == [8193, 8193]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)

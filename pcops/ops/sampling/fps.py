@@ -77,6 +77,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     finite_box = _warp_funcs.finite_bounds(dtype)
+    widest = _warp_funcs.widest_axis(dtype)
     flag = _warp_funcs.flag_not_finite(dtype)
     eps = float(torch.finfo(dtype).eps)
     # A skipped node must not hold a point whose computed distance to the pick is below its
@@ -163,11 +164,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             hi = base + part(k + 1, nb, d)
             bl, bh = finite_box(src, lo, hi)
             ext = bh - bl
-            axis = int(0)
-            if ext[1] > ext[0]:
-                axis = 1
-            if ext[2] > ext[axis]:
-                axis = 2
+            axis = widest(ext)
             cells = wp.min(hi - lo, 1024)
             width = s(0.0)
             if ext[axis] > s(0.0):  # else (one point, all equal, or none finite) one cell

@@ -206,9 +206,9 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
 def plain_nearest(x, y, both: bool, backend: str, validate: bool):
     """(ix (M,), iy (N,) or None) of a plain chamfer call whose points may require grad: each
     point's nearest point of the other cloud (int64, -1 where none) as :func:`plain_knn` with
-    ``k = 1`` and ``detach=True`` finds it, from chamfer's pass over every pair
-    (:func:`._costs.pairs`, the points detached) where the clouds have at most
-    :data:`._costs.SCAN_PAIRS` pairs, else (``both``) from the two searches as the calling
+    ``k = 1`` and ``detach=True`` finds it, from chamfer's pass over every pair or grids
+    (:func:`._costs.pairs`, the points detached) where :func:`._costs.by_pairs` says so, else
+    (``both``) from the two searches as the calling
     thread's small trees side by side (:func:`._kdtree.find_both`); None for any other call, or
     where ``validate`` asks and a value is NaN or inf (the general path names it)."""
     if type(x) is not torch.Tensor or type(y) is not torch.Tensor:
@@ -218,7 +218,7 @@ def plain_nearest(x, y, both: bool, backend: str, validate: bool):
     if not plain_warp(x, y, 1, backend, False) or not x.shape[0] * y.shape[0]:
         return None
     x, y = x.contiguous(), y.contiguous()
-    if x.shape[0] * y.shape[0] > _costs.SCAN_PAIRS:
+    if not _costs.by_pairs(x.shape[0], y.shape[0], both):
         found = _kdtree.find_both(x, y, 1) if both else None
         return None if found is None or (validate and found[2]) else (found[0][:, 0], found[1][:, 0])
     found = _costs.pairs(x, y, both, validate)

@@ -1,15 +1,15 @@
 """Chamfer's nearest points and per-point costs of two plain CPU clouds in Warp.
 
-``pairs(x, y, both)`` finds, in one pass over every (x, y) pair, each point's nearest point of the
-other cloud as the kNN search finds it (squared distances in the order of their roots, ties by
-the smaller index, none for a point that is not finite or whose every squared distance
-overflows) and its cost; ``costs(x, y, both)`` returns the costs alone, ``cx`` (M,), the squared
-distance of each point of ``x`` to its nearest point of ``y``, and (``both``) ``cy`` (N,) the other
-way: what :mod:`pcops.ops.geometry.chamfer`'s torch formula computes from the kNN search's
-indices (``((x - y[idx]) ** 2).sum(-1)``; where a point found no neighbour, inf if it is finite,
-else 0), the same values bit for bit: the nearest point is the kNN search's (small clouds: the
-pass; larger ones: the search itself, :func:`._kdtree.find`), and a cost is the differences
-squared and summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU
+``pairs(x, y, both)`` finds, in one pass over every (x, y) pair or through a grid of each
+cloud, each point's nearest point of the other cloud as the kNN search finds it (squared
+distances in the order of their roots, ties by the smaller index, none for a point that is not
+finite or whose every squared distance overflows) and its cost; ``costs(x, y, both)`` returns
+the costs alone, ``cx`` (M,), the squared distance of each point of ``x`` to its nearest point of
+``y``, and (``both``) ``cy`` (N,) the other way: what :mod:`pcops.ops.geometry.chamfer`'s torch
+formula computes from the kNN search's indices (``((x - y[idx]) ** 2).sum(-1)``; where a point
+found no neighbour, inf if it is finite, else 0), the same values bit for bit: the nearest point
+is the kNN search's (small clouds: the pass or the grids; larger ones: the search itself,
+:func:`._kdtree.find`), and a cost is the differences squared and summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU
 compiler fuses no multiply-add across statements). One launch instead of about fourteen small
 torch operations (docs/benchmarks.md, small clouds); chamfer calls that differentiate take the
 pass's indices (:func:`pcops.ops.neighbours.nearest.plain_nearest`).
@@ -18,6 +18,16 @@ The pass measures each pair once for both directions: thread c takes block c of 
 four at a time against each point of y (y's point loaded once for four, their four nearest
 kept in registers), and keeps y's points' nearest among its block's in a row of its own; the
 rows are merged in block order (one block: by the same thread, no second launch).
+
+From :data:`GRID_FROM` pairs the points go in grids instead, one launch of a thread a
+direction: the thread builds the other cloud's grid (columns of cells over the two widest axes
+of its box, about :data:`GRID_POINTS` points a column, a counting sort), then takes each
+point's own column and the rings of columns about it, and stops where a ring lies farther
+along one axis than the nearest so far; a column whose box lies farther along an axis is
+skipped. Each bound is one coordinate's gap, squared: at most any squared distance of a point
+beyond it as the pass computes it (rounding is monotonic), so no point that could be taken is
+skipped, and the nearest is taken by root, then index, whatever the order of the visits: the
+pass's points.
 """
 
 import torch
@@ -26,10 +36,20 @@ import warp as wp
 from .... import _layout, _threads, _warp, _warp_funcs
 from . import _kdtree
 
-# Both clouds' nearest points come from the pass over every pair up to this many (x, y) pairs
-# (m n); above, from each way's kNN search (a tree) (the crossover in docs/benchmarks.md, design
-# choices)
+# The nearest points come from the pass over every pair (or the grids) up to this many (x, y) pairs
+# (m n); above, from each way's kNN search (a tree), but for GRID_PAIRS (the crossover in
+# docs/benchmarks.md, design choices)
 SCAN_PAIRS = 1 << 16
+
+# From this many pairs (m n) the nearest points come from each cloud's grid (the kernel
+# ``grid_nearest``, a thread a direction) instead of the pass over every pair, up to SCAN_PAIRS,
+# and for both directions up to GRID_PAIRS pairs of at most GRID_KEPT points together (the
+# prepared launch keeps its grids; beyond: the kNN search's trees; the crossovers in
+# docs/benchmarks.md, design choices); GRID_POINTS: the points per column of a grid (on average)
+GRID_FROM = 1 << 14
+GRID_PAIRS = 1 << 22
+GRID_KEPT = 1 << 13
+GRID_POINTS = 6
 
 # The pass cuts x's points into this many blocks at most, and no more than torch's threads (one
 # below SERIAL_WORK steps), a thread of its launch each, keeping its points' nearest of each of
@@ -49,6 +69,8 @@ def _kernels(dtype: torch.dtype):
     costs from the indices found by a search (-1: none, cost :func:`unmatched`'s)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flag = _warp_funcs.flag_not_finite(dtype)
+    finite_box = _warp_funcs.finite_bounds(dtype)
+    widest = _warp_funcs.widest_axis(dtype)
     eps = torch.finfo(dtype).eps
     below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)
 
@@ -217,7 +239,222 @@ def _kernels(dtype: torch.dtype):
         else:
             cy[t - m] = cost_of(y[t - m], x, iy[t - m, 0])
 
-    return rows, columns, from_indices
+    @wp.func(module="unique")
+    def cell_of(u: s, low: s, width: s, last: s):
+        """The cell of coordinate u along an axis of a grid: floor((u - low) width) clamped to 0
+        .. last (monotonic in u: a point in a lower cell has a lower coordinate)."""
+        w = (u - low) * width
+        w = wp.where(w > s(0.0), w, s(0.0))
+        return int(wp.where(w < last, w, last))
+
+    @wp.func(module="unique")
+    def place(p: v, a1: int, a2: int, low1: s, low2: s, w1: s, w2: s, last1: s, last2: s):
+        """The cell (i, j) of point p in a grid over the axes a1, a2 (:func:`cell_of` along each)."""
+        return cell_of(p[a1], low1, w1, last1), cell_of(p[a2], low2, w2, last2)
+
+    @wp.func(module="unique")
+    def build_grid(r: wp.array(dtype=v), order: wp.array(dtype=wp.int32), pts: wp.array(dtype=v), begin: wp.array(dtype=wp.int32),
+             cursor: wp.array(dtype=wp.int32), ext: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
+        """r's finite points in the columns of a g1 x g2 grid over the two widest axes a1, a2 of
+        their box (g1 g2 <= C = ``cursor.shape[0]`` columns, g1 / g2 about the ratio of the two
+        extents), each column's points in index order at ``begin[col]`` .. ``begin[col + 1] - 1``
+        of ``order`` (their rows) and ``pts`` (their points), col = i g2 + j. ``ext`` (8 C):
+        each column's lowest and highest coordinate along a1 and along a2 (rows 0-3 of C; an empty
+        column +inf, -inf), and for each cell row i the highest a1 coordinate of the rows up to
+        i and the lowest of the rows from i (rows 4, 5), the same along a2 (rows 6, 7). A NaN or
+        inf point is left out and flagged in ``bad``. Returns the axes, each axis's cells
+        (``low``, ``width``, ``last`` for :func:`cell_of`) and g1, g2."""
+        n = r.shape[0]
+        cells = cursor.shape[0]
+        bl, bh = finite_box(r, 0, n)
+        e = bh - bl
+        a1 = widest(e)
+        a2 = (a1 + 1) % 3
+        if e[(a1 + 2) % 3] > e[a2]:
+            a2 = (a1 + 2) % 3
+        e1 = e[a1]
+        e2 = e[a2]
+        g1 = cells
+        if e2 > s(0.0):  # (else one cell across a2)
+            ratio = wp.sqrt(s(cells) * (e1 / e2))
+            ratio = wp.where(ratio >= s(1.0), ratio, s(1.0))  # (NaN: 1)
+            g1 = int(wp.where(ratio < s(cells), ratio, s(cells)))
+        g2 = cells // g1
+        w1 = s(0.0)
+        if e1 > s(0.0):  # (else one cell across a1)
+            w1 = s(g1) / e1
+        w2 = s(0.0)
+        if e2 > s(0.0):
+            w2 = s(g2) / e2
+        low1 = bl[a1]
+        low2 = bl[a2]
+        last1 = s(g1 - 1)
+        last2 = s(g2 - 1)
+        cols = g1 * g2
+        for c in range(cols + 1):
+            begin[c] = 0
+        for c in range(cells):
+            ext[c] = s(wp.inf)
+            ext[cells + c] = -s(wp.inf)
+            ext[2 * cells + c] = s(wp.inf)
+            ext[3 * cells + c] = -s(wp.inf)
+            ext[4 * cells + c] = -s(wp.inf)
+            ext[5 * cells + c] = s(wp.inf)
+            ext[6 * cells + c] = -s(wp.inf)
+            ext[7 * cells + c] = s(wp.inf)
+        j = int(0)
+        while j < n:
+            p = r[j]
+            if wp.isfinite(p):
+                i1, i2 = place(p, a1, a2, low1, low2, w1, w2, last1, last2)
+                begin[i1 * g2 + i2 + 1] = begin[i1 * g2 + i2 + 1] + 1
+            else:
+                bad[0] = 1
+            j += 1
+        for c in range(cols):
+            begin[c + 1] = begin[c + 1] + begin[c]
+            cursor[c] = begin[c]
+        j = int(0)
+        while j < n:
+            p = r[j]
+            if wp.isfinite(p):
+                u1 = p[a1]
+                u2 = p[a2]
+                i1, i2 = place(p, a1, a2, low1, low2, w1, w2, last1, last2)
+                col = i1 * g2 + i2
+                at = cursor[col]
+                cursor[col] = at + 1
+                order[at] = j
+                pts[at] = p
+                ext[col] = wp.min(ext[col], u1)
+                ext[cells + col] = wp.max(ext[cells + col], u1)
+                ext[2 * cells + col] = wp.min(ext[2 * cells + col], u2)
+                ext[3 * cells + col] = wp.max(ext[3 * cells + col], u2)
+                ext[4 * cells + i1] = wp.max(ext[4 * cells + i1], u1)
+                ext[5 * cells + i1] = wp.min(ext[5 * cells + i1], u1)
+                ext[6 * cells + i2] = wp.max(ext[6 * cells + i2], u2)
+                ext[7 * cells + i2] = wp.min(ext[7 * cells + i2], u2)
+            j += 1
+        for i in range(1, g1):  # the highest up to each row, the lowest from it
+            ext[4 * cells + i] = wp.max(ext[4 * cells + i], ext[4 * cells + i - 1])
+            ext[5 * cells + g1 - 1 - i] = wp.min(ext[5 * cells + g1 - 1 - i], ext[5 * cells + g1 - i])
+        for i in range(1, g2):
+            ext[6 * cells + i] = wp.max(ext[6 * cells + i], ext[6 * cells + i - 1])
+            ext[7 * cells + g2 - 1 - i] = wp.min(ext[7 * cells + g2 - 1 - i], ext[7 * cells + g2 - i])
+        return a1, a2, low1, low2, w1, w2, last1, last2, g1, g2
+
+    @wp.func(module="unique")
+    def taken(d2: s, j: int, best: s, near: int):
+        """Whether point j at squared distance d2 replaces the nearest so far (``near`` at
+        ``best``) in the kNN search's order, taken in any order of the points: a smaller root,
+        or an equal root and a smaller index (NaN or inf never)."""
+        if d2 < best * below:
+            return True
+        if not (d2 <= best * above):
+            return False
+        r1 = wp.sqrt(d2)
+        r0 = wp.sqrt(best)
+        return r1 < r0 or (r1 == r0 and j < near)
+
+    @wp.func(module="unique")
+    def column_points(q: v, order: wp.array(dtype=wp.int32), pts: wp.array(dtype=v), b: int, e: int, best: s, lim: s, near: int):
+        """The nearest so far after the points b .. e - 1 of a grid's column."""
+        i = b
+        while i < e:
+            g = q - pts[i]
+            d2 = wp.dot(g, g)  # (as the pass measures a pair)
+            if d2 <= lim:  # (equal: a tie the pass's order would settle, or best 0 or subnormal, lim = best)
+                j = order[i]
+                if taken(d2, j, best, near):
+                    best = d2
+                    lim = d2 * above
+                    near = j
+            i += 1
+        return best, lim, near
+
+    @wp.func(module="unique")
+    def way(x: wp.array(dtype=v), y: wp.array(dtype=v), order: wp.array(dtype=wp.int32), pts: wp.array(dtype=v),
+            begin: wp.array(dtype=wp.int32), cursor: wp.array(dtype=wp.int32), ext: wp.array(dtype=s),
+            ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
+        """Each point of x's nearest point of y (``ix``) and its cost (``cx``): y's grid
+        (:func:`build_grid`), then for each point its own column and the rings of columns about it,
+        until a ring's rows and columns of cells all lie farther along their axis than the
+        nearest so far (the squared gap above ``lim``), a column skipped where its box does.
+        Every bound is one coordinate's gap: no point beyond it could be taken."""
+        a1, a2, low1, low2, w1, w2, last1, last2, g1, g2 = build_grid(y, order, pts, begin, cursor, ext, bad)
+        cells = cursor.shape[0]
+        r = int(0)
+        while r < x.shape[0]:
+            q = x[r]
+            near = int(-1)
+            if wp.isfinite(q):
+                q1 = q[a1]
+                q2 = q[a2]
+                ci, cj = place(q, a1, a2, low1, low2, w1, w2, last1, last2)
+                col = ci * g2 + cj
+                best, lim, near = column_points(q, order, pts, begin[col], begin[col + 1], s(wp.inf), s(wp.inf), near)
+                ring = int(1)
+                while True:
+                    lo_i = ci - ring
+                    hi_i = ci + ring
+                    lo_j = cj - ring
+                    hi_j = cj + ring
+                    if lo_i < 0 and hi_i >= g1 and lo_j < 0 and hi_j >= g2:  # (no column left)
+                        break
+                    gap = s(wp.inf)  # (the points of this ring and beyond: each lies past one of these four)
+                    if lo_i >= 0:
+                        gap = wp.min(gap, q1 - ext[4 * cells + lo_i])
+                    if hi_i < g1:
+                        gap = wp.min(gap, ext[5 * cells + hi_i] - q1)
+                    if lo_j >= 0:
+                        gap = wp.min(gap, q2 - ext[6 * cells + lo_j])
+                    if hi_j < g2:
+                        gap = wp.min(gap, ext[7 * cells + hi_j] - q2)
+                    if gap * gap > lim:
+                        break
+                    i = wp.max(lo_i, 0)
+                    while i <= hi_i and i < g1:
+                        edge = i == lo_i or i == hi_i  # (a row of the ring: every column; else its two ends)
+                        j = lo_j
+                        step = hi_j - lo_j
+                        if edge:
+                            j = wp.max(lo_j, 0)
+                            step = 1
+                        while j <= hi_j and j < g2:
+                            if j >= 0:
+                                col = i * g2 + j
+                                if begin[col] < begin[col + 1]:
+                                    # (> 0: another column's points lie past q along one axis at least, cells being monotonic)
+                                    far = wp.max(wp.max(ext[col] - q1, q1 - ext[cells + col]),
+                                                 wp.max(ext[2 * cells + col] - q2, q2 - ext[3 * cells + col]))
+                                    if not (far * far > lim):
+                                        best, lim, near = column_points(q, order, pts, begin[col], begin[col + 1], best, lim, near)
+                            j += step
+                        if not edge and lo_j < 0 and hi_j >= g2:  # (the middle rows hold none of the ring's columns)
+                            i = hi_i
+                        else:
+                            i += 1
+                    ring += 1
+            else:
+                bad[0] = 1
+            settle(q, y, near, r, ix, cx)
+            r += 1
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def grid_nearest(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v),
+              y_order: wp.array(dtype=wp.int32), y_pts: wp.array(dtype=v), y_begin: wp.array(dtype=wp.int32),
+              y_cursor: wp.array(dtype=wp.int32), y_ext: wp.array(dtype=s),
+              x_order: wp.array(dtype=wp.int32), x_pts: wp.array(dtype=v), x_begin: wp.array(dtype=wp.int32),
+              x_cursor: wp.array(dtype=wp.int32), x_ext: wp.array(dtype=s),
+              ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s),
+              bad: wp.array(dtype=wp.int32)):
+        """Thread 0: x's nearest points in y (through y's grid); thread 1: y's in x."""
+        if wp.tid() + start == 0:
+            way(x, y, y_order, y_pts, y_begin, y_cursor, y_ext, ix, cx, bad)
+        else:
+            way(y, x, x_order, x_pts, x_begin, x_cursor, x_ext, iy, cy, bad)
+
+    return rows, columns, from_indices, grid_nearest
 
 
 def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
@@ -244,14 +481,17 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple
 
 def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     """(ix (M,), iy (N,) or None, cx (M,), cy (N,) or None) from one pass over every pair of two
-    plain CPU clouds (M, 3) and (N, 3) of one dtype (float32 or float64, M and N > 0): each
-    point's nearest point of the other cloud as the kNN search finds it (int64, -1 where none)
-    and its cost (the module docs); ``iy``, ``cy`` where ``both``. ``check``: None where a
-    value is NaN or inf (the pass looks at every point)."""
+    plain CPU clouds (M, 3) and (N, 3) of one dtype (float32 or float64, M and N > 0), or from
+    their grids from :data:`GRID_FROM` pairs: each point's nearest point of the other cloud as
+    the kNN search finds it (int64, -1 where none) and its cost (the module docs); ``iy``,
+    ``cy`` where ``both``. ``check``: None where a value is NaN or inf (both ways look at every
+    point)."""
     m, n = x.shape[0], y.shape[0]
+    if m * n >= GRID_FROM:
+        return _grid_nearest(x, y, both, check)
     work = m * n * (2 if both else 1)
     blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS, _threads.requested())  # (one block: the calling thread's launch, columns included)
-    rows, columns, _ = _kernels(x.dtype)
+    rows, columns, _, _ = _kernels(x.dtype)
     vec = _warp.vec3(x.dtype)
     ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
     iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
@@ -273,15 +513,50 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     return ix, iy, cx, cy
 
 
+def by_pairs(m: int, n: int, both: bool) -> bool:
+    """Whether :func:`pairs` finds the nearest points of clouds of m and n points (else the kNN
+    search's trees)."""
+    return m * n <= SCAN_PAIRS or (both and m * n <= GRID_PAIRS and m + n <= GRID_KEPT)
+
+
+def _grid_arrays(cloud: torch.Tensor) -> list:
+    """The work arrays of the grid of ``cloud`` (N, 3) (the kernels' ``build_grid``): order, points,
+    begin, cursor, extents; N / GRID_POINTS columns (at least one)."""
+    n = cloud.shape[0]
+    cells = max(1, n // GRID_POINTS)
+    return [torch.empty(n, dtype=torch.int32), cloud.new_empty((n, 3)), torch.empty(cells + 1, dtype=torch.int32),
+            torch.empty(cells, dtype=torch.int32), cloud.new_empty(8 * cells)]
+
+
+def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
+    """:func:`pairs` from the grids (the kernel ``grid_nearest``): a thread a direction."""
+    m, n = x.shape[0], y.shape[0]
+    kernel = _kernels(x.dtype)[3]
+    vec = _warp.vec3(x.dtype)
+    ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
+    iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
+
+    def args():
+        flag = _warp.values_flag()
+        work = _grid_arrays(y) + _grid_arrays(x if both else x[:0])
+        grids = [_warp.array(t, dtype=vec) if t.dim() == 2 else t for t in work]
+        return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), *grids, ix, cx, iy, cy, flag[0]], (*flag, work)
+
+    keep = _run(kernel, ("chamfer_grid", x.dtype, m, n, both), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None)
+    if check and keep[1][0]:
+        return None
+    return ix, iy if both else None, cx, cy if both else None
+
+
 def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     """(cx (M,), cy (N,) or None) of two plain CPU clouds (M, 3) and (N, 3) of one dtype
     (float32 or float64, M and N > 0): see the module docs. ``check``: their values too (the
-    small clouds' pass looks at every point; larger clouds' sums are read first): None where
+    pass and the grids look at every point; past them the sums are read first): None where
     one is NaN or inf."""
     _warp.init()
     m, n = x.shape[0], y.shape[0]
     x, y = x.contiguous(), y.contiguous()
-    if m * n <= SCAN_PAIRS:
+    if by_pairs(m, n, both):
         found = pairs(x, y, both, check)
         return None if found is None else found[2:]
     found = _kdtree.find_both(x, y, 1) if both else None  # (small trees: their builds side by side, the values checked)
