@@ -47,7 +47,7 @@ SCAN_PAIRS = 1 << 16
 # prepared launch keeps its grids; beyond: the kNN search's trees; the crossovers in
 # docs/benchmarks.md, design choices); GRID_POINTS: the points per column of a grid (on average)
 GRID_FROM = 1 << 14
-GRID_PAIRS = 1 << 22
+GRID_PAIRS = 1 << 24
 GRID_KEPT = 1 << 13
 GRID_POINTS = 6
 
