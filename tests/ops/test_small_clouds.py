@@ -1123,6 +1123,8 @@ def test_chamfer_grids_find_the_pass_points(gen, monkeypatch, points, dtype):
             finite = bool(torch.isfinite(x).all() and torch.isfinite(y).all())
             for both in (True, False):
                 assert (_costs.pairs(x, y, both, True) is None) == (not finite)
+    # (the kept launches are grids of this many points a column, not of an earlier parametrisation's)
+    assert any(key[0][0] == "chamfer_grid" and key[0][-1] == points for key in _warp._kept.prepared)
 
 
 def test_chamfer_grids_take_the_pairs_between_their_crossovers(gen, monkeypatch):

@@ -542,7 +542,7 @@ def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
         grids = [_warp.array(t, dtype=vec) if t.dim() == 2 else t for t in work]
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), *grids, ix, cx, iy, cy, flag[0]], (*flag, work)
 
-    keep = _run(kernel, ("chamfer_grid", x.dtype, m, n, both), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None)
+    keep = _run(kernel, ("chamfer_grid", x.dtype, m, n, both, GRID_POINTS), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None)
     if check and keep[1][0]:
         return None
     return ix, iy if both else None, cx, cy if both else None
