@@ -9,8 +9,9 @@ the costs alone, ``cx`` (M,), the squared distance of each point of ``x`` to its
 formula computes from the kNN search's indices (``((x - y[idx]) ** 2).sum(-1)``; where a point
 found no neighbour, inf if it is finite, else 0), the same values bit for bit: the nearest point
 is the kNN search's (small clouds: the pass or the grids; larger ones: the search itself,
-:func:`._kdtree.find`), and a cost is the differences squared and summed in torch's order, ``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU
-compiler fuses no multiply-add across statements). One launch instead of about fourteen small
+:func:`._kdtree.find`), and a cost is the differences squared and summed in torch's order,
+``(dx^2 + dy^2) + dz^2``, one operation a statement (the CPU compiler fuses no multiply-add
+across statements). One launch instead of about fourteen small
 torch operations (docs/benchmarks.md, small clouds); chamfer calls that differentiate take the
 pass's indices (:func:`pcops.ops.neighbours.nearest.plain_nearest`).
 
@@ -254,7 +255,7 @@ def _kernels(dtype: torch.dtype):
 
     @wp.func(module="unique")
     def build_grid(r: wp.array(dtype=v), order: wp.array(dtype=wp.int32), pts: wp.array(dtype=v), begin: wp.array(dtype=wp.int32),
-             cursor: wp.array(dtype=wp.int32), ext: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
+                   cursor: wp.array(dtype=wp.int32), ext: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
         """r's finite points in the columns of a g1 x g2 grid over the two widest axes a1, a2 of
         their box (g1 g2 <= C = ``cursor.shape[0]`` columns, g1 / g2 about the ratio of the two
         extents), each column's points in index order at ``begin[col]`` .. ``begin[col + 1] - 1``
@@ -348,13 +349,9 @@ def _kernels(dtype: torch.dtype):
         """Whether point j at squared distance d2 replaces the nearest so far (``near`` at
         ``best``) in the kNN search's order, taken in any order of the points: a smaller root,
         or an equal root and a smaller index (NaN or inf never)."""
-        if d2 < best * below:
+        if nearer(d2, best):
             return True
-        if not (d2 <= best * above):
-            return False
-        r1 = wp.sqrt(d2)
-        r0 = wp.sqrt(best)
-        return r1 < r0 or (r1 == r0 and j < near)
+        return d2 <= best * above and j < near and wp.sqrt(d2) == wp.sqrt(best)
 
     @wp.func(module="unique")
     def column_points(q: v, order: wp.array(dtype=wp.int32), pts: wp.array(dtype=v), b: int, e: int, best: s, lim: s, near: int):
@@ -442,12 +439,12 @@ def _kernels(dtype: torch.dtype):
 
     @wp.kernel(enable_backward=False, module="unique")
     def grid_nearest(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v),
-              y_order: wp.array(dtype=wp.int32), y_pts: wp.array(dtype=v), y_begin: wp.array(dtype=wp.int32),
-              y_cursor: wp.array(dtype=wp.int32), y_ext: wp.array(dtype=s),
-              x_order: wp.array(dtype=wp.int32), x_pts: wp.array(dtype=v), x_begin: wp.array(dtype=wp.int32),
-              x_cursor: wp.array(dtype=wp.int32), x_ext: wp.array(dtype=s),
-              ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s),
-              bad: wp.array(dtype=wp.int32)):
+                     y_order: wp.array(dtype=wp.int32), y_pts: wp.array(dtype=v), y_begin: wp.array(dtype=wp.int32),
+                     y_cursor: wp.array(dtype=wp.int32), y_ext: wp.array(dtype=s),
+                     x_order: wp.array(dtype=wp.int32), x_pts: wp.array(dtype=v), x_begin: wp.array(dtype=wp.int32),
+                     x_cursor: wp.array(dtype=wp.int32), x_ext: wp.array(dtype=s),
+                     ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s),
+                     bad: wp.array(dtype=wp.int32)):
         """Thread 0: x's nearest points in y (through y's grid); thread 1: y's in x."""
         if wp.tid() + start == 0:
             way(x, y, y_order, y_pts, y_begin, y_cursor, y_ext, ix, cx, bad)
