@@ -185,12 +185,13 @@ def _call(op, *args, **kwargs):
 DIRECT = [True]
 
 
-def plain_device(args, kwargs):
-    """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call)."""
+def plain_device(args, kwargs, read_only: bool = False):
+    """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call);
+    ``read_only``: for a call that only reads their values (a tensor may require grad)."""
     if (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
             or _jit_tracing() is not None or _forward_ad._current_level >= 0):
         return None
-    grad = torch.is_grad_enabled()
+    grad = not read_only and torch.is_grad_enabled()
     kind = None
     for value in (*args, *kwargs.values()) if kwargs else args:
         for t in value if type(value) in (list, tuple) else (value,):

@@ -19,11 +19,12 @@ unspecified results, never a read out of bounds.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _validate
+from .. import _threads, _validate
 from . import points as _points
 
 
@@ -68,6 +69,24 @@ def _vertex_values(checks: _validate.Checks, vertices: torch.Tensor, searched: b
             f"squared distances this small underflow (the largest |coordinate| >= {FLOAT32_LEAST:.0e}): pass float64 vertices"))
 
 
+def _plain_values(vertices: torch.Tensor, faces64: torch.Tensor, n_vertices: int, searched: bool) -> bool:
+    """Whether one mesh of a plain eager CPU call (float32 or float64 vertices) passes every value
+    check of :func:`mesh`, read from the extremes of its vertices and of its faces (two
+    reductions, four reads: a fraction of the checks' own cost); False for any other call and
+    where a check fails, which the checks then name."""
+    if vertices.dtype not in (torch.float32, torch.float64) or _threads.plain_device((vertices, faces64), None, read_only=True) != "cpu":
+        return False
+    low, high = torch.aminmax(vertices.detach())
+    first, last = torch.aminmax(faces64)
+    low, high = low.item(), high.item()
+    if not (math.isfinite(low) and math.isfinite(high) and first.item() >= 0 and last.item() < n_vertices):
+        return False
+    if searched and vertices.dtype == torch.float32:
+        largest = max(-low, high)
+        return largest <= FLOAT32_EXTENT and (largest >= FLOAT32_LEAST or largest == 0)
+    return True
+
+
 def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices_batch=None,
          checks: Optional[_validate.Checks] = None, searched: bool = True) -> FlatMesh:
     """The eager checks of a mesh layout, its value checks added to ``checks`` (None: no value
@@ -102,11 +121,13 @@ def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices
     device = vertices.device
     if not padded:
         faces64 = faces.to(torch.int64)
-        if checks is not None:
+        # one plain CPU mesh: its values read at once (then its faces are in range: no clamp)
+        plain = checks is not None and vertices_batch is None and _plain_values(vertices, faces64, n_vertices, searched)
+        if checks is not None and not plain:
             _vertex_values(checks, vertices, searched)
             checks.in_range("faces", faces64, 0, n_vertices - 1)
             checks.in_range("vertices_batch", vertices_batch, 0, None)
-        rows = faces64.clamp(0, n_vertices - 1)
+        rows = faces64 if plain else faces64.clamp(0, n_vertices - 1)
         if vertices_batch is None:
             return FlatMesh(vertices, rows, torch.zeros(n_faces, dtype=torch.int64, device=device), 0, 0)
         ids = vertices_batch.to(torch.int64)[rows]  # (F, 3): each face's vertices' samples

@@ -817,3 +817,66 @@ def test_the_nearest_face_and_the_sign_keep_at_every_scale_the_coordinates_allow
             pcops.mesh_distance(q.float() * 4e-16, (v * 4e-16).float(), f)
         at_zero = pcops.mesh_distance(q.float(), torch.zeros(3, 3), torch.tensor([[0, 1, 2]])).dists  # (a mesh at 0: no error)
         torch.testing.assert_close(at_zero, q.float().norm(dim=-1), rtol=1e-6, atol=0)
+
+
+def _checks_pass(vertices, faces, searched) -> bool:
+    """Whether the layout's torch checks of one mesh pass (the reference of the plain check)."""
+    from pcops import _validate
+    from pcops._layout import meshes
+
+    checks = _validate.Checks()
+    meshes._vertex_values(checks, vertices, searched)
+    checks.in_range("faces", faces, 0, vertices.shape[0] - 1)
+    try:
+        checks.run()
+    except ValueError:
+        return False
+    return True
+
+
+def test_one_cpu_meshs_plain_value_check_agrees_with_the_checks_and_keeps_their_messages():
+    """A plain CPU mesh's values are read from the extremes of its vertices and faces instead of
+    the layout's checks: the same verdict on every bound (NaN, +-inf, faces out of range at
+    either end, float32 extents at and just past both limits, an all-zero mesh, float64 meshes
+    past the float32 limits), the failures still raised by the checks with their messages, and
+    the flat mesh the same faces as the clamped ones."""
+    from pcops._layout import meshes
+
+    v, f = icosphere(1)
+    v = v.double()
+    big32 = torch.tensor(meshes.FLOAT32_EXTENT, dtype=torch.float32)
+    least32 = torch.tensor(meshes.FLOAT32_LEAST, dtype=torch.float32)
+    nudge = lambda x, to: torch.nextafter(x, torch.tensor(to, dtype=x.dtype)).item()  # noqa: E731
+    cases = {}
+    for dtype in (torch.float32, torch.float64):
+        base = v.to(dtype)
+        cases[f"plain {dtype}"] = (base, f)
+        for name, value in (("nan", float("nan")), ("inf", float("inf")), ("-inf", -float("inf"))):
+            bad = base.clone()
+            bad[5, 2] = value
+            cases[f"{name} {dtype}"] = (bad, f)
+        cases[f"face -1 {dtype}"] = (base, torch.cat([f, torch.tensor([[0, -1, 2]])]))
+        cases[f"face V {dtype}"] = (base, torch.cat([f, torch.tensor([[0, 1, base.shape[0]]])]))
+        cases[f"face V-1 {dtype}"] = (base, torch.cat([f, torch.tensor([[0, 1, base.shape[0] - 1]])]))
+        cases[f"zeros {dtype}"] = (torch.zeros_like(base), f)
+        for limit, name in ((big32, "extent"), (least32, "least")):
+            for value in (limit.item(), nudge(limit, 0.0), nudge(limit, float("inf"))):
+                for sign in (1.0, -1.0):
+                    scaled = base / base.abs().amax()
+                    scaled[7, 0] = sign * value  # (the largest coordinate, at the bound or a float32 step off)
+                    cases[f"{name} {sign * value:.9g} {dtype}"] = (scaled.to(dtype), f)
+    verdicts = set()
+    for name, (vertices, faces) in cases.items():
+        for searched in (True, False):
+            expected = _checks_pass(vertices, faces, searched)
+            assert meshes._plain_values(vertices, faces, vertices.shape[0], searched) == expected, (name, searched)
+            verdicts.add(expected)
+            if searched and not expected:
+                with pytest.raises(ValueError, match="vertices contains NaN|faces values|vertices has coordinates"):
+                    pcops.mesh_bvh(vertices, faces)
+            if expected:
+                flat = pcops._layout.mesh(vertices.requires_grad_(), faces, checks=pcops._validate.Checks(), searched=searched)
+                assert torch.equal(flat.faces, faces.clamp(0, vertices.shape[0] - 1)), name
+    assert verdicts == {True, False}
+    # a compiled or transformed call takes the checks (no read of traced values)
+    assert not meshes._plain_values(v.to("meta"), f.to("meta"), v.shape[0], True)
