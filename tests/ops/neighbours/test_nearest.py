@@ -861,3 +861,48 @@ class TestKnnAggregateSuite(OpSuite):
             "k above N": (lambda: agg(q, p, f, 7, 0.1), ValueError, "k must be <= the number of ref points"),
             "unknown reduce": (lambda: agg(q, p, f, 2, 0.1, reduce="min"), ValueError, "reduce must be one of"),
         }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_the_cpu_builds_splits_put_each_nodes_halves_either_side_of_its_middle_key(gen, dtype):
+    """The CPU build's quickselect: every inner node's range is split at its middle index along
+    the widest axis of its box, its first half's keys at most the split value and its second
+    half's at least (NaN as +inf), on clouds made to stall a partition (one point repeated, a few
+    distinct keys, sorted, reversed and organ-pipe keys, a sliver, NaN points) and on one cloud
+    big enough for the threads' subtrees; every split finished (none marked), the points a
+    permutation of the cloud's."""
+    from pcops.ops.neighbours.nearest import _kdtree as tree
+
+    n = 3001
+    ramp = torch.arange(n, dtype=dtype)[:, None].expand(n, 3) * torch.tensor([1.0, 0.5, 0.25], dtype=dtype)
+    clouds = {
+        "uniform": torch.rand(n, 3, generator=gen, dtype=dtype),
+        "one point": torch.ones(n, 3, dtype=dtype),
+        "few keys": torch.randint(0, 3, (n, 3), generator=gen).to(dtype),
+        "sorted": ramp.clone(),
+        "reversed": ramp.flip(0).contiguous(),
+        "organ pipe": torch.cat([ramp[: n // 2], ramp[n // 2 :].flip(0)]),
+        "sliver": torch.rand(n, 3, generator=gen, dtype=dtype) * torch.tensor([1.0, 1e-6, 0.0], dtype=dtype),
+        "NaN points": torch.rand(n, 3, generator=gen, dtype=dtype).index_fill_(0, torch.arange(0, n, 7), float("nan")),
+        "large": torch.randn(1 << 16, 3, generator=gen, dtype=dtype),
+    }
+    for name, p in clouds.items():
+        points, order, _, _, _, _, _, axis, split, depth = tree._tree(p, None)
+        m = p.shape[0]
+        assert torch.equal(torch.sort(order).values, torch.arange(m)) and torch.equal(points.nan_to_num(nan=7.0), p[order].nan_to_num(nan=7.0)), name
+        keys = torch.nan_to_num(points, nan=float("inf"))
+        for d in range(depth):
+            nodes = torch.arange(1 << d)
+            first, mid, last = (nodes * m) >> d, ((2 * nodes + 1) * m) >> (d + 1), ((nodes + 1) * m) >> d
+            a = axis[(1 << d) - 1 + nodes].long()
+            assert bool((a < 3).all()), (name, d)  # every split finished
+            for k in range(1 << d):
+                box = points[first[k] : last[k]]
+                box = box[~box.isnan().any(1)]
+                if len(box):
+                    ext = box.amax(0) - box.amin(0)
+                    assert ext[a[k]] == ext.max(), (name, d, k)  # the widest axis (the first of equals)
+                    assert int(a[k]) == int((ext == ext.max()).nonzero()[0]), (name, d, k)
+                key = keys[first[k] : last[k], a[k]]
+                s = split[(1 << d) - 1 + k]
+                assert bool((key[: mid[k] - first[k]] <= s).all()) and bool((key[mid[k] - first[k] :] >= s).all()), (name, d, k)
