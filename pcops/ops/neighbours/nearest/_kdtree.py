@@ -464,55 +464,56 @@ def _build_kernels(dtype: torch.dtype):
                             a = 1
                         if ext[2] > ext[a]:
                             a = 2
-                        # quickselect of the middle (Hoare's partition): each round scans from both
-                        # ends of the range for keys on the wrong side of a pivot (of five spread
-                        # samples, the one at the middle's relative rank: a key of the range, so
-                        # both scans stop within it) and swaps them, until the scans cross: keys up
-                        # to j are at most the pivot, from i at least, between them equal to it; then
-                        # the part holding the middle is split again, unless the middle lies between
-                        # them (done). The first swap moves both ends, so every round shrinks the
-                        # range and equal keys split evenly: duplicates cannot stall it. (About
-                        # half the time of a branch-free pass that swaps every element:
-                        # docs/benchmarks.md, design choices.)
+                        # quickselect of the middle: each round moves the keys below a pivot (of
+                        # five spread samples, the one at the middle's relative rank) to the
+                        # front, then, if the middle is not there, the keys equal to it, unless
+                        # the middle is above them too and some key was below (counted in the
+                        # first pass: 10-13% fewer element visits); branch-free passes (every
+                        # element is swapped, the boundary moves by a comparison); every round
+                        # shrinks the range, so duplicates cannot stall it
                         left = first
-                        rite = last - 1
+                        rite = last
                         r = int(0)
-                        done = rite <= left
-                        while not done and r < rounds:
-                            span = rite - left + 1
+                        while rite - left > 1 and r < rounds:
+                            span = rite - left
                             pivot = sample_pivot(
                                 key(points[left], a),
                                 key(points[left + span // 4], a),
                                 key(points[left + span // 2], a),
                                 key(points[left + span // 4 * 3], a),
-                                key(points[rite], a),
+                                key(points[rite - 1], a),
                                 int(wp.int64(5) * wp.int64(mid - left) // wp.int64(span)),  # no int32 overflow
                             )
-                            i = left
-                            j = rite
-                            while i <= j:
-                                while key(points[i], a) < pivot:
-                                    i += 1
-                                while pivot < key(points[j], a):
-                                    j -= 1
-                                if i <= j:
-                                    p = points[i]
-                                    points[i] = points[j]
-                                    points[j] = p
-                                    o = order[i]
-                                    order[i] = order[j]
-                                    order[j] = o
-                                    i += 1
-                                    j -= 1
-                            if mid <= j:
-                                rite = j
-                            elif mid >= i:
-                                left = i
-                            else:  # the middle holds the pivot's key
-                                done = True
-                            done = done or rite <= left
+                            for strict in range(2):
+                                fence = left
+                                equal = int(0)
+                                j = left
+                                while j < rite:
+                                    p = points[j]
+                                    o = order[j]
+                                    x = key(p, a)
+                                    below = x < pivot
+                                    if strict == 1:
+                                        below = x <= pivot
+                                    else:
+                                        equal = equal + int(x == pivot)
+                                    points[j] = points[fence]
+                                    order[j] = order[fence]
+                                    points[fence] = p
+                                    order[fence] = o
+                                    fence = fence + int(below)
+                                    j += 1
+                                if mid < fence:
+                                    rite = fence
+                                    if strict == 1:
+                                        left = rite  # the middle holds the pivot: done
+                                    break
+                                above = strict == 0 and mid >= fence + equal and fence > left
+                                left = fence
+                                if above:  # the middle is above the pivot's keys too, and the range shrank
+                                    break
                             r = r + 1
-                        axis[b] = a + 3 * int(not done)  # + 3: stopped early, no plane between the halves
+                        axis[b] = a + 3 * int(rite - left > 1)  # + 3: stopped early, no plane between the halves
                         split[b] = key(points[mid], a)
 
     @wp.kernel(enable_backward=False, module="unique")
