@@ -862,7 +862,7 @@ def test_one_cpu_meshs_plain_value_check_agrees_with_the_checks_and_keeps_their_
         for limit, name in ((big32, "extent"), (least32, "least")):
             for value in (limit.item(), nudge(limit, 0.0), nudge(limit, float("inf"))):
                 for sign in (1.0, -1.0):
-                    scaled = base / base.abs().amax()
+                    scaled = base / base.abs().amax() * (value / 2)
                     scaled[7, 0] = sign * value  # (the largest coordinate, at the bound or a float32 step off)
                     cases[f"{name} {sign * value:.9g} {dtype}"] = (scaled.to(dtype), f)
     verdicts = set()
@@ -878,5 +878,5 @@ def test_one_cpu_meshs_plain_value_check_agrees_with_the_checks_and_keeps_their_
                 flat = pcops._layout.mesh(vertices.requires_grad_(), faces, checks=pcops._validate.Checks(), searched=searched)
                 assert torch.equal(flat.faces, faces.clamp(0, vertices.shape[0] - 1)), name
     assert verdicts == {True, False}
-    # a compiled or transformed call takes the checks (no read of traced values)
+    # a tensor on another device than the CPU (meta here: no values) takes the checks
     assert not meshes._plain_values(v.to("meta"), f.to("meta"), v.shape[0], True)
