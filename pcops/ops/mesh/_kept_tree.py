@@ -51,7 +51,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
 
 def _state() -> tuple:
     """What decides the launches and their chunks besides the shapes (the kd build's too)."""
-    return (nearest.kept_state(), _tree.LEAF)
+    return (nearest.kept_state(), _tree.LEAF, _tree.SPLIT_WORK)
 
 
 _kept = threading.local()
@@ -79,7 +79,7 @@ class _Build:
             lo, hi, sums = v64.new_empty((size, 3)), v64.new_empty((size, 3)), v64.new_empty((size, 16 if winding else 0))
             scale, center, radius = v64.new_empty((leaves,)), v64.new_empty((rows, 3)), v64.new_zeros((rows,))
         order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment = self._outputs()
-        split = nearest.prepared_split(points, order, d)
+        split = nearest.prepared_split(points, order, d, serial_work=_tree.SPLIT_WORK)
         if split is None:
             return None
         # (launch, the names of its arguments a call points at its own tensors), chunked as the build's

@@ -40,6 +40,10 @@ PER_LEVEL = [False]  # the CPU too builds the parent levels a launch per level, 
 # one query each; more queries share cells, whose walks then cost more than the sort saves
 # (docs/benchmarks.md, meshes).
 COUNTED = 1 << 15
+# The CPU split of this many faces times the tree's depth (its work), or more, runs the subtrees
+# below the root on the threads (level with one thread at 520-700 faces, faster from about 900;
+# docs/benchmarks.md, meshes); the kd-tree of the kNN search keeps pcops._warp.SERIAL_WORK
+SPLIT_WORK = 1 << 12
 RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kernel`); False: CUDA's launch (tests)
 
 
@@ -141,7 +145,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     faces = faces.contiguous()
     centroid = v64.new_empty((n, 3))
     _warp.launch(_centroid_kernel(), n, [v64, faces, centroid], like=v64, work=3 * n)
-    order = nearest.split_order(centroid, group, LEAF, one) if device.type == "cpu" else morton_order(centroid, group)
+    order = nearest.split_order(centroid, group, LEAF, one, SPLIT_WORK) if device.type == "cpu" else morton_order(centroid, group)
     # the leaves (one thread each): the sorted faces' corners, sample ids, box, sample range and
     # the sums of the fast winding number (area, area x centroid, area vector, area vector x
     # centroid), in float64, into the node arrays (entry 2^depth - 1 + leaf; node_count(F) rows,

@@ -562,6 +562,29 @@ def test_the_hierarchy_is_the_same_built_a_launch_per_level(monkeypatch):
         assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))
 
 
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_split_on_the_threads_gives_the_one_threads_hierarchy(monkeypatch, threads):
+    """The faces' split with the subtrees below the root on the threads (from
+    ``_tree.SPLIT_WORK``) gives the hierarchy of the split on one thread, bit for bit: one mesh
+    and two samples, kept builds and builds from scratch."""
+    tree = importlib.import_module("pcops.ops.mesh._tree")
+    kept = importlib.import_module("pcops.ops.mesh._kept_tree")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    v, f = icosphere(3)
+    v = v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=v.dtype)
+    for group in (torch.zeros(f.shape[0], dtype=torch.int64), (torch.arange(f.shape[0]) >= f.shape[0] // 3).to(torch.int64)):
+        one = bool((group == 0).all())
+        built = {}
+        for work in (1 << 30, 0):
+            monkeypatch.setattr(tree, "SPLIT_WORK", work)
+            built[work] = [tree.build(v, f, group, torch.float64, one=one)]
+            if one:
+                for _ in range(3):  # (the first call makes the kept build, the next ones run it)
+                    built[work].append(kept.build(v, f, group, True))
+        for a, b in zip(built[1 << 30], built[0], strict=True):
+            assert b is not None and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
 def test_the_cpu_hierarchy_splits_each_node_along_its_widest_axis():
     """On the CPU the faces are ordered by sample, then as the kd-tree splits points: every node
     of one sample holds, in its first half, the faces whose centroids lie at or below those of its
@@ -598,7 +621,7 @@ def test_the_gpus_morton_ordered_hierarchy_finds_what_the_cpus_finds(monkeypatch
         v, f, q = mesh(kind, gen)
         group = torch.zeros(f.shape[0], dtype=torch.int64)
         kd, kd_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
-        monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, leaf, one: tree.morton_order(c, g))
+        monkeypatch.setattr(tree.nearest, "split_order", lambda c, g, *rest: tree.morton_order(c, g))
         monkeypatch.setattr(_warp, "PREPARED", [False])  # (a kept build orders by the kd splits: the call builds from scratch)
         morton, morton_order = pcops.mesh_distance(q, v, f, signed=True), tree.build(v, f, group, F64).order
         monkeypatch.undo()

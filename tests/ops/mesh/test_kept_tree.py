@@ -140,7 +140,7 @@ def test_the_gpus_build_switch_builds_from_scratch(gen, monkeypatch):
     _build(v, f, True, kept=True)
     _build(v, f, True, kept=True)
     monkeypatch.setattr(_kdtree, "_GPU_BUILD", True)
-    monkeypatch.setattr(_tree.nearest, "split_order", lambda c, g, leaf, one: _tree.morton_order(c, g))
+    monkeypatch.setattr(_tree.nearest, "split_order", lambda c, g, *rest: _tree.morton_order(c, g))
     _assert_same(_build(v, f, True, kept=True), _tree.build(v, f, torch.zeros(f.shape[0], dtype=torch.int64), v.dtype, True))
 
 

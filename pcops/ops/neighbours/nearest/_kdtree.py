@@ -733,12 +733,14 @@ def _depth(n: int) -> int:
     return _morton.leaf_depth(n, LEAF)
 
 
-def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Optional[int] = None, in_order: Optional[bool] = None):
+def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Optional[int] = None, in_order: Optional[bool] = None,
+          serial_work: Optional[int] = None):
     """(points, order, groups, boxes lo/hi, group ranges glo/ghi, split axis/value, depth): the
     kd-tree of ``ref``, its points permuted in place into tree order (``order``: their indices).
     ``beside``: (kernel, args) of a one-thread launch over ``queries`` points run with the split
     of the root. ``depth``: of the leaves (default: at most LEAF points each); ``in_order``:
-    whether ``group`` is sorted (None: read it; given, trusted)."""
+    whether ``group`` is sorted (None: read it; given, trusted); ``serial_work``: see
+    :func:`build_steps`."""
     dev, n = ref.device, ref.shape[0]
     if dev.type != "cpu" or _GPU_BUILD:
         return _ordered_tree(ref, group, beside)
@@ -760,16 +762,17 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     args = [_warp.array(points, dtype=vec), order, group if group is not None else glo, int(group is not None),
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
     build = _build_kernels(ref.dtype)[0]
-    steps, work = build_steps(n, depth, queries)
+    steps, work = build_steps(n, depth, queries, serial_work)
     for d, last in steps:
         _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
     return points, order, group, lo, hi, glo, ghi, axis, split, depth
 
 
-def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, queries: int = 0, one_launch: bool = False):
+def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, queries: int = 0, one_launch: bool = False,
+                   serial_work: Optional[int] = None):
     """(launches, (lo, hi, glo, ghi, axis, split)) of the CPU build of an ungrouped kd-tree of
     ``points`` (N, 3), kept for builds of the same shapes: its launches (:func:`build_steps`, with
-    ``queries`` ordered beside; ``one_launch``: one launch on one thread whatever the size)
+    ``queries`` ordered beside, ``serial_work``; ``one_launch``: one launch on one thread whatever the size)
     prepared (:class:`pcops._warp.Prepared`; ``order`` the argument a call points at its own (N,)
     int64 indices, 0..N-1 in, the tree's order out; ``points`` permuted in place) and the arrays
     they write; None where it is not prepared (a kernel's first run, or the GPUs' build switch)."""
@@ -781,7 +784,7 @@ def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, querie
         lo, hi, split = points.new_empty((nodes, 3)), points.new_empty((nodes, 3)), points.new_empty(nodes)
         glo, ghi, axis = torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(nodes, dtype=torch.int32)
     args = [_warp.array(points, dtype=vec), order, glo, 0, _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
-    steps, work = ([(0, depth)], 0) if one_launch else build_steps(points.shape[0], depth, queries)
+    steps, work = ([(0, depth)], 0) if one_launch else build_steps(points.shape[0], depth, queries, serial_work)
     kernel = _build_kernels(points.dtype)[0]
     launches = tuple(_warp.prepare(kernel, 1 << d, [d, last, depth, _ROUNDS, *args], work=work) for d, last in steps)
     if any(launch is None for launch in launches):
@@ -794,39 +797,43 @@ def kept_state() -> tuple:
     return _plan_state()
 
 
-def build_steps(n: int, depth: int, queries: int = 0) -> tuple[list[tuple[int, int]], int]:
+def build_steps(n: int, depth: int, queries: int = 0, serial_work: Optional[int] = None) -> tuple[list[tuple[int, int]], int]:
     """([(depth, last depth)] of the CPU build's launches of n points, its work estimate): one
     launch per depth down to where there is a subtree for every CPU thread, then one thread per
     subtree does the rest (faster than one thread, or several subtrees per thread, whose
     launches cost more than they balance (docs/benchmarks.md, design choices)); a small tree
-    (its work, with ``queries`` ordered beside it, under :data:`pcops._warp.SERIAL_WORK`) is
-    built by one thread in one launch."""
+    (its work, with ``queries`` ordered beside it, under :data:`pcops._warp.SERIAL_WORK`, or under
+    ``serial_work`` where the caller gives one: the mesh hierarchy's split) is built by one thread
+    in one launch; the work returned is then at least the launches' own threshold, so that they
+    run their subtrees on the threads."""
     work = n * max(depth, 1) + queries
-    serial = min(depth, (_threads.requested() - 1).bit_length()) if work >= _warp.SERIAL_WORK else 0
+    parallel = work >= (_warp.SERIAL_WORK if serial_work is None else serial_work)
+    serial = min(depth, (_threads.requested() - 1).bit_length()) if parallel else 0
     steps = []
     for d in range(depth + 1):
         steps.append((d, d if d < serial else depth))
         if steps[-1][1] == depth:
             break
-    return steps, work
+    return steps, max(work, _warp.SERIAL_WORK) if parallel else work
 
 
-def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool = False) -> torch.Tensor:
+def split_order(points: torch.Tensor, group: torch.Tensor, leaf: int, one: bool = False, serial_work: Optional[int] = None) -> torch.Tensor:
     """(N,) int64: points (N, 3) of the CPU in the build's order (the module docs), with leaves
     of at most ``leaf`` points: by sample id ``group`` (N,) (stable; ``one``: every id the same, the
     same order without the sort, on the CPU build), each node's range split at
     its middle index along the widest axis of its points' box (a node spanning samples between
     them; a split the quickselect stops after ``_ROUNDS`` rounds only partly ordered), so node i
     of depth d holds rows N i / 2^d .. N (i + 1) / 2^d of the order. (Elsewhere than on the CPU,
-    or with ``_GPU_BUILD``, the GPUs' Morton order, whatever ``leaf``.)"""
+    or with ``_GPU_BUILD``, the GPUs' Morton order, whatever ``leaf``.) ``serial_work``: see
+    :func:`build_steps`."""
     n = points.shape[0]
     if n == 0:
         return torch.empty(0, dtype=torch.int64, device=points.device)
     depth = _morton.leaf_depth(n, leaf)
     if one:
-        return _tree(points, None, depth=depth, in_order=True)[1]
+        return _tree(points, None, depth=depth, in_order=True, serial_work=serial_work)[1]
     ranks = torch.unique(group, return_inverse=True)[1].to(torch.int32)  # the build's int32 ids: each sample's rank
-    return _tree(points, ranks, depth=depth, in_order=False)[1]  # (its stable sort by sample)
+    return _tree(points, ranks, depth=depth, in_order=False, serial_work=serial_work)[1]  # (its stable sort by sample)
 
 
 def _small_tree(m: int, n: int) -> bool:
