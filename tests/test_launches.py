@@ -114,9 +114,8 @@ def grown(op, form: str = "static") -> dict:
             outs = [t for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t) and t.requires_grad]
             sum(torch.where(torch.isfinite(t), t, 0).sum() for t in outs).backward()
 
-        # first calls build kernels and caches, as the counted call runs: under the profiler (plain eager
-        # calls, outside it, take their own paths), twice (a kept launch's plan comes with the second)
-        launches(run)
+        # first calls build kernels and caches, under the profiler as the counted call runs (plain
+        # eager calls, outside it, take their own paths)
         launches(run)
         counts.append(launches(run))
     small, large = counts

@@ -90,7 +90,8 @@ def _plain_values(vertices: torch.Tensor, faces64: torch.Tensor, n_vertices: int
 def mesh(vertices, faces, *, vertices_lengths=None, faces_lengths=None, vertices_batch=None,
          checks: Optional[_validate.Checks] = None, searched: bool = True) -> FlatMesh:
     """The eager checks of a mesh layout, its value checks added to ``checks`` (None: no value
-    checks), and the flat mesh; ``searched``: for a distance search (see :func:`_vertex_values`)."""
+    checks; one plain CPU mesh's read here at once, :func:`_plain_values`, and added only where
+    one fails), and the flat mesh; ``searched``: for a distance search (see :func:`_vertex_values`)."""
     _validate.tensor("vertices", vertices)
     padded = vertices.dim() == 3
     if padded:
