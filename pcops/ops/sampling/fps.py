@@ -29,7 +29,10 @@ no point of a skipped node would have changed in floating point). The walk needs
 finished right child hands its parent the better of its two children). Work per pick: the
 nodes and leaves near the pick, O(LEAF + log N) for spread-out clouds, O(N) at worst (as
 plain FPS). The loops over points are while loops: on the CPU, Warp's ``for j in range(a, b)``
-costs more per step (docs/benchmarks.md, design choices).
+costs more per step (docs/benchmarks.md, design choices). A sample of few points times picks
+(:data:`PLAIN_PAIRS`) skips the tree: plain FPS, its update of every point by a pick in native
+code on vectors of lanes (:func:`_native_picks`), which below that size costs less than the
+tree's build and walks.
 
 CUDA: one launch per pick for every sample at once (blocks of 128 points per thread, torch
 takes each sample's farthest block between launches; the launch is recorded once, nothing is
@@ -63,16 +66,18 @@ LEAF = 64
 # least 1 / KD_PICKS of its points, else Morton-ordered leaves (docs/benchmarks.md, design choices).
 KD_PICKS = 10
 
-# A sample whose points times picks are at most this many runs plain FPS (every point updated by
-# every pick), no tree: below it the tree's build and walks cost more than they save (the
-# crossover measured in docs/benchmarks.md, design choices).
-PLAIN_PAIRS = 1 << 14
+# A float32 sample whose points times picks are at most this many runs plain FPS (every point
+# updated by every pick, 8 at a time), no tree: below it the tree's build and walks cost more than
+# they save; a float64 sample (4 at a time) up to a quarter of it (the crossovers measured in
+# docs/benchmarks.md, design choices).
+PLAIN_PAIRS = 1 << 22
 
 
 @_warp.kernels
 def _kernels(dtype: torch.dtype, plain_pairs: int):
     """(sample, step): the bucket FPS of a sample per thread (its tree, then its picks; plain FPS
-    where the sample's points times its picks are at most ``plain_pairs``: :data:`PLAIN_PAIRS`);
+    where the sample's points times its picks are at most ``plain_pairs``, a quarter of it in
+    float64: :data:`PLAIN_PAIRS`);
     one pick for every block of every sample (the CUDA path)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
@@ -88,7 +93,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     shrink = s(1.0 - 16.0 * eps)
     leaf_size = LEAF
     kd_picks = KD_PICKS
-    plain_limit = wp.int64(plain_pairs)
+    plain_limit = wp.int64(plain_pairs if dtype == torch.float32 else plain_pairs // 4)
     tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
 
     @wp.func(module="unique")
@@ -447,36 +452,25 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     break
                 i += 1
 
+    native_picks = _native_picks(dtype)
+
     @wp.func(module="unique")
-    def plain_picks(first: wp.array2d(dtype=wp.int64), points: wp.array(dtype=v), dist: wp.array(dtype=s), idx: wp.array2d(dtype=wp.int64),
-                    b: int, base: int, nb: int, count: int):
+    def plain_picks(first: wp.array2d(dtype=wp.int64), points: wp.array(dtype=v), flat: wp.array(dtype=s), dist: wp.array(dtype=s),
+                    idx: wp.array2d(dtype=wp.int64), b: int, base: int, nb: int, count: int):
         """The ``count`` picks of sample b by plain FPS: every point's distance lowered by every
         pick, in index order (the same distances, minima and first farthest point as
-        :func:`picks`, whose skipped nodes change nothing: the same picks)."""
-        end = base + nb
-        j = base
-        while j < end:
-            dist[j] = s(wp.inf)
+        :func:`picks`, whose skipped nodes change nothing: the same picks). Its points are
+        copied to ``flat`` (from 3 base) by coordinate, x, y and z each contiguous, for the
+        picks' native loop (:func:`_native_picks`)."""
+        j = int(0)
+        while j < nb:
+            p = points[base + j]
+            flat[3 * base + j] = p[0]
+            flat[3 * base + nb + j] = p[1]
+            flat[3 * base + 2 * nb + j] = p[2]
+            dist[base + j] = s(wp.inf)
             j += 1
-        given = first.shape[1]
-        top = s(-2.0)
-        top_j = base
-        t = int(0)
-        while t < count:
-            last = int(0)
-            if t < given:
-                last = wp.clamp(int(first[b, t]), 0, nb - 1)
-            elif top >= s(0.0):
-                last = top_j - base
-            else:  # only points of NaN distance are left (validate=False): no pick
-                break
-            idx[b, t] = wp.int64(last)
-            t += 1
-            if t == count:
-                break
-            c = points[base + last]
-            dist[base + last] = s(-1.0)  # picked: never again (-1 stays below every distance)
-            top, top_j = lower(points, dist, c, base, end)
+        native_picks(first, flat, dist, idx, b, base, nb, count)
 
     @wp.kernel(enable_backward=False, module="unique")
     def sample(
@@ -519,7 +513,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         if bad.shape[0] > 0:
             flag(points, base, base + nb, 1, bad)
         if wp.int64(nb) * wp.int64(count) <= plain_limit:  # few pairs: no tree pays for itself
-            plain_picks(first, points, dist, idx, b, base, nb, count)
+            plain_picks(first, points, pts_flat, dist, idx, b, base, nb, count)
             return
         h = int(0)
         while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
@@ -569,6 +563,112 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         best_idx[t] = wp.int64(top_j)
 
     return sample, step
+
+
+# Plain FPS's picks in native code (see :func:`_native_picks`): the distances' update of every
+# point by a pick, a vector of lanes at a time, each lane keeping its own farthest point
+_PICKS_SNIPPET = r"""
+{
+#if defined(__clang__) && !defined(__CUDA_ARCH__)
+#pragma clang fp contract(off)
+#endif
+typedef @T@ real;
+const real* X = wp::address(flat, 3 * base);
+const real* Y = X + nb;
+const real* Z = Y + nb;
+real* D = wp::address(dist, base);
+const int n = nb;
+const int given = first.shape[1];
+real top = -2;
+int top_j = 0;
+for (int t = 0; t < count; ++t) {
+    int last;
+    if (t < given) {
+        const long long f = *wp::address(first, b, t);
+        last = f < 0 ? 0 : f > n - 1 ? n - 1 : (int)f;
+    } else if (top >= 0) {
+        last = top_j;
+    } else {
+        break;  // only points of NaN distance are left (validate=False): no pick
+    }
+    *wp::address(idx, b, t) = last;
+    if (t + 1 == count)
+        break;
+    const real cx = X[last], cy = Y[last], cz = Z[last];
+    D[last] = -1;  // picked: never again (-1 stays below every distance)
+    top = -2;
+    top_j = 0;
+    int j = 0;
+#if !defined(__CUDA_ARCH__)
+    typedef real lanes __attribute__((vector_size(32)));
+    typedef @I@ mask __attribute__((vector_size(32)));
+    const int L = (int)(sizeof(lanes) / sizeof(real));
+    lanes lane_top;
+    mask lane_j, lane;
+    for (int l = 0; l < L; ++l) {
+        lane_top[l] = -2;
+        lane_j[l] = 0;
+        lane[l] = l;
+    }
+    for (; j + L <= n; j += L) {
+        lanes d, x, y, z;
+        __builtin_memcpy(&d, D + j, sizeof d);
+        __builtin_memcpy(&x, X + j, sizeof x);
+        __builtin_memcpy(&y, Y + j, sizeof y);
+        __builtin_memcpy(&z, Z + j, sizeof z);
+        const lanes ax = x - cx, ay = y - cy, az = z - cz;
+        const lanes s = ax * ax + ay * ay + az * az;
+        const mask keep = (d < s) | ~(d >= 0);  // picked (-1) and NaN distances stay
+        d = (lanes)((keep & (mask)d) | (~keep & (mask)s));
+        __builtin_memcpy(D + j, &d, sizeof d);
+        const mask far = d > lane_top;  // a lane's first farthest
+        lane_top = (lanes)((far & (mask)d) | (~far & (mask)lane_top));
+        lane_j = (far & (lane + (@I@)j)) | (~far & lane_j);
+    }
+    for (int l = 0; l < L; ++l) {  // the largest, the smallest index among equals
+        if (lane_top[l] > top || (lane_top[l] == top && (int)lane_j[l] < top_j)) {
+            top = lane_top[l];
+            top_j = (int)lane_j[l];
+        }
+    }
+#endif
+    for (; j < n; ++j) {  // (past the lanes' indices: a strict comparison keeps the first)
+        real d = D[j];
+        const real ax = X[j] - cx, ay = Y[j] - cy, az = Z[j] - cz;
+        const real s = ax * ax + ay * ay + az * az;
+        d = (d < s || !(d >= 0)) ? d : s;
+        D[j] = d;
+        if (d > top) {
+            top = d;
+            top_j = j;
+        }
+    }
+}
+}
+"""
+
+
+@_warp.kernels
+def _native_picks(dtype: torch.dtype):
+    """``picks(first, flat, dist, idx, b, base, nb, count)``: plain FPS's ``count`` picks of
+    sample b (its start set from ``first[b]``, then the farthest point each time, ties to the
+    smaller index, none once only NaN distances are left) into ``idx[b]``, from its points by
+    coordinate in ``flat`` (x, y, z of its ``nb`` points from 3 base, each contiguous) and its
+    distances in ``dist`` (from base, infinite). The same squared distances as Warp's
+    ``length_sq`` of the difference (the products and sums rounded one by one: no contraction
+    into fused multiply-adds, as Warp's CPU code computes them), the same minima: on the CPU
+    the update runs on vectors of 32 bytes (8 float32 or 4 float64 lanes; Warp's loops are not
+    vectorised), each lane keeping its first farthest point, the lanes' best then the
+    remaining points in index order; in CUDA code (compiled, not run) one point at a time."""
+    real = "float" if dtype == torch.float32 else "double"
+    snippet = _PICKS_SNIPPET.replace("@T@", real).replace("@I@", "int" if dtype == torch.float32 else "long long")
+    s = _warp.scalar(dtype)
+
+    def picks(first: wp.array2d(dtype=wp.int64), flat: wp.array(dtype=s), dist: wp.array(dtype=s), idx: wp.array2d(dtype=wp.int64),
+              b: int, base: int, nb: int, count: int): ...
+
+    picks.__name__ = picks.__qualname__ = f"fps_picks_{real}"
+    return wp.func_native(snippet)(picks)
 
 
 def _per_pick(device: torch.device) -> bool:

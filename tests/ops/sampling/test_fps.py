@@ -299,23 +299,59 @@ def test_small_clouds_and_leaf_boundaries(gen, n, bucket, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_plain_fps_lanes_keep_the_first_farthest_point(gen, dtype):
+    """Plain FPS updates its distances a vector of lanes at a time (8 float32 or 4 float64
+    points), each lane keeping its own first farthest point, the lanes' best taken, then the
+    points past the last whole vector: on clouds of a few coordinates (many points at the
+    farthest distance, in every lane and in the tail), of every length around the lanes' width,
+    with duplicates, a start set and a cloud of all-equal points, the picks are plain FPS's
+    (ties by the smaller index) in the points' dtype."""
+    for n in [*range(1, 42), 63, 64, 65, 100]:
+        for cloud in (torch.randint(0, 2, (n, 3), generator=gen), torch.randint(0, 3, (n, 3), generator=gen), torch.zeros(n, 3)):
+            p = cloud.to(dtype)
+            assert torch.equal(pcops.farthest_point_sample(p, n).idx, brute_force(p, n)), (n, p)
+            if n > 5:
+                start = [n - 1, 2]
+                assert torch.equal(pcops.farthest_point_sample(p, n, start_idx=start).idx, brute_force(p, n, start)), (n, p)
+    # a far point in each lane position, once and repeated, the rest at one place
+    for n in (16, 17, 24, 31):
+        for far in range(n):
+            p = torch.zeros(n, 3, dtype=dtype)
+            p[far] = 5.0
+            p[(far + 9) % n] = 5.0
+            assert torch.equal(pcops.farthest_point_sample(p, 4, start_idx=(far + 3) % n).idx, brute_force(p, 4, ((far + 3) % n,)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_plain_fps_below_its_crossover_picks_what_bucket_fps_picks(gen, dtype, monkeypatch):
-    """A sample of at most PLAIN_PAIRS points times picks runs plain FPS, no tree; forced through
-    the bucket path (PLAIN_PAIRS 0) the same samples give the same picks, on both sides of the
-    crossover: every adversarial cloud kind cut to a few hundred points, picks around the limit,
-    start sets, a padded batch of samples on either side, NaN and infinite points without
-    validation; and both equal the plain loop."""
-    limit = sampling.PLAIN_PAIRS
+    """A sample of at most PLAIN_PAIRS points times picks (a quarter of it in float64) runs plain
+    FPS, no tree; forced through the bucket path (PLAIN_PAIRS 0) the same samples give the same
+    picks, on both sides of the crossover: at the real limit (a cloud of 4,096 points, picks at
+    and past it), and with the limit lowered to 2^14 pairs, every adversarial cloud kind cut to
+    a few hundred points, picks around the limit, start sets, a padded batch of samples on
+    either side, NaN and infinite points without validation; and both equal the plain loop."""
+    real = sampling.PLAIN_PAIRS if dtype == torch.float32 else sampling.PLAIN_PAIRS // 4
+    big = torch.rand(4096, 3, generator=gen, dtype=F64).to(dtype)
+    at = real // 4096
+    assert at < 4096 and at * 4096 == real
+    with monkeypatch.context() as m:
+        m.setattr(sampling, "PLAIN_PAIRS", 0)
+        bucket = {s: pcops.farthest_point_sample(big, s).idx for s in (at, at + 1)}
+    for s in (at, at + 1):
+        assert torch.equal(pcops.farthest_point_sample(big, s).idx, bucket[s])
+    assert torch.equal(bucket[at + 1], brute_force(big, at + 1))
+    pairs = 1 << 14  # the lowered limit, in either dtype
+    limit = pairs if dtype == torch.float32 else 4 * pairs
     calls = []
     for kind in ADVERSARIAL:
         p = adversarial(kind, gen)[:300].to(dtype)
-        for s in (5, limit // 300, limit // 300 + 1, 300):  # 300 s pairs: below, at, above the limit
+        for s in (5, pairs // 300, pairs // 300 + 1, 300):  # 300 s pairs: below, at, above the limit
             calls.append((p, s, {}))
         calls.append((p, 100, {"start_idx": [7, 3, 250]}))
     odd = torch.rand(260, 3, generator=gen, dtype=F64).to(dtype)
     odd[[5, 100]] = float("nan")
     odd[[7, 200], 1] = float("inf")
-    calls += [(odd, limit // 260, {"validate": False}), (odd, 260, {"validate": False})]
+    calls += [(odd, pairs // 260, {"validate": False}), (odd, 260, {"validate": False})]
     points, lengths = pad([torch.rand(n, 3, generator=gen, dtype=F64).to(dtype) for n in (64, 120, 300)])
     calls.append((points, 120, {"lengths": lengths}))  # 64 x 64 and 120 x 120 pairs plain, 300 x 120 not
     runs = []
