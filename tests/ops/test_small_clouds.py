@@ -1006,9 +1006,11 @@ def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypat
     distances) by the smaller index, none (-1) for NaN or infinite points and where every
     squared distance overflows; both directions and one, four points of x at a time (sizes
     that are not multiples of four), as many threads as blocks (at least two: the pass makes no
-    more blocks than threads)."""
+    more blocks than threads), y's points a vector of lanes at a time (lengths about the lanes'
+    widths: the lanes' merge and the points past the last whole vector)."""
     from pcops.ops.neighbours.nearest import _costs
 
+    monkeypatch.setattr(_costs, "GRID_FROM", 1 << 40)  # (the pass at every size here, grids none)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, blocks))
     try:
@@ -1016,7 +1018,7 @@ def test_chamfer_pass_over_every_pair_finds_the_knn_search_points(gen, monkeypat
         for _ in range(2):
             _costs.pairs(torch.rand(181, 3, generator=gen, dtype=dtype), torch.rand(183, 3, generator=gen, dtype=dtype), True)
         monkeypatch.setattr(_costs, "BLOCKS", blocks)
-        for m, n in ((181, 183), (255, 130), (3, 6000), (1, 1), (7, 5)):
+        for m, n in ((181, 183), (255, 130), (3, 6000), (1, 1), (7, 5), (9, 3), (17, 4), (5, 8), (6, 9), (11, 17), (13, 33)):
             base = torch.rand(m, 3, generator=gen, dtype=dtype)
             for kind in ("uniform", "grid", "duplicates", "not finite", "overflow"):
                 x, y = base.clone(), torch.rand(n, 3, generator=gen, dtype=dtype)

@@ -568,11 +568,6 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
 # Plain FPS's picks in native code (see :func:`_native_picks`): the distances' update of every
 # point by a pick, a vector of lanes at a time, each lane keeping its own farthest point
 _PICKS_SNIPPET = r"""
-{
-#if defined(__clang__) && !defined(__CUDA_ARCH__)
-#pragma clang fp contract(off)
-#endif
-typedef @T@ real;
 const real* X = wp::address(flat, 3 * base);
 const real* Y = X + nb;
 const real* Z = Y + nb;
@@ -600,9 +595,6 @@ for (int t = 0; t < count; ++t) {
     top_j = 0;
     int j = 0;
 #if !defined(__CUDA_ARCH__)
-    typedef real lanes __attribute__((vector_size(32)));
-    typedef @I@ mask __attribute__((vector_size(32)));
-    const int L = (int)(sizeof(lanes) / sizeof(real));
     lanes lane_top;
     mask lane_j, lane;
     for (int l = 0; l < L; ++l) {
@@ -623,7 +615,7 @@ for (int t = 0; t < count; ++t) {
         __builtin_memcpy(D + j, &d, sizeof d);
         const mask far = d > lane_top;  // a lane's first farthest
         lane_top = (lanes)((far & (mask)d) | (~far & (mask)lane_top));
-        lane_j = (far & (lane + (@I@)j)) | (~far & lane_j);
+        lane_j = (far & (lane + j)) | (~far & lane_j);
     }
     for (int l = 0; l < L; ++l) {  // the largest, the smallest index among equals
         if (lane_top[l] > top || (lane_top[l] == top && (int)lane_j[l] < top_j)) {
@@ -644,7 +636,6 @@ for (int t = 0; t < count; ++t) {
         }
     }
 }
-}
 """
 
 
@@ -660,15 +651,12 @@ def _native_picks(dtype: torch.dtype):
     the update runs on vectors of 32 bytes (8 float32 or 4 float64 lanes; Warp's loops are not
     vectorised), each lane keeping its first farthest point, the lanes' best then the
     remaining points in index order; in CUDA code (compiled, not run) one point at a time."""
-    real = "float" if dtype == torch.float32 else "double"
-    snippet = _PICKS_SNIPPET.replace("@T@", real).replace("@I@", "int" if dtype == torch.float32 else "long long")
     s = _warp.scalar(dtype)
 
     def picks(first: wp.array2d(dtype=wp.int64), flat: wp.array(dtype=s), dist: wp.array(dtype=s), idx: wp.array2d(dtype=wp.int64),
               b: int, base: int, nb: int, count: int): ...
 
-    picks.__name__ = picks.__qualname__ = f"fps_picks_{real}"
-    return wp.func_native(snippet)(picks)
+    return _warp_funcs.lanes_native(_PICKS_SNIPPET, dtype, "fps_picks", picks)
 
 
 def _per_pick(device: torch.device) -> bool:

@@ -16,9 +16,10 @@ torch operations (docs/benchmarks.md, small clouds); chamfer calls that differen
 pass's indices (:func:`pcops.ops.neighbours.nearest.plain_nearest`).
 
 The pass measures each pair once for both directions: thread c takes block c of x's points,
-four at a time against each point of y (y's point loaded once for four, their four nearest
-kept in registers), and keeps y's points' nearest among its block's in a row of its own; the
-rows are merged in block order (one block: by the same thread, no second launch).
+each against y's points a vector at a time (native code, :func:`_native_block`: 8 float32 or 4
+float64 lanes, y copied by coordinate first), and keeps y's points' nearest among its block's
+in a row of its own; the rows are merged in block order (one block: by the same thread, no
+second launch).
 
 From :data:`GRID_FROM` pairs the points go in grids instead, one launch of a thread a
 direction: the thread builds the other cloud's grid (columns of cells over the two widest axes
@@ -143,87 +144,36 @@ def _kernels(dtype: torch.dtype):
                 iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s)):
         column(x, y, col_d, col_i, wp.tid() + start, iy, cy)
 
-    @wp.func(module="unique")
-    def keep(d2: s, j: int, best: s, lim: s, near: int):
-        """A point's nearest so far (squared distance ``best``, below ``lim`` = best * above:
-        a rival, index ``near``) after point j of y at squared distance d2."""
-        if d2 < lim:
-            if nearer(d2, best):
-                return d2, d2 * above, j
-        return best, lim, near
-
-    @wp.func(module="unique")
-    def entry(x: wp.array(dtype=v), r: int, end: int, bad: wp.array(dtype=wp.int32)):
-        """Point r of x if below ``end`` (flagged in ``bad`` if not finite), else NaN (nobody's neighbour)."""
-        if r < end:
-            p = x[r]
-            if not wp.isfinite(p):
-                bad[0] = 1
-            return p
-        return v(s(wp.nan))
-
-    @wp.func(module="unique")
-    def finish(x: wp.array(dtype=v), y: wp.array(dtype=v), r: int, end: int, near: int, ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s)):
-        """Point r's nearest and cost, if below ``end``."""
-        if r < end:
-            settle(x[r], y, near, r, ix, cx)
+    block_pass = _native_block(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def rows(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), blocks: int, col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32),
-             ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32)):
+             ix: wp.array(dtype=wp.int64), cx: wp.array(dtype=s), iy: wp.array(dtype=wp.int64), cy: wp.array(dtype=s), bad: wp.array(dtype=wp.int32),
+             y_flat: wp.array(dtype=s)):
         c = wp.tid() + start
         m = x.shape[0]
         n = y.shape[0]
         both = col_d.shape[0] > 0
-        flag(y, c, y.shape[0], blocks, bad)  # the values' check of y (x's: its rows below)
+        flag(y, c, y.shape[0], blocks, bad)  # the values' check of y (x's: its block's rows below)
         base = c * n
         j = int(0)
-        while both and j < n:
-            col_d[base + j] = s(wp.inf)
-            col_i[base + j] = -1
+        while j < n:  # y by coordinate (the block's own copy) for the native pass; its row of y's nearest
+            p = y[j]
+            y_flat[3 * base + j] = p[0]
+            y_flat[3 * base + n + j] = p[1]
+            y_flat[3 * base + 2 * n + j] = p[2]
+            if both:
+                col_d[base + j] = s(wp.inf)
+                col_i[base + j] = -1
             j += 1
         i = m * c // blocks  # (m * blocks fits an int: m n <= SCAN_PAIRS)
         end = m * (c + 1) // blocks
-        while i < end:  # four points of x at a time
-            q0 = entry(x, i, end, bad)
-            q1 = entry(x, i + 1, end, bad)
-            q2 = entry(x, i + 2, end, bad)
-            q3 = entry(x, i + 3, end, bad)
-            b0, b1, b2, b3 = s(wp.inf), s(wp.inf), s(wp.inf), s(wp.inf)
-            l0, l1, l2, l3 = s(wp.inf), s(wp.inf), s(wp.inf), s(wp.inf)
-            n0, n1, n2, n3 = int(-1), int(-1), int(-1), int(-1)
-            j = int(0)
-            while j < n:
-                p = y[j]
-                g0 = q0 - p
-                g1 = q1 - p
-                g2 = q2 - p
-                g3 = q3 - p
-                d0 = wp.dot(g0, g0)
-                d1 = wp.dot(g1, g1)
-                d2 = wp.dot(g2, g2)
-                d3 = wp.dot(g3, g3)
-                b0, l0, n0 = keep(d0, j, b0, l0, n0)
-                b1, l1, n1 = keep(d1, j, b1, l1, n1)
-                b2, l2, n2 = keep(d2, j, b2, l2, n2)
-                b3, l3, n3 = keep(d3, j, b3, l3, n3)
-                if both:
-                    cd = col_d[base + j]
-                    cl = cd * above
-                    if d0 < cl or d1 < cl or d2 < cl or d3 < cl:
-                        ci = col_i[base + j]
-                        cd, cl, ci = keep(d0, i, cd, cl, ci)  # in the points' order: ties keep the smaller index
-                        cd, cl, ci = keep(d1, i + 1, cd, cl, ci)
-                        cd, cl, ci = keep(d2, i + 2, cd, cl, ci)
-                        cd, cl, ci = keep(d3, i + 3, cd, cl, ci)
-                        col_d[base + j] = cd
-                        col_i[base + j] = ci
-                j += 1
-            finish(x, y, i, end, n0, ix, cx)
-            finish(x, y, i + 1, end, n1, ix, cx)
-            finish(x, y, i + 2, end, n2, ix, cx)
-            finish(x, y, i + 3, end, n3, ix, cx)
-            i += 4
+        flag(x, i, end, 1, bad)
+        block_pass(x, y_flat, 3 * base, n, i, end, both, col_d, col_i, base, ix, below, above, s(wp.inf))
+        r = i
+        while r < end:
+            settle(x[r], y, int(ix[r]), r, ix, cx)
+            r += 1
         if both and blocks == 1:  # (one block: y's nearest points too, without a second launch)
             j = int(0)
             while j < n:
@@ -454,6 +404,124 @@ def _kernels(dtype: torch.dtype):
     return rows, columns, from_indices, grid_nearest
 
 
+# Chamfer's pass over a block of x against every point of y in native code (:func:`_native_block`)
+_BLOCK_SNIPPET = r"""
+// whether squared distance d replaces b (held by a smaller index): its root is smaller
+auto nearer = [&](real d, real b) -> bool {
+    if (d < b * below)
+        return true;
+    if (!(d <= b * above))
+        return false;
+    return wp::sqrt(d) < wp::sqrt(b);
+};
+const real* X = (const real*)wp::address(x, 0);
+const real* YX = wp::address(y_flat, flat);
+const real* YY = YX + n;
+const real* YZ = YY + n;
+real* CD = both ? wp::address(col_d, base) : nullptr;
+int* CI = both ? wp::address(col_i, base) : nullptr;
+for (int r = i; r < end; ++r) {
+    const real qx = X[3 * r], qy = X[3 * r + 1], qz = X[3 * r + 2];
+    real best = inf;
+    int near = -1;
+    int j = 0;
+#if !defined(__CUDA_ARCH__)
+    lanes lane_best;
+    mask lane_near, lane;
+    for (int l = 0; l < L; ++l) {
+        lane_best[l] = inf;
+        lane_near[l] = -1;
+        lane[l] = l;
+    }
+    for (; j + L <= n; j += L) {
+        lanes px, py, pz;
+        __builtin_memcpy(&px, YX + j, sizeof px);
+        __builtin_memcpy(&py, YY + j, sizeof py);
+        __builtin_memcpy(&pz, YZ + j, sizeof pz);
+        const lanes gx = qx - px, gy = qy - py, gz = qz - pz;
+        const lanes d = (gx * gx + gy * gy) + gz * gz;
+        // x's point: each lane its nearest among its points (by root, the first among equals)
+        mask take = d < lane_best * below;
+        mask band = (d < lane_best * above) & ~take;  // (roots to compare: rare)
+        if (__builtin_reduce_or(band))
+            for (int l = 0; l < L; ++l)
+                if (band[l] && wp::sqrt(d[l]) < wp::sqrt(lane_best[l]))
+                    take[l] = -1;
+        lane_best = (lanes)((take & (mask)d) | (~take & (mask)lane_best));
+        lane_near = (take & (lane + j)) | (~take & lane_near);
+        if (both) {  // y's points: their nearest among x's points so far (r is the largest index yet)
+            lanes cd;
+            ints ci;
+            __builtin_memcpy(&cd, CD + j, sizeof cd);
+            mask get = d < cd * below;
+            mask close = (d < cd * above) & ~get;
+            if (__builtin_reduce_or(close))
+                for (int l = 0; l < L; ++l)
+                    if (close[l] && wp::sqrt(d[l]) < wp::sqrt(cd[l]))
+                        get[l] = -1;
+            if (__builtin_reduce_or(get)) {
+                __builtin_memcpy(&ci, CI + j, sizeof ci);
+                cd = (lanes)((get & (mask)d) | (~get & (mask)cd));
+                ci = __builtin_convertvector((get & (lane - lane + r)) | (~get & __builtin_convertvector(ci, mask)), ints);
+                __builtin_memcpy(CD + j, &cd, sizeof cd);
+                __builtin_memcpy(CI + j, &ci, sizeof ci);
+            }
+        }
+    }
+    for (int l = 0; l < L; ++l) {  // the lanes' nearest: by root, then index
+        const real a = lane_best[l];
+        const int ja = (int)lane_near[l];
+        if (ja < 0)
+            continue;
+        bool first = a < best * below;
+        if (!first && !(a > best * above)) {
+            const real ra = wp::sqrt(a), rb = wp::sqrt(best);
+            first = ra < rb || (ra == rb && ja < near);
+        }
+        if (first) {
+            best = a;
+            near = ja;
+        }
+    }
+#endif
+    for (; j < n; ++j) {  // (past the lanes' indices: each point after every earlier one)
+        const real gx = qx - YX[j], gy = qy - YY[j], gz = qz - YZ[j];
+        const real d = (gx * gx + gy * gy) + gz * gz;
+        if (nearer(d, best)) {
+            best = d;
+            near = j;
+        }
+        if (both && nearer(d, CD[j])) {
+            CD[j] = d;
+            CI[j] = r;
+        }
+    }
+    *wp::address(ix, r) = near;
+}
+"""
+
+
+@_warp.kernels
+def _native_block(dtype: torch.dtype):
+    """``block(x, y_flat, flat, n, i, end, both, col_d, col_i, base, ix, below, above, inf)``: chamfer's
+    pass over x's points i .. end - 1 against y's n points (by coordinate in ``y_flat`` from
+    ``flat``: x, y, z each contiguous): each point r's nearest point of y into ``ix[r]`` (-1:
+    none) and, where ``both``, y's points' nearest among them in ``col_d`` / ``col_i`` from
+    ``base`` (squared distance, index; updated in place, r after every earlier point): squared
+    distances as Warp's ``dot`` of the difference computes them (each product and sum rounded,
+    no fused multiply-add), in the order of their roots (``below`` / ``above``: the band outside
+    which the squares decide), ties by the smaller index, a NaN or infinite one never: the
+    Warp pass's points. On the CPU the points of y go 32 bytes at a time (8 float32 or 4
+    float64), each lane keeping x's point's nearest among its own, the lanes' best then the
+    points past the last whole vector; in CUDA code (compiled, not run) one at a time."""
+    s = _warp.scalar(dtype)
+
+    def block(x: wp.array(dtype=_warp.vec3(dtype)), y_flat: wp.array(dtype=s), flat: int, n: int, i: int, end: int, both: bool,
+              col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32), base: int, ix: wp.array(dtype=wp.int64), below: s, above: s, inf: s): ...
+
+    return _warp_funcs.lanes_native(_BLOCK_SNIPPET, dtype, "chamfer_block", block)
+
+
 def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
     """``kernel`` over ``threads`` threads: the calling thread's prepared launch of ``key``
     (:func:`pcops._warp.prepared`) with ``arrays`` (its named tensors) pointed at this call's,
@@ -496,7 +564,8 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     def rows_args():
         flag = _warp.values_flag()
         col_d, col_i = x.new_empty(blocks * n if both else 0), torch.empty(blocks * n if both else 0, dtype=torch.int32)
-        return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0]], (*flag, col_d, col_i)
+        y_flat = x.new_empty(blocks * 3 * n)  # (each block's copy of y by coordinate)
+        return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0], y_flat], (*flag, col_d, col_i, y_flat)
 
     keep = _run(rows, ("chamfer_rows", x.dtype, m, n, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work)
     if check and keep[1][0]:
