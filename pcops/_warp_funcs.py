@@ -193,16 +193,21 @@ def mul_rounded(x: wp.float64, y: wp.float64) -> wp.float64:
     ...
 
 
-def lanes_native(body: str, dtype: torch.dtype, name: str, stub):
-    """A ``wp.func_native`` of ``stub`` (its typed signature; renamed ``name``) whose code is
-    ``body`` in the points' precision: ``real`` is float or double, and on the CPU ``lanes`` a
-    vector of 32 bytes of them (8 float32 or 4 float64; GCC's vector extensions, since Warp's
-    CPU loops are not vectorised), ``mask`` the integer vector of its comparisons, ``ints``
-    int32 lanes, ``L`` the lanes; no product and sum fused into a multiply-add (Warp's CPU code
-    rounds each: the same values). Vector code must sit in ``#if !defined(__CUDA_ARCH__)``
-    (the kernels compile for CUDA too)."""
-    real, index = ("float", "int") if dtype == torch.float32 else ("double", "long long")
-    prelude = f"""
+class lanes:  # noqa: N801 (read as ``@lanes.func_native(...)``, like ``@wp.func_native``)
+    """Native functions on vectors of lanes in the points' precision."""
+
+    @staticmethod
+    def func_native(body: str, dtype: torch.dtype, name: str):
+        """A decorator: ``wp.func_native`` of the stub (its typed signature, renamed ``name`` and
+        the precision) with ``body`` as its code, where ``real`` is float or double, and on the
+        CPU ``lanes`` a vector of 32 bytes of them (8 float32 or 4 float64; GCC's vector
+        extensions, since Warp's CPU loops are not vectorised), ``mask`` the integer vector of
+        its comparisons, ``ints`` int32 lanes, ``L`` the lanes; no product and sum fused into a
+        multiply-add (Warp's CPU code rounds each: the same values). Vector code must sit in
+        ``#if !defined(__CUDA_ARCH__)`` (the kernels compile for CUDA too). Used as a
+        decorator named ``func_native``, as Warp reads a native function's return type only then."""
+        real, index = ("float", "int") if dtype == torch.float32 else ("double", "long long")
+        prelude = f"""
 #if defined(__clang__) && !defined(__CUDA_ARCH__)
 #pragma clang fp contract(off)
 #endif
@@ -214,8 +219,12 @@ const int L = (int)(sizeof(lanes) / sizeof(real));
 typedef int ints __attribute__((vector_size(sizeof(int) * sizeof(lanes) / sizeof(real))));
 #endif
 """
-    stub.__name__ = stub.__qualname__ = f"{name}_{real}"
-    return wp.func_native("{" + prelude + body + "}")(stub)
+
+        def decorate(stub):
+            stub.__name__ = stub.__qualname__ = f"{name}_{real}"
+            return wp.func_native("{" + prelude + body + "}")(stub)
+
+        return decorate
 
 
 @kernels

@@ -29,10 +29,11 @@ no point of a skipped node would have changed in floating point). The walk needs
 finished right child hands its parent the better of its two children). Work per pick: the
 nodes and leaves near the pick, O(LEAF + log N) for spread-out clouds, O(N) at worst (as
 plain FPS). The loops over points are while loops: on the CPU, Warp's ``for j in range(a, b)``
-costs more per step (docs/benchmarks.md, design choices). A sample of few points times picks
-(:data:`PLAIN_PAIRS`) skips the tree: plain FPS, its update of every point by a pick in native
-code on vectors of lanes (:func:`_native_picks`), which below that size costs less than the
-tree's build and walks.
+costs more per step (docs/benchmarks.md, design choices). Every update of a run of points by
+a pick (a leaf's, or plain FPS's of the whole sample) runs in native code on vectors of lanes
+(:func:`_native_lower`; Warp's CPU loops are not vectorised), on the points copied by
+coordinate. A sample of few points times picks (:data:`PLAIN_PAIRS`) skips the tree: plain
+FPS, which below that size costs less than the tree's build and walks.
 
 CUDA: one launch per pick for every sample at once (blocks of 128 points per thread, torch
 takes each sample's farthest block between launches; the launch is recorded once, nothing is
@@ -95,6 +96,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     kd_picks = KD_PICKS
     plain_limit = wp.int64(plain_pairs if dtype == torch.float32 else plain_pairs // 4)
     tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
+    lower_lanes = _native_lower(dtype)
 
     @wp.func(module="unique")
     def part(k: int, n: int, d: int):
@@ -305,6 +307,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     def build_nodes(
         points: wp.array(dtype=v),
         pts: wp.array(dtype=v),
+        flat: wp.array(dtype=s),
         order: wp.array(dtype=wp.int32),
         dist: wp.array(dtype=s),
         lo_box: wp.array(dtype=v),
@@ -316,14 +319,17 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         h: int,
         root: int,
     ):
-        """The sample's points in leaf order (``pts``, distances inf), each leaf's box and first
-        index, then the inner nodes bottom up (boxes, and the best (distance, index) below)."""
+        """The sample's points in leaf order (``pts``, and by coordinate in ``flat`` for the
+        leaves' update, :func:`_native_lower`; distances inf), each leaf's box and first index,
+        then the inner nodes bottom up (boxes, and the best (distance, index) below)."""
         end = base + nb
         leaf0 = (1 << h) - 1
         nan_box = v(s(wp.nan))
         j = base
         while j < end:
-            pts[j] = points[base + order[j]]
+            p = points[base + order[j]]
+            pts[j] = p
+            by_coordinate(flat, base, nb, j, p)
             dist[j] = s(wp.inf)
             j += 1
         for leaf in range(1 << h):
@@ -360,28 +366,33 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             node_arg[node] = wp.where(right, node_arg[left + 1], la)
 
     @wp.func(module="unique")
-    def lower(pts: wp.array(dtype=v), dist: wp.array(dtype=s), c: v, lo: int, hi: int):
-        """Plain FPS's update of positions lo .. hi - 1 by the pick c: each distance lowered to
-        the point's, picked ones (-1) and NaN ones (a NaN point's, or once NaN) kept (never the
-        farthest); (the largest distance, -2 if none, and its first position)."""
+    def by_coordinate(flat: wp.array(dtype=s), base: int, nb: int, j: int, p: v):
+        """Point p at position j of a sample (from base, of nb points) in ``flat`` by coordinate:
+        its x, y, z at 3 base + (j - base) + 0, nb, 2 nb."""
+        r = 3 * base + j - base
+        flat[r] = p[0]
+        flat[r + nb] = p[1]
+        flat[r + 2 * nb] = p[2]
+
+    @wp.func(module="unique")
+    def lower(flat: wp.array(dtype=s), dist: wp.array(dtype=s), c: v, base: int, nb: int, lo: int, hi: int):
+        """Plain FPS's update of positions lo .. hi - 1 of a sample (from base, of nb points;
+        its points by coordinate in ``flat``) by the pick c: each distance lowered to the
+        point's, picked ones (-1) and NaN ones (a NaN point's, or once NaN) kept (never the
+        farthest); (the largest distance, -2 if none, and its first position, -1 if none):
+        :func:`_native_lower`."""
+        j = lower_lanes(flat, 3 * base, nb, dist, base, c[0], c[1], c[2], lo - base, hi - base)
         top = s(-2.0)
-        top_j = lo
-        j = lo
-        while j < hi:  # branch-free
-            dj = dist[j]
-            x = wp.length_sq(pts[j] - c)
-            dj = wp.where(dj < x or not dj >= s(0.0), dj, x)
-            dist[j] = dj
-            far = dj > top
-            top = wp.where(far, dj, top)
-            top_j = wp.where(far, j, top_j)
-            j += 1
-        return top, top_j
+        if j >= 0:
+            top = dist[base + j]
+            j += base
+        return top, j
 
     @wp.func(module="unique")
     def picks(
         first: wp.array2d(dtype=wp.int64),
         pts: wp.array(dtype=v),
+        flat: wp.array(dtype=s),
         order: wp.array(dtype=wp.int32),
         inv: wp.array(dtype=wp.int32),
         dist: wp.array(dtype=s),
@@ -400,7 +411,6 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         """The ``count`` picks of sample b: its start set, then the root's farthest point, each
         pick followed by the walk that lowers the distances it can lower (a node is skipped when
         its box is farther from the pick than its best distance)."""
-        end = base + nb
         leaf0 = (1 << h) - 1
         given = first.shape[1]
         t = int(0)
@@ -436,9 +446,9 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     leaf = i - leaf0
                     lo = base + part(leaf, nb, h)
                     hi = base + part(leaf + 1, nb, h)
-                    top, top_j = lower(pts, dist, c, lo, hi)  # (the leaf is in index order)
+                    top, top_j = lower(flat, dist, c, base, nb, lo, hi)  # (the leaf is in index order)
                     node_max[node] = top
-                    node_arg[node] = wp.where(top > s(-2.0), order[wp.min(top_j, end - 1)], -1)
+                    node_arg[node] = wp.where(top_j >= 0, order[wp.max(top_j, 0)], -1)
                 while i > 0 and (i & 1) == 0:  # a right child done: so is its parent
                     i = (i - 1) >> 1
                     node = root + i
@@ -452,25 +462,37 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                     break
                 i += 1
 
-    native_picks = _native_picks(dtype)
-
     @wp.func(module="unique")
     def plain_picks(first: wp.array2d(dtype=wp.int64), points: wp.array(dtype=v), flat: wp.array(dtype=s), dist: wp.array(dtype=s),
                     idx: wp.array2d(dtype=wp.int64), b: int, base: int, nb: int, count: int):
         """The ``count`` picks of sample b by plain FPS: every point's distance lowered by every
         pick, in index order (the same distances, minima and first farthest point as
-        :func:`picks`, whose skipped nodes change nothing: the same picks). Its points are
-        copied to ``flat`` (from 3 base) by coordinate, x, y and z each contiguous, for the
-        picks' native loop (:func:`_native_picks`)."""
-        j = int(0)
-        while j < nb:
-            p = points[base + j]
-            flat[3 * base + j] = p[0]
-            flat[3 * base + nb + j] = p[1]
-            flat[3 * base + 2 * nb + j] = p[2]
-            dist[base + j] = s(wp.inf)
+        :func:`picks`, whose skipped nodes change nothing: the same picks)."""
+        end = base + nb
+        j = base
+        while j < end:
+            by_coordinate(flat, base, nb, j, points[j])
+            dist[j] = s(wp.inf)
             j += 1
-        native_picks(first, flat, dist, idx, b, base, nb, count)
+        given = first.shape[1]
+        top = s(-2.0)
+        top_j = base
+        t = int(0)
+        while t < count:
+            last = int(0)
+            if t < given:
+                last = wp.clamp(int(first[b, t]), 0, nb - 1)
+            elif top >= s(0.0):
+                last = top_j - base
+            else:  # only points of NaN distance are left (validate=False): no pick
+                break
+            idx[b, t] = wp.int64(last)
+            t += 1
+            if t == count:
+                break
+            c = points[base + last]
+            dist[base + last] = s(-1.0)  # picked: never again (-1 stays below every distance)
+            top, top_j = lower(flat, dist, c, base, nb, base, end)
 
     @wp.kernel(enable_backward=False, module="unique")
     def sample(
@@ -513,7 +535,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         if bad.shape[0] > 0:
             flag(points, base, base + nb, 1, bad)
         if wp.int64(nb) * wp.int64(count) <= plain_limit:  # few pairs: no tree pays for itself
-            plain_picks(first, points, pts_flat, dist, idx, b, base, nb, count)
+            plain_picks(first, points, tmp_flat, dist, idx, b, base, nb, count)
             return
         h = int(0)
         while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
@@ -524,8 +546,8 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         if kd:
             kd_leaves(points, pts, pts_flat, tmp_pts, tmp_flat, order, tmp_order, hist, b * 1024, base, nb, h)
         leaves_in_index_order(order, inv, tmp_keys, base, nb, h)
-        build_nodes(points, pts, order, dist, lo_box, hi_box, node_max, node_arg, base, nb, h, b * nodes)
-        picks(first, pts, order, inv, dist, lo_box, hi_box, node_max, node_arg, idx, b, base, nb, h, b * nodes, count)
+        build_nodes(points, pts, tmp_flat, order, dist, lo_box, hi_box, node_max, node_arg, base, nb, h, b * nodes)
+        picks(first, pts, tmp_flat, order, inv, dist, lo_box, hi_box, node_max, node_arg, idx, b, base, nb, h, b * nodes, count)
 
     @wp.kernel(enable_backward=False, module="unique")
     def step(
@@ -565,44 +587,26 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     return sample, step
 
 
-# Plain FPS's picks in native code (see :func:`_native_picks`): the distances' update of every
-# point by a pick, a vector of lanes at a time, each lane keeping its own farthest point
-_PICKS_SNIPPET = r"""
-const real* X = wp::address(flat, 3 * base);
+# Plain FPS's update of a run of points by a pick in native code (:func:`_native_lower`): a
+# vector of lanes at a time, each lane keeping its own first farthest point
+_LOWER_SNIPPET = r"""
+const real* X = wp::address(flat, off);
 const real* Y = X + nb;
 const real* Z = Y + nb;
 real* D = wp::address(dist, base);
-const int n = nb;
-const int given = first.shape[1];
 real top = -2;
-int top_j = 0;
-for (int t = 0; t < count; ++t) {
-    int last;
-    if (t < given) {
-        const long long f = *wp::address(first, b, t);
-        last = f < 0 ? 0 : f > n - 1 ? n - 1 : (int)f;
-    } else if (top >= 0) {
-        last = top_j;
-    } else {
-        break;  // only points of NaN distance are left (validate=False): no pick
-    }
-    *wp::address(idx, b, t) = last;
-    if (t + 1 == count)
-        break;
-    const real cx = X[last], cy = Y[last], cz = Z[last];
-    D[last] = -1;  // picked: never again (-1 stays below every distance)
-    top = -2;
-    top_j = 0;
-    int j = 0;
+int top_j = -1;
+int j = lo;
 #if !defined(__CUDA_ARCH__)
+if (hi - lo >= L) {
     lanes lane_top;
     mask lane_j, lane;
     for (int l = 0; l < L; ++l) {
         lane_top[l] = -2;
-        lane_j[l] = 0;
+        lane_j[l] = -1;
         lane[l] = l;
     }
-    for (; j + L <= n; j += L) {
+    for (; j + L <= hi; j += L) {
         lanes d, x, y, z;
         __builtin_memcpy(&d, D + j, sizeof d);
         __builtin_memcpy(&x, X + j, sizeof x);
@@ -618,45 +622,46 @@ for (int t = 0; t < count; ++t) {
         lane_j = (far & (lane + j)) | (~far & lane_j);
     }
     for (int l = 0; l < L; ++l) {  // the largest, the smallest index among equals
-        if (lane_top[l] > top || (lane_top[l] == top && (int)lane_j[l] < top_j)) {
+        if (lane_top[l] > top || (lane_top[l] == top && lane_j[l] >= 0 && (int)lane_j[l] < top_j)) {
             top = lane_top[l];
             top_j = (int)lane_j[l];
         }
     }
+}
 #endif
-    for (; j < n; ++j) {  // (past the lanes' indices: a strict comparison keeps the first)
-        real d = D[j];
-        const real ax = X[j] - cx, ay = Y[j] - cy, az = Z[j] - cz;
-        const real s = ax * ax + ay * ay + az * az;
-        d = (d < s || !(d >= 0)) ? d : s;
-        D[j] = d;
-        if (d > top) {
-            top = d;
-            top_j = j;
-        }
+for (; j < hi; ++j) {  // (past the lanes' positions: a strict comparison keeps the first)
+    real d = D[j];
+    const real ax = X[j] - cx, ay = Y[j] - cy, az = Z[j] - cz;
+    const real s = ax * ax + ay * ay + az * az;
+    d = (d < s || !(d >= 0)) ? d : s;
+    D[j] = d;
+    if (d > top) {
+        top = d;
+        top_j = j;
     }
 }
+return top_j;
 """
 
 
 @_warp.kernels
-def _native_picks(dtype: torch.dtype):
-    """``picks(first, flat, dist, idx, b, base, nb, count)``: plain FPS's ``count`` picks of
-    sample b (its start set from ``first[b]``, then the farthest point each time, ties to the
-    smaller index, none once only NaN distances are left) into ``idx[b]``, from its points by
-    coordinate in ``flat`` (x, y, z of its ``nb`` points from 3 base, each contiguous) and its
-    distances in ``dist`` (from base, infinite). The same squared distances as Warp's
-    ``length_sq`` of the difference (the products and sums rounded one by one: no contraction
-    into fused multiply-adds, as Warp's CPU code computes them), the same minima: on the CPU
-    the update runs on vectors of 32 bytes (8 float32 or 4 float64 lanes; Warp's loops are not
-    vectorised), each lane keeping its first farthest point, the lanes' best then the
-    remaining points in index order; in CUDA code (compiled, not run) one point at a time."""
+def _native_lower(dtype: torch.dtype):
+    """``lower(flat, off, nb, dist, base, cx, cy, cz, lo, hi) -> j``: plain FPS's update by the
+    pick (cx, cy, cz) of the positions lo .. hi - 1 of a sample of nb points (its points by
+    coordinate in ``flat`` from ``off``: x, y, z each contiguous; its distances in ``dist`` from
+    ``base``): each distance lowered to the point's, picked (-1) and NaN ones kept; returns the
+    first position of the largest distance above -2 (-1: none, every distance NaN). The same
+    squared distances as Warp's ``length_sq`` of the difference (each product and sum rounded),
+    the same minima and first farthest point as a loop over the positions in order: on the CPU
+    the update runs on vectors of 32 bytes (8 float32 or 4 float64 lanes, :class:`pcops._warp_funcs.lanes`),
+    each lane keeping its first farthest point, the lanes' best, then the positions past the
+    last whole vector; in CUDA code (compiled, not run) one position at a time."""
     s = _warp.scalar(dtype)
 
-    def picks(first: wp.array2d(dtype=wp.int64), flat: wp.array(dtype=s), dist: wp.array(dtype=s), idx: wp.array2d(dtype=wp.int64),
-              b: int, base: int, nb: int, count: int): ...
+    @_warp_funcs.lanes.func_native(_LOWER_SNIPPET, dtype, "fps_lower")
+    def lower(flat: wp.array(dtype=s), off: int, nb: int, dist: wp.array(dtype=s), base: int, cx: s, cy: s, cz: s, lo: int, hi: int) -> int: ...
 
-    return _warp_funcs.lanes_native(_PICKS_SNIPPET, dtype, "fps_picks", picks)
+    return lower
 
 
 def _per_pick(device: torch.device) -> bool:

@@ -298,14 +298,18 @@ def test_small_clouds_and_leaf_boundaries(gen, n, bucket, monkeypatch):
     assert sorted(out.idx[:n].tolist()) == list(range(n))  # every point once
 
 
+@pytest.mark.parametrize("bucket", [False, True], ids=["plain", "bucket"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_plain_fps_lanes_keep_the_first_farthest_point(gen, dtype):
-    """Plain FPS updates its distances a vector of lanes at a time (8 float32 or 4 float64
-    points), each lane keeping its own first farthest point, the lanes' best taken, then the
-    points past the last whole vector: on clouds of a few coordinates (many points at the
-    farthest distance, in every lane and in the tail), of every length around the lanes' width,
-    with duplicates, a start set and a cloud of all-equal points, the picks are plain FPS's
-    (ties by the smaller index) in the points' dtype."""
+def test_fps_lanes_keep_the_first_farthest_point(gen, dtype, bucket, monkeypatch):
+    """FPS updates a run of distances (plain FPS's whole sample, or a bucket's leaf) a vector of
+    lanes at a time (8 float32 or 4 float64 points), each lane keeping its own first farthest
+    point, the lanes' best taken, then the points past the last whole vector: on clouds of a few
+    coordinates (many points at the farthest distance, in every lane and in the tail), of every
+    length around the lanes' width, with duplicates, a start set and a cloud of all-equal points,
+    the picks are plain FPS's (ties by the smaller index) in the points' dtype, on the plain
+    path and forced through the bucket path (its leaves of up to 64 points)."""
+    if bucket:
+        monkeypatch.setattr(sampling, "PLAIN_PAIRS", 0)
     for n in [*range(1, 42), 63, 64, 65, 100]:
         for cloud in (torch.randint(0, 2, (n, 3), generator=gen), torch.randint(0, 3, (n, 3), generator=gen), torch.zeros(n, 3)):
             p = cloud.to(dtype)

@@ -516,10 +516,11 @@ def _native_block(dtype: torch.dtype):
     points past the last whole vector; in CUDA code (compiled, not run) one at a time."""
     s = _warp.scalar(dtype)
 
+    @_warp_funcs.lanes.func_native(_BLOCK_SNIPPET, dtype, "chamfer_block")
     def block(x: wp.array(dtype=_warp.vec3(dtype)), y_flat: wp.array(dtype=s), flat: int, n: int, i: int, end: int, both: bool,
               col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32), base: int, ix: wp.array(dtype=wp.int64), below: s, above: s, inf: s): ...
 
-    return _warp_funcs.lanes_native(_BLOCK_SNIPPET, dtype, "chamfer_block", block)
+    return block
 
 
 def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
