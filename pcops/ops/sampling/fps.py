@@ -389,6 +389,18 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         return top, j
 
     @wp.func(module="unique")
+    def next_pick(first: wp.array2d(dtype=wp.int64), b: int, t: int, nb: int, top: s, arg: int):
+        """Pick t of sample b: its start set's t-th index, else ``arg`` (the first farthest point,
+        at distance ``top``), or -1 where only points of NaN distance are left (validate=False):
+        no pick."""
+        last = int(-1)
+        if t < first.shape[1]:
+            last = wp.clamp(int(first[b, t]), 0, nb - 1)
+        elif top >= s(0.0):
+            last = arg
+        return last
+
+    @wp.func(module="unique")
     def picks(
         first: wp.array2d(dtype=wp.int64),
         pts: wp.array(dtype=v),
@@ -412,15 +424,10 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         pick followed by the walk that lowers the distances it can lower (a node is skipped when
         its box is farther from the pick than its best distance)."""
         leaf0 = (1 << h) - 1
-        given = first.shape[1]
         t = int(0)
         while t < count:
-            last = int(0)
-            if t < given:
-                last = wp.clamp(int(first[b, t]), 0, nb - 1)
-            elif node_max[root] >= s(0.0):
-                last = node_arg[root]
-            else:  # only points of NaN distance are left (validate=False): no pick
+            last = next_pick(first, b, t, nb, node_max[root], node_arg[root])
+            if last < 0:
                 break
             idx[b, t] = wp.int64(last)
             t += 1
@@ -474,17 +481,12 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             by_coordinate(flat, base, nb, j, points[j])
             dist[j] = s(wp.inf)
             j += 1
-        given = first.shape[1]
         top = s(-2.0)
         top_j = base
         t = int(0)
         while t < count:
-            last = int(0)
-            if t < given:
-                last = wp.clamp(int(first[b, t]), 0, nb - 1)
-            elif top >= s(0.0):
-                last = top_j - base
-            else:  # only points of NaN distance are left (validate=False): no pick
+            last = next_pick(first, b, t, nb, top, top_j - base)
+            if last < 0:
                 break
             idx[b, t] = wp.int64(last)
             t += 1
