@@ -193,6 +193,22 @@ def mul_rounded(x: wp.float64, y: wp.float64) -> wp.float64:
     ...
 
 
+@kernels
+def by_coordinate(dtype: torch.dtype):
+    """``put(flat, first, n, j, p)``: point j of n points in ``flat`` by coordinate (the layout
+    of :class:`lanes`' native code): its x, y, z at first + j, first + n + j, first + 2 n + j."""
+    v = vec3(dtype)
+    s = scalar(dtype)
+
+    @wp.func(module="unique")
+    def put(flat: wp.array(dtype=s), first: int, n: int, j: int, p: v):
+        flat[first + j] = p[0]
+        flat[first + n + j] = p[1]
+        flat[first + 2 * n + j] = p[2]
+
+    return put
+
+
 class lanes:  # noqa: N801 (read as ``@lanes.func_native(...)``, like ``@wp.func_native``)
     """Native functions on vectors of lanes in the points' precision."""
 

@@ -97,6 +97,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     plain_limit = wp.int64(plain_pairs if dtype == torch.float32 else plain_pairs // 4)
     tiny = s(1e-30 if dtype == torch.float32 else 1e-290)
     lower_lanes = _native_lower(dtype)
+    by_coordinate = _warp_funcs.by_coordinate(dtype)  # (a sample's points from 3 base)
 
     @wp.func(module="unique")
     def part(k: int, n: int, d: int):
@@ -329,7 +330,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         while j < end:
             p = points[base + order[j]]
             pts[j] = p
-            by_coordinate(flat, base, nb, j, p)
+            by_coordinate(flat, 3 * base, nb, j - base, p)
             dist[j] = s(wp.inf)
             j += 1
         for leaf in range(1 << h):
@@ -366,22 +367,13 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             node_arg[node] = wp.where(right, node_arg[left + 1], la)
 
     @wp.func(module="unique")
-    def by_coordinate(flat: wp.array(dtype=s), base: int, nb: int, j: int, p: v):
-        """Point p at position j of a sample (from base, of nb points) in ``flat`` by coordinate:
-        its x, y, z at 3 base + (j - base) + 0, nb, 2 nb."""
-        r = 3 * base + j - base
-        flat[r] = p[0]
-        flat[r + nb] = p[1]
-        flat[r + 2 * nb] = p[2]
-
-    @wp.func(module="unique")
     def lower(flat: wp.array(dtype=s), dist: wp.array(dtype=s), c: v, base: int, nb: int, lo: int, hi: int):
         """Plain FPS's update of positions lo .. hi - 1 of a sample (from base, of nb points;
         its points by coordinate in ``flat``) by the pick c: each distance lowered to the
         point's, picked ones (-1) and NaN ones (a NaN point's, or once NaN) kept (never the
         farthest); (the largest distance, -2 if none, and its first position, -1 if none):
         :func:`_native_lower`."""
-        j = lower_lanes(flat, 3 * base, nb, dist, base, c[0], c[1], c[2], lo - base, hi - base)
+        j = lower_lanes(flat, dist, base, nb, c[0], c[1], c[2], lo - base, hi - base)
         top = s(-2.0)
         if j >= 0:
             top = dist[base + j]
@@ -478,7 +470,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         end = base + nb
         j = base
         while j < end:
-            by_coordinate(flat, base, nb, j, points[j])
+            by_coordinate(flat, 3 * base, nb, j - base, points[j])
             dist[j] = s(wp.inf)
             j += 1
         top = s(-2.0)
@@ -592,7 +584,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
 # Plain FPS's update of a run of points by a pick in native code (:func:`_native_lower`): a
 # vector of lanes at a time, each lane keeping its own first farthest point
 _LOWER_SNIPPET = r"""
-const real* X = wp::address(flat, off);
+const real* X = wp::address(flat, 3 * base);
 const real* Y = X + nb;
 const real* Z = Y + nb;
 real* D = wp::address(dist, base);
@@ -648,10 +640,10 @@ return top_j;
 
 @_warp.kernels
 def _native_lower(dtype: torch.dtype):
-    """``lower(flat, off, nb, dist, base, cx, cy, cz, lo, hi) -> j``: plain FPS's update by the
-    pick (cx, cy, cz) of the positions lo .. hi - 1 of a sample of nb points (its points by
-    coordinate in ``flat`` from ``off``: x, y, z each contiguous; its distances in ``dist`` from
-    ``base``): each distance lowered to the point's, picked (-1) and NaN ones kept; returns the
+    """``lower(flat, dist, base, nb, cx, cy, cz, lo, hi) -> j``: plain FPS's update by the
+    pick (cx, cy, cz) of the positions lo .. hi - 1 of a sample of nb points from ``base`` (its
+    points by coordinate in ``flat`` from 3 base: x, y, z each contiguous,
+    :func:`pcops._warp_funcs.by_coordinate`; its distances in ``dist`` from base): each distance lowered to the point's, picked (-1) and NaN ones kept; returns the
     first position of the largest distance above -2 (-1: none, every distance NaN). The same
     squared distances as Warp's ``length_sq`` of the difference (each product and sum rounded),
     the same minima and first farthest point as a loop over the positions in order: on the CPU
@@ -661,7 +653,7 @@ def _native_lower(dtype: torch.dtype):
     s = _warp.scalar(dtype)
 
     @_warp_funcs.lanes.func_native(_LOWER_SNIPPET, dtype, "fps_lower")
-    def lower(flat: wp.array(dtype=s), off: int, nb: int, dist: wp.array(dtype=s), base: int, cx: s, cy: s, cz: s, lo: int, hi: int) -> int: ...
+    def lower(flat: wp.array(dtype=s), dist: wp.array(dtype=s), base: int, nb: int, cx: s, cy: s, cz: s, lo: int, hi: int) -> int: ...
 
     return lower
 

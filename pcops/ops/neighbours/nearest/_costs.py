@@ -145,6 +145,7 @@ def _kernels(dtype: torch.dtype):
         column(x, y, col_d, col_i, wp.tid() + start, iy, cy)
 
     block_pass = _native_block(dtype)
+    by_coordinate = _warp_funcs.by_coordinate(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def rows(start: int, x: wp.array(dtype=v), y: wp.array(dtype=v), blocks: int, col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32),
@@ -158,10 +159,7 @@ def _kernels(dtype: torch.dtype):
         base = c * n
         j = int(0)
         while j < n:  # y by coordinate (the block's own copy) for the native pass; its row of y's nearest
-            p = y[j]
-            y_flat[3 * base + j] = p[0]
-            y_flat[3 * base + n + j] = p[1]
-            y_flat[3 * base + 2 * n + j] = p[2]
+            by_coordinate(y_flat, 3 * base, n, j, y[j])
             if both:
                 col_d[base + j] = s(wp.inf)
                 col_i[base + j] = -1
@@ -169,7 +167,7 @@ def _kernels(dtype: torch.dtype):
         i = m * c // blocks  # (m * blocks fits an int: m n <= SCAN_PAIRS)
         end = m * (c + 1) // blocks
         flag(x, i, end, 1, bad)
-        block_pass(x, y_flat, 3 * base, n, i, end, both, col_d, col_i, base, ix, below, above, s(wp.inf))
+        block_pass(x, y_flat, n, i, end, both, col_d, col_i, base, ix, below, above, s(wp.inf))
         r = i
         while r < end:
             settle(x[r], y, int(ix[r]), r, ix, cx)
@@ -415,7 +413,7 @@ auto nearer = [&](real d, real b) -> bool {
     return wp::sqrt(d) < wp::sqrt(b);
 };
 const real* X = (const real*)wp::address(x, 0);
-const real* YX = wp::address(y_flat, flat);
+const real* YX = wp::address(y_flat, 3 * base);
 const real* YY = YX + n;
 const real* YZ = YY + n;
 real* CD = both ? wp::address(col_d, base) : nullptr;
@@ -426,6 +424,16 @@ for (int r = i; r < end; ++r) {
     int near = -1;
     int j = 0;
 #if !defined(__CUDA_ARCH__)
+    // nearer, lane by lane: the squares decide outside the band, the roots inside it (rare)
+    auto nearer_lanes = [&](lanes d, lanes b) -> mask {
+        mask take = d < b * below;
+        const mask band = (d < b * above) & ~take;
+        if (__builtin_reduce_or(band))
+            for (int l = 0; l < L; ++l)
+                if (band[l] && wp::sqrt(d[l]) < wp::sqrt(b[l]))
+                    take[l] = -1;
+        return take;
+    };
     lanes lane_best;
     mask lane_near, lane;
     for (int l = 0; l < L; ++l) {
@@ -441,28 +449,18 @@ for (int r = i; r < end; ++r) {
         const lanes gx = qx - px, gy = qy - py, gz = qz - pz;
         const lanes d = (gx * gx + gy * gy) + gz * gz;
         // x's point: each lane its nearest among its points (by root, the first among equals)
-        mask take = d < lane_best * below;
-        mask band = (d < lane_best * above) & ~take;  // (roots to compare: rare)
-        if (__builtin_reduce_or(band))
-            for (int l = 0; l < L; ++l)
-                if (band[l] && wp::sqrt(d[l]) < wp::sqrt(lane_best[l]))
-                    take[l] = -1;
+        const mask take = nearer_lanes(d, lane_best);
         lane_best = (lanes)((take & (mask)d) | (~take & (mask)lane_best));
         lane_near = (take & (lane + j)) | (~take & lane_near);
         if (both) {  // y's points: their nearest among x's points so far (r is the largest index yet)
             lanes cd;
             ints ci;
             __builtin_memcpy(&cd, CD + j, sizeof cd);
-            mask get = d < cd * below;
-            mask close = (d < cd * above) & ~get;
-            if (__builtin_reduce_or(close))
-                for (int l = 0; l < L; ++l)
-                    if (close[l] && wp::sqrt(d[l]) < wp::sqrt(cd[l]))
-                        get[l] = -1;
+            const mask get = nearer_lanes(d, cd);
             if (__builtin_reduce_or(get)) {
                 __builtin_memcpy(&ci, CI + j, sizeof ci);
                 cd = (lanes)((get & (mask)d) | (~get & (mask)cd));
-                ci = __builtin_convertvector((get & (lane - lane + r)) | (~get & __builtin_convertvector(ci, mask)), ints);
+                ci = __builtin_convertvector((get & (lane * 0 + r)) | (~get & __builtin_convertvector(ci, mask)), ints);
                 __builtin_memcpy(CD + j, &cd, sizeof cd);
                 __builtin_memcpy(CI + j, &ci, sizeof ci);
             }
@@ -503,9 +501,9 @@ for (int r = i; r < end; ++r) {
 
 @_warp.kernels
 def _native_block(dtype: torch.dtype):
-    """``block(x, y_flat, flat, n, i, end, both, col_d, col_i, base, ix, below, above, inf)``: chamfer's
+    """``block(x, y_flat, n, i, end, both, col_d, col_i, base, ix, below, above, inf)``: chamfer's
     pass over x's points i .. end - 1 against y's n points (by coordinate in ``y_flat`` from
-    ``flat``: x, y, z each contiguous): each point r's nearest point of y into ``ix[r]`` (-1:
+    3 base: x, y, z each contiguous, :func:`pcops._warp_funcs.by_coordinate`): each point r's nearest point of y into ``ix[r]`` (-1:
     none) and, where ``both``, y's points' nearest among them in ``col_d`` / ``col_i`` from
     ``base`` (squared distance, index; updated in place, r after every earlier point): squared
     distances as Warp's ``dot`` of the difference computes them (each product and sum rounded,
@@ -517,7 +515,7 @@ def _native_block(dtype: torch.dtype):
     s = _warp.scalar(dtype)
 
     @_warp_funcs.lanes.func_native(_BLOCK_SNIPPET, dtype, "chamfer_block")
-    def block(x: wp.array(dtype=_warp.vec3(dtype)), y_flat: wp.array(dtype=s), flat: int, n: int, i: int, end: int, both: bool,
+    def block(x: wp.array(dtype=_warp.vec3(dtype)), y_flat: wp.array(dtype=s), n: int, i: int, end: int, both: bool,
               col_d: wp.array(dtype=s), col_i: wp.array(dtype=wp.int32), base: int, ix: wp.array(dtype=wp.int64), below: s, above: s, inf: s): ...
 
     return block
