@@ -109,10 +109,17 @@ def requested() -> int:
     """torch's thread count as the caller set it, inside :func:`limited` too: the number of
     chunks a CPU launch is split into, so that results (sums of private copies) do not depend on
     how busy the machine is; :func:`available` threads run them."""
-    return getattr(_local, "requested", None) or torch.get_num_threads()
+    return _local.requested or torch.get_num_threads()
 
 
-_local = threading.local()
+class _Local(threading.local):
+    """Per-thread state; the class attribute is every thread's default (a missing attribute's
+    lookup costs an exception, a third of a small call's thread-count read)."""
+
+    requested = None
+
+
+_local = _Local()
 
 
 def limited():
@@ -134,7 +141,7 @@ class _Fewer:
         self.n, self.wanted = n, wanted
 
     def __enter__(self) -> None:
-        self.outer = getattr(_local, "requested", None)
+        self.outer = _local.requested
         _local.requested = self.outer or self.wanted
         torch.set_num_threads(self.n)
 
@@ -185,11 +192,17 @@ def _call(op, *args, **kwargs):
 DIRECT = [True]
 
 
+def plain_eager() -> bool:
+    """Whether a call runs in plain eager mode: not compiled or traced by torch.jit, under no
+    dispatch or function mode, functorch transform, forward-mode AD or the profiler."""
+    return not (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
+                or _jit_tracing() is not None or _forward_ad._current_level >= 0)
+
+
 def plain_device(args, kwargs, read_only: bool = False):
     """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call);
     ``read_only``: for a call that only reads their values (a tensor may require grad)."""
-    if (_compiling() or _dispatch_modes() or _function_modes() or _profiling() or _transforms() is not None
-            or _jit_tracing() is not None or _forward_ad._current_level >= 0):
+    if not plain_eager():
         return None
     grad = not read_only and torch.is_grad_enabled()
     kind = None
@@ -249,16 +262,22 @@ def limits(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if "validate" in kwargs:  # (every public op's flag, keyword-only: None or 1 would pass a truth test)
-            _validate.flag(validate=kwargs["validate"])
+        if kwargs:
+            checked = kwargs.get("validate", True)
+            if checked is not True and checked is not False:  # (every public op's flag, keyword-only: None or 1 would pass a truth test)
+                _validate.flag(validate=checked)
         if PROTOCOL_TYPES:
             types = tuple(PROTOCOL_TYPES)
             routed = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, types))
-            if routed and (torch.compiler.is_compiling() or torch._C._is_torch_function_enabled()):
+            if routed and (_compiling() or torch._C._is_torch_function_enabled()):
                 return _protocol(call, routed, args, kwargs)
-        if torch.compiler.is_compiling():
+        if _compiling():
             return fn(*args, **kwargs)
-        with limited():
+        wanted = torch.get_num_threads()
+        n = available()
+        if n >= wanted:  # (:func:`limited` without its context: the common case)
+            return fn(*args, **kwargs)
+        with _Fewer(n, wanted):
             return fn(*args, **kwargs)
 
     return call

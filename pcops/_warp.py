@@ -237,6 +237,14 @@ def values_flag() -> tuple:
     return torch.from_numpy(view), view
 
 
+@functools.cache
+def no_flag(device: torch.device) -> tuple:
+    """(tensor, its Warp view): a kernel's empty values-check flag (no check), one per device,
+    kept alive here and converted once."""
+    empty = torch.zeros(0, dtype=torch.int32, device=device)
+    return empty, array(empty)
+
+
 def memory(buffer, shape: tuple):
     """A Warp array descriptor of a contiguous ctypes array ``buffer`` viewed with ``shape`` (its
     element type the kernel parameter's), kept alive by the descriptor."""
@@ -789,13 +797,14 @@ class Prepared:
     def run(self, **arrays: torch.Tensor) -> None:
         """Run the launch with the named array arguments on the given contiguous tensors (an
         array in a struct argument: ``struct__field``)."""
-        names = tuple(arrays)
-        self.run_at(self._fields.get(names) or self.fields(*names), *arrays.values())
+        self.run_at(self.fields(*arrays), *arrays.values())
 
     def fields(self, *names: str) -> tuple:
         """The pointer fields of the array arguments ``names`` for :meth:`run_at` (found once)."""
-        found = self._fields[names] = tuple((pointer, i) for i, name in enumerate(names)
-                                            for pointer in (self._pointers.get(name) or self._pointer(name)))
+        found = self._fields.get(names)
+        if found is None:
+            found = self._fields[names] = tuple((pointer, i) for i, name in enumerate(names)
+                                                for pointer in (self._pointers.get(name) or self._pointer(name)))
         return found
 
     def run_at(self, fields: tuple, *tensors: torch.Tensor) -> None:

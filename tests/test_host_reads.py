@@ -27,7 +27,7 @@ KNOWN = {
     "radius_aggregate": ({("tolist", "pcops/ops/neighbours/_cells.py")}, "the cell list's grid from the clouds' box"),
     "radius_graph": ({("tolist", "pcops/ops/neighbours/_cells.py"), ("__int__", "pcops/ops/neighbours/graph.py")},
                      "the cell list's grid; the edge count of the padded form"),
-    "mesh_bvh": ({("item", "pcops/_validate.py")}, "the table's call validates the query points of mesh_distance"),
+    "mesh_bvh": ({("numpy", "pcops/_validate.py")}, "the table's call validates the query points of mesh_distance"),
     "sinkhorn_divergence": ({("tolist", "pcops/ops/transport/sinkhorn.py")}, "the temperature schedule from each sample's diameter"),
     "earth_movers_distance": ({("numpy", "pcops/ops/transport/emd.py")}, "the exact assignment runs in scipy on the CPU"),
     "voxel_pool": ({("tolist", "pcops/ops/sampling/_voxels.py")}, "the voxel keys' span from the points' box"),
@@ -40,7 +40,6 @@ KNOWN = {
 # op -> the reads of its plain eager call, which runs on CPU tensors only (a CUDA call takes the
 # general path, which reads nothing of these), and why
 CPU_PLAIN = {
-    "farthest_point_sample": ({("numpy", "pcops/ops/sampling/fps.py")}, "whether the last pick was made (points that cannot be picked)"),
     "knn_aggregate": ({("__int__", "pcops/ops/neighbours/nearest/__init__.py")}, "whether every row of the search is complete (complete_rows)"),
     "estimate_normals": ({("__float__", "pcops/ops/geometry/normals.py")}, "the largest absolute coordinate: the values check and whether the scale asks for a power of two (_plain_scale)"),
     "knn_interpolate": ({("item", "pcops/ops/neighbours/nearest/_mean.py")}, "whether every row of the search is complete (the weighted means' launch flags a row cut short)"),

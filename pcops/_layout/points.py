@@ -221,18 +221,21 @@ def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = Non
     each one's sum finite (a cloud given twice is summed once); ``features`` too, if given, (R, F)
     of any F. Every layout check passes on such clouds, and nothing is to flatten or convert.
     False sends the call through the layout layer, which decides."""
-    if torch.compiler.is_compiling():  # (traced: the layout layer, whose checks are metadata only)
+    if not _threads.plain_eager():  # (traced: the layout layer, whose checks are metadata only)
         return False
-    first = clouds[0]
-    for t in clouds:
-        if type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not first.dtype:
+    dtype = clouds[0].dtype
+    if dtype is not torch.float32 and dtype is not torch.float64:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in clouds:  # (:func:`pcops._threads.plain_device`'s tests, inline: a float tensor is never conjugated)
+        if (type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not dtype or not t.is_cpu
+                or (grad and t.requires_grad) or t.is_neg()):
             return False
     if features is not None:
-        if type(features) is not torch.Tensor or features.dim() != 2 or features.dtype is not first.dtype:
+        if (type(features) is not torch.Tensor or features.dim() != 2 or features.dtype is not dtype or not features.is_cpu
+                or (grad and features.requires_grad) or features.is_neg()):
             return False
         clouds = (*clouds, features)
-    if first.dtype not in (torch.float32, torch.float64) or _threads.plain_device(clouds, None) != "cpu":
-        return False
     return not validate or _finite_sums(*clouds)
 
 

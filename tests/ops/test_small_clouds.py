@@ -1496,6 +1496,44 @@ def _prepared_calls(gen, monkeypatch, clouds):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_kept_dense_ball_searches_write_every_row_whole(gen, monkeypatch, dtype):
+    """A kept dense ball search (every pair of a small cloud, each call after the first)
+    allocates its outputs without a fill, its kernel writing -1 / inf past each row's
+    neighbours: ball_query, ball_queries (one radius group's columns side by side, and two
+    groups) and the by-index search equal the launches packed per call (filled first), with
+    ``validate=False`` on NaN and inf points too, before and after calls whose rows were full;
+    and the finite calls equal the float64 reference's neighbours and counts."""
+    from pcops.ops.neighbours import _ball_search
+
+    p, q = torch.rand(60, 3, generator=gen, dtype=dtype), torch.rand(25, 3, generator=gen, dtype=dtype)
+    bad_p, bad_q = p.clone(), q.clone()
+    bad_p[::4] = float("nan")
+    bad_p[1::4, 1] = float("inf")
+    bad_q[3], bad_q[9, 0] = float("nan"), -float("inf")
+    calls = [lambda a, b: pcops.ball_query(a, b, 0.3, 7, validate=False), lambda a, b: pcops.ball_query(a, b, 2.0, 40, validate=False),
+             lambda a, b: pcops.ball_queries(a, b, [0.2, 0.35], [4, 9], validate=False),
+             lambda a, b: pcops.ball_queries(a, b, [0.1, 0.5], [3, 12], validate=False),
+             lambda a, b: torch.ops.pcops.ball_query_by_index(a, b, 0.3, 6, False, None, None)]
+    for call in calls:
+        for query, ref in ((p, p), (q, p), (bad_p, bad_p), (bad_q, bad_p), (q, p), (bad_q, p), (p, p)):
+            assert query.shape[0] * ref.shape[0] <= _ball_search.SCAN_PAIRS
+            for _ in range(2):
+                got = call(query, ref)
+                monkeypatch.setattr(_warp, "PREPARED", [False])
+                want = call(query, ref)
+                monkeypatch.setattr(_warp, "PREPARED", [True])
+                assert_identical(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want))
+    for query in (p, q):
+        d = torch.cdist(query.double(), p.double())
+        got = pcops.ball_query(query, p, 0.3, 7)
+        within = d <= 0.3
+        assert torch.equal(got.counts, within.sum(1))
+        order = torch.where(within, d, float("inf")).sort(dim=1, stable=True)
+        want = torch.where(order.values[:, :7].isfinite(), order.indices[:, :7], -1)
+        assert torch.equal(got.idx, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 def test_kept_small_trees_write_every_row_whole(gen, monkeypatch, dtype):
     """A kept small tree (every call of its shapes after the first) allocates its outputs
     without a fill: with ``validate=False`` the rows that a NaN or inf query, or too few finite

@@ -50,12 +50,17 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
     ``dense`` (one cloud, no groups): the thread scans every reference point, ``cells.points``
     in the order ``cells.order`` (small clouds, where building the cell list costs more than
-    the pairs: the same tests and insertions, so the same result, in one launch).
+    the pairs: the same tests and insertions, so the same result, in one launch), then fills
+    its row past the neighbours found (-1, inf): every row is a thread's, so a dense launch's
+    outputs need no fill before it. Given a flag ``bad`` (one element; empty: no check), a
+    dense launch also sets it to 1 where a value of the query or reference points is NaN or
+    inf (a plain call's values check; the search goes on).
     ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
     insert = _warp_funcs.sorted_insert(dtype)
     insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
+    flag = _warp_funcs.flag_not_finite(dtype)
     radii = max(len(columns), 1)
     Radii = wp.types.vector(radii, s)
     Ints = wp.types.vector(radii, int)
@@ -89,9 +94,15 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
         counts: wp.array2d(dtype=wp.int64),
+        bad: wp.array(dtype=wp.int32),
     ):
         i = int(cells.rows[wp.tid() + start])
         q = cells.query[i]
+        if wp.static(dense):
+            if bad.shape[0] > 0:  # the values check: its query, and every m-th point from its own number
+                flag(cells.points, wp.tid() + start, cells.points.shape[0], cells.query.shape[0], bad)
+                if not wp.isfinite(q):
+                    bad[0] = 1
         n = Ints()  # per radius: pairs held, points within it
         total = Ints()
         reach = radius[wp.static(last)]
@@ -119,6 +130,17 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
                                         n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
         for g in range(wp.static(radii)):
             counts[i, slot[g]] = wp.int64(total[g])
+        if wp.static(dense):  # the row whole past its neighbours (-1, inf): a dense launch's outputs need no fill
+            if wp.static(len(columns) > 0):
+                for g in range(wp.static(radii)):
+                    for c in range(n[g], width[g]):
+                        idx[i, first[g] + c] = wp.int64(-1)
+                        dists[i, first[g] + c] = s(wp.inf)
+            else:
+                for c in range(n[0], idx.shape[1]):
+                    idx[i, c] = wp.int64(-1)
+                    if wp.static(not by_index):
+                        dists[i, c] = s(wp.inf)
 
     return search, Radii, Ints
 
@@ -157,25 +179,32 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     of idx's points, inf past each row's neighbours). ``by_index``: the K smallest indices
     within the radius instead of the K closest (see :func:`kernel`), and dists (M, 0)."""
     _validate.groups_paired(query_group, ref_group)
+    m, n, width = query.shape[0], ref.shape[0], sum(max_neighbors)
+    pairs = m * n
+    if m and n and query_group is None and query.is_cpu and pairs <= SCAN_PAIRS:
+        # the calling thread's packed launch of these shapes and radii: its rows come whole
+        launch = _warp.prepared(("ball", query.dtype, m, n, tuple(radii), tuple(max_neighbors), by_index),
+                                lambda: _dense(query, ref, radii, max_neighbors, by_index))
+        if launch is not None:
+            idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
+            dists = query.new_empty((m, 0 if by_index else width))
+            flag = launch.keep[-1][1]
+            flag[0] = 0
+            launch.run_at(launch.fields("cells__query", "cells__points", "dists", "idx", "counts"), query.contiguous(), ref.contiguous(), dists, idx, counts)
+            if validate and flag[0]:  # (the launch's values check found NaN or inf: raises, naming them)
+                _validate.finite(query=query, ref=ref)
+            return idx, counts, dists
     if validate:
         _validate.finite(query=query, ref=ref)
-    m, width = query.shape[0], sum(max_neighbors)
     idx = torch.full((m, width), -1, dtype=torch.int64, device=query.device)
     counts = torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device)
     dists = query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf"))
-    if m == 0 or ref.shape[0] == 0:
+    if m == 0 or n == 0:
         return idx, counts, dists
     _warp.init()
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
-    pairs = m * ref.shape[0]
-    dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, ref.shape[0], SCAN_COST))
+    dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, n, SCAN_COST))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
-    if dense and query.is_cpu:  # the calling thread's packed launch of these shapes and radii
-        launch = _warp.prepared(("ball", query.dtype, m, ref.shape[0], tuple(radii), tuple(max_neighbors), by_index),
-                                lambda: _dense(query, ref, radii, max_neighbors, by_index, first, grouped[0], idx, counts, dists))
-        if launch is not None:
-            launch.run(cells__query=query.contiguous(), cells__points=ref.contiguous(), dists=dists, idx=idx, counts=counts)
-            return idx, counts, dists
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 else None  # one host read for all
     for group in grouped:
         columns, rows = _columns(group, first, max_neighbors, dists, idx)
@@ -185,7 +214,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         else:
             cells = _cells.CellList(query, ref, radii[group[-1]], query_group, ref_group, extent)  # (a host read unless shared)
             scan = cells.scan(query, query_group, _cells.permute(ref, cells.order))
-        args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts]
+        args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, _warp.no_flag(query.device)[1]]
         _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=pairs if dense else None)
     return idx, counts, dists
 
@@ -199,23 +228,29 @@ def _columns(group: list, first: list, max_neighbors: list, dists: torch.Tensor,
     return tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
 
 
-def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, first: list, group: list, idx, counts, dists):
+def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool):
     """The dense search of one CPU cloud as a prepared launch (:class:`pcops._warp.Prepared`):
     ``cells__query``, ``cells__points``, ``dists``, ``idx`` and ``counts`` pointed at each call's
     tensors (one group: its columns start at 0, so each output's views start at its first
     element); None before the kernel's first launch."""
+    m, width = query.shape[0], sum(max_neighbors)
+    first = [sum(max_neighbors[:g]) for g in range(len(radii))]
+    group = sorted(range(len(radii)), key=lambda g: radii[g])
+    idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
+    dists = query.new_empty((m, 0 if by_index else width))
     columns, rows = _columns(group, first, max_neighbors, dists, idx)
     search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True)
     scan = _cells.every_point(query, ref)
-    return _warp.prepare(search_kernel, query.shape[0], [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts],
-                         work=query.shape[0] * ref.shape[0], keep=(scan.tensors[2],))  # (the indices; not this call's clouds)
+    flag = _warp.values_flag()
+    return _warp.prepare(search_kernel, query.shape[0], [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, flag[0]],
+                         work=query.shape[0] * ref.shape[0], keep=(scan.tensors[2], flag))  # (the indices, not this call's clouds; the values flag)
 
 
 def search_one(query, ref, radius: float, max_neighbors: int, validate: bool, query_group, ref_group, by_index: bool = False):
     """:func:`search` at one radius (checked): (idx (M, K), counts (M,), dists (M, K) or (M, 0))."""
     _validate.positive_number("radius", radius)
     idx, counts, dists = search(query, ref, [radius], [max_neighbors], validate, query_group, ref_group, by_index)
-    return idx, counts[:, 0].clone(), dists
+    return idx, counts.view(-1), dists  # ((M, 1): its one column)
 
 
 def result(flat: _layout.Flat, q: torch.Tensor, p: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor,

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ... import _layout, _threads, _validate
-from ._ball_search import BallQuery, result, search_one
+from ._ball_search import BallQuery, result, search, search_one
 from .nearest import _points_grad
 
 
@@ -59,15 +59,17 @@ def _plain_ball_query(query, ref, radius, max_neighbors, validate: bool) -> Opti
     """The result of a plain eager CPU :func:`ball_query` call, from the search called directly (no
     layout layer, no custom op); None for any other call. Plain: plain clouds
     (:func:`pcops._layout.plain_clouds`), ``radius`` a finite Python number > 0 and
-    ``max_neighbors`` a Python int >= 1. Every check of the general path passes on such a call,
-    and it would run the same search on the same tensors and return its distances (no gradient
+    ``max_neighbors`` a Python int >= 1. Every check of the general path but the values' passes
+    on such a call (the search checks those, with the same error), and it would run the same search on the same tensors and return its distances (no gradient
     asked for), indices and counts as they are; anything else takes that path."""
     if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX or type(max_neighbors) is not int or not 1 <= max_neighbors <= _validate.INT64_MAX:
         return None
-    if not _layout.plain_clouds(validate, query, ref):
+    if not _layout.plain_clouds(False, query, ref):
         return None
-    idx, counts, dists = search_one(query, ref, float(radius), max_neighbors, False, None, None)
-    return BallQuery(dists, idx, counts)
+    # the values: checked by the search (a small cloud's kept launch as it runs, else first),
+    # whose error is the general path's (the layout of plain clouds has nothing else to raise)
+    idx, counts, dists = search(query, ref, [float(radius)], [max_neighbors], validate, None, None)
+    return BallQuery(dists, idx, counts.view(-1))
 
 
 @_threads.limits

@@ -414,7 +414,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     ):
         """The ``count`` picks of sample b: its start set, then the root's farthest point, each
         pick followed by the walk that lowers the distances it can lower (a node is skipped when
-        its box is farther from the pick than its best distance)."""
+        its box is farther from the pick than its best distance). Returns the picks made."""
         leaf0 = (1 << h) - 1
         t = int(0)
         while t < count:
@@ -460,13 +460,15 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                 if i == 0:
                     break
                 i += 1
+        return t
 
     @wp.func(module="unique")
     def plain_picks(first: wp.array2d(dtype=wp.int64), points: wp.array(dtype=v), flat: wp.array(dtype=s), dist: wp.array(dtype=s),
                     idx: wp.array2d(dtype=wp.int64), b: int, base: int, nb: int, count: int):
         """The ``count`` picks of sample b by plain FPS: every point's distance lowered by every
         pick, in index order (the same distances, minima and first farthest point as
-        :func:`picks`, whose skipped nodes change nothing: the same picks)."""
+        :func:`picks`, whose skipped nodes change nothing: the same picks). Returns the picks
+        made."""
         end = base + nb
         j = base
         while j < end:
@@ -487,6 +489,20 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
             c = points[base + last]
             dist[base + last] = s(-1.0)  # picked: never again (-1 stays below every distance)
             top, top_j = lower(flat, dist, c, base, nb, base, end)
+        return t
+
+    @wp.func(module="unique")
+    def gather_picks(points: wp.array(dtype=v), idx: wp.array2d(dtype=wp.int64), gathered: wp.array(dtype=v), b: int, base: int, made: int):
+        """Sample b's picked points into its rows of ``gathered`` (B * S), zeros past the
+        ``made`` picks, whose indices it sets to -1: the whole result of a call, with no
+        filled index array before the launch."""
+        n_samples = idx.shape[1]
+        for t in range(n_samples):
+            if t < made:
+                gathered[b * n_samples + t] = points[base + int(idx[b, t])]
+            else:
+                idx[b, t] = wp.int64(-1)
+                gathered[b * n_samples + t] = v(s(0.0), s(0.0), s(0.0))
 
     @wp.kernel(enable_backward=False, module="unique")
     def sample(
@@ -513,35 +529,40 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         node_max: wp.array(dtype=s),
         node_arg: wp.array(dtype=wp.int32),
         idx: wp.array2d(dtype=wp.int64),
+        gathered: wp.array(dtype=v),
         bad: wp.array(dtype=wp.int32),
     ):
         """All picks of sample b: its leaves (a kd-tree when the sample takes many picks, else
         its points in Morton order), the tree over them, then its picks. Each phase is a
         function called once per sample. Given a flag ``bad`` (one element; empty: no check),
         first sets it to 1 where a point of the sample is NaN or inf (a plain call's values
-        check: the picks go on, the caller discards them)."""
+        check: the picks go on, the caller discards them). Given ``gathered`` (B * S points;
+        empty: none), then writes the picked points there and -1 to every index past the picks
+        made (:func:`gather_picks`); without it ``idx`` comes -1 filled."""
         b = wp.tid() + start
         nb = lengths[b]
         count = int(counts[b])
-        if nb == 0 or count == 0:
-            return
         base = b * n
-        if bad.shape[0] > 0:
-            flag(points, base, base + nb, 1, bad)
-        if wp.int64(nb) * wp.int64(count) <= plain_limit:  # few pairs: no tree pays for itself
-            plain_picks(first, points, tmp_flat, dist, idx, b, base, nb, count)
-            return
-        h = int(0)
-        while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
-            h += 1
-        kd = h > 0 and wp.int64(count) * wp.int64(kd_picks) >= wp.int64(nb)
-        if h > 0 and not kd:
-            morton_leaves(points, keys, order, tmp_keys, tmp_order, hist, b * 1024, base, base + nb)
-        if kd:
-            kd_leaves(points, pts, pts_flat, tmp_pts, tmp_flat, order, tmp_order, hist, b * 1024, base, nb, h)
-        leaves_in_index_order(order, inv, tmp_keys, base, nb, h)
-        build_nodes(points, pts, tmp_flat, order, dist, lo_box, hi_box, node_max, node_arg, base, nb, h, b * nodes)
-        picks(first, pts, tmp_flat, order, inv, dist, lo_box, hi_box, node_max, node_arg, idx, b, base, nb, h, b * nodes, count)
+        made = int(0)
+        if nb > 0 and count > 0:
+            if bad.shape[0] > 0:
+                flag(points, base, base + nb, 1, bad)
+            if wp.int64(nb) * wp.int64(count) <= plain_limit:  # few pairs: no tree pays for itself
+                made = plain_picks(first, points, tmp_flat, dist, idx, b, base, nb, count)
+            else:
+                h = int(0)
+                while (nb + (1 << h) - 1) >> h > leaf_size:  # the largest leaf, ceil(nb / 2^h), holds at most LEAF points
+                    h += 1
+                kd = h > 0 and wp.int64(count) * wp.int64(kd_picks) >= wp.int64(nb)
+                if h > 0 and not kd:
+                    morton_leaves(points, keys, order, tmp_keys, tmp_order, hist, b * 1024, base, base + nb)
+                if kd:
+                    kd_leaves(points, pts, pts_flat, tmp_pts, tmp_flat, order, tmp_order, hist, b * 1024, base, nb, h)
+                leaves_in_index_order(order, inv, tmp_keys, base, nb, h)
+                build_nodes(points, pts, tmp_flat, order, dist, lo_box, hi_box, node_max, node_arg, base, nb, h, b * nodes)
+                made = picks(first, pts, tmp_flat, order, inv, dist, lo_box, hi_box, node_max, node_arg, idx, b, base, nb, h, b * nodes, count)
+        if gathered.shape[0] > 0:
+            gather_picks(points, idx, gathered, b, base, made)
 
     @wp.kernel(enable_backward=False, module="unique")
     def step(
@@ -678,25 +699,31 @@ def _height(n: int) -> int:
     return h
 
 
-def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor) -> None:
+def _bucket(points: torch.Tensor, lengths32: torch.Tensor, counts: torch.Tensor, start: torch.Tensor, idx: torch.Tensor,
+            gathered: Optional[torch.Tensor] = None) -> None:
     """Bucket FPS into ``idx`` (B, S), -1 filled: points (B, N, 3), one kernel thread per
-    sample (its tree, then its picks). The work arrays are views of two allocations (one of
-    the points' dtype, one int32), passed as descriptors (:func:`_scratch`)."""
+    sample (its tree, then its picks); given ``gathered`` (B, S, 3), the picked points there
+    and ``idx`` needs no filling (the kernel's ``gather_picks``). The work arrays are views of
+    two allocations (one of the points' dtype, one int32), passed as descriptors
+    (:func:`_scratch`)."""
     b, n, _ = points.shape
-    _run_samples(_kernels(points.dtype, PLAIN_PAIRS)[0], b, _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx))
+    _run_samples(_kernels(points.dtype, PLAIN_PAIRS)[0], b,
+                 _bucket_values(points, _warp.array(lengths32), _warp.array(counts), _warp.array(start), idx, gathered))
 
 
-def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor, bad=None) -> list:
+def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tensor, gathered=None, bad=None) -> list:
     """The arguments of the ``sample`` kernel (after ``start``) for points (B, N, 3): ``lengths``,
-    ``counts`` and ``start`` converted, the work arrays :func:`_scratch`'s; ``bad``: the values
-    check's flag (None: no check)."""
+    ``counts`` and ``start`` converted, the work arrays :func:`_scratch`'s; ``gathered``: the
+    picked points' tensor (None: none); ``bad``: the values check's flag (None: no check)."""
     b, n, _ = points.shape
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
     flag = _NO_FLAG[1] if bad is None else bad
-    return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx), flag]
+    out = _NO_POINTS[points.dtype] if gathered is None else _warp.span(gathered, 0, gathered.numel() // 3, 3)
+    return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx), out, flag]
 
 
 _NO_FLAG = (lambda t: (t, _warp.array(t)))(torch.zeros(0, dtype=torch.int32))  # (tensor, its Warp view): no values check
+_NO_POINTS = {dtype: _warp.span(torch.zeros(0, dtype=dtype), 0, 0, 3) for dtype in (torch.float32, torch.float64)}  # no picked points to write
 
 
 # Scratch of bucket FPS kept for the next call of the same shape on the same thread, up to this
@@ -910,15 +937,15 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
 
 def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optional[_warp.Prepared]:
     """Bucket FPS of one sample of n points (n_samples picks from m start indices) as a prepared
-    launch (:class:`pcops._warp.Prepared`), its array arguments ``points`` and ``idx`` pointed at
-    each call's tensors; it keeps the lengths, counts and work arrays, and the start indices
-    (``keep[0]``: a ctypes array of m int64, written by each call). None before the kernel's
-    first launch."""
+    launch (:class:`pcops._warp.Prepared`), its array arguments ``points``, ``idx`` and
+    ``gathered`` (the picked points) pointed at each call's tensors; it keeps the lengths,
+    counts and work arrays, and the start indices (``keep[0]``: a ctypes array of m int64,
+    written by each call). None before the kernel's first launch."""
     lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
     flag = _warp.values_flag()
     values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
-                            torch.empty((1, n_samples), dtype=torch.int64), flag[0])
-    return _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-2], flag))  # (values[6:-2]: the work arrays)
+                            torch.empty((1, n_samples), dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype), flag[0])
+    return _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-3], flag))  # (values[6:-3]: the work arrays)
 
 
 # A plain call of up to this many points has its values checked by its launch (a pass over its
@@ -971,27 +998,22 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     else:
         return None
     points = points.contiguous()
-    count = min(n, n_samples)
-    idx = torch.full((n_samples,), -1, dtype=torch.int64)  # (the kernel's (1, n_samples): the same memory)
+    # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
+    idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
     launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts), PLAIN_PAIRS),
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
     if launch is not None:
         launch.keep[0][:] = starts  # (the kept start indices)
         flag = launch.keep[-1][1]
         flag[0] = 0
-        launch.run(points=points, idx=idx)
+        launch.run_at(launch.fields("points", "idx", "gathered"), points, idx, picked)
         if in_kernel and flag[0]:
             return None  # (a NaN or inf: the general path names it)
     else:
         if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
             return None
-        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([count]), torch.tensor([starts]), idx[None])
-    # every pick one: finite points, or (validate=False) the last pick made (the picks stop at
-    # the first -1, where no point is left that can be picked: a NaN point never is)
-    if count == n_samples and (validate or idx.numpy()[-1] >= 0):
-        return FPS(points.index_select(0, idx), idx)
-    # zeros past N, and past the points that could be picked
-    return FPS(torch.where(idx[:, None] >= 0, points.index_select(0, idx.clamp(min=0)), 0), idx)
+        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.tensor([starts]), idx[None], picked)
+    return FPS(picked, idx)
 
 
 @_threads.limits

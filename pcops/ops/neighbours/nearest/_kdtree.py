@@ -970,13 +970,6 @@ def _no_group(device: torch.device):
     return zeros, _warp.array(zeros)
 
 
-@functools.cache
-def _no_flag(device: torch.device):
-    """(tensor, its Warp view): the scan's empty flag (no values check), one per device."""
-    empty = torch.zeros(0, dtype=torch.int32, device=device)
-    return empty, _warp.array(empty)
-
-
 class _Scan:
     """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of m queries in n points
     for k neighbours (one slice, every pair measured), with what a call needs at hand: the
@@ -1138,7 +1131,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
         dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
-        args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx, _no_flag(query.device)[1]]
+        args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx, _warp.no_flag(query.device)[1]]
         scan, merge = _scan_kernel(query.dtype, grouped)
         _warp.launch(scan, rows, args, like=query, min_chunk=1, work=m * ref.shape[0])
         if slices == 1:
