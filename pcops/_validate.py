@@ -380,12 +380,17 @@ def sum_is_finite(t: torch.Tensor) -> bool:
     large that the reduction overflows: callers then check exactly (or take the general path).
     A float32/float64 tensor of up to :data:`DOT_CHECK` values is checked by NumPy's dot product
     with itself (a NaN or inf value makes it NaN or inf; squares never cancel), half a small
-    call's cost of torch's sum; others by :func:`sum_finite`'s sum."""
+    call's cost of torch's sum; others (subclasses, tensors without storage) by
+    :func:`sum_finite`'s sum."""
     if t.requires_grad:
         t = t.detach()
-    if t.dtype in _DOT_DTYPES and t.numel() <= DOT_CHECK and not t.is_neg():
-        a = t.numpy().reshape(-1)
-        return math.isfinite(float(a.dot(a)))
+    if type(t) is torch.Tensor and t.dtype in _DOT_DTYPES and t.numel() <= DOT_CHECK and not t.is_neg():
+        try:
+            a = t.numpy().reshape(-1)
+        except RuntimeError:  # (a tensor without storage: a functorch transform's)
+            pass
+        else:
+            return math.isfinite(float(a.dot(a)))
     return math.isfinite(t.sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
 
 
