@@ -3,6 +3,7 @@ changes a result: the same neighbours, ties by the smaller index, padding, count
 on both sides of it, and both sides equal the float64 reference."""
 
 import importlib
+import itertools
 
 import numpy as np
 import pytest
@@ -517,7 +518,8 @@ def test_plain_ball_query_calls_equal_the_general_path(gen, monkeypatch, kind, d
 def test_plain_ball_queries_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """A plain eager ``ball_queries`` call runs the search directly: the same neighbours,
     distances and counts per radius (one radius, several, repeated, unsorted, two groups),
-    with and without cell lists, and without validation on non-finite points."""
+    with and without cell lists, each radius searched on its own or all in one search (both
+    sides of SPLIT_PAIRS), and without validation on non-finite points."""
     q, p, r = cloud(kind, gen)
     q, p = q.to(dtype), p.to(dtype)
     bad = p.clone()
@@ -526,8 +528,10 @@ def test_plain_ball_queries_calls_equal_the_general_path(gen, monkeypatch, kind,
     calls = [lambda: pcops.ball_queries(q, p, [r], 5), lambda: pcops.ball_queries(p, p, [r, r / 2], [8, 3]),
              lambda: pcops.ball_queries(q, p, (3 * r, r, r), 7), lambda: pcops.ball_queries(q[::2], p.t().contiguous().t(), [r / 3, 2 * r], [4, 40]),
              lambda: pcops.ball_queries(q, bad, [r, 2 * r], [6, 2], validate=False)]
-    for pairs in PATHS.values():
+    module = importlib.import_module("pcops.ops.neighbours.ball_queries")
+    for pairs, split in itertools.product(PATHS.values(), (0, 1 << 40)):
         monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+        monkeypatch.setattr(module, "SPLIT_PAIRS", split)
         for call in calls:
             plain, general = plain_and_general(monkeypatch, call, "pcops.ops.neighbours.ball_queries")
             assert len(plain) == len(general)

@@ -82,8 +82,16 @@ def _plain_ball_queries(query, ref, radii, max_neighbors, validate: bool) -> Opt
     if not PLAIN[0] or not _layout.plain_clouds(validate, query, ref):
         return None
     radii, ks = _check_radii(radii, max_neighbors)
+    if len(radii) > 1 and query.shape[0] * ref.shape[0] <= SPLIT_PAIRS:  # a search per radius, each into its own outputs
+        return tuple(BallQuery(d, i, c.view(-1)) for i, c, d in (search(query, ref, [float(r)], [k], False, None, None) for r, k in zip(radii, ks)))
     idx, counts, dists = search(query, ref, [float(r) for r in radii], ks, False, None, None)
     return tuple(BallQuery(d, i, c) for i, c, d in _per_radius(idx, counts, dists, ks))
+
+
+# A plain call of several radii with at most this many (query, point) pairs searches each radius
+# on its own (a dense launch each, its outputs whole): below, copying each radius' columns out of
+# one shared search costs more than measuring the pairs again (docs/ops/ball_query.md)
+SPLIT_PAIRS = 1 << 13
 
 
 def _per_radius(idx: torch.Tensor, counts: torch.Tensor, found: torch.Tensor, ks: list) -> list:
