@@ -394,7 +394,9 @@ def sum_is_finite(t: torch.Tensor) -> bool:
     return math.isfinite(t.sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
 
 
-DOT_CHECK = 1 << 16
+# (small tensors only, where a call's fixed cost counts: a larger dot product could run on
+# OpenBLAS's own threads beside torch's; larger tensors are summed by torch, as before)
+DOT_CHECK = 1 << 13
 _DOT_DTYPES = (torch.float32, torch.float64)
 
 
