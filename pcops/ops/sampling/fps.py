@@ -717,12 +717,11 @@ def _bucket_values(points: torch.Tensor, lengths, counts, start, idx: torch.Tens
     picked points' tensor (None: none); ``bad``: the values check's flag (None: no check)."""
     b, n, _ = points.shape
     nodes = (2 << _height(n)) - 1  # enough for every sample (none is longer than n)
-    flag = _NO_FLAG[1] if bad is None else bad
+    flag = _warp.no_flag(points.device)[1] if bad is None else bad
     out = _NO_POINTS[points.dtype] if gathered is None else _warp.span(gathered, 0, gathered.numel() // 3, 3)
     return [n, nodes, lengths, counts, start, _warp.span(points, 0, b * n, 3), *_scratch(points.dtype, b, n, nodes), _warp.array(idx), out, flag]
 
 
-_NO_FLAG = (lambda t: (t, _warp.array(t)))(torch.zeros(0, dtype=torch.int32))  # (tensor, its Warp view): no values check
 _NO_POINTS = {dtype: _warp.span(torch.zeros(0, dtype=dtype), 0, 0, 3) for dtype in (torch.float32, torch.float64)}  # no picked points to write
 
 
