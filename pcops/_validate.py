@@ -379,8 +379,9 @@ def sum_is_finite(t: torch.Tensor) -> bool:
     for a tensor that requires grad: True only where they are. False also where a value is so
     large that the reduction overflows: callers then check exactly (or take the general path).
     A float32/float64 tensor of up to :data:`DOT_CHECK` values is checked by NumPy's dot product
-    with itself (a NaN or inf value makes it NaN or inf; squares never cancel), half a small
-    call's cost of torch's sum; others (subclasses, tensors without storage) by
+    with itself (a NaN or inf value makes it NaN or inf; squares never cancel), cheaper for a
+    small call than torch's sum and read (docs/benchmarks.md, design choices); others
+    (subclasses, tensors without storage) by
     :func:`sum_finite`'s sum."""
     if t.requires_grad:
         t = t.detach()
