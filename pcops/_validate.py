@@ -377,28 +377,10 @@ def sum_finite(t: torch.Tensor) -> torch.Tensor:
 def sum_is_finite(t: torch.Tensor) -> bool:
     """Whether a CPU tensor's values are all finite, as a Python bool, without an autograd node
     for a tensor that requires grad: True only where they are. False also where a value is so
-    large that the reduction overflows: callers then check exactly (or take the general path).
-    A float32/float64 tensor of up to :data:`DOT_CHECK` values is checked by NumPy's dot product
-    with itself (a NaN or inf value makes it NaN or inf; squares never cancel), cheaper for a
-    small call than torch's sum and read (docs/benchmarks.md, design choices); others
-    (subclasses, tensors without storage) by
-    :func:`sum_finite`'s sum."""
+    large that the reduction overflows: callers then check exactly (or take the general path)."""
     if t.requires_grad:
         t = t.detach()
-    if type(t) is torch.Tensor and t.dtype in _DOT_DTYPES and t.numel() <= DOT_CHECK and not t.is_neg():
-        try:
-            a = t.numpy().reshape(-1)
-        except RuntimeError:  # (a tensor without storage: a functorch transform's)
-            pass
-        else:
-            return math.isfinite(float(a.dot(a)))
     return math.isfinite(t.sum(dtype=_SUM_DTYPE.get(t.dtype)).item())
-
-
-# (small tensors only, where a call's fixed cost counts: a larger dot product could run on
-# OpenBLAS's own threads beside torch's; larger tensors are summed by torch, as before)
-DOT_CHECK = 1 << 13
-_DOT_DTYPES = (torch.float32, torch.float64)
 
 
 def all_finite(t: torch.Tensor) -> bool:

@@ -27,7 +27,7 @@ KNOWN = {
     "radius_aggregate": ({("tolist", "pcops/ops/neighbours/_cells.py")}, "the cell list's grid from the clouds' box"),
     "radius_graph": ({("tolist", "pcops/ops/neighbours/_cells.py"), ("__int__", "pcops/ops/neighbours/graph.py")},
                      "the cell list's grid; the edge count of the padded form"),
-    "mesh_bvh": ({("numpy", "pcops/_validate.py")}, "the table's call validates the query points of mesh_distance"),
+    "mesh_bvh": ({("item", "pcops/_validate.py")}, "the table's call validates the query points of mesh_distance"),
     "sinkhorn_divergence": ({("tolist", "pcops/ops/transport/sinkhorn.py")}, "the temperature schedule from each sample's diameter"),
     "earth_movers_distance": ({("numpy", "pcops/ops/transport/emd.py")}, "the exact assignment runs in scipy on the CPU"),
     "voxel_pool": ({("tolist", "pcops/ops/sampling/_voxels.py")}, "the voxel keys' span from the points' box"),
