@@ -29,7 +29,9 @@ mode (:func:`analysis`):
   Anything else counts as a crossing (the test errs on the safe side): both faces are
   ``crossed``.
 * ``components`` (one thread): the pieces (union-find over the twins of faces not crossed) and
-  each piece's best-shaped face; nothing (every query walked) unless every edge has its twin.
+  each piece's best-shaped face. A face with an edge that has no twin (an edge used more than
+  once each way: two solids sharing an edge) counts as crossed: other faces meet it along
+  that edge.
 * ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
   centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
   itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
@@ -235,8 +237,8 @@ def _analysis_kernels():
                     rep: wp.array(dtype=wp.int64), ok: wp.array(dtype=wp.int32)):
         """One thread: ``parent[f]`` the root face of f's piece (the faces joined by the edges of
         two faces that are not ``crossed``; -1 for a crossed face), ``rep[root]`` its best-shaped
-        face (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed with every edge
-        twinned."""
+        face (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed. A face with an
+        edge without a twin (used more than once each way) is crossed too."""
         ok[0] = 0
         if closed[0] == 0:
             return
@@ -247,9 +249,14 @@ def _analysis_kernels():
         for f in range(nf):
             if padded == 0 or group[f] != padding:
                 for e in range(3):
+                    if twin[f, e] < wp.int64(0):  # (other faces meet it along that edge)
+                        crossed[f] = 1
+        for f in range(nf):
+            if padded == 0 or group[f] != padding:
+                for e in range(3):
                     g = twin[f, e]
                     if g < wp.int64(0):
-                        return
+                        continue
                     if crossed[f] == 0 and crossed[int(g)] == 0:
                         ra, rb = _root(parent, wp.int64(f)), _root(parent, g)
                         if ra != rb:

@@ -1,8 +1,8 @@
 """Signed ``mesh_distance`` on simple closed meshes without winding-number walks
 (``pcops::mesh_sides``): the side of the closest face or edge, and each piece's outer winding
-number, against the exact winding number; meshes that are not closed (open, an edge used more
-than twice) have every query walked, and so have the queries closest to faces that cross,
-touch or fold onto others."""
+number, against the exact winding number; meshes that are not closed have every query walked,
+and so have the queries closest to faces that cross, touch or fold onto others or that share an
+edge with more than one other face."""
 
 import pytest
 import torch
@@ -100,13 +100,19 @@ def _queries(v, f, gen, n=3000):
     return torch.cat([near, lo + (hi - lo) * torch.rand(n, 3, generator=gen, dtype=F64)])
 
 
-def _known(q, v, f):
-    """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
+def _analysed(q, v, f):
+    """(closed, simple, each query's closest face, the winding numbers mesh_sides finds (inf:
+    walked)) for one mesh."""
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
     closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
     face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False, shape=closed[1])
-    return _sides.known(q, face, rival, v, f, closed, simple)
+    return closed, simple, face, _sides.known(q, face, rival, v, f, closed, simple)
+
+
+def _known(q, v, f):
+    """The winding numbers mesh_sides finds (inf: walked) for one mesh."""
+    return _analysed(q, v, f)[3]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -169,10 +175,7 @@ def test_faces_that_meet_no_other_face_take_their_side_where_others_cross(name, 
     v, f = _crossing(name)
     q = _queries(v, f, gen, 1000).to(dtype)
     v = v.to(dtype)
-    bvh = pcops.mesh_bvh(v, f)
-    closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
-    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False, shape=closed[1])
-    k = _sides.known(q, face, rival, v, f, closed, simple)
+    closed, simple, face, k = _analysed(q, v, f)
     w = reference.winding_number(q, v, f)
     assert ((w - w.round()).abs() < 1e-6).all()  # (closed: integers)
     found = k < float("inf")
@@ -198,6 +201,49 @@ def test_meshes_that_are_not_closed_have_every_query_walked(name):
         f = f[1:]
     q = _queries(v, f, gen, 500)
     assert (_known(q, v, f) == float("inf")).all()
+
+
+def _merged(v, f):
+    """The vertices at one place made one (rounded to 1e-9), the faces renumbered."""
+    keys, inverse = torch.unique((v * 1e9).round().long(), dim=0, return_inverse=True)
+    merged = torch.zeros(keys.shape[0], 3, dtype=v.dtype).index_copy_(0, inverse, v)
+    return merged, inverse[f]
+
+
+def _edge_sharing(name):
+    """Closed meshes with edges used twice each way (each such edge has no twin)."""
+    v, f = _grid_cube(3)
+    if name == "cubes":  # two cubes of 3 x 3 grids whose edges along x = y = 1 coincide
+        return _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, f + v.shape[0]]))
+    # the same cube and a sphere through it: edges shared and faces crossing
+    s, t = icosphere(2)
+    both = _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, f + v.shape[0]]))
+    return torch.cat([both[0], 0.6 * s.to(F64) + 1.0]), torch.cat([both[1], t + both[0].shape[0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", ["cubes", "cubes_and_sphere"])
+def test_faces_at_an_edge_shared_by_more_than_two_walk_and_the_others_take_their_side(name, dtype):
+    """A closed mesh with edges used twice each way (solids sharing an edge): the faces along
+    such an edge count as crossing others (their queries walked); the other faces' queries take
+    their side's winding number, the exact one."""
+    gen = torch.Generator().manual_seed(6)
+    v, f = _edge_sharing(name)
+    q = _queries(v, f, gen, 1000).to(dtype)
+    v = v.to(dtype)
+    closed, simple, face, k = _analysed(q, v, f)
+    assert int(closed[0]) == 1 and int(simple[0]) == 1, "closed, and analysed"
+    twinless = (closed[2] < 0).any(1)
+    assert twinless.any() and (simple[1][twinless] < 0).all(), "the faces of a shared edge count as crossing"
+    w = reference.winding_number(q, v, f)
+    assert ((w - w.round()).abs() < 1e-6).all()  # (closed: integers)
+    found = k < float("inf")
+    assert not found[twinless[face]].any(), "a query closest to a face of a shared edge is walked"
+    assert found.float().mean() > 0.4, "most of the other queries take their side"
+    assert torch.equal(k[found].double(), w.round()[found])
+    signed = pcops.mesh_distance(q, v, f, signed=True).dists
+    off = signed != 0
+    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
     w = reference.winding_number(q, v, f)
     clear = (w - 0.5).abs() >= 0.1
     signed = pcops.mesh_distance(q, v, f, signed=True).dists
