@@ -1,9 +1,9 @@
 """The sign of signed ``mesh_distance`` without a winding-number walk, on closed meshes (CPU).
 
-On a closed mesh whose every edge is used once in each direction (``pcops::mesh_closed``'s
-twins), take the faces that meet no other face but along their shared edges and corners (no
-face crosses or touches them elsewhere: the test below), joined into pieces by the edges two
-of them share. The space next to a piece has one winding number on its faces' outer side
+On a closed mesh (``pcops::mesh_closed``: every edge used as often in each direction), take
+the faces whose edges are each used once in each direction (each has its twin) and that meet
+no other face but along their shared edges and corners (no face crosses or touches them
+elsewhere: the test below), joined into pieces by the edges two of them share. The space next to a piece has one winding number on its faces' outer side
 (their normals, ``(b - a) x (c - a)``, point there) and one more on their inner side: no other
 face passes between a piece's faces and the space next to them. So a query whose closest point
 lies inside such a face, or inside an edge of two of them, has the winding number of that
@@ -30,8 +30,8 @@ mode (:func:`analysis`):
   ``crossed``.
 * ``components`` (one thread): the pieces (union-find over the twins of faces not crossed) and
   each piece's best-shaped face. A face with an edge that has no twin (an edge used more than
-  once each way: two solids sharing an edge) counts as crossed: other faces meet it along
-  that edge.
+  once each way: two solids sharing an edge; or a face with a repeated corner) counts as
+  crossed: other faces meet it along that edge.
 * ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
   centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
   itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
@@ -238,7 +238,8 @@ def _analysis_kernels():
         """One thread: ``parent[f]`` the root face of f's piece (the faces joined by the edges of
         two faces that are not ``crossed``; -1 for a crossed face), ``rep[root]`` its best-shaped
         face (-1 for faces that are no root); ``ok[0]`` 1 if the mesh is closed. A face with an
-        edge without a twin (used more than once each way) is crossed too."""
+        edge without a twin (used more than once each way, or between a repeated corner) is
+        crossed too."""
         ok[0] = 0
         if closed[0] == 0:
             return
