@@ -3,9 +3,10 @@
 On a closed mesh (``pcops::mesh_closed``: every edge used as often in each direction), take
 the faces whose edges are each used once in each direction (each has its twin) and that meet
 no other face but along their shared edges and corners (no face crosses or touches them
-elsewhere: the test below), joined into pieces by the edges two of them share. The space next to a piece has one winding number on its faces' outer side
-(their normals, ``(b - a) x (c - a)``, point there) and one more on their inner side: no other
-face passes between a piece's faces and the space next to them. So a query whose closest point
+elsewhere: the test below), joined into pieces by the edges two of them share. The space next
+to a piece has one winding number on its faces' outer side (their normals,
+``(b - a) x (c - a)``, point there) and one more on their inner side: no other face passes
+between a piece's faces and the space next to them. So a query whose closest point
 lies inside such a face, or inside an edge of two of them, has the winding number of that
 side: the outer one of its piece, plus one when it lies behind the face's plane (behind the
 plane through the edge whose normal is the sum of the two faces' unit normals, for an edge:

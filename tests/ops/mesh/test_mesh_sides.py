@@ -218,14 +218,14 @@ def _merged(v, f):
 def _edge_sharing(name):
     """Closed meshes with edges used twice each way (each such edge has no twin)."""
     v, f = _grid_cube(3)
-    if name == "cubes":  # two cubes of 3 x 3 grids whose edges along x = y = 1 coincide
-        return _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, f + v.shape[0]]))
-    if name == "cube_and_inverted_cube":  # the second turned inside out: w = -1 in it (a piece joined across the edge would be wrong)
-        return _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, f.flip(1) + v.shape[0]]))
-    # the same cube and a sphere through it: edges shared and faces crossing
-    s, t = icosphere(2)
-    both = _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, f + v.shape[0]]))
-    return torch.cat([both[0], 0.6 * s.to(F64) + 1.0]), torch.cat([both[1], t + both[0].shape[0]])
+    # two cubes of 3 x 3 grids whose edges along x = y = 1 coincide; "cube_and_inverted_cube": the
+    # second turned inside out (w = -1 in it: a piece joined across the shared edge would be wrong)
+    second = f.flip(1) if name == "cube_and_inverted_cube" else f
+    cubes = _merged(torch.cat([v, v + torch.tensor([2.0, 2.0, 0.0], dtype=F64)]), torch.cat([f, second + v.shape[0]]))
+    if name != "cubes_and_sphere":
+        return cubes
+    s, t = icosphere(2)  # and a sphere through both: edges shared and faces crossing
+    return torch.cat([cubes[0], 0.6 * s.to(F64) + 1.0]), torch.cat([cubes[1], t + cubes[0].shape[0]])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
