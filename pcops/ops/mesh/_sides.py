@@ -13,7 +13,8 @@ plane through the edge whose normal is the sum of the two faces' unit normals, f
 Baerentzen and Aanaes 2005), decided in float64 from the exact coordinates. Queries closest to
 a corner, to a face of poor shape (height under ``SOUND`` times its longest edge), to a knife
 edge (faces folded onto each other) or to a face that crosses, touches or folds onto another
-are walked as before (:mod:`._search`), as are all queries of a mesh that is not closed. (On a
+are walked as before (:mod:`._search`), as are all queries of a mesh that is not closed
+(but a kept one, closed first by caps: :mod:`._caps`). (On a
 simple mesh, whose faces meet only along their shared edges and corners, every face is in a
 piece: the connected pieces of the surface.)
 
@@ -51,12 +52,13 @@ walks).
 """
 
 import weakref
+from typing import Optional
 
 import torch
 import warp as wp
 
 from ... import _threads, _warp, _warp_funcs
-from . import _search, _tree
+from . import _caps, _search, _tree
 
 SOUND = 1e-4  # a face whose height is under this times its longest edge: its queries are walked
 MARGIN = 1e-9  # times the mesh's size (and lengths): what faces must be apart by to count as apart
@@ -522,34 +524,53 @@ def _(query, face, rival, vertices, faces, twin, simple, parent, wout):
     return query.new_empty((query.shape[0],))
 
 
-# id(a tree's first tensor) -> (a weak reference to it, its mesh's closed and simple data): kept
-# hierarchies analysed once (eager mode)
+# id(a tree's first tensor) -> (a weak reference to it, its mesh's closed and simple data, its caps):
+# kept hierarchies analysed once (eager mode)
 _ANALYSED: dict = {}
 
 
-def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padding, t: _tree.Tree, queries, kept: bool):
-    """(closed, simple): :func:`._search.closed` and :func:`_mesh_simple` of a mesh and its tree.
-    A kept hierarchy (a :class:`MeshBVH` queried many times) is analysed whatever the number of
-    queries, once: in eager mode the result is kept as long as its tree lives."""
+def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tensor, padding, t: _tree.Tree, queries, kept: bool,
+             one: bool = False):
+    """(closed, simple, caps): :func:`._search.closed` and :func:`_mesh_simple` of a mesh and its
+    tree. A kept hierarchy (a :class:`MeshBVH` queried many times) is analysed whatever the
+    number of queries, once: in eager mode the result is kept as long as its tree lives; an
+    open kept CPU mesh (``one``) is analysed capped (:mod:`._caps`): ``closed`` holds its own
+    closedness and worst shape factor with the capped mesh's twins, ``simple`` the capped mesh's
+    analysis and ``caps`` the :class:`._caps.Caps` (else None)."""
     cache = kept and not torch.compiler.is_compiling()
     if cache:
         hit = _ANALYSED.get(id(t.a))
         if hit is not None and hit[0]() is t.a:
-            return hit[1], hit[2]
+            return hit[1], hit[2], hit[3]
     vertices = vertices.detach()
     closed = _search.closed(vertices.to(t.a.dtype), faces, face_group, padding)
-    simple = _mesh_simple(vertices, faces, face_group, padding is not None, -1 if padding is None else padding,
-                          max(faces.shape[0], 1) if kept else queries, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group,
-                          t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+    capped = None
+    if cache and one and faces.device.type == "cpu" and faces.shape[0] > 0 and not bool(closed[0]):  # (a host read, once per kept mesh)
+        capped = _caps.capped(vertices, faces, t.a.dtype)
+    if capped is None:
+        simple = _mesh_simple(vertices, faces, face_group, padding is not None, -1 if padding is None else padding,
+                              max(faces.shape[0], 1) if kept else queries, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group,
+                              t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+    else:
+        whole = capped.faces
+        group = torch.zeros(whole.shape[0], dtype=torch.int64)
+        tc = _search.tree(vertices.to(t.a.dtype), whole, group, one=True)
+        shut = _search.closed(vertices.to(t.a.dtype), whole, group, None)
+        simple = _mesh_simple(vertices, whole, group, False, -1, whole.shape[0], shut[0], shut[2], tc.order, tc.a, tc.b, tc.c, tc.group,
+                              tc.lo, tc.hi, tc.glo, tc.ghi, tc.center, tc.normal, tc.moment, tc.radius, tc.scale)
+        closed = [closed[0], closed[1], shut[2]]
     if cache:
         key = id(t.a)
-        _ANALYSED[key] = (weakref.ref(t.a, lambda _, key=key: _ANALYSED.pop(key, None)), closed, simple)
-    return closed, simple
+        _ANALYSED[key] = (weakref.ref(t.a, lambda _, key=key: _ANALYSED.pop(key, None)), closed, simple, capped)
+    return closed, simple, capped
 
 
 def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor,
-          closed: list[torch.Tensor], simple: list[torch.Tensor]) -> torch.Tensor:
+          closed: list[torch.Tensor], simple: list[torch.Tensor], capped=None, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(M,) the winding numbers of the queries that their closest face's side decides (inf where
     a walk must: see the module docs); ``face`` and ``rival`` from :func:`._search.closest`,
-    ``closed`` and ``simple`` from :func:`analysis`."""
-    return _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), faces, closed[2], *simple)
+    ``closed``, ``simple`` and ``capped`` from :func:`analysis` (an open mesh's caps: the
+    capped mesh's side less the caps' winding number, :mod:`._caps`; ``scale`` its tree's)."""
+    whole = faces if capped is None else capped.faces
+    sides = _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), whole, closed[2], *simple)
+    return sides if capped is None else _caps.known(query, face, rival, vertices, faces, sides, capped, scale)

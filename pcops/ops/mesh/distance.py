@@ -20,8 +20,9 @@ points and the vertices, to any order (eikonal losses take gradients of gradient
 with no gradient to keep (``torch.no_grad()``, or inputs that do not require grad) computes the
 closest point and weights with the same formula in one Warp kernel instead. The
 winding number is the hierarchical fast winding number (Barill et al. 2018), or on closed
-meshes, next to faces no other face crosses, the side of the closest face (:mod:`._sides`);
-the sign agrees with the exact
+meshes, next to faces no other face crosses, the side of the closest face (:mod:`._sides`),
+and on an open mesh kept as a :class:`MeshBVH`, the side on the mesh closed by caps over its
+holes less the caps' own winding number (:mod:`._caps`); the sign agrees with the exact
 winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
 corners) are measured by their edges, exactly, without a repair step.
 """
@@ -191,7 +192,8 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
     search = query.points.to(bvh.tree.a.dtype)
     if signed:  # the mesh's closedness and analysis (:mod:`._sides`), and the search's wider band for it
         padding = bvh.batch + 1 if bvh.batch > 0 else None
-        closed, simple = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept)
+        closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, padding, bvh.tree, search.shape[0], kept,
+                                                 one=bvh.batch == 0)
     # (the band of the faces the sides compare, widened by the worst shape factor on analysed (closed) meshes only)
     face, rows, rival = _search.closest(search, query.group, bvh.tree, max_dist, validate, shape=closed[1] * simple[0] if signed else None,
                                         one=bvh.batch == 0)
@@ -204,7 +206,7 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         on, normal_part = None, None
     sign = torch.ones_like(dists)
     if signed:
-        known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple)
+        known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign

@@ -105,7 +105,7 @@ def _analysed(q, v, f):
     walked)) for one mesh."""
     bvh = pcops.mesh_bvh(v, f)
     group = torch.zeros(q.shape[0], dtype=torch.int64)
-    closed, simple = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
+    closed, simple, _ = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
     face, _, rival = _search.closest(q, group, bvh.tree, float("inf"), False, shape=closed[1])
     return closed, simple, face, _sides.known(q, face, rival, v, f, closed, simple)
 

@@ -1,0 +1,189 @@
+"""Signed ``mesh_distance`` on open meshes from caps over their holes (``pcops.ops.mesh._caps``):
+the loops and their triangles, the capped mesh closed, and the signs of a kept hierarchy's
+queries (near the surface, near the caps, through the box) against the exact winding number."""
+
+import collections
+import math
+
+import pytest
+import torch
+
+import pcops
+from pcops.ops.mesh import _caps, _search, _sides
+from tests import reference
+from tests.op_table import icosphere
+from tests.ops.mesh.test_distance import _grid
+
+F64 = torch.float64
+
+
+def _bumpy(gen, subdivisions=2, jitter=0.2):
+    v, f = icosphere(subdivisions)
+    return v * (1 + jitter * (torch.rand(v.shape[0], 1, generator=gen, dtype=F64) - 0.5)), f
+
+
+def _tube(n=24, m=6):
+    """An open cylinder along z, a wavy rim at each end: two loops."""
+    u = torch.arange(n, dtype=F64) * 2 * torch.pi / n
+    z = torch.linspace(-1, 1, m + 1, dtype=F64)
+    uu, zz = torch.meshgrid(u, z, indexing="ij")
+    zz = zz + 0.15 * torch.sin(3 * uu) * (zz.abs() == 1)
+    v = torch.stack([uu.cos(), uu.sin(), zz], -1).reshape(-1, 3)
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(m), indexing="ij")
+    at = lambda a, b: (a % n) * (m + 1) + b  # noqa: E731
+    p, q, r, s = at(i, j), at(i + 1, j), at(i + 1, j + 1), at(i, j + 1)
+    return v, torch.cat([torch.stack([p, q, r], -1).reshape(-1, 3), torch.stack([p, r, s], -1).reshape(-1, 3)])
+
+
+def _open_meshes():
+    gen = torch.Generator().manual_seed(11)
+    v, f = _bumpy(gen)
+    a, b, c = v[f].unbind(1)
+    mid = (a + b + c) / 3
+    holes = f[(mid[:, 2] < 0.6) & (torch.rand(f.shape[0], generator=gen) > 0.03)]  # a cap's hole and a few single faces
+    theta = torch.atan2(mid[:, 1], mid[:, 0])
+    wavy = f[mid[:, 2] < 0.2 + 0.35 * torch.sin(5 * theta)]  # a bowl whose rim goes up and down: a non-planar loop
+    w3, f3 = _bumpy(gen, 3, 0.05)
+    a3, b3, c3 = w3[f3].unbind(1)
+    m3 = (a3 + b3 + c3) / 3
+    saddle = f3[m3[:, 2] < 0.7 * torch.sin(2 * torch.atan2(m3[:, 1], m3[:, 0]))]  # a rim over a saddle: a cap far from planar
+    w2, f2 = _bumpy(gen, 1)
+    moved = w2 * 0.8 + torch.tensor([0.7, 0.0, 0.1], dtype=F64)
+    two = torch.cat([v, moved]), torch.cat([holes, f2[3:] + v.shape[0]])  # crossing each other, both open
+    return {
+        "holes": (v, holes),
+        "wavy_bowl": (v, wavy),
+        "saddle": (w3, saddle),
+        "tube": _tube(),
+        "flat_grid": _grid(4),  # caps fold onto the grid itself: every face crossed, every query walked
+        "two_open_spheres": two,
+        "edge_used_twice": (v, torch.cat([holes, holes[:1]])),  # one face twice: its edges used twice one way
+    }
+
+
+MESHES = _open_meshes()
+
+
+def _directed(faces):
+    edges = torch.stack([faces, faces.roll(-1, 1)], -1).reshape(-1, 2).tolist()
+    return collections.Counter((a, b) for a, b in edges if a != b)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_loops_are_the_unmatched_edge_uses_reversed(name):
+    v, f = MESHES[name]
+    uses = _directed(f)
+    expected = collections.Counter()
+    for (a, b), k in uses.items():
+        extra = k - uses.get((b, a), 0)
+        if extra > 0:
+            expected[(b, a)] += extra
+    found = collections.Counter()
+    for loop in _caps.loops(f.numpy()):
+        assert len(loop) >= 3
+        found.update(zip(loop, loop[1:] + loop[:1]))
+    assert found == expected and expected
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_caps_close_the_mesh(name):
+    v, f = MESHES[name]
+    c = _caps.caps(v, f)
+    assert c.shape[0] == sum(len(loop) - 2 for loop in _caps.loops(f.numpy()))
+    whole = torch.cat([f, c])
+    uses = _directed(whole)
+    assert all(uses[(a, b)] == uses.get((b, a), 0) for a, b in uses)
+    assert int(_search.closed(v, whole, torch.zeros(whole.shape[0], dtype=torch.int64), None)[0]) == 1
+
+
+def test_a_convex_loop_is_clipped_into_triangles_that_tile_it():
+    """A planar convex octagon: six triangles, each turning the loop's way, their areas the
+    octagon's (no two overlap), the best-shaped ear first."""
+    t = torch.arange(8, dtype=F64) * 2 * math.pi / 8
+    v = torch.stack([t.cos() * 2, t.sin(), torch.zeros(8, dtype=F64)], 1).numpy()
+    triangles = _caps.clip(v, list(range(8)))
+    assert len(triangles) == 6
+    corners = torch.tensor(v)[torch.tensor(triangles)]
+    normal = torch.linalg.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    assert (normal[:, 2] > 0).all()  # counter-clockwise, as the loop
+    torch.testing.assert_close(normal[:, 2].sum() / 2, torch.tensor(8 * math.sin(2 * math.pi / 8), dtype=F64))  # 8 r1 r2 sin / 2
+    first = triangles[0]
+    assert _caps._factor(v, *first) == min(_caps._factor(v, (k - 1) % 8, k, (k + 1) % 8) for k in range(8))
+
+
+def _queries(v, f, gen, n=1500):
+    """Near the surface, near the caps and through the box (float64)."""
+    near = pcops.sample_points_on_mesh(v, f, n, generator=gen).points + 0.03 * torch.randn(n, 3, generator=gen, dtype=F64)
+    c = _caps.caps(v, f)
+    cap = pcops.sample_points_on_mesh(v, c, n // 2, generator=gen).points + 0.03 * torch.randn(n // 2, 3, generator=gen, dtype=F64)
+    lo, hi = v.min(0).values - 0.3, v.max(0).values + 0.3
+    box = lo + (hi - lo) * torch.rand(n // 2, 3, generator=gen, dtype=F64)
+    return torch.cat([near, cap, box])
+
+
+def _decided(q, bvh):
+    """The winding numbers the kept hierarchy's caps decide (inf: walked)."""
+    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
+    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
+                                     shape=closed[1] * simple[0], one=True)
+    return capped, _sides.known(q, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("name", list(MESHES))
+def test_a_kept_open_mesh_is_signed_by_its_caps_as_the_exact_winding_number(name, dtype):
+    v, f = MESHES[name]
+    gen = torch.Generator().manual_seed(12)
+    q = _queries(v, f, gen, 3000).to(dtype)
+    v = v.to(dtype)
+    w = reference.winding_number(q, v, f)
+    clear = (w - 0.5).abs() >= 0.1
+    bvh = pcops.mesh_bvh(v, f)
+    out = pcops.mesh_distance(q, bvh, signed=True)
+    assert torch.equal((out.dists < 0)[clear], (w >= 0.5)[clear])
+    walked = pcops.mesh_distance(q, v, f, signed=True)  # built in the call: every query walked
+    assert torch.equal(out.dists.abs(), walked.dists.abs()) and torch.equal(out.face, walked.face)
+    capped, known = _decided(q.contiguous(), bvh)
+    assert capped is not None
+    decided = torch.isfinite(known)
+    assert torch.equal((known >= 0.5)[decided & clear], (w >= 0.5)[decided & clear])
+    # an integer: the capped mesh's, the caps' winding number bounded below BOUND; else W less its walk
+    w_caps = reference.winding_number(q, v, capped.faces[f.shape[0]:])
+    whole = decided & (known == known.round())
+    assert (w_caps[whole].abs() < 0.45).all()  # (the module's BOUND: under 1/2, with room for the bound's rounding)
+    assert ((known - w)[decided & ~whole].abs() < 0.1).all()
+    share = decided.double().mean()
+    if name == "flat_grid":
+        assert share == 0  # its caps fold onto it
+    elif name != "two_open_spheres":
+        assert share > 0.5, share
+
+
+def test_more_unmatched_edges_than_the_limit_leave_the_queries_walked(monkeypatch):
+    v, f = MESHES["holes"]
+    q = _queries(v, f, torch.Generator().manual_seed(13), 300)
+    monkeypatch.setattr(_caps, "EDGES", 8)
+    assert _caps.caps(v, f) is None
+    bvh = pcops.mesh_bvh(v, f)
+    capped, known = _decided(q, bvh)
+    assert capped is None and not torch.isfinite(known).any()
+    w = reference.winding_number(q, v, f)
+    clear = (w - 0.5).abs() >= 0.1
+    assert torch.equal((pcops.mesh_distance(q, bvh, signed=True).dists < 0)[clear], (w >= 0.5)[clear])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_the_capped_op_has_an_exact_fake(dtype):
+    v, f = MESHES["holes"]
+    v = v.to(dtype)
+    q = _queries(v.double(), f, torch.Generator().manual_seed(14), 40).to(dtype)
+    bvh = pcops.mesh_bvh(v, f)
+    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
+    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
+                                     shape=closed[1] * simple[0], one=True)
+    sides = torch.ops.pcops.mesh_sides.default(q, face, rival, v, capped.faces, closed[2], *simple)
+    t = capped.tree
+    args = (q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius,
+            capped.area, bvh.tree.scale)
+    torch.library.opcheck(torch.ops.pcops.mesh_capped.default, args)
+    assert torch.isfinite(torch.ops.pcops.mesh_capped.default(*args)).any()
