@@ -52,6 +52,7 @@ FACTORIES = [
     ("mesh sides outside", importlib.import_module("pcops.ops.mesh._sides")._outside_kernel, ()),
     *[(f"mesh sides {d}", importlib.import_module("pcops.ops.mesh._sides")._sides_kernel, (d,)) for d in (F32, F64)],
     *[(f"mesh capped {d}", importlib.import_module("pcops.ops.mesh._caps")._capped_kernel, (d,)) for d in (F32, F64)],
+    *[(f"mesh caps neighbourhood {d}", importlib.import_module("pcops.ops.mesh._caps")._neighbourhood_kernel, (d,)) for d in (F32, F64)],
     *[(f"triangle closest {d} result={r}", importlib.import_module("pcops.ops.mesh._triangle")._closest_kernel, (d, r)) for d in (F32, F64) for r in (False, True)],
     ("plane normals", importlib.import_module("pcops.ops.mesh._triangle")._normal_kernel, (F64,)),
     ("mesh tree reach", importlib.import_module("pcops.ops.mesh._tree")._reach_kernel, ()),

@@ -17,19 +17,24 @@ queries are walked), and well-shaped caps leave fewer of those and a narrower ba
   triangulated by clipping its best-shaped ear first (the smallest squared longest edge over
   twice the area), for at most ``EDGES`` unmatched edges (more: no caps, every query walked);
 * the analysis (:func:`._sides.analysis`, once per kept mesh): the closed mesh M + C's, on a
-  hierarchy of its own built for it, and the caps' hierarchy (:func:`capped`), kept;
+  hierarchy of its own built for it, and the caps' hierarchy (:func:`capped`), kept; for each
+  face of M, its box widened by ``RHO`` times the mesh's size (every query nearer than that to
+  the face lies in it): the squared distance from it to the caps' boxes and a bound on
+  4 pi |w_C| in it, as below but from box to box (``_neighbourhood_kernel``);
 * per query (``pcops::mesh_capped``, a thread per query whose side gave W): the closest face
   of M was found by the usual search (and its rival within the rounding band, :mod:`._sides`),
-  so W is the side of that face's only if no cap face is as near: a cap face within
-  ``1 + WIDE`` times that distance (plus ``WIDE`` times the mesh's size), measured in float64,
-  sends the query to its walk (queries closest to a hole's rim among them: a cap shares the
-  rim's edges). Down the caps' boxes, the same pass bounds |w_C| by the area of each face
-  over 4 pi times its squared distance (a solid angle is at most that), or of each node far
-  enough for its size (``OPEN``, ``SHARE``) over its box's: under ``BOUND`` (< 1/2), W - w_C
-  lies on W's side of 1/2, and w = W. Otherwise w_C is walked (the fast winding number of
-  :mod:`._search`) coarsely, and again with ``BETA`` where W - w_C lies within ``MARGIN`` of
-  1/2, as the whole mesh's walk is: the same sign as the exact winding number wherever
-  |w - 1/2| >= 0.1.
+  so W is the side of that face's only if no cap face is as near as the mesh: within ``1 +
+  WIDE`` times that distance (plus ``WIDE`` times the mesh's size), measured in float64, such
+  a face sends the query to its walk (queries closest to a hole's rim among them: a cap shares
+  the rim's edges). A query nearer than the widening to its face, whose neighbourhood's caps
+  lie beyond that band and whose bound there is under ``BOUND``, takes W at once. For the
+  others, one pass down the caps' boxes looks for a cap face in the band and bounds |w_C| by
+  the area of each face over 4 pi times its squared distance (a solid angle is at most that),
+  or of each node far enough for its size (``OPEN``, ``SHARE``) over its box's: under
+  ``BOUND`` (< 1/2), W - w_C lies on W's side of 1/2, and w = W. Otherwise w_C is walked (the
+  fast winding number of :mod:`._search`) coarsely, and again with ``BETA`` where W - w_C lies
+  within ``MARGIN`` of 1/2, as the whole mesh's walk is: the same sign as the exact winding
+  number wherever |w - 1/2| >= 0.1.
 
 GPUs, padded or packed batches, meshes built in the call and compiled graphs walk every query
 of an open mesh as before (the caps are made on the host, of a size the data decides).
@@ -51,6 +56,7 @@ WIDE = 1e-6  # a cap face this much nearer than the mesh's closest face, relativ
 BOUND = 0.45  # the caps' winding number bounded below this: the capped mesh's side decides (it is an integer)
 OPEN = 1.0  # a node of the caps' boxes is bounded as a whole when farther than this times its box's diagonal,
 SHARE = 1 / 8  # ... or when its bound is under this share of 4 pi BOUND (a leaf: whenever no face may be in the band)
+RHO = 1 / 64  # times the mesh's size: each face's neighbourhood bounded once (queries nearer than this to their face)
 _STACK = 64
 
 
@@ -61,6 +67,9 @@ class Caps(NamedTuple):
     faces: torch.Tensor
     tree: _tree.Tree
     area: torch.Tensor  # (nodes,) float64: the area of each node's faces
+    gap: torch.Tensor  # (F,) float64: each mesh face's neighbourhood, the squared distance its caps are at least
+    far: torch.Tensor  # (F,) float64: ... and a bound on 4 pi |w_C| in it (inf: none)
+    rho2: torch.Tensor  # (1,) float64: the squared widening of the neighbourhoods (a query nearer its face lies in it)
 
 
 def loops(faces: np.ndarray) -> list[list[int]]:
@@ -144,6 +153,64 @@ def caps(vertices: torch.Tensor, faces: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 @_warp.kernels
+def _neighbourhood_kernel(dtype: torch.dtype):
+    v = _warp.vec3(dtype)
+    open2, share = wp.float64(OPEN * OPEN), wp.float64(BOUND * 4.0 * math.pi * SHARE)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def neighbourhood(start: int, depth: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), rho: wp.float64,
+                      ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v),
+                      lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64),
+                      gap: wp.array(dtype=wp.float64), far: wp.array(dtype=wp.float64)):
+        """Face f's box widened by rho on every side (where every query within rho of the face
+        lies): the squared distance from it to the caps' boxes (a lower bound of any of its
+        points' to the caps) and the caps' area over squared box distances, node by node (a
+        bound on 4 pi |w_C| at any of its points; inf where a leaf's box meets it)."""
+        f = wp.tid() + start
+        x0, x1, x2 = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        pad = wp.vec3d(rho, rho, rho)
+        blo, bhi = wp.min(x0, wp.min(x1, x2)) - pad, wp.max(x0, wp.max(x1, x2)) + pad
+        nearest = wp.float64(wp.inf)
+        bound = wp.float64(0.0)
+        n = wp.int64(ca.shape[0])
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        top = int(1)
+        stack_node[0] = 0
+        stack_depth[0] = 0
+        while top > 0:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
+            g = wp.max(wp.max(l - bhi, blo - h), wp.vec3d(0.0, 0.0, 0.0))
+            g2 = wp.dot(g, g)
+            if area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
+                nearest = wp.min(nearest, g2)
+                bound += area[node] / g2
+                continue
+            if d == depth:  # each face's box
+                k = node + 1 - (1 << d)
+                for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
+                    a, b, c = wp.vec3d(ca[j]), wp.vec3d(cb[j]), wp.vec3d(cc[j])
+                    e = wp.max(wp.max(wp.min(a, wp.min(b, c)) - bhi, blo - wp.max(a, wp.max(b, c))), wp.vec3d(0.0, 0.0, 0.0))
+                    t2 = wp.dot(e, e)
+                    nearest = wp.min(nearest, t2)
+                    bound += wp.where(t2 > wp.float64(0.0), wp.length(wp.cross(b - a, c - a)) / (wp.float64(2.0) * t2), wp.float64(wp.inf))
+                continue
+            stack_node[top] = 2 * node + 1
+            stack_depth[top] = d + 1
+            stack_node[top + 1] = 2 * node + 2
+            stack_depth[top + 1] = d + 1
+            top = top + 2
+        gap[f] = nearest
+        far[f] = bound
+
+    return neighbourhood
+
+
+@_warp.kernels
 def _capped_kernel(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     m = wp.mat33f if dtype == torch.float32 else wp.mat33d
@@ -165,7 +232,8 @@ def _capped_kernel(dtype: torch.dtype):
                ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v), group: wp.array(dtype=wp.int64),
                lo: wp.array(dtype=v), hi: wp.array(dtype=v), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
                center: wp.array(dtype=v), normal: wp.array(dtype=v), moment: wp.array(dtype=m), radius: wp.array(dtype=s),
-               area: wp.array(dtype=wp.float64), scale: wp.array(dtype=s), out: wp.array(dtype=s)):
+               area: wp.array(dtype=wp.float64), gap: wp.array(dtype=wp.float64), far: wp.array(dtype=wp.float64),
+               rho2: wp.array(dtype=wp.float64), scale: wp.array(dtype=s), out: wp.array(dtype=s)):
         """Query i whose closest face's side on the capped mesh gave ``known`` W: W less the
         caps' winding number, or inf (walk it) where a cap face is as near as the mesh."""
         i = wp.tid() + start
@@ -175,11 +243,16 @@ def _capped_kernel(dtype: torch.dtype):
             return
         q = query[i]
         q64 = wp.vec3d(q)
-        d2 = corner_d2(q64, vertices, faces, int(face[i]))
+        f = int(face[i])
+        own = corner_d2(q64, vertices, faces, f)
+        d2 = own
         if rival[i] >= wp.int64(0):
             d2 = wp.min(d2, corner_d2(q64, vertices, faces, int(rival[i])))
         r = wp.sqrt(d2) * (wp.float64(1.0) + wide) + wide * wp.float64(scale[0])
         band = r * r * slack
+        if own <= rho2[0] and gap[f] > band and far[f] < budget:  # its face's neighbourhood, where the query lies, decides
+            out[i] = big
+            return
         # down the caps' boxes: every face within the band (none may be), and a bound on 4 pi |w_C|:
         # the area of each face (a leaf's) or node (one far for its size) over its squared distance
         bound = wp.float64(0.0)
@@ -194,8 +267,8 @@ def _capped_kernel(dtype: torch.dtype):
             node = stack_node[top]
             d = stack_depth[top]
             l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
-            gap = wp.max(wp.max(l - q64, q64 - h), wp.vec3d(0.0, 0.0, 0.0))
-            g2 = wp.dot(gap, gap)
+            e = wp.max(wp.max(l - q64, q64 - h), wp.vec3d(0.0, 0.0, 0.0))
+            g2 = wp.dot(e, e)
             if g2 > band:
                 if bound >= budget:
                     continue
@@ -231,7 +304,8 @@ def _capped_kernel(dtype: torch.dtype):
 def _mesh_capped(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor,
                  known: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, lo: torch.Tensor,
                  hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor,
-                 radius: torch.Tensor, area: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+                 radius: torch.Tensor, area: torch.Tensor, gap: torch.Tensor, far: torch.Tensor, rho2: torch.Tensor,
+                 scale: torch.Tensor) -> torch.Tensor:
     """query (M, 3) in the caps' tree's dtype, face and rival (M,) from :func:`._search.closest` on
     the open mesh (vertices, faces), ``known`` (M,) the capped mesh's winding number from the
     side of each query's closest face (inf: none), the caps' tree -> (M,) the open mesh's
@@ -244,13 +318,14 @@ def _mesh_capped(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, v
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
     args = [_tree.depth(ta.shape[0]), query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(),
             known.contiguous(), ta, tb, tc, group, lo, hi, glo, ghi, center, normal, _warp.Typed(moment, m33), radius, area,
-            scale.reshape(1), out]
+            gap, far, rho2, scale.reshape(1), out]
     _warp.launch(_capped_kernel(query.dtype), m, args, like=query, min_chunk=64)
     return out
 
 
 @_mesh_capped.register_fake
-def _(query, face, rival, vertices, faces, known, ta, tb, tc, group, lo, hi, glo, ghi, center, normal, moment, radius, area, scale):
+def _(query, face, rival, vertices, faces, known, ta, tb, tc, group, lo, hi, glo, ghi, center, normal, moment, radius, area, gap, far, rho2,
+      scale):
     return query.new_empty((query.shape[0],))
 
 
@@ -260,7 +335,8 @@ def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices
     capped mesh's from :func:`._sides.known`, ``faces`` the open mesh's, ``scale`` its tree's."""
     t = capped.tree
     return _mesh_capped(query.detach().contiguous(), face, rival, vertices.detach(), faces, sides.to(query.dtype), t.a, t.b, t.c, t.group,
-                        t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, capped.area, scale)
+                        t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, capped.area, capped.gap, capped.far,
+                        capped.rho2, scale)
 
 
 def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> Optional[Caps]:
@@ -270,7 +346,14 @@ def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> O
     if c is None or c.shape[0] == 0:
         return None
     tree = _search.tree(vertices.detach().to(dtype), c, torch.zeros(c.shape[0], dtype=torch.int64), one=True)
-    return Caps(torch.cat([faces, c]), tree, _node_areas(tree))
+    area = _node_areas(tree)
+    v64 = vertices.detach().to(torch.float64).contiguous()
+    rho = RHO * float((v64.amax(0) - v64.amin(0)).amax()) if v64.shape[0] else 0.0
+    gap, far = (v64.new_empty(faces.shape[0]) for _ in range(2))
+    _warp.launch(_neighbourhood_kernel(dtype), faces.shape[0], [_tree.depth(c.shape[0]), v64, faces.contiguous(), rho, tree.a, tree.b, tree.c,
+                                                                tree.lo, tree.hi, area,
+                                                                gap, far], like=v64, min_chunk=64)
+    return Caps(torch.cat([faces, c]), tree, area, gap, far, v64.new_full((1,), (rho * (1 - 1e-9)) ** 2))
 
 
 def _node_areas(t: _tree.Tree) -> torch.Tensor:

@@ -184,6 +184,62 @@ def test_the_capped_op_has_an_exact_fake(dtype):
     sides = torch.ops.pcops.mesh_sides.default(q, face, rival, v, capped.faces, closed[2], *simple)
     t = capped.tree
     args = (q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius,
-            capped.area, bvh.tree.scale)
+            capped.area, capped.gap, capped.far, capped.rho2, bvh.tree.scale)
     torch.library.opcheck(torch.ops.pcops.mesh_capped.default, args)
     assert torch.isfinite(torch.ops.pcops.mesh_capped.default(*args)).any()
+
+
+@pytest.mark.parametrize("name", ["holes", "saddle", "tube"])
+def test_each_face_s_neighbourhood_bounds_hold_at_points_in_it(name):
+    """Each face's widened box: the caps' distance and winding number at points in it within
+    its gap and bound, and those no looser than the caps' own boxes allow (a brute force over
+    every cap face's box: the gap at most their nearest, the bound at least their sum)."""
+    v, f = MESHES[name]
+    bvh = pcops.mesh_bvh(v, f)
+    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    gen = torch.Generator().manual_seed(15)
+    rows = torch.randint(0, f.shape[0], (400,), generator=gen)
+    corners = v[f[rows]]
+    rho = float(capped.rho2.sqrt()) / (1 - 1e-9)
+    lo, hi = corners.amin(1) - rho, corners.amax(1) + rho
+    p = lo + (hi - lo) * torch.rand(400, 3, generator=gen, dtype=F64)
+    caps = capped.faces[f.shape[0]:]
+    assert (pcops.mesh_distance(p, v, caps).dists.square() >= capped.gap[rows] * (1 - 1e-12)).all()
+    assert (4 * math.pi * reference.winding_number(p, v, caps).abs() <= capped.far[rows] * (1 + 1e-12)).all()
+    c = v[caps]
+    area = torch.linalg.vector_norm(torch.linalg.cross(c[:, 1] - c[:, 0], c[:, 2] - c[:, 0]), dim=-1) / 2
+    e = torch.maximum(torch.maximum(c.amin(1)[None] - hi[:, None], lo[:, None] - c.amax(1)[None]), torch.zeros(3, dtype=F64))
+    d2 = e.square().sum(-1)
+    assert (capped.gap[rows] <= d2.amin(1) * (1 + 1e-12)).all()
+    bound = torch.where(d2 > 0, area / d2, float("inf")).sum(1)
+    assert (capped.far[rows] >= bound * (1 - 1e-12)).all()
+    assert torch.isfinite(capped.far).float().mean() > 0.2  # (a bound that is never finite proves nothing)
+
+
+def test_a_face_s_neighbourhood_decides_only_its_own_queries_where_its_data_allow():
+    """``pcops::mesh_capped`` given made-up neighbourhood data: a query nearer than the widening
+    to its face takes the capped mesh's side where the gap clears its band and the bound is
+    small; with either failing, or farther from its face, it takes the per-query check's value."""
+    v, f = MESHES["holes"]
+    gen = torch.Generator().manual_seed(16)
+    q = _queries(v, f, gen, 600)
+    bvh = pcops.mesh_bvh(v, f)
+    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
+    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
+                                     shape=closed[1] * simple[0], one=True)
+    sides = torch.ops.pcops.mesh_sides.default(q, face, rival, v, capped.faces, closed[2], *simple)
+    t = capped.tree
+
+    def run(gap, far):
+        full = lambda x: torch.full_like(capped.gap, x)  # noqa: E731
+        return torch.ops.pcops.mesh_capped.default(q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center,
+                                                   t.normal, t.moment, t.radius, capped.area, full(gap), full(far), capped.rho2, bvh.tree.scale)
+
+    alone = run(0.0, float("inf"))  # the per-query check everywhere
+    corners = v[f[face]]
+    own = reference.triangle_points(q, *corners.unbind(1)).sub(q).square().sum(-1)
+    within = torch.isfinite(sides) & (own <= capped.rho2)
+    assert within.float().mean() > 0.1 and (~within & torch.isfinite(sides)).any()
+    taken = run(float("inf"), 0.0)
+    assert torch.equal(taken[within], sides[within]) and torch.equal(taken[~within], alone[~within])
+    assert torch.equal(run(0.0, 0.0), alone) and torch.equal(run(float("inf"), float("inf")), alone)
