@@ -72,10 +72,11 @@ class Caps(NamedTuple):
     rho2: torch.Tensor  # (1,) float64: the squared widening of the neighbourhoods (a query nearer its face lies in it)
 
 
-def loops(faces: np.ndarray) -> list[list[int]]:
+def loops(faces: np.ndarray, limit: Optional[int] = None) -> Optional[list[list[int]]]:
     """The unmatched edge uses of faces (F, 3), reversed, as closed loops of vertices: each
     directed edge (a, b) used more often than (b, a) gives that many uses of (b, a), chained
-    end to start (every vertex ends as many as it starts: a boundary has none)."""
+    end to start (every vertex ends as many as it starts: a boundary has none); None where there
+    are more than ``limit`` of them (counted before any is chained)."""
     if faces.shape[0] == 0:
         return []
     edges = np.stack([faces, np.roll(faces, -1, axis=1)], -1).reshape(-1, 2)
@@ -85,6 +86,8 @@ def loops(faces: np.ndarray) -> list[list[int]]:
     pairs, inverse = np.unique(np.stack([low, high], 1), axis=0, return_inverse=True)
     net = np.zeros(len(pairs), dtype=np.int64)
     np.add.at(net, inverse.reshape(-1), up)
+    if limit is not None and int(np.abs(net).sum()) > limit:
+        return None
     nexts: dict[int, list[int]] = {}
     for (lo, hi), k in zip(pairs[net != 0].tolist(), net[net != 0].tolist()):
         start, end = (hi, lo) if k > 0 else (lo, hi)  # used lo -> hi k times more: the caps use hi -> lo
@@ -143,9 +146,8 @@ def clip(vertices, loop: list[int]) -> list[tuple[int, int, int]]:
 def caps(vertices: torch.Tensor, faces: torch.Tensor) -> Optional[torch.Tensor]:
     """(C, 3) int64 triangles over the holes of one mesh (rows of ``vertices``); None where it
     has more than ``EDGES`` unmatched edge uses (the mesh must be open: at least one)."""
-    f = faces.cpu().numpy()
-    holes = loops(f)
-    if sum(len(loop) for loop in holes) > EDGES:
+    holes = loops(faces.cpu().numpy(), EDGES)
+    if holes is None:
         return None
     v = vertices.detach().cpu().to(torch.float64).tolist()
     triangles = [t for loop in holes for t in clip(v, loop)]
@@ -211,16 +213,70 @@ def _neighbourhood_kernel(dtype: torch.dtype):
 
 
 @_warp.kernels
+def _check_func(dtype: torch.dtype):
+    """``check(q, band, depth, <the caps' corners, boxes and node areas>)``: (whether a cap face
+    lies within squared distance ``band`` of q, a bound on 4 pi |w_C(q)|: each face's area over
+    its squared distance, or a node's far enough for its size over its box's; the sum stops at
+    4 pi ``BOUND``, past which it decides nothing), one pass down the caps' boxes, in float64."""
+    v = _warp.vec3(dtype)
+    triangle_d2, _ = _search._funcs(torch.float64)
+    budget, open2 = wp.float64(BOUND * 4.0 * math.pi), wp.float64(OPEN * OPEN)
+    share = budget * wp.float64(SHARE)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+
+    @wp.func(module="unique")
+    def check(q64: wp.vec3d, band: wp.float64, depth: int, ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v),
+              lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64)):
+        bound = wp.float64(0.0)
+        hit = bool(False)
+        n = wp.int64(ca.shape[0])
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        top = int(1)
+        stack_node[0] = 0
+        stack_depth[0] = 0
+        while top > 0 and not hit:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
+            e = wp.max(wp.max(l - q64, q64 - h), wp.vec3d(0.0, 0.0, 0.0))
+            g2 = wp.dot(e, e)
+            if g2 > band:
+                if bound >= budget:
+                    continue
+                if d == depth or area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
+                    bound += area[node] / g2
+                    continue
+            if d == depth:
+                k = node + 1 - (1 << d)
+                for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
+                    a, b, c = wp.vec3d(ca[j]), wp.vec3d(cb[j]), wp.vec3d(cc[j])
+                    t2 = triangle_d2(q64, a, b, c)
+                    if t2 <= band:
+                        hit = True
+                    bound += wp.length(wp.cross(b - a, c - a)) / (wp.float64(2.0) * t2)
+                continue
+            stack_node[top] = 2 * node + 1
+            stack_depth[top] = d + 1
+            stack_node[top + 1] = 2 * node + 2
+            stack_depth[top + 1] = d + 1
+            top = top + 2
+        return hit, bound
+
+    return check
+
+
+@_warp.kernels
 def _capped_kernel(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     m = wp.mat33f if dtype == torch.float32 else wp.mat33d
     walk = _search.walk_func(dtype)
+    check = _check_func(dtype)
     triangle_d2, _ = _search._funcs(torch.float64)
     coarse2, fine2, margin = s(_search.COARSE**2), s(_search.BETA**2), s(_search.MARGIN)
     wide, slack = wp.float64(WIDE), wp.float64(1.0 + 1e-12)
-    budget, open2 = wp.float64(BOUND * 4.0 * math.pi), wp.float64(OPEN * OPEN)
-    share = budget * wp.float64(SHARE)
-    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+    budget = wp.float64(BOUND * 4.0 * math.pi)
 
     @wp.func(module="unique")
     def corner_d2(q: wp.vec3d, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), f: int):
@@ -253,42 +309,9 @@ def _capped_kernel(dtype: torch.dtype):
         if own <= rho2[0] and gap[f] > band and far[f] < budget:  # its face's neighbourhood, where the query lies, decides
             out[i] = big
             return
-        # down the caps' boxes: every face within the band (none may be), and a bound on 4 pi |w_C|:
-        # the area of each face (a leaf's) or node (one far for its size) over its squared distance
-        bound = wp.float64(0.0)
-        n = wp.int64(ca.shape[0])
-        stack_node = _nodes()
-        stack_depth = _nodes()
-        top = int(1)
-        stack_node[0] = 0
-        stack_depth[0] = 0
-        while top > 0:
-            top = top - 1
-            node = stack_node[top]
-            d = stack_depth[top]
-            l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
-            e = wp.max(wp.max(l - q64, q64 - h), wp.vec3d(0.0, 0.0, 0.0))
-            g2 = wp.dot(e, e)
-            if g2 > band:
-                if bound >= budget:
-                    continue
-                if d == depth or area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
-                    bound += area[node] / g2
-                    continue
-            if d == depth:
-                k = node + 1 - (1 << d)
-                for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
-                    a, b, c = wp.vec3d(ca[j]), wp.vec3d(cb[j]), wp.vec3d(cc[j])
-                    t2 = triangle_d2(q64, a, b, c)
-                    if t2 <= band:
-                        return  # a cap face as near as the mesh: walked
-                    bound += wp.length(wp.cross(b - a, c - a)) / (wp.float64(2.0) * t2)
-                continue
-            stack_node[top] = 2 * node + 1
-            stack_depth[top] = d + 1
-            stack_node[top + 1] = 2 * node + 2
-            stack_depth[top + 1] = d + 1
-            top = top + 2
+        hit, bound = check(q64, band, depth, ca, cb, cc, lo, hi, area)
+        if hit:
+            return  # a cap face as near as the mesh: walked
         if bound < budget:  # |w_C| < BOUND: W's side of 1/2
             out[i] = big
             return
@@ -345,7 +368,7 @@ def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> O
     c = caps(vertices, faces)
     if c is None or c.shape[0] == 0:
         return None
-    tree = _search.tree(vertices.detach().to(dtype), c, torch.zeros(c.shape[0], dtype=torch.int64), one=True)
+    tree = _search.tree(vertices.detach().to(dtype), c, torch.zeros(c.shape[0], dtype=torch.int64))  # (not one: no kept build)
     area = _node_areas(tree)
     v64 = vertices.detach().to(torch.float64).contiguous()
     rho = RHO * float((v64.amax(0) - v64.amin(0)).amax()) if v64.shape[0] else 0.0
@@ -358,11 +381,12 @@ def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> O
 
 def _node_areas(t: _tree.Tree) -> torch.Tensor:
     """(nodes,) float64: the summed area of each node's faces (node k of depth d holds the sorted
-    faces floor(k F / 2^d) .. floor((k + 1) F / 2^d)), widened by 2^-40 for rounding."""
+    faces floor(k F / 2^d) .. floor((k + 1) F / 2^d)), from differences of a running sum: widened
+    by 2^-40 of each and by (F + 1) 2^-50 of the total (the sum's cancellation) for rounding."""
     a, b, c = (x.to(torch.float64) for x in (t.a, t.b, t.c))
     sums = torch.cat([a.new_zeros(1), torch.cumsum(torch.linalg.vector_norm(torch.linalg.cross(b - a, c - a), dim=-1) / 2, 0)])
     n, out = a.shape[0], a.new_zeros(t.lo.shape[0])
     for d in range(_tree.depth(n) + 1):
         k = torch.arange(1 << d)
         out[(1 << d) - 1 + k] = sums[((k + 1) * n) >> d] - sums[(k * n) >> d]
-    return out * (1 + 2.0**-40)
+    return out * (1 + 2.0**-40) + (n + 1) * 2.0**-50 * float(sums[-1])

@@ -524,7 +524,7 @@ def _(query, face, rival, vertices, faces, twin, simple, parent, wout):
     return query.new_empty((query.shape[0],))
 
 
-# id(a tree's first tensor) -> (a weak reference to it, its mesh's closed and simple data, its caps):
+# (id(a tree's first tensor), one) -> (a weak reference to it, its mesh's closed and simple data, its caps):
 # kept hierarchies analysed once (eager mode)
 _ANALYSED: dict = {}
 
@@ -539,7 +539,7 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     analysis and ``caps`` the :class:`._caps.Caps` (else None)."""
     cache = kept and not torch.compiler.is_compiling()
     if cache:
-        hit = _ANALYSED.get(id(t.a))
+        hit = _ANALYSED.get((id(t.a), one))
         if hit is not None and hit[0]() is t.a:
             return hit[1], hit[2], hit[3]
     vertices = vertices.detach()
@@ -554,13 +554,13 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     else:
         whole = capped.faces
         group = torch.zeros(whole.shape[0], dtype=torch.int64)
-        tc = _search.tree(vertices.to(t.a.dtype), whole, group, one=True)
+        tc = _search.tree(vertices.to(t.a.dtype), whole, group)  # (not one: the thread's kept builds of the user's meshes stay)
         shut = _search.closed(vertices.to(t.a.dtype), whole, group, None)
         simple = _mesh_simple(vertices, whole, group, False, -1, whole.shape[0], shut[0], shut[2], tc.order, tc.a, tc.b, tc.c, tc.group,
                               tc.lo, tc.hi, tc.glo, tc.ghi, tc.center, tc.normal, tc.moment, tc.radius, tc.scale)
         closed = [closed[0], closed[1], shut[2]]
     if cache:
-        key = id(t.a)
+        key = (id(t.a), one)
         _ANALYSED[key] = (weakref.ref(t.a, lambda _, key=key: _ANALYSED.pop(key, None)), closed, simple, capped)
     return closed, simple, capped
 

@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+import warp as wp
 
 import pcops
-from pcops.ops.mesh import _caps, _search, _sides
+from pcops.ops.mesh import _caps, _search, _sides, _tree
 from tests import reference
 from tests.op_table import icosphere
 from tests.ops.mesh.test_distance import _grid
@@ -35,6 +36,18 @@ def _tube(n=24, m=6):
     return v, torch.cat([torch.stack([p, q, r], -1).reshape(-1, 3), torch.stack([p, r, s], -1).reshape(-1, 3)])
 
 
+def _cup(n=32, depth=0.2):
+    """A shallow open cup: a fan of a unit disc at z = 0 and a wall up to z = depth, open at the
+    top. Queries above the opening have the bottom as their nearest face and the cap between."""
+    t = torch.arange(n, dtype=F64) * 2 * torch.pi / n
+    ring = torch.stack([t.cos(), t.sin(), torch.zeros(n, dtype=F64)], 1)
+    v = torch.cat([ring, ring + torch.tensor([0.0, 0.0, depth], dtype=F64), torch.zeros(1, 3, dtype=F64)])
+    k, k1 = torch.arange(n), (torch.arange(n) + 1) % n
+    bottom = torch.stack([torch.full_like(k, 2 * n), k1, k], 1)  # normals down: outward
+    wall = torch.cat([torch.stack([k, k1, k1 + n], 1), torch.stack([k, k1 + n, k + n], 1)])
+    return v, torch.cat([bottom, wall])
+
+
 def _open_meshes():
     gen = torch.Generator().manual_seed(11)
     v, f = _bumpy(gen)
@@ -55,6 +68,7 @@ def _open_meshes():
         "wavy_bowl": (v, wavy),
         "saddle": (w3, saddle),
         "tube": _tube(),
+        "cup": _cup(),
         "flat_grid": _grid(4),  # caps fold onto the grid itself: every face crossed, every query walked
         "two_open_spheres": two,
         "edge_used_twice": (v, torch.cat([holes, holes[:1]])),  # one face twice: its edges used twice one way
@@ -243,3 +257,80 @@ def test_a_face_s_neighbourhood_decides_only_its_own_queries_where_its_data_allo
     taken = run(float("inf"), 0.0)
     assert torch.equal(taken[within], sides[within]) and torch.equal(taken[~within], alone[~within])
     assert torch.equal(run(0.0, 0.0), alone) and torch.equal(run(float("inf"), float("inf")), alone)
+
+
+def test_the_caps_node_areas_are_their_faces_areas():
+    v, f = MESHES["holes"]
+    bvh = pcops.mesh_bvh(v, f)
+    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    t = capped.tree
+    a, b, c = t.a, t.b, t.c
+    area = torch.linalg.vector_norm(torch.linalg.cross(b - a, c - a), dim=-1) / 2
+    n = a.shape[0]
+    for depth in range(_tree.depth(n) + 1):
+        for k in range(1 << depth):
+            expected = area[(k * n) >> depth:((k + 1) * n) >> depth].sum()
+            got = capped.area[(1 << depth) - 1 + k]
+            assert expected <= got <= expected * (1 + 1e-9) + 1e-12, (depth, k)
+
+
+@pytest.mark.parametrize("name", ["holes", "wavy_bowl", "tube", "two_open_spheres", "edge_used_twice"])
+def test_the_per_query_bound_holds_the_caps_winding_number(name):
+    """The per-query pass (``_check_func``) at queries of every kind and band: a bound under its
+    limit is at least 4 pi |w_C| (the caps' exact winding number), and a cap face within the
+    band is always found."""
+    v, f = MESHES[name]
+    bvh = pcops.mesh_bvh(v, f)
+    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    gen = torch.Generator().manual_seed(17)
+    q = _queries(v, f, gen, 1500)
+    band = (0.05 * torch.rand(q.shape[0], generator=gen, dtype=F64)).square()
+    t = capped.tree
+    check = _caps._check_func(torch.float64)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def probe(q: wp.array(dtype=wp.vec3d), band: wp.array(dtype=wp.float64), depth: int, ca: wp.array(dtype=wp.vec3d),
+              cb: wp.array(dtype=wp.vec3d), cc: wp.array(dtype=wp.vec3d), lo: wp.array(dtype=wp.vec3d), hi: wp.array(dtype=wp.vec3d),
+              area: wp.array(dtype=wp.float64), hit: wp.array(dtype=wp.int32), bound: wp.array(dtype=wp.float64)):
+        i = wp.tid()
+        h, b = check(q[i], band[i], depth, ca, cb, cc, lo, hi, area)
+        hit[i] = wp.where(h, 1, 0)
+        bound[i] = b
+
+    hit, bound = torch.zeros(q.shape[0], dtype=torch.int32), torch.zeros(q.shape[0], dtype=F64)
+    arrays = [wp.from_torch(x.contiguous(), dtype=wp.vec3d) for x in (q, t.a, t.b, t.c, t.lo, t.hi)]
+    wp.launch(probe, q.shape[0], [arrays[0], wp.from_torch(band), _tree.depth(t.a.shape[0]), *arrays[1:],
+                                  wp.from_torch(capped.area), wp.from_torch(hit), wp.from_torch(bound)], device="cpu")
+    caps = capped.faces[f.shape[0]:]
+    near = pcops.mesh_distance(q, v, caps).dists.square() <= band
+    assert torch.equal(hit.bool() | ~near, torch.ones_like(near))  # every cap face in the band found
+    assert _caps.BOUND <= 0.45  # (under 1/2, with room for the bound's rounding)
+    limit = 4 * math.pi * _caps.BOUND
+    decided = (hit == 0) & (bound < limit)
+    w_caps = reference.winding_number(q, v, caps)
+    assert (4 * math.pi * w_caps[decided].abs() <= bound[decided] * (1 + 1e-9)).all()
+    # no looser than the tightest form of the same bound: each cap face's area over its exact squared distance
+    a, b, c = v[caps].unbind(1)
+    d2 = (reference.triangle_points(q[:, None], a[None], b[None], c[None]) - q[:, None]).square().sum(-1)
+    tightest = (torch.linalg.vector_norm(torch.linalg.cross(b - a, c - a), dim=-1) / 2 / d2).sum(1)
+    assert (bound[decided] >= tightest[decided] * (1 - 1e-9)).all()
+    tight = (4 * math.pi * w_caps[decided].abs() / bound[decided]).amax()
+    assert decided.sum() >= 20 and tight > 0.2  # (bounds that bind)
+
+
+def test_a_kept_open_mesh_is_capped_once_and_let_go_with_its_tree(monkeypatch):
+    v, f = MESHES["holes"]
+    bvh = pcops.mesh_bvh(v, f)
+    calls = []
+    made = _caps.capped
+    monkeypatch.setattr(_caps, "capped", lambda *args: calls.append(1) or made(*args))
+    q = _queries(v, f, torch.Generator().manual_seed(18), 200)
+    first = pcops.mesh_distance(q, bvh, signed=True).dists
+    second = pcops.mesh_distance(q, bvh, signed=True).dists
+    assert len(calls) == 1 and torch.equal(first, second)
+    key = (id(bvh.tree.a), True)
+    assert _sides._ANALYSED[key][3] is not None
+    pcops.mesh_distance(q, v, f, signed=True)  # built in the call: not capped
+    assert len(calls) == 1
+    del bvh
+    assert key not in _sides._ANALYSED
