@@ -83,11 +83,12 @@ def loops(faces: np.ndarray, limit: Optional[int] = None) -> Optional[list[list[
     edges = edges[edges[:, 0] != edges[:, 1]]
     low, high = edges.min(1), edges.max(1)
     up = np.where(edges[:, 0] < edges[:, 1], 1, -1)
-    pairs, inverse = np.unique(np.stack([low, high], 1), axis=0, return_inverse=True)
-    net = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(net, inverse.reshape(-1), up)
+    width = int(high.max()) + 1 if high.size else 1
+    keys, inverse = np.unique(low.astype(np.int64) * width + high, return_inverse=True)
+    net = np.bincount(inverse.reshape(-1), weights=up, minlength=len(keys)).astype(np.int64)
     if limit is not None and int(np.abs(net).sum()) > limit:
         return None
+    pairs = np.stack([keys // width, keys % width], 1)
     nexts: dict[int, list[int]] = {}
     for (lo, hi), k in zip(pairs[net != 0].tolist(), net[net != 0].tolist()):
         start, end = (hi, lo) if k > 0 else (lo, hi)  # used lo -> hi k times more: the caps use hi -> lo
