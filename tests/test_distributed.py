@@ -313,7 +313,8 @@ def _worker(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+# three ranks (32 s on 2 cores; a rank between two others) run with `pytest -m slow`
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_each_rank_gets_its_rows_of_the_single_process_op(world):
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
 

@@ -233,8 +233,10 @@ def test_every_point_config_runs_with_fast_dev_run(name, modelnet, tmp_path, mon
 
 
 # pointnet2_seg (30 s) is pointnet2_cls's encoder plus feature propagation, whose ops compile
-# whole in their own tests: it runs with `pytest -m slow`
-@pytest.mark.parametrize("name", ["dgcnn_cls", "pointnet_seg", pytest.param("pointnet2_cls", marks=needs_grouping),
+# whole in their own tests, and dgcnn_cls (40 s) compiles whole in test_compiled_network_matches_eager
+# below (the config's compile flag is pointnet_seg's and pointnet2_cls's here): they run with `pytest -m slow`
+@pytest.mark.parametrize("name", [pytest.param("dgcnn_cls", marks=pytest.mark.slow), "pointnet_seg",
+                                  pytest.param("pointnet2_cls", marks=needs_grouping),
                                   pytest.param("pointnet2_seg", marks=[needs_grouping, pytest.mark.slow])])
 def test_whole_networks_compile_with_fullgraph(name, tmp_path, monkeypatch):
     """compile: true compiles the network with fullgraph=True: a graph break would be an error here."""

@@ -146,8 +146,12 @@ def clip(vertices, loop: list[int]) -> list[tuple[int, int, int]]:
 
 def caps(vertices: torch.Tensor, faces: torch.Tensor) -> Optional[torch.Tensor]:
     """(C, 3) int64 triangles over the holes of one mesh (rows of ``vertices``); None where it
-    has more than ``EDGES`` unmatched edge uses (the mesh must be open: at least one)."""
-    holes = loops(faces.cpu().numpy(), EDGES)
+    has more than ``EDGES`` unmatched edge uses or a row out of range (the mesh must be open: at
+    least one unmatched use)."""
+    f = faces.cpu().numpy()
+    if f.size and (f.min() < 0 or f.max() >= vertices.shape[0]):  # (unvalidated rows out of range: walked, as before)
+        return None
+    holes = loops(f, EDGES)
     if holes is None:
         return None
     v = vertices.detach().cpu().to(torch.float64).tolist()
@@ -374,9 +378,8 @@ def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> O
     v64 = vertices.detach().to(torch.float64).contiguous()
     rho = RHO * float((v64.amax(0) - v64.amin(0)).amax()) if v64.shape[0] else 0.0
     gap, far = (v64.new_empty(faces.shape[0]) for _ in range(2))
-    _warp.launch(_neighbourhood_kernel(dtype), faces.shape[0], [_tree.depth(c.shape[0]), v64, faces.contiguous(), rho, tree.a, tree.b, tree.c,
-                                                                tree.lo, tree.hi, area,
-                                                                gap, far], like=v64, min_chunk=64)
+    args = [_tree.depth(c.shape[0]), v64, faces.contiguous(), rho, tree.a, tree.b, tree.c, tree.lo, tree.hi, area, gap, far]
+    _warp.launch(_neighbourhood_kernel(dtype), faces.shape[0], args, like=v64, min_chunk=64)
     return Caps(torch.cat([faces, c]), tree, area, gap, far, v64.new_full((1,), (rho * (1 - 1e-9)) ** 2))
 
 

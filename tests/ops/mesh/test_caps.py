@@ -173,6 +173,14 @@ def test_a_kept_open_mesh_is_signed_by_its_caps_as_the_exact_winding_number(name
         assert share > 0.5, share
 
 
+def test_rows_out_of_range_make_no_caps():
+    v, f = MESHES["holes"]
+    for bad in (-1, v.shape[0]):
+        broken = f.clone()
+        broken[0, 1] = bad
+        assert _caps.caps(v, broken) is None
+
+
 def test_more_unmatched_edges_than_the_limit_leave_the_queries_walked(monkeypatch):
     v, f = MESHES["holes"]
     q = _queries(v, f, torch.Generator().manual_seed(13), 300)
