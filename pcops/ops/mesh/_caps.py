@@ -20,7 +20,7 @@ queries are walked), and well-shaped caps leave fewer of those and a narrower ba
   hierarchy of its own built for it, and the caps' hierarchy (:func:`capped`), kept; for each
   face of M, its box widened by ``RHO`` times the mesh's size (every query nearer than that to
   the face lies in it): the squared distance from it to the caps' boxes and a bound on
-  4 pi |w_C| in it, as below but from box to box (``_neighbourhood_kernel``);
+  4 pi |w_C| in it, as below but from box to box (``_descent_func``, one pass for both);
 * per query (``pcops::mesh_capped``, a thread per query whose side gave W): the closest face
   of M was found by the usual search (and its rival within the rounding band, :mod:`._sides`),
   so W is the side of that face's only if no cap face is as near as the mesh: within ``1 +
@@ -160,24 +160,26 @@ def caps(vertices: torch.Tensor, faces: torch.Tensor) -> Optional[torch.Tensor]:
 
 
 @_warp.kernels
-def _neighbourhood_kernel(dtype: torch.dtype):
+def _descent_func(dtype: torch.dtype, points: bool):
+    """``descent(lo, hi, band, depth, <the caps' corners, boxes and node areas>)``: (the smallest
+    squared distance measured from the box [lo, hi] to the caps, a bound on 4 pi |w_C| anywhere
+    in it), one pass down the caps' boxes in float64. A node beyond squared distance ``band``
+    and far for its size (``OPEN``, ``SHARE``) counts as a whole: its box's distance, and its
+    area over that distance squared (a solid angle is at most a face's area over its squared
+    distance); the others are opened down to their faces. ``points``: the box is a query point,
+    each face is measured exactly, the pass stops at a face within the band, every leaf beyond
+    the band counts by its box, and the bound's sum stops at 4 pi ``BOUND`` (past which it
+    decides nothing); else each face counts by its own box."""
     v = _warp.vec3(dtype)
-    open2, share = wp.float64(OPEN * OPEN), wp.float64(BOUND * 4.0 * math.pi * SHARE)
+    triangle_d2, _ = _search._funcs(torch.float64)
+    budget, open2 = wp.float64(BOUND * 4.0 * math.pi), wp.float64(OPEN * OPEN)
+    share = budget * wp.float64(SHARE)
+    zero = wp.vec3d(0.0, 0.0, 0.0)
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def neighbourhood(start: int, depth: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), rho: wp.float64,
-                      ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v),
-                      lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64),
-                      gap: wp.array(dtype=wp.float64), far: wp.array(dtype=wp.float64)):
-        """Face f's box widened by rho on every side (where every query within rho of the face
-        lies): the squared distance from it to the caps' boxes (a lower bound of any of its
-        points' to the caps) and the caps' area over squared box distances, node by node (a
-        bound on 4 pi |w_C| at any of its points; inf where a leaf's box meets it)."""
-        f = wp.tid() + start
-        x0, x1, x2 = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
-        pad = wp.vec3d(rho, rho, rho)
-        blo, bhi = wp.min(x0, wp.min(x1, x2)) - pad, wp.max(x0, wp.max(x1, x2)) + pad
+    @wp.func(module="unique")
+    def descent(blo: wp.vec3d, bhi: wp.vec3d, band: wp.float64, depth: int, ca: wp.array(dtype=v), cb: wp.array(dtype=v),
+                cc: wp.array(dtype=v), lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64)):
         nearest = wp.float64(wp.inf)
         bound = wp.float64(0.0)
         n = wp.int64(ca.shape[0])
@@ -186,31 +188,70 @@ def _neighbourhood_kernel(dtype: torch.dtype):
         top = int(1)
         stack_node[0] = 0
         stack_depth[0] = 0
-        while top > 0:
+        while top > 0 and not (nearest <= band):
             top = top - 1
             node = stack_node[top]
             d = stack_depth[top]
             l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
-            g = wp.max(wp.max(l - bhi, blo - h), wp.vec3d(0.0, 0.0, 0.0))
-            g2 = wp.dot(g, g)
-            if area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
-                nearest = wp.min(nearest, g2)
-                bound += area[node] / g2
-                continue
-            if d == depth:  # each face's box
+            e = wp.max(wp.max(l - bhi, blo - h), zero)
+            g2 = wp.dot(e, e)
+            if g2 > band:
+                if wp.static(points):
+                    if bound >= budget:
+                        continue
+                    if d == depth or area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
+                        bound += area[node] / g2  # (a point's nearest counts only where a face is in the band)
+                        continue
+                elif area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
+                    nearest = wp.min(nearest, g2)
+                    bound += area[node] / g2
+                    continue
+            if d == depth:
                 k = node + 1 - (1 << d)
                 for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
                     a, b, c = wp.vec3d(ca[j]), wp.vec3d(cb[j]), wp.vec3d(cc[j])
-                    e = wp.max(wp.max(wp.min(a, wp.min(b, c)) - bhi, blo - wp.max(a, wp.max(b, c))), wp.vec3d(0.0, 0.0, 0.0))
-                    t2 = wp.dot(e, e)
+                    t2 = wp.float64(0.0)
+                    if wp.static(points):
+                        t2 = triangle_d2(blo, a, b, c)
+                    else:
+                        f = wp.max(wp.max(wp.min(a, wp.min(b, c)) - bhi, blo - wp.max(a, wp.max(b, c))), zero)
+                        t2 = wp.dot(f, f)
                     nearest = wp.min(nearest, t2)
-                    bound += wp.where(t2 > wp.float64(0.0), wp.length(wp.cross(b - a, c - a)) / (wp.float64(2.0) * t2), wp.float64(wp.inf))
+                    twice = wp.length(wp.cross(b - a, c - a))
+                    if wp.static(points):
+                        bound += twice / (wp.float64(2.0) * t2)  # (t2 = 0 is in the band: the pass stops)
+                    else:
+                        bound += wp.where(t2 > wp.float64(0.0), twice / (wp.float64(2.0) * t2), wp.float64(wp.inf))
                 continue
             stack_node[top] = 2 * node + 1
             stack_depth[top] = d + 1
             stack_node[top + 1] = 2 * node + 2
             stack_depth[top + 1] = d + 1
             top = top + 2
+        return nearest, bound
+
+    return descent
+
+
+@_warp.kernels
+def _neighbourhood_kernel(dtype: torch.dtype):
+    v = _warp.vec3(dtype)
+    descent = _descent_func(dtype, False)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def neighbourhood(start: int, depth: int, vertices: wp.array(dtype=wp.vec3d), faces: wp.array2d(dtype=wp.int64), rho: wp.float64,
+                      ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v),
+                      lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64),
+                      gap: wp.array(dtype=wp.float64), far: wp.array(dtype=wp.float64)):
+        """Face f's box widened by rho on every side (where every query within rho of the face
+        lies): the squared distance from it to the caps' boxes (a lower bound of any of its
+        points' to the caps) and a bound on 4 pi |w_C| at any of its points (inf where a cap
+        face's box meets it)."""
+        f = wp.tid() + start
+        x0, x1, x2 = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        pad = wp.vec3d(rho, rho, rho)
+        nearest, bound = descent(wp.min(x0, wp.min(x1, x2)) - pad, wp.max(x0, wp.max(x1, x2)) + pad, wp.float64(-1.0), depth,
+                                 ca, cb, cc, lo, hi, area)
         gap[f] = nearest
         far[f] = bound
 
@@ -220,54 +261,16 @@ def _neighbourhood_kernel(dtype: torch.dtype):
 @_warp.kernels
 def _check_func(dtype: torch.dtype):
     """``check(q, band, depth, <the caps' corners, boxes and node areas>)``: (whether a cap face
-    lies within squared distance ``band`` of q, a bound on 4 pi |w_C(q)|: each face's area over
-    its squared distance, or a node's far enough for its size over its box's; the sum stops at
-    4 pi ``BOUND``, past which it decides nothing), one pass down the caps' boxes, in float64."""
+    lies within squared distance ``band`` of q, a bound on 4 pi |w_C(q)| that decides nothing
+    from 4 pi ``BOUND`` on): :func:`_descent_func` of the point q."""
     v = _warp.vec3(dtype)
-    triangle_d2, _ = _search._funcs(torch.float64)
-    budget, open2 = wp.float64(BOUND * 4.0 * math.pi), wp.float64(OPEN * OPEN)
-    share = budget * wp.float64(SHARE)
-    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+    descent = _descent_func(dtype, True)
 
     @wp.func(module="unique")
     def check(q64: wp.vec3d, band: wp.float64, depth: int, ca: wp.array(dtype=v), cb: wp.array(dtype=v), cc: wp.array(dtype=v),
               lo: wp.array(dtype=v), hi: wp.array(dtype=v), area: wp.array(dtype=wp.float64)):
-        bound = wp.float64(0.0)
-        hit = bool(False)
-        n = wp.int64(ca.shape[0])
-        stack_node = _nodes()
-        stack_depth = _nodes()
-        top = int(1)
-        stack_node[0] = 0
-        stack_depth[0] = 0
-        while top > 0 and not hit:
-            top = top - 1
-            node = stack_node[top]
-            d = stack_depth[top]
-            l, h = wp.vec3d(lo[node]), wp.vec3d(hi[node])
-            e = wp.max(wp.max(l - q64, q64 - h), wp.vec3d(0.0, 0.0, 0.0))
-            g2 = wp.dot(e, e)
-            if g2 > band:
-                if bound >= budget:
-                    continue
-                if d == depth or area[node] < share * g2 or g2 > open2 * wp.length_sq(h - l):
-                    bound += area[node] / g2
-                    continue
-            if d == depth:
-                k = node + 1 - (1 << d)
-                for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
-                    a, b, c = wp.vec3d(ca[j]), wp.vec3d(cb[j]), wp.vec3d(cc[j])
-                    t2 = triangle_d2(q64, a, b, c)
-                    if t2 <= band:
-                        hit = True
-                    bound += wp.length(wp.cross(b - a, c - a)) / (wp.float64(2.0) * t2)
-                continue
-            stack_node[top] = 2 * node + 1
-            stack_depth[top] = d + 1
-            stack_node[top + 1] = 2 * node + 2
-            stack_depth[top + 1] = d + 1
-            top = top + 2
-        return hit, bound
+        nearest, bound = descent(q64, q64, band, depth, ca, cb, cc, lo, hi, area)
+        return nearest <= band, bound
 
     return check
 
