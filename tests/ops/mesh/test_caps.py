@@ -135,9 +135,21 @@ def _queries(v, f, gen, n=1500):
     return torch.cat([near, cap, box])
 
 
+def _analysed(bvh):
+    """(closed, simple, caps) of a kept one-mesh hierarchy (``_sides.analysis``)."""
+    return _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)
+
+
+def _sided(q, bvh, closed, simple, capped):
+    """(face, rival, the capped mesh's side) of queries q: what ``pcops::mesh_capped`` takes."""
+    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
+                                     shape=closed[1] * simple[0], one=True)
+    return face, rival, torch.ops.pcops.mesh_sides.default(q, face, rival, bvh.vertices, capped.faces, closed[2], *simple)
+
+
 def _decided(q, bvh):
     """The winding numbers the kept hierarchy's caps decide (inf: walked)."""
-    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
+    closed, simple, capped = _analysed(bvh)
     face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
                                      shape=closed[1] * simple[0], one=True)
     return capped, _sides.known(q, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
@@ -200,10 +212,8 @@ def test_the_capped_op_has_an_exact_fake(dtype):
     v = v.to(dtype)
     q = _queries(v.double(), f, torch.Generator().manual_seed(14), 40).to(dtype)
     bvh = pcops.mesh_bvh(v, f)
-    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
-    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
-                                     shape=closed[1] * simple[0], one=True)
-    sides = torch.ops.pcops.mesh_sides.default(q, face, rival, v, capped.faces, closed[2], *simple)
+    closed, simple, capped = _analysed(bvh)
+    face, rival, sides = _sided(q, bvh, closed, simple, capped)
     t = capped.tree
     args = (q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius,
             capped.area, capped.gap, capped.far, capped.rho2, bvh.tree.scale)
@@ -218,7 +228,7 @@ def test_each_face_s_neighbourhood_bounds_hold_at_points_in_it(name):
     every cap face's box: the gap at most their nearest, the bound at least their sum)."""
     v, f = MESHES[name]
     bvh = pcops.mesh_bvh(v, f)
-    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    capped = _analysed(bvh)[2]
     gen = torch.Generator().manual_seed(15)
     rows = torch.randint(0, f.shape[0], (400,), generator=gen)
     corners = v[f[rows]]
@@ -246,10 +256,8 @@ def test_a_face_s_neighbourhood_decides_only_its_own_queries_where_its_data_allo
     gen = torch.Generator().manual_seed(16)
     q = _queries(v, f, gen, 600)
     bvh = pcops.mesh_bvh(v, f)
-    closed, simple, capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, q.shape[0], True, one=True)
-    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
-                                     shape=closed[1] * simple[0], one=True)
-    sides = torch.ops.pcops.mesh_sides.default(q, face, rival, v, capped.faces, closed[2], *simple)
+    closed, simple, capped = _analysed(bvh)
+    face, rival, sides = _sided(q, bvh, closed, simple, capped)
     t = capped.tree
 
     def run(gap, far):
@@ -270,7 +278,7 @@ def test_a_face_s_neighbourhood_decides_only_its_own_queries_where_its_data_allo
 def test_the_caps_node_areas_are_their_faces_areas():
     v, f = MESHES["holes"]
     bvh = pcops.mesh_bvh(v, f)
-    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    capped = _analysed(bvh)[2]
     t = capped.tree
     a, b, c = t.a, t.b, t.c
     area = torch.linalg.vector_norm(torch.linalg.cross(b - a, c - a), dim=-1) / 2
@@ -289,7 +297,7 @@ def test_the_per_query_bound_holds_the_caps_winding_number(name):
     band is always found."""
     v, f = MESHES[name]
     bvh = pcops.mesh_bvh(v, f)
-    capped = _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)[2]
+    capped = _analysed(bvh)[2]
     gen = torch.Generator().manual_seed(17)
     q = _queries(v, f, gen, 1500)
     band = (0.05 * torch.rand(q.shape[0], generator=gen, dtype=F64)).square()
