@@ -543,7 +543,8 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
         if hit is not None and hit[0]() is t.a:
             return hit[1], hit[2], hit[3]
     vertices = vertices.detach()
-    closed = _search.closed(vertices.to(t.a.dtype), faces, face_group, padding)
+    searched = vertices.to(t.a.dtype)
+    closed = _search.closed(searched, faces, face_group, padding)
     capped = None
     if cache and one and faces.device.type == "cpu" and faces.shape[0] > 0 and not bool(closed[0]):  # (a host read, once per kept mesh)
         capped = _caps.capped(vertices, faces, t.a.dtype)
@@ -554,8 +555,8 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     else:
         whole = capped.faces
         group = torch.zeros(whole.shape[0], dtype=torch.int64)
-        tc = _search.tree(vertices.to(t.a.dtype), whole, group)  # (not one: the thread's kept builds of the user's meshes stay)
-        shut = _search.closed(vertices.to(t.a.dtype), whole, group, None)
+        tc = _search.tree(searched, whole, group)  # (not one: the thread's kept builds of the user's meshes stay)
+        shut = _search.closed(searched, whole, group, None)
         simple = _mesh_simple(vertices, whole, group, False, -1, whole.shape[0], shut[0], shut[2], tc.order, tc.a, tc.b, tc.c, tc.group,
                               tc.lo, tc.hi, tc.glo, tc.ghi, tc.center, tc.normal, tc.moment, tc.radius, tc.scale)
         closed = [closed[0], closed[1], shut[2]]
