@@ -166,7 +166,7 @@ def mesh_points(name: str, points, flat: FlatMesh, *, lengths=None, batch=None, 
         _validate.tensor(name, points, ndim=2, last=3, shape_doc="(M, 3)")
         if lengths is not None:
             raise ValueError(f"{lengths_name} describes padded points; pass padded (B, V, 3) vertices with them")
-        if (batch is not None) != (flat.batch < 0):
+        if flat.batch < 0 if batch is None else flat.batch >= 0:  # (no bool against flat.batch: a SymInt under dynamic=True)
             raise ValueError(f"packed meshes (vertices_batch) and packed points ({batch_name}) go together: give both or neither")
     b = points.shape[0] if flat.batch > 0 else 0
     _validate.ids(lengths_name, lengths, b, "(B,)")

@@ -350,3 +350,39 @@ def test_a_kept_open_mesh_is_capped_once_and_let_go_with_its_tree(monkeypatch):
     assert len(calls) == 1
     del bvh
     assert key not in _sides._ANALYSED
+
+
+def test_a_kept_open_mesh_compiles_whole_and_gives_eager_s_distances_and_clear_signs():
+    """Compiled, the call walks (no caps: they are made on the host in eager mode): the same
+    distances, faces and closest points as eager's capped call, and the same signs wherever the
+    exact winding number is clear of 1/2."""
+    v, f = MESHES["holes"]
+    q = _queries(v, f, torch.Generator().manual_seed(19), 300)
+    bvh = pcops.mesh_bvh(v, f)
+
+    def fn(points):
+        out = pcops.mesh_distance(points, bvh, signed=True)
+        return out.dists, out.closest, out.face
+
+    eager = fn(q)
+    assert _sides._ANALYSED[(id(bvh.tree.a), True)][3] is not None  # (eager's call was capped)
+    for options in (dict(fullgraph=True), dict(dynamic=True)):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", **options)(q)
+        for a, b in zip(compiled[1:], eager[1:], strict=True):
+            assert torch.equal(a, b)
+        w = reference.winding_number(q, v, f)
+        clear = (w - 0.5).abs() >= 0.1
+        assert torch.equal(compiled[0].abs(), eager[0].abs())
+        assert torch.equal((compiled[0] < 0)[clear], (eager[0] < 0)[clear])
+
+
+def test_non_finite_vertices_without_validation_terminate():
+    v, f = MESHES["holes"]
+    q = _queries(v, f, torch.Generator().manual_seed(20), 100)
+    for bad in (float("nan"), float("inf")):
+        broken = v.clone()
+        broken[f[0, 0]] = bad
+        bvh = pcops.mesh_bvh(broken, f, validate=False)
+        out = pcops.mesh_distance(q, bvh, signed=True, validate=False)
+        assert out.dists.shape == (q.shape[0],)
