@@ -43,8 +43,10 @@ every side, float32.
 * ``mesh_bvh``: ``pcops.mesh_bvh(v, f)`` against an Open3D scene's build (``RaycastingScene()``,
   ``add_triangles`` and a first one-point query, which builds its BVH).
 * ``marching_cubes``: ``pcops.marching_cubes(volume, 0.0, validate=False)`` against
-  scikit-image's ``measure.marching_cubes`` (Lewiner's method, its default, and Lorensen's) and
-  PyMCubes' ``mcubes.marching_cubes``, on float32 grids of 128^3 and 256^3 values (64^3 in
+  scikit-image's ``measure.marching_cubes`` (Lewiner's method, its default, and Lorensen's),
+  PyMCubes' ``mcubes.marching_cubes`` and PyTorch3D's C++ CPU marching cubes (what
+  ``pytorch3d.ops.marching_cubes`` runs on a CPU volume; ``bench_pytorch3d.py``: an installed
+  pytorch3d, or its source built from ``PCOPS_PYTORCH3D_SRC``), on float32 grids of 128^3 and 256^3 values (64^3 in
   ``--quick``): a bumpy sphere's signed distance, and at 128^3 the airplane's signed distance
   (``pcops.mesh_distance`` on the grid, in [-1.1, 1.1]^3).
 
@@ -72,6 +74,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import bench_meshes  # noqa: E402
+import bench_pytorch3d  # noqa: E402
 import pcops  # noqa: E402
 from bench_timer import median_ms  # noqa: E402
 from tests.op_table import BY_NAME  # noqa: E402
@@ -382,6 +385,9 @@ def run_marching_cubes(field: str, volume: torch.Tensor, repeats: int) -> dict:
         fns["pymcubes"] = lambda: mcubes.marching_cubes(array, 0.0)
     except ImportError:
         pass
+    pytorch3d = bench_pytorch3d.marching_cubes()  # (its C++ CPU function: pytorch3d.ops.marching_cubes' work on a CPU volume)
+    if pytorch3d is not None:
+        fns["pytorch3d_cpu"] = lambda: pytorch3d(volume, 0.0)
     ms = _interleaved(fns, repeats)
     faces = int(pcops.marching_cubes(volume, 0.0).faces.shape[0])
     return {"bench": "marching_cubes", "mesh": field, "faces": faces, "grid": n, "ms": ms, "load": _load()}
@@ -453,8 +459,9 @@ def run(quick: bool = False, meshes=None, sizes=None) -> list[dict]:
     for field, n in grids:
         if field == "bumpy_sphere" or field in loaded:
             add(run_marching_cubes(field, bumpy_sphere(n) if field == "bumpy_sphere" else mesh_sdf(field, n), 1 if quick else 5))
-    notes.append("marching_cubes: float32 grids, level 0; scikit-image and PyMCubes on one thread (they have no threaded mode); "
-                 "PyTorch3D's marching_cubes is left out: PyPI has no pytorch3d wheel for this torch")
+    pytorch3d = ("PyTorch3D's C++ CPU marching cubes (" + bench_pytorch3d.REASON[0] + ") on one thread" if bench_pytorch3d.marching_cubes()
+                 else "PyTorch3D's marching_cubes is left out: " + bench_pytorch3d.REASON[0])
+    notes.append("marching_cubes: float32 grids, level 0; scikit-image and PyMCubes on one thread (they have no threaded mode); " + pytorch3d)
     notes[0] += f", {os.getloadavg()[0]:.2f} at the end"
     for note in notes:
         add({"bench": "mesh_note", "note": note})
