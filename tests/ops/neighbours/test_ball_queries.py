@@ -174,3 +174,35 @@ def test_ball_queries_of_a_non_finite_query_find_nothing_without_validation(gen,
     for dists, idx, counts in pcops.ball_queries(q, p, [0.3, 2.0, 0.4], 4, validate=False):
         assert counts[0] == 0 and bool((idx[0] == -1).all()) and bool(dists[0].isinf().all())
     assert pcops.ball_queries(q, p, [2.0], 4, validate=False)[0].counts[1] == 40
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("scan", [True, False], ids=["every pair", "cell list"])
+def test_wide_rows_are_the_rows_of_the_reference(monkeypatch, dtype, scan):
+    """Rows of up to 300 columns, on integer points (exact distances, many equal, duplicates
+    among them): the float64 reference's rows, ties by the smaller index, for rows that stay
+    short, fill exactly and overflow, one radius a row and several radii side by side in one
+    group's row, by the every-pair scan and by the cell list."""
+    import importlib
+
+    module = importlib.import_module("pcops.ops.neighbours._ball_search")
+    if not scan:
+        monkeypatch.setattr(module, "SCAN_PAIRS", 0)
+    g = torch.arange(6, dtype=dtype)
+    grid = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
+    p = torch.cat([grid, grid[::7]])  # 247 points, 31 of them twice
+    q = torch.cat([grid[::9], grid[::11] + 0.5])
+    for radius in (1.5, 2.5, 10.0):  # about 20, 60 and every point within it
+        for k in (31, 32, 33, 64, 300):
+            got = pcops.ball_query(q, p, radius, k)
+            dists, idx, counts = reference.ball_query(q.double(), p.double(), radius, k)
+            assert torch.equal(got.idx, idx) and torch.equal(got.counts, counts), (radius, k)
+            torch.testing.assert_close(got.dists.double(), dists)
+    overflow = reference.ball_query(q.double(), p.double(), 2.5, 64)[2] > 64
+    assert overflow.any() and (~overflow).any()  # (rows that overflow and rows that do not)
+    monkeypatch.setattr(module, "GROUP_RATIO", float("inf"))  # one group: its radii's rows side by side
+    radii, caps = [2.0, 2.5, 3.0, 10.0], [8, 32, 64, 300]
+    for (dists, idx, counts), radius, k in zip(pcops.ball_queries(q, p, radii, caps), radii, caps, strict=True):
+        want = reference.ball_query(q.double(), p.double(), radius, k)
+        assert torch.equal(idx, want[1]) and torch.equal(counts, want[2]), (radius, k)
+        torch.testing.assert_close(dists.double(), want[0])
