@@ -33,6 +33,8 @@ import pathlib
 import platform
 import subprocess
 import sys
+import tempfile
+from typing import NamedTuple, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 for _path in (ROOT, ROOT / "scripts"):
@@ -475,13 +477,43 @@ RADIUS_SEARCH_SIZES = ((1_024, 512), (4_096, 2_048), (8_192, 4_096))  # (points,
 GEOTRANSOLVER = ([0.01, 0.05, 0.25, 1.0, 2.5, 5.0], [4, 8, 16, 64, 128, 256])
 
 
+class Timed(NamedTuple):
+    """A case's time measured elsewhere (a peer in a process of its own), in place of its function."""
+
+    ms: Optional[float]
+
+
+def _physicsnemo_radius_search(points: torch.Tensor, queries: torch.Tensor, radius: float, max_points: int, repeats: int):
+    """(median ms, note) of PhysicsNeMo's ``radius_search`` (its default, Warp, implementation; the
+    first ``max_points`` within the radius with their distances) on these inputs, timed by
+    ``scripts/bench_physicsnemo.py`` in the interpreter ``PCOPS_PHYSICSNEMO_PYTHON`` names (its own
+    virtual environment); (None, why) where it is unset or fails."""
+    python = os.environ.get("PCOPS_PHYSICSNEMO_PYTHON")
+    if not python:
+        return None, "PCOPS_PHYSICSNEMO_PYTHON is unset (scripts/bench_physicsnemo.py)"
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = pathlib.Path(tmp, "cloud.npz")
+        np.savez(inp, points=points.numpy(), queries=queries.numpy())
+        spec = {"repeats": repeats, "warmup": 3, "cases": [{"name": "radius_search", "op": "radius_search", "input": str(inp), "radius": radius,
+                                                            "max_points": max_points, "return_dists": True, "return_points": False}]}
+        done = subprocess.run([python, str(pathlib.Path(__file__).with_name("bench_physicsnemo.py")), json.dumps(spec)],
+                              capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return None, f"failed: {done.stderr.strip()[-300:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return (round(result["results"][0]["median_ms"], 3),
+            f"physicsnemo {result['physicsnemo']} radius_search (Warp on one thread; torch {result['torch']}, {result['torch_threads']} threads): "
+            f"the first {max_points} within r and their distances, in a process of its own")
+
+
 def _radius_search_cases(args, device, ckdtree, o3c):
     """(op, variant, n, fn or None, note, queries) rows at PhysicsNeMo's radius_search sizes (the
     first only with --quick): ``ball_query:physicsnemo`` (r = 0.1, K = 32) and
     ``ball_queries:geotransolver`` (six radii 0.01-5.0, caps 4-256) against separate ball_query
     calls, cKDTree's query_ball_point (workers=-1; every point within r, no cap, not sorted by
-    distance, no counts: less than a ball query returns) and Open3D's hybrid_search (the K
-    nearest within r, d < r), each peer's index built in the call."""
+    distance, no counts: less than a ball query returns), Open3D's hybrid_search (the K
+    nearest within r, d < r), each peer's index built in the call, and (``ball_query:physicsnemo``
+    on the CPU) PhysicsNeMo's own ``radius_search`` (:class:`Timed`, in its own process)."""
     cases = []
     for n, m in RADIUS_SEARCH_SIZES[:1] if args.quick else RADIUS_SEARCH_SIZES:
         made = op_inputs("ball_query", 20, n, "cpu", None, n_query=m, channels=1)  # the table's unit cube: torch.rand
@@ -509,6 +541,9 @@ def _radius_search_cases(args, device, ckdtree, o3c):
                     return [index.hybrid_search(o3c.Tensor(q), r, k) for r, k in zip(radii, caps)]
 
                 cases.append((op, "open3d", n, hybrid, f"{shown}: hybrid_search (d < r)", m))
+            if len(radii) == 1 and device.type == "cpu":
+                ms, note = _physicsnemo_radius_search(ref, query, radii[0], caps[0], args.iters)
+                cases.append((op, "physicsnemo", n, Timed(ms), f"{shown}: {note}", m))
     return cases
 
 
@@ -679,7 +714,9 @@ def run_sampling(args, device) -> list[dict]:
     for shape in ("uniform",) if args.quick else SAMPLING_CLOUDS + bench_meshes.clouds():
         for op, variant, n, fn, note, *s in _sampling_cases(args, device, shape):
             row = {"op": op, "variant": variant, "cloud": shape, "n": n, "s": s[0] if s else None, "ms": None, "note": note}
-            if fn is not None:
+            if isinstance(fn, Timed):
+                row["ms"] = fn.ms
+            elif fn is not None:
                 measured(row, ("ms",), lambda fn=fn: {"ms": round(median_ms(fn, repeats=args.iters, budget_s=args.budget, device=device), 3)},
                          peer=not variant.startswith("pcops"))
             rows.append(row)
