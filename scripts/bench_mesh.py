@@ -133,26 +133,43 @@ def _interleaved(fns: dict, repeats: int, budget_s: float = float("inf")) -> dic
 # PhysicsNeMo in its own interpreter
 
 
-def physicsnemo(v, f, q, repeats: int, warmup: int) -> tuple[dict, dict, str]:
-    """PhysicsNeMo's signed_distance_field (winding and normal sign) on these inputs in a
-    subprocess: ({variant: median ms}, {variant: sdf (Q,)}, note); empty where it cannot run."""
+def physicsnemo_run(arrays: dict, cases: list[dict], repeats: int, warmup: int, fields: tuple = ()) -> tuple:
+    """``scripts/bench_physicsnemo.py`` run by the interpreter ``PCOPS_PHYSICSNEMO_PYTHON`` names
+    (PhysicsNeMo's own virtual environment) on ``cases`` (its spec's cases, each reading the
+    .npz of ``arrays``, {name: NumPy array}): (its JSON result, {"<case>/<field>": array} for
+    ``fields`` of each case's last call), or (None, why) where the variable is unset or the run
+    fails."""
     python = os.environ.get("PCOPS_PHYSICSNEMO_PYTHON")
     if not python:
-        return {}, {}, "PhysicsNeMo rows left out: PCOPS_PHYSICSNEMO_PYTHON is unset (scripts/bench_physicsnemo.py)"
+        return None, "PCOPS_PHYSICSNEMO_PYTHON is unset (scripts/bench_physicsnemo.py)"
     with tempfile.TemporaryDirectory() as tmp:
-        inp, out = pathlib.Path(tmp, "mesh.npz"), pathlib.Path(tmp, "out.npz")
-        np.savez(inp, vertices=v.numpy(), faces=f.numpy().astype(np.int32), points=q.numpy())
-        spec = {"repeats": repeats, "warmup": warmup, "output": str(out),
-                "cases": [{"name": f"physicsnemo_{sign}", "op": "signed_distance_field", "input": str(inp), "sign": sign}
-                          for sign in ("winding", "normal")]}
+        inp, out = pathlib.Path(tmp, "inputs.npz"), pathlib.Path(tmp, "out.npz")
+        np.savez(inp, **arrays)
+        spec = {"repeats": repeats, "warmup": warmup, "cases": [{**case, "input": str(inp)} for case in cases]}
+        if fields:
+            spec["output"] = str(out)
         done = subprocess.run([python, str(ROOT / "scripts/bench_physicsnemo.py"), json.dumps(spec)],
                               capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
-            return {}, {}, f"PhysicsNeMo failed: {done.stderr.strip()[-500:]}"
+            return None, f"PhysicsNeMo failed: {done.stderr.strip()[-500:]}"
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        saved = np.load(out)
-        ms = {r["name"]: round(r["median_ms"], 3) for r in result["results"]}
-        sdf = {name: torch.from_numpy(np.asarray(saved[f"{name}/sdf"])) for name in ms}
+        saved = {}
+        if fields:
+            with np.load(out) as data:
+                saved = {f"{case['name']}/{field}": np.asarray(data[f"{case['name']}/{field}"]) for case in cases for field in fields}
+    return result, saved
+
+
+def physicsnemo(v, f, q, repeats: int, warmup: int) -> tuple[dict, dict, str]:
+    """PhysicsNeMo's signed_distance_field (winding and normal sign) on these inputs in a
+    subprocess: ({variant: median ms}, {variant: sdf (Q,)}, note); empty where it cannot run."""
+    cases = [{"name": f"physicsnemo_{sign}", "op": "signed_distance_field", "sign": sign} for sign in ("winding", "normal")]
+    result, saved = physicsnemo_run({"vertices": v.numpy(), "faces": f.numpy().astype(np.int32), "points": q.numpy()}, cases,
+                                    repeats, warmup, fields=("sdf",))
+    if result is None:
+        return {}, {}, f"PhysicsNeMo rows left out: {saved}"
+    ms = {r["name"]: round(r["median_ms"], 3) for r in result["results"]}
+    sdf = {name: torch.from_numpy(saved[f"{name}/sdf"]) for name in ms}
     return ms, sdf, f"physicsnemo {result['physicsnemo']}, warp {result['warp']}, torch {result['torch']}"
 
 

@@ -33,7 +33,6 @@ import pathlib
 import platform
 import subprocess
 import sys
-import tempfile
 from typing import NamedTuple, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -485,22 +484,13 @@ class Timed(NamedTuple):
 
 def _physicsnemo_radius_search(points: torch.Tensor, queries: torch.Tensor, radius: float, max_points: int, repeats: int):
     """(median ms, note) of PhysicsNeMo's ``radius_search`` (its default, Warp, implementation; the
-    first ``max_points`` within the radius with their distances) on these inputs, timed by
-    ``scripts/bench_physicsnemo.py`` in the interpreter ``PCOPS_PHYSICSNEMO_PYTHON`` names (its own
-    virtual environment); (None, why) where it is unset or fails."""
-    python = os.environ.get("PCOPS_PHYSICSNEMO_PYTHON")
-    if not python:
-        return None, "PCOPS_PHYSICSNEMO_PYTHON is unset (scripts/bench_physicsnemo.py)"
-    with tempfile.TemporaryDirectory() as tmp:
-        inp = pathlib.Path(tmp, "cloud.npz")
-        np.savez(inp, points=points.numpy(), queries=queries.numpy())
-        spec = {"repeats": repeats, "warmup": 3, "cases": [{"name": "radius_search", "op": "radius_search", "input": str(inp), "radius": radius,
-                                                            "max_points": max_points, "return_dists": True, "return_points": False}]}
-        done = subprocess.run([python, str(pathlib.Path(__file__).with_name("bench_physicsnemo.py")), json.dumps(spec)],
-                              capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        return None, f"failed: {done.stderr.strip()[-300:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    first ``max_points`` within the radius with their distances) on these inputs, in its own
+    interpreter (:func:`bench_mesh.physicsnemo_run`); (None, why) where it cannot run."""
+    case = {"name": "radius_search", "op": "radius_search", "radius": radius, "max_points": max_points, "return_dists": True,
+            "return_points": False}
+    result, why = bench_mesh.physicsnemo_run({"points": points.numpy(), "queries": queries.numpy()}, [case], repeats, 3)
+    if result is None:
+        return None, why
     return (round(result["results"][0]["median_ms"], 3),
             f"physicsnemo {result['physicsnemo']} radius_search (Warp on one thread; torch {result['torch']}, {result['torch_threads']} threads): "
             f"the first {max_points} within r and their distances, in a process of its own")
