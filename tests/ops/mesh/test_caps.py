@@ -140,18 +140,23 @@ def _analysed(bvh):
     return _sides.analysis(bvh.vertices, bvh.faces, bvh.face_group, None, bvh.tree, 1, True, one=True)
 
 
-def _sided(q, bvh, closed, simple, capped):
-    """(face, rival, the capped mesh's side) of queries q: what ``pcops::mesh_capped`` takes."""
+def _closest(q, bvh, closed, simple):
+    """(face, rival) of queries q: the signed search's closest faces and their rivals."""
     face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
                                      shape=closed[1] * simple[0], one=True)
+    return face, rival
+
+
+def _sided(q, bvh, closed, simple, capped):
+    """(face, rival, the capped mesh's side) of queries q: what ``pcops::mesh_capped`` takes."""
+    face, rival = _closest(q, bvh, closed, simple)
     return face, rival, torch.ops.pcops.mesh_sides.default(q, face, rival, bvh.vertices, capped.faces, closed[2], *simple)
 
 
 def _decided(q, bvh):
     """The winding numbers the kept hierarchy's caps decide (inf: walked)."""
     closed, simple, capped = _analysed(bvh)
-    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False,
-                                     shape=closed[1] * simple[0], one=True)
+    face, rival = _closest(q, bvh, closed, simple)
     return capped, _sides.known(q, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
 
 
