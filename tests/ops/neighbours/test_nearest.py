@@ -687,6 +687,73 @@ def test_warp_batched_search_equals_a_per_sample_loop(gen):
         assert (idx[rows, k:] == -1).all()
 
 
+def _grouped_cases(gen, dtype):
+    """(query, ref, query ids, ref ids) of packed searches: sorted ids (self-queries, as a
+    PyTorch Geometric batch gives them) and shuffled ones, integer coordinates (exact ties,
+    duplicates), a sample of queries without reference points, one of points without queries,
+    samples smaller than k, extreme ids."""
+    sizes = [700, 2, 0, 1300, 9, 600]
+    p = torch.randint(0, 12, (sum(sizes), 3), generator=gen).to(dtype)
+    p_ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    yield p, p, p_ids, p_ids  # sorted, one tensor both ways (a self-query)
+    q = torch.randint(0, 12, (500, 3), generator=gen).to(dtype)
+    q_ids = torch.randint(0, 7, (500,), generator=gen)  # (sample 6: no reference point; 4 of 9 points)
+    yield q, p, q_ids.sort().values, p_ids
+    perm = torch.randperm(p.shape[0], generator=gen)
+    extreme = torch.tensor([-(2**31), -5, 0, 7, 2**20, 2**31 - 1])
+    yield q, p[perm], extreme[q_ids.clamp(max=5)], extreme[p_ids[perm]]
+    yield p[perm], p[perm], p_ids[perm], p_ids[perm]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_warp_grouped_search_one_sample_at_a_time_equals_one_launch(gen, monkeypatch, dtype):
+    # samples of many points each run as one ungrouped search apiece (EACH_SAMPLE); the one
+    # launch over every sample, the per-sample searches and the float64 reference agree exactly,
+    # ties by the smaller index, -1 / inf past a sample's points
+    k = 12
+    for q, p, q_ids, p_ids in _grouped_cases(gen, dtype):
+        found = []
+        for each in (1 << 40, 1):
+            monkeypatch.setattr(_kdtree, "EACH_SAMPLE", each)
+            found.append(pcops.knn(q, p, k, backend="warp", query_batch=q_ids, ref_batch=p_ids, validate=False))
+        torch.testing.assert_close(found[1].idx, found[0].idx, rtol=0, atol=0)
+        torch.testing.assert_close(found[1].dists, found[0].dists, rtol=0, atol=0)
+        for b in torch.unique(q_ids):
+            rows, cols = (q_ids == b).nonzero().flatten(), (p_ids == b).nonzero().flatten()
+            n = min(k, cols.shape[0])
+            if n:
+                d, ref_idx = reference.knn(q[rows].double(), p[cols].double(), n)
+                torch.testing.assert_close(found[1].idx[rows, :n], cols[ref_idx], rtol=0, atol=0)
+                torch.testing.assert_close(found[1].dists[rows, :n].double(), d, rtol=1e-6, atol=1e-6)
+            assert (found[1].idx[rows, n:] == -1).all() and torch.isinf(found[1].dists[rows, n:]).all()
+
+
+def test_warp_grouped_search_takes_one_search_per_sample_from_its_size(gen, monkeypatch):
+    # samples averaging EACH_SAMPLE reference points or more: an ungrouped search per sample (the
+    # module's ``find`` called once for each, its own rows); fewer: the one grouped launch only
+    calls = []
+    real = _kdtree.find
+    monkeypatch.setattr(_kdtree, "find", lambda q, p, k, *rest, **kw: (calls.append((q.shape[0], p.shape[0])), real(q, p, k, *rest, **kw))[1])
+    each = _kdtree.EACH_SAMPLE
+    cases = (([each, each + 3], True), ([each - 1, each], False), ([2 * each + 1, 5, 0, each], True),
+             ([each] * 4, False), ([each] * 3, True), ([3 * each, each], True))  # (equal samples, 2^j of them: one node each)
+    for sizes, per_sample in cases:
+        calls.clear()
+        ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+        p = torch.rand(sum(sizes), 3, generator=gen)
+        pcops.knn(p, p, 4, backend="warp", query_batch=ids, ref_batch=ids)
+        assert calls == ([(s, s) for s in sizes if s] if per_sample else []), sizes
+
+
+def test_a_sample_is_one_node_of_the_grouped_tree_exactly_where_a_node_holds_its_rows(gen):
+    for n in (37, 1000, 1024, 4099):
+        nodes = {(a, b) for d in range(13) for k in range(1 << d) for a, b in [((n * k) >> d, (n * (k + 1)) >> d)] if b - a >= 2}
+        starts = torch.randint(0, n - 1, (400,), generator=gen).tolist()
+        rows = [(a, a + int(torch.randint(2, n - a + 1, (1,), generator=gen))) for a in starts if n - a >= 2] + sorted(nodes)[:300]
+        for a, b in rows:
+            assert _kdtree._one_node(a, b, n) == ((a, b) in nodes), (n, a, b)
+
+
 # -- the shared op suite (tests/op_suite.py) ----------------------------------------------------
 K = 5
 

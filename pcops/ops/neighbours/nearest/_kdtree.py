@@ -48,6 +48,7 @@ The loops over points (a leaf, a scan, a partition, the query order) are while l
 """
 
 import functools
+import itertools
 import math
 import threading
 from typing import Optional
@@ -69,6 +70,11 @@ _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up 
 _PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
 _CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
+# Grouped CPU searches whose samples hold at least this many reference points each on average
+# run as one ungrouped search per sample (:func:`_each_sample`) unless every sample is one node of
+# the grouped tree: the grouped build cuts a sample that straddles a node's middle into ranges
+# whose subtrees each span the whole sample (docs/benchmarks.md, design choices)
+EACH_SAMPLE = 512
 # CPU: at most this many (query, reference point) pairs are measured one by one (``_scan_kernel``)
 # instead of building and searching the tree, fewer for k > 11 (the insertion of each point grows
 # with k) and against a prepared small tree (:func:`scan_pairs`); the same result, one launch
@@ -1109,14 +1115,88 @@ def _run_kept(plan, query, ref):
     return dists, idx, plan.run(query, ref, dists, idx)[0]
 
 
-def find(query, ref, k, query_group=None, ref_group=None):
+def _one_node(first: int, last: int, n: int) -> bool:
+    """Whether rows first .. last - 1 (last > first) of n are the rows of one node of the
+    implicit tree (node k of depth d: :func:`pcops._warp_funcs.part`)."""
+    d = max((n // (last - first)).bit_length() - 1, 0)
+    for e in (d, d + 1):  # (a node of depth e holds floor or ceil of n / 2^e rows)
+        k = -((-first << e) // n)  # the first node of depth e starting at or after ``first``
+        if (n * k) >> e == first and (n * (k + 1)) >> e == last:
+            return True
+    return False
+
+
+def _each_sample(query, ref, k: int, query_group, ref_group):
+    """(dists, idx) of a grouped CPU search as one ungrouped :func:`find` per sample, or None
+    where its samples hold fewer than :data:`EACH_SAMPLE` reference points each on average or
+    each is one node of the grouped tree (equal samples, a power of two of them: a padded batch).
+    Each sample's points keep their order (a stable sort by sample, none where the ids are sorted
+    already), so its search's ties by the smaller index are the grouped search's; a self-query
+    stays one (the same rows both ways)."""
+    m, n = query.shape[0], ref.shape[0]
+    if n < EACH_SAMPLE or _GPU_BUILD:
+        return None
+    same = ref is query and ref_group is query_group
+    in_order = bool((ref_group[1:] >= ref_group[:-1]).all()) and (same or bool((query_group[1:] >= query_group[:-1]).all()))
+    if in_order:  # (packed batches as PyTorch Geometric makes them: each sample's rows in one run)
+        rids, rcount = torch.unique_consecutive(ref_group, return_counts=True)
+        qids, qcount = (rids, rcount) if same else torch.unique_consecutive(query_group, return_counts=True)
+        qorder = rorder = None
+    else:
+        ids, rank = torch.unique(ref_group if same else torch.cat([query_group, ref_group]), return_inverse=True)
+        qrank, rrank = (rank, rank) if same else (rank[:m], rank[m:])
+        rids = qids = ids
+        rcount = torch.bincount(rrank, minlength=ids.shape[0])
+        qcount = rcount if same else torch.bincount(qrank, minlength=ids.shape[0])
+    counts = rcount.tolist()
+    firsts = [0, *itertools.accumulate(counts)]
+    if n < EACH_SAMPLE * sum(c > 0 for c in counts) or all(_one_node(a, b, n) for a, b in zip(firsts, firsts[1:]) if b > a):
+        return None
+    if not in_order:
+        rorder = torch.sort(rrank, stable=True).indices
+        qorder = rorder if same else torch.sort(qrank, stable=True).indices
+    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
+    refs = dict(zip(rids.tolist(), zip(firsts, counts)))
+    qs = 0
+    for g, a in zip(qids.tolist(), qcount.tolist()):
+        rs, b = refs.get(g, (0, 0))
+        if a == 0:
+            continue
+        if b == 0:  # (no reference point in its sample: nothing found)
+            d, i = query.new_full((a, k), float("inf")), torch.full((a, k), -1, dtype=torch.int64)
+        elif qorder is None:
+            part = ref[rs:rs + b]
+            d, i = find(part if same else query[qs:qs + a], part, k, kept=False)
+            i = torch.where(i >= 0, i + rs, -1)
+        else:
+            cols = rorder[rs:rs + b]
+            part = ref.index_select(0, cols)
+            d, i = find(part if same else query.index_select(0, qorder[qs:qs + a]), part, k, kept=False)
+            i = torch.where(i >= 0, cols[i.clamp_min(0)], -1)
+        if qorder is None:
+            dists[qs:qs + a] = d
+            idx[qs:qs + a] = i
+        else:
+            rows = qorder[qs:qs + a]
+            dists.index_copy_(0, rows, d)
+            idx.index_copy_(0, rows, i)
+        qs += a
+    return dists, idx
+
+
+def find(query, ref, k, query_group=None, ref_group=None, kept: bool = True):
     """The search (see the module docs and :mod:`._registry`): the function of the ``pcops::knn_warp``
-    op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`)."""
+    op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`).
+    ``kept``: small searches use and keep the thread's plans of their shapes (:func:`_kept_plan`)."""
     m = query.shape[0]
     _warp.init()
     grouped = query_group is not None
+    if grouped and query.is_cpu and m:
+        each = _each_sample(query, ref, k, query_group, ref_group)
+        if each is not None:
+            return each
     query, ref = query.contiguous(), ref.contiguous()
-    small = not grouped and query.is_cpu
+    small = kept and not grouped and query.is_cpu
     plan = _kept_plan(query, ref, k) if small else None
     if plan is not None:  # the thread's kept plan of these shapes: nothing to decide
         return _run_kept(plan, query, ref)[:2]
