@@ -15,7 +15,8 @@ to read (> 1: pcops is faster).
   them far from the surface).
 * kNN self-queries with k = 16 and 32 (DGCNN's graphs, normal estimation) against pykdtree, on
   the four shapes and the real meshes of ``bench_meshes.py``, at 10^4 and 10^5 points;
-* batched kNN: 16 clouds of 10,000 points as one padded batch against a per-sample loop.
+* batched kNN: 16 clouds of 10,000 points as one padded batch, and 16 clouds of 6,000 to 10,000
+  points as one packed batch of self-queries (and 8 of 600 to 1,000), against per-sample loops.
 * knn_aggregate's train step (forward + backward to F = 25 features, k = 7, sigma = 0.1) on the
   tutorial's cloud against pykdtree's search + the same weighting and gather in torch.
 * radius aggregation (the tutorial's 25,000 points, then 10^5 and 10^6 in the same box; 30^3
@@ -317,22 +318,41 @@ def run_knn_self(sizes, kinds, ks, repeats: int, budget_s: float) -> list[dict]:
     return rows
 
 
-def run_batched_knn(b: int, n: int, repeats: int, budget_s: float) -> list[dict]:
-    clouds = torch.stack([cloud("randn", n, s) for s in range(b)])
-    queries = torch.stack([cloud("randn", n, 100 + s) for s in range(b)])
-    fns = {
-        "pcops": lambda: pcops.knn(queries, clouds, K, validate=False),
-        "pcops_loop": lambda: [pcops.knn(queries[i], clouds[i], K, validate=False) for i in range(b)],
-    }
+def run_batched_knn(b: int, n: int, repeats: int, budget_s: float, padded: bool = True) -> list[dict]:
+    """``b`` clouds of ``n`` points as one padded batch (queries another cloud each; ``padded``), then ``b``
+    clouds of 0.6 n to n points each as one packed batch of self-queries (sample ids sorted, as
+    PyTorch Geometric batches them: ``knn_graph``'s and DGCNN's search), against the same
+    searches one cloud at a time (pcops, pykdtree)."""
     try:
         search = _pykdtree()
-        fns["pykdtree_loop"] = lambda: [search(queries[i], clouds[i]) for i in range(b)]
     except ImportError:
-        pass
-    row = {"bench": "knn_batched", "cloud": f"{b} x randn", "n_ref": n, "n_query": n,
-           "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)}
-    print(format_row(row), flush=True)
-    return [row]
+        search = None
+    rows = []
+    if padded:
+        clouds = torch.stack([cloud("randn", n, s) for s in range(b)])
+        queries = torch.stack([cloud("randn", n, 100 + s) for s in range(b)])
+        fns = {
+            "pcops": lambda: pcops.knn(queries, clouds, K, validate=False),
+            "pcops_loop": lambda: [pcops.knn(queries[i], clouds[i], K, validate=False) for i in range(b)],
+        }
+        if search is not None:
+            fns["pykdtree_loop"] = lambda: [search(queries[i], clouds[i]) for i in range(b)]
+        rows.append({"bench": "knn_batched", "cloud": f"{b} x randn", "n_ref": n, "n_query": n,
+                     "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)})
+    sizes = torch.randint(int(0.6 * n), n + 1, (b,), generator=torch.Generator().manual_seed(0)).tolist()
+    parts = [cloud("randn", size, 200 + s) for s, size in enumerate(sizes)]
+    packed, ids = torch.cat(parts), torch.repeat_interleave(torch.arange(b), torch.tensor(sizes))
+    fns = {
+        "pcops": lambda: pcops.knn(packed, packed, K, query_batch=ids, ref_batch=ids, validate=False),
+        "pcops_loop": lambda: [pcops.knn(x, x, K, validate=False) for x in parts],
+    }
+    if search is not None:
+        fns["pykdtree_loop"] = lambda: [search(x, x) for x in parts]
+    rows.append({"bench": "knn_batched", "cloud": f"{b} x randn packed", "n_ref": len(packed), "n_query": len(packed),
+                 "ms": median_ms(fns, repeats=repeats, budget_s=budget_s, min_s=MIN_S, clock=CLOCK)})
+    for row in rows:
+        print(format_row(row), flush=True)
+    return rows
 
 
 def run_knn_aggregate(n_ref: int, grid: int, features: int, repeats: int, budget_s: float) -> list[dict]:
@@ -457,6 +477,8 @@ def run(quick: bool, repeats: int = 7, budget_s: float = 20.0, cpu_time: bool = 
     shapes = ["uniform"] if quick else ["randn", "uniform", "clustered", "surface", *bench_meshes.clouds()]
     rows += run_knn_self([2_000] if quick else [10_000, 100_000], shapes, [16] if quick else [16, 32], repeats, budget_s)
     rows += run_batched_knn(4 if quick else 16, 1_000 if quick else 10_000, repeats, budget_s)
+    if not quick:
+        rows += run_batched_knn(8, 1_000, repeats, budget_s, padded=False)  # (small packed clouds)
     rows += run_knn_aggregate(2_000 if quick else 100_000, grid, 25, repeats, budget_s)
     radius_rows, radius_notes = [], []
     for n_ref in [2_000] if quick else [25_000, 100_000, 1_000_000]:  # the tutorial's size, then denser clouds
