@@ -691,12 +691,12 @@ def _grouped_cases(gen, dtype):
     """(query, ref, query ids, ref ids) of packed searches: sorted ids (self-queries, as a
     PyTorch Geometric batch gives them) and shuffled ones, integer coordinates (exact ties,
     duplicates), a sample of queries without reference points, one of points without queries,
-    samples smaller than k, extreme ids."""
-    sizes = [700, 2, 0, 1300, 9, 600]
-    p = torch.randint(0, 12, (sum(sizes), 3), generator=gen).to(dtype)
+    samples smaller than k, one sample large enough to be built on every thread, extreme ids."""
+    sizes = [4200, 2, 0, 1300, 9, 600]
+    p = torch.randint(0, 16, (sum(sizes), 3), generator=gen).to(dtype)
     p_ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     yield p, p, p_ids, p_ids  # sorted, one tensor both ways (a self-query)
-    q = torch.randint(0, 12, (500, 3), generator=gen).to(dtype)
+    q = torch.randint(0, 16, (500, 3), generator=gen).to(dtype)
     q_ids = torch.randint(0, 7, (500,), generator=gen)  # (sample 6: no reference point; 4 of 9 points)
     yield q, p, q_ids.sort().values, p_ids
     perm = torch.randperm(p.shape[0], generator=gen)
@@ -706,15 +706,14 @@ def _grouped_cases(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_warp_grouped_search_one_sample_at_a_time_equals_one_launch(gen, monkeypatch, dtype):
-    # samples of many points each run as one ungrouped search apiece (EACH_SAMPLE); the one
-    # launch over every sample, the per-sample searches and the float64 reference agree exactly,
-    # ties by the smaller index, -1 / inf past a sample's points
+def test_warp_grouped_search_over_a_forest_equals_the_batch_tree(gen, monkeypatch, dtype):
+    # a kd-tree per sample (FOREST) and the batch's one tree give the same neighbours as the
+    # float64 reference, ties by the smaller index, -1 / inf past a sample's points
     k = 12
     for q, p, q_ids, p_ids in _grouped_cases(gen, dtype):
         found = []
-        for each in (1 << 40, 1):
-            monkeypatch.setattr(_kdtree, "EACH_SAMPLE", each)
+        for forest in (False, True):
+            monkeypatch.setattr(_kdtree, "FOREST", [forest])
             found.append(pcops.knn(q, p, k, backend="warp", query_batch=q_ids, ref_batch=p_ids, validate=False))
         torch.testing.assert_close(found[1].idx, found[0].idx, rtol=0, atol=0)
         torch.testing.assert_close(found[1].dists, found[0].dists, rtol=0, atol=0)
@@ -728,21 +727,23 @@ def test_warp_grouped_search_one_sample_at_a_time_equals_one_launch(gen, monkeyp
             assert (found[1].idx[rows, n:] == -1).all() and torch.isinf(found[1].dists[rows, n:]).all()
 
 
-def test_warp_grouped_search_takes_one_search_per_sample_from_its_size(gen, monkeypatch):
-    # samples averaging EACH_SAMPLE reference points or more: an ungrouped search per sample (the
-    # module's ``find`` called once for each, its own rows); fewer: the one grouped launch only
-    calls = []
-    real = _kdtree.find
-    monkeypatch.setattr(_kdtree, "find", lambda q, p, k, *rest, **kw: (calls.append((q.shape[0], p.shape[0])), real(q, p, k, *rest, **kw))[1])
-    each = _kdtree.EACH_SAMPLE
-    cases = (([each, each + 3], True), ([each - 1, each], False), ([2 * each + 1, 5, 0, each], True),
-             ([each] * 4, False), ([each] * 3, True), ([3 * each, each], True))  # (equal samples, 2^j of them: one node each)
-    for sizes, per_sample in cases:
-        calls.clear()
+def test_warp_grouped_search_builds_a_forest_unless_each_sample_is_a_node_of_the_batch_tree(gen, monkeypatch):
+    # equal samples, a power of two of them, are each one node of the batch's tree: it is kept;
+    # any other batch gets the forest (and a sample of most of the points is built on every
+    # thread by the ungrouped build's launches, in place)
+    forests, builds = [], []
+    real_forest, real_launch = _kdtree._forest, _kdtree._warp.launch
+    monkeypatch.setattr(_kdtree, "_forest", lambda *a: (lambda out: (forests.append(out is not None), out)[1])(real_forest(*a)))
+    monkeypatch.setattr(_kdtree._warp, "launch", lambda kernel, n, *a, **kw: (builds.append(kernel), real_launch(kernel, n, *a, **kw))[1])
+    kernels = _kdtree._build_kernels(torch.float32)[0], _kdtree._forest_kernel(torch.float32)
+    for sizes, forest in (([600] * 4, False), ([600] * 3, True), ([600, 610], True), ([600, 601], False), ([5000, 300, 300], True), ([5000] * 2, False)):
+        forests.clear()
+        builds.clear()
         ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
         p = torch.rand(sum(sizes), 3, generator=gen)
         pcops.knn(p, p, 4, backend="warp", query_batch=ids, ref_batch=ids)
-        assert calls == ([(s, s) for s in sizes if s] if per_sample else []), sizes
+        assert forests == [forest], sizes
+        assert (kernels[1] in builds) == forest and (kernels[0] in builds) == (not forest or sizes[0] == 5000), sizes
 
 
 def test_a_sample_is_one_node_of_the_grouped_tree_exactly_where_a_node_holds_its_rows(gen):

@@ -10,7 +10,10 @@ instead (its points stay in group order). Every node stores its bounding box, it
 (batches), its split axis and value. Leaves hold at most ``LEAF`` points. A split only has to
 be exact for speed: the boxes are those of the points actually in each range, so a
 partition stopped early (after ``_ROUNDS`` rounds, e.g. on adversarial inputs) keeps the
-search exact; such a split is marked (axis + 3) and gives no plane bound. On GPUs, where the
+search exact; such a split is marked (axis + 3) and gives no plane bound. A CPU batch gets a
+forest instead (``_forest``): each sample its own implicit tree over its points, the nodes of
+the trees one after another, each query walking its own sample's tree; unless each sample is
+one node of the batch's tree (equal samples, 2^j of them), where the two are the same. On GPUs, where the
 top levels' splits would run on few threads, the same implicit tree is laid over the points in
 Morton order instead (one sort, two launches: ``_ordered_tree``), every split marked so.
 
@@ -70,11 +73,11 @@ _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up 
 _PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
 _CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
-# Grouped CPU searches whose samples hold at least this many reference points each on average
-# run as one ungrouped search per sample (:func:`_each_sample`) unless every sample is one node of
-# the grouped tree: the grouped build cuts a sample that straddles a node's middle into ranges
-# whose subtrees each span the whole sample (docs/benchmarks.md, design choices)
-EACH_SAMPLE = 512
+# Grouped CPU searches over a forest, a tree per sample (:func:`_forest`), unless each sample is
+# a node of the batch's one tree; False: that tree always, split between samples where a node
+# spans several, which cuts a sample across a node's middle into subtrees that each span all of
+# it (the GPUs' way; tests compare both; docs/benchmarks.md, design choices)
+FOREST = [True]
 # CPU: at most this many (query, reference point) pairs are measured one by one (``_scan_kernel``)
 # instead of building and searching the tree, fewer for k > 11 (the insertion of each point grows
 # with k) and against a prepared small tree (:func:`scan_pairs`); the same result, one launch
@@ -145,7 +148,11 @@ def _funcs(dtype: torch.dtype):
 
 
 @_warp.kernels
-def _search_kernel(dtype: torch.dtype, grouped: bool):
+def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
+    """``search``: a thread per query (see the module docs). ``forest``: a batch of per-sample
+    trees (:func:`_forest_kernel`): ``query_group`` holds each query's tree (-1: none), which
+    holds points ``tree_first[t] .. tree_first[t + 1] - 1`` and nodes from ``tree_node[t]`` on,
+    its leaves at ``tree_depth[t]``; each query walks its own tree as an ungrouped search does."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
@@ -180,6 +187,9 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         ghi: wp.array(dtype=wp.int32),
         axis: wp.array(dtype=wp.int32),
         split: wp.array(dtype=s),
+        tree_first: wp.array(dtype=wp.int32),
+        tree_node: wp.array(dtype=wp.int32),
+        tree_depth: wp.array(dtype=wp.int32),
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
         chain: int,
@@ -189,22 +199,33 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
         q = query[t]  # the queries in the threads' order (query[t] is query rows[t], read directly, not through rows)
         k = dists.shape[1]
         n = int(0)
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+        g = int(0)
+        alone = False  # a query of a sample without points (a forest's tree -1)
+        if wp.static(grouped or forest):
+            g = int(query_group[i])
+        if wp.static(forest):
+            alone = g < 0
+        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])) or alone:
             while n < k:  # (every row is written whole: the outputs need no fill)
                 dists[i, n] = s(wp.inf)
                 idx[i, n] = wp.int64(-1)
                 n += 1
             return
-        g = int(0)
-        if wp.static(grouped):
-            g = int(query_group[i])
         npts = wp.int64(points.shape[0])
+        p0 = int(0)  # the query's tree: its first point, first node and leaves' depth
+        b0 = int(0)
+        leaf = depth
+        if wp.static(forest):
+            p0 = int(tree_first[g])
+            npts = wp.int64(tree_first[g + 1] - tree_first[g])
+            b0 = int(tree_node[g])
+            leaf = int(tree_depth[g])
         zero = v(s(0.0), s(0.0), s(0.0))
         bound = s(wp.inf)  # squared distance beyond which nothing can enter the row
         if chain != 0 and wp.tid() > 0:  # thread t - 1 ran before t on this CPU thread: its row is done
             prev = int(rows[t - 1])
             same = True  # (a query of another sample has other neighbours)
-            if wp.static(grouped):
+            if wp.static(grouped or forest):
                 same = int(query_group[prev]) == g
             r = dists[prev, k - 1]  # a root: inf when that query found fewer than k (or was not finite)
             if same and r < s(wp.inf):
@@ -235,12 +256,12 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                             break
                         pure = lo_g == hi_g
                 if bound < s(wp.inf):
-                    gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
+                    gap = wp.max(wp.max(lo[b0 + b] - q, q - hi[b0 + b]), zero)
                     if wp.dot(gap, gap) > bound:
                         break
-                if d == depth:  # a leaf: insert its points into the sorted row
+                if d == leaf:  # a leaf: insert its points into the sorted row
                     node = b + 1 - (1 << d)
-                    j0, j1 = _warp_funcs.part(node, npts, depth), _warp_funcs.part(node + 1, npts, depth)
+                    j0, j1 = p0 + _warp_funcs.part(node, npts, leaf), p0 + _warp_funcs.part(node + 1, npts, leaf)
                     j = j0
                     while j < j1:
                         diff = q - points[j]
@@ -254,13 +275,13 @@ def _search_kernel(dtype: torch.dtype, grouped: bool):
                                 bound = wp.min(bound, dists[i, k - 1] * slack)
                         j += 1
                     break
-                a = int(axis[b])
+                a = int(axis[b0 + b])
                 side = int(0)
                 far = floor
                 if a >= 3:  # a split stopped early: no plane between the halves
-                    side = int(q[a - 3] >= split[b])
+                    side = int(q[a - 3] >= split[b0 + b])
                 elif a >= 0:  # the farther child's points lie beyond the split plane
-                    off = q[a] - split[b]
+                    off = q[a] - split[b0 + b]
                     side = int(off >= s(0.0))
                     far = wp.max(floor, off * off)
                 elif wp.static(grouped):  # a split between groups: the right child's first group
@@ -413,6 +434,115 @@ def _slices(m: int, n: int, k: int, cpu: bool) -> int:
 
 
 @_warp.kernels
+def _split_func(dtype: torch.dtype):
+    """``split_node(points, order, first, last, mid, lo, hi, rounds, axis, split, b)``: the split
+    of one node of the build (see :func:`_build_kernels`)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    key, sample_pivot = _funcs(dtype)
+
+    @wp.func(module="unique")
+    def split_node(points: wp.array(dtype=v), order: wp.array(dtype=wp.int64), first: int, last: int, mid: int, l: v, h: v,
+                   rounds: int, axis: wp.array(dtype=wp.int32), split: wp.array(dtype=s), b: int):
+        """Node ``b`` (points first .. last - 1, box l .. h): its points split at ``mid`` along the
+        widest axis of its box, and its axis and split value."""
+        ext = h - l
+        a = int(0)
+        if ext[1] > ext[a]:
+            a = 1
+        if ext[2] > ext[a]:
+            a = 2
+        # quickselect of the middle: each round moves the keys below a pivot (of
+        # five spread samples, the one at the middle's relative rank) to the
+        # front, then, if the middle is not there, the keys equal to it, unless
+        # the middle is above them too and some key was below (counted in the
+        # first pass: 10-13% fewer element visits); branch-free passes (every
+        # element is swapped, the boundary moves by a comparison); every round
+        # shrinks the range, so duplicates cannot stall it
+        left = first
+        rite = last
+        r = int(0)
+        while rite - left > 1 and r < rounds:
+            span = rite - left
+            pivot = sample_pivot(
+                key(points[left], a),
+                key(points[left + span // 4], a),
+                key(points[left + span // 2], a),
+                key(points[left + span // 4 * 3], a),
+                key(points[rite - 1], a),
+                int(wp.int64(5) * wp.int64(mid - left) // wp.int64(span)),  # no int32 overflow
+            )
+            for strict in range(2):
+                fence = left
+                equal = int(0)
+                j = left
+                while j < rite:
+                    p = points[j]
+                    o = order[j]
+                    x = key(p, a)
+                    below = x < pivot
+                    if strict == 1:
+                        below = x <= pivot
+                    else:
+                        equal = equal + int(x == pivot)
+                    points[j] = points[fence]
+                    order[j] = order[fence]
+                    points[fence] = p
+                    order[fence] = o
+                    fence = fence + int(below)
+                    j += 1
+                if mid < fence:
+                    rite = fence
+                    if strict == 1:
+                        left = rite  # the middle holds the pivot: done
+                    break
+                above = strict == 0 and mid >= fence + equal and fence > left
+                left = fence
+                if above:  # the middle is above the pivot's keys too, and the range shrank
+                    break
+            r = r + 1
+        axis[b] = a + 3 * int(rite - left > 1)  # + 3: stopped early, no plane between the halves
+        split[b] = key(points[mid], a)
+
+    return split_node
+
+
+@_warp.kernels
+def _forest_kernel(dtype: torch.dtype):
+    """``forest``: thread t builds the kd-tree of sample t of a batch, its own implicit tree over
+    its points ``first[t] .. first[t + 1] - 1`` (sorted by sample), its nodes from ``node[t]``
+    on, down to ``depth[t]``: the ungrouped build's boxes and splits (:func:`_build_kernels`);
+    a sample of more than ``most`` points is left to the caller."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    box = _warp_funcs.bounds(dtype)
+    split_node = _split_func(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def forest(start: int, rounds: int, most: int, first: wp.array(dtype=wp.int32), node: wp.array(dtype=wp.int32),
+               depth: wp.array(dtype=wp.int32), points: wp.array(dtype=v), order: wp.array(dtype=wp.int64), lo: wp.array(dtype=v),
+               hi: wp.array(dtype=v), axis: wp.array(dtype=wp.int32), split: wp.array(dtype=s)):
+        t = wp.tid() + start
+        p0 = int(first[t])
+        n = wp.int64(first[t + 1] - first[t])
+        if n > wp.int64(most):  # (built by the caller's launches)
+            return
+        b0 = int(node[t])
+        leaf = int(depth[t])
+        for e in range(leaf + 1):
+            for c in range(1 << e):
+                a, z = p0 + _warp_funcs.part(c, n, e), p0 + _warp_funcs.part(c + 1, n, e)
+                b = b0 + (1 << e) - 1 + c
+                l, h = box(points, a, z, 1)
+                lo[b] = l
+                hi[b] = h
+                if e < leaf:
+                    split_node(points, order, a, z, p0 + _warp_funcs.part(2 * c + 1, n, e + 1), l, h, rounds, axis, split, b)
+
+    return forest
+
+
+@_warp.kernels
 def _build_kernels(dtype: torch.dtype):
     """Warp kernels of the build: the splits of the tree (nodes of one depth per thread range,
     each thread splitting its node's subtree down to a given depth), the Morton sort keys of
@@ -422,6 +552,8 @@ def _build_kernels(dtype: torch.dtype):
     key, sample_pivot = _funcs(dtype)
     box = _warp_funcs.bounds(dtype)
     _, morton = _warp_funcs.cells(dtype)
+
+    split_node = _split_func(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def build(
@@ -464,63 +596,7 @@ def _build_kernels(dtype: torch.dtype):
                         axis[b] = -1  # between groups (the right child's first group): the order stays
                         split[b] = s(0.0)
                     else:
-                        ext = h - l
-                        a = int(0)
-                        if ext[1] > ext[a]:
-                            a = 1
-                        if ext[2] > ext[a]:
-                            a = 2
-                        # quickselect of the middle: each round moves the keys below a pivot (of
-                        # five spread samples, the one at the middle's relative rank) to the
-                        # front, then, if the middle is not there, the keys equal to it, unless
-                        # the middle is above them too and some key was below (counted in the
-                        # first pass: 10-13% fewer element visits); branch-free passes (every
-                        # element is swapped, the boundary moves by a comparison); every round
-                        # shrinks the range, so duplicates cannot stall it
-                        left = first
-                        rite = last
-                        r = int(0)
-                        while rite - left > 1 and r < rounds:
-                            span = rite - left
-                            pivot = sample_pivot(
-                                key(points[left], a),
-                                key(points[left + span // 4], a),
-                                key(points[left + span // 2], a),
-                                key(points[left + span // 4 * 3], a),
-                                key(points[rite - 1], a),
-                                int(wp.int64(5) * wp.int64(mid - left) // wp.int64(span)),  # no int32 overflow
-                            )
-                            for strict in range(2):
-                                fence = left
-                                equal = int(0)
-                                j = left
-                                while j < rite:
-                                    p = points[j]
-                                    o = order[j]
-                                    x = key(p, a)
-                                    below = x < pivot
-                                    if strict == 1:
-                                        below = x <= pivot
-                                    else:
-                                        equal = equal + int(x == pivot)
-                                    points[j] = points[fence]
-                                    order[j] = order[fence]
-                                    points[fence] = p
-                                    order[fence] = o
-                                    fence = fence + int(below)
-                                    j += 1
-                                if mid < fence:
-                                    rite = fence
-                                    if strict == 1:
-                                        left = rite  # the middle holds the pivot: done
-                                    break
-                                above = strict == 0 and mid >= fence + equal and fence > left
-                                left = fence
-                                if above:  # the middle is above the pivot's keys too, and the range shrank
-                                    break
-                            r = r + 1
-                        axis[b] = a + 3 * int(rite - left > 1)  # + 3: stopped early, no plane between the halves
-                        split[b] = key(points[mid], a)
+                        split_node(points, order, first, last, mid, l, h, rounds, axis, split, b)
 
     @wp.kernel(enable_backward=False, module="unique")
     def keys(start: int, points: wp.array(dtype=v), frame: wp.array(dtype=s), spread: wp.array(dtype=wp.int32),
@@ -900,7 +976,7 @@ class _SmallTree:
             if order_launch is None:
                 return None
         search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
-                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, *_outputs(query, k), int(_CHAIN)]
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN)]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if self.launches[0] is None or self.launches[3] is None:
@@ -1126,77 +1202,69 @@ def _one_node(first: int, last: int, n: int) -> bool:
     return False
 
 
-def _each_sample(query, ref, k: int, query_group, ref_group):
-    """(dists, idx) of a grouped CPU search as one ungrouped :func:`find` per sample, or None
-    where its samples hold fewer than :data:`EACH_SAMPLE` reference points each on average or
-    each is one node of the grouped tree (equal samples, a power of two of them: a padded batch).
-    Each sample's points keep their order (a stable sort by sample, none where the ids are sorted
-    already), so its search's ties by the smaller index are the grouped search's; a self-query
-    stays one (the same rows both ways)."""
+def _forest(query, ref, k: int, query_group, ref_group):
+    """(dists, idx) of a grouped CPU search over a forest: a kd-tree per sample, each its own
+    implicit tree over the sample's points (sorted by sample, stably: each sample keeps its
+    points' order), built a sample a thread (:func:`_forest_kernel`) and searched in one launch,
+    each query walking its sample's tree as an ungrouped search does (the same neighbours and
+    ties; a self-query in the trees' order, other queries in (sample, Morton) order); None where
+    every sample is one node of the batch's tree (:func:`_tree`: equal samples, a power of two
+    of them), which then holds the same trees."""
     m, n = query.shape[0], ref.shape[0]
-    if n < EACH_SAMPLE or _GPU_BUILD:
+    in_order = bool((ref_group[1:] >= ref_group[:-1]).all())  # (packed batches as PyTorch Geometric makes them)
+    groups, order = (ref_group, None) if in_order else torch.sort(ref_group, stable=True)
+    ids, counts = torch.unique_consecutive(groups, return_counts=True)  # the trees: the samples with points, by id
+    sizes = counts.tolist()
+    if all(_one_node(a, b, n) for a, b in itertools.pairwise([0, *itertools.accumulate(sizes)])):
         return None
-    same = ref is query and ref_group is query_group
-    in_order = bool((ref_group[1:] >= ref_group[:-1]).all()) and (same or bool((query_group[1:] >= query_group[:-1]).all()))
-    if in_order:  # (packed batches as PyTorch Geometric makes them: each sample's rows in one run)
-        rids, rcount = torch.unique_consecutive(ref_group, return_counts=True)
-        qids, qcount = (rids, rcount) if same else torch.unique_consecutive(query_group, return_counts=True)
-        qorder = rorder = None
+    order, points = (torch.arange(n), ref.clone()) if in_order else (order, ref[order])
+    depths = [_depth(c) for c in sizes]
+    nodes = [(2 << d) - 1 for d in depths]
+    first = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
+    node = torch.tensor([0, *itertools.accumulate(nodes)][:-1], dtype=torch.int32)
+    depth = torch.tensor(depths, dtype=torch.int32)
+    lo, hi, split = ref.new_empty((sum(nodes), 3)), ref.new_empty((sum(nodes), 3)), ref.new_empty(sum(nodes))
+    axis = torch.empty(sum(nodes), dtype=torch.int32)
+    vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
+    points_w = vec(points)
+    # a sample a thread, but those that would hold up a thread past its share and are large
+    # enough to build on every thread: each with the ungrouped build's launches, in place
+    share = n // (2 * _threads.requested())
+    big = [size > share and size * max(d, 1) >= _warp.SERIAL_WORK for size, d in zip(sizes, depths)]
+    build = _build_kernels(ref.dtype)[0]
+    starts, firsts = first.tolist(), node.tolist()
+    for t in (t for t, b in enumerate(big) if b):
+        p, e = slice(starts[t], starts[t + 1]), slice(firsts[t], firsts[t] + nodes[t])
+        args = [vec(points[p]), order[p], axis, 0, vec(lo[e]), vec(hi[e]), axis, axis, axis[e], split[e]]
+        steps, work = build_steps(sizes[t], depths[t])
+        for d, last in steps:
+            _warp.launch(build, 1 << d, [d, last, depths[t], _ROUNDS, *args], like=ref, min_chunk=1, work=work)
+    most = max((size for size, b in zip(sizes, big) if not b), default=0)  # (every big sample is larger: the work grows with the size)
+    _warp.launch(_forest_kernel(ref.dtype), len(sizes), [_ROUNDS, most, first, node, depth, points_w, order, vec(lo), vec(hi), axis, split],
+                 like=ref, min_chunk=1, work=n * max(depths, default=1))
+    at = torch.searchsorted(ids, query_group).clamp_(max=len(sizes) - 1)
+    tree = torch.where(ids[at] == query_group, at, -1).to(torch.int32)  # each query's tree (-1: its sample has no points)
+    if ref is query and ref_group is query_group:  # a self-query: the trees' own points, in the trees' order
+        rows, ordered = order, points_w
     else:
-        ids, rank = torch.unique(ref_group if same else torch.cat([query_group, ref_group]), return_inverse=True)
-        qrank, rrank = (rank, rank) if same else (rank[:m], rank[m:])
-        rids = qids = ids
-        rcount = torch.bincount(rrank, minlength=ids.shape[0])
-        qcount = rcount if same else torch.bincount(qrank, minlength=ids.shape[0])
-    counts = rcount.tolist()
-    firsts = [0, *itertools.accumulate(counts)]
-    if n < EACH_SAMPLE * sum(c > 0 for c in counts) or all(_one_node(a, b, n) for a, b in zip(firsts, firsts[1:]) if b > a):
-        return None
-    if not in_order:
-        rorder = torch.sort(rrank, stable=True).indices
-        qorder = rorder if same else torch.sort(qrank, stable=True).indices
-    dists, idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64)
-    refs = dict(zip(rids.tolist(), zip(firsts, counts)))
-    qs = 0
-    for g, a in zip(qids.tolist(), qcount.tolist()):
-        rs, b = refs.get(g, (0, 0))
-        if a == 0:
-            continue
-        if b == 0:  # (no reference point in its sample: nothing found)
-            d, i = query.new_full((a, k), float("inf")), torch.full((a, k), -1, dtype=torch.int64)
-        elif qorder is None:
-            part = ref[rs:rs + b]
-            d, i = find(part if same else query[qs:qs + a], part, k, kept=False)
-            i = torch.where(i >= 0, i + rs, -1)
-        else:
-            cols = rorder[rs:rs + b]
-            part = ref.index_select(0, cols)
-            d, i = find(part if same else query.index_select(0, qorder[qs:qs + a]), part, k, kept=False)
-            i = torch.where(i >= 0, cols[i.clamp_min(0)], -1)
-        if qorder is None:
-            dists[qs:qs + a] = d
-            idx[qs:qs + a] = i
-        else:
-            rows = qorder[qs:qs + a]
-            dists.index_copy_(0, rows, d)
-            idx.index_copy_(0, rows, i)
-        qs += a
+        rows = _query_order(query, tree)
+        ordered = vec(query.index_select(0, rows))
+    dists, idx = _outputs(query, k)
+    dummy = _no_group(query.device)[1]
+    args = [0, rows, ordered, tree, points_w, order, dummy, vec(lo), vec(hi), dummy, dummy, axis, split, first, node, depth, dists, idx,
+            int(_CHAIN)]
+    _warp.launch(_search_kernel(query.dtype, False, True), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
 
-def find(query, ref, k, query_group=None, ref_group=None, kept: bool = True):
+def find(query, ref, k, query_group=None, ref_group=None):
     """The search (see the module docs and :mod:`._registry`): the function of the ``pcops::knn_warp``
-    op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`).
-    ``kept``: small searches use and keep the thread's plans of their shapes (:func:`_kept_plan`)."""
+    op, which ``knn`` also calls directly for a plain eager call (:func:`pcops.ops.neighbours.nearest.knn`)."""
     m = query.shape[0]
     _warp.init()
     grouped = query_group is not None
-    if grouped and query.is_cpu and m:
-        each = _each_sample(query, ref, k, query_group, ref_group)
-        if each is not None:
-            return each
     query, ref = query.contiguous(), ref.contiguous()
-    small = kept and not grouped and query.is_cpu
+    small = not grouped and query.is_cpu
     plan = _kept_plan(query, ref, k) if small else None
     if plan is not None:  # the thread's kept plan of these shapes: nothing to decide
         return _run_kept(plan, query, ref)[:2]
@@ -1219,6 +1287,10 @@ def find(query, ref, k, query_group=None, ref_group=None, kept: bool = True):
         out, out_idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
         _warp.launch(merge, m, [slices, dists, idx, out, out_idx], like=query, min_chunk=1, work=rows * k)
         return out, out_idx
+    if m and grouped and query.is_cpu and not _GPU_BUILD and FOREST[0]:
+        found = _forest(query, ref, k, query_group, ref_group)
+        if found is not None:
+            return found
     dists, idx = _outputs(query, k)  # (the search writes every row whole)
     if m == 0:
         return dists, idx
@@ -1242,7 +1314,8 @@ def find(query, ref, k, query_group=None, ref_group=None, kept: bool = True):
         ordered = query.index_select(0, rows) if sort else query
     dummy = _no_group(query.device)[1]
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
-            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dists, idx, int(_CHAIN and query.device.type == "cpu")]
+            point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dummy, dummy, dummy, dists, idx,
+            int(_CHAIN and query.device.type == "cpu")]
     _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
