@@ -440,18 +440,14 @@ def _split_func(dtype: torch.dtype):
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     key, sample_pivot = _funcs(dtype)
+    widest = _warp_funcs.widest_axis(dtype)
 
     @wp.func(module="unique")
     def split_node(points: wp.array(dtype=v), order: wp.array(dtype=wp.int64), first: int, last: int, mid: int, l: v, h: v,
                    rounds: int, axis: wp.array(dtype=wp.int32), split: wp.array(dtype=s), b: int):
         """Node ``b`` (points first .. last - 1, box l .. h): its points split at ``mid`` along the
         widest axis of its box, and its axis and split value."""
-        ext = h - l
-        a = int(0)
-        if ext[1] > ext[a]:
-            a = 1
-        if ext[2] > ext[a]:
-            a = 2
+        a = widest(h - l)
         # quickselect of the middle: each round moves the keys below a pivot (of
         # five spread samples, the one at the middle's relative rank) to the
         # front, then, if the middle is not there, the keys equal to it, unless
@@ -843,11 +839,17 @@ def _tree(ref: torch.Tensor, group, beside=None, queries: int = 0, depth: Option
     vec = _warp.vec3(ref.dtype)
     args = [_warp.array(points, dtype=vec), order, group if group is not None else glo, int(group is not None),
             _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split]
-    build = _build_kernels(ref.dtype)[0]
+    _launch_build(args, n, depth, ref, beside, queries, serial_work)
+    return points, order, group, lo, hi, glo, ghi, axis, split, depth
+
+
+def _launch_build(args: list, n: int, depth: int, like: torch.Tensor, beside=None, queries: int = 0, serial_work: Optional[int] = None):
+    """The build's launches (:func:`build_steps`) of a tree of n points with leaves at ``depth``
+    on its arrays ``args`` (the build kernel's, from ``points`` on); ``beside`` with the root's."""
+    build = _build_kernels(like.dtype)[0]
     steps, work = build_steps(n, depth, queries, serial_work)
     for d, last in steps:
-        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=ref, min_chunk=1, beside=beside if d == 0 else None, work=work)
-    return points, order, group, lo, hi, glo, ghi, axis, split, depth
+        _warp.launch(build, 1 << d, [d, last, depth, _ROUNDS, *args], like=like, min_chunk=1, beside=beside if d == 0 else None, work=work)
 
 
 def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, queries: int = 0, one_launch: bool = False,
@@ -1215,32 +1217,27 @@ def _forest(query, ref, k: int, query_group, ref_group):
     groups, order = (ref_group, None) if in_order else torch.sort(ref_group, stable=True)
     ids, counts = torch.unique_consecutive(groups, return_counts=True)  # the trees: the samples with points, by id
     sizes = counts.tolist()
-    if all(_one_node(a, b, n) for a, b in itertools.pairwise([0, *itertools.accumulate(sizes)])):
+    starts = [0, *itertools.accumulate(sizes)]  # each sample's first point, and n
+    if all(_one_node(a, b, n) for a, b in itertools.pairwise(starts)):
         return None
     order, points = (torch.arange(n), ref.clone()) if in_order else (order, ref[order])
     depths = [_depth(c) for c in sizes]
     nodes = [(2 << d) - 1 for d in depths]
-    first = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
-    node = torch.tensor([0, *itertools.accumulate(nodes)][:-1], dtype=torch.int32)
-    depth = torch.tensor(depths, dtype=torch.int32)
+    firsts = [0, *itertools.accumulate(nodes)][:-1]  # each tree's first node
+    first, node, depth = (torch.tensor(x, dtype=torch.int32) for x in (starts, firsts, depths))
     lo, hi, split = ref.new_empty((sum(nodes), 3)), ref.new_empty((sum(nodes), 3)), ref.new_empty(sum(nodes))
     axis = torch.empty(sum(nodes), dtype=torch.int32)
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
-    points_w = vec(points)
+    points_w, lo_w, hi_w = vec(points), vec(lo), vec(hi)
     # a sample a thread, but those that would hold up a thread past its share and are large
     # enough to build on every thread: each with the ungrouped build's launches, in place
     share = n // (2 * _threads.requested())
     big = [size > share and size * max(d, 1) >= _warp.SERIAL_WORK for size, d in zip(sizes, depths)]
-    build = _build_kernels(ref.dtype)[0]
-    starts, firsts = first.tolist(), node.tolist()
     for t in (t for t, b in enumerate(big) if b):
         p, e = slice(starts[t], starts[t + 1]), slice(firsts[t], firsts[t] + nodes[t])
-        args = [vec(points[p]), order[p], axis, 0, vec(lo[e]), vec(hi[e]), axis, axis, axis[e], split[e]]
-        steps, work = build_steps(sizes[t], depths[t])
-        for d, last in steps:
-            _warp.launch(build, 1 << d, [d, last, depths[t], _ROUNDS, *args], like=ref, min_chunk=1, work=work)
+        _launch_build([vec(points[p]), order[p], axis, 0, vec(lo[e]), vec(hi[e]), axis, axis, axis[e], split[e]], sizes[t], depths[t], ref)
     most = max((size for size, b in zip(sizes, big) if not b), default=0)  # (every big sample is larger: the work grows with the size)
-    _warp.launch(_forest_kernel(ref.dtype), len(sizes), [_ROUNDS, most, first, node, depth, points_w, order, vec(lo), vec(hi), axis, split],
+    _warp.launch(_forest_kernel(ref.dtype), len(sizes), [_ROUNDS, most, first, node, depth, points_w, order, lo_w, hi_w, axis, split],
                  like=ref, min_chunk=1, work=n * max(depths, default=1))
     at = torch.searchsorted(ids, query_group).clamp_(max=len(sizes) - 1)
     tree = torch.where(ids[at] == query_group, at, -1).to(torch.int32)  # each query's tree (-1: its sample has no points)
@@ -1251,7 +1248,7 @@ def _forest(query, ref, k: int, query_group, ref_group):
         ordered = vec(query.index_select(0, rows))
     dists, idx = _outputs(query, k)
     dummy = _no_group(query.device)[1]
-    args = [0, rows, ordered, tree, points_w, order, dummy, vec(lo), vec(hi), dummy, dummy, axis, split, first, node, depth, dists, idx,
+    args = [0, rows, ordered, tree, points_w, order, dummy, lo_w, hi_w, dummy, dummy, axis, split, first, node, depth, dists, idx,
             int(_CHAIN)]
     _warp.launch(_search_kernel(query.dtype, False, True), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
