@@ -727,6 +727,29 @@ def test_warp_grouped_search_over_a_forest_equals_the_batch_tree(gen, monkeypatc
             assert (found[1].idx[rows, n:] == -1).all() and torch.isinf(found[1].dists[rows, n:]).all()
 
 
+def test_warp_forest_search_terminates_on_non_finite_points_without_validation(gen, monkeypatch):
+    # NaN and inf points in the samples of a forest are never neighbours, a non-finite query
+    # finds none: the batch's one tree gives the same rows, the finite ones the reference's
+    sizes = [900, 40, 3, 1500]
+    p = torch.randn(sum(sizes), 3, generator=gen, dtype=F64)
+    ids = torch.repeat_interleave(torch.arange(4), torch.tensor(sizes))
+    p[[3, 50, 120, 950, 1000]] = float("nan")
+    p[7, 1], p[1200, 0] = float("inf"), float("-inf")
+    found = []
+    for forest in (False, True):
+        monkeypatch.setattr(_kdtree, "FOREST", [forest])
+        found.append(pcops.knn(p, p, 6, backend="warp", query_batch=ids, ref_batch=ids, validate=False))
+    torch.testing.assert_close(found[1].idx, found[0].idx, rtol=0, atol=0)
+    finite = torch.isfinite(p).all(1)
+    assert (found[1].idx[~finite] == -1).all()
+    for b in range(4):
+        rows = (finite & (ids == b)).nonzero().flatten()
+        cols = rows
+        k = min(6, cols.shape[0])
+        _, ref_idx = reference.knn(p[rows], p[cols], k)
+        torch.testing.assert_close(found[1].idx[rows, :k], cols[ref_idx], rtol=0, atol=0)
+
+
 def test_warp_grouped_search_builds_a_forest_unless_each_sample_is_a_node_of_the_batch_tree(gen, monkeypatch):
     # equal samples, a power of two of them, are each one node of the batch's tree: it is kept;
     # any other batch gets the forest (and a sample of most of the points is built on every
