@@ -822,6 +822,14 @@ class Prepared:
         for pointer, i in fields:
             pointer.value = tensors[i].data_ptr()
 
+    def held(self) -> int:
+        """The bytes this launch holds (:meth:`Kept.put`): its packed structs and their views (4-17
+        KB a launch under ``tracemalloc``: :data:`LAUNCH_BYTES`) and its ``keep`` tensors."""
+        return LAUNCH_BYTES + held_bytes(self.keep)
+
+
+LAUNCH_BYTES = 16 << 10
+
 
 def run_together(launches: tuple) -> None:
     """Prepared launches independent of each other, each pointed at its arrays
@@ -836,29 +844,102 @@ def run_together(launches: tuple) -> None:
     run_chunks(run, 0, len(calls))
 
 
+class Kept:
+    """The calling thread's kept objects (prepared launches, search plans, mesh builds) by key: at
+    most ``most`` of them holding at most ``budget`` bytes together (what each is said to hold),
+    the least recently used dropped first. With ``second`` a key is made on its second miss among
+    the thread's last ``most`` misses: a stream of shapes seen once (a cloud of a new size every
+    call) pays neither for making a kept object nor for dropping one, and a cycle of up to ``most``
+    shapes (clouds of a few hundred sizes in turn) stays kept whole (docs/benchmarks.md, design
+    choices)."""
+
+    def __init__(self, most: int, budget: int, second: bool = True) -> None:
+        self.most, self.budget, self.second = most, budget, second
+        self._local = threading.local()
+
+    def _mine(self):
+        local = self._local
+        if not hasattr(local, "found"):
+            local.found, local.seen, local.bytes = {}, {}, 0  # (dicts keep their keys' order: oldest first)
+        return local
+
+    def get(self, key):
+        """The object kept for ``key`` (now the most recently used), or None."""
+        found = getattr(self._local, "found", None)
+        entry = None if found is None else found.pop(key, None)
+        if entry is None:
+            return None
+        found[key] = entry
+        return entry[0]
+
+    def admit(self, key) -> bool:
+        """Whether to make ``key``'s object now, on a miss: without ``second`` always; else where
+        ``key`` was missed once among the last ``most`` misses, or is kept (made under other
+        switches: the caller replaces it)."""
+        mine = self._mine()
+        if not self.second or key in mine.found or key in mine.seen:
+            return True
+        mine.seen[key] = None
+        if len(mine.seen) > self.most:
+            del mine.seen[next(iter(mine.seen))]
+        return False
+
+    def put(self, key, value, nbytes: int = 0) -> None:
+        """Keep ``value`` for ``key`` (holding ``nbytes``), dropping the least recently used past the bounds."""
+        mine = self._mine()
+        found = mine.found
+        mine.seen.pop(key, None)
+        old = found.pop(key, None)
+        mine.bytes += nbytes - (old[1] if old is not None else 0)
+        found[key] = (value, nbytes)
+        while len(found) > self.most or (mine.bytes > self.budget and len(found) > 1):
+            mine.bytes -= found.pop(next(iter(found)))[1]
+
+    def keys(self) -> list:
+        """The calling thread's kept keys, least recently used first."""
+        return list(getattr(self._local, "found", {}))
+
+    def clear(self) -> None:
+        """Drop the calling thread's kept objects and sightings."""
+        self._local.__dict__.clear()
+
+
+def held_bytes(*values) -> int:
+    """The bytes of the tensors among ``values`` (nested in tuples and lists, None skipped): what a
+    kept object says it holds (:meth:`Kept.put`)."""
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            total += value.untyped_storage().nbytes()
+        elif isinstance(value, (tuple, list)):
+            total += held_bytes(*value)
+    return total
+
+
+# A thread's kept launches and search plans (:data:`KEPT`): this many at most (a cloud's calls
+# keep 1-10: a cycle of some hundred sizes is kept whole), holding at most this many bytes (a
+# kept launch about 16 KB, a kept tree of 256 points about 60 KB, of 2^14 points up to 1.5 MB)
+KEEP_PREPARED = 1024
+KEEP_BYTES = 32 << 20
+KEPT = Kept(KEEP_PREPARED, KEEP_BYTES)
+
+
 def prepared(key, make) -> typing.Optional[Prepared]:
     """The calling thread's :class:`Prepared` launch for ``key`` and torch's thread count (which
-    sets the chunks): ``make()`` builds it (None: not now, see :func:`prepare`); at most
-    :data:`KEEP_PREPARED` kept a thread."""
+    sets the chunks), kept in :data:`KEPT`: ``make()`` builds it on the key's second miss (None:
+    not now, see :func:`prepare`); None before that (the caller launches as usual)."""
     if not PREPARED[0]:
         return None
-    kept = getattr(_kept, "prepared", None)
-    if kept is None:
-        kept = _kept.prepared = {}
     key = (key, _threads.requested())
-    found = kept.get(key)
-    if found is None:
+    found = KEPT.get(key)
+    if found is None and KEPT.admit(key):
         found = make()
         if found is not None:  # (None: asked again next time, once the kernel is loaded)
-            if len(kept) >= KEEP_PREPARED:
-                kept.clear()
-            kept[key] = found
+            KEPT.put(key, found, found.held())
     return found
 
 
-KEEP_PREPARED = 32
 PREPARED = [True]  # False: every launch packed anew (tests and measurements compare both)
-_kept = threading.local()
 
 
 def prepare(kernel, n: int, args: list, work: typing.Optional[int], min_chunk: int = 1, keep: tuple = ()) -> typing.Optional[Prepared]:

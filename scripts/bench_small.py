@@ -31,6 +31,10 @@ Ops and peers (each peer computes the same answer from the same numpy / torch in
 * ``mesh_distance`` (unsigned, 10^3 and 10^4 queries around pyvista's airplane, the hierarchy
   built in the call): Open3D's ``RaycastingScene`` (scene built in the call) ``compute_distance``.
 
+``uniform, 60 sizes``: the ops above on uniform clouds of 60 sizes about 256 and 1,024 points
+(226-285, 994-1,053), each call taking the next cloud of the cycle (a dataset of scans of varying
+sizes): what a library keeps per shape must hold them all or cost nothing where it does not.
+
 ``neighbour``: ``quiet``, or ``busy`` with one other process spinning a core for the whole row
 (a DataLoader worker, a second job): the row's ratio to its quiet twin is what a shared machine
 costs each library. Peers are imported lazily; a missing one leaves its column out.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import subprocess
 import sys
 import time
@@ -57,6 +62,7 @@ CLOUDS = ("uniform", "mesh:airplane")
 BALL_K = 32
 FEATURES = 32
 MESH_QUERIES = (1_000, 10_000)
+IN_TURN, IN_TURN_SIZES = 60, (256, 1024)  # clouds of 60 sizes in turn, about 256 and 1,024 points
 
 
 def _k(n: int) -> int:
@@ -112,11 +118,12 @@ def _gather_mean(f: torch.Tensor, idx) -> torch.Tensor:
     return f[torch.as_tensor(np.asarray(idx), dtype=torch.int64)].mean(1)
 
 
-def _cases(p: torch.Tensor, n: int, r: float, gen: torch.Generator) -> dict:
-    """{op: {name: function}} of pcops and its importable peers on the cloud ``p`` of n points."""
+def _cases(p: torch.Tensor, n: int, r: float, gen: torch.Generator, k: int = 0) -> dict:
+    """{op: {name: function}} of pcops and its importable peers on the cloud ``p`` of n points
+    (``k``: the kNN rows' k, else the size's)."""
     x = p.numpy()
     f = torch.randn(n, FEATURES, generator=gen)
-    k, kk = _k(n), min(16, n - 1) if n > 1 else 1
+    k, kk = k or _k(n), min(16, n - 1) if n > 1 else 1
     pykd = getattr(_lib("pykdtree.kdtree"), "KDTree", None)
     ckd = getattr(_lib("scipy.spatial"), "cKDTree", None)
     o3d = _lib("open3d")
@@ -288,6 +295,28 @@ def _mesh_cases(queries: int, gen: torch.Generator) -> dict:
     return fns
 
 
+def _in_turn(n: int, sizes: int) -> dict:
+    """{op: {name: function}} of :func:`_cases` over uniform clouds of ``sizes`` sizes about n
+    (n - sizes / 2 .. n + sizes / 2 - 1 points), each function taking the next cloud of the cycle
+    at every call: a stream of clouds of varying sizes, each size seen again ``sizes`` calls later
+    (each function run over the cycle twice before it is timed)."""
+    cases = []
+    for size in range(n - sizes // 2, n - sizes // 2 + sizes):
+        p = bench_search.cloud("uniform", size, size)
+        cases.append(_cases(p, size, _radius16(p), torch.Generator().manual_seed(size), k=_k(n)))
+
+    def cycle(fns: list):
+        turn = itertools.cycle(fns)
+        return lambda: next(turn)()
+
+    out = {op: {name: cycle([case[op][name] for case in cases]) for name in fns} for op, fns in cases[0].items()}
+    for fns in out.values():  # (two passes first: what a library keeps per shape is made, as an epoch's first calls make it)
+        for fn in fns.values():
+            for _ in range(2 * sizes):
+                fn()
+    return out
+
+
 def _radius16(p: torch.Tensor) -> float:
     """The median distance to the 16th nearest neighbour (self excluded) of the cloud ``p``."""
     k = min(17, p.shape[0])
@@ -312,6 +341,10 @@ def run(quick: bool = False) -> list[dict]:
                     p = bench_search.cloud(cloud, n, 0)
                     for op, fns in _cases(p, n, _radius16(p), gen).items():
                         record(op, cloud, n, neighbour, fns)
+            if neighbour == "quiet":
+                for n in IN_TURN_SIZES[:1] if quick else IN_TURN_SIZES:
+                    for op, fns in _in_turn(n, IN_TURN).items():
+                        record(op, f"uniform, {IN_TURN} sizes", n, neighbour, fns)
             for queries in MESH_QUERIES[:1] if quick else MESH_QUERIES:
                 fns = _mesh_cases(queries, torch.Generator().manual_seed(queries))
                 if fns:

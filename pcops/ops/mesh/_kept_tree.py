@@ -9,7 +9,6 @@ mesh's build costs (docs/benchmarks.md, meshes). A thread keeps :data:`KEEP` bui
 meshes of at most :data:`KEEP_FACES` faces (their work arrays take about 400 bytes a face).
 """
 
-import threading
 from typing import Optional
 
 import torch
@@ -35,17 +34,12 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
     v64 = vertices.detach().to(torch.float64).contiguous()
     faces, group = faces.contiguous(), group.contiguous()
     key = (v64.shape[0], n, vertices.dtype, winding)
-    builds = getattr(_kept, "builds", None)
-    if builds is None:
-        builds = _kept.builds = {}
-    plan = builds.get(key)
+    plan = KEPT.get(key)
     if plan is None or plan.state != _state():
         plan = _Build.make(v64, faces, group, vertices.dtype, winding)
         if plan is None:
             return None
-        if len(builds) >= KEEP:
-            builds.clear()
-        builds[key] = plan
+        KEPT.put(key, plan, _warp.held_bytes(plan.keep) + sum(launch.held() for launch, _, _ in plan.launches))
     return plan.run(v64, faces, group)
 
 
@@ -54,7 +48,7 @@ def _state() -> tuple:
     return (nearest.kept_state(), _tree.LEAF, _tree.SPLIT_WORK)
 
 
-_kept = threading.local()
+KEPT = _warp.Kept(KEEP, budget=KEEP * KEEP_FACES * 400, second=False)  # (kept from a mesh's first build; the least recently used dropped)
 
 
 class _Build:

@@ -39,14 +39,14 @@ def _assert_same(a: _tree.Tree, b: _tree.Tree):
 
 
 def _kept_count() -> int:
-    return len(getattr(_kept_tree._kept, "builds", {}))
+    return len(_kept_tree.KEPT.keys())
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    _kept_tree._kept.builds = {}
+    _kept_tree.KEPT.clear()
     yield
-    _kept_tree._kept.builds = {}
+    _kept_tree.KEPT.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -53,7 +53,6 @@ The loops over points (a leaf, a scan, a partition, the query order) are while l
 import functools
 import itertools
 import math
-import threading
 from typing import Optional
 
 import torch
@@ -928,8 +927,8 @@ def _small_tree(m: int, n: int) -> bool:
 
 # The most points and queries (together) of a search kept as a :class:`_SmallTree`: its kept
 # arrays, about 60 bytes a query or point, under a megabyte, with output templates of at most
-# :data:`_KEEP_OUTPUTS` entries (at most 0.5 MB) beside them; a thread keeps
-# :data:`pcops._warp.KEEP_PREPARED` plans at most.
+# :data:`_KEEP_OUTPUTS` entries (at most 0.5 MB) beside them; a thread keeps them within
+# :data:`pcops._warp.KEEP_BYTES` with its other kept launches.
 _KEPT_POINTS = 1 << 14
 
 
@@ -987,6 +986,11 @@ class _SmallTree:
         self.fields = (self.launches[0].fields("ref") if self.same else self.launches[0].fields("ref", "query"),
                        None if self.same else order_launch.fields("points"), (), self.launches[3].fields("dists", "idx"))
         return self
+
+    def held(self) -> int:
+        """The bytes this plan holds (:meth:`pcops._warp.Kept.put`)."""
+        launches = (self.launches[0], self.launches[1], *self.launches[2], self.launches[3])
+        return _warp.held_bytes(self.keep, self.dists, self.idx) + sum(launch.held() for launch in launches if launch is not None)
 
     def run(self, query, ref, dists, idx):
         """Search ``query`` in ``ref`` into ``dists``, ``idx``; the values flag (a NumPy view of
@@ -1078,6 +1082,10 @@ class _Scan:
         self.fields, self.flag = self.launch.fields("query", "points", "dists", "idx"), flag[1]
         return self
 
+    def held(self) -> int:
+        """The bytes this plan holds (:meth:`pcops._warp.Kept.put`)."""
+        return _warp.held_bytes(self.dists, self.idx) + self.launch.held()
+
     def run(self, query, ref, dists, idx):
         flag = self.flag
         flag[0] = 0
@@ -1092,60 +1100,58 @@ def _plan_state() -> tuple:
 
 
 def _kept_plan(query, ref, k: int, slot: int = 0):
-    """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`) of ``query`` (m, 3) in
-    ``ref`` (n, 3) (contiguous CPU points, ungrouped) for k neighbours, kept by shapes, dtype and
-    whether ``ref is query`` (and ``slot``: 0 for :func:`find`'s, 1 and 2 for :func:`find_both`'s
-    two, whatever their shapes) and made under the same :func:`_plan_state`: a caller that finds
-    one has nothing to decide. None where there is none (or launches are not prepared:
-    :data:`pcops._warp.PREPARED`)."""
-    plans = getattr(_kept, "plans", None)
-    if plans is None or not _warp.PREPARED[0]:
+    """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`, in
+    :data:`pcops._warp.KEPT`) of ``query`` (m, 3) in ``ref`` (n, 3) (contiguous CPU points,
+    ungrouped) for k neighbours, kept by shapes, dtype and whether ``ref is query`` (and
+    ``slot``: 0 for :func:`find`'s, 1 and 2 for :func:`find_both`'s two, whatever their shapes)
+    and made under the same :func:`_plan_state`: a caller that finds one has nothing to decide.
+    None where there is none (or launches are not prepared: :data:`pcops._warp.PREPARED`)."""
+    if not _warp.PREPARED[0]:
         return None
-    plan = plans.get((query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot))
+    plan = _warp.KEPT.get(_plan_key(query, ref, k, slot))
     return plan if plan is not None and plan.state == _plan_state() else None
+
+
+def _plan_key(query, ref, k: int, slot: int) -> tuple:
+    return ("knn", query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot)
 
 
 def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
     points: a scan in one slice (:func:`_scans`) or a kd-tree of at most :data:`_KEPT_POINTS`
     points and queries (a :class:`_SmallTree`; ``pair``: one of :func:`find_both`'s); None for
-    any other search, where launches are not prepared, or before its kernels' first run."""
+    any other search, where launches are not prepared, on the first miss of these shapes
+    (:meth:`pcops._warp.Kept.admit`) or before its kernels' first run."""
     m, n = query.shape[0], ref.shape[0]
     if not _warp.PREPARED[0] or not m:
         return None
     if _scans(m, n, k):
-        plan = _Scan.make(query, ref, k) if _slices(m, n, k, True) == 1 else None
+        make = _Scan.make if _slices(m, n, k, True) == 1 else None
     else:
-        plan = _SmallTree.make(query, ref, k, pair) if not _GPU_BUILD and m + n <= _KEPT_POINTS else None
+        make = functools.partial(_SmallTree.make, pair=pair) if not _GPU_BUILD and m + n <= _KEPT_POINTS else None
+    key = _plan_key(query, ref, k, slot)
+    if make is None or not _warp.KEPT.admit(key):
+        return None
+    plan = make(query, ref, k)
     if plan is None:
         return None
     plan.state = _plan_state()
-    plans = getattr(_kept, "plans", None)
-    if plans is None:
-        plans = _kept.plans = {}
-    if len(plans) >= _warp.KEEP_PREPARED:
-        plans.clear()
-    plans[(m, n, k, query.dtype, ref is query, slot)] = plan
+    _warp.KEPT.put(key, plan, plan.held())
     return plan
-
-
-_kept = threading.local()
 
 
 def search_checked(query, ref, k):
     """(dists, idx) of :func:`find` for plain CPU points (M, 3), (N, 3) of one dtype, ``k`` in
     1..N, with their values checked in the search's own launches; False where a value is NaN or
     inf (nothing returned); None where the search is not the calling thread's kept plan (no
-    query, a search that is neither a one-slice scan nor a small tree, or its first run: nothing
-    ran, the caller checks the values and calls :func:`find`). The plain calls' values check
-    without a torch reduction and read."""
+    query, a search that is neither a one-slice scan nor a small tree, or shapes :func:`find`
+    has not kept yet: nothing ran, the caller checks the values and calls :func:`find`, which
+    makes the plan on the shapes' second sighting). The plain calls' values check without a
+    torch reduction and read."""
     query, ref = query.contiguous(), ref.contiguous()
     plan = _kept_plan(query, ref, k)  # kept: nothing to decide
     if plan is None:
-        _warp.init()
-        plan = _new_plan(query, ref, k)
-        if plan is None:
-            return None
+        return None
     dists, idx, bad = _run_kept(plan, query, ref)
     return (dists, idx) if not bad else False
 
@@ -1165,10 +1171,12 @@ def find_both(x, y, k: int):
     plans = []
     for slot, (query, ref) in enumerate(((x, y), (y, x)), 1):  # (slots 1 and 2: two plans, whatever the shapes, apart from find's)
         plan = _kept_plan(query, ref, k, slot) or _new_plan(query, ref, k, slot, pair=True)
-        if not isinstance(plan, _SmallTree):
+        if plan is not None and not isinstance(plan, _SmallTree):
             return None
-        plans.append(plan)
+        plans.append(plan)  # (None: not made yet, both sighted)
     a, b = plans
+    if a is None or b is None:
+        return None
     bad = a.load(x, y)[0] | b.load(y, x)[0]
     _warp.run_together((*a.launches[2], *b.launches[2]))  # (a pair's build: one launch each)
     out = []  # (dists and idx alive until the searches ran: the launches hold their addresses only)
