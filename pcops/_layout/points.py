@@ -88,7 +88,13 @@ def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torc
     union of query and ref ids, so ids that differ only above bit 31 never merge two samples.
     On CUDA (and under torch.compile) both are computed and one is picked on the device: static
     shapes, no host synchronisation; on the CPU the sort runs only when some id does not fit.
+    One tensor of ids for both (a cloud searched in itself) gives one tensor of groups for both,
+    so the search sees the same cloud (a kd-tree forest's self-query takes its queries in the
+    trees' order).
     """
+    if query_batch is ref_batch:
+        groups = _int32_ids(query_batch, query_batch[:0])[0]
+        return groups, groups
     if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
         return query_batch.to(torch.int32), ref_batch.to(torch.int32)
     both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])

@@ -769,6 +769,39 @@ def test_warp_grouped_search_builds_a_forest_unless_each_sample_is_a_node_of_the
         assert (kernels[1] in builds) == forest and (kernels[0] in builds) == (not forest or sizes[0] == 5000), sizes
 
 
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32, torch.uint8])
+def test_a_packed_cloud_searched_in_itself_walks_its_forest_in_the_trees_order(gen, monkeypatch, ids_dtype):
+    # one ids tensor both ways (knn with query_batch is ref_batch, knn_graph's batch) reaches the
+    # search as one groups tensor, so the forest takes its queries in the trees' order (no query
+    # order computed); the same neighbours as the batch's one tree and the float64 reference
+    from pcops._layout import points as layout_points
+
+    sizes = [700, 33, 1200, 5]
+    p = torch.randint(0, 12, (sum(sizes), 3), generator=gen).float()
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(ids_dtype)
+    qg, rg = layout_points._int32_ids(ids, ids)
+    assert qg is rg and qg.dtype == torch.int32 and torch.equal(qg, ids.to(torch.int32))
+    assert not any(a is b for a, b in [layout_points._int32_ids(ids, ids.clone())])
+    orders = []
+    real = _kdtree._query_order
+    monkeypatch.setattr(_kdtree, "_query_order", lambda *a: (orders.append(a[0].shape[0]), real(*a))[1])
+    found = [(pcops.knn(p, p, 8, backend="warp", query_batch=ids, ref_batch=ids), pcops.knn_graph(p, 6, batch=ids))]
+    assert orders == []
+    found.append((pcops.knn(p, p, 8, backend="warp", query_batch=ids, ref_batch=ids.clone()), pcops.knn_graph(p, 6, batch=ids)))
+    assert orders == [p.shape[0]]  # (two ids tensors: the queries ordered as any other queries)
+    monkeypatch.setattr(_kdtree, "FOREST", [False])
+    found.append((pcops.knn(p, p, 8, backend="warp", query_batch=ids, ref_batch=ids), pcops.knn_graph(p, 6, batch=ids)))
+    for other in found[1:]:
+        for a, b in zip(torch.utils._pytree.tree_leaves(found[0]), torch.utils._pytree.tree_leaves(other), strict=True):
+            assert torch.equal(a, b)
+    found = {True: found[0]}
+    for b in range(len(sizes)):
+        rows = (ids == b).nonzero().flatten()
+        k = min(8, rows.shape[0])
+        _, ref_idx = reference.knn(p[rows].double(), p[rows].double(), k)
+        assert torch.equal(found[True][0].idx[rows, :k], rows[ref_idx])
+
+
 def test_a_sample_is_one_node_of_the_grouped_tree_exactly_where_a_node_holds_its_rows(gen):
     for n in (37, 1000, 1024, 4099):
         nodes = {(a, b) for d in range(13) for k in range(1 << d) for a, b in [((n * k) >> d, (n * (k + 1)) >> d)] if b - a >= 2}
