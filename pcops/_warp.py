@@ -847,14 +847,14 @@ def run_together(launches: tuple) -> None:
 class Kept:
     """The calling thread's kept objects (prepared launches, search plans, mesh builds) by key: at
     most ``most`` of them holding at most ``budget`` bytes together (what each is said to hold),
-    the least recently used dropped first. With ``second`` a key is made on its second miss among
-    the thread's last ``most`` misses: a stream of shapes seen once (a cloud of a new size every
-    call) pays neither for making a kept object nor for dropping one, and a cycle of up to ``most``
-    shapes (clouds of a few hundred sizes in turn) stays kept whole (docs/benchmarks.md, design
+    the least recently used dropped first. A key is made on its second miss among the thread's
+    last ``most`` misses: a stream of shapes seen once (a cloud of a new size every call) pays
+    neither for making a kept object nor for dropping one, and a cycle of up to ``most`` shapes
+    (clouds of a few hundred sizes in turn) stays kept whole (docs/benchmarks.md, design
     choices)."""
 
-    def __init__(self, most: int, budget: int, second: bool = True) -> None:
-        self.most, self.budget, self.second = most, budget, second
+    def __init__(self, most: int, budget: int) -> None:
+        self.most, self.budget = most, budget
         self._local = threading.local()
 
     def _mine(self):
@@ -873,11 +873,10 @@ class Kept:
         return entry[0]
 
     def admit(self, key) -> bool:
-        """Whether to make ``key``'s object now, on a miss: without ``second`` always; else where
-        ``key`` was missed once among the last ``most`` misses, or is kept (made under other
-        switches: the caller replaces it)."""
+        """Whether to make ``key``'s object now, on a miss: where ``key`` was missed once among the
+        last ``most`` misses, or is kept (made under other switches: the caller replaces it)."""
         mine = self._mine()
-        if not self.second or key in mine.found or key in mine.seen:
+        if key in mine.found or key in mine.seen:
             return True
         mine.seen[key] = None
         if len(mine.seen) > self.most:

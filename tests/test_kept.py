@@ -14,7 +14,7 @@ from pcops import _warp
 
 
 def test_the_least_recently_used_is_dropped_past_the_count():
-    kept = _warp.Kept(2, 1 << 20, second=False)
+    kept = _warp.Kept(2, 1 << 20)
     kept.put("a", 1)
     kept.put("b", 2)
     assert kept.get("a") == 1  # (now the most recently used)
@@ -26,7 +26,7 @@ def test_the_least_recently_used_is_dropped_past_the_count():
 
 
 def test_the_byte_budget_drops_the_oldest_and_keeps_the_newest():
-    kept = _warp.Kept(10, 100, second=False)
+    kept = _warp.Kept(10, 100)
     kept.put("a", 1, 60)
     kept.put("b", 2, 30)
     kept.put("c", 3, 30)  # (120 bytes: a dropped)
@@ -51,8 +51,6 @@ def test_a_key_is_made_on_its_second_sighting_among_the_last_misses():
         assert not kept.admit(key)
     assert not kept.admit("b")  # (its sighting dropped: three misses since)
     assert kept.admit("d") and kept.admit("e")
-    once = _warp.Kept(3, 1 << 20, second=False)
-    assert once.admit("x") and once.admit("y")
     kept.clear()
     assert kept.keys() == [] and not kept.admit("a")
 

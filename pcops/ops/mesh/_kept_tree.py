@@ -5,8 +5,10 @@ with the same shapes (a mesh deformed step by step, a loss's hierarchies every c
 arrays kept: a call allocates the hierarchy's own tensors, points the launches at them and at
 its vertices and faces, and runs the same kernels in the same order with the same chunks, so it
 returns the same tensors bit for bit, without the conversions and allocations most of a small
-mesh's build costs (docs/benchmarks.md, meshes). A thread keeps :data:`KEEP` builds at most, of
-meshes of at most :data:`KEEP_FACES` faces (their work arrays take about 400 bytes a face).
+mesh's build costs (docs/benchmarks.md, meshes). Builds of meshes of at most :data:`KEEP_FACES`
+faces (their work arrays take about 400 bytes a face) are kept with the thread's other kept
+launches (:data:`pcops._warp.KEPT`: made on the shapes' second build, the least recently used
+dropped past its count or bytes), so the meshes of a dataset taken in turn stay kept.
 """
 
 from typing import Optional
@@ -17,15 +19,15 @@ from ... import _warp
 from ..neighbours import nearest
 from . import _tree
 
-KEEP = 4  # kept builds a thread
 KEEP_FACES = 1 << 13  # the largest mesh kept (about 3 MB of work arrays)
 
 
 def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, winding: bool) -> Optional[_tree.Tree]:
     """:func:`._tree.build` of one CPU mesh (every id of ``group`` 0) in the dtype of ``vertices``
-    by the calling thread's kept build of these shapes (made now if there is none); None where
-    builds are not kept (another device, an empty or large mesh, launches not prepared, the
-    switches of the tests, or the kernels' first run: the caller builds as usual)."""
+    by the calling thread's kept build of these shapes (made now on their second build); None
+    where builds are not kept (another device, an empty or large mesh, launches not prepared,
+    the switches of the tests, the shapes' first build or the kernels' first run: the caller
+    builds as usual)."""
     n = faces.shape[0]
     if not (vertices.is_cpu and 0 < n <= KEEP_FACES and _warp.PREPARED[0]):
         return None
@@ -33,13 +35,13 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
         return None
     v64 = vertices.detach().to(torch.float64).contiguous()
     faces, group = faces.contiguous(), group.contiguous()
-    key = (v64.shape[0], n, vertices.dtype, winding)
-    plan = KEPT.get(key)
+    key = ("mesh_build", v64.shape[0], n, vertices.dtype, winding)
+    plan = _warp.KEPT.get(key)
     if plan is None or plan.state != _state():
-        plan = _Build.make(v64, faces, group, vertices.dtype, winding)
+        plan = _Build.make(v64, faces, group, vertices.dtype, winding) if _warp.KEPT.admit(key) else None
         if plan is None:
             return None
-        KEPT.put(key, plan, _warp.held_bytes(plan.keep) + sum(launch.held() for launch, _, _ in plan.launches))
+        _warp.KEPT.put(key, plan, _warp.held_bytes(plan.keep) + sum(launch.held() for launch, _, _ in plan.launches))
     return plan.run(v64, faces, group)
 
 
@@ -48,7 +50,6 @@ def _state() -> tuple:
     return (nearest.kept_state(), _tree.LEAF, _tree.SPLIT_WORK)
 
 
-KEPT = _warp.Kept(KEEP, budget=KEEP * KEEP_FACES * 400, second=False)  # (kept from a mesh's first build; the least recently used dropped)
 
 
 class _Build:

@@ -39,14 +39,14 @@ def _assert_same(a: _tree.Tree, b: _tree.Tree):
 
 
 def _kept_count() -> int:
-    return len(_kept_tree.KEPT.keys())
+    return sum(key[0] == "mesh_build" for key in _warp.KEPT.keys())
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    _kept_tree.KEPT.clear()
+    _warp.KEPT.clear()
     yield
-    _kept_tree.KEPT.clear()
+    _warp.KEPT.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -126,7 +126,9 @@ def test_builds_are_kept_for_small_one_mesh_cpu_calls_only(gen, monkeypatch):
     pcops.mesh_bvh(torch.cat([v, v]), torch.cat([f, f + v.shape[0]]), vertices_batch=torch.arange(2).repeat_interleave(v.shape[0]))
     assert _kept_count() == 1
     monkeypatch.setattr(_kept_tree, "KEEP_FACES", f.shape[0] - 1)
-    pcops.mesh_bvh(v, f[:-1])  # under the bound: kept
+    pcops.mesh_bvh(v, f[:-1])  # under the bound: kept from its second build
+    assert _kept_count() == 1
+    pcops.mesh_bvh(v, f[:-1])
     assert _kept_count() == 2
     v2, f2 = _soup(gen, n_faces=f.shape[0] + 5)
     pcops.mesh_bvh(v2, f2)  # over it: built from scratch
