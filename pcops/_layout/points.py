@@ -97,14 +97,22 @@ def _int32_ids(query_batch: torch.Tensor, ref_batch: torch.Tensor) -> tuple[torc
         return groups, groups
     if query_batch.dtype in _SMALL_INTS and ref_batch.dtype in _SMALL_INTS:
         return query_batch.to(torch.int32), ref_batch.to(torch.int32)
-    both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
     info = torch.iinfo(torch.int32)
+    if query_batch.device.type == "cpu" and ref_batch.device.type == "cpu" and not torch.compiler.is_compiling():  # no device to sync
+        if all(_fits(t, info) for t in (query_batch, ref_batch)):  # the common case: no sort, no concatenation
+            return query_batch.to(torch.int32), ref_batch.to(torch.int32)
+    both = torch.cat([query_batch.to(torch.int64), ref_batch.to(torch.int64)])
     fits = ((both >= info.min) & (both <= info.max)).all()
-    if both.device.type == "cpu" and not torch.compiler.is_compiling() and bool(fits):  # no device to sync
-        groups = both.to(torch.int32)  # the common case, without the sort
-    else:
-        groups = torch.where(fits, both, torch.searchsorted(torch.sort(both).values, both)).to(torch.int32)
+    groups = torch.where(fits, both, torch.searchsorted(torch.sort(both).values, both)).to(torch.int32)
     return groups[: query_batch.shape[0]], groups[query_batch.shape[0] :]
+
+
+def _fits(ids: torch.Tensor, info) -> bool:
+    """Whether every id of a CPU tensor lies in the range of ``info`` (an empty tensor: yes)."""
+    if not ids.numel():
+        return True
+    low, high = torch.aminmax(ids)
+    return int(low) >= info.min and int(high) <= info.max
 
 
 def pair(
