@@ -15,3 +15,14 @@ def pytest_collection_modifyitems(config, items):
 def gen():
     """A seeded generator: every test draws its own reproducible data."""
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kept():
+    """Every test starts with the calling thread's kept launches and plans dropped
+    (pcops._warp.KEPT): a test's first calls of a shape take the general path whatever ran
+    before it in the worker, so no test depends on the order tests run in."""
+    from pcops import _warp
+
+    _warp.KEPT.clear()
+    yield

@@ -580,6 +580,8 @@ def test_the_split_on_the_threads_gives_the_one_threads_hierarchy(monkeypatch, t
             monkeypatch.setattr(tree, "SPLIT_WORK", work)
             built[work] = [tree.build(v, f, group, torch.float64, one=one)]
             if one:
+                _warp.KEPT.clear()
+                assert kept.build(v, f, group, True) is None  # (the shapes' first build: none kept)
                 for _ in range(3):  # (the first call makes the kept build, the next ones run it)
                     built[work].append(kept.build(v, f, group, True))
         for a, b in zip(built[1 << 30], built[0], strict=True):
