@@ -50,8 +50,6 @@ def _state() -> tuple:
     return (nearest.kept_state(), _tree.LEAF, _tree.SPLIT_WORK)
 
 
-
-
 class _Build:
     """One mesh's build as prepared launches: the centroids (into the points the kd split
     permutes), the split's launches (:func:`..neighbours.nearest.prepared_split`), the leaves, the parents, the
