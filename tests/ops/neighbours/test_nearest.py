@@ -781,11 +781,14 @@ def test_a_packed_cloud_searched_in_itself_walks_its_forest_in_the_trees_order(g
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(ids_dtype)
     qg, rg = layout_points._int32_ids(ids, ids)
     assert qg is rg and qg.dtype == torch.int32 and torch.equal(qg, ids.to(torch.int32))
-    assert not any(a is b for a, b in [layout_points._int32_ids(ids, ids.clone())])
+    qg, rg = layout_points._int32_ids(ids, ids.clone())
+    assert qg is not rg
     orders = []
     real = _kdtree._query_order
     monkeypatch.setattr(_kdtree, "_query_order", lambda *a: (orders.append(a[0].shape[0]), real(*a))[1])
     found = [(pcops.knn(p, p, 8, backend="warp", query_batch=ids, ref_batch=ids), pcops.knn_graph(p, 6, batch=ids))]
+    strided = p.t().contiguous().t()  # (the same cloud, not contiguous: still one cloud once made contiguous)
+    found.append((pcops.knn(strided, strided, 8, backend="warp", query_batch=ids, ref_batch=ids), pcops.knn_graph(strided, 6, batch=ids)))
     assert orders == []
     found.append((pcops.knn(p, p, 8, backend="warp", query_batch=ids, ref_batch=ids.clone()), pcops.knn_graph(p, 6, batch=ids)))
     assert orders == [p.shape[0]]  # (two ids tensors: the queries ordered as any other queries)
@@ -794,12 +797,11 @@ def test_a_packed_cloud_searched_in_itself_walks_its_forest_in_the_trees_order(g
     for other in found[1:]:
         for a, b in zip(torch.utils._pytree.tree_leaves(found[0]), torch.utils._pytree.tree_leaves(other), strict=True):
             assert torch.equal(a, b)
-    found = {True: found[0]}
     for b in range(len(sizes)):
         rows = (ids == b).nonzero().flatten()
         k = min(8, rows.shape[0])
         _, ref_idx = reference.knn(p[rows].double(), p[rows].double(), k)
-        assert torch.equal(found[True][0].idx[rows, :k], rows[ref_idx])
+        assert torch.equal(found[0][0].idx[rows, :k], rows[ref_idx])
 
 
 def test_a_sample_is_one_node_of_the_grouped_tree_exactly_where_a_node_holds_its_rows(gen):

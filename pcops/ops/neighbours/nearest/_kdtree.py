@@ -1140,6 +1140,13 @@ def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     return plan
 
 
+def _contiguous(query, ref) -> tuple:
+    """``query`` and ``ref`` contiguous, one tensor where they were one (a cloud searched in
+    itself stays one: a non-contiguous cloud would otherwise become two copies)."""
+    contiguous = query.contiguous()
+    return contiguous, contiguous if ref is query else ref.contiguous()
+
+
 def search_checked(query, ref, k):
     """(dists, idx) of :func:`find` for plain CPU points (M, 3), (N, 3) of one dtype, ``k`` in
     1..N, with their values checked in the search's own launches; False where a value is NaN or
@@ -1148,7 +1155,7 @@ def search_checked(query, ref, k):
     has not kept yet: nothing ran, the caller checks the values and calls :func:`find`, which
     makes the plan on the shapes' second sighting). The plain calls' values check without a
     torch reduction and read."""
-    query, ref = query.contiguous(), ref.contiguous()
+    query, ref = _contiguous(query, ref)
     plan = _kept_plan(query, ref, k)  # kept: nothing to decide
     if plan is None:
         return None
@@ -1268,7 +1275,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     m = query.shape[0]
     _warp.init()
     grouped = query_group is not None
-    query, ref = query.contiguous(), ref.contiguous()
+    query, ref = _contiguous(query, ref)
     small = not grouped and query.is_cpu
     plan = _kept_plan(query, ref, k) if small else None
     if plan is not None:  # the thread's kept plan of these shapes: nothing to decide
