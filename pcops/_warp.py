@@ -823,12 +823,12 @@ class Prepared:
             pointer.value = tensors[i].data_ptr()
 
     def held(self) -> int:
-        """The bytes this launch holds (:meth:`Kept.put`): its packed structs and their views (4-17
-        KB a launch under ``tracemalloc``: :data:`LAUNCH_BYTES`) and its ``keep`` tensors."""
+        """The bytes this launch holds (:meth:`Kept.put`): its packed structs and their views
+        (:data:`LAUNCH_BYTES`) and its ``keep`` tensors."""
         return LAUNCH_BYTES + held_bytes(self.keep)
 
 
-LAUNCH_BYTES = 16 << 10
+LAUNCH_BYTES = 16 << 10  # a kept launch's Python structs, counted at the top of what tracemalloc finds (docs/benchmarks.md, design choices)
 
 
 def run_together(launches: tuple) -> None:
@@ -915,9 +915,9 @@ def held_bytes(*values) -> int:
     return total
 
 
-# A thread's kept launches and search plans (:data:`KEPT`): this many at most (a cloud's calls
-# keep 1-10: a cycle of some hundred sizes is kept whole), holding at most this many bytes (a
-# kept launch about 16 KB, a kept tree of 256 points about 60 KB, of 2^14 points up to 1.5 MB)
+# A thread's kept launches, search plans and mesh builds (:data:`KEPT`): this many at most (a
+# cloud's calls keep a few each: a cycle of some hundred sizes is kept whole), holding at most
+# this many bytes (what each says it holds: :meth:`Prepared.held`, the plans' and builds' arrays)
 KEEP_PREPARED = 1024
 KEEP_BYTES = 32 << 20
 KEPT = Kept(KEEP_PREPARED, KEEP_BYTES)
