@@ -63,6 +63,14 @@ def available() -> int:
     return wanted if free is None else max(1, min(wanted, free))
 
 
+def _all_free() -> bool:
+    """Whether the last reading, within the window, found no other process keeping a core busy:
+    :func:`available` is then torch's count, known without reading torch's count (the common
+    case's check, in every eager call)."""
+    then = _last[0]
+    return then is not None and _last[3] is None and time.monotonic() - then < WINDOW
+
+
 def _refresh(now: float) -> None:
     with _lock:
         if _last[0] is not None and now - _last[0] < WINDOW:
@@ -126,6 +134,8 @@ def limited():
     """A context manager: torch's thread count set to :func:`available` for the block (where that
     is fewer), then restored. Where every thread is available (the common case) it does nothing,
     and costs a call less than a generator's context."""
+    if _all_free():
+        return _ALL
     wanted = torch.get_num_threads()
     n = available()
     return _ALL if n >= wanted else _Fewer(n, wanted)
@@ -273,9 +283,11 @@ def limits(fn):
                 return _protocol(call, routed, args, kwargs)
         if _compiling():
             return fn(*args, **kwargs)
+        if _all_free():
+            return fn(*args, **kwargs)
         wanted = torch.get_num_threads()
         n = available()
-        if n >= wanted:  # (:func:`limited` without its context: the common case)
+        if n >= wanted:  # (:func:`limited` without its context)
             return fn(*args, **kwargs)
         with _Fewer(n, wanted):
             return fn(*args, **kwargs)

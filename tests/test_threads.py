@@ -60,6 +60,33 @@ def test_a_reading_holds_for_a_window_then_the_next_one_counts(machine):
     assert _threads.available() == 4  # the machine is quiet again
 
 
+def test_the_quiet_check_of_each_call_agrees_with_the_reading(machine):
+    """An eager call skips torch's count only where the last reading, within its window, found
+    every core free; a busy reading, a stale one or none at all go through :func:`available`."""
+    seen = []
+
+    @_threads.limits
+    def public():
+        seen.append(_threads.requested())  # (the caller's count inside a limited call)
+        return torch.get_num_threads()
+
+    assert not _threads._all_free()  # no reading yet
+    _threads.available()
+    assert _threads._all_free()  # one reading: nothing known, every thread (as available says)
+    machine.advance(1.0, others=0.3, own=1.0)
+    _threads.available()
+    assert _threads._all_free() and public() == 4
+    machine.advance(_threads.WINDOW, others=2.0)
+    assert not _threads._all_free()  # a stale reading
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "set_num_threads", lambda n: seen.append(("set", n)))
+        public()
+    assert ("set", 2) in seen and not _threads._all_free()  # the new reading found two cores busy
+    machine.advance(_threads.WINDOW, others=0.0)
+    _threads.available()
+    assert _threads._all_free()
+
+
 def test_fewer_threads_asked_than_cores_free(machine, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     _threads.available()
@@ -106,6 +133,7 @@ def test_limited_sets_and_restores_torchs_count(monkeypatch):
     if before < 2:
         pytest.skip("one thread: nothing to limit")
     monkeypatch.setattr(_threads, "available", lambda: 1)
+    monkeypatch.setattr(_threads, "_all_free", lambda: False)  # (the quiet machine's check: not quiet)
     with _threads.limited():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
@@ -135,6 +163,7 @@ def test_custom_ops_and_public_functions_run_limited(monkeypatch):
     monkeypatch.setattr(_threads, "available", lambda: before)  # a quiet machine
     assert _threads_seen(x).tolist() == [before] * 3 and _public(x).tolist() == [2 * before] * 3
     monkeypatch.setattr(_threads, "available", lambda: 1)  # a busy one
+    monkeypatch.setattr(_threads, "_all_free", lambda: False)
     assert _threads_seen(x).tolist() == [1.0] * 3
     assert _public(x).tolist() == [2.0] * 3
     assert torch.get_num_threads() == before
@@ -166,6 +195,7 @@ def test_a_busy_machine_runs_the_same_chunks_so_sums_do_not_change(monkeypatch):
     monkeypatch.setattr(_threads, "available", lambda: torch.get_num_threads())
     quiet = grad()
     monkeypatch.setattr(_threads, "available", lambda: 1)
+    monkeypatch.setattr(_threads, "_all_free", lambda: False)
     assert torch.equal(grad(), quiet)
 
 
