@@ -938,13 +938,20 @@ def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optio
     """Bucket FPS of one sample of n points (n_samples picks from m start indices) as a prepared
     launch (:class:`pcops._warp.Prepared`), its array arguments ``points``, ``idx`` and
     ``gathered`` (the picked points) pointed at each call's tensors; it keeps the lengths,
-    counts and work arrays, and the start indices (``keep[0]``: a ctypes array of m int64,
-    written by each call). None before the kernel's first launch."""
+    counts and work arrays, the start indices (``keep[0]``: a ctypes array of m int64, written
+    by a call with other start indices than the last one's), the values flag, and ``keep[-1]``:
+    (idx and picked tensors each call's outputs are made like, the pointer fields of
+    ``points``, ``idx`` and ``gathered``, [the start indices last written]). None before the
+    kernel's first launch."""
     lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
     flag = _warp.values_flag()
+    idx, picked = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype)
     values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
-                            torch.empty((1, n_samples), dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype), flag[0])
-    return _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-3], flag))  # (values[6:-3]: the work arrays)
+                            idx[None], picked, flag[0])
+    launch = _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-3], flag))  # (values[6:-3]: the work arrays)
+    if launch is not None:  # (a call's outputs made like idx and picked, the start indices last written)
+        launch.keep += ((idx, picked, launch.fields("points", "idx", "gathered"), [None]),)
+    return launch
 
 
 # A plain call of up to this many points has its values checked by its launch (a pass over its
@@ -997,20 +1004,23 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     else:
         return None
     points = points.contiguous()
-    # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
-    idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
     launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts), PLAIN_PAIRS),
                             lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
+    # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
     if launch is not None:
-        launch.keep[0][:] = starts  # (the kept start indices)
-        flag = launch.keep[-1][1]
-        flag[0] = 0
-        launch.run_at(launch.fields("points", "idx", "gathered"), points, idx, picked)
-        if in_kernel and flag[0]:
-            return None  # (a NaN or inf: the general path names it)
+        first, _, _, _, (_, flag), (idx_like, picked_like, fields, written) = launch.keep
+        if written[0] != starts:
+            first[:] = written[0] = starts
+        idx, picked = torch.empty_like(idx_like), torch.empty_like(picked_like)
+        launch.run_at(fields, points, idx, picked)
+        if flag[0]:  # (a NaN or inf: the general path names it; the flag left 0 for the next call)
+            flag[0] = 0
+            if in_kernel:
+                return None
     else:
         if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
             return None
+        idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
         _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.tensor([starts]), idx[None], picked)
     return FPS(picked, idx)
 
