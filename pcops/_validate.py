@@ -113,6 +113,8 @@ def one_of(name: str, value, options) -> None:
     same value, never a bool), else a ValueError naming it."""
     if (type(value) is str or value is None) and value in options:  # (a name, or None: equal as _same has it, without a generator)
         return
+    if type(value) is int and value in options and type(options[options.index(value)]) is int:  # (an int option: never a bool's)
+        return
     if isinstance(value, torch.Tensor) or not any(_same(value, o) for o in options):
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
 

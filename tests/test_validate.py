@@ -71,6 +71,10 @@ def test_one_of_compares_numbers_by_value_never_a_bool():
     for bad in (True, 3, "2"):
         with pytest.raises(ValueError, match=r"^p must be one of \(1, 2\), got"):
             _validate.one_of("p", bad, (1, 2))
+    _validate.one_of("p", 1, (True, 1))  # an int option equal to it, after a bool's
+    for bad, options in ((1, (True, 2)), (0, (False, 2))):  # a bool option equal to the int only
+        with pytest.raises(ValueError, match=r"^p must be one of"):
+            _validate.one_of("p", bad, options)
 
 
 def test_integer_of_one_dtype_and_tensors_of_rows():

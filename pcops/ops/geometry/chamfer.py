@@ -267,7 +267,7 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
     if point_reduction == "max":
         per_sample = [cost.amax() for cost in costs]
     else:
-        per_sample = [cost.sum() if point_reduction == "sum" else cost.sum() / cost.shape[0] for cost in costs]
+        per_sample = [cost.sum() if point_reduction == "sum" else cost.mean() for cost in costs]  # (a CPU mean: the sum over the count)
     if single_directional:
         return per_sample[0]
     return torch.maximum(*per_sample) if point_reduction == "max" else per_sample[0] + per_sample[1]
