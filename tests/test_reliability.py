@@ -348,6 +348,17 @@ LAYERS = {  # every nn.Module pcops exports: the arguments it needs
 }
 
 
+@pytest.mark.parametrize("op", [op for op in op_table.OPS if op.points], ids=lambda op: op.name)
+def test_points_that_are_not_tensors_are_type_errors_naming_them(op):
+    """A nested list, a NumPy array or a number where an op takes points: a TypeError or
+    ValueError naming the argument, on the plain path of small calls as on the general one."""
+    inputs = op.make(torch.Generator().manual_seed(0))
+    for name in op.points:
+        for given in (inputs[name].tolist(), inputs[name].numpy(), 1.5):
+            with pytest.raises((TypeError, ValueError), match=name):
+                op.call({**inputs, name: given})
+
+
 def test_layers_are_all_listed():
     exported = {n for n in dir(pcops) if isinstance(getattr(pcops, n), type) and issubclass(getattr(pcops, n), torch.nn.Module)}
     assert exported == set(LAYERS)

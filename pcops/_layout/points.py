@@ -235,7 +235,7 @@ def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = Non
     each one's sum finite (a cloud given twice is summed once); ``features`` too, if given, (R, F)
     of any F. Every layout check passes on such clouds, and nothing is to flatten or convert.
     False sends the call through the layout layer, which decides."""
-    if not _threads.plain_eager():  # (traced: the layout layer, whose checks are metadata only)
+    if type(clouds[0]) is not torch.Tensor or not _threads.plain_eager():  # (not a tensor, traced: the layout layer's checks)
         return False
     dtype = clouds[0].dtype
     if dtype is not torch.float32 and dtype is not torch.float64:
