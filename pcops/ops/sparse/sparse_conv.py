@@ -532,8 +532,10 @@ def _numbers(kernel_size, dilation) -> None:
 
 
 def _sites(grid_coord, batch, kernel_size, dilation) -> None:
-    """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers)."""
+    """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers: its
+    kernel size given, there being no weight to take it from)."""
     _layout.sites(grid_coord, batch)
+    _validate.int_option("kernel_size", kernel_size, 1, MAX_KERNEL_SIZE, odd=True)
     _numbers(kernel_size, dilation)
 
 

@@ -323,6 +323,9 @@ def test_dilations_up_to_the_largest_find_their_pairs_and_larger_ones_are_refuse
     for bad in (True, 3.0):
         with pytest.raises(TypeError, match="^kernel_size must be an int"):
             pcops.sparse_conv3d(torch.ones(2, 1), torch.tensor([[0, 0, 0], [1, 0, 0]]), torch.ones(27, 1, 1), kernel_size=bad)
+    for bad in (None, True, 3.0):  # (a kernel map has no weight to take its size from: None is no size)
+        with pytest.raises(TypeError, match="^kernel_size must be an int"):
+            pcops.sparse_kernel_map(grid, kernel_size=bad)
 
 
 def test_a_grid_coord_given_with_a_kernel_map_is_checked():
