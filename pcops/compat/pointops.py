@@ -482,6 +482,8 @@ def query_and_group(nsample, xyz, new_xyz, feat, idx, offset, new_offset, dilati
 
 
 def _interpolate(xyz, new_xyz, feat, offset, new_offset, k, name: str, positions: bool) -> torch.Tensor:
+    check_tensor("xyz", xyz)
+    check_tensor("new_xyz", new_xyz)
     check_tensor(name, feat)
     if feat.dim() != 2 or feat.shape[0] != xyz.shape[0]:
         raise ValueError(f"{name} must be a tensor of shape (m, c) with m = {xyz.shape[0]} (the rows of xyz), got shape {tuple(feat.shape)}")

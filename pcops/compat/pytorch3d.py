@@ -116,6 +116,8 @@ def knn_gather(x: torch.Tensor, idx: torch.Tensor, lengths: Optional[torch.Tenso
 def masked_gather(points: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``points[n, idx[...]]`` with -1 indices giving 0.0 (PyTorch3D's ``ops.utils.masked_gather``):
     idx (N, K) -> (N, K, D); idx (N, L, K) -> (N, L, K, D)."""
+    check_tensor("points", points)
+    check_tensor("idx", idx)
     if idx.shape[0] != points.shape[0]:
         raise ValueError("points and idx must have the same batch dimension")
     if idx.dim() not in (2, 3):

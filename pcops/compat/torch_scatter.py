@@ -28,6 +28,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from . import check_tensor
+
 __all__ = [
     "gather_coo",
     "gather_csr",
@@ -103,9 +105,14 @@ def _src_size(src: torch.Tensor, index: torch.Tensor, dim_size: Optional[int]) -
     return _size(index, dim_size)
 
 
-def _check_index(index: torch.Tensor, name: str) -> torch.Tensor:
+def _check_index(src: torch.Tensor, index: torch.Tensor, name: str) -> torch.Tensor:
     """``index`` (any integer dtype) as int64: torch's scatters take int32 and int64 only, and
-    torch.gather misreads an expanded int32 index on the CPU."""
+    torch.gather misreads an expanded int32 index on the CPU. In eager calls, ``src`` and the
+    index (``name``) are tensors first (a TypeError naming the one that is not; a scripted
+    call's arguments are typed)."""
+    if not torch.jit.is_scripting():  # (a scripted function skips this branch)
+        check_tensor("src", src)
+        check_tensor(name, index)
     if index.is_floating_point() or index.dtype == torch.bool or index.is_complex():
         raise TypeError(name + " must be an integer tensor, got " + str(index.dtype))
     return index.long()
@@ -185,7 +192,7 @@ def _extreme_values(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optio
     """The values of scatter_min / scatter_max (``mode`` "amin" / "amax") without their arg, by
     torch's own reduction: the same values (an index outside [0, size) of a 1-D index joins no
     slot, as in the sorted kernel)."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     if out is not None:
         return out.scatter_reduce_(d, _broadcast(index, src, d), src, mode, include_self=True)
@@ -208,7 +215,7 @@ def _use_kernel(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[
 def scatter_sum(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
     """Sums ``src`` into slot ``index`` along ``dim`` (torch_scatter's ``scatter_sum``); adds
     into ``out`` in place when given. Empty slots are 0."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is None:
@@ -225,7 +232,7 @@ def scatter_add(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
 def scatter_mul(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> torch.Tensor:
     """Multiplies ``src`` into slot ``index`` along ``dim`` (``out`` in place when given);
     empty slots are 1."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is None:
@@ -243,7 +250,7 @@ def scatter_mean(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opt
 def _mean(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.Tensor], dim_size: Optional[int], rounding: str) -> torch.Tensor:
     """:func:`scatter_mean` with integer means rounded by ``rounding``: "floor" (torch_scatter's
     ``scatter_mean``, in Python) or "trunc" (its segment means, C++ integer division)."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     res = scatter_sum(src, index, dim, out, dim_size)
     d = _dim(dim, src.dim())
     # counts over index's own shape (a 1-D index: one count per slot), then broadcast
@@ -261,7 +268,7 @@ def _mean(src: torch.Tensor, index: torch.Tensor, dim: int, out: Optional[torch.
 def scatter_min(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None, dim_size: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out, argmin)``: minima per slot (0 for an empty slot) and their positions along
     ``dim`` (``src.size(dim)`` for an empty slot)."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
         return _sorted_kernel(src, index, d, _src_size(src, index, dim_size), "min")
@@ -280,7 +287,7 @@ def scatter_max(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
         >>> scatter_max(torch.tensor([1., 3., 2.]), torch.tensor([0, 0, 2]))
         (tensor([3., 0., 2.]), tensor([1, 3, 2]))
     """
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     if _use_kernel(src, index, d, out):
         return _sorted_kernel(src, index, d, _src_size(src, index, dim_size), "max")
@@ -320,7 +327,7 @@ def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional
 
 def _coo_index(src: torch.Tensor, index: torch.Tensor, name: str) -> Tuple[torch.Tensor, int]:
     """``index`` (..., N) expanded to ``src``'s shape (leading size-1 and trailing dimensions)."""
-    index = _check_index(index, name)
+    index = _check_index(src, index, name)
     d = index.dim() - 1
     if d < 0 or index.dim() > src.dim():
         raise ValueError(name + " must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(index.dim()))
@@ -392,7 +399,7 @@ def _csr_index(src: torch.Tensor, indptr: torch.Tensor) -> Tuple[torch.Tensor, i
     """The slot of each row of ``src`` along ``indptr.dim() - 1`` (static shapes): segment s is
     rows indptr[s] .. indptr[s + 1] - 1; rows outside [indptr[0], indptr[-1]) go to slot S, one
     past the S = indptr.size(-1) - 1 segments, which the caller drops."""
-    indptr = _check_index(indptr, "indptr")
+    indptr = _check_index(src, indptr, "indptr")
     d = indptr.dim() - 1
     if d < 0 or indptr.dim() > src.dim():
         raise ValueError("indptr must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(indptr.dim()))
@@ -432,8 +439,8 @@ def _csr_kernel(src: torch.Tensor, indptr: torch.Tensor, reduce: str, need_arg: 
 
 
 def _csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor], reduce: str, need_arg: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    indptr = _check_index(src, indptr, "indptr")
     if indptr.dim() == 1 and indptr.shape[0] > 0 and src.dim() > 0 and (src.dtype == torch.float32 or src.dtype == torch.float64):
-        indptr = _check_index(indptr, "indptr")
         res, arg = _csr_kernel(src, indptr, reduce, need_arg)
         if out is not None:
             return out.copy_(res), arg
@@ -510,7 +517,7 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Ten
 def gather_coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``out[..., i, ...] = src[..., index[..., i], ...]`` along ``index.dim() - 1`` (the
     inverse of ``segment_coo``); ``out`` is overwritten when given."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = index.dim() - 1
     if d < 0 or index.dim() > src.dim():
         raise ValueError("index must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(index.dim()))
@@ -528,7 +535,7 @@ def gather_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tens
     """Each segment's row of ``src`` repeated over the segment of ``indptr`` (the inverse of
     ``segment_csr``), along ``indptr.dim() - 1``; the output has ``indptr[..., -1]`` rows (one
     host read unless ``out`` is given, whose rows are overwritten)."""
-    indptr = _check_index(indptr, "indptr")
+    indptr = _check_index(src, indptr, "indptr")
     d = indptr.dim() - 1
     if d < 0 or indptr.dim() > src.dim():
         raise ValueError("indptr must have 1 to src.dim() = " + str(src.dim()) + " dimensions, got " + str(indptr.dim()))
@@ -571,8 +578,8 @@ def scatter_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, dim_s
         >>> scatter_softmax(torch.tensor([0., 0., 1.]), torch.tensor([0, 0, 1]))
         tensor([0.5000, 0.5000, 1.0000])
     """
+    index = _check_index(src, index, "index")
     _floating(src, "scatter_softmax")
-    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     top = scatter_max(src, index, d, None, dim_size)[0]
@@ -583,8 +590,8 @@ def scatter_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, dim_s
 
 def scatter_log_softmax(src: torch.Tensor, index: torch.Tensor, dim: int = -1, eps: float = 1e-12, dim_size: Optional[int] = None) -> torch.Tensor:
     """The log-softmax of ``src`` within each slot: ``src - max - log(sum exp(src - max) + eps)``."""
+    index = _check_index(src, index, "index")
     _floating(src, "scatter_log_softmax")
-    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     top = scatter_max(src, index, d, None, dim_size)[0]
@@ -597,8 +604,8 @@ def scatter_logsumexp(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out
     """``log(sum exp(src) + eps)`` per slot, computed as ``max + log(sum exp(src - max) + eps)``;
     empty slots 0. With ``out``: its values join each slot's sum, in place; slots whose result
     is not finite keep ``out``'s value (torch_scatter's rule)."""
+    index = _check_index(src, index, "index")
     _floating(src, "scatter_logsumexp")
-    index = _check_index(index, "index")
     d = _dim(dim, src.dim())
     index = _broadcast(index, src, d)
     if out is not None:
@@ -623,7 +630,7 @@ def scatter_std(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     """Standard deviation per slot, ``sqrt(sum (src - mean)^2 / (count - unbiased + 1e-6))``
     with counts clamped to at least 1 (torch_scatter's formula: empty slots 0). With ``out``,
     the squared deviations are added to ``out`` first."""
-    index = _check_index(index, "index")
+    index = _check_index(src, index, "index")
     d = _dim(dim, src.dim())
     if out is not None:
         dim_size = out.shape[d]

@@ -186,6 +186,31 @@ def test_errors_of_a_wrong_argument_type_name_only_its_arguments(fn, gen):
     assert message.startswith(first) and not _foreign(message, fn), message
 
 
+def _pass_args(fn, gen) -> list:
+    """The positional arguments of a valid call of a pass-through function: (values, index or
+    pointer) of three slots of two rows (the gathers: one row a slot), or a gather's (x, idx)."""
+    if fn in (p3.knn_gather, p3.masked_gather):
+        return [_pts(gen, 2, 9, 4), torch.full((2, 5, 2), 3) if fn is p3.knn_gather else torch.full((2, 5), 3)]
+    if "indptr" in _params(fn):
+        return [_pts(gen, 6, 2), torch.arange(0, 7, 2)]
+    return [_pts(gen, 3 if fn.__name__.startswith("gather") else 6, 2), torch.arange(3).repeat_interleave(2)]
+
+
+@pytest.mark.parametrize("fn", PASS_THROUGH, ids=lambda f: f"{f.__module__.split('.')[-1]}.{f.__name__}")
+def test_pass_through_functions_name_an_argument_that_is_not_a_tensor(fn, gen):
+    """A nested list, a number or None where a drop-in takes a tensor: a TypeError naming it
+    (not an AttributeError from inside)."""
+    along = dict(dim=0) if "dim" in _params(fn) else {}
+    fn(*_pass_args(fn, gen), **along)
+    names = list(inspect.signature(fn).parameters)[:2]
+    for position, name in enumerate(names):
+        for given in ("list", 1.5, None):
+            args = _pass_args(fn, gen)
+            args[position] = args[position].tolist() if given == "list" else given
+            with pytest.raises(TypeError, match=rf"^{name} must be"):
+                fn(*args, **along)
+
+
 @pytest.mark.parametrize("name", ["_knn", "_radius", "_nearest"])
 def test_pyg_lib_pointers_of_different_example_counts_are_an_error(name, gen):
     """pyg-lib reads ptr_y at ptr_x's examples: with another count of examples it reads past

@@ -486,6 +486,8 @@ def test_queries_grouping_interpolation_subtraction_aggregation_compile_fullgrap
         (lambda x, o: po.query_and_group(2, x, x, x, None, o, o, dilation=-1), "dilation"),
         (lambda x, o: po.interpolation(x, x, x[:4], o, o), "feat"),
         (lambda x, o: po.interpolation2(x, x, x[:4], o, o), "input"),
+        (lambda x, o: po.interpolation(x.tolist(), x, x, o, o), "xyz"),
+        (lambda x, o: po.interpolation2(x, x.tolist(), x, o, o), "new_xyz"),
         (lambda x, o: po.subtraction(x, x, torch.zeros(4, 2, dtype=torch.int32)), "idx"),
         (lambda x, o: po.aggregation(x, x[:, None], x[:, None], torch.zeros(10, 2, dtype=torch.int32)), "position"),
     ],
