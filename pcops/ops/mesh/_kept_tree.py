@@ -41,7 +41,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, wind
         plan = _Build.make(v64, faces, group, vertices.dtype, winding) if _warp.KEPT.admit(key) else None
         if plan is None:
             return None
-        _warp.KEPT.put(key, plan, _warp.held_bytes(plan.keep) + sum(launch.held() for launch, _, _ in plan.launches))
+        _warp.KEPT.put(key, plan, plan.held())
     return plan.run(v64, faces, group)
 
 
@@ -97,6 +97,10 @@ class _Build:
         self.launches = [(launch, launch.fields(*used), used) for launch, used in launches]
         self.keep = (points, split[1], corners, lo, hi, sums, scale, center, radius)
         return self
+
+    def held(self) -> int:
+        """The bytes this build holds (:meth:`pcops._warp.Kept.put`)."""
+        return _warp.held_bytes(self.keep) + sum(launch.held() for launch, _, _ in self.launches)
 
     def _outputs(self) -> list:
         """New tensors of the hierarchy the launches write: order, the sorted faces' corners and

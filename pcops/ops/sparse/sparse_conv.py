@@ -524,9 +524,10 @@ def _convolve(features: torch.Tensor, weight: torch.Tensor, in_index: torch.Tens
 MAX_KERNEL_SIZE, MAX_DILATION = 1289, 2**31 - 1
 
 
-def _numbers(kernel_size, dilation) -> None:
-    """The checks of a kernel size (None: the weight's) and a dilation."""
-    if kernel_size is not None:
+def _numbers(kernel_size, dilation, weighted: bool = True) -> None:
+    """The checks of a kernel size (None: the weight's, where there is a weight: ``weighted``) and
+    a dilation."""
+    if kernel_size is not None or not weighted:
         _validate.int_option("kernel_size", kernel_size, 1, MAX_KERNEL_SIZE, odd=True)
     _validate.int_option("dilation", dilation, 1, MAX_DILATION)
 
@@ -535,8 +536,7 @@ def _sites(grid_coord, batch, kernel_size, dilation) -> None:
     """The checks of the sites of :func:`sparse_kernel_map` (shapes, dtypes, devices, numbers: its
     kernel size given, there being no weight to take it from)."""
     _layout.sites(grid_coord, batch)
-    _validate.int_option("kernel_size", kernel_size, 1, MAX_KERNEL_SIZE, odd=True)
-    _numbers(kernel_size, dilation)
+    _numbers(kernel_size, dilation, weighted=False)
 
 
 @_deprecated.renamed(coords="grid_coord")
