@@ -774,7 +774,8 @@ def test_plain_knn_interpolate_calls_equal_the_general_path(gen, monkeypatch, ki
 def test_plain_knn_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     """Uniform and softmax weights of a plain call (the features possibly requiring grad) take
     the plain search and unmasked weights: the same values and gradients to the features bit
-    for bit, for any sigma (a number; the rows' nearest distance as the shift) and k."""
+    for bit, for any sigma (a number; the rows' nearest distance as the shift) and k (more
+    than four with nothing to differentiate: the products made in place)."""
     q, p, _ = cloud(kind, gen)
     q, p = q.to(dtype), p.to(dtype)
     q[0] = p[2]
@@ -788,7 +789,8 @@ def test_plain_knn_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind
 
     calls = [lambda: run(q, p, 3, weights="uniform"), lambda: run(q, p, p.shape[0], weights="uniform"), lambda: run(p, p, 7, sigma=0.1),
              lambda: run(q, p, 1, sigma=2), lambda: run(q * 1e18, p * 1e18, 4, sigma=1e17), lambda: run(q, p, 5, sigma=1e-30),
-             lambda: (pcops.knn_aggregate(q, p, f, 6, 0.3),), lambda: run(q, p, 3, sigma=0.1, validate=False)]
+             lambda: (pcops.knn_aggregate(q, p, f, 6, 0.3),), lambda: (pcops.knn_aggregate(q, p, f, 6, weights="uniform"),),
+             lambda: run(q, p, 3, sigma=0.1, validate=False)]
     for pairs in PATHS.values():
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
         for call in calls:

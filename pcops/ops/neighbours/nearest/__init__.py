@@ -288,7 +288,10 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
         w = torch.softmax(-(dists - dists[:, :1]) / torch.full((), float(sigma), dtype=dists.dtype), dim=1)
     else:
         w = torch.ones((), dtype=dists.dtype) / k
-    return ((w[..., None] if w.dim() else w) * _layout.select_rows(features, idx)).sum(1)
+    w, rows = (w[..., None] if w.dim() else w), _layout.select_rows(features, idx)  # rows (M, k, F): a new tensor
+    if _threads.differentiable(features):
+        return (w * rows).sum(1)
+    return rows.mul_(w).sum(1)  # (in place: the same products, and one (M, k, F) tensor where two would be)
 
 
 @_threads.limits
