@@ -288,10 +288,7 @@ def _plain_weighted(query, ref, features, k, backend: str, validate: bool, weigh
         w = torch.softmax(-(dists - dists[:, :1]) / torch.full((), float(sigma), dtype=dists.dtype), dim=1)
     else:
         w = torch.ones((), dtype=dists.dtype) / k
-    w, rows = (w[..., None] if w.dim() else w), _layout.select_rows(features, idx)  # rows (M, k, F): a new tensor
-    if _threads.differentiable(features):
-        return (w * rows).sum(1)
-    return rows.mul_(w).sum(1)  # (in place: the same products, and one (M, k, F) tensor where two would be)
+    return _weighted_sum(w[..., None] if w.dim() else w, _layout.select_rows(features, idx), features)
 
 
 @_threads.limits
@@ -463,8 +460,18 @@ def knn_aggregate(
         w = _weighting.inverse_distance(dists.square(), valid)
     else:
         w = valid.to(dtype) / valid.sum(1, keepdim=True).clamp_min(1)
-    out = (w[..., None] * gathered).sum(1)
+    out = _weighted_sum(w[..., None], gathered, flat.features, w)
     return _layout.unflatten(flat, out.to(out_dtype))
+
+
+def _weighted_sum(w: torch.Tensor, rows: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """``(w * rows).sum(1)`` of new gathered ``rows`` (P, k, F) and weights ``w`` (P, k, 1) or
+    (): the products made in place where nothing of ``inputs`` (what ``w`` and ``rows`` were
+    computed from) is to be differentiated (the same products, and one (P, k, F) tensor where
+    two would be: a second large temporary made each call can cost more than the products)."""
+    if _threads.differentiable(*inputs):
+        return (w * rows).sum(1)
+    return rows.mul_(w).sum(1)
 
 
 __all__ = ["KNN", "knn", "knn_aggregate", "resolve_backend", "AUTO", "BACKENDS"]
