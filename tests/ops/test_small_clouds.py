@@ -769,6 +769,25 @@ def test_plain_knn_interpolate_calls_equal_the_general_path(gen, monkeypatch, ki
             assert_identical(*plain_and_general(monkeypatch, call))
 
 
+def test_plain_uniform_weight_kept_from_inference_mode_serves_a_gradient(gen):
+    """The plain path's kept 1 / k (made once per dtype and k) is an ordinary tensor even when an
+    inference-mode call made it: a later call whose features require grad saves it for backward."""
+    from pcops.ops.neighbours import nearest
+
+    nearest._uniform_weight.cache_clear()
+    p = torch.rand(300, 3, generator=gen)
+    f = torch.rand(300, 5, generator=gen)
+    with torch.inference_mode():
+        first = pcops.knn_aggregate(p, p, f, 6, weights="uniform")
+    feats = f.clone().requires_grad_()
+    out = pcops.knn_aggregate(p, p, feats, 6, weights="uniform")
+    (grad,) = torch.autograd.grad(out.sum(), feats)
+    idx = pcops.knn(p, p, 6).idx
+    assert torch.equal(out.detach(), first)
+    assert torch.allclose(out.detach(), f[idx].mean(1), rtol=1e-6, atol=1e-7)
+    assert torch.allclose(grad, (torch.bincount(idx.view(-1), minlength=300).to(f.dtype) / 6)[:, None].expand(300, 5), rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 @pytest.mark.parametrize("kind", CLOUDS)
 def test_plain_knn_aggregate_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
