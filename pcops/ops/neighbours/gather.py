@@ -74,7 +74,10 @@ def rows_or_zeros(features: torch.Tensor, idx: torch.Tensor, padded: bool = Fals
         b = features.shape[0]
         at = at + (torch.arange(b, device=idx.device) * n).reshape(b, *([1] * (idx.dim() - 1)))
     out = _layout.select_rows(flat, at)
-    return torch.where(valid.reshape((*idx.shape, *([1] * (flat.dim() - 1)))), out, out.new_zeros(()))
+    valid = valid.reshape((*idx.shape, *([1] * (flat.dim() - 1))))
+    if _threads.differentiable(features):
+        return torch.where(valid, out, out.new_zeros(()))
+    return out.masked_fill_(~valid, 0)  # (nothing to differentiate: the new rows zeroed in place, one large tensor where two would be)
 
 
 __all__ = ["gather"]
