@@ -131,6 +131,30 @@ def test_distances_are_differentiable_in_d_dimensions(gen):
     torch.autograd.gradcheck(lambda a, b: pcops.knn(a, b, 5).dists, (q, p))
 
 
+@pytest.mark.parametrize("dim", [3, 64])
+def test_recomputed_distances_without_a_gradient_equal_the_differentiable_ones(gen, dim):
+    """The distances to gathered neighbours made in place (nothing to differentiate) are the
+    differentiable formula's to the bit: NaN and missing neighbours 0 where not valid, a NaN
+    query's row 0, equal points 0, and the neighbours' copies are what gets written."""
+    q = torch.randn(40, dim, generator=gen)
+    nb = torch.randn(40, 6, dim, generator=gen)
+    nb[:, 0] = q  # distance 0
+    nb[3, 2] = float("nan")
+    nb[5, 1, 0] = float("inf")
+    q[7] = float("nan")
+    valid = torch.rand(40, 6, generator=gen) > 0.3
+    valid[3, 2] = False
+    valid[7] = False
+    with torch.enable_grad():
+        grad_side = knn_module._distances(q.clone().requires_grad_(), nb.clone(), valid).detach()
+    with torch.no_grad():
+        copy = nb.clone()
+        in_place = knn_module._distances(q, copy, valid)
+    assert torch.equal(in_place, grad_side)
+    assert not torch.equal(copy, nb)  # (the gathered copy took the work, not a new tensor)
+    assert in_place[3, 2] == 0 and bool((in_place[7] == 0).all()) and bool((in_place[~valid] == 0).all())
+
+
 def test_search_op_passes_opcheck_in_d_dimensions(gen):
     op = knn_module.BACKENDS["torch"].op
     for dtype in (torch.float32, F64):

@@ -143,10 +143,15 @@ def _recomputed_distances(flat: _layout.Flat, idx: torch.Tensor, dtype, valid: t
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """||q_i - p_ij|| for neighbours (M, k, 3), differentiable, with a zero (not NaN) gradient at
-    d = 0; 0, and no gradient, where not ``valid`` (M, k): a missing neighbour's stand-in row
-    (row 0) or a NaN query (``validate=False``, padding rows) gives its points no NaN gradient."""
-    sq = torch.where(valid[..., None], query[:, None, :] - neighbours, 0).square().sum(-1)
+    """||q_i - p_ij|| for new gathered neighbours (M, k, D), differentiable, with a zero (not NaN)
+    gradient at d = 0; 0, and no gradient, where not ``valid`` (M, k): a missing neighbour's
+    stand-in row (row 0) or a NaN query (``validate=False``, padding rows) gives its points no NaN
+    gradient. With nothing to differentiate, the differences and squares are made in place in
+    ``neighbours`` (the same values: one (M, k, D) tensor where three would be)."""
+    if _threads.differentiable(query, neighbours):
+        sq = torch.where(valid[..., None], query[:, None, :] - neighbours, 0).square().sum(-1)
+    else:
+        sq = neighbours.sub_(query[:, None, :]).square_().masked_fill_(~valid[..., None], 0).sum(-1)
     positive = sq > 0
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
 

@@ -5,6 +5,8 @@ query chunks that bound memory to about ``_ENTRIES`` distances at a time; no (M,
 Ties are broken by the smaller index, exactly. Groups mask other samples' points to +inf.
 """
 
+import math
+
 import torch
 
 from ._registry import backend
@@ -70,14 +72,23 @@ def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -
     return block, rows
 
 
-def _direct(q: torch.Tensor, r: torch.Tensor, slots: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+def _direct(q: torch.Tensor, r: torch.Tensor, slots: torch.Tensor, gram: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     """Squared distances of the candidates ``slots`` (G, S, W) of queries ``q`` (G, S, D) in the
     blocks ``r`` (G, R, D), by direct differences (float64): the Gram form's rounding depends on
     the BLAS kernel the CPU picks, so equal distances (exact duplicates) could differ in their
-    last bits and break the tie rule. Candidates the Gram form found nowhere (inf) stay inf."""
+    last bits and break the tie rule. Candidates the Gram form found nowhere (inf) stay inf.
+    The candidates' points are copied into ``scratch`` (at least G S W D entries of r's dtype,
+    kept across a call's chunks) and their differences and squares made there."""
     g, s, w = slots.shape
-    pts = r.gather(1, slots.reshape(g, s * w, 1).expand(-1, -1, r.shape[2])).view(g, s, w, -1)
-    return torch.where(torch.isinf(gram), gram, (q[:, :, None, :] - pts).square().sum(-1))
+    rows = (slots + (torch.arange(g, device=slots.device) * r.shape[1])[:, None, None]).view(-1)  # rows of the (G R, D) blocks
+    pts = torch.index_select(r.reshape(g * r.shape[1], -1), 0, rows, out=_view(scratch, (g * s * w, r.shape[2]))).view(g, s, w, -1)
+    # (p - q)^2 in place: the squares of (q - p)
+    return torch.where(torch.isinf(gram), gram, pts.sub_(q[:, :, None, :]).square_().sum(-1))
+
+
+def _view(scratch: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` on the first entries of the flat ``scratch``."""
+    return scratch[: math.prod(shape)].view(shape)
 
 
 def _exact_rows(q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, cand: torch.Tensor) -> None:
@@ -122,13 +133,19 @@ def _search_features(query, ref, k, query_group, ref_group):
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
     chunk = max(1, _ENTRIES // max(groups * max(r_block.shape[1], width * r_block.shape[2]), 1))  # gram and candidates
+    # the chunks' two (G, S, R) Gram tensors and their candidates' points, on scratch kept across the chunks
+    rows_at_most = groups * min(chunk, q_block.shape[1])
+    scratch = [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * r_block.shape[1]),
+               r_block.new_empty(rows_at_most * width * r_block.shape[2])]
     for s in range(0, q_block.shape[1], chunk):
         qc = q_block[:, s : s + chunk] - centre
-        gram = qc.square().sum(-1, keepdim=True) + r_sq - 2 * qc @ rc.transpose(1, 2)
+        shape = (groups, qc.shape[1], r_block.shape[1])
+        products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape)).mul_(2)
+        gram = torch.add(qc.square().sum(-1, keepdim=True), r_sq, out=_view(scratch[1], shape)).sub_(products)  # (|q|^2 + |p|^2) - 2 q.p
         values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
         last = values[..., -1]  # no point outside the candidates has a smaller Gram value
         cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
-        values = _direct(q_block[:, s : s + chunk], r_block, slots, values)
+        values = _direct(q_block[:, s : s + chunk], r_block, slots, values, scratch[2])
         cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
         values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
         cand = cand.gather(2, order2)[..., :take]
