@@ -48,6 +48,7 @@ import bench_meshes  # noqa: E402
 import bench_search  # noqa: E402
 import bench_small  # noqa: E402
 import bench_grouping  # noqa: E402
+import bench_features  # noqa: E402
 import bench_transformer  # noqa: E402
 import bench_sparse  # noqa: E402
 import bench_mesh  # noqa: E402
@@ -973,7 +974,7 @@ def main(argv=None) -> dict:
     if device.type == "cpu" and "search" in sections:  # kNN search and radius aggregation against pykdtree / open3d / cKDTree / a numba cell list
         report["search"], report["search_notes"] = bench_search.run(args.quick, cpu_time=args.cpu_time)
     if device.type == "cpu" and "small" in sections:  # one small cloud per call, quiet and beside a busy process (bench_small.py)
-        report["small"] = bench_small.run(args.quick) + bench_grouping.run(args.quick)
+        report["small"] = bench_small.run(args.quick) + bench_grouping.run(args.quick) + bench_features.run(args.quick)
     if "models" in sections:
         results = run_models(args, device) + run_ops(args, device)
         if args.sweep:
