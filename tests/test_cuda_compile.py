@@ -65,6 +65,9 @@ FACTORIES = [
     *[(f"distributed fps update {d}", importlib.import_module("pcops.distributed._fps")._update_kernel, (d,)) for d in (F32, F64)],
     *[(f"sinkhorn p={p} {d}", importlib.import_module("pcops.ops.transport.sinkhorn")._kernels, (d, p)) for d in (F32, F64) for p in (1, 2)],
     *[(f"mesh sample {d} from_seeds={h}", importlib.import_module("pcops.ops.mesh.sample")._draw_kernel, (d, h)) for d in (F32, F64) for h in (False, True)],
+    # (launched by the CPU's path only, GPUs keeping torch's topk: compiled here as every kernel is)
+    *[(f"knn features rank {g} points {d}", importlib.import_module("pcops.ops.neighbours.nearest._features")._kernel, (g, d))
+      for g in (F32, F64) for d in (F32, F64)],
 ]
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",

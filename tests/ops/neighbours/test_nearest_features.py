@@ -93,6 +93,113 @@ def test_near_ties_beyond_the_gram_forms_rounding_go_by_their_direct_distances(d
     assert wrong == [0] * 10
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-22])
+@pytest.mark.parametrize("dim", [4, 8])
+def test_near_ties_beyond_the_float32_gram_forms_rounding_go_by_their_direct_distances(dim, scale):
+    # the float32 Gram form of float32 points (the CPU's): forty points whose squared distances
+    # to the queries differ by about 1e-4, 100 away from the centre of the points (a second
+    # cluster at the origin), where that form rounds by about 1e-3: its bound must send those
+    # queries to the direct search (a bound of 0 fails this); scaled by 1e-22 (squares subnormal
+    # in float32, which the guard on the samples' spread leaves to float64) as exact
+    wrong = []
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        dirs = torch.randn(40, dim, generator=g, dtype=F64)
+        centre = torch.zeros(dim, dtype=F64)
+        centre[0] = 100
+        radii = (1 + 1e-4 * torch.randperm(40, generator=g).double()).sqrt()
+        p = torch.cat([centre + dirs / dirs.norm(dim=1, keepdim=True) * radii[:, None], torch.randn(40, dim, generator=g, dtype=F64)])
+        p = (p * scale).float()
+        q = ((centre + 1e-5 * torch.randn(20, dim, generator=g, dtype=F64)) * scale).float()
+        for k in (1, 2):
+            idx = pcops.knn(q, p, k).idx
+            wrong.append(int((idx != brute_force(q, p, k)[1]).any(1).sum()))
+    assert wrong == [0] * 10
+
+
+def _feature_cases(gen):
+    """(name, query, ref, k, batch keywords, validate) of feature-space searches: plain clouds of
+    both dtypes and several sizes and k (up to the widest the CPU ranks in Warp, and one past
+    it), duplicates and a lattice (ties past the candidates), padded and packed samples (empty
+    slots), NaN / inf / huge points without validation, and far and tiny scales (the float32
+    Gram form's guard and its least reach)."""
+    import itertools
+
+    cases = []
+    for dtype in (torch.float32, F64):
+        for n, dim, k in ((300, 8, 20), (200, 64, 1), (130, 16, 56), (90, 5, 57), (40, 33, 20), (7, 4, 5)):
+            x = torch.randn(n, dim, generator=gen, dtype=dtype)
+            cases.append((f"randn {n}x{dim} k={k}", x[: n // 2 + 1], x, k, {}, True))
+        dup = torch.rand(150, 6, generator=gen, dtype=dtype)
+        dup[:40] = dup[0]
+        cases.append(("duplicates", dup, dup, 12, {}, True))
+        lattice = torch.tensor(list(itertools.product(range(5), repeat=4)), dtype=dtype)
+        cases.append(("lattice", lattice, lattice, 25, {}, True))
+        lengths = torch.tensor([60, 3, 41, 1])
+        padded = torch.randn(4, 60, 8, generator=gen, dtype=dtype)
+        cases.append(("padded", padded, padded, 10, dict(query_lengths=lengths, ref_lengths=lengths), True))
+        batch = torch.randint(0, 3, (120,), generator=gen)
+        packed = torch.randn(120, 16, generator=gen, dtype=dtype)
+        cases.append(("packed", packed, packed, 9, dict(query_batch=batch, ref_batch=batch), True))
+        bad = torch.randn(80, 8, generator=gen, dtype=dtype)
+        bad[3, 2], bad[10, 0], bad[11] = float("nan"), float("inf"), 1e20
+        cases.append(("nan inf huge", bad, bad, 6, {}, False))
+        mixed = torch.cat([torch.randn(50, 10, generator=gen, dtype=F64) * 1e-20, torch.randn(50, 10, generator=gen, dtype=F64)])
+        groups = torch.arange(100) // 50  # a sample of tiny values beside one of ordinary values
+        cases.append(("mixed scales", mixed.to(dtype), mixed.to(dtype), 7, dict(query_batch=groups, ref_batch=groups), True))
+        for scale, dim in ((1e-30, 12), (1e-20, 12), (1e16, 12), (2e18, 64), (1e30, 12)):  # (2e18: |q|^2 + |p|^2 past float32's range)
+            far = torch.randn(100, dim, generator=gen, dtype=F64) * scale
+            cases.append((f"scale {scale:g}", far.to(dtype), far.to(dtype), 7, {}, True))
+    return cases
+
+
+def test_cpu_candidates_ranked_in_warp_equal_the_torch_form(gen, monkeypatch):
+    """The CPU's Warp ranking of the candidates (with a float32 Gram form for float32 points)
+    returns what the torch form (topk, gathers, sorts; float64 Gram form) returns: the same
+    neighbours and, from the same recomputation, the same distances, bit for bit."""
+    from pcops.ops.neighbours.nearest import _torch
+
+    for name, q, p, k, batch, validate in _feature_cases(gen):
+        results = []
+        for in_warp in (True, False):
+            monkeypatch.setattr(_torch, "RANK_IN_WARP", [in_warp])
+            results.append(pcops.knn(q, p, k, validate=validate, **batch))
+        (d_warp, i_warp), (d_torch, i_torch) = results
+        assert torch.equal(i_warp, i_torch), name
+        assert torch.equal(d_warp, d_torch), name
+        if not batch and validate:
+            ref_d, ref_idx = brute_force(q, p, min(k, p.shape[0]))
+            assert torch.equal(i_warp[:, : ref_idx.shape[1]], ref_idx), name
+
+
+def test_rank_keeps_the_width_smallest_gram_values(gen):
+    """The kernel's candidates are the rows of the width smallest values of its row (each value
+    here the Gram formula's with |q|^2 = |p|^2 = 0), whatever the row's length and the ties, and
+    ``last`` is the width-th smallest (inf where the row has fewer finite values)."""
+    from pcops.ops.neighbours.nearest import _features
+
+    for trial in range(120):
+        n = int(torch.randint(1, 400, (1,), generator=gen))
+        width = int(torch.randint(1, min(n, _features.MAX_WIDTH) + 1, (1,), generator=gen))
+        values = torch.randn(2, 3, n, generator=gen, dtype=F64)
+        if trial % 3 == 0:
+            values = values.round()  # many equal values
+        if trial % 5 == 0:
+            values[:, :, n // 2 :] = float("inf")  # fewer finite values than width, at times
+        products = (-values / 2).contiguous()
+        zeros = torch.zeros(2, 3, dtype=F64), torch.zeros(2, n, dtype=F64)
+        rows = torch.arange(n).expand(2, n).contiguous()
+        points = torch.zeros(2, 3, 1, dtype=F64), values.new_zeros(2, n, 1)  # every distance 0: ties by row
+        dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width)
+        smallest = values.sort(-1).values
+        assert torch.equal(last, smallest[..., width - 1]), trial
+        finite = cand >= 0
+        assert torch.equal(finite, torch.isfinite(smallest[..., :width])), trial
+        kept = torch.where(finite, values.gather(2, cand.clamp_min(0)), float("inf")).sort(-1).values
+        assert torch.equal(kept, smallest[..., :width]), trial
+        assert bool((cand[..., 1:][finite[..., 1:]] > cand[..., :-1][finite[..., 1:]]).all()), trial  # equal distances: by row
+
+
 @pytest.mark.parametrize("dim", [8, 64])
 def test_padded_layout_equals_a_per_sample_loop(gen, dim, monkeypatch):
     lengths = torch.tensor([50, 7, 31, 1])

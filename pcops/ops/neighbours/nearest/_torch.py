@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from . import _features
 from ._registry import backend
 
 _ENTRIES = 1 << 22  # distances held per chunk (16 MB in float32)
@@ -50,9 +51,13 @@ def search(query, ref, k, query_group, ref_group):
 
 
 _CANDIDATES = 8  # extra candidates ordered by (distance, index) in the feature-space search
-# a bound on the Gram form's error, per dimension, times (|q - c| + max |p - c|)^2: float64 sums of
-# D products and three terms round by at most about (D + 3) eps of that square (16 eps a dimension)
-_GRAM_ROUNDING = 16 * torch.finfo(torch.float64).eps
+# a bound on the Gram form's error, per dimension, times (|q - c| + max |p - c|)^2: sums of D
+# products and three terms (and float32's rounding of the centred coordinates) round by at most
+# about (D + 3) eps of that square (16 eps a dimension)
+_GRAM_ROUNDING = {dtype: 16 * torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64)}
+# Whether CPU feature-space searches keep and rank their candidates in Warp (:mod:`._features`),
+# with a float32 Gram form for float32 points (tests switch it off to compare with the torch form)
+RANK_IN_WARP = [True]
 
 
 def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,48 +116,58 @@ def _exact_rows(q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor, rows: to
 def _search_features(query, ref, k, query_group, ref_group):
     """kNN of D-dimensional points (D != 3): every group is a dense block, all blocks at once.
 
-    Candidates come from the Gram form |q|^2 + |p|^2 - 2 q.p in float64 (batched matrix
-    products, O(M N D) flops per group, after centring each group on its mean: float32 inputs
-    are exact in float64, so only the sums round, ~1e-16 relative): the k + 8 smallest. Those
-    are ranked by their directly computed squared distances (:func:`_direct`), then by index, so
-    exact ties go to the smaller index on any BLAS. A query whose last candidate's Gram value is
-    not clear of its k-th distance by the Gram form's rounding (more points tie, or nearly tie,
-    than the candidates hold: duplicates, lattices) is searched again by direct differences to
-    every point of its group (:func:`_exact_rows`). ``knn`` recomputes the returned distances by
-    direct differences.
+    Candidates come from the Gram form |q|^2 + |p|^2 - 2 q.p (batched matrix products, O(M N D)
+    flops per group, after centring each group on its mean): the k + 8 smallest. In float64
+    (float32 inputs are exact there, so only the sums round, ~1e-16 relative), or on the CPU for
+    float32 points in float32 (:func:`_gram_dtype`). Those are ranked by their directly computed
+    squared distances (:func:`_direct`), then by index, so exact ties go to the smaller index on
+    any BLAS. A query whose last candidate's Gram value is not clear of its k-th distance by the
+    Gram form's rounding (more points tie, or nearly tie, than the candidates hold: duplicates,
+    lattices) is searched again by direct differences to every point of its group
+    (:func:`_exact_rows`). On the CPU one Warp launch a chunk keeps and ranks the candidates
+    (:mod:`._features`); elsewhere torch's ``topk`` and sorts. ``knn`` recomputes the returned
+    distances by direct differences.
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
     q_block, q_rows = _pad_groups(query.double(), query_group, groups)
     r_block, r_rows = _pad_groups(ref.double(), ref_group, groups)
+    width = min(r_block.shape[1], k + _CANDIDATES)
+    take = min(k, width)
+    cpu = query.device.type == "cpu" and RANK_IN_WARP[0] and width <= _features.MAX_WIDTH
     r_valid = r_rows >= 0
     centre = (r_block.sum(1) / r_valid.sum(1).clamp_min(1)[:, None])[:, None, :]
     rc = r_block - centre
-    r_sq = rc.square().sum(-1).masked_fill(~r_valid, float("inf"))[:, None, :]  # empty slots: never found
-    width = min(r_block.shape[1], k + _CANDIDATES)
-    take = min(k, width)
+    gram = _gram_dtype(query.dtype, cpu, q_block, centre, rc, r_valid)
+    rc = rc.to(gram)
+    norms = rc.square().sum(-1)
+    r_sq = norms.masked_fill(~r_valid, float("inf"))[:, None, :]  # empty slots: never found
+    r_reach = norms.masked_fill(~r_valid, 0).amax(-1).double().sqrt()[:, None]  # max |p - c| per group
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
-    chunk = max(1, _ENTRIES // max(groups * max(r_block.shape[1], width * r_block.shape[2]), 1))  # gram and candidates
-    # the chunks' two (G, S, R) Gram tensors and their candidates' points, on scratch kept across the chunks
+    per_row = r_block.shape[1] if cpu else max(r_block.shape[1], width * r_block.shape[2])
+    chunk = max(1, _ENTRIES // max(groups * per_row, 1))  # gram and candidates
+    # the chunks' (G, S, R) products (and elsewhere Gram values and candidates' points), on
+    # scratch kept across the chunks
     rows_at_most = groups * min(chunk, q_block.shape[1])
-    scratch = [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * r_block.shape[1]),
-               r_block.new_empty(rows_at_most * width * r_block.shape[2])]
+    scratch = [rc.new_empty(rows_at_most * r_block.shape[1])]
+    if not cpu:
+        scratch += [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * width * r_block.shape[2])]
+    # the CPU's candidates measured from the points in their own dtype (float32 values are exact
+    # in float64: the same differences, half the memory read)
+    q_points, r_points = (q_block.to(query.dtype), r_block.to(query.dtype)) if cpu else (None, None)
     for s in range(0, q_block.shape[1], chunk):
-        qc = q_block[:, s : s + chunk] - centre
+        qc = (q_block[:, s : s + chunk] - centre).to(gram)
         shape = (groups, qc.shape[1], r_block.shape[1])
-        products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape)).mul_(2)
-        gram = torch.add(qc.square().sum(-1, keepdim=True), r_sq, out=_view(scratch[1], shape)).sub_(products)  # (|q|^2 + |p|^2) - 2 q.p
-        values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
-        last = values[..., -1]  # no point outside the candidates has a smaller Gram value
-        cand = r_rows.gather(1, slots.reshape(groups, -1)).reshape(slots.shape)  # rows of ref, -1 for none
-        values = _direct(q_block[:, s : s + chunk], r_block, slots, values, scratch[2])
-        cand, order = torch.where(cand >= 0, cand, ref.shape[0]).sort(dim=2)  # by row first ...
-        values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
-        cand = cand.gather(2, order2)[..., :take]
-        values = values[..., :take]
+        products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape))
+        q_sq = qc.square().sum(-1)
+        if cpu:
+            values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take)
+        else:
+            values, cand, last = _candidates(products.mul_(2), q_sq, r_sq, q_block[:, s : s + chunk], r_block, r_rows, width, take,
+                                             ref.shape[0], scratch[1:])
         if width < r_block.shape[1]:  # points left out: could one tie or beat the k-th?
-            reach = qc.square().sum(-1).sqrt() + r_sq.masked_fill(r_sq.isinf(), 0).amax(-1).sqrt()  # |q - c| + max |p - c|
-            clear = last - _GRAM_ROUNDING * (query.shape[1] + 3) * reach.square() > values[..., -1]
+            reach = q_sq.double().sqrt() + r_reach  # |q - c| + max |p - c|
+            clear = last.double() - _GRAM_ROUNDING[gram] * (query.shape[1] + 3) * reach.square() > values[..., -1]
             doubt = ~(clear | (last == float("inf")))  # (NaN: doubt; inf: no point left out is finite, a sample of fewer than k)
             if bool(doubt.any()):
                 _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
@@ -162,3 +177,32 @@ def _search_features(query, ref, k, query_group, ref_group):
         dists[rows[keep], :take] = values[keep].clamp_min(0).sqrt().to(query.dtype)
         idx[rows[keep], :take] = best[keep]
     return dists, idx
+
+
+def _candidates(products, q_sq, r_sq, q, r, r_rows, width: int, take: int, n_ref: int, scratch: list) -> tuple:
+    """:func:`._features.rank` in torch operations (any device): ``products`` doubled in place."""
+    gram = torch.add(q_sq[..., None], r_sq, out=_view(scratch[0], products.shape)).sub_(products)  # (|q|^2 + |p|^2) - 2 q.p
+    values, slots = gram.topk(width, dim=2, largest=False)  # (G, S, width)
+    last = values[..., -1]  # no point outside the candidates has a smaller Gram value
+    cand = r_rows.gather(1, slots.reshape(r_rows.shape[0], -1)).reshape(slots.shape)  # rows of ref, -1 for none
+    values = _direct(q, r, slots, values, scratch[1])
+    cand, order = torch.where(cand >= 0, cand, n_ref).sort(dim=2)  # by row first ...
+    values, order2 = values.gather(2, order).sort(dim=2, stable=True)  # ... then by distance: ties by row
+    return values[..., :take], cand.gather(2, order2)[..., :take], last
+
+
+def _gram_dtype(dtype: torch.dtype, cpu: bool, q_block: torch.Tensor, centre: torch.Tensor, rc: torch.Tensor, r_valid: torch.Tensor) -> torch.dtype:
+    """The Gram form's dtype: float32 for float32 points on the CPU whose centred coordinates
+    (the float64 blocks of queries ``q_block`` (G, S, D) less ``centre`` (G, 1, D), and ``rc``
+    (G, R, D) of the points, ``r_valid`` (G, R) their slots) are finite, at most 2^50 in size (no
+    square or sum overflows float32) and spread by at least 2^-30 in every sample with points
+    (its largest centred coordinate: then every query's rounding bound, at least eps times that
+    squared, is far above what underflow of the smaller values can add); float64 otherwise. The
+    bound (:data:`_GRAM_ROUNDING`) scales with the dtype's eps: float32 has more queries searched
+    again, but no other result. One host read."""
+    if not cpu or dtype != torch.float32 or not bool(r_valid.any()):
+        return torch.float64
+    spread = rc.abs().masked_fill(~r_valid[..., None], 0).amax((1, 2))[r_valid.any(1)]  # (each sample's largest)
+    queries = torch.maximum(q_block.amax(1) - centre[:, 0], centre[:, 0] - q_block.amin(1)).amax() if q_block.numel() else spread[0]
+    largest, smallest = torch.stack([torch.maximum(queries, spread.amax()), spread.amin()]).tolist()
+    return torch.float32 if largest <= 2.0**50 and smallest >= 2.0**-30 else torch.float64  # (NaN, inf: float64)

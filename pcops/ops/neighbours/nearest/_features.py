@@ -1,0 +1,213 @@
+"""The candidates of the feature-space kNN on the CPU (:func:`._torch._search_features`) in one
+Warp launch per chunk of queries, instead of torch's ``topk``, gathers and sorts.
+
+A thread per query row takes the Gram form's matrix products of its chunk (``products``: q.p of
+the centred points, from a batched matrix product) and keeps the ``width`` smallest values of
+``(|q|^2 + |p|^2) - 2 q.p`` (torch's formula, the same operations): its candidates, and
+``last``, the largest of them (no point left out has a smaller value; NaN where a value was NaN:
+the caller searches that row again directly). Then it measures each candidate's squared
+distance by direct float64 differences of the points (summed in four running sums, dimension c
+in sum c mod 4, added in one order: equal points give equal distances), orders the candidates
+by (distance, row of ref) and writes the first ``take``: distance, and the row or -1 where the
+distance is inf (an empty slot of a padded block, or a NaN point: never a neighbour). The same
+neighbours as the torch form of the same steps: which of several equal Gram values it keeps at
+its edge never matters, since the caller checks ``last`` against the k-th distance (see
+:func:`._torch._search_features`).
+
+(A Warp trap met here: ``a, b = x[i], y[i]`` binds the array elements, not their values; a
+store to ``x[i]`` before ``a`` is read changes ``a``. Elements read into names that outlive a
+store to them are read one statement each.)
+"""
+
+import torch
+import warp as wp
+
+from .... import _warp
+
+_LAST_ROW = 2**62  # the row an empty candidate sorts by (after every row of ref)
+MAX_WIDTH = 64  # candidates a query at most (k + 8; more: the torch form)
+_SAMPLES = 64  # values of a row at most in the sample that sets its first threshold
+
+
+@_warp.kernels
+def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
+    """Thread t: row t % rows of group t // rows (see the module docs). The candidates go through
+    a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its values every
+    ceil(n / _SAMPLES) columns; the one whose rank there puts about 2 width of the row below it),
+    then every value below the threshold joins the buffer; a full buffer is cut back to its
+    width smallest, lowering the threshold; at the end the buffer's width smallest are the
+    candidates. A sample's threshold that lets fewer than width values through is dropped and
+    the row scanned again without one. (A heap sifts for every value that joins it, about width
+    ln(n / width) times a row, each a mispredicted branch or more: several times slower.)"""
+    s, pt = _warp.scalar(dtype), _warp.scalar(point_dtype)
+    f64 = wp.float64
+    capacity = 2 * MAX_WIDTH
+    ranked = wp.types.vector(length=MAX_WIDTH, dtype=f64)
+    ranked_ids = wp.types.vector(length=MAX_WIDTH, dtype=wp.int64)
+
+    @wp.func(module="unique")
+    def nth(keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), t: int, count: int, target: int):
+        """Row t's first count values (and their slots) reordered so that entry ``target`` holds
+        the value of that rank, the smaller ones before it, the others after: a quickselect,
+        the middle of three as the pivot, each pass swapping every value (no branch on the
+        values) and the pivot put between the halves (each pass leaves it out: duplicates
+        cannot stall it)."""
+        lo = int(0)
+        hi = count
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ka, kb, kc = keys[t, lo], keys[t, mid], keys[t, hi - 1]
+            at = mid  # the middle of the three
+            if ka < kb:
+                if kc < kb:
+                    at = wp.where(ka < kc, hi - 1, lo)
+            elif ka < kc:
+                at = lo
+            elif kb < kc:
+                at = hi - 1
+            pivot = keys[t, at]
+            pivot_slot = slots[t, at]
+            keys[t, at] = keys[t, hi - 1]
+            slots[t, at] = slots[t, hi - 1]
+            fence = lo
+            j = lo
+            while j < hi - 1:
+                x = keys[t, j]
+                slot = slots[t, j]
+                keys[t, j] = keys[t, fence]
+                slots[t, j] = slots[t, fence]
+                keys[t, fence] = x
+                slots[t, fence] = slot
+                fence = fence + int(x < pivot)
+                j += 1
+            keys[t, hi - 1] = keys[t, fence]
+            slots[t, hi - 1] = slots[t, fence]
+            keys[t, fence] = pivot
+            slots[t, fence] = pivot_slot
+            if target < fence:
+                hi = fence
+            elif target > fence:
+                lo = fence + 1
+            else:
+                lo = hi
+        return keys[t, target]
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def rank(start: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
+             q: wp.array3d(dtype=pt), r: wp.array3d(dtype=pt), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
+             keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
+             cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
+        t = wp.tid() + start
+        g = t // rows
+        i = t - g * rows
+        n = products.shape[2]
+        qs = q_sq[g, i]
+        # the sample's threshold
+        top = s(wp.inf)
+        step = wp.max((n + _SAMPLES - 1) // _SAMPLES, 1)
+        samples = (n + step - 1) // step
+        m = 2 * width * samples // n + 1
+        if m < samples:
+            count = int(0)
+            j = int(0)
+            while j < n:
+                x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
+                if x == x:
+                    keys[t, count] = x
+                    count += 1
+                j += step
+            if m < count:
+                top = nth(keys, slots, t, count, m - 1)
+        count = int(0)
+        nan = bool(False)
+        scan = bool(True)
+        while scan:
+            j = int(0)
+            while j < n:
+                x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
+                if x < top:
+                    keys[t, count] = x
+                    slots[t, count] = j
+                    count += 1
+                    if count == capacity:  # full: keep the width smallest
+                        top = nth(keys, slots, t, count, width - 1)
+                        count = width
+                elif x != x:
+                    nan = True
+                j += 1
+            scan = count < width and top < s(wp.inf)
+            if scan:  # the sample's threshold let too few through: again without it
+                top = s(wp.inf)
+                count = 0
+                nan = False
+        if count > width:
+            top = nth(keys, slots, t, count, width - 1)
+            count = width
+        elif count == width:
+            top = keys[t, 0]
+            for e in range(1, width):
+                top = wp.max(top, keys[t, e])
+        if nan:
+            top = s(wp.nan)
+        last[g, i] = top
+        dist = ranked()
+        ids = ranked_ids()
+        dims = q.shape[2]
+        for e in range(width):  # each candidate's direct distance, inserted in (distance, row) order
+            d = f64(wp.inf)
+            row = none
+            if e < count:
+                jj = int(slots[t, e])
+                # four sums (dimensions c mod 4), added in one order: equal points, equal distances
+                a0, a1, a2, a3 = f64(0.0), f64(0.0), f64(0.0), f64(0.0)
+                c = int(0)
+                while c + 3 < dims:
+                    d0 = f64(q[g, i, c]) - f64(r[g, jj, c])
+                    d1 = f64(q[g, i, c + 1]) - f64(r[g, jj, c + 1])
+                    d2 = f64(q[g, i, c + 2]) - f64(r[g, jj, c + 2])
+                    d3 = f64(q[g, i, c + 3]) - f64(r[g, jj, c + 3])
+                    a0 = a0 + d0 * d0
+                    a1 = a1 + d1 * d1
+                    a2 = a2 + d2 * d2
+                    a3 = a3 + d3 * d3
+                    c += 4
+                while c < dims:
+                    d0 = f64(q[g, i, c]) - f64(r[g, jj, c])
+                    a0 = a0 + d0 * d0
+                    c += 1
+                acc = (a0 + a1) + (a2 + a3)
+                if acc == acc and keys[t, e] < s(wp.inf):  # (NaN: never a neighbour; an empty slot's value is inf)
+                    d = acc
+                row = r_rows[g, jj]
+                if row < wp.int64(0):
+                    row = none
+            p = e
+            while p > 0 and (dist[p - 1] > d or (dist[p - 1] == d and ids[p - 1] > row)):
+                dist[p] = dist[p - 1]
+                ids[p] = ids[p - 1]
+                p = p - 1
+            dist[p] = d
+            ids[p] = row
+        for e in range(values.shape[2]):
+            values[g, i, e] = dist[e]
+            cand[g, i, e] = wp.where(dist[e] < f64(wp.inf), ids[e], wp.int64(-1))
+
+    return rank
+
+
+def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor,
+         width: int, take: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values (G, S, take) float64, cand (G, S, take) int64, last (G, S)) of a chunk's queries
+    (see the module docs): ``products`` (G, S, R) and the squared norms ``q_sq`` (G, S) and
+    ``r_sq`` (G, R) (inf for empty slots) of the centred points, in the Gram form's dtype; ``q``
+    (G, S, D) and ``r`` (G, R, D) the points (float32 or float64, one dtype; their differences
+    taken in float64), ``r_rows`` (G, R) their rows in ref (-1: empty); width at most
+    :data:`MAX_WIDTH`."""
+    g, rows, n = products.shape
+    values = torch.empty((g, rows, take), dtype=torch.float64)
+    cand = torch.empty((g, rows, take), dtype=torch.int64)
+    last = products.new_empty((g, rows))
+    keys, slots = products.new_empty((g * rows, 2 * MAX_WIDTH)), torch.empty((g * rows, 2 * MAX_WIDTH), dtype=torch.int32)
+    args = [rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
+    _warp.launch(_kernel(products.dtype, q.dtype), g * rows, args, like=products, min_chunk=16, work=g * rows * (n + width * q.shape[2]))
+    return values, cand, last
