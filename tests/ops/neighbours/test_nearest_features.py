@@ -262,6 +262,21 @@ def test_recomputed_distances_without_a_gradient_equal_the_differentiable_ones(g
     assert in_place[3, 2] == 0 and bool((in_place[7] == 0).all()) and bool((in_place[~valid] == 0).all())
 
 
+@pytest.mark.parametrize("dim, backend", [(8, "torch"), (3, "scipy")])
+def test_recomputed_distances_in_blocks_equal_the_differentiable_ones(gen, dim, backend, monkeypatch):
+    """Without a gradient the distances to the found neighbours are recomputed a block of rows at
+    a time (here blocks of a few rows): the values of the differentiable formula, bit for bit,
+    with missing neighbours (samples of fewer than k points) inf."""
+    lengths = torch.tensor([40, 3, 27])
+    q = torch.randn(3, 40, dim, generator=gen)
+    monkeypatch.setattr(knn_module, "_GATHERED", 5 * 6 * dim)  # five rows of k = 6 at a time
+    blocks = pcops.knn(q, q, 6, backend=backend, query_lengths=lengths, ref_lengths=lengths)
+    with_grad = pcops.knn(q.clone().requires_grad_(), q, 6, backend=backend, query_lengths=lengths, ref_lengths=lengths)
+    assert torch.equal(blocks.idx, with_grad.idx)
+    assert torch.equal(blocks.dists, with_grad.dists.detach())
+    assert bool(torch.isinf(blocks.dists[1, :3, 3:]).all()) and bool(torch.isfinite(blocks.dists[0]).all())
+
+
 def test_search_op_passes_opcheck_in_d_dimensions(gen):
     op = knn_module.BACKENDS["torch"].op
     for dtype in (torch.float32, F64):
