@@ -176,7 +176,7 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                     a0 = a0 + d0 * d0
                     c += 1
                 acc = (a0 + a1) + (a2 + a3)
-                if acc == acc and keys[t, e] < s(wp.inf):  # (NaN: never a neighbour; an empty slot's value is inf)
+                if acc == acc:  # (NaN: never a neighbour; an empty slot's Gram value is inf, never kept)
                     d = acc
                 row = r_rows[g, jj]
                 if row < wp.int64(0):
