@@ -169,7 +169,7 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tenso
     if _threads.differentiable(query, neighbours):
         sq = torch.where(valid[..., None], query[:, None, :] - neighbours, 0).square().sum(-1)
     else:
-        sq = neighbours.sub_(query[:, None, :]).square_().masked_fill_(~valid[..., None], 0).sum(-1)
+        sq = neighbours.sub_(query[:, None, :]).square_().sum(-1).masked_fill_(~valid, 0)  # (an invalid row's sum, whatever it is, then 0)
     positive = sq > 0
     return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
 
