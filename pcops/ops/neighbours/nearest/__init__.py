@@ -47,8 +47,9 @@ nearest_costs = _costs.costs  # (chamfer's costs of plain clouds with nothing to
 AUTO = {"cpu": ("warp", "scipy", "torch"), "cuda": ("cuml", "warp", "torch")}
 # Backends that search points of any dimension D (knn on feature vectors); the others are 3-D only.
 ANY_DIM = ("torch",)
-# Backends whose own 3-D distances are direct differences of the given coordinates (cKDTree
-# and cuML see shifted or centred copies): knn returns them as they are when no gradient is asked for.
+# Backends whose own distances are direct differences of the given coordinates (cKDTree and cuML
+# see shifted or centred copies; in D != 3, the torch backend's are float64 differences rounded
+# once): knn returns them as they are when no gradient is asked for.
 OWN_DISTANCES = ("warp", "torch")
 
 
@@ -123,8 +124,16 @@ def search(flat: _layout.Flat, k: int, backend: str, dtype: torch.dtype):
 
 def _own_distances(flat: _layout.Flat, backend: str, points_grad: bool) -> bool:
     """Whether the search's own distances are the ones to return: direct differences of the given
-    coordinates, and no gradient to the points asked for (no (P, k, 3) gather)."""
-    return not points_grad and flat.query.shape[-1] == 3 and resolve_backend(backend, flat.query.device) in OWN_DISTANCES
+    coordinates, and no gradient to the points asked for (no (P, k, D) gather). In D != 3 the
+    torch backend's, in float64 rounded once (:func:`_feature_distances` with a gradient)."""
+    return not points_grad and resolve_backend(backend, flat.query.device) in OWN_DISTANCES
+
+
+def _feature_distances(found: torch.Tensor, recomputed: torch.Tensor) -> torch.Tensor:
+    """Distances in D != 3 with a derivative asked for: the search's own values ``found`` (those
+    a call without one returns) with the derivatives of the ``recomputed`` formula (0 where not
+    valid; where it overflows or is NaN, no derivative)."""
+    return found + torch.where(torch.isfinite(recomputed), recomputed - recomputed.detach(), 0)
 
 
 def _neighbour_distances(flat: _layout.Flat, found: torch.Tensor, idx: torch.Tensor, backend: str, dtype, points_grad: bool,
@@ -387,7 +396,10 @@ def knn(
         dists = found  # inf where none already
     else:
         valid = idx >= 0
-        dists = torch.where(valid, _recomputed_distances(flat, idx.clamp_min(0), dtype, valid), float("inf"))
+        dists = _recomputed_distances(flat, idx.clamp_min(0), dtype, valid)
+        if features_space:  # (the same values as without a derivative)
+            dists = _feature_distances(found, dists)
+        dists = torch.where(valid, dists, float("inf"))
     idx = _layout.local_index(flat, idx)
     return KNN(_layout.unflatten(flat, dists.to(out_dtype)), _layout.unflatten(flat, idx))
 
