@@ -305,6 +305,18 @@ def test_feature_distances_with_a_gradient_equal_those_without(gen, dtype):
     torch.testing.assert_close(xg.grad.double(), xd.grad, rtol=1e-4 if dtype == torch.float32 else 1e-10, atol=1e-5 if dtype == torch.float32 else 1e-10)
 
 
+def test_float32_points_beyond_float32_squares_are_found_in_d_dimensions():
+    """The search measures in float64: float32 points 1e20 apart (a square past float32's
+    range) are each other's neighbours at a finite distance, with and without a gradient."""
+    x = torch.zeros(2, 8)
+    x[1, 0] = 1e20
+    for points in (x, x.clone().requires_grad_()):
+        out = pcops.knn(points, x, 2)
+        assert out.idx.tolist() == [[0, 1], [1, 0]]
+        far = x[1, 0].item()  # (1e20 in float32)
+        assert out.dists.detach().tolist() == [[0.0, far], [0.0, far]]
+
+
 def test_search_op_passes_opcheck_in_d_dimensions(gen):
     op = knn_module.BACKENDS["torch"].op
     for dtype in (torch.float32, F64):

@@ -3,7 +3,9 @@
 ``knn`` finds the k nearest reference points of each query point through one of several
 search backends (each a ``pcops::knn_<name>`` custom op), then recomputes the distances in
 torch from the found indices so that they are differentiable (without a gradient asked for,
-the Warp and torch backends' own distances are returned as they are). ``knn_aggregate`` weights the
+the Warp and torch backends' own distances are returned as they are; in D != 3 the torch
+backend's own values always, float64 direct differences rounded once, with the recomputed
+formula's derivatives). ``knn_aggregate`` weights the
 features of those k neighbours by softmax(-d / sigma).
 
 Backends (see docs/ops/knn.md):
@@ -358,12 +360,14 @@ def knn(
         sorted by distance ascending, ties by the smaller index; ``dists`` Euclidean
         distances (not squared) in the promoted dtype of the points, differentiable with
         respect to ``query`` and ``ref`` (recomputed in torch from the found points when a
-        gradient is asked for; the search's own distances otherwise). A query whose sample has fewer than k reference
+        gradient is asked for; the search's own distances otherwise; in D != 3 the search's own
+        values, float64 direct differences rounded once, with and without a gradient, which
+        then is the recomputed formula's). A query whose sample has fewer than k reference
         points gets idx -1 and dist inf in the missing columns; so does one whose squared
         distance to a reference point overflows the dtype (finite float32 points more than
         about 1.8e19 apart, the square root of its largest number; float64 1.3e154): that
-        point is never its neighbour (the "scipy" backend measures in float64, so it finds
-        such float32 points).
+        point is never its neighbour (the "scipy" backend, and in D != 3 the "torch" one, measure
+        in float64, so they find such float32 points).
         float16/bfloat16 points are searched in float32.
 
     Example:

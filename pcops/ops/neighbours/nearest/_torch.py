@@ -125,8 +125,8 @@ def _search_features(query, ref, k, query_group, ref_group):
     Gram form's rounding (more points tie, or nearly tie, than the candidates hold: duplicates,
     lattices) is searched again by direct differences to every point of its group
     (:func:`_exact_rows`). On the CPU one Warp launch a chunk keeps and ranks the candidates
-    (:mod:`._features`); elsewhere torch's ``topk`` and sorts. ``knn`` recomputes the returned
-    distances by direct differences.
+    (:mod:`._features`); elsewhere torch's ``topk`` and sorts. ``knn`` returns these distances
+    (float64 direct differences rounded once), with the derivatives of its own formula.
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
     q_block, q_rows = _pad_groups(query.double(), query_group, groups)
