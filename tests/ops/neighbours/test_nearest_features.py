@@ -175,6 +175,24 @@ def test_cpu_candidates_ranked_in_warp_equal_the_torch_form(gen, monkeypatch):
             assert torch.equal(i_warp[:, : ref_idx.shape[1]], ref_idx), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_feature_search_in_many_chunks_equals_one_chunk(gen, dtype, monkeypatch):
+    """Queries searched a few rows at a time (the candidate buffers kept across the chunks, the
+    last chunk shorter) give what one chunk gives, bit for bit, and float64 brute force's
+    neighbours; packed samples of uneven sizes."""
+    from pcops.ops.neighbours.nearest import _torch
+
+    batch = torch.randint(0, 3, (250,), generator=gen)
+    x = torch.randn(250, 12, generator=gen, dtype=dtype)
+    whole = pcops.knn(x, x, 9, query_batch=batch, ref_batch=batch)
+    monkeypatch.setattr(_torch, "_ENTRIES", 3 * 4 * 64 * 7)  # chunks of 7 rows a sample
+    chunked = pcops.knn(x, x, 9, query_batch=batch, ref_batch=batch)
+    assert torch.equal(whole.idx, chunked.idx) and torch.equal(whole.dists, chunked.dists)
+    for b in range(3):
+        rows = (batch == b).nonzero().flatten()
+        assert torch.equal(chunked.idx[rows], rows[brute_force(x[rows], x[rows], 9)[1]])
+
+
 def test_rank_keeps_the_width_smallest_gram_values(gen):
     """The kernel's candidates are the rows of the width smallest values of its row (each value
     here the Gram formula's with |q|^2 = |p|^2 = 0), whatever the row's length and the ties, and
@@ -193,7 +211,7 @@ def test_rank_keeps_the_width_smallest_gram_values(gen):
         zeros = torch.zeros(2, 3, dtype=F64), torch.zeros(2, n, dtype=F64)
         rows = torch.arange(n).expand(2, n).contiguous()
         points = torch.zeros(2, 3, 1, dtype=F64), values.new_zeros(2, n, 1)  # every distance 0: ties by row
-        dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width)
+        dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width, [])
         smallest = values.sort(-1).values
         assert torch.equal(last, smallest[..., width - 1]), trial
         finite = cand >= 0

@@ -196,18 +196,21 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
 
 
 def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor,
-         width: int, take: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         width: int, take: int, buffers: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values (G, S, take) float64, cand (G, S, take) int64, last (G, S)) of a chunk's queries
     (see the module docs): ``products`` (G, S, R) and the squared norms ``q_sq`` (G, S) and
     ``r_sq`` (G, R) (inf for empty slots) of the centred points, in the Gram form's dtype; ``q``
     (G, S, D) and ``r`` (G, R, D) the points (float32 or float64, one dtype; their differences
     taken in float64), ``r_rows`` (G, R) their rows in ref (-1: empty); width at most
-    :data:`MAX_WIDTH`."""
+    :data:`MAX_WIDTH`. ``buffers``: the queries' candidate buffers, a list kept across a call's
+    chunks (made by the first, whose chunk is the largest)."""
     g, rows, n = products.shape
     values = torch.empty((g, rows, take), dtype=torch.float64)
     cand = torch.empty((g, rows, take), dtype=torch.int64)
     last = products.new_empty((g, rows))
-    keys, slots = products.new_empty((g * rows, 2 * MAX_WIDTH)), torch.empty((g * rows, 2 * MAX_WIDTH), dtype=torch.int32)
+    if not buffers:
+        buffers += [products.new_empty((g * rows, 2 * MAX_WIDTH)), torch.empty((g * rows, 2 * MAX_WIDTH), dtype=torch.int32)]
+    keys, slots = buffers[0][: g * rows], buffers[1][: g * rows]
     args = [rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
     _warp.launch(_kernel(products.dtype, q.dtype), g * rows, args, like=products, min_chunk=16, work=g * rows * (n + width * q.shape[2]))
     return values, cand, last

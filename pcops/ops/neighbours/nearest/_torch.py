@@ -144,8 +144,10 @@ def _search_features(query, ref, k, query_group, ref_group):
     r_reach = norms.masked_fill(~r_valid, 0).amax(-1).double().sqrt()[:, None]  # max |p - c| per group
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
-    per_row = r_block.shape[1] if cpu else max(r_block.shape[1], width * r_block.shape[2])
-    chunk = max(1, _ENTRIES // max(groups * per_row, 1))  # gram and candidates
+    # a chunk's products (and the CPU's candidate buffers, two arrays of 2 MAX_WIDTH a query; elsewhere Gram values
+    # and candidates' points) hold about _ENTRIES entries
+    per_row = max(r_block.shape[1], 4 * _features.MAX_WIDTH) if cpu else max(r_block.shape[1], width * r_block.shape[2])
+    chunk = max(1, _ENTRIES // max(groups * per_row, 1))
     # the chunks' (G, S, R) products (and elsewhere Gram values and candidates' points), on
     # scratch kept across the chunks
     rows_at_most = groups * min(chunk, q_block.shape[1])
@@ -155,13 +157,15 @@ def _search_features(query, ref, k, query_group, ref_group):
     # the CPU's candidates measured from the points in their own dtype (float32 values are exact
     # in float64: the same differences, half the memory read)
     q_points, r_points = (q_block.to(query.dtype), r_block.to(query.dtype)) if cpu else (None, None)
+    buffers = []  # (the CPU's candidate buffers, kept across the chunks)
     for s in range(0, q_block.shape[1], chunk):
         qc = (q_block[:, s : s + chunk] - centre).to(gram)
         shape = (groups, qc.shape[1], r_block.shape[1])
         products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape))
         q_sq = qc.square().sum(-1)
         if cpu:
-            values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take)
+            values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take,
+                                                buffers)
         else:
             values, cand, last = _candidates(products.mul_(2), q_sq, r_sq, q_block[:, s : s + chunk], r_block, r_rows, width, take,
                                              ref.shape[0], scratch[1:])
