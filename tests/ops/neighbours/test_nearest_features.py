@@ -335,6 +335,17 @@ def test_float32_points_beyond_float32_squares_are_found_in_d_dimensions():
         assert out.dists.detach().tolist() == [[0.0, far], [0.0, far]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_features_are_searched_in_float32(gen, dtype):
+    """float16 / bfloat16 points are searched in float32 (the CPU's Warp ranking): float64 brute
+    force's neighbours of the same values, distances in the points' dtype within one rounding."""
+    x = torch.randn(150, 16, generator=gen).to(dtype)
+    out = pcops.knn(x, x, 7)
+    ref_d, ref_idx = brute_force(x.float(), x.float(), 7)
+    assert out.dists.dtype == dtype and torch.equal(out.idx, ref_idx)
+    torch.testing.assert_close(out.dists.double(), ref_d, rtol=torch.finfo(dtype).eps, atol=0)
+
+
 def test_search_op_passes_opcheck_in_d_dimensions(gen):
     op = knn_module.BACKENDS["torch"].op
     for dtype in (torch.float32, F64):
