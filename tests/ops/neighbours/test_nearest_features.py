@@ -283,22 +283,6 @@ def test_recomputed_distances_without_a_gradient_equal_the_differentiable_ones(g
     assert in_place[3, 2] == 0 and bool((in_place[7] == 0).all()) and bool((in_place[~valid] == 0).all())
 
 
-def test_recomputed_distances_in_blocks_equal_the_differentiable_ones(gen, monkeypatch):
-    """Without a gradient the distances to the neighbours of a backend that keeps no distances of
-    its own (cKDTree's, of shifted points) are recomputed a block of rows at a time (here five
-    rows): the values of the differentiable formula, bit for bit, with missing neighbours
-    (samples of fewer than k points) inf."""
-    dim, backend = 3, "scipy"
-    lengths = torch.tensor([40, 3, 27])
-    q = torch.randn(3, 40, dim, generator=gen)
-    monkeypatch.setattr(knn_module, "_GATHERED", 5 * 6 * dim)  # five rows of k = 6 at a time
-    blocks = pcops.knn(q, q, 6, backend=backend, query_lengths=lengths, ref_lengths=lengths)
-    with_grad = pcops.knn(q.clone().requires_grad_(), q, 6, backend=backend, query_lengths=lengths, ref_lengths=lengths)
-    assert torch.equal(blocks.idx, with_grad.idx)
-    assert torch.equal(blocks.dists, with_grad.dists.detach())
-    assert bool(torch.isinf(blocks.dists[1, :3, 3:]).all()) and bool(torch.isfinite(blocks.dists[0]).all())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_feature_distances_with_a_gradient_equal_those_without(gen, dtype):
     """In D != 3 a call without a gradient returns the search's own distances (float64 direct

@@ -149,26 +149,8 @@ def _neighbour_distances(flat: _layout.Flat, found: torch.Tensor, idx: torch.Ten
 
 def _recomputed_distances(flat: _layout.Flat, idx: torch.Tensor, dtype, valid: torch.Tensor) -> torch.Tensor:
     """Distances (P, k) to the flat ref's rows ``idx`` (>= 0), recomputed in torch: differentiable
-    (0 where not ``valid``: see :func:`_distances`). With nothing to differentiate, the neighbours
-    of at most :data:`_GATHERED` entries of rows at a time are gathered into one block kept for
-    the call (the same operations row for row: the same values; no block of P k D entries made,
-    page by page, for every call). Traced by ``torch.compile``, one block."""
-    query, ref = flat.query.to(dtype), flat.ref.to(dtype)
-    rows = max(1, _GATHERED // max(idx.shape[-1] * ref.shape[-1], 1))
-    if torch.compiler.is_compiling() or _threads.differentiable(query, ref) or idx.shape[0] <= rows:  # (compiled: Inductor fuses)
-        return _distances(query, _layout.select_rows(ref, idx), valid)
-    out = query.new_empty(idx.shape)
-    block = ref.new_empty((rows * idx.shape[-1], ref.shape[-1]))
-    for s in range(0, idx.shape[0], rows):
-        part = idx[s : s + rows]
-        gathered = torch.index_select(ref, 0, part.reshape(-1), out=block[: part.numel()]).view(*part.shape, ref.shape[-1])
-        out[s : s + rows] = _distances(query[s : s + rows], gathered, valid[s : s + rows])
-    return out
-
-
-# The most gathered neighbour entries (rows of k neighbours of D coordinates each) a recomputation
-# without a gradient holds at a time (docs/benchmarks.md, design choices)
-_GATHERED = 1 << 18
+    (0 where not ``valid``: see :func:`_distances`)."""
+    return _distances(flat.query.to(dtype), _layout.select_rows(flat.ref.to(dtype), idx), valid)
 
 
 def _distances(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
