@@ -129,8 +129,11 @@ def _search_features(query, ref, k, query_group, ref_group):
     (float64 direct differences rounded once), with the derivatives of its own formula.
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
-    q_block, q_rows = _pad_groups(query.double(), query_group, groups)
-    r_block, r_rows = _pad_groups(ref.double(), ref_group, groups)
+    # the blocks in the points' dtype (the CPU's ranking measures from them: float32 values are
+    # exact in float64, the same differences, half the memory read) and in float64
+    q_points, q_rows = _pad_groups(query, query_group, groups)
+    r_points, r_rows = _pad_groups(ref, ref_group, groups)
+    q_block, r_block = q_points.double(), r_points.double()
     width = min(r_block.shape[1], k + _CANDIDATES)
     take = min(k, width)
     cpu = query.device.type == "cpu" and RANK_IN_WARP[0] and width <= _features.MAX_WIDTH
@@ -144,19 +147,15 @@ def _search_features(query, ref, k, query_group, ref_group):
     r_reach = norms.masked_fill(~r_valid, 0).amax(-1).double().sqrt()[:, None]  # max |p - c| per group
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
-    # a chunk's products (and the CPU's candidate buffers, two arrays of 2 MAX_WIDTH a query; elsewhere Gram values
-    # and candidates' points) hold about _ENTRIES entries
+    # a chunk's (G, S, R) products (and the CPU's candidate buffers, two arrays of 2 MAX_WIDTH a
+    # query; elsewhere Gram values and candidates' points) hold about _ENTRIES entries, on scratch
+    # kept across the chunks
     per_row = max(r_block.shape[1], 4 * _features.MAX_WIDTH) if cpu else max(r_block.shape[1], width * r_block.shape[2])
     chunk = max(1, _ENTRIES // max(groups * per_row, 1))
-    # the chunks' (G, S, R) products (and elsewhere Gram values and candidates' points), on
-    # scratch kept across the chunks
     rows_at_most = groups * min(chunk, q_block.shape[1])
     scratch = [rc.new_empty(rows_at_most * r_block.shape[1])]
     if not cpu:
         scratch += [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * width * r_block.shape[2])]
-    # the CPU's candidates measured from the points in their own dtype (float32 values are exact
-    # in float64: the same differences, half the memory read)
-    q_points, r_points = (q_block.to(query.dtype), r_block.to(query.dtype)) if cpu else (None, None)
     buffers = []  # (the CPU's candidate buffers, kept across the chunks)
     for s in range(0, q_block.shape[1], chunk):
         qc = (q_block[:, s : s + chunk] - centre).to(gram)
