@@ -72,45 +72,36 @@ def test_ties_beyond_the_candidates_still_go_to_the_smaller_index(gen, dtype):
         torch.testing.assert_close(idx[rows], rows[brute_force(lattice[rows], lattice[rows], 12)[1]], rtol=0, atol=0)
 
 
+# (dtype, the far cluster's distance from the centre, the step between the forty squared
+# distances, the queries' spread, a scale of everything)
+_NEAR_TIES = {
+    # float64 Gram form: steps of 1e-10, 1e5 away, where it rounds by about 1e-9
+    "float64": (F64, 1e5, 1e-10, 1e-7, 1.0),
+    # the float32 Gram form of float32 points (the CPU's): steps of 1e-4, 100 away, rounding by about 1e-3
+    "float32": (torch.float32, 100.0, 1e-4, 1e-5, 1.0),
+    # the same scaled by 1e-22: squares subnormal in float32, which the guard on the samples' spread leaves to float64
+    "float32 tiny": (torch.float32, 100.0, 1e-4, 1e-5, 1e-22),
+}
+
+
+@pytest.mark.parametrize("case", list(_NEAR_TIES))
 @pytest.mark.parametrize("dim", [4, 8])
-def test_near_ties_beyond_the_gram_forms_rounding_go_by_their_direct_distances(dim):
-    # forty points whose squared distances to the queries differ by about 1e-10, 1e5 away from
-    # the centre of the points (a second cluster at the origin): the Gram form's rounding (about
-    # 1e-9 there) scrambles their order, so its k + 8 candidates may miss the nearest; the
-    # rounding bound sends those queries to the direct search (a bound of 0 fails this)
+def test_near_ties_beyond_the_gram_forms_rounding_go_by_their_direct_distances(dim, case):
+    # forty points whose squared distances to the queries differ by less than the Gram form
+    # rounds there, far from the centre of the points (a second cluster at the origin): the
+    # rounding scrambles their order, so its k + 8 candidates may miss the nearest; the rounding
+    # bound sends those queries to the direct search (a bound of 0 fails this)
+    dtype, far, step, spread, scale = _NEAR_TIES[case]
     wrong = []
     for seed in range(5):
         g = torch.Generator().manual_seed(seed)
         dirs = torch.randn(40, dim, generator=g, dtype=F64)
         centre = torch.zeros(dim, dtype=F64)
-        centre[0] = 1e5
-        radii = (1 + 1e-10 * torch.randperm(40, generator=g).double()).sqrt()
+        centre[0] = far
+        radii = (1 + step * torch.randperm(40, generator=g).double()).sqrt()
         p = torch.cat([centre + dirs / dirs.norm(dim=1, keepdim=True) * radii[:, None], torch.randn(40, dim, generator=g, dtype=F64)])
-        q = centre + 1e-7 * torch.randn(20, dim, generator=g, dtype=F64)
-        for k in (1, 2):
-            idx = pcops.knn(q, p, k).idx
-            wrong.append(int((idx != brute_force(q, p, k)[1]).any(1).sum()))
-    assert wrong == [0] * 10
-
-
-@pytest.mark.parametrize("scale", [1.0, 1e-22])
-@pytest.mark.parametrize("dim", [4, 8])
-def test_near_ties_beyond_the_float32_gram_forms_rounding_go_by_their_direct_distances(dim, scale):
-    # the float32 Gram form of float32 points (the CPU's): forty points whose squared distances
-    # to the queries differ by about 1e-4, 100 away from the centre of the points (a second
-    # cluster at the origin), where that form rounds by about 1e-3: its bound must send those
-    # queries to the direct search (a bound of 0 fails this); scaled by 1e-22 (squares subnormal
-    # in float32, which the guard on the samples' spread leaves to float64) as exact
-    wrong = []
-    for seed in range(5):
-        g = torch.Generator().manual_seed(seed)
-        dirs = torch.randn(40, dim, generator=g, dtype=F64)
-        centre = torch.zeros(dim, dtype=F64)
-        centre[0] = 100
-        radii = (1 + 1e-4 * torch.randperm(40, generator=g).double()).sqrt()
-        p = torch.cat([centre + dirs / dirs.norm(dim=1, keepdim=True) * radii[:, None], torch.randn(40, dim, generator=g, dtype=F64)])
-        p = (p * scale).float()
-        q = ((centre + 1e-5 * torch.randn(20, dim, generator=g, dtype=F64)) * scale).float()
+        q = centre + spread * torch.randn(20, dim, generator=g, dtype=F64)
+        p, q = (p * scale).to(dtype), (q * scale).to(dtype)
         for k in (1, 2):
             idx = pcops.knn(q, p, k).idx
             wrong.append(int((idx != brute_force(q, p, k)[1]).any(1).sum()))
