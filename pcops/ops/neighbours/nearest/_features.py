@@ -27,6 +27,7 @@ from .... import _warp
 _LAST_ROW = 2**62  # the row an empty candidate sorts by (after every row of ref)
 MAX_WIDTH = 64  # candidates a query at most (k + 8; more: the torch form)
 _SAMPLES = 64  # values of a row at most in the sample that sets its first threshold
+_VEC4 = {torch.float32: wp.vec4f, torch.float64: wp.vec4d}
 
 
 @_warp.kernels
@@ -37,13 +38,18 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
     then every value below the threshold joins the buffer; a full buffer is cut back to its
     width smallest, lowering the threshold; at the end the buffer's width smallest are the
     candidates. A sample's threshold that lets fewer than width values through is dropped and
-    the row scanned again without one. (A heap sifts for every value that joins it, about width
-    ln(n / width) times a row, each a mispredicted branch or more: several times slower.)"""
+    the row scanned again without one. Where a fair share of the row passes (n < 16 width:
+    about one value in 8 or more), every value is stored and kept or overwritten by the count,
+    with no branch on it (a branch there mispredicts often). (A heap sifts for every value that
+    joins it, about width ln(n / width) times a row, each a mispredicted branch or more: several
+    times slower.) The points come as rows of 4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D /
+    4)), their differences and squares taken a 4-vector at a time."""
     s, pt = _warp.scalar(dtype), _warp.scalar(point_dtype)
     f64 = wp.float64
     capacity = 2 * MAX_WIDTH
     ranked = wp.types.vector(length=MAX_WIDTH, dtype=f64)
     ranked_ids = wp.types.vector(length=MAX_WIDTH, dtype=wp.int64)
+    v4, p4 = wp.vec4d, wp.types.vector(length=4, dtype=pt)
 
     @wp.func(module="unique")
     def nth(keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), t: int, count: int, target: int):
@@ -94,7 +100,7 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
 
     @wp.kernel(enable_backward=False, module="unique")
     def rank(start: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
-             q: wp.array3d(dtype=pt), r: wp.array3d(dtype=pt), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
+             q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
              keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
              cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
         t = wp.tid() + start
@@ -112,17 +118,28 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             j = int(0)
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                if x == x:
-                    keys[t, count] = x
-                    count += 1
+                keys[t, count] = x
+                count += int(x == x)
                 j += step
             if m < count:
                 top = nth(keys, slots, t, count, m - 1)
         count = int(0)
-        nan = bool(False)
+        nans = int(0)
+        dense = n < 16 * width
         scan = bool(True)
         while scan:
             j = int(0)
+            if dense:  # many values pass: every value stored, kept by the count (no branch on it)
+                while j < n:
+                    x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
+                    keys[t, count] = x
+                    slots[t, count] = j
+                    count += int(x < top)
+                    nans += int(x != x)
+                    if count == capacity:  # full: keep the width smallest
+                        top = nth(keys, slots, t, count, width - 1)
+                        count = width
+                    j += 1
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
                 if x < top:
@@ -133,13 +150,13 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                         top = nth(keys, slots, t, count, width - 1)
                         count = width
                 elif x != x:
-                    nan = True
+                    nans += 1
                 j += 1
             scan = count < width and top < s(wp.inf)
             if scan:  # the sample's threshold let too few through: again without it
                 top = s(wp.inf)
                 count = 0
-                nan = False
+                nans = 0
         if count > width:
             top = nth(keys, slots, t, count, width - 1)
             count = width
@@ -147,7 +164,7 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             top = keys[t, 0]
             for e in range(1, width):
                 top = wp.max(top, keys[t, e])
-        if nan:
+        if nans > 0:
             top = s(wp.nan)
         last[g, i] = top
         dist = ranked()
@@ -158,24 +175,14 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             row = none
             if e < count:
                 jj = int(slots[t, e])
-                # four sums (dimensions c mod 4), added in one order: equal points, equal distances
-                a0, a1, a2, a3 = f64(0.0), f64(0.0), f64(0.0), f64(0.0)
+                # four sums (dimensions c mod 4: the vectors' lanes), added in one order: equal points, equal distances
+                sums = v4()
                 c = int(0)
-                while c + 3 < dims:
-                    d0 = f64(q[g, i, c]) - f64(r[g, jj, c])
-                    d1 = f64(q[g, i, c + 1]) - f64(r[g, jj, c + 1])
-                    d2 = f64(q[g, i, c + 2]) - f64(r[g, jj, c + 2])
-                    d3 = f64(q[g, i, c + 3]) - f64(r[g, jj, c + 3])
-                    a0 = a0 + d0 * d0
-                    a1 = a1 + d1 * d1
-                    a2 = a2 + d2 * d2
-                    a3 = a3 + d3 * d3
-                    c += 4
                 while c < dims:
-                    d0 = f64(q[g, i, c]) - f64(r[g, jj, c])
-                    a0 = a0 + d0 * d0
+                    diff = v4(q[g, i, c]) - v4(r[g, jj, c])
+                    sums = sums + wp.cw_mul(diff, diff)
                     c += 1
-                acc = (a0 + a1) + (a2 + a3)
+                acc = (sums[0] + sums[1]) + (sums[2] + sums[3])
                 if acc == acc:  # (NaN: never a neighbour; an empty slot's Gram value is inf, never kept)
                     d = acc
                 row = r_rows[g, jj]
@@ -211,6 +218,9 @@ def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torc
     if not buffers:
         buffers += [products.new_empty((g * rows, 2 * MAX_WIDTH)), torch.empty((g * rows, 2 * MAX_WIDTH), dtype=torch.int32)]
     keys, slots = buffers[0][: g * rows], buffers[1][: g * rows]
+    dims = q.shape[2]
+    # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums)
+    q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x).view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
     args = [rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
-    _warp.launch(_kernel(products.dtype, q.dtype), g * rows, args, like=products, min_chunk=16, work=g * rows * (n + width * q.shape[2]))
+    _warp.launch(_kernel(products.dtype, q.tensor.dtype), g * rows, args, like=products, min_chunk=16, work=g * rows * (n + width * dims))
     return values, cand, last

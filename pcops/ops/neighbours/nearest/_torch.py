@@ -60,10 +60,13 @@ _GRAM_ROUNDING = {dtype: 16 * torch.finfo(dtype).eps for dtype in (torch.float32
 RANK_IN_WARP = [True]
 
 
-def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Points sorted into a (groups, S, D) block, S the largest group, and each slot's row (-1: empty)."""
-    if group is None:
-        return points[None], torch.arange(points.shape[0], device=points.device)[None]
+def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Points sorted into a (groups, S, D) block, S the largest group, each slot's row (-1:
+    empty), and whether the block is the points themselves (groups of one size, in order: a
+    padded batch's rows, a view, each slot's row its position)."""
+    p = points.shape[0]
+    if group is None or (p and p % groups == 0 and bool((group.view(groups, -1) == torch.arange(groups, device=group.device)[:, None]).all())):
+        return points.reshape(groups, -1, points.shape[1]), torch.arange(p, device=points.device).view(groups, -1), True
     group = group.long()
     order = group.argsort(stable=True)
     counts = torch.bincount(group, minlength=groups)
@@ -74,7 +77,7 @@ def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -
     rows[group[order], slot] = order
     block = points.new_zeros((groups, size, points.shape[1]))
     block[group[order], slot] = points[order]
-    return block, rows
+    return block, rows, False
 
 
 def _direct(q: torch.Tensor, r: torch.Tensor, slots: torch.Tensor, gram: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
@@ -131,9 +134,11 @@ def _search_features(query, ref, k, query_group, ref_group):
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
     # the blocks in the points' dtype (the CPU's ranking measures from them: float32 values are
     # exact in float64, the same differences, half the memory read) and in float64
-    q_points, q_rows = _pad_groups(query, query_group, groups)
-    r_points, r_rows = _pad_groups(ref, ref_group, groups)
-    q_block, r_block = q_points.double(), r_points.double()
+    same = ref is query and ref_group is query_group  # (knn(x, x): one block, its centred points the queries' too)
+    q_points, q_rows, in_order = _pad_groups(query, query_group, groups)
+    r_points, r_rows, _ = (q_points, q_rows, in_order) if same else _pad_groups(ref, ref_group, groups)
+    q_block = q_points.double()
+    r_block = q_block if same else r_points.double()
     width = min(r_block.shape[1], k + _CANDIDATES)
     take = min(k, width)
     cpu = query.device.type == "cpu" and RANK_IN_WARP[0] and width <= _features.MAX_WIDTH
@@ -158,10 +163,10 @@ def _search_features(query, ref, k, query_group, ref_group):
         scratch += [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * width * r_block.shape[2])]
     buffers = []  # (the CPU's candidate buffers, kept across the chunks)
     for s in range(0, q_block.shape[1], chunk):
-        qc = (q_block[:, s : s + chunk] - centre).to(gram)
+        qc = rc[:, s : s + chunk] if same else (q_block[:, s : s + chunk] - centre).to(gram)
         shape = (groups, qc.shape[1], r_block.shape[1])
         products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape))
-        q_sq = qc.square().sum(-1)
+        q_sq = norms[:, s : s + chunk] if same else qc.square().sum(-1)
         if cpu:
             values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take,
                                                 buffers)
@@ -175,6 +180,10 @@ def _search_features(query, ref, k, query_group, ref_group):
             if bool(doubt.any()):
                 _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
         best = torch.where(torch.isinf(values), -1, cand)
+        if in_order:  # (the block's slots are the queries' rows)
+            dists.view(groups, -1, k)[:, s : s + chunk, :take] = values.clamp_min(0).sqrt()
+            idx.view(groups, -1, k)[:, s : s + chunk, :take] = best
+            continue
         rows = q_rows[:, s : s + chunk]
         keep = rows >= 0
         dists[rows[keep], :take] = values[keep].clamp_min(0).sqrt().to(query.dtype)
