@@ -37,7 +37,7 @@ def _check(x: torch.Tensor, idx: torch.Tensor) -> None:
 
 
 def run(quick: bool = False) -> list[dict]:
-    shapes = [(2, 256, 32)] if quick else [(16, 1024, 32), (16, 1024, 64), (32, 256, 64)]
+    shapes = [(2, 256, 32)] if quick else [(16, 1024, 32), (16, 1024, 64), (32, 256, 32), (32, 256, 64)]
     timer = dict(repeats=3 if quick else 7, budget_s=2.0 if quick else 20.0)
     rows = []
     for b, n, dim in shapes:

@@ -310,6 +310,23 @@ def test_float32_points_beyond_float32_squares_are_found_in_d_dimensions():
         assert out.dists.detach().tolist() == [[0.0, far], [0.0, far]]
 
 
+def test_float32_points_far_on_one_side_of_their_centre_are_searched_in_float64(gen):
+    """The float32 Gram form needs every centred coordinate within 2^50 on both sides: one point
+    of 32,768 far below the others (its centred coordinate past float32's squares, the others'
+    within 2^50 above the centre), and a query far from points that are not; float64 brute
+    force's neighbours and distances."""
+    n, far = 32768, 0.9 * 2.0**50 * 32768
+    ref = torch.randn(n, 4, generator=gen)
+    ref[0, 0] = -far
+    queries = torch.cat([ref[:1] + 1.0, torch.randn(5, 4, generator=gen)])
+    lone = torch.cat([torch.tensor([[-far, 0.0, 0.0, 0.0]]), torch.randn(3, 4, generator=gen)])
+    for q, p in ((queries, ref), (lone, torch.randn(40, 4, generator=gen))):
+        out = pcops.knn(q, p, 3)
+        ref_d, ref_idx = brute_force(q, p, 3)
+        assert torch.equal(out.idx, ref_idx)
+        torch.testing.assert_close(out.dists.double(), ref_d, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_features_are_searched_in_float32(gen, dtype):
     """float16 / bfloat16 points are searched in float32 (the CPU's Warp ranking): float64 brute

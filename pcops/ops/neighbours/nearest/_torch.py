@@ -133,52 +133,55 @@ def _search_features(query, ref, k, query_group, ref_group):
     """
     groups = 1 if query_group is None else int(max(query_group.max(), ref_group.max())) + 1 if query.shape[0] else 1
     # the blocks in the points' dtype (the CPU's ranking measures from them: float32 values are
-    # exact in float64, the same differences, half the memory read) and in float64
+    # exact in float64, the same differences, half the memory read); in float64 only where the
+    # torch form or a query searched again takes them
     same = ref is query and ref_group is query_group  # (knn(x, x): one block, its centred points the queries' too)
     q_points, q_rows, in_order = _pad_groups(query, query_group, groups)
-    r_points, r_rows, _ = (q_points, q_rows, in_order) if same else _pad_groups(ref, ref_group, groups)
-    q_block = q_points.double()
-    r_block = q_block if same else r_points.double()
-    width = min(r_block.shape[1], k + _CANDIDATES)
+    r_points, r_rows, r_in_order = (q_points, q_rows, in_order) if same else _pad_groups(ref, ref_group, groups)
+    width = min(r_points.shape[1], k + _CANDIDATES)
     take = min(k, width)
     cpu = query.device.type == "cpu" and RANK_IN_WARP[0] and width <= _features.MAX_WIDTH
     r_valid = r_rows >= 0
-    centre = (r_block.sum(1) / r_valid.sum(1).clamp_min(1)[:, None])[:, None, :]
-    rc = r_block - centre
-    gram = _gram_dtype(query.dtype, cpu, q_block, centre, rc, r_valid)
+    # centred in float64 (the points' dtype promotes: float32 values' differences exact there)
+    centre = (r_points.sum(1, dtype=torch.float64) / r_valid.sum(1).clamp_min(1)[:, None])[:, None, :]
+    rc = r_points - centre
+    gram = _gram_dtype(query.dtype, cpu, None if same else q_points, centre, rc, r_valid, r_in_order)
     rc = rc.to(gram)
     norms = rc.square().sum(-1)
     r_sq = norms.masked_fill(~r_valid, float("inf"))[:, None, :]  # empty slots: never found
     r_reach = norms.masked_fill(~r_valid, 0).amax(-1).double().sqrt()[:, None]  # max |p - c| per group
+    r_block = None if cpu else r_points.double()  # (the points in float64: the torch form, and the rows searched again)
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
     # a chunk's (G, S, R) products (and the CPU's candidate buffers, two arrays of 2 MAX_WIDTH a
     # query; elsewhere Gram values and candidates' points) hold about _ENTRIES entries, on scratch
     # kept across the chunks
-    per_row = max(r_block.shape[1], 4 * _features.MAX_WIDTH) if cpu else max(r_block.shape[1], width * r_block.shape[2])
+    n, dims = r_points.shape[1:]
+    per_row = max(n, 4 * _features.MAX_WIDTH) if cpu else max(n, width * dims)
     chunk = max(1, _ENTRIES // max(groups * per_row, 1))
-    rows_at_most = groups * min(chunk, q_block.shape[1])
-    scratch = [rc.new_empty(rows_at_most * r_block.shape[1])]
+    rows_at_most = groups * min(chunk, q_points.shape[1])
+    scratch = [rc.new_empty(rows_at_most * n)]
     if not cpu:
-        scratch += [r_block.new_empty(rows_at_most * r_block.shape[1]), r_block.new_empty(rows_at_most * width * r_block.shape[2])]
+        scratch += [r_block.new_empty(rows_at_most * n), r_block.new_empty(rows_at_most * width * dims)]
     buffers = []  # (the CPU's candidate buffers, kept across the chunks)
-    for s in range(0, q_block.shape[1], chunk):
-        qc = rc[:, s : s + chunk] if same else (q_block[:, s : s + chunk] - centre).to(gram)
-        shape = (groups, qc.shape[1], r_block.shape[1])
+    for s in range(0, q_points.shape[1], chunk):
+        qc = rc[:, s : s + chunk] if same else (q_points[:, s : s + chunk] - centre).to(gram)
+        shape = (groups, qc.shape[1], n)
         products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape))
         q_sq = norms[:, s : s + chunk] if same else qc.square().sum(-1)
         if cpu:
             values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take,
                                                 buffers)
         else:
-            values, cand, last = _candidates(products.mul_(2), q_sq, r_sq, q_block[:, s : s + chunk], r_block, r_rows, width, take,
+            values, cand, last = _candidates(products.mul_(2), q_sq, r_sq, q_points[:, s : s + chunk].double(), r_block, r_rows, width, take,
                                              ref.shape[0], scratch[1:])
-        if width < r_block.shape[1]:  # points left out: could one tie or beat the k-th?
+        if width < n:  # points left out: could one tie or beat the k-th?
             reach = q_sq.double().sqrt() + r_reach  # |q - c| + max |p - c|
             clear = last.double() - _GRAM_ROUNDING[gram] * (query.shape[1] + 3) * reach.square() > values[..., -1]
             doubt = ~(clear | (last == float("inf")))  # (NaN: doubt; inf: no point left out is finite, a sample of fewer than k)
             if bool(doubt.any()):
-                _exact_rows(q_block[:, s : s + chunk], r_block, r_rows, doubt, values, cand)
+                r_block = r_points.double() if r_block is None else r_block
+                _exact_rows(q_points[:, s : s + chunk].double(), r_block, r_rows, doubt, values, cand)
         best = torch.where(torch.isinf(values), -1, cand)
         if in_order:  # (the block's slots are the queries' rows)
             dists.view(groups, -1, k)[:, s : s + chunk, :take] = values.clamp_min(0).sqrt()
@@ -203,18 +206,26 @@ def _candidates(products, q_sq, r_sq, q, r, r_rows, width: int, take: int, n_ref
     return values[..., :take], cand.gather(2, order2)[..., :take], last
 
 
-def _gram_dtype(dtype: torch.dtype, cpu: bool, q_block: torch.Tensor, centre: torch.Tensor, rc: torch.Tensor, r_valid: torch.Tensor) -> torch.dtype:
+def _gram_dtype(dtype: torch.dtype, cpu: bool, q_points: torch.Tensor | None, centre: torch.Tensor, rc: torch.Tensor, r_valid: torch.Tensor,
+                full: bool) -> torch.dtype:
     """The Gram form's dtype: float32 for float32 points on the CPU whose centred coordinates
-    (the float64 blocks of queries ``q_block`` (G, S, D) less ``centre`` (G, 1, D), and ``rc``
-    (G, R, D) of the points, ``r_valid`` (G, R) their slots) are finite, at most 2^50 in size (no
-    square or sum overflows float32) and spread by at least 2^-30 in every sample with points
-    (its largest centred coordinate: then every query's rounding bound, at least eps times that
-    squared, is far above what underflow of the smaller values can add); float64 otherwise. The
-    bound (:data:`_GRAM_ROUNDING`) scales with the dtype's eps: float32 has more queries searched
+    (the blocks of queries ``q_points`` (G, S, D) less ``centre`` (G, 1, D), None where the
+    queries are the points; and ``rc`` (G, R, D), float64, of the points, ``r_valid`` (G, R)
+    their slots, every one where ``full``) are finite, at most 2^50 in size (no square or sum
+    overflows float32) and spread by at least 2^-30 in every sample with points (its largest
+    centred coordinate: then every query's rounding bound, at least eps times that squared, is
+    far above what underflow of the smaller values can add); float64 otherwise. The bound
+    (:data:`_GRAM_ROUNDING`) scales with the dtype's eps: float32 has more queries searched
     again, but no other result. One host read."""
-    if not cpu or dtype != torch.float32 or not bool(r_valid.any()):
+    if not cpu or dtype != torch.float32 or not (full and rc.shape[1] > 0 or bool(r_valid.any())):
         return torch.float64
-    spread = rc.abs().masked_fill(~r_valid[..., None], 0).amax((1, 2))[r_valid.any(1)]  # (each sample's largest)
-    queries = torch.maximum(q_block.amax(1) - centre[:, 0], centre[:, 0] - q_block.amin(1)).amax() if q_block.numel() else spread[0]
+    if full:  # (each sample's largest |centred coordinate|)
+        spread = torch.maximum(rc.amax((1, 2)), rc.amin((1, 2)).neg())
+    else:
+        spread = rc.abs().masked_fill(~r_valid[..., None], 0).amax((1, 2))[r_valid.any(1)]
+    if q_points is None or not q_points.numel():
+        queries = spread[0]
+    else:
+        queries = torch.maximum(q_points.amax(1).double() - centre[:, 0], centre[:, 0] - q_points.amin(1).double()).amax()
     largest, smallest = torch.stack([torch.maximum(queries, spread.amax()), spread.amin()]).tolist()
     return torch.float32 if largest <= 2.0**50 and smallest >= 2.0**-30 else torch.float64  # (NaN, inf: float64)
