@@ -184,10 +184,11 @@ def test_feature_search_in_many_chunks_equals_one_chunk(gen, dtype, monkeypatch)
         assert torch.equal(chunked.idx[rows], rows[brute_force(x[rows], x[rows], 9)[1]])
 
 
-def test_rank_keeps_the_width_smallest_gram_values(gen):
+def test_rank_keeps_the_width_smallest_gram_values(gen, monkeypatch):
     """The kernel's candidates are the rows of the width smallest values of its row (each value
     here the Gram formula's with |q|^2 = |p|^2 = 0), whatever the row's length and the ties, and
-    ``last`` is the width-th smallest (inf where the row has fewer finite values)."""
+    ``last`` is the width-th smallest (inf where the row has fewer finite values); the queries
+    split into 1 to 7 ranges, one buffer each."""
     from pcops.ops.neighbours.nearest import _features
 
     for trial in range(120):
@@ -202,7 +203,9 @@ def test_rank_keeps_the_width_smallest_gram_values(gen):
         zeros = torch.zeros(2, 3, dtype=F64), torch.zeros(2, n, dtype=F64)
         rows = torch.arange(n).expand(2, n).contiguous()
         points = torch.zeros(2, 3, 1, dtype=F64), values.new_zeros(2, n, 1)  # every distance 0: ties by row
-        dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width, [])
+        with monkeypatch.context() as m:  # the queries in 1 to 7 ranges, each through one buffer
+            m.setattr(_features._threads, "requested", lambda: 1 + trial % 7)
+            dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width)
         smallest = values.sort(-1).values
         assert torch.equal(last, smallest[..., width - 1]), trial
         finite = cand >= 0

@@ -22,7 +22,7 @@ store to them are read one statement each.)
 import torch
 import warp as wp
 
-from .... import _warp
+from .... import _threads, _warp
 
 _LAST_ROW = 2**62  # the row an empty candidate sorts by (after every row of ref)
 MAX_WIDTH = 64  # candidates a query at most (k + 8; more: the torch form)
@@ -32,8 +32,9 @@ _VEC4 = {torch.float32: wp.vec4f, torch.float64: wp.vec4d}
 
 @_warp.kernels
 def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
-    """Thread t: row t % rows of group t // rows (see the module docs). The candidates go through
-    a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its values every
+    """Thread ``lane``: the lane-th of ``lanes`` ranges of the chunk's queries, through row
+    ``lane`` of the buffers; query t: row t % rows of group t // rows (see the module docs). The
+    candidates go through a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its values every
     ceil(n / _SAMPLES) columns; the one whose rank there puts about 2 width of the row below it),
     then every value below the threshold joins the buffer; a full buffer is cut back to its
     width smallest, lowering the threshold; at the end the buffer's width smallest are the
@@ -98,12 +99,12 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                 lo = hi
         return keys[t, target]
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def rank(start: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
-             q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
-             keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
-             cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
-        t = wp.tid() + start
+    @wp.func(module="unique")
+    def one(t: int, lane: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
+            q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
+            keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
+            cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
+        """Query row t (of the chunk's G S), with the buffers' row ``lane``."""
         g = t // rows
         i = t - g * rows
         n = products.shape[2]
@@ -118,11 +119,11 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             j = int(0)
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                keys[t, count] = x
+                keys[lane, count] = x
                 count += int(x == x)
                 j += step
             if m < count:
-                top = nth(keys, slots, t, count, m - 1)
+                top = nth(keys, slots, lane, count, m - 1)
         count = int(0)
         nans = int(0)
         dense = n < 16 * width
@@ -132,22 +133,22 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             if dense:  # many values pass: every value stored, kept by the count (no branch on it)
                 while j < n:
                     x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                    keys[t, count] = x
-                    slots[t, count] = j
+                    keys[lane, count] = x
+                    slots[lane, count] = j
                     count += int(x < top)
                     nans += int(x != x)
                     if count == capacity:  # full: keep the width smallest
-                        top = nth(keys, slots, t, count, width - 1)
+                        top = nth(keys, slots, lane, count, width - 1)
                         count = width
                     j += 1
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
                 if x < top:
-                    keys[t, count] = x
-                    slots[t, count] = j
+                    keys[lane, count] = x
+                    slots[lane, count] = j
                     count += 1
                     if count == capacity:  # full: keep the width smallest
-                        top = nth(keys, slots, t, count, width - 1)
+                        top = nth(keys, slots, lane, count, width - 1)
                         count = width
                 elif x != x:
                     nans += 1
@@ -158,12 +159,12 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                 count = 0
                 nans = 0
         if count > width:
-            top = nth(keys, slots, t, count, width - 1)
+            top = nth(keys, slots, lane, count, width - 1)
             count = width
         elif count == width:
-            top = keys[t, 0]
+            top = keys[lane, 0]
             for e in range(1, width):
-                top = wp.max(top, keys[t, e])
+                top = wp.max(top, keys[lane, e])
         if nans > 0:
             top = s(wp.nan)
         last[g, i] = top
@@ -174,7 +175,7 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             d = f64(wp.inf)
             row = none
             if e < count:
-                jj = int(slots[t, e])
+                jj = int(slots[lane, e])
                 # four sums (dimensions c mod 4: the vectors' lanes), added in one order: equal points, equal distances
                 sums = v4()
                 c = int(0)
@@ -199,28 +200,40 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             values[g, i, e] = dist[e]
             cand[g, i, e] = wp.where(dist[e] < f64(wp.inf), ids[e], wp.int64(-1))
 
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def rank(start: int, lanes: int, total: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s),
+             r_sq: wp.array2d(dtype=s), q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64),
+             none: wp.int64, keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
+             cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
+        lane = wp.tid() + start
+        t = total * lane // lanes
+        end = total * (lane + 1) // lanes
+        while t < end:
+            one(t, lane, rows, width, products, q_sq, r_sq, q, r, r_rows, none, keys, slots, values, cand, last)
+            t += 1
+
     return rank
 
 
 def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torch.Tensor, r: torch.Tensor, r_rows: torch.Tensor,
-         width: int, take: int, buffers: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         width: int, take: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values (G, S, take) float64, cand (G, S, take) int64, last (G, S)) of a chunk's queries
     (see the module docs): ``products`` (G, S, R) and the squared norms ``q_sq`` (G, S) and
     ``r_sq`` (G, R) (inf for empty slots) of the centred points, in the Gram form's dtype; ``q``
     (G, S, D) and ``r`` (G, R, D) the points (float32 or float64, one dtype; their differences
     taken in float64), ``r_rows`` (G, R) their rows in ref (-1: empty); width at most
-    :data:`MAX_WIDTH`. ``buffers``: the queries' candidate buffers, a list kept across a call's
-    chunks (made by the first, whose chunk is the largest)."""
+    :data:`MAX_WIDTH`. The queries run in a range per torch thread, each range's candidates
+    through one buffer (a few kilobytes a call, not a buffer a query)."""
     g, rows, n = products.shape
     values = torch.empty((g, rows, take), dtype=torch.float64)
     cand = torch.empty((g, rows, take), dtype=torch.int64)
     last = products.new_empty((g, rows))
-    if not buffers:
-        buffers += [products.new_empty((g * rows, 2 * MAX_WIDTH)), torch.empty((g * rows, 2 * MAX_WIDTH), dtype=torch.int32)]
-    keys, slots = buffers[0][: g * rows], buffers[1][: g * rows]
+    lanes = min(g * rows, _threads.requested())
+    keys, slots = products.new_empty((lanes, 2 * MAX_WIDTH)), torch.empty((lanes, 2 * MAX_WIDTH), dtype=torch.int32)
     dims = q.shape[2]
     # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums)
     q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x).view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
-    args = [rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
-    _warp.launch(_kernel(products.dtype, q.tensor.dtype), g * rows, args, like=products, min_chunk=16, work=g * rows * (n + width * dims))
+    args = [lanes, g * rows, rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
+    _warp.launch(_kernel(products.dtype, q.tensor.dtype), lanes, args, like=products, min_chunk=1, work=g * rows * (n + width * dims))
     return values, cand, last

@@ -153,9 +153,9 @@ def _search_features(query, ref, k, query_group, ref_group):
     r_block = None if cpu else r_points.double()  # (the points in float64: the torch form, and the rows searched again)
     dists = torch.full((query.shape[0], k), float("inf"), dtype=query.dtype, device=query.device)
     idx = torch.full((query.shape[0], k), -1, dtype=torch.int64, device=query.device)
-    # a chunk's (G, S, R) products (and the CPU's candidate buffers, two arrays of 2 MAX_WIDTH a
-    # query; elsewhere Gram values and candidates' points) hold about _ENTRIES entries, on scratch
-    # kept across the chunks
+    # a chunk's (G, S, R) products (elsewhere also Gram values and candidates' points) hold about
+    # _ENTRIES entries, on scratch kept across the chunks; on the CPU a row counts as 4 MAX_WIDTH
+    # entries at least (its results: a search of many queries in few points)
     n, dims = r_points.shape[1:]
     per_row = max(n, 4 * _features.MAX_WIDTH) if cpu else max(n, width * dims)
     chunk = max(1, _ENTRIES // max(groups * per_row, 1))
@@ -163,15 +163,13 @@ def _search_features(query, ref, k, query_group, ref_group):
     scratch = [rc.new_empty(rows_at_most * n)]
     if not cpu:
         scratch += [r_block.new_empty(rows_at_most * n), r_block.new_empty(rows_at_most * width * dims)]
-    buffers = []  # (the CPU's candidate buffers, kept across the chunks)
     for s in range(0, q_points.shape[1], chunk):
         qc = rc[:, s : s + chunk] if same else (q_points[:, s : s + chunk] - centre).to(gram)
         shape = (groups, qc.shape[1], n)
         products = torch.bmm(qc, rc.transpose(1, 2), out=_view(scratch[0], shape))
         q_sq = norms[:, s : s + chunk] if same else qc.square().sum(-1)
         if cpu:
-            values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take,
-                                                buffers)
+            values, cand, last = _features.rank(products, q_sq, r_sq[:, 0], q_points[:, s : s + chunk], r_points, r_rows, width, take)
         else:
             values, cand, last = _candidates(products.mul_(2), q_sq, r_sq, q_points[:, s : s + chunk].double(), r_block, r_rows, width, take,
                                              ref.shape[0], scratch[1:])
