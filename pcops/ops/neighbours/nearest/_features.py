@@ -1,18 +1,18 @@
 """The candidates of the feature-space kNN on the CPU (:func:`._torch._search_features`) in one
 Warp launch per chunk of queries, instead of torch's ``topk``, gathers and sorts.
 
-A thread per query row takes the Gram form's matrix products of its chunk (``products``: q.p of
-the centred points, from a batched matrix product) and keeps the ``width`` smallest values of
-``(|q|^2 + |p|^2) - 2 q.p`` (torch's formula, the same operations): its candidates, and
-``last``, the largest of them (no point left out has a smaller value; NaN where a value was NaN:
-the caller searches that row again directly). Then it measures each candidate's squared
-distance by direct float64 differences of the points (summed in four running sums, dimension c
-in sum c mod 4, added in one order: equal points give equal distances), orders the candidates
-by (distance, row of ref) and writes the first ``take``: distance, and the row or -1 where the
-distance is inf (an empty slot of a padded block, or a NaN point: never a neighbour). The same
-neighbours as the torch form of the same steps: which of several equal Gram values it keeps at
-its edge never matters, since the caller checks ``last`` against the k-th distance (see
-:func:`._torch._search_features`).
+A thread per range of query rows (one range per torch thread) takes each row's Gram form matrix
+products (``products``: q.p of the centred points, from a batched matrix product) and keeps the
+``width`` smallest values of ``(|q|^2 + |p|^2) - 2 q.p`` (torch's formula, the same operations):
+its candidates, and ``last``, the largest of them (no point left out has a smaller value; NaN
+where a value was NaN: the caller searches that row again directly). Then it measures each
+candidate's squared distance by direct float64 differences of the points (summed in four running
+sums, dimension c in sum c mod 4, added in one order: equal points give equal distances), orders
+the candidates by (distance, row of ref) and writes the first ``take``: distance, and the row or
+-1 where the distance is inf (an empty slot of a padded block, or a NaN point: never a
+neighbour). The same neighbours as the torch form of the same steps: which of several equal Gram
+values it keeps at its edge never matters, since the caller checks ``last`` against the k-th
+distance (see :func:`._torch._search_features`).
 
 (A Warp trap met here: ``a, b = x[i], y[i]`` binds the array elements, not their values; a
 store to ``x[i]`` before ``a`` is read changes ``a``. Elements read into names that outlive a
@@ -32,19 +32,19 @@ _VEC4 = {torch.float32: wp.vec4f, torch.float64: wp.vec4d}
 
 @_warp.kernels
 def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
-    """Thread ``lane``: the lane-th of ``lanes`` ranges of the chunk's queries, through row
-    ``lane`` of the buffers; query t: row t % rows of group t // rows (see the module docs). The
-    candidates go through a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its values every
-    ceil(n / _SAMPLES) columns; the one whose rank there puts about 2 width of the row below it),
-    then every value below the threshold joins the buffer; a full buffer is cut back to its
-    width smallest, lowering the threshold; at the end the buffer's width smallest are the
-    candidates. A sample's threshold that lets fewer than width values through is dropped and
-    the row scanned again without one. Where a fair share of the row passes (n < 16 width:
-    about one value in 8 or more), every value is stored and kept or overwritten by the count,
-    with no branch on it (a branch there mispredicts often). (A heap sifts for every value that
-    joins it, about width ln(n / width) times a row, each a mispredicted branch or more: several
-    times slower.) The points come as rows of 4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D /
-    4)), their differences and squares taken a 4-vector at a time."""
+    """Thread ``lane``: the lane-th of ``lanes`` ranges of the chunk's queries, through row ``lane``
+    of the buffers; query t: row t % rows of group t // rows (see the module docs). The candidates
+    go through a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its
+    values every ceil(n / _SAMPLES) columns; the one whose rank there puts about 2 width of the row
+    below it), then every value below the threshold joins the buffer; a full buffer is cut back to
+    its width smallest, lowering the threshold; at the end the buffer's width smallest are the
+    candidates. A sample's threshold that lets fewer than width values through is dropped and the
+    row scanned again without one. Where a fair share of the row passes (n < 16 width: about one
+    value in 8 or more), every value is stored and kept or overwritten by the count, with no branch
+    on it (a branch there mispredicts often). (A heap sifts for every value that joins it, about
+    width ln(n / width) times a row, each a mispredicted branch or more: several times slower.) The
+    points come as rows of 4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D / 4)), their differences
+    and squares taken a 4-vector at a time."""
     s, pt = _warp.scalar(dtype), _warp.scalar(point_dtype)
     f64 = wp.float64
     capacity = 2 * MAX_WIDTH
@@ -199,7 +199,6 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
         for e in range(values.shape[2]):
             values[g, i, e] = dist[e]
             cand[g, i, e] = wp.where(dist[e] < f64(wp.inf), ids[e], wp.int64(-1))
-
 
     @wp.kernel(enable_backward=False, module="unique")
     def rank(start: int, lanes: int, total: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s),
