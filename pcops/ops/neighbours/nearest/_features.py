@@ -33,37 +33,41 @@ _VEC4 = {torch.float32: wp.vec4f, torch.float64: wp.vec4d}
 @_warp.kernels
 def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
     """Thread ``lane``: the lane-th of ``lanes`` ranges of the chunk's queries, through row ``lane``
-    of the buffers; query t: row t % rows of group t // rows (see the module docs). The candidates
-    go through a buffer of 2 MAX_WIDTH values: first a threshold from a sample of the row (its
-    values every ceil(n / _SAMPLES) columns; the one whose rank there puts about 2 width of the row
-    below it), then every value below the threshold joins the buffer; a full buffer is cut back to
-    its width smallest, lowering the threshold; at the end the buffer's width smallest are the
-    candidates. A sample's threshold that lets fewer than width values through is dropped and the
-    row scanned again without one. Where a fair share of the row passes (n < 16 width: about one
-    value in 8 or more), every value is stored and kept or overwritten by the count, with no branch
-    on it (a branch there mispredicts often). (A heap sifts for every value that joins it, about
-    width ln(n / width) times a row, each a mispredicted branch or more: several times slower.) The
-    points come as rows of 4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D / 4)), their differences
-    and squares taken a 4-vector at a time."""
+    of the buffer (pairs of a value and its slot, one 16-byte entry to move in a swap); query t: row
+    t % rows of group t // rows (see the module docs). The candidates go through a buffer of 2
+    MAX_WIDTH values: first a threshold from a sample of the row (its values every ceil(n /
+    _SAMPLES) columns; the one whose rank there puts about 2 width of the row below it), then every
+    value below the threshold joins the buffer; a full buffer is cut back to its width smallest,
+    lowering the threshold; at the end the buffer's width smallest are the candidates. A sample's
+    threshold that lets fewer than width values through is dropped and the row scanned again without
+    one. Where a fair share of the row passes (n < 16 width: about one value in 8 or more), every
+    value is stored and kept or overwritten by the count, with no branch on it (a branch there
+    mispredicts often). (A heap sifts for every value that joins it, about width ln(n / width) times
+    a row, each a mispredicted branch or more: several times slower.) The points come as rows of
+    4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D / 4)), their differences and squares taken a
+    4-vector at a time."""
     s, pt = _warp.scalar(dtype), _warp.scalar(point_dtype)
     f64 = wp.float64
     capacity = 2 * MAX_WIDTH
     ranked = wp.types.vector(length=MAX_WIDTH, dtype=f64)
     ranked_ids = wp.types.vector(length=MAX_WIDTH, dtype=wp.int64)
     v4, p4 = wp.vec4d, wp.types.vector(length=4, dtype=pt)
+    pair = wp.vec2d  # a buffer entry: (value, slot), the value exact in float64, the slot too (below 2^53)
 
     @wp.func(module="unique")
-    def nth(keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), t: int, count: int, target: int):
-        """Row t's first count values (and their slots) reordered so that entry ``target`` holds
-        the value of that rank, the smaller ones before it, the others after: a quickselect,
-        the middle of three as the pivot, each pass swapping every value (no branch on the
-        values) and the pivot put between the halves (each pass leaves it out: duplicates
-        cannot stall it)."""
+    def nth(buf: wp.array2d(dtype=pair), t: int, count: int, target: int):
+        """Row t's first count (value, slot) pairs reordered so that entry ``target`` holds the
+        value of that rank, the smaller ones before it, the others after: a quickselect, the
+        middle of three as the pivot, each pass swapping every pair (no branch on the values)
+        and the pivot put between the halves (each pass leaves it out: duplicates cannot stall
+        it)."""
         lo = int(0)
         hi = count
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            ka, kb, kc = keys[t, lo], keys[t, mid], keys[t, hi - 1]
+            ka = buf[t, lo][0]
+            kb = buf[t, mid][0]
+            kc = buf[t, hi - 1][0]
             at = mid  # the middle of the three
             if ka < kb:
                 if kc < kb:
@@ -72,39 +76,33 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                 at = lo
             elif kb < kc:
                 at = hi - 1
-            pivot = keys[t, at]
-            pivot_slot = slots[t, at]
-            keys[t, at] = keys[t, hi - 1]
-            slots[t, at] = slots[t, hi - 1]
+            chosen = buf[t, at]
+            pivot = chosen[0]
+            buf[t, at] = buf[t, hi - 1]
             fence = lo
             j = lo
             while j < hi - 1:
-                x = keys[t, j]
-                slot = slots[t, j]
-                keys[t, j] = keys[t, fence]
-                slots[t, j] = slots[t, fence]
-                keys[t, fence] = x
-                slots[t, fence] = slot
-                fence = fence + int(x < pivot)
+                x = buf[t, j]
+                buf[t, j] = buf[t, fence]
+                buf[t, fence] = x
+                fence = fence + int(x[0] < pivot)
                 j += 1
-            keys[t, hi - 1] = keys[t, fence]
-            slots[t, hi - 1] = slots[t, fence]
-            keys[t, fence] = pivot
-            slots[t, fence] = pivot_slot
+            buf[t, hi - 1] = buf[t, fence]
+            buf[t, fence] = chosen
             if target < fence:
                 hi = fence
             elif target > fence:
                 lo = fence + 1
             else:
                 lo = hi
-        return keys[t, target]
+        return s(buf[t, target][0])
 
     @wp.func(module="unique")
     def one(t: int, lane: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
             q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
-            keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
+            buf: wp.array2d(dtype=pair), values: wp.array3d(dtype=f64),
             cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
-        """Query row t (of the chunk's G S), with the buffers' row ``lane``."""
+        """Query row t (of the chunk's G S), through the buffer's row ``lane``."""
         g = t // rows
         i = t - g * rows
         n = products.shape[2]
@@ -119,11 +117,11 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             j = int(0)
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                keys[lane, count] = x
+                buf[lane, count] = pair(f64(x), f64(0.0))
                 count += int(x == x)
                 j += step
             if m < count:
-                top = nth(keys, slots, lane, count, m - 1)
+                top = nth(buf, lane, count, m - 1)
         count = int(0)
         nans = int(0)
         dense = n < 16 * width
@@ -133,22 +131,20 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             if dense:  # many values pass: every value stored, kept by the count (no branch on it)
                 while j < n:
                     x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                    keys[lane, count] = x
-                    slots[lane, count] = j
+                    buf[lane, count] = pair(f64(x), f64(j))
                     count += int(x < top)
                     nans += int(x != x)
                     if count == capacity:  # full: keep the width smallest
-                        top = nth(keys, slots, lane, count, width - 1)
+                        top = nth(buf, lane, count, width - 1)
                         count = width
                     j += 1
             while j < n:
                 x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
                 if x < top:
-                    keys[lane, count] = x
-                    slots[lane, count] = j
+                    buf[lane, count] = pair(f64(x), f64(j))
                     count += 1
                     if count == capacity:  # full: keep the width smallest
-                        top = nth(keys, slots, lane, count, width - 1)
+                        top = nth(buf, lane, count, width - 1)
                         count = width
                 elif x != x:
                     nans += 1
@@ -159,12 +155,12 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
                 count = 0
                 nans = 0
         if count > width:
-            top = nth(keys, slots, lane, count, width - 1)
+            top = nth(buf, lane, count, width - 1)
             count = width
         elif count == width:
-            top = keys[lane, 0]
+            top = s(buf[lane, 0][0])
             for e in range(1, width):
-                top = wp.max(top, keys[lane, e])
+                top = wp.max(top, s(buf[lane, e][0]))
         if nans > 0:
             top = s(wp.nan)
         last[g, i] = top
@@ -175,7 +171,7 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
             d = f64(wp.inf)
             row = none
             if e < count:
-                jj = int(slots[lane, e])
+                jj = int(buf[lane, e][1])
                 # four sums (dimensions c mod 4: the vectors' lanes), added in one order: equal points, equal distances
                 sums = v4()
                 c = int(0)
@@ -203,13 +199,13 @@ def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
     @wp.kernel(enable_backward=False, module="unique")
     def rank(start: int, lanes: int, total: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s),
              r_sq: wp.array2d(dtype=s), q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64),
-             none: wp.int64, keys: wp.array2d(dtype=s), slots: wp.array2d(dtype=wp.int32), values: wp.array3d(dtype=f64),
+             none: wp.int64, buf: wp.array2d(dtype=pair), values: wp.array3d(dtype=f64),
              cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
         lane = wp.tid() + start
         t = total * lane // lanes
         end = total * (lane + 1) // lanes
         while t < end:
-            one(t, lane, rows, width, products, q_sq, r_sq, q, r, r_rows, none, keys, slots, values, cand, last)
+            one(t, lane, rows, width, products, q_sq, r_sq, q, r, r_rows, none, buf, values, cand, last)
             t += 1
 
     return rank
@@ -229,10 +225,10 @@ def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torc
     cand = torch.empty((g, rows, take), dtype=torch.int64)
     last = products.new_empty((g, rows))
     lanes = min(g * rows, _threads.requested())
-    keys, slots = products.new_empty((lanes, 2 * MAX_WIDTH)), torch.empty((lanes, 2 * MAX_WIDTH), dtype=torch.int32)
+    buf = _warp.Typed(torch.empty((lanes, 2 * MAX_WIDTH, 2), dtype=torch.float64), wp.vec2d)
     dims = q.shape[2]
     # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums)
     q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x).view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
-    args = [lanes, g * rows, rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, keys, slots, values, cand, last]
+    args = [lanes, g * rows, rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, buf, values, cand, last]
     _warp.launch(_kernel(products.dtype, q.tensor.dtype), lanes, args, like=products, min_chunk=1, work=g * rows * (n + width * dims))
     return values, cand, last
