@@ -65,7 +65,7 @@ def _pad_groups(points: torch.Tensor, group: torch.Tensor | None, groups: int) -
     empty), and whether the block is the points themselves (groups of one size, in order: a
     padded batch's rows, a view, each slot's row its position)."""
     p = points.shape[0]
-    if group is None or (p and p % groups == 0 and bool((group.view(groups, -1) == torch.arange(groups, device=group.device)[:, None]).all())):
+    if group is None or (p and p % groups == 0 and bool((group.reshape(groups, -1) == torch.arange(groups, device=group.device)[:, None]).all())):
         return points.reshape(groups, -1, points.shape[1]), torch.arange(p, device=points.device).view(groups, -1), True
     group = group.long()
     order = group.argsort(stable=True)
