@@ -168,32 +168,44 @@ def test_cpu_candidates_ranked_in_warp_equal_the_torch_form(gen, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_feature_search_in_many_chunks_equals_one_chunk(gen, dtype, monkeypatch):
-    """Queries searched a few rows at a time (the candidate buffers kept across the chunks, the
-    last chunk shorter) give what one chunk gives, bit for bit, and float64 brute force's
-    neighbours; packed samples of uneven sizes."""
+    """Queries searched a few rows at a time (the last chunk shorter) give what one chunk gives,
+    bit for bit, and float64 brute force's neighbours: packed samples of uneven sizes, and a
+    padded batch of equal clouds (its block the points themselves, the results written by
+    chunk in place)."""
     from pcops.ops.neighbours.nearest import _torch
 
     batch = torch.randint(0, 3, (250,), generator=gen)
     x = torch.randn(250, 12, generator=gen, dtype=dtype)
+    padded = torch.randn(3, 80, 12, generator=gen, dtype=dtype)
     whole = pcops.knn(x, x, 9, query_batch=batch, ref_batch=batch)
+    whole_padded = pcops.knn(padded, padded, 9)
     monkeypatch.setattr(_torch, "_ENTRIES", 3 * 4 * 64 * 7)  # chunks of 7 rows a sample
     chunked = pcops.knn(x, x, 9, query_batch=batch, ref_batch=batch)
+    chunked_padded = pcops.knn(padded, padded, 9)
     assert torch.equal(whole.idx, chunked.idx) and torch.equal(whole.dists, chunked.dists)
+    assert torch.equal(whole_padded.idx, chunked_padded.idx) and torch.equal(whole_padded.dists, chunked_padded.dists)
     for b in range(3):
         rows = (batch == b).nonzero().flatten()
         assert torch.equal(chunked.idx[rows], rows[brute_force(x[rows], x[rows], 9)[1]])
+        assert torch.equal(chunked_padded.idx[b], brute_force(padded[b], padded[b], 9)[1])
 
 
 def test_rank_keeps_the_width_smallest_gram_values(gen, monkeypatch):
     """The kernel's candidates are the rows of the width smallest values of its row (each value
     here the Gram formula's with |q|^2 = |p|^2 = 0), whatever the row's length and the ties, and
     ``last`` is the width-th smallest (inf where the row has fewer finite values); the queries
-    split into 1 to 7 ranges, one buffer each."""
+    split into 1 to 7 ranges, one buffer each; rows just below and at the length where the scan
+    changes its way of storing values."""
     from pcops.ops.neighbours.nearest import _features
 
-    for trial in range(120):
-        n = int(torch.randint(1, 400, (1,), generator=gen))
-        width = int(torch.randint(1, min(n, _features.MAX_WIDTH) + 1, (1,), generator=gen))
+    # random rows, then rows on both sides of the kernel's switch to its branch-free scan (n < 16 width)
+    crossover = [(16 * w + d, w) for w in (2, 9, 28) for d in (-1, 0)]
+    for trial in range(120 + len(crossover)):
+        if trial < 120:
+            n = int(torch.randint(1, 400, (1,), generator=gen))
+            width = int(torch.randint(1, min(n, _features.MAX_WIDTH) + 1, (1,), generator=gen))
+        else:
+            n, width = crossover[trial - 120]
         values = torch.randn(2, 3, n, generator=gen, dtype=F64)
         if trial % 3 == 0:
             values = values.round()  # many equal values
