@@ -769,13 +769,14 @@ class Prepared:
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 
-    __slots__ = ("kernel", "_run", "_chunks", "_args", "_pointers", "_fields", "keep")
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "_dims", "_pointers", "_fields", "keep")
 
     def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
         self.kernel = kernel
         self._chunks = len(bounds) - 1
         self._run = _runner(kernel, bounds, [values] * self._chunks, "cpu", None)
         self._args = [args for _, _, args in self._run.entries]
+        self._dims = [dim for _, dim, _ in self._run.entries]
         self._pointers: dict = {}
         self._fields: dict = {}
         self.keep = keep
@@ -816,6 +817,36 @@ class Prepared:
             self._run(0)  # on the calling thread
         else:
             run_chunks(self._run, 0, self._chunks)
+
+    def lengths(self, *groups: tuple) -> tuple:
+        """The first-dimension fields (``shape[0]``) of the array arguments named in ``groups``
+        (tuples of names) in every chunk's packed arguments, for :meth:`resize`, which gives each
+        group's arrays one length: a launch kept for a range of sizes (its kernel reading each
+        array's length from its shape) is told each call's."""
+        found = []
+        for g, names in enumerate(groups):
+            for name in names:
+                *outer, field = name.split("__")
+                for args in self._args:
+                    for part in outer:
+                        args = getattr(args, part)
+                    array = getattr(args, field)
+                    found.append((ctypes.c_int32.from_buffer(array, type(array).shape.offset), g))
+        return tuple(found)
+
+    def resize(self, lengths: tuple, *sizes: int, threads: typing.Optional[int] = None) -> None:
+        """Set the lengths of the arrays of ``lengths`` (:meth:`lengths`, this launch's or other
+        launches' of one plan: one call sets them all) to ``sizes`` (one a group), and where ``threads`` is given, the launch to that many threads, cut into its
+        chunks as :func:`chunk_bounds` cuts a range (evenly; the caller keeps a launch for the
+        sizes that have its number of chunks)."""
+        for field, i in lengths:
+            field.value = sizes[i]
+        if threads is not None:
+            chunks = self._chunks
+            for c, (args, dim) in enumerate(zip(self._args, self._dims)):
+                first, size = threads * c // chunks, threads * (c + 1) // chunks - threads * c // chunks
+                args.start = first
+                dim.shape[0] = dim.size = size
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""

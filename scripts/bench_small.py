@@ -34,9 +34,9 @@ Ops and peers (each peer computes the same answer from the same numpy / torch in
 ``uniform, 60 sizes``: the ops above on uniform clouds of 60 sizes about 256 and 1,024 points
 (226-285, 994-1,053), each call taking the next cloud of the cycle (a dataset of scans of varying
 sizes): what a library keeps per shape must hold them all or cost nothing where it does not.
-``uniform, new sizes``: the same cycle, with pcops' kept launches and plans dropped before each of
-its calls (:func:`_fresh`), so that every call meets its shape for the first time, as in a stream
-of scans of more distinct sizes than pcops keeps (thousands of them): the cost of a size seen once.
+``uniform, new sizes``: the same cycle, with pcops keeping few objects during its calls
+(:func:`_stream`), so that no size finds what was kept for it, as in a stream of scans of more
+distinct sizes than pcops keeps (thousands of them): the cost of a size seen once.
 
 ``neighbour``: ``quiet``, or ``busy`` with one other process spinning a core for the whole row
 (a DataLoader worker, a second job): the row's ratio to its quiet twin is what a shared machine
@@ -320,14 +320,23 @@ def _in_turn(n: int, sizes: int) -> dict:
     return out
 
 
-def _fresh(fn):
-    """``fn`` with the calling thread's kept launches and plans (``pcops._warp.KEPT``) dropped
-    before each call: every call finds its shape unseen, as a stream of sizes not seen before does."""
-    kept = pcops._warp.KEPT
+STREAM_KEEP = 16  # kept objects of pcops' calls in a ``new sizes`` row (:func:`_stream`)
+
+
+def _stream(fn):
+    """``fn`` with pcops' kept objects (``pcops._warp.KEPT``) limited to :data:`STREAM_KEEP` during
+    its calls: with the row's 60 sizes in turn, no object kept for one size is kept again, as in a
+    stream of more distinct sizes than pcops keeps (thousands of scans of their own sizes), while
+    what serves a range of sizes, used at nearly every call, stays kept, as in such a stream."""
+    kept = pcops._warp.Kept(STREAM_KEEP, pcops._warp.KEEP_BYTES)
 
     def call():
-        kept.clear()
-        return fn()
+        saved = pcops._warp.KEPT
+        pcops._warp.KEPT = kept
+        try:
+            return fn()
+        finally:
+            pcops._warp.KEPT = saved
 
     return call
 
@@ -361,8 +370,8 @@ def run(quick: bool = False) -> list[dict]:
                     table = _in_turn(n, IN_TURN)
                     for op, fns in table.items():
                         record(op, f"uniform, {IN_TURN} sizes", n, neighbour, fns)
-                    for op, fns in table.items():  # (after every kept row: each of these drops what pcops keeps)
-                        record(op, "uniform, new sizes", n, neighbour, {**fns, "pcops": _fresh(fns["pcops"])})
+                    for op, fns in table.items():
+                        record(op, "uniform, new sizes", n, neighbour, {**fns, "pcops": _stream(fns["pcops"])})
             for queries in MESH_QUERIES[:1] if quick else MESH_QUERIES:
                 fns = _mesh_cases(queries, torch.Generator().manual_seed(queries))
                 if fns:

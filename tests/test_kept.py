@@ -1,8 +1,8 @@
 """The calling thread's kept launches and plans (pcops._warp.Kept): the least recently used
 dropped past a count or a byte budget, a key made on its second sighting among the last misses,
 each thread its own; and clouds of many sizes taken in turn: kept whole from their second pass
-(nothing made on a third), a stream of sizes seen once makes nothing, and every call's answer is
-the answer of launches packed anew."""
+(nothing made on a third), a stream of sizes seen once makes only what serves a range of sizes,
+and every call's answer is the answer of launches packed anew."""
 
 import threading
 
@@ -86,7 +86,8 @@ def _calls(x: torch.Tensor) -> list:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_clouds_of_many_sizes_in_turn_are_kept_whole(gen, monkeypatch, dtype):
     """40 sizes (100-2,000 points: scans and kept trees) in turn, three passes: the second makes
-    their launches, the third makes none; one pass of 300 sizes never seen again makes none; every
+    their launches, the third makes none; a pass of 150 sizes never seen again makes only what
+    serves a range of sizes, and a pass of 150 other new sizes in those ranges makes none; every
     call equals the same call with launches packed anew."""
     made = []
     real = _warp.prepare
@@ -113,6 +114,14 @@ def test_clouds_of_many_sizes_in_turn_are_kept_whole(gen, monkeypatch, dtype):
     assert counts[1] > 0 and counts[2] == 0, counts
     assert len(_warp.KEPT.keys()) <= _warp.KEEP_PREPARED
     made.clear()
-    for n in range(400, 700):
+    for n in range(400, 700, 2):
+        check(torch.rand(n, 3, generator=gen, dtype=dtype))
+    assert {k.key for k in made} <= _RANGES, sorted({k.key for k in made})  # (only what serves a range of sizes)
+    made.clear()
+    for n in range(401, 700, 2):  # (sizes never seen, in the ranges of those made above)
         check(torch.rand(n, 3, generator=gen, dtype=dtype))
     assert not made, sorted({k.key for k in made})
+
+
+# The kernels of the kept objects that serve a range of sizes (a kept tree's: pcops.ops.neighbours.nearest._kdtree._SmallTree)
+_RANGES = {"_load_kernel__locals__load", "_build_kernels__locals__order", "_build_kernels__locals__build", "_search_kernel__locals__search"}

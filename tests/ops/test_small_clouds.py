@@ -1601,3 +1601,62 @@ def test_prepared_launches_made_under_inference_mode_serve_other_calls(gen):
                     assert torch.equal(pcops.knn(p, p, 8).idx, want)
                     assert torch.equal(pcops.ball_query(p, p, 0.3, 8).idx, reference.ball_query(p, p, 0.3, 8)[1])
                     assert pcops.farthest_point_sample(p, 10).idx.unique().numel() == 10
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_one_kept_tree_serves_a_range_of_sizes(gen, monkeypatch, dtype, threads):
+    """A kept small tree serves every size of its range (trees of one depth, queries up to a power
+    of two, cut alike): clouds of sizes never seen before, growing and shrinking in turn, searched
+    in themselves and with other queries, NaN and inf values among them, find the plan the first
+    sizes made, and each call equals the general path's (launches packed per call) and, finite,
+    the float64 reference; a NaN point still raises where values are checked."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        k = 8
+        sizes = [256, 129, 200, 255, 130, 256, 180, 231, 140]  # (trees of depth 4: 129-256 points)
+        plans = {True: set(), False: set()}
+        for turn, n in enumerate(sizes):
+            ref = torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1
+            query = torch.rand(sizes[-1 - turn], 3, generator=gen, dtype=dtype) * 2 - 1
+            if turn % 3 == 2:
+                ref[turn], query[turn, 1] = float("nan"), float("inf")
+            for q in (ref, query):
+                assert not _kdtree._scans(q.shape[0], n, k) and _kdtree._small_tree(q.shape[0], n)
+                got = pcops.knn(q, ref, k, validate=False)
+                plan = _kdtree._kept_plan(q, ref, k)
+                if turn >= 2:  # (made on its range's second sighting, kept since)
+                    plans[q is ref].add(id(plan))
+                    assert isinstance(plan, _kdtree._SmallTree) and plan.sizes == (n, q.shape[0])
+                monkeypatch.setattr(_warp, "PREPARED", [False])
+                want = pcops.knn(q, ref, k, validate=False)
+                monkeypatch.setattr(_warp, "PREPARED", [True])
+                assert torch.equal(got.idx, want.idx) and torch.equal(got.dists, want.dists)
+                if turn % 3 != 2 and dtype is F64:
+                    assert torch.equal(got.idx, reference.knn(q, ref, k)[1])
+                elif turn % 3 == 2:
+                    with pytest.raises(ValueError, match="NaN or inf"):
+                        pcops.knn(q, ref, k)
+        assert len(plans[True]) == 1 and len(plans[False]) == 2  # (other queries: the query order's 2 bits below 181, 3 from there)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_kept_trees_side_by_side_serve_a_range_of_sizes(gen):
+    """Chamfer's two kept trees (clouds past the grids' bound) serve clouds of sizes never seen
+    before in their ranges: the same nearest points as the float64 reference, and one pair of
+    plans for every size."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    plans = set()
+    for turn, (m, n) in enumerate([(4200, 4300), (4500, 4150), (4100, 4600), (4400, 4444)]):
+        x, y = torch.rand(m, 3, generator=gen, dtype=F64) * 2 - 1, torch.rand(n, 3, generator=gen, dtype=F64) * 2 - 1
+        assert not _costs.by_pairs(m, n, True)
+        for _ in range(1 if turn else 2):  # (made on the range's second sighting)
+            found = _kdtree.find_both(x, y, 1)
+        assert found is not None and not found[2]
+        plans.add((id(_kdtree._kept_plan(x, y, 1, 1)), id(_kdtree._kept_plan(y, x, 1, 2))))
+        for a, b, idx in ((x, y, found[0]), (y, x, found[1])):
+            assert torch.equal(idx, reference.knn(a, b, 1)[1])
+    assert len(plans) == 1

@@ -770,14 +770,26 @@ def _query_order(query: torch.Tensor, group) -> torch.Tensor:
     return torch.sort(group.to(torch.int64) << 32 | code).indices
 
 
-def _cpu_query_order(query: torch.Tensor):
+def _query_bits(m: int) -> int:
+    """The bits per axis of the CPU's counting sort of m queries: about one cell per query, at most 2^_CPU_BITS a side."""
+    return max(1, min(_CPU_BITS, _bits(m)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _bits(m: int) -> int:
+    return round(math.log2(m + 1) / 3)
+
+
+def _cpu_query_order(query: torch.Tensor, capacity: Optional[int] = None):
     """((kernel, args), rows, ordered): the one-thread launch that writes the Morton order of
-    the cells of CPU queries into ``rows`` (about one cell per query, at most 2^_CPU_BITS a
-    side) and the queries in that order into ``ordered``."""
+    the cells of CPU queries into ``rows`` (:func:`_query_bits` a side) and the queries in
+    that order into ``ordered``; ``capacity``: their arrays hold that many queries (a kept
+    plan's range of sizes), the first m passed."""
     m = query.shape[0]
-    bits = max(1, min(_CPU_BITS, round(math.log2(m + 1) / 3)))
-    rows, ordered = torch.empty(m, dtype=torch.int64), torch.empty_like(query)
-    scratch = [torch.empty(m, dtype=torch.int32), torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
+    bits = _query_bits(m)
+    room = m if capacity is None else capacity
+    rows, ordered = torch.empty(room, dtype=torch.int64)[:m], query.new_empty((room, 3))[:m]
+    scratch = [torch.empty(room, dtype=torch.int32)[:m], torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
     vec = _warp.vec3(query.dtype)
     spread = _morton.spread_table(bits, query.device)
     args = [_warp.array(query, dtype=vec), spread, *scratch, rows, _warp.array(ordered, dtype=vec)]
@@ -926,9 +938,9 @@ def _small_tree(m: int, n: int) -> bool:
 
 
 # The most points and queries (together) of a search kept as a :class:`_SmallTree`: its kept
-# arrays, about 60 bytes a query or point, under a megabyte, with output templates of at most
-# :data:`_KEEP_OUTPUTS` entries (at most 0.5 MB) beside them; a thread keeps them within
-# :data:`pcops._warp.KEEP_BYTES` with its other kept launches.
+# arrays, about 60 bytes a query or point at their capacities (at most twice the sizes), under
+# two megabytes; a thread keeps them within :data:`pcops._warp.KEEP_BYTES` with its other kept
+# launches.
 _KEPT_POINTS = 1 << 14
 
 
@@ -940,9 +952,16 @@ class _SmallTree:
     are the tree's own points in the tree's order), the build (one launch or several:
     :meth:`make`) and the search, which is cut as
     :func:`pcops._warp.launch` cuts it. The kernels of :func:`find`'s own path for such a search,
-    so the same neighbours (the search's result does not depend on the queries' order)."""
+    so the same neighbours (the search's result does not depend on the queries' order).
 
-    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "keep")
+    One plan serves every size of its key (:func:`_plan_key`): the trees of one depth (n up to
+    ``LEAF << depth``) and queries up to the next power of two, whose launches are cut alike.
+    Its arrays are kept at those capacities, and a call of other sizes than the last sets the
+    lengths its launches' kernels read (each array's shape) and the search's threads
+    (:meth:`pcops._warp.Prepared.resize`): a stream of clouds of sizes never seen before meets
+    kept plans (docs/benchmarks.md, small clouds)."""
+
+    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "keep", "lengths", "sizes")
 
     @classmethod
     def make(cls, query, ref, k: int, pair: bool = False):
@@ -954,16 +973,16 @@ class _SmallTree:
         self = cls()
         m, n = query.shape[0], ref.shape[0]
         self.same, self.k = ref is query, k
+        depth = _depth(n)
         vec = _warp.vec3(ref.dtype)
         with torch.inference_mode(False):  # (kept arrays a call writes: never inference tensors)
-            points, order = ref.new_empty((n, 3)), torch.empty(n, dtype=torch.int64)
-            self.dists, self.idx = _outputs(query, k) if m * k <= _KEEP_OUTPUTS else (None, None)
+            points, order = ref.new_empty((LEAF << depth, 3))[:n], torch.empty(LEAF << depth, dtype=torch.int64)[:n]
+            self.dists, self.idx = _outputs(query, k)  # (output templates: :func:`_plan_outputs`)
         self.flag = _warp.values_flag()
         load_args = [_warp.array(ref, dtype=vec), _warp.array(ref[:0] if self.same else query, dtype=vec),
                      _warp.array(points, dtype=vec), order, self.flag[0]]
         load = _load_kernel(ref.dtype)
         _warp.launch(load, 1, load_args, like=ref, work=0)  # (its first run loads it)
-        depth = _depth(n)
         tree = prepared_split(points, order, depth, m, one_launch=pair)
         if tree is None:
             return None
@@ -972,12 +991,12 @@ class _SmallTree:
         if self.same:
             rows, ordered, order_launch = order, points, None
         else:
-            (order_kernel, order_args), rows, ordered = _cpu_query_order(query)
+            (order_kernel, order_args), rows, ordered = _cpu_query_order(query, _capacity(m))
             order_launch = _warp.prepare(order_kernel, 1, order_args, work=0)
             if order_launch is None:
                 return None
         search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
-                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN)]
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, self.dists, self.idx, int(_CHAIN)]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if self.launches[0] is None or self.launches[3] is None:
@@ -985,6 +1004,13 @@ class _SmallTree:
         self.keep = (points, order, rows, ordered, lo, hi, glo, ghi, axis, split, order_args if order_launch else None)
         self.fields = (self.launches[0].fields("ref") if self.same else self.launches[0].fields("ref", "query"),
                        None if self.same else order_launch.fields("points"), (), self.launches[3].fields("dists", "idx"))
+        # the lengths each call sets: the points' (n), then the queries' (m; a self-query's: n)
+        load_lengths = (("ref", "points", "order"), () if self.same else ("query",))
+        self.lengths = (*self.launches[0].lengths(*load_lengths),
+                        *(() if self.same else order_launch.lengths((), ("points", "cells", "rows", "ordered"))),
+                        *(field for build in builds for field in build.lengths(("points", "order"))),
+                        *self.launches[3].lengths(("points", "order"), ("rows", "query", "dists", "idx")))
+        self.sizes = (n, m)
         return self
 
     def held(self) -> int:
@@ -1002,8 +1028,13 @@ class _SmallTree:
         return flag
 
     def load(self, query, ref):
-        """The values flag reset, the points loaded (their values checked) and the queries
-        ordered: what comes before the build; the flag."""
+        """The launches set to these sizes (where they differ from the last call's), the values
+        flag reset, the points loaded (their values checked) and the queries ordered: what comes
+        before the build; the flag."""
+        sizes = (ref.shape[0], query.shape[0])
+        if sizes != self.sizes:
+            self.sizes = sizes
+            self.launches[3].resize(self.lengths, *sizes, threads=sizes[1])  # (every launch's lengths)
         flag = self.flag[1]
         flag[0] = 0
         load, order = self.launches[:2]
@@ -1015,9 +1046,9 @@ class _SmallTree:
         return flag
 
 
-# A kept plan keeps output templates (for ``torch.empty_like``) of at most this many entries
-# (larger outputs are allocated by shape: their search costs far more than the allocation)
-_KEEP_OUTPUTS = 1 << 15
+def _capacity(m: int) -> int:
+    """The queries a kept tree's arrays hold: m rounded up to a power of two (:func:`_plan_key`)."""
+    return 1 << max(m - 1, 0).bit_length()
 
 
 def _outputs(query, k: int) -> tuple:
@@ -1108,31 +1139,41 @@ def _kept_plan(query, ref, k: int, slot: int = 0):
     None where there is none (or launches are not prepared: :data:`pcops._warp.PREPARED`)."""
     if not _warp.PREPARED[0]:
         return None
-    plan = _warp.KEPT.get(_plan_key(query, ref, k, slot))
+    key = _plan_key(query, ref, k, slot)
+    plan = None if key is None else _warp.KEPT.get(key)
     return plan if plan is not None and plan.state == _plan_state() else None
 
 
-def _plan_key(query, ref, k: int, slot: int) -> tuple:
-    return ("knn", query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot)
+def _plan_key(query, ref, k: int, slot: int) -> Optional[tuple]:
+    """The key of the kept plan of a search (:func:`_kept_plan`), None where none is kept (a
+    scan in more than one slice, a tree of more than :data:`_KEPT_POINTS` points and queries, the
+    GPUs' build): a scan's by its shapes, a tree's by the range of sizes it serves
+    (:class:`_SmallTree`): the depth of its leaves, the queries' capacity, the query order's
+    bits, the search's chunks and whether the build runs on one thread, all as :func:`find`
+    decides them for these sizes, so that one plan runs the launches find would."""
+    m, n = query.shape[0], ref.shape[0]
+    same = ref is query
+    if _scans(m, n, k):
+        return ("knn", m, n, k, query.dtype, same, slot) if _slices(m, n, k, True) == 1 else None
+    if _GPU_BUILD or m + n > _KEPT_POINTS:
+        return None
+    depth = _depth(n)
+    chunks = max(1, min(_threads.requested(), m // _warp.QUERY_CHUNK))  # (:func:`pcops._warp.chunk_bounds`'s)
+    return ("knn tree", depth, _capacity(m), 0 if same else _query_bits(m), chunks, n * max(depth, 1) + m < _warp.SERIAL_WORK, k, query.dtype, same, slot)
 
 
 def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     """A plan (see :func:`_kept_plan`) made and kept for the search :func:`find` decides for these
     points: a scan in one slice (:func:`_scans`) or a kd-tree of at most :data:`_KEPT_POINTS`
     points and queries (a :class:`_SmallTree`; ``pair``: one of :func:`find_both`'s); None for
-    any other search, where launches are not prepared, on the first miss of these shapes
+    any other search, where launches are not prepared, on the first miss of its key
     (:meth:`pcops._warp.Kept.admit`) or before its kernels' first run."""
-    m, n = query.shape[0], ref.shape[0]
-    if not _warp.PREPARED[0] or not m:
+    if not _warp.PREPARED[0] or not query.shape[0]:
         return None
-    if _scans(m, n, k):
-        make = _Scan.make if _slices(m, n, k, True) == 1 else None
-    else:
-        make = functools.partial(_SmallTree.make, pair=pair) if not _GPU_BUILD and m + n <= _KEPT_POINTS else None
     key = _plan_key(query, ref, k, slot)
-    if make is None or not _warp.KEPT.admit(key):
+    if key is None or not _warp.KEPT.admit(key):
         return None
-    plan = make(query, ref, k)
+    plan = _Scan.make(query, ref, k) if key[0] == "knn" else _SmallTree.make(query, ref, k, pair=pair)
     if plan is None:
         return None
     plan.state = _plan_state()
@@ -1196,8 +1237,9 @@ def find_both(x, y, k: int):
 
 def _plan_outputs(plan, query) -> tuple:
     """New (dists, idx) outputs of a kept plan's search of ``query``: like its kept templates
-    (``torch.empty_like`` checks less than a new shape does), or by shape where it keeps none."""
-    if plan.dists is not None:
+    (``torch.empty_like`` checks less than a new shape does), by shape for another size than
+    theirs (a tree's plan serves a range of sizes; its templates are its first size's)."""
+    if plan.dists.shape[0] == query.shape[0]:
         return torch.empty_like(plan.dists), torch.empty_like(plan.idx)
     return _outputs(query, plan.k)
 
