@@ -382,6 +382,11 @@ def zeros_like(arg):
     return torch.zeros_like(arg)
 
 
+def capacity(n: int) -> int:
+    """n rounded up to a power of two: the size a plan kept for a range of sizes is made for."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
     """Thread ranges of a launch: one on CUDA; on the CPU one per torch thread (as the caller
     set torch's count: :func:`pcops._threads.requested`, so that a busy machine runs the same
@@ -819,19 +824,20 @@ class Prepared:
             run_chunks(self._run, 0, self._chunks)
 
     def lengths(self, *groups: tuple) -> tuple:
-        """The first-dimension fields (``shape[0]``) of the array arguments named in ``groups``
-        (tuples of names) in every chunk's packed arguments, for :meth:`resize`, which gives each
-        group's arrays one length: a launch kept for a range of sizes (its kernel reading each
-        array's length from its shape) is told each call's."""
+        """The length fields (``shape[0]``; ``shape[d]`` for a name given as ``(name, d)``) of the
+        array arguments named in ``groups`` (tuples of names) in every chunk's packed arguments,
+        for :meth:`resize`, which gives each group's arrays one length: a launch kept for a range
+        of sizes (its kernel reading each array's length from its shape) is told each call's."""
         found = []
         for g, names in enumerate(groups):
             for name in names:
+                name, dim = (name, 0) if isinstance(name, str) else name
                 *outer, field = name.split("__")
                 for args in self._args:
                     for part in outer:
                         args = getattr(args, part)
                     array = getattr(args, field)
-                    found.append((ctypes.c_int32.from_buffer(array, type(array).shape.offset), g))
+                    found.append((ctypes.c_int32.from_buffer(array, type(array).shape.offset + 4 * dim), g))
         return tuple(found)
 
     def resize(self, lengths: tuple, *sizes: int, threads: typing.Optional[int] = None) -> None:
@@ -954,10 +960,11 @@ KEEP_BYTES = 32 << 20
 KEPT = Kept(KEEP_PREPARED, KEEP_BYTES)
 
 
-def prepared(key, make) -> typing.Optional[Prepared]:
-    """The calling thread's :class:`Prepared` launch for ``key`` and torch's thread count (which
-    sets the chunks), kept in :data:`KEPT`: ``make()`` builds it on the key's second miss (None:
-    not now, see :func:`prepare`); None before that (the caller launches as usual)."""
+def prepared(key, make):
+    """The calling thread's :class:`Prepared` launch (or plan of them: any object with a
+    ``held()``) for ``key`` and torch's thread count (which sets the chunks), kept in
+    :data:`KEPT`: ``make()`` builds it on the key's second miss (None: not now, see
+    :func:`prepare`); None before that (the caller launches as usual)."""
     if not PREPARED[0]:
         return None
     key = (key, _threads.requested())

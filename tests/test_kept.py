@@ -123,5 +123,7 @@ def test_clouds_of_many_sizes_in_turn_are_kept_whole(gen, monkeypatch, dtype):
     assert not made, sorted({k.key for k in made})
 
 
-# The kernels of the kept objects that serve a range of sizes (a kept tree's: pcops.ops.neighbours.nearest._kdtree._SmallTree)
-_RANGES = {"_load_kernel__locals__load", "_build_kernels__locals__order", "_build_kernels__locals__build", "_search_kernel__locals__search"}
+# The kernels of the kept objects that serve a range of sizes: a kept tree's (pcops.ops.neighbours.nearest._kdtree._SmallTree),
+# bucket FPS's (pcops.ops.sampling.fps._Bucket)
+_RANGES = {"_load_kernel__locals__load", "_build_kernels__locals__order", "_build_kernels__locals__build", "_search_kernel__locals__search",
+           "_kernels__locals__sample"}

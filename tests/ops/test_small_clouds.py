@@ -1660,3 +1660,35 @@ def test_kept_trees_side_by_side_serve_a_range_of_sizes(gen):
         for a, b, idx in ((x, y, found[0]), (y, x, found[1])):
             assert torch.equal(idx, reference.knn(a, b, 1)[1])
     assert len(plans) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_one_kept_fps_plan_serves_a_range_of_sizes(gen, monkeypatch, dtype):
+    """A kept bucket-FPS plan serves every cloud up to its capacity (a power of two) and any
+    number of picks: clouds of sizes never seen before, growing and shrinking in turn, with
+    more picks than points, start sets and NaN points among them, find the plan the first sizes
+    made, and each call equals the general path's and, finite, the float64 reference."""
+    from pcops.ops.sampling import fps
+
+    plans = set()
+    for turn, (n, picks) in enumerate([(256, 64), (129, 40), (200, 200), (255, 300), (130, 2), (256, 64), (180, 90), (231, 17)]):
+        p = torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1
+        starts = [0] if turn % 2 else [3, 1]
+        if turn % 4 == 3:
+            p[[2, 9]] = float("nan")
+        got = pcops.farthest_point_sample(p, picks, start_idx=starts, validate=False)
+        key = (("fps", dtype, 256, len(starts), fps.PLAIN_PAIRS), torch.get_num_threads())
+        if turn >= 2:
+            plan = _warp.KEPT.get(key)
+            assert isinstance(plan, fps._Bucket) and plan.last == (n, picks)
+            plans.add(id(plan))
+        monkeypatch.setattr(_warp, "PREPARED", [False])
+        want = pcops.farthest_point_sample(p, picks, start_idx=starts, validate=False)
+        monkeypatch.setattr(_warp, "PREPARED", [True])
+        assert torch.equal(got.idx, want.idx) and torch.equal(got.points, want.points)
+        if turn % 4 != 3 and starts == [0] and dtype is F64:
+            assert torch.equal(got.idx[: min(picks, n)], reference.farthest_point_sample(p, picks)) and (got.idx[n:] == -1).all()
+        elif turn % 4 == 3:
+            with pytest.raises(ValueError, match="NaN or inf"):
+                pcops.farthest_point_sample(p, picks, start_idx=starts)
+    assert len(plans) == 2 and None not in plans  # (one plan a start count)

@@ -934,24 +934,54 @@ def _start_set(start_idx, points: torch.Tensor, n_samples, random_start: bool, h
     return t.to(torch.int64), True
 
 
-def _prepare_bucket(dtype: torch.dtype, n: int, n_samples: int, m: int) -> Optional[_warp.Prepared]:
-    """Bucket FPS of one sample of n points (n_samples picks from m start indices) as a prepared
-    launch (:class:`pcops._warp.Prepared`), its array arguments ``points``, ``idx`` and
-    ``gathered`` (the picked points) pointed at each call's tensors; it keeps the lengths,
-    counts and work arrays, the start indices (``keep[0]``: a ctypes array of m int64, written
-    by a call with other start indices than the last one's), the values flag, and ``keep[-1]``:
-    (idx and picked tensors each call's outputs are made like, the pointer fields of
-    ``points``, ``idx`` and ``gathered``, [the start indices last written]). None before the
-    kernel's first launch."""
-    lengths, counts, first = torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), (ctypes.c_int64 * m)()
-    flag = _warp.values_flag()
-    idx, picked = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype)
-    values = _bucket_values(torch.empty((1, n, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(first, (1, m)),
-                            idx[None], picked, flag[0])
-    launch = _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(first, lengths, counts, values[6:-3], flag))  # (values[6:-3]: the work arrays)
-    if launch is not None:  # (a call's outputs made like idx and picked, the start indices last written)
-        launch.keep += ((idx, picked, launch.fields("points", "idx", "gathered"), [None]),)
-    return launch
+class _Bucket:
+    """Bucket FPS of one sample (``m`` start indices) as a prepared launch (:class:`pcops._warp.Prepared`)
+    that serves every sample of up to ``capacity`` points and any number of picks: its work
+    arrays and lengths are kept for ``capacity`` points, and a call points ``points``, ``idx``
+    and ``gathered`` (the picked points) at its tensors and, for other sizes than the last
+    call's, writes the sample's length and pick count and the outputs' lengths (the kernel
+    reads the rest of a sample's sizes from them). It keeps the start indices (a ctypes array of
+    m int64, written by a call with other start indices than the last one's) and the values
+    flag (a NumPy view of one int32)."""
+
+    __slots__ = ("launch", "first", "starts", "sizes", "last", "flag", "idx", "picked", "fields", "lengths")
+
+    @classmethod
+    def make(cls, dtype: torch.dtype, capacity: int, n_samples: int, m: int) -> Optional["_Bucket"]:
+        """The plan, made with outputs of ``n_samples`` picks; None before the kernel's first launch."""
+        self = cls()
+        lengths, counts, self.first = torch.tensor([capacity], dtype=torch.int32), torch.tensor([min(capacity, n_samples)]), (ctypes.c_int64 * m)()
+        flag = _warp.values_flag()
+        self.idx, self.picked = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype)
+        values = _bucket_values(torch.empty((1, capacity, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(self.first, (1, m)),
+                                self.idx[None], self.picked, flag[0])
+        self.launch = _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(lengths, counts, values[6:-3]))  # (values[6:-3]: the work arrays)
+        if self.launch is None:
+            return None
+        self.flag, self.sizes, self.starts, self.last = flag[1], (lengths.numpy(), counts.numpy()), None, (capacity, n_samples)
+        self.fields = self.launch.fields("points", "idx", "gathered")
+        self.lengths = self.launch.lengths(("points",), (("idx", 1), "gathered"))
+        return self
+
+    def held(self) -> int:
+        """The bytes this plan holds (:meth:`pcops._warp.Kept.put`)."""
+        return self.launch.held() + _warp.held_bytes(self.idx, self.picked)
+
+    def run(self, points: torch.Tensor, n_samples: int, starts: tuple) -> tuple:
+        """(idx, picked): the picks of the contiguous ``points`` (N, 3) from ``starts``."""
+        n = points.shape[0]
+        if self.last != (n, n_samples):
+            self.last = (n, n_samples)
+            self.sizes[0][0], self.sizes[1][0] = n, min(n, n_samples)
+            self.launch.resize(self.lengths, n, n_samples)
+        if self.starts != starts:
+            self.first[:] = self.starts = starts
+        if n_samples == self.idx.shape[0]:
+            idx, picked = torch.empty_like(self.idx), torch.empty_like(self.picked)
+        else:
+            idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty((n_samples, 3))
+        self.launch.run_at(self.fields, points, idx, picked)
+        return idx, picked
 
 
 # A plain call of up to this many points has its values checked by its launch (a pass over its
@@ -1004,17 +1034,14 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     else:
         return None
     points = points.contiguous()
-    launch = _warp.prepared(("fps", points.dtype, n, n_samples, len(starts), PLAIN_PAIRS),
-                            lambda: _prepare_bucket(points.dtype, n, n_samples, len(starts))) if n <= KEEP_SCRATCH else None
+    capacity = _warp.capacity(n)  # (one plan serves every size up to its capacity)
+    plan = _warp.prepared(("fps", points.dtype, capacity, len(starts), PLAIN_PAIRS),
+                          lambda: _Bucket.make(points.dtype, capacity, n_samples, len(starts))) if capacity <= KEEP_SCRATCH else None
     # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
-    if launch is not None:
-        first, _, _, _, (_, flag), (idx_like, picked_like, fields, written) = launch.keep
-        if written[0] != starts:
-            first[:] = written[0] = starts
-        idx, picked = torch.empty_like(idx_like), torch.empty_like(picked_like)
-        launch.run_at(fields, points, idx, picked)
-        if flag[0]:  # (a NaN or inf: the general path names it; the flag left 0 for the next call)
-            flag[0] = 0
+    if plan is not None:
+        idx, picked = plan.run(points, n_samples, starts)
+        if plan.flag[0]:  # (a NaN or inf: the general path names it; the flag left 0 for the next call)
+            plan.flag[0] = 0
             if in_kernel:
                 return None
     else:

@@ -772,12 +772,7 @@ def _query_order(query: torch.Tensor, group) -> torch.Tensor:
 
 def _query_bits(m: int) -> int:
     """The bits per axis of the CPU's counting sort of m queries: about one cell per query, at most 2^_CPU_BITS a side."""
-    return max(1, min(_CPU_BITS, _bits(m)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _bits(m: int) -> int:
-    return round(math.log2(m + 1) / 3)
+    return max(1, min(_CPU_BITS, round(math.log2(m + 1) / 3)))
 
 
 def _cpu_query_order(query: torch.Tensor, capacity: Optional[int] = None):
@@ -991,7 +986,7 @@ class _SmallTree:
         if self.same:
             rows, ordered, order_launch = order, points, None
         else:
-            (order_kernel, order_args), rows, ordered = _cpu_query_order(query, _capacity(m))
+            (order_kernel, order_args), rows, ordered = _cpu_query_order(query, _warp.capacity(m))
             order_launch = _warp.prepare(order_kernel, 1, order_args, work=0)
             if order_launch is None:
                 return None
@@ -1044,11 +1039,6 @@ class _SmallTree:
             load.run_at(self.fields[0], ref, query)
             order.run_at(self.fields[1], query)
         return flag
-
-
-def _capacity(m: int) -> int:
-    """The queries a kept tree's arrays hold: m rounded up to a power of two (:func:`_plan_key`)."""
-    return 1 << max(m - 1, 0).bit_length()
 
 
 def _outputs(query, k: int) -> tuple:
@@ -1139,27 +1129,42 @@ def _kept_plan(query, ref, k: int, slot: int = 0):
     None where there is none (or launches are not prepared: :data:`pcops._warp.PREPARED`)."""
     if not _warp.PREPARED[0]:
         return None
-    key = _plan_key(query, ref, k, slot)
+    state = _plan_state()
+    key = _plan_key(query, ref, k, slot, state)
     plan = None if key is None else _warp.KEPT.get(key)
-    return plan if plan is not None and plan.state == _plan_state() else None
+    return plan if plan is not None and plan.state == state else None
 
 
-def _plan_key(query, ref, k: int, slot: int) -> Optional[tuple]:
+def _plan_key(query, ref, k: int, slot: int, state: Optional[tuple] = None) -> Optional[tuple]:
     """The key of the kept plan of a search (:func:`_kept_plan`), None where none is kept (a
     scan in more than one slice, a tree of more than :data:`_KEPT_POINTS` points and queries, the
     GPUs' build): a scan's by its shapes, a tree's by the range of sizes it serves
     (:class:`_SmallTree`): the depth of its leaves, the queries' capacity, the query order's
     bits, the search's chunks and whether the build runs on one thread, all as :func:`find`
-    decides them for these sizes, so that one plan runs the launches find would."""
-    m, n = query.shape[0], ref.shape[0]
-    same = ref is query
+    decides them for these sizes, so that one plan runs the launches find would. Remembered
+    for the last :data:`_KEYS_KEPT` shapes under each :func:`_plan_state`."""
+    shapes = (query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot, state or _plan_state())
+    key = _KEYS.get(shapes, False)
+    if key is False:
+        if len(_KEYS) >= _KEYS_KEPT:
+            _KEYS.clear()
+        key = _KEYS[shapes] = _new_key(*shapes[:6])
+    return key
+
+
+_KEYS: dict = {}
+_KEYS_KEPT = 4096
+
+
+def _new_key(m: int, n: int, k: int, dtype: torch.dtype, same: bool, slot: int) -> Optional[tuple]:
+    """:func:`_plan_key`, worked out."""
     if _scans(m, n, k):
-        return ("knn", m, n, k, query.dtype, same, slot) if _slices(m, n, k, True) == 1 else None
+        return ("knn", m, n, k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
     if _GPU_BUILD or m + n > _KEPT_POINTS:
         return None
     depth = _depth(n)
     chunks = max(1, min(_threads.requested(), m // _warp.QUERY_CHUNK))  # (:func:`pcops._warp.chunk_bounds`'s)
-    return ("knn tree", depth, _capacity(m), 0 if same else _query_bits(m), chunks, n * max(depth, 1) + m < _warp.SERIAL_WORK, k, query.dtype, same, slot)
+    return ("knn tree", depth, _warp.capacity(m), 0 if same else _query_bits(m), chunks, n * max(depth, 1) + m < _warp.SERIAL_WORK, k, dtype, same, slot)
 
 
 def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
