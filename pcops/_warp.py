@@ -774,7 +774,7 @@ class Prepared:
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 
-    __slots__ = ("kernel", "_run", "_chunks", "_args", "_dims", "_pointers", "_fields", "keep")
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "_dims", "_pointers", "_fields", "_sizes", "keep")
 
     def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
         self.kernel = kernel
@@ -784,6 +784,7 @@ class Prepared:
         self._dims = [dim for _, dim, _ in self._run.entries]
         self._pointers: dict = {}
         self._fields: dict = {}
+        self._sizes = None
         self.keep = keep
 
     def _pointer(self, name: str) -> tuple:
@@ -853,6 +854,17 @@ class Prepared:
                 first, size = threads * c // chunks, threads * (c + 1) // chunks - threads * c // chunks
                 args.start = first
                 dim.shape[0] = dim.size = size
+
+    def size(self, groups: tuple, sizes: tuple) -> None:
+        """:meth:`resize` of the arrays named in ``groups`` (:meth:`lengths`, found once) to
+        ``sizes``, where they differ from the last call's: a launch kept for a range of sizes
+        whose threads do not change with them."""
+        if sizes != self._sizes:
+            lengths = self._fields.get(groups)
+            if lengths is None:
+                lengths = self._fields[groups] = self.lengths(*groups)
+            self.resize(lengths, *sizes)
+            self._sizes = sizes
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""

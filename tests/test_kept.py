@@ -124,6 +124,6 @@ def test_clouds_of_many_sizes_in_turn_are_kept_whole(gen, monkeypatch, dtype):
 
 
 # The kernels of the kept objects that serve a range of sizes: a kept tree's (pcops.ops.neighbours.nearest._kdtree._SmallTree),
-# bucket FPS's (pcops.ops.sampling.fps._Bucket)
+# bucket FPS's (pcops.ops.sampling.fps._Bucket), chamfer's grids (pcops.ops.neighbours.nearest._costs._grid_nearest)
 _RANGES = {"_load_kernel__locals__load", "_build_kernels__locals__order", "_build_kernels__locals__build", "_search_kernel__locals__search",
-           "_kernels__locals__sample"}
+           "_kernels__locals__sample", "_kernels__locals__grid_nearest"}

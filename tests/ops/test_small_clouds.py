@@ -1692,3 +1692,36 @@ def test_one_kept_fps_plan_serves_a_range_of_sizes(gen, monkeypatch, dtype):
             with pytest.raises(ValueError, match="NaN or inf"):
                 pcops.farthest_point_sample(p, picks, start_idx=starts)
     assert len(plans) == 2 and None not in plans  # (one plan a start count)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_one_kept_chamfer_grid_serves_a_range_of_sizes(gen, monkeypatch, dtype):
+    """A kept launch of chamfer's grids serves every pair of clouds up to its capacities (powers
+    of two): clouds of sizes never seen before, growing and shrinking in turn, one direction or
+    both, NaN and inf points among them, find the launch the first sizes made, and give the
+    pass's nearest points and costs bit for bit (the kNN search's points), the values flagged
+    where checked."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    sizes = [(256, 512), (129, 300), (200, 511), (255, 257), (130, 512), (256, 400), (140, 260)]
+    launches = set()
+    for turn, (m, n) in enumerate(sizes):
+        x, y = torch.rand(m, 3, generator=gen, dtype=dtype) * 2 - 1, torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1
+        if turn % 3 == 2:
+            x[turn], y[5, 1] = float("nan"), float("inf")
+        for both in (True, False):
+            monkeypatch.setattr(_costs, "GRID_FROM", 0)
+            got = _costs.pairs(x, y, both, False)
+            if turn >= 2:
+                launch = _warp.KEPT.get((("chamfer_grid", dtype, 256, 512, both, _costs.GRID_POINTS), torch.get_num_threads()))
+                assert launch is not None
+                launches.add(id(launch))
+            assert (_costs.pairs(x, y, both, True) is None) == (turn % 3 == 2)
+            monkeypatch.setattr(_costs, "GRID_FROM", 1 << 40)
+            want = _costs.pairs(x, y, both, False)
+            for a, b in zip(got, want, strict=True):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(got[0], pcops.knn(x, y, 1, validate=False).idx[:, 0])
+    assert len(launches) == 2  # (one a direction count)

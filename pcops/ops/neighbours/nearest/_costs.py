@@ -32,6 +32,8 @@ skipped, and the nearest is taken by root, then index, whatever the order of the
 pass's points.
 """
 
+from typing import Optional
+
 import torch
 import warp as wp
 
@@ -521,12 +523,13 @@ def _native_block(dtype: torch.dtype):
     return block
 
 
-def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple:
+def _run(kernel, key, threads: int, make_args, arrays: dict, work: int, lengths: Optional[tuple] = None) -> tuple:
     """``kernel`` over ``threads`` threads: the calling thread's prepared launch of ``key``
     (:func:`pcops._warp.prepared`) with ``arrays`` (its named tensors) pointed at this call's,
     or, before the kernel has run once, a launch of the arguments ``make_args()`` returns
     (args, keep: the arrays the prepared launch keeps); returns the kept arrays (of the
-    prepared launch, or of this launch)."""
+    prepared launch, or of this launch). ``lengths``: (groups of array names, their lengths
+    in this call) of a launch kept for a range of sizes (:meth:`pcops._warp.Prepared.size`)."""
 
     def prepare():
         args, keep = make_args()
@@ -539,6 +542,8 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: int) -> tuple
         return keep
     if launch.keep:
         launch.keep[1][0] = 0  # (the scan's flag, reset)
+    if lengths is not None:
+        launch.size(*lengths)
     launch.run(**arrays)
     return launch.keep
 
@@ -584,13 +589,24 @@ def by_pairs(m: int, n: int, both: bool) -> bool:
     return m * n <= SCAN_PAIRS or (both and m * n <= GRID_PAIRS and m + n <= GRID_KEPT)
 
 
-def _grid_arrays(cloud: torch.Tensor) -> list:
+def _grid_arrays(cloud: torch.Tensor, capacity: int) -> list:
     """The work arrays of the grid of ``cloud`` (N, 3) (the kernels' ``build_grid``): order, points,
-    begin, cursor, extents; N / GRID_POINTS columns (at least one)."""
-    n = cloud.shape[0]
+    begin, cursor, extents (:func:`_grid_lengths`), made for clouds of up to ``capacity`` points,
+    their first parts passed (a launch kept for a range of sizes sets their lengths per call)."""
+    room = _grid_lengths(capacity)
+    return [t[:size] for t, size in zip([torch.empty(room[0], dtype=torch.int32), cloud.new_empty((room[1], 3)), torch.empty(room[2], dtype=torch.int32),
+                                          torch.empty(room[3], dtype=torch.int32), cloud.new_empty(room[4])], _grid_lengths(cloud.shape[0]), strict=True)]
+
+
+def _grid_lengths(n: int) -> tuple:
+    """The lengths of the work arrays of the grid of n points (:func:`_grid_arrays`): N / GRID_POINTS columns (at least one)."""
     cells = max(1, n // GRID_POINTS)
-    return [torch.empty(n, dtype=torch.int32), cloud.new_empty((n, 3)), torch.empty(cells + 1, dtype=torch.int32),
-            torch.empty(cells, dtype=torch.int32), cloud.new_empty(8 * cells)]
+    return n, n, cells + 1, cells, 8 * cells
+
+
+# The arrays of the grid kernel whose lengths a call sets (the groups of _grid_lengths(n) and the clouds' lengths)
+_GRID_GROUPS = (("y_order",), ("y_pts",), ("y_begin",), ("y_cursor",), ("y_ext",), ("x_order",), ("x_pts",), ("x_begin",), ("x_cursor",), ("x_ext",),
+                ("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
 def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
@@ -601,13 +617,17 @@ def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
     ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
     iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
 
+    rooms = _warp.capacity(m), _warp.capacity(n)  # (one launch serves every size up to these)
+
     def args():
         flag = _warp.values_flag()
-        work = _grid_arrays(y) + _grid_arrays(x if both else x[:0])
+        work = _grid_arrays(y, rooms[1]) + (_grid_arrays(x, rooms[0]) if both else _grid_arrays(x[:0], 0))
         grids = [_warp.array(t, dtype=vec) if t.dim() == 2 else t for t in work]
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), *grids, ix, cx, iy, cy, flag[0]], (*flag, work)
 
-    keep = _run(kernel, ("chamfer_grid", x.dtype, m, n, both, GRID_POINTS), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None)
+    lengths = (*_grid_lengths(n), *_grid_lengths(m if both else 0), m, n, n if both else 0)
+    keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None,
+                (_GRID_GROUPS, lengths))
     if check and keep[1][0]:
         return None
     return ix, iy if both else None, cx, cy if both else None
