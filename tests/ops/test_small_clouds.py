@@ -1725,3 +1725,41 @@ def test_one_kept_chamfer_grid_serves_a_range_of_sizes(gen, monkeypatch, dtype):
                     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
             assert torch.equal(got[0], pcops.knn(x, y, 1, validate=False).idx[:, 0])
     assert len(launches) == 2  # (one a direction count)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_kept_scan_serves_every_size_of_its_cut(gen, monkeypatch, threads):
+    """A kept scan (every pair measured) serves every size cut into as many chunks: clouds of sizes
+    never seen before, small ones on the calling thread and a few queries in many points cut by
+    query, NaN and inf values among them, find the scan the first sizes made, and each call
+    equals the general path's and, finite, the float64 reference; a NaN point still raises where
+    values are checked."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        k = 4
+        for sizes in ([(40, 50), (17, 90), (64, 64), (1, 30), (50, 7), (33, 33)], [(20, 4100), (31, 4200), (25, 4150), (30, 4300)]):
+            scans = set()
+            for turn, (m, n) in enumerate(sizes):
+                ref = torch.rand(n, 3, generator=gen, dtype=F64) * 2 - 1
+                query = ref if m == n else torch.rand(m, 3, generator=gen, dtype=F64) * 2 - 1
+                if turn == 3:
+                    query[0, 2] = float("nan")
+                assert _kdtree._scans(m, n, k)
+                got = pcops.knn(query, ref, k, validate=False)
+                if turn >= 2 and query is not ref:  # (made on the second sighting of its cut)
+                    plan = _kdtree._kept_plan(query, ref, k)
+                    assert isinstance(plan, _kdtree._Scan) and plan.sizes == (n, m)
+                    scans.add(id(plan))
+                monkeypatch.setattr(_warp, "PREPARED", [False])
+                want = pcops.knn(query, ref, k, validate=False)
+                monkeypatch.setattr(_warp, "PREPARED", [True])
+                assert torch.equal(got.idx, want.idx) and torch.equal(got.dists, want.dists)
+                if turn == 3:
+                    with pytest.raises(ValueError, match="NaN or inf"):
+                        pcops.knn(query, ref, k)
+                else:
+                    assert torch.equal(got.idx, reference.knn(query, ref, k)[1])
+            assert len(scans) == 1
+    finally:
+        torch.set_num_threads(saved)

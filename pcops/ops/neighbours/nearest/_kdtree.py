@@ -42,8 +42,8 @@ ends: it visits each node at most once. The search writes every row whole (inf /
 it found): its outputs need no fill.
 
 Small CPU searches (every pair measured in one slice, or a tree of at most ``_KEPT_POINTS``
-points and queries) are kept by the calling thread per shapes (:func:`_kept_plan`): a call that
-finds its plan has nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
+points and queries) are kept by the calling thread (:func:`_kept_plan`), a plan for a range of
+sizes (:func:`_plan_key`): a call that finds its plan has nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
 tree's order (no query order to compute).
 
 The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
@@ -1080,12 +1080,14 @@ def _no_group(device: torch.device):
 
 
 class _Scan:
-    """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of m queries in n points
-    for k neighbours (one slice, every pair measured), with what a call needs at hand: the
-    pointer fields of its four array arguments, its values flag (a NumPy view of one int32),
-    output templates (:func:`_plan_outputs`) and ``state`` (:func:`_plan_state`)."""
+    """The calling thread's prepared scan (:class:`pcops._warp.Prepared`) of queries in points for
+    k neighbours (one slice, every pair measured), with what a call needs at hand: the pointer
+    fields of its four array arguments, its values flag (a NumPy view of one int32), output
+    templates (:func:`_plan_outputs`) and ``state`` (:func:`_plan_state`). One scan serves every
+    size its key names (:func:`_plan_key`: the scans cut into as many chunks): a call of other
+    sizes than the last sets its arrays' lengths and threads."""
 
-    __slots__ = ("state", "k", "launch", "fields", "flag", "dists", "idx")
+    __slots__ = ("state", "k", "launch", "fields", "flag", "dists", "idx", "lengths", "sizes")
 
     @classmethod
     def make(cls, query, ref, k: int):
@@ -1101,6 +1103,7 @@ class _Scan:
         if self.launch is None:
             return None
         self.fields, self.flag = self.launch.fields("query", "points", "dists", "idx"), flag[1]
+        self.lengths, self.sizes = self.launch.lengths(("points",), ("query", "dists", "idx")), (ref.shape[0], query.shape[0])
         return self
 
     def held(self) -> int:
@@ -1108,6 +1111,10 @@ class _Scan:
         return _warp.held_bytes(self.dists, self.idx) + self.launch.held()
 
     def run(self, query, ref, dists, idx):
+        sizes = (ref.shape[0], query.shape[0])
+        if sizes != self.sizes:
+            self.sizes = sizes
+            self.launch.resize(self.lengths, *sizes, threads=sizes[1])
         flag = self.flag
         flag[0] = 0
         self.launch.run_at(self.fields, query, ref, dists, idx)
@@ -1123,7 +1130,8 @@ def _plan_state() -> tuple:
 def _kept_plan(query, ref, k: int, slot: int = 0):
     """The calling thread's kept plan (:class:`_Scan` or :class:`_SmallTree`, in
     :data:`pcops._warp.KEPT`) of ``query`` (m, 3) in ``ref`` (n, 3) (contiguous CPU points,
-    ungrouped) for k neighbours, kept by shapes, dtype and whether ``ref is query`` (and
+    ungrouped) for k neighbours, kept by the range of sizes it serves (:func:`_plan_key`),
+    dtype and whether ``ref is query`` (and
     ``slot``: 0 for :func:`find`'s, 1 and 2 for :func:`find_both`'s two, whatever their shapes)
     and made under the same :func:`_plan_state`: a caller that finds one has nothing to decide.
     None where there is none (or launches are not prepared: :data:`pcops._warp.PREPARED`)."""
@@ -1138,10 +1146,11 @@ def _kept_plan(query, ref, k: int, slot: int = 0):
 def _plan_key(query, ref, k: int, slot: int, state: Optional[tuple] = None) -> Optional[tuple]:
     """The key of the kept plan of a search (:func:`_kept_plan`), None where none is kept (a
     scan in more than one slice, a tree of more than :data:`_KEPT_POINTS` points and queries, the
-    GPUs' build): a scan's by its shapes, a tree's by the range of sizes it serves
-    (:class:`_SmallTree`): the depth of its leaves, the queries' capacity, the query order's
-    bits, the search's chunks and whether the build runs on one thread, all as :func:`find`
-    decides them for these sizes, so that one plan runs the launches find would. Remembered
+    GPUs' build), by the range of sizes its plan serves: a scan's (:class:`_Scan`) by its
+    chunks, a tree's (:class:`_SmallTree`) by the depth of its leaves, the queries' capacity,
+    the query order's bits, the search's chunks and whether the build runs on one thread, all
+    as :func:`find` decides them for these sizes, so that one plan runs the launches find
+    would. Remembered
     for the last :data:`_KEYS_KEPT` shapes under each :func:`_plan_state`."""
     shapes = (query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot, state or _plan_state())
     key = _KEYS.get(shapes, False)
@@ -1158,8 +1167,9 @@ _KEYS_KEPT = 4096
 
 def _new_key(m: int, n: int, k: int, dtype: torch.dtype, same: bool, slot: int) -> Optional[tuple]:
     """:func:`_plan_key`, worked out."""
-    if _scans(m, n, k):
-        return ("knn", m, n, k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
+    if _scans(m, n, k):  # (the scan's chunks: :func:`pcops._warp.prepare`'s)
+        chunks = 1 if m * n < _warp.SERIAL_WORK else max(1, min(_threads.requested(), m))
+        return ("knn scan", chunks, k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
     if _GPU_BUILD or m + n > _KEPT_POINTS:
         return None
     depth = _depth(n)
@@ -1178,7 +1188,7 @@ def _new_plan(query, ref, k: int, slot: int = 0, pair: bool = False):
     key = _plan_key(query, ref, k, slot)
     if key is None or not _warp.KEPT.admit(key):
         return None
-    plan = _Scan.make(query, ref, k) if key[0] == "knn" else _SmallTree.make(query, ref, k, pair=pair)
+    plan = _Scan.make(query, ref, k) if key[0] == "knn scan" else _SmallTree.make(query, ref, k, pair=pair)
     if plan is None:
         return None
     plan.state = _plan_state()
