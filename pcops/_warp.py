@@ -825,20 +825,21 @@ class Prepared:
             run_chunks(self._run, 0, self._chunks)
 
     def lengths(self, *groups: tuple) -> tuple:
-        """The length fields (``shape[0]``; ``shape[d]`` for a name given as ``(name, d)``) of the
-        array arguments named in ``groups`` (tuples of names) in every chunk's packed arguments,
-        for :meth:`resize`, which gives each group's arrays one length: a launch kept for a range
-        of sizes (its kernel reading each array's length from its shape) is told each call's."""
+        """The length fields (``shape[0]``; ``shape[d]`` for a name given as ``(name, d)``, the
+        byte stride ``strides[d]`` for ``(name, d, "strides")``) of the array arguments named in
+        ``groups`` (tuples of names) in every chunk's packed arguments, for :meth:`resize`, which
+        gives each group's fields one value: a launch kept for a range of sizes (its kernel
+        reading each array's length from its shape) is told each call's."""
         found = []
         for g, names in enumerate(groups):
             for name in names:
-                name, dim = (name, 0) if isinstance(name, str) else name
+                name, dim, kind = (name, 0, "shape") if isinstance(name, str) else (*name, "shape")[:3]
                 *outer, field = name.split("__")
                 for args in self._args:
                     for part in outer:
                         args = getattr(args, part)
                     array = getattr(args, field)
-                    found.append((ctypes.c_int32.from_buffer(array, type(array).shape.offset + 4 * dim), g))
+                    found.append((ctypes.c_int32.from_buffer(array, getattr(type(array), kind).offset + 4 * dim), g))
         return tuple(found)
 
     def resize(self, lengths: tuple, *sizes: int, threads: typing.Optional[int] = None) -> None:
@@ -855,16 +856,16 @@ class Prepared:
                 args.start = first
                 dim.shape[0] = dim.size = size
 
-    def size(self, groups: tuple, sizes: tuple) -> None:
+    def size(self, groups: tuple, sizes: tuple, threads: typing.Optional[int] = None) -> None:
         """:meth:`resize` of the arrays named in ``groups`` (:meth:`lengths`, found once) to
-        ``sizes``, where they differ from the last call's: a launch kept for a range of sizes
-        whose threads do not change with them."""
-        if sizes != self._sizes:
+        ``sizes`` and of the launch to ``threads`` (None: as they are), where they differ from
+        the last call's: a launch kept for a range of sizes."""
+        if (sizes, threads) != self._sizes:
             lengths = self._fields.get(groups)
             if lengths is None:
                 lengths = self._fields[groups] = self.lengths(*groups)
-            self.resize(lengths, *sizes)
-            self._sizes = sizes
+            self.resize(lengths, *sizes, threads=threads)
+            self._sizes = sizes, threads
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""
@@ -989,6 +990,20 @@ def prepared(key, make):
 
 
 PREPARED = [True]  # False: every launch packed anew (tests and measurements compare both)
+
+
+def ranged(key, make, groups: tuple, sizes: tuple, threads: int, work: typing.Optional[int], min_chunk: int = 1) -> typing.Optional[Prepared]:
+    """:func:`prepared` for a launch that serves every size cut into as many chunks (``key`` names
+    the rest: what its kernel's arguments hold besides the lengths of its arrays): the launch
+    of ``threads`` threads that :func:`prepare` makes with ``work`` and ``min_chunk``, its
+    arrays named in ``groups`` (:meth:`Prepared.lengths`) set to this call's ``sizes``, one a
+    group. The kernel must read each size from those lengths (or from arrays the caller
+    points), and ``make()`` must give arrays it keeps room for every size of ``key``."""
+    chunks = 1 if work is not None and work < SERIAL_WORK else max(1, min(_threads.requested(), threads // max(min_chunk, 1)))
+    launch = prepared((key, chunks), make)
+    if launch is not None:
+        launch.size(groups, sizes, threads)
+    return launch
 
 
 def prepare(kernel, n: int, args: list, work: typing.Optional[int], min_chunk: int = 1, keep: tuple = ()) -> typing.Optional[Prepared]:

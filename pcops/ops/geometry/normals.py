@@ -244,6 +244,9 @@ def _kernel(dtype: torch.dtype, oriented: bool):
     return normals
 
 
+_GROUPS = (("points", "idx", "out"),)  # (the lengths a call sets: its points': pcops._warp.ranged)
+
+
 def _normals_of(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, view: Optional[torch.Tensor]) -> torch.Tensor:
     """The implementation of pcops::knn_normals (:func:`_knn_normals`, the op; plain calls run it
     directly): points (P, 3) float32/float64, idx (P, k) int64 rows of ``points`` (-1: absent), scale (1,)
@@ -255,10 +258,10 @@ def _normals_of(points: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor, vi
     _warp.init()
     points, idx, scale = points.contiguous(), idx.contiguous(), scale.contiguous()
     oriented = view is not None
-    if not oriented and points.is_cpu:  # the calling thread's packed launch of these shapes
+    if not oriented and points.is_cpu:  # the calling thread's packed launch of clouds cut into as many chunks
         kernel, args = _kernel(points.dtype, False), [points, idx, scale, points[:1], 0, out]
-        key = ("normals", points.dtype, *idx.shape, *out.stride())  # (out has the strides of the caller's points)
-        launch = _warp.prepared(key, lambda: _warp.prepare(kernel, points.shape[0], args, None, 256))
+        key = ("normals", points.dtype, idx.shape[1], *out.stride())  # (out has the strides of the caller's points)
+        launch = _warp.ranged(key, lambda: _warp.prepare(kernel, points.shape[0], args, None, 256), _GROUPS, (points.shape[0],), points.shape[0], None, 256)
         if launch is not None:
             launch.run(points=points, idx=idx, scale=scale, view=points, out=out)
             return out

@@ -183,8 +183,9 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     pairs = m * n
     if m and n and query_group is None and query.is_cpu and pairs <= SCAN_PAIRS:
         # the calling thread's packed launch of these shapes and radii: its rows come whole
-        launch = _warp.prepared(("ball", query.dtype, m, n, tuple(radii), tuple(max_neighbors), by_index),
-                                lambda: _dense(query, ref, radii, max_neighbors, by_index))
+        capacity = _warp.capacity(max(m, n))  # (one launch serves every size up to it, cut into as many chunks)
+        launch = _warp.ranged(("ball", query.dtype, capacity, tuple(radii), tuple(max_neighbors), by_index),
+                              lambda: _dense(query, ref, radii, max_neighbors, by_index, capacity), _DENSE_GROUPS, (m, n), m, pairs)
         if launch is not None:
             idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
             dists = query.new_empty((m, 0 if by_index else width))
@@ -228,11 +229,16 @@ def _columns(group: list, first: list, max_neighbors: list, dists: torch.Tensor,
     return tuple((first[g], max_neighbors[g]) for g in group), [dists, idx]
 
 
-def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool):
+# The lengths a call of the dense search sets (:func:`pcops._warp.ranged`): its queries', its points'
+_DENSE_GROUPS = (("cells__query", "cells__rows", "dists", "idx", "counts"), ("cells__points", "cells__order"))
+
+
+def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, capacity: int = 0):
     """The dense search of one CPU cloud as a prepared launch (:class:`pcops._warp.Prepared`):
     ``cells__query``, ``cells__points``, ``dists``, ``idx`` and ``counts`` pointed at each call's
     tensors (one group: its columns start at 0, so each output's views start at its first
-    element); None before the kernel's first launch."""
+    element), its indices held for clouds of up to ``capacity`` points; None before the
+    kernel's first launch."""
     m, width = query.shape[0], sum(max_neighbors)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     group = sorted(range(len(radii)), key=lambda g: radii[g])
@@ -240,7 +246,7 @@ def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool):
     dists = query.new_empty((m, 0 if by_index else width))
     columns, rows = _columns(group, first, max_neighbors, dists, idx)
     search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True)
-    scan = _cells.every_point(query, ref)
+    scan = _cells.every_point(query, ref, capacity)
     flag = _warp.values_flag()
     return _warp.prepare(search_kernel, query.shape[0], [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, flag[0]],
                          work=query.shape[0] * ref.shape[0], keep=(scan.tensors[2], flag))  # (the indices, not this call's clouds; the values flag)

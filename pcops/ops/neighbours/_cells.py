@@ -467,12 +467,14 @@ def _scan_type(dtype: torch.dtype):
     return Scan
 
 
-def every_point(query: torch.Tensor, ref: torch.Tensor):
+def every_point(query: torch.Tensor, ref: torch.Tensor, capacity: int = 0):
     """The scan struct of a kernel that measures every reference point of one cloud (a ``dense``
-    kernel: it reads ``query``, ``points`` and ``order`` only; no cell list is built)."""
+    kernel: it reads ``query``, ``points`` and ``order`` only; no cell list is built); its
+    indices (``rows``, ``order``: 0, 1, ...) held for clouds of up to ``capacity`` points too
+    (a launch kept for a range of sizes: :func:`pcops._warp.ranged`)."""
     scan = _scan_type(query.dtype)()
     vec = _warp.vec3(query.dtype)
-    index = torch.arange(max(query.shape[0], ref.shape[0]), device=ref.device)
+    index = torch.arange(max(query.shape[0], ref.shape[0], capacity), device=ref.device)
     scan.tensors = (query.contiguous(), ref.contiguous(), index)
     scan.rows, scan.order = _warp.array(index[: query.shape[0]]), _warp.array(index[: ref.shape[0]])
     scan.query, scan.points = _warp.array(scan.tensors[0], dtype=vec), _warp.array(scan.tensors[1], dtype=vec)

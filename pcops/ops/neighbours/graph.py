@@ -276,14 +276,18 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
         return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
     args = [rows, _NO_ENDS, k, int(loop), edges, _NO_FLAG]
-    launch = _warp.prepared(("edges", n, rows.shape[1], k, loop), lambda: _warp.prepare(_rows_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK))
-    if launch is not None:  # the calling thread's packed launch of these shapes
+    launch = _warp.ranged(("edges", rows.shape[1], k, loop), lambda: _warp.prepare(_rows_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK),
+                          _EDGE_GROUPS, (n, n * k, n * k * 8), n, rows.numel(), _warp.MIN_CHUNK)
+    if launch is not None:  # the calling thread's packed launch of clouds cut into as many chunks
         launch.run(idx=rows, edges=edges)
     else:
         _warp.launch(_rows_kernel(), n, args, like=points, work=rows.numel())
     return edges
 
 
+# The lengths a call of the edge rows sets (:func:`pcops._warp.ranged`): its points', its edges' and their rows' byte stride
+_EDGE_GROUPS = (("idx",), (("edges", 1),), (("edges", 0, "strides"),))
+_ENDS_GROUPS = (("idx", "ends"), (("edges", 1),), (("edges", 0, "strides"),))  # (the same, with each row's end)
 _NO_ENDS = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
 _NO_FLAG = torch.empty(0, dtype=torch.int32)  # (nothing to check)
 
@@ -321,9 +325,21 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     cap = max(1, min(cap, n - own))  # (no row holds more than the cloud)
     idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
     ends = torch.cumsum((counts - own).clamp_(0, cap), 0)
-    edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
-    flag, view = _warp.values_flag()
-    _warp.launch(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag], like=points, work=idx.numel())
+    e = int(ends[-1])
+    edges = torch.empty((2, e), dtype=torch.int64)
+
+    def make():
+        flag = _warp.values_flag()
+        return _warp.prepare(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag[0]], work=idx.numel(), min_chunk=_warp.MIN_CHUNK, keep=flag)
+
+    launch = _warp.ranged(("edges", idx.shape[1], cap, loop, "ends"), make, _ENDS_GROUPS, (n, e, 8 * e), n, idx.numel(), _warp.MIN_CHUNK)
+    if launch is not None:  # the calling thread's packed launch of clouds cut into as many chunks
+        view = launch.keep[1]
+        view[0] = 0
+        launch.run(idx=idx, ends=ends, edges=edges)
+    else:
+        flag, view = _warp.values_flag()
+        _warp.launch(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag], like=points, work=idx.numel())
     return None if view[0] else edges  # a row without its own point: the general path's masks
 
 

@@ -292,19 +292,25 @@ def _dense(query: torch.Tensor, group: Optional[torch.Tensor], n: int) -> bool:
     return query.is_cpu and group is None and query.shape[0] * n <= SCAN_PAIRS
 
 
+# The lengths a call of the dense forward sets (:func:`pcops._warp.ranged`): its queries', its points'
+_DENSE_GROUPS = (("cells__query", "cells__rows", "acc", "out", "wsum", "dmin"), ("cells__points", "cells__order", "feats"))
+
+
 def _dense_forward(query, points, feats, sigma, radius: float, weights: str, acc, out, wsum, dmin) -> None:
     """The forward kernel over every pair of one CPU cloud; a prepared launch
-    (:class:`pcops._warp.Prepared`, the calling thread's for these shapes) once it is loaded."""
+    (:class:`pcops._warp.Prepared`, the calling thread's for clouds of up to a power of two
+    points: :func:`pcops._warp.ranged`) once it is loaded."""
     kernel = _kernels(query.dtype, weights, True)[0]
     m, n = query.shape[0], points.shape[0]
     query, sigma = query.contiguous(), sigma.reshape(1).contiguous()
+    capacity = _warp.capacity(max(m, n))
 
     def make():
-        scan = _cells.every_point(query, points)
+        scan = _cells.every_point(query, points, capacity)
         return _warp.prepare(kernel, m, [scan, _blocks(feats), sigma, radius, _blocks(acc), out, wsum, dmin], work=m * n,
                              keep=(scan.tensors[2],))  # (the indices; not this call's tensors)
 
-    launch = _warp.prepared(("radius", query.dtype, weights, m, n, feats.shape[1], out.shape[1], radius), make)
+    launch = _warp.ranged(("radius", query.dtype, weights, capacity, feats.shape[1], out.shape[1], radius), make, _DENSE_GROUPS, (m, n), m, m * n)
     if launch is None:
         _launch(kernel, _cells.every_point(query, points), _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=True)
     else:

@@ -78,6 +78,9 @@ def _kernel(dtype: torch.dtype, k: int, inverse: bool):
     return mean
 
 
+_GROUPS = (("dists", "idx", "out"), ("features",))  # (the lengths a call sets: its rows', its points')
+
+
 def mean(dists: torch.Tensor, idx: torch.Tensor, features: torch.Tensor, inverse: bool) -> Optional[torch.Tensor]:
     """(M, F): the weighted mean of each row's neighbours' features (see the module docs) for a
     plain search's ``dists`` and ``idx`` (M, k), k <= :data:`MAX_K`, and CPU ``features`` (N, F)
@@ -91,7 +94,8 @@ def mean(dists: torch.Tensor, idx: torch.Tensor, features: torch.Tensor, inverse
     kernel = _kernel(dists.dtype, k, inverse)
     args = [dists, idx, features, out, cut]
     work = m * k * max(features.shape[1], 1)
-    launch = _warp.prepared(("knn_mean", dists.dtype, m, k, features.shape, inverse), lambda: _warp.prepare(kernel, m, args, work=work))
+    launch = _warp.ranged(("knn_mean", dists.dtype, k, features.shape[1], inverse), lambda: _warp.prepare(kernel, m, args, work=work),
+                          _GROUPS, (m, features.shape[0]), m, work)
     if launch is not None:
         launch.run(dists=dists, idx=idx, features=features, out=out, cut=cut)
     else:
