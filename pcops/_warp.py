@@ -856,16 +856,29 @@ class Prepared:
                 args.start = first
                 dim.shape[0] = dim.size = size
 
-    def size(self, groups: tuple, sizes: tuple, threads: typing.Optional[int] = None) -> None:
+    def size(self, groups: tuple, sizes: tuple, threads: typing.Optional[int] = None, values: tuple = ()) -> None:
         """:meth:`resize` of the arrays named in ``groups`` (:meth:`lengths`, found once) to
-        ``sizes`` and of the launch to ``threads`` (None: as they are), where they differ from
-        the last call's: a launch kept for a range of sizes."""
-        if (sizes, threads) != self._sizes:
+        ``sizes`` and of the launch to ``threads`` (None: as they are), and the scalar
+        arguments of ``values`` ((name, value) pairs, :meth:`put`) set, where any differs from
+        the last call's: a launch kept for a range of sizes (and of those values)."""
+        if (sizes, threads, values) != self._sizes:
             lengths = self._fields.get(groups)
             if lengths is None:
                 lengths = self._fields[groups] = self.lengths(*groups)
             self.resize(lengths, *sizes, threads=threads)
-            self._sizes = sizes, threads
+            for name, value in values:
+                self.put(name, value)
+            self._sizes = sizes, threads, values
+
+    def put(self, name: str, value) -> None:
+        """Set the scalar argument ``name`` to ``value`` (a number; a vector argument's: a tuple of
+        them) in every chunk's packed arguments, converted as they were packed (by ctypes: not
+        a float16 scalar, packed as its bits, which no caller puts)."""
+        for args in self._args:
+            if isinstance(value, tuple):
+                getattr(args, name)[:] = value
+            else:
+                setattr(args, name, value)
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""
@@ -992,17 +1005,20 @@ def prepared(key, make):
 PREPARED = [True]  # False: every launch packed anew (tests and measurements compare both)
 
 
-def ranged(key, make, groups: tuple, sizes: tuple, threads: int, work: typing.Optional[int], min_chunk: int = 1) -> typing.Optional[Prepared]:
+def ranged(key, make, groups: tuple, sizes: tuple, threads: int, work: typing.Optional[int], min_chunk: int = 1,
+           values: tuple = ()) -> typing.Optional[Prepared]:
     """:func:`prepared` for a launch that serves every size cut into as many chunks (``key`` names
-    the rest: what its kernel's arguments hold besides the lengths of its arrays): the launch
-    of ``threads`` threads that :func:`prepare` makes with ``work`` and ``min_chunk``, its
-    arrays named in ``groups`` (:meth:`Prepared.lengths`) set to this call's ``sizes``, one a
-    group. The kernel must read each size from those lengths (or from arrays the caller
-    points), and ``make()`` must give arrays it keeps room for every size of ``key``."""
+    the rest: what its kernel's arguments hold besides the lengths of its arrays and the
+    scalars of ``values``): the launch of ``threads`` threads that :func:`prepare` makes with
+    ``work`` and ``min_chunk``, its arrays named in ``groups`` (:meth:`Prepared.lengths`) set
+    to this call's ``sizes``, one a group, and its scalar arguments to ``values`` ((name,
+    value) pairs: :meth:`Prepared.put`). The kernel must read each size from those lengths (or
+    from arrays the caller points), and ``make()`` must give arrays it keeps room for every
+    size of ``key``."""
     chunks = 1 if work is not None and work < SERIAL_WORK else max(1, min(_threads.requested(), threads // max(min_chunk, 1)))
     launch = prepared((key, chunks), make)
     if launch is not None:
-        launch.size(groups, sizes, threads)
+        launch.size(groups, sizes, threads, values)
     return launch
 
 

@@ -1763,3 +1763,39 @@ def test_one_kept_scan_serves_every_size_of_its_cut(gen, monkeypatch, threads):
             assert len(scans) == 1
     finally:
         torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_kept_dense_searches_serve_ranges_of_sizes_and_radii(gen, monkeypatch, dtype):
+    """The kept dense ball search and radius_aggregate's dense forward serve clouds of every size
+    up to their capacity and any radius (the radii's order fixed): sizes and radii never seen
+    before, growing and shrinking in turn, run what was kept (no launch packed anew) and equal
+    the general path's results, ball_query the float64 reference; a NaN point still raises
+    where values are checked."""
+    sizes = [(256, 200), (183, 250), (200, 256), (255, 183), (190, 182), (256, 256), (182, 190)]  # (all cut into as many chunks)
+    launched = []
+    real_launch = _warp.launch
+    monkeypatch.setattr(_warp, "launch", lambda *a, **kw: (launched.append(a[0].key), real_launch(*a, **kw))[1])
+    for turn, (m, n) in enumerate(sizes):
+        p = torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1
+        q = torch.rand(m, 3, generator=gen, dtype=dtype) * 2 - 1
+        f = torch.randn(n, 5, generator=gen, dtype=dtype)
+        r = 0.2 + 0.05 * turn
+        calls = [lambda: pcops.ball_query(q, p, r, 16), lambda: pcops.ball_queries(q, p, (r, 0.8 * r), (8, 12)),
+                 lambda: pcops.radius_aggregate(q, p, f, r, weights="uniform"), lambda: pcops.radius_aggregate(q, p, f, r, weights="softmax", sigma=0.1),
+                 lambda: pcops.radius_graph(p, r, max_neighbors=10)]
+        launched.clear()
+        got = [call() for call in calls]
+        if turn >= 2:  # (made on their ranges' second sightings)
+            assert not launched, launched
+        monkeypatch.setattr(_warp, "PREPARED", [False])
+        want = [call() for call in calls]
+        monkeypatch.setattr(_warp, "PREPARED", [True])
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
+            assert torch.equal(a, b)
+        if dtype is F64:
+            _, ref_idx, ref_counts = reference.ball_query(q, p, r, 16)
+            assert torch.equal(got[0].idx, ref_idx) and torch.equal(got[0].counts, ref_counts)
+    p[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        pcops.ball_query(q, p, 0.3, 16)

@@ -310,7 +310,8 @@ def _dense_forward(query, points, feats, sigma, radius: float, weights: str, acc
         return _warp.prepare(kernel, m, [scan, _blocks(feats), sigma, radius, _blocks(acc), out, wsum, dmin], work=m * n,
                              keep=(scan.tensors[2],))  # (the indices; not this call's tensors)
 
-    launch = _warp.ranged(("radius", query.dtype, weights, capacity, feats.shape[1], out.shape[1], radius), make, _DENSE_GROUPS, (m, n), m, m * n)
+    launch = _warp.ranged(("radius", query.dtype, weights, capacity, feats.shape[1], out.shape[1]), make, _DENSE_GROUPS, (m, n), m, m * n,
+                          values=(("radius", float(radius)),))
     if launch is None:
         _launch(kernel, _cells.every_point(query, points), _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=True)
     else:
