@@ -993,7 +993,11 @@ def prepared(key, make):
     :func:`prepare`); None before that (the caller launches as usual)."""
     if not PREPARED[0]:
         return None
-    key = (key, _threads.requested())
+    return _kept((key, _threads.requested()), make)
+
+
+def _kept(key, make):
+    """:func:`prepared` of a key that holds the thread count."""
     found = KEPT.get(key)
     if found is None and KEPT.admit(key):
         found = make()
@@ -1015,8 +1019,11 @@ def ranged(key, make, groups: tuple, sizes: tuple, threads: int, work: typing.Op
     value) pairs: :meth:`Prepared.put`). The kernel must read each size from those lengths (or
     from arrays the caller points), and ``make()`` must give arrays it keeps room for every
     size of ``key``."""
-    chunks = 1 if work is not None and work < SERIAL_WORK else max(1, min(_threads.requested(), threads // max(min_chunk, 1)))
-    launch = prepared((key, chunks), make)
+    if not PREPARED[0]:
+        return None
+    requested = _threads.requested()
+    chunks = 1 if work is not None and work < SERIAL_WORK else max(1, min(requested, threads // max(min_chunk, 1)))
+    launch = _kept((key, chunks, requested), make)
     if launch is not None:
         launch.size(groups, sizes, threads, values)
     return launch

@@ -956,7 +956,7 @@ class _SmallTree:
     (:meth:`pcops._warp.Prepared.resize`): a stream of clouds of sizes never seen before meets
     kept plans (docs/benchmarks.md, small clouds)."""
 
-    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "keep", "lengths", "sizes")
+    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "rows", "keep", "lengths", "sizes")
 
     @classmethod
     def make(cls, query, ref, k: int, pair: bool = False):
@@ -973,6 +973,7 @@ class _SmallTree:
         with torch.inference_mode(False):  # (kept arrays a call writes: never inference tensors)
             points, order = ref.new_empty((LEAF << depth, 3))[:n], torch.empty(LEAF << depth, dtype=torch.int64)[:n]
             self.dists, self.idx = _outputs(query, k)  # (output templates: :func:`_plan_outputs`)
+        self.rows = m
         self.flag = _warp.values_flag()
         load_args = [_warp.array(ref, dtype=vec), _warp.array(ref[:0] if self.same else query, dtype=vec),
                      _warp.array(points, dtype=vec), order, self.flag[0]]
@@ -1013,20 +1014,19 @@ class _SmallTree:
         launches = (self.launches[0], self.launches[1], *self.launches[2], self.launches[3])
         return _warp.held_bytes(self.keep, self.dists, self.idx) + sum(launch.held() for launch in launches if launch is not None)
 
-    def run(self, query, ref, dists, idx):
-        """Search ``query`` in ``ref`` into ``dists``, ``idx``; the values flag (a NumPy view of
-        one int32): 1 where a value of either is NaN or inf."""
-        flag = self.load(query, ref)
+    def run(self, query, ref, dists, idx, sizes: tuple):
+        """Search ``query`` in ``ref`` (``sizes``: their lengths, n and m) into ``dists``, ``idx``;
+        the values flag (a NumPy view of one int32): 1 where a value of either is NaN or inf."""
+        flag = self.load(query, ref, sizes)
         for build in self.launches[2]:
             build.run_at(())
         self.launches[3].run_at(self.fields[3], dists, idx)
         return flag
 
-    def load(self, query, ref):
-        """The launches set to these sizes (where they differ from the last call's), the values
-        flag reset, the points loaded (their values checked) and the queries ordered: what comes
-        before the build; the flag."""
-        sizes = (ref.shape[0], query.shape[0])
+    def load(self, query, ref, sizes: tuple):
+        """The launches set to these ``sizes`` (n, m; where they differ from the last call's), the
+        values flag reset, the points loaded (their values checked) and the queries ordered:
+        what comes before the build; the flag."""
         if sizes != self.sizes:
             self.sizes = sizes
             self.launches[3].resize(self.lengths, *sizes, threads=sizes[1])  # (every launch's lengths)
@@ -1087,7 +1087,7 @@ class _Scan:
     size its key names (:func:`_plan_key`: the scans cut into as many chunks): a call of other
     sizes than the last sets its arrays' lengths and threads."""
 
-    __slots__ = ("state", "k", "launch", "fields", "flag", "dists", "idx", "lengths", "sizes")
+    __slots__ = ("state", "k", "launch", "fields", "flag", "dists", "idx", "rows", "lengths", "sizes")
 
     @classmethod
     def make(cls, query, ref, k: int):
@@ -1097,6 +1097,7 @@ class _Scan:
         vec = _warp.vec3(query.dtype)
         flag = _warp.values_flag()
         self.dists, self.idx = _outputs(query, k)
+        self.rows = query.shape[0]
         args = [1, _warp.array(query, dtype=vec), _no_group(query.device)[1], _warp.array(ref, dtype=vec), _no_group(query.device)[1],
                 self.dists, self.idx, flag[0]]
         self.launch = _warp.prepare(_scan_kernel(query.dtype, False)[0], query.shape[0], args, work=query.shape[0] * ref.shape[0], keep=flag)
@@ -1110,8 +1111,7 @@ class _Scan:
         """The bytes this plan holds (:meth:`pcops._warp.Kept.put`)."""
         return _warp.held_bytes(self.dists, self.idx) + self.launch.held()
 
-    def run(self, query, ref, dists, idx):
-        sizes = (ref.shape[0], query.shape[0])
+    def run(self, query, ref, dists, idx, sizes: tuple):
         if sizes != self.sizes:
             self.sizes = sizes
             self.launch.resize(self.lengths, *sizes, threads=sizes[1])
@@ -1151,14 +1151,14 @@ def _plan_key(query, ref, k: int, slot: int, state: Optional[tuple] = None) -> O
     the query order's bits, the search's chunks and whether the build runs on one thread, all
     as :func:`find` decides them for these sizes, so that one plan runs the launches find
     would. Remembered
-    for the last :data:`_KEYS_KEPT` shapes under each :func:`_plan_state`."""
-    shapes = (query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot, state or _plan_state())
-    key = _KEYS.get(shapes, False)
-    if key is False:
+    for up to :data:`_KEYS_KEPT` shapes, each under the :func:`_plan_state` it was worked out in."""
+    shapes, state = (query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot), state or _plan_state()
+    found = _KEYS.get(shapes)
+    if found is None or found[0] != state:
         if len(_KEYS) >= _KEYS_KEPT:
             _KEYS.clear()
-        key = _KEYS[shapes] = _new_key(*shapes[:6])
-    return key
+        found = _KEYS[shapes] = (state, _new_key(*shapes))
+    return found[1]
 
 
 _KEYS: dict = {}
@@ -1240,29 +1240,31 @@ def find_both(x, y, k: int):
     a, b = plans
     if a is None or b is None:
         return None
-    bad = a.load(x, y)[0] | b.load(y, x)[0]
+    m, n = x.shape[0], y.shape[0]
+    bad = a.load(x, y, (n, m))[0] | b.load(y, x, (m, n))[0]
     _warp.run_together((*a.launches[2], *b.launches[2]))  # (a pair's build: one launch each)
     out = []  # (dists and idx alive until the searches ran: the launches hold their addresses only)
     for plan, query in ((a, x), (b, y)):
-        out.append(_plan_outputs(plan, query))
+        out.append(_plan_outputs(plan, query.shape[0]))
         plan.launches[3].point(plan.fields[3], *out[-1])
     _warp.run_together((a.launches[3], b.launches[3]))
     return out[0][1], out[1][1], bool(bad)
 
 
-def _plan_outputs(plan, query) -> tuple:
-    """New (dists, idx) outputs of a kept plan's search of ``query``: like its kept templates
+def _plan_outputs(plan, m: int) -> tuple:
+    """New (dists, idx) outputs of a kept plan's search of m queries: like its kept templates
     (``torch.empty_like`` checks less than a new shape does), by shape for another size than
-    theirs (a tree's plan serves a range of sizes; its templates are its first size's)."""
-    if plan.dists.shape[0] == query.shape[0]:
+    theirs (a plan serves a range of sizes; its templates are its first size's: ``plan.rows``)."""
+    if plan.rows == m:
         return torch.empty_like(plan.dists), torch.empty_like(plan.idx)
-    return _outputs(query, plan.k)
+    return plan.dists.new_empty((m, plan.k)), torch.empty((m, plan.k), dtype=torch.int64)
 
 
 def _run_kept(plan, query, ref):
     """(dists, idx, flag value) of a kept plan's search of contiguous ``query`` in ``ref``, its outputs new."""
-    dists, idx = _plan_outputs(plan, query)
-    return dists, idx, plan.run(query, ref, dists, idx)[0]
+    sizes = (ref.shape[0], query.shape[0])
+    dists, idx = _plan_outputs(plan, sizes[1])
+    return dists, idx, plan.run(query, ref, dists, idx, sizes)[0]
 
 
 def _one_node(first: int, last: int, n: int) -> bool:
