@@ -768,9 +768,10 @@ SERIAL_WORK = 1 << 15
 
 class Prepared:
     """A CPU launch of a loaded kernel with its arguments packed once and kept (:func:`_runner`'s
-    structs), for small calls repeated with arrays of the same shapes: a call points the named
-    array arguments at its tensors' memory (:meth:`run`) and runs the chunks, with no conversion
-    or packing (most of a small call's launch). Every array argument that differs between calls
+    structs), for small calls repeated with arrays of the same shapes (or of any size its key
+    names: :meth:`size`, :func:`ranged`): a call points the named array arguments at its
+    tensors' memory (:meth:`run`) and runs the chunks, with no conversion or packing (most of a
+    small call's launch). Every array argument that differs between calls
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 

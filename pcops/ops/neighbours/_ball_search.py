@@ -182,7 +182,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     m, n, width = query.shape[0], ref.shape[0], sum(max_neighbors)
     pairs = m * n
     if m and n and query_group is None and query.is_cpu and pairs <= SCAN_PAIRS:
-        # the calling thread's packed launch of these shapes and radii: its rows come whole
+        # the calling thread's packed launch of clouds up to a capacity, any radii in this order: its rows come whole
         capacity = _warp.capacity(max(m, n))  # (one launch serves every size up to it, cut into as many chunks)
         order = (0,) if len(radii) == 1 else tuple(sorted(range(len(radii)), key=lambda g: radii[g]))  # (the radii's order sets the columns: in the key; their values are put)
         launch = _warp.ranged(("ball", query.dtype, capacity, order, tuple(max_neighbors), by_index),

@@ -47,6 +47,7 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple, Optional, Union
 
+import numpy as np
 import torch
 import warp as wp
 
@@ -950,7 +951,8 @@ class _Bucket:
     def make(cls, dtype: torch.dtype, capacity: int, n_samples: int, m: int) -> Optional["_Bucket"]:
         """The plan, made with outputs of ``n_samples`` picks; None before the kernel's first launch."""
         self = cls()
-        lengths, counts, self.first = torch.tensor([capacity], dtype=torch.int32), torch.tensor([min(capacity, n_samples)]), (ctypes.c_int64 * m)()
+        sizes = np.array([capacity], dtype=np.int32), np.array([min(capacity, n_samples)], dtype=np.int64)  # (NumPy's memory: written per call)
+        (lengths, counts), self.first = (torch.from_numpy(a) for a in sizes), (ctypes.c_int64 * m)()
         flag = _warp.values_flag()
         self.idx, self.picked = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype)
         values = _bucket_values(torch.empty((1, capacity, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(self.first, (1, m)),
@@ -958,7 +960,7 @@ class _Bucket:
         self.launch = _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(lengths, counts, values[6:-3]))  # (values[6:-3]: the work arrays)
         if self.launch is None:
             return None
-        self.flag, self.sizes, self.starts, self.last = flag[1], (lengths.numpy(), counts.numpy()), None, (capacity, n_samples)
+        self.flag, self.sizes, self.starts, self.last = flag[1], sizes, None, (capacity, n_samples)
         self.fields = self.launch.fields("points", "idx", "gathered")
         self.lengths = self.launch.lengths(("points",), (("idx", 1), "gathered"))
         return self

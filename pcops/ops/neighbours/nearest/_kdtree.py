@@ -861,7 +861,8 @@ def _launch_build(args: list, n: int, depth: int, like: torch.Tensor, beside=Non
 def prepared_split(points: torch.Tensor, order: torch.Tensor, depth: int, queries: int = 0, one_launch: bool = False,
                    serial_work: Optional[int] = None):
     """(launches, (lo, hi, glo, ghi, axis, split)) of the CPU build of an ungrouped kd-tree of
-    ``points`` (N, 3), kept for builds of the same shapes: its launches (:func:`build_steps`, with
+    ``points`` (N, 3), kept for builds of the same shapes (a caller that sets each call's
+    lengths: of every size up to its arrays'): its launches (:func:`build_steps`, with
     ``queries`` ordered beside, ``serial_work``; ``one_launch``: one launch on one thread whatever the size)
     prepared (:class:`pcops._warp.Prepared`; ``order`` the argument a call points at its own (N,)
     int64 indices, 0..N-1 in, the tree's order out; ``points`` permuted in place) and the arrays
@@ -934,7 +935,8 @@ def _small_tree(m: int, n: int) -> bool:
 
 # The most points and queries (together) of a search kept as a :class:`_SmallTree`: its kept
 # arrays, about 60 bytes a query or point at their capacities (at most twice the sizes), under
-# two megabytes; a thread keeps them within :data:`pcops._warp.KEEP_BYTES` with its other kept
+# two megabytes, with output templates of at most :data:`_KEEP_OUTPUTS` entries (at most 0.5 MB)
+# beside them; a thread keeps them within :data:`pcops._warp.KEEP_BYTES` with its other kept
 # launches.
 _KEPT_POINTS = 1 << 14
 
@@ -972,8 +974,8 @@ class _SmallTree:
         vec = _warp.vec3(ref.dtype)
         with torch.inference_mode(False):  # (kept arrays a call writes: never inference tensors)
             points, order = ref.new_empty((LEAF << depth, 3))[:n], torch.empty(LEAF << depth, dtype=torch.int64)[:n]
-            self.dists, self.idx = _outputs(query, k)  # (output templates: :func:`_plan_outputs`)
-        self.rows = m
+            self.dists, self.idx = _outputs(query if m * k <= _KEEP_OUTPUTS else query[:0], k)  # (output templates: :func:`_plan_outputs`)
+        self.rows = self.dists.shape[0]
         self.flag = _warp.values_flag()
         load_args = [_warp.array(ref, dtype=vec), _warp.array(ref[:0] if self.same else query, dtype=vec),
                      _warp.array(points, dtype=vec), order, self.flag[0]]
@@ -992,7 +994,7 @@ class _SmallTree:
             if order_launch is None:
                 return None
         search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
-                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, self.dists, self.idx, int(_CHAIN)]
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN)]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if self.launches[0] is None or self.launches[3] is None:
@@ -1039,6 +1041,11 @@ class _SmallTree:
             load.run_at(self.fields[0], ref, query)
             order.run_at(self.fields[1], query)
         return flag
+
+
+# A kept tree keeps output templates (for ``torch.empty_like``) of at most this many entries
+# (larger outputs are allocated by shape: their search costs far more than the allocation)
+_KEEP_OUTPUTS = 1 << 15
 
 
 def _outputs(query, k: int) -> tuple:
@@ -1166,7 +1173,9 @@ _KEYS_KEPT = 4096
 
 
 def _new_key(m: int, n: int, k: int, dtype: torch.dtype, same: bool, slot: int) -> Optional[tuple]:
-    """:func:`_plan_key`, worked out."""
+    """:func:`_plan_key`, worked out (none without queries: a kept plan of no threads would check no value)."""
+    if not m:
+        return None
     if _scans(m, n, k):  # (the scan's chunks: :func:`pcops._warp.prepare`'s)
         chunks = 1 if m * n < _warp.SERIAL_WORK else max(1, min(_threads.requested(), m))
         return ("knn scan", chunks, k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
@@ -1207,9 +1216,9 @@ def search_checked(query, ref, k):
     """(dists, idx) of :func:`find` for plain CPU points (M, 3), (N, 3) of one dtype, ``k`` in
     1..N, with their values checked in the search's own launches; False where a value is NaN or
     inf (nothing returned); None where the search is not the calling thread's kept plan (no
-    query, a search that is neither a one-slice scan nor a small tree, or shapes :func:`find`
-    has not kept yet: nothing ran, the caller checks the values and calls :func:`find`, which
-    makes the plan on the shapes' second sighting). The plain calls' values check without a
+    query, a search that is neither a one-slice scan nor a small tree, or sizes whose plan
+    :func:`find` has not kept yet: nothing ran, the caller checks the values and calls
+    :func:`find`, which makes the plan on its key's second sighting). The plain calls' values check without a
     torch reduction and read."""
     query, ref = _contiguous(query, ref)
     plan = _kept_plan(query, ref, k)  # kept: nothing to decide
@@ -1337,7 +1346,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     query, ref = _contiguous(query, ref)
     small = not grouped and query.is_cpu
     plan = _kept_plan(query, ref, k) if small else None
-    if plan is not None:  # the thread's kept plan of these shapes: nothing to decide
+    if plan is not None:  # the thread's kept plan of these sizes: nothing to decide
         return _run_kept(plan, query, ref)[:2]
     vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
     if small:
