@@ -1713,8 +1713,9 @@ def test_one_kept_chamfer_grid_serves_a_range_of_sizes(gen, monkeypatch, dtype):
             monkeypatch.setattr(_costs, "GRID_FROM", 0)
             got = _costs.pairs(x, y, both, False)
             if turn >= 2:
-                launch = _warp.KEPT.get((("chamfer_grid", dtype, 256, 512, both, _costs.GRID_POINTS), torch.get_num_threads()))
-                assert launch is not None
+                keys = [key for key in _warp.KEPT.keys() if key[0] == ("chamfer_grid", dtype, 256, 512, both, _costs.GRID_POINTS)]
+                assert len(keys) == 1
+                launch = _warp.KEPT.get(keys[0])
                 launches.add(id(launch))
             assert (_costs.pairs(x, y, both, True) is None) == (turn % 3 == 2)
             monkeypatch.setattr(_costs, "GRID_FROM", 1 << 40)
@@ -1799,3 +1800,32 @@ def test_kept_dense_searches_serve_ranges_of_sizes_and_radii(gen, monkeypatch, d
     p[3, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN or inf"):
         pcops.ball_query(q, p, 0.3, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_kept_chamfer_pass_and_costs_serve_ranges_of_sizes(gen, monkeypatch, dtype):
+    """chamfer's kept pass over every pair (rows and columns) and its kept costs launch (after two
+    kept trees) serve clouds of every size of their ranges: sizes never seen before, growing and
+    shrinking in turn, run what was kept (no launch packed anew) and give the general path's
+    loss; the pass's nearest points are the kNN search's."""
+    from pcops.ops.neighbours.nearest import _costs
+
+    monkeypatch.setattr(_costs, "GRID_FROM", 1 << 40)  # (the pass at every size below its bound)
+    launched = []
+    real_launch = _warp.launch
+    monkeypatch.setattr(_warp, "launch", lambda *a, **kw: (launched.append(a[0].key), real_launch(*a, **kw))[1])
+    for sizes in ([(100, 256), (120, 200), (90, 250), (128, 129), (70, 256), (110, 180)], [(4200, 4300), (4500, 4150), (4100, 4600), (4400, 4444)]):
+        for turn, (m, n) in enumerate(sizes):
+            x, y = torch.rand(m, 3, generator=gen, dtype=dtype) * 2 - 1, torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1
+            launched.clear()
+            got = [pcops.chamfer_distance(x, y), pcops.chamfer_distance(x, y, single_directional=True)]
+            if turn >= 2:  # (made on their ranges' second sightings)
+                assert not launched, (m, n, launched)
+            monkeypatch.setattr(_warp, "PREPARED", [False])
+            want = [pcops.chamfer_distance(x, y), pcops.chamfer_distance(x, y, single_directional=True)]
+            monkeypatch.setattr(_warp, "PREPARED", [True])
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b)
+            if m * n <= _costs.SCAN_PAIRS:
+                found = _costs.pairs(x, y, True)
+                assert torch.equal(found[0], pcops.knn(x, y, 1).idx[:, 0]) and torch.equal(found[1], pcops.knn(y, x, 1).idx[:, 0])

@@ -523,27 +523,25 @@ def _native_block(dtype: torch.dtype):
     return block
 
 
-def _run(kernel, key, threads: int, make_args, arrays: dict, work: int, lengths: Optional[tuple] = None) -> tuple:
-    """``kernel`` over ``threads`` threads: the calling thread's prepared launch of ``key``
-    (:func:`pcops._warp.prepared`) with ``arrays`` (its named tensors) pointed at this call's,
-    or, before the kernel has run once, a launch of the arguments ``make_args()`` returns
-    (args, keep: the arrays the prepared launch keeps); returns the kept arrays (of the
-    prepared launch, or of this launch). ``lengths``: (groups of array names, their lengths
-    in this call) of a launch kept for a range of sizes (:meth:`pcops._warp.Prepared.size`)."""
+def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int], lengths: tuple) -> tuple:
+    """``kernel`` over ``threads`` threads: the calling thread's prepared launch for ``key``,
+    which serves every size it names (:func:`pcops._warp.ranged`; ``lengths``: (groups of array
+    names, their lengths in this call)), with ``arrays`` (its named tensors) pointed at this
+    call's, or, before the kernel has run once, a launch of the arguments ``make_args()``
+    returns (args, keep: the arrays the prepared launch keeps, room for every size of ``key``);
+    returns the kept arrays (of the prepared launch, or of this launch)."""
 
     def prepare():
         args, keep = make_args()
         return _warp.prepare(kernel, threads, args, work=work, keep=keep)
 
-    launch = _warp.prepared(key, prepare)
+    launch = _warp.ranged(key, prepare, *lengths, threads, work)
     if launch is None:  # (the kernel's first run: its arguments made again, once)
         args, keep = make_args()
         _warp.launch(kernel, threads, args, like=arrays["x"], min_chunk=1, work=work)
         return keep
     if launch.keep:
         launch.keep[1][0] = 0  # (the scan's flag, reset)
-    if lengths is not None:
-        launch.size(*lengths)
     launch.run(**arrays)
     return launch.keep
 
@@ -565,22 +563,34 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
     iy, cy = torch.empty(n if both else 0, dtype=torch.int64), x.new_empty(n if both else 0)
 
-    def rows_args():
-        flag = _warp.values_flag()
-        col_d, col_i = x.new_empty(blocks * n if both else 0), torch.empty(blocks * n if both else 0, dtype=torch.int32)
-        y_flat = x.new_empty(blocks * 3 * n)  # (each block's copy of y by coordinate)
-        return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d, col_i, ix, cx, iy, cy, flag[0], y_flat], (*flag, col_d, col_i, y_flat)
+    room = _warp.capacity(n)  # (one launch serves every y up to it, and any x)
+    columns_n = blocks * n if both else 0
 
-    keep = _run(rows, ("chamfer_rows", x.dtype, m, n, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work)
+    def rows_args():  # (kept: the columns and y's copies for y of ``room`` points; this call's first parts passed)
+        flag = _warp.values_flag()
+        col_d, col_i = x.new_empty(blocks * room if both else 0), torch.empty(blocks * room if both else 0, dtype=torch.int32)
+        y_flat = x.new_empty(blocks * 3 * room)  # (each block's copy of y by coordinate)
+        return ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), blocks, col_d[:columns_n], col_i[:columns_n], ix, cx, iy, cy, flag[0],
+                 y_flat[: blocks * 3 * n]], (*flag, col_d, col_i, y_flat))
+
+    keep = _run(rows, ("chamfer_rows", x.dtype, room, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work,
+                (_ROWS_GROUPS, (m, n, n if both else 0, columns_n, blocks * 3 * n)))
     if check and keep[1][0]:
         return None
     if not both:
         return ix, None, cx, None
     if blocks > 1:
         col_d, col_i = keep[2], keep[3]
-        _run(columns, ("chamfer_columns", x.dtype, m, n, blocks), n, lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), col_d, col_i, iy, cy], ()),
-             dict(x=x, y=y, col_d=col_d, col_i=col_i, iy=iy, cy=cy), n * blocks)
+        _run(columns, ("chamfer_columns", x.dtype, blocks), n,
+             lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), col_d[:columns_n], col_i[:columns_n], iy, cy], ()),
+             dict(x=x, y=y, col_d=col_d, col_i=col_i, iy=iy, cy=cy), n * blocks, (_COLUMNS_GROUPS, (m, n, columns_n)))
     return ix, iy, cx, cy
+
+
+# The lengths a call of the pass (its rows, then its columns) and of the costs sets (:func:`_run`)
+_ROWS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"), ("col_d", "col_i"), ("y_flat",))
+_COLUMNS_GROUPS = (("x",), ("y", "iy", "cy"), ("col_d", "col_i"))
+_COSTS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
 def by_pairs(m: int, n: int, both: bool) -> bool:
@@ -658,6 +668,6 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     vec = _warp.vec3(x.dtype)
     cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
     arrays = dict(x=x, y=y, ix=ix, iy=iy, cx=cx, cy=cy)
-    _run(_kernels(x.dtype)[2], ("chamfer_costs", x.dtype, m, n, both), threads,
-         lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads)
+    _run(_kernels(x.dtype)[2], ("chamfer_costs", x.dtype, both), threads,
+         lambda: ([_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), ix, iy, cx, cy], ()), arrays, threads, (_COSTS_GROUPS, (m, n, iy.shape[0])))
     return cx, cy if both else None
