@@ -384,7 +384,7 @@ def zeros_like(arg):
 
 def capacity(n: int) -> int:
     """n rounded up to a power of two: the size a plan kept for a range of sizes is made for."""
-    return 1 << max(n - 1, 0).bit_length()
+    return 1 << (n - 1).bit_length()  # (n = 0: 2)
 
 
 def chunk_bounds(n: int, s, min_chunk: int) -> list[int]:

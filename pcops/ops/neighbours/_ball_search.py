@@ -187,7 +187,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         order = (0,) if len(radii) == 1 else tuple(sorted(range(len(radii)), key=lambda g: radii[g]))  # (the radii's order sets the columns: in the key; their values are put)
         launch = _warp.ranged(("ball", query.dtype, capacity, order, tuple(max_neighbors), by_index),
                               lambda: _dense(query, ref, radii, max_neighbors, by_index, capacity), _DENSE_GROUPS, (m, n), m, pairs,
-                              values=(("radius", tuple(float(radii[g]) for g in order)),))
+                              values=(("radius", (float(radii[0]),) if len(radii) == 1 else tuple(float(radii[g]) for g in order)),))
         if launch is not None:
             idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
             dists = query.new_empty((m, 0 if by_index else width))

@@ -945,7 +945,7 @@ class _Bucket:
     m int64, written by a call with other start indices than the last one's) and the values
     flag (a NumPy view of one int32)."""
 
-    __slots__ = ("launch", "first", "starts", "sizes", "last", "flag", "idx", "picked", "fields", "lengths")
+    __slots__ = ("launch", "first", "starts", "sizes", "last", "flag", "idx", "picked", "rows", "fields", "lengths")
 
     @classmethod
     def make(cls, dtype: torch.dtype, capacity: int, n_samples: int, m: int) -> Optional["_Bucket"]:
@@ -954,7 +954,7 @@ class _Bucket:
         sizes = np.array([capacity], dtype=np.int32), np.array([min(capacity, n_samples)], dtype=np.int64)  # (NumPy's memory: written per call)
         (lengths, counts), self.first = (torch.from_numpy(a) for a in sizes), (ctypes.c_int64 * m)()
         flag = _warp.values_flag()
-        self.idx, self.picked = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype)
+        self.idx, self.picked, self.rows = torch.empty(n_samples, dtype=torch.int64), torch.empty((n_samples, 3), dtype=dtype), n_samples
         values = _bucket_values(torch.empty((1, capacity, 3), dtype=dtype), _warp.array(lengths), _warp.array(counts), _warp.memory(self.first, (1, m)),
                                 self.idx[None], self.picked, flag[0])
         self.launch = _warp.prepare(_kernels(dtype, PLAIN_PAIRS)[0], 1, values, work=0, keep=(lengths, counts, values[6:-3]))  # (values[6:-3]: the work arrays)
@@ -978,7 +978,7 @@ class _Bucket:
             self.launch.resize(self.lengths, n, n_samples)
         if self.starts != starts:
             self.first[:] = self.starts = starts
-        if n_samples == self.idx.shape[0]:
+        if n_samples == self.rows:
             idx, picked = torch.empty_like(self.idx), torch.empty_like(self.picked)
         else:
             idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty((n_samples, 3))
