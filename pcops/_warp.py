@@ -394,8 +394,18 @@ def chunk_bounds(n: int, s, min_chunk: int) -> list[int]:
     ``min_chunk`` threads. (More chunks per thread, to balance uneven work, measured slower on
     every op: a chunk's hand-off costs more than the imbalance, and contiguous ranges of
     spatially ordered queries keep each core's cache on its own part of the data.)"""
-    chunks = 1 if s is not None else max(1, min(_threads.requested(), n // max(min_chunk, 1)))
+    chunks = 1 if s is not None else chunk_count(n, None, min_chunk)
     return [n * c // chunks for c in range(chunks + 1)]
+
+
+def chunk_count(n: int, work: typing.Optional[int], min_chunk: int, requested: typing.Optional[int] = None) -> int:
+    """The CPU chunks of a launch of n threads as :func:`launch` and :func:`prepare` cut it: one
+    below :data:`SERIAL_WORK` steps of ``work`` (None: no estimate), else one per torch thread
+    (``requested``: :func:`pcops._threads.requested`, where the caller has it), each of at
+    least ``min_chunk`` threads (:func:`chunk_bounds`)."""
+    if work is not None and work < SERIAL_WORK:
+        return 1
+    return max(1, min(_threads.requested() if requested is None else requested, n // max(min_chunk, 1)))
 
 
 _openmp_state: list = []  # [GOMP_parallel or None] once looked up in this process
@@ -845,9 +855,10 @@ class Prepared:
 
     def resize(self, lengths: tuple, *sizes: int, threads: typing.Optional[int] = None) -> None:
         """Set the lengths of the arrays of ``lengths`` (:meth:`lengths`, this launch's or other
-        launches' of one plan: one call sets them all) to ``sizes`` (one a group), and where ``threads`` is given, the launch to that many threads, cut into its
-        chunks as :func:`chunk_bounds` cuts a range (evenly; the caller keeps a launch for the
-        sizes that have its number of chunks)."""
+        launches' of one plan: one call sets them all) to ``sizes`` (one a group), and where
+        ``threads`` is given, the launch to that many threads, cut into its chunks as
+        :func:`chunk_bounds` cuts a range (evenly; the caller keeps a launch for the sizes that
+        have its number of chunks: :func:`chunk_count`)."""
         for field, i in lengths:
             field.value = sizes[i]
         if threads is not None:
@@ -1023,8 +1034,7 @@ def ranged(key, make, groups: tuple, sizes: tuple, threads: int, work: typing.Op
     if not PREPARED[0]:
         return None
     requested = _threads.requested()
-    chunks = 1 if work is not None and work < SERIAL_WORK else max(1, min(requested, threads // max(min_chunk, 1)))
-    launch = _kept((key, chunks, requested), make)
+    launch = _kept((key, chunk_count(threads, work, min_chunk, requested), requested), make)
     if launch is not None:
         launch.size(groups, sizes, threads, values)
     return launch
@@ -1038,7 +1048,8 @@ def prepare(kernel, n: int, args: list, work: typing.Optional[int], min_chunk: i
     values = [convert(a) for a in args]
     if (kernel, "cpu") not in _loaded or _native(kernel, values) is None:
         return None
-    bounds = [0, n] if work is not None and work < SERIAL_WORK else chunk_bounds(n, None, min_chunk)
+    chunks = chunk_count(n, work, min_chunk)  # (:func:`ranged` keys its launches by this count)
+    bounds = [n * c // chunks for c in range(chunks + 1)]
     return Prepared(kernel, bounds, values, keep)
 
 

@@ -43,8 +43,8 @@ it found): its outputs need no fill.
 
 Small CPU searches (every pair measured in one slice, or a tree of at most ``_KEPT_POINTS``
 points and queries) are kept by the calling thread (:func:`_kept_plan`), a plan for a range of
-sizes (:func:`_plan_key`): a call that finds its plan has nothing to decide, and a self-query (``ref is query``) walks the tree's own points in the
-tree's order (no query order to compute).
+sizes (:func:`_plan_key`): a call that finds its plan has nothing to decide, and a self-query
+(``ref is query``) walks the tree's own points in the tree's order (no query order to compute).
 
 The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
 ``for j in range(a, b)`` costs more per step (docs/benchmarks.md, design choices).
@@ -1157,8 +1157,8 @@ def _plan_key(query, ref, k: int, slot: int, state: Optional[tuple] = None) -> O
     chunks, a tree's (:class:`_SmallTree`) by the depth of its leaves, the queries' capacity,
     the query order's bits, the search's chunks and whether the build runs on one thread, all
     as :func:`find` decides them for these sizes, so that one plan runs the launches find
-    would. Remembered
-    for up to :data:`_KEYS_KEPT` shapes, each under the :func:`_plan_state` it was worked out in."""
+    would. Remembered for up to :data:`_KEYS_KEPT` shapes, each under the :func:`_plan_state`
+    it was worked out in."""
     shapes, state = (query.shape[0], ref.shape[0], k, query.dtype, ref is query, slot), state or _plan_state()
     found = _KEYS.get(shapes)
     if found is None or found[0] != state:
@@ -1176,13 +1176,12 @@ def _new_key(m: int, n: int, k: int, dtype: torch.dtype, same: bool, slot: int) 
     """:func:`_plan_key`, worked out (none without queries: a kept plan of no threads would check no value)."""
     if not m:
         return None
-    if _scans(m, n, k):  # (the scan's chunks: :func:`pcops._warp.prepare`'s)
-        chunks = 1 if m * n < _warp.SERIAL_WORK else max(1, min(_threads.requested(), m))
-        return ("knn scan", chunks, k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
+    if _scans(m, n, k):  # (the chunks :class:`_Scan`'s launch is cut into)
+        return ("knn scan", _warp.chunk_count(m, m * n, 1), k, dtype, same, slot) if _slices(m, n, k, True) == 1 else None
     if _GPU_BUILD or m + n > _KEPT_POINTS:
         return None
     depth = _depth(n)
-    chunks = max(1, min(_threads.requested(), m // _warp.QUERY_CHUNK))  # (:func:`pcops._warp.chunk_bounds`'s)
+    chunks = _warp.chunk_count(m, None, _warp.QUERY_CHUNK)  # (the search's: :class:`_SmallTree`)
     return ("knn tree", depth, _warp.capacity(m), 0 if same else _query_bits(m), chunks, n * max(depth, 1) + m < _warp.SERIAL_WORK, k, dtype, same, slot)
 
 
@@ -1218,8 +1217,8 @@ def search_checked(query, ref, k):
     inf (nothing returned); None where the search is not the calling thread's kept plan (no
     query, a search that is neither a one-slice scan nor a small tree, or sizes whose plan
     :func:`find` has not kept yet: nothing ran, the caller checks the values and calls
-    :func:`find`, which makes the plan on its key's second sighting). The plain calls' values check without a
-    torch reduction and read."""
+    :func:`find`, which makes the plan on its key's second sighting). The plain calls' values
+    check without a torch reduction and read."""
     query, ref = _contiguous(query, ref)
     plan = _kept_plan(query, ref, k)  # kept: nothing to decide
     if plan is None:
