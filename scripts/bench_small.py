@@ -20,8 +20,10 @@ Ops and peers (each peer computes the same answer from the same numpy / torch in
   ``sparse_distance_matrix`` pairs + torch ``index_add``, and torch ``(cdist <= r) @ features``;
 * ``knn_graph`` (k = 16) and ``radius_graph`` (r, at most 32 neighbours): pykdtree / cKDTree /
   Open3D / torch, as edge lists;
-* ``farthest_point_sample`` (n / 4 picks from point 0): fpsample's ``bucket_fps_kdline_sampling``
-  (its fastest exact variant, h = 3) and ``fps_sampling``, Open3D's ``farthest_point_down_sample``;
+* ``farthest_point_sample`` (n / 4 picks from point 0, their points and indices): fpsample's
+  ``bucket_fps_kdline_sampling`` (its fastest exact variant, h = 3) and ``fps_sampling``, each
+  returning indices, with the picked points gathered from them (NumPy), and Open3D's
+  ``farthest_point_down_sample`` (the picked points only: it has no indices to return);
 * ``chamfer_distance`` (two clouds of n, squared distances, mean both ways): pykdtree both ways,
   torch ``cdist`` + ``min``;
 * ``estimate_normals`` (k = 16): Open3D's ``estimate_normals`` (KNN 16), torch ``cdist`` +
@@ -222,8 +224,9 @@ def _cases(p: torch.Tensor, n: int, r: float, gen: torch.Generator, k: int = 0) 
     s = max(n // 4, 1)
     fp = out["farthest_point_sample"] = {"pcops": lambda: pcops.farthest_point_sample(p, s, start_idx=0)}
     if fps is not None:
-        fp["fpsample_bucket_kdline"] = lambda: fps.bucket_fps_kdline_sampling(x, s, h=3, start_idx=0)
-        fp["fpsample_vanilla"] = lambda: fps.fps_sampling(x, s, start_idx=0)
+        picked = lambda idx: (x[idx], idx)  # noqa: E731 (the op's answer: the picked points and their indices)
+        fp["fpsample_bucket_kdline"] = lambda: picked(fps.bucket_fps_kdline_sampling(x, s, h=3, start_idx=0))
+        fp["fpsample_vanilla"] = lambda: picked(fps.fps_sampling(x, s, start_idx=0))
     if o3d is not None:
         def o3d_fps():
             cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(x.astype(np.float64)))
