@@ -165,7 +165,8 @@ def _cases(p: torch.Tensor, n: int, r: float, gen: torch.Generator, k: int = 0) 
     if ckd is not None:
         def ckd_balls():  # one query for the larger ball; the smaller one is its prefix (sorted)
             d, idx = _ckdtree_ball(x, r, BALL_K)
-            return (d, idx), (np.where(d[:, :caps[0]] <= radii[0], d[:, :caps[0]], np.inf), idx[:, :caps[0]])
+            inside = d[:, :caps[0]] <= radii[0]
+            return (d, idx), (np.where(inside, d[:, :caps[0]], np.inf), np.where(inside, idx[:, :caps[0]], len(x)))
 
         balls["cKDTree"] = ckd_balls
     if o3d is not None:
@@ -187,7 +188,8 @@ def _cases(p: torch.Tensor, n: int, r: float, gen: torch.Generator, k: int = 0) 
             tree = ckd(x)
             pairs = tree.sparse_distance_matrix(tree, r, output_type="ndarray")
             i, j = torch.from_numpy(pairs["i"].astype(np.int64)), torch.from_numpy(pairs["j"].astype(np.int64))
-            i, j = torch.cat([i, torch.arange(n)]), torch.cat([j, torch.arange(n)])  # the matrix leaves out d = 0 (self)
+            if len(i) and not bool((i == j).any()):  # (scipy's ndarray output holds the self pairs, d = 0; a sparse format drops them)
+                i, j = torch.cat([i, torch.arange(n)]), torch.cat([j, torch.arange(n)])
             total = torch.zeros(n, FEATURES).index_add_(0, i, f[j])
             return total / torch.zeros(n).index_add_(0, i, torch.ones(len(i)))[:, None]
 

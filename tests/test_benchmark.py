@@ -246,3 +246,67 @@ def test_the_gpu_check_runs_every_section_at_tiny_sizes(tmp_path):
     assert {("projectors", "knn_projector", "pcops_compiled"), ("large", "knn_k16", "pcops")} <= ops
     assert report["skipped"] == ["syncs: not a CUDA device"]
     assert "chamfer_distance train step" in (tmp_path / "profile.txt").read_text()
+
+
+def test_the_small_clouds_peers_compute_the_ops_answers(monkeypatch):
+    """Each peer of bench_small's rows returns what pcops' call returns (the same neighbours,
+    picks, means and losses), for the peers installed here: a ratio compares equal work."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    small = _script("bench_small")
+    p = small.bench_search.cloud("uniform", 64, 0)
+    # (a radius off every pair's distance: the benchmark's median distance is one, where float32
+    # rounding may keep or drop that pair in a peer's ball)
+    cases = small._cases(p, 64, small._radius16(p) * 1.0001, torch.Generator().manual_seed(0))
+
+    def arrays(out):
+        return [np.asarray(t) for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+    knn = cases["knn"]
+    want = knn["pcops"]()
+    got = knn["torch_cdist_topk"]()
+    assert torch.equal(got.indices, want.idx) and torch.allclose(got.values, want.dists, atol=1e-3)  # (cdist's matrix product rounds)
+    for name in ("pykdtree", "cKDTree"):
+        if name in knn:
+            d, i = knn[name]()
+            assert np.array_equal(i, want.idx.numpy()) and np.allclose(d, want.dists.numpy(), atol=1e-6), name
+    if "open3d" in knn:
+        assert np.array_equal(knn["open3d"]()[0].numpy(), want.idx.numpy())
+
+    def found(idx, n=64):  # a ball's neighbours with -1 past them (cKDTree marks a missing one by n)
+        idx = np.asarray(idx).astype(np.int64)
+        return np.where(idx == n, -1, idx)
+
+    for op, pcops_balls, peers in (("ball_query", lambda o: [o], lambda o: [o]), ("ball_queries", list, list)):
+        want = [b.idx.numpy() for b in pcops_balls(cases[op]["pcops"]())]
+        for name, fn in cases[op].items():
+            got = peers(fn())
+            if name == "cKDTree":
+                got = [found(got[0][1])] if op == "ball_query" else [found(got[1][1]), found(got[0][1])]
+            elif name == "open3d":
+                got = [found(b[0].numpy()) for b in got]
+            elif name != "pcops":
+                got = [found(b[1]) for b in got]
+            else:
+                continue
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (op, name)
+    for op in ("knn_graph", "radius_graph"):
+        want = sorted(map(tuple, cases[op]["pcops"]().numpy().T.tolist()))
+        for name, fn in cases[op].items():
+            assert sorted(map(tuple, np.asarray(fn()).T.tolist())) == want, (op, name)
+    want = cases["estimate_normals"]["pcops"]().numpy()
+    for name, fn in cases["estimate_normals"].items():
+        assert np.all(np.abs((np.asarray(fn()) * want).sum(1)) > 0.999), name  # (a normal up to its sign)
+    fps = cases["farthest_point_sample"]
+    for name in ("fpsample_bucket_kdline", "fpsample_vanilla"):
+        if name in fps:
+            points, idx = fps[name]()
+            # (fpsample 1.0.2's bucket FPS takes start_idx in its kd-tree's order: its first pick is
+            # another point than asked for, and from there its picks are exact FPS's)
+            want = small.pcops.farthest_point_sample(p, len(idx), start_idx=int(idx[0]))
+            assert np.array_equal(idx.astype(np.int64), want.idx.numpy()) and np.array_equal(points, want.points.numpy()), name
+            assert name == "fpsample_bucket_kdline" or idx[0] == 0
+    for op in ("knn_aggregate", "radius_aggregate", "chamfer_distance", "knn_interpolate"):
+        want = arrays(cases[op]["pcops"]())
+        for name, fn in cases[op].items():
+            if name != "pcops":
+                assert np.allclose(np.asarray(fn(), dtype=np.float64), want[0].astype(np.float64), rtol=1e-3, atol=1e-4), (op, name)
