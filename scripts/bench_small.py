@@ -22,8 +22,9 @@ Ops and peers (each peer computes the same answer from the same numpy / torch in
   Open3D / torch, as edge lists;
 * ``farthest_point_sample`` (n / 4 picks from point 0, their points and indices): fpsample's
   ``bucket_fps_kdline_sampling`` (its fastest exact variant, h = 3) and ``fps_sampling``, each
-  returning indices, with the picked points gathered from them (NumPy), and Open3D's
-  ``farthest_point_down_sample`` (the picked points only: it has no indices to return);
+  returning indices, with the picked points gathered from them (NumPy; the bucket variant takes
+  ``start_idx`` in its kd-tree's order, so it starts at another point: the same work), and
+  Open3D's ``farthest_point_down_sample`` (the picked points only: it has no indices to return);
 * ``chamfer_distance`` (two clouds of n, squared distances, mean both ways): pykdtree both ways,
   torch ``cdist`` + ``min``;
 * ``estimate_normals`` (k = 16): Open3D's ``estimate_normals`` (KNN 16), torch ``cdist`` +
