@@ -406,6 +406,11 @@ SAMPLING_CLOUDS = ("randn", "uniform", "clustered", "surface")  # bench_search.c
 FPS_BATCH = 16  # clouds of the batch rows: one padded call against 16 calls
 
 
+def _picked(points: np.ndarray, idx: np.ndarray) -> tuple:
+    """An index-only FPS peer's result as the op's: the picked points (gathered) and their indices."""
+    return points[idx], idx
+
+
 def _fps_cases(args, device, shape: str):
     """Farthest point sampling rows of one cloud shape: (op, variant, n, fn or None, note, S).
 
@@ -430,10 +435,11 @@ def _fps_cases(args, device, shape: str):
             if fpsample is None:
                 cases.append((op, "fpsample_bucket", n, None, "pip install fpsample to compare", s))
                 continue
-            cases.append((op, "fpsample_bucket", n, lambda x=x, s=s, h=h: fpsample.bucket_fps_kdline_sampling(x, s, h=h, start_idx=0),
+            cases.append((op, "fpsample_bucket", n, lambda x=x, s=s, h=h: _picked(x, fpsample.bucket_fps_kdline_sampling(x, s, h=h, start_idx=0)),
                           f"S=n/{frac}, bucket_fps_kdline_sampling h={h}: exact, one thread", s))
             if n <= 10_000:
-                cases.append((op, "fpsample_plain", n, lambda x=x, s=s: fpsample.fps_sampling(x, s, start_idx=0), f"S=n/{frac}, fps_sampling: exact, one thread", s))
+                cases.append((op, "fpsample_plain", n, lambda x=x, s=s: _picked(x, fpsample.fps_sampling(x, s, start_idx=0)),
+                              f"S=n/{frac}, fps_sampling: exact, one thread", s))
         if n <= 10_000:
             s = n // 64
 
@@ -443,7 +449,7 @@ def _fps_cases(args, device, shape: str):
                 for t in range(1, s):
                     dist = torch.minimum(dist, (dev - dev[picked[t - 1]]).square().sum(1))
                     picked[t] = dist.argmax()
-                return picked
+                return dev[picked], picked
 
             cases.append((op, "torch_loop", n, torch_fps_loop, "S=n/64, float32 argmax per pick", s))
     # a batch: FPS_BATCH clouds of the smallest size, n/4 picks each
@@ -459,13 +465,13 @@ def _fps_cases(args, device, shape: str):
     if fpsample is not None:
         arrays = [c.numpy() for c in clouds]
         h = 7 if n >= 10_000 else 5
-        cases.append((batch_op, "fpsample_bucket_calls", n, lambda: [fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0) for a in arrays],
+        cases.append((batch_op, "fpsample_bucket_calls", n, lambda: [_picked(a, fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0)) for a in arrays],
                       f"{FPS_BATCH} calls one after another, h={h}", s))
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(os.cpu_count() or 1)
         cases.append((batch_op, "fpsample_bucket_threads", n,
-                      lambda: list(pool.map(lambda a: fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0), arrays)),
+                      lambda: list(pool.map(lambda a: _picked(a, fpsample.bucket_fps_kdline_sampling(a, s, h=h, start_idx=0)), arrays)),
                       f"{FPS_BATCH} calls on {os.cpu_count()} Python threads, h={h}", s))
     return cases
 
@@ -501,9 +507,9 @@ def _radius_search_cases(args, device, ckdtree, o3c):
     """(op, variant, n, fn or None, note, queries) rows at PhysicsNeMo's radius_search sizes (the
     first only with --quick): ``ball_query:physicsnemo`` (r = 0.1, K = 32) and
     ``ball_queries:geotransolver`` (six radii 0.01-5.0, caps 4-256) against separate ball_query
-    calls, cKDTree's query_ball_point (workers=-1; every point within r, no cap, not sorted by
-    distance, no counts: less than a ball query returns), Open3D's hybrid_search (the K
-    nearest within r, d < r), each peer's index built in the call, and (``ball_query:physicsnemo``
+    calls, cKDTree's query (k = K, distance_upper_bound = r, workers=-1: the K nearest within r
+    and their distances, as a ball query returns them), Open3D's hybrid_search (the K nearest
+    within r, d < r), each peer's index built in the call, and (``ball_query:physicsnemo``
     on the CPU) PhysicsNeMo's own ``radius_search`` (:class:`Timed`, in its own process)."""
     cases = []
     for n, m in RADIUS_SEARCH_SIZES[:1] if args.quick else RADIUS_SEARCH_SIZES:
@@ -520,11 +526,11 @@ def _radius_search_cases(args, device, ckdtree, o3c):
                 cases.append((op, "pcops_calls", n, lambda q=dq, p=dref: [pcops.ball_query(q, p, r, k, validate=False) for r, k in zip(*GEOTRANSOLVER)],
                               f"{shown}: one ball_query call per radius", m))
             if ckdtree is not None:
-                def ball_point(q=q_pts, p=p_pts, radii=radii):
+                def nearest_within(q=q_pts, p=p_pts, radii=radii, caps=caps):
                     tree = ckdtree(p)
-                    return [tree.query_ball_point(q, r, workers=-1) for r in radii]
+                    return [tree.query(q, k, distance_upper_bound=r, workers=-1) for r, k in zip(radii, caps)]
 
-                cases.append((op, "scipy_ckdtree", n, ball_point, f"{shown}: query_ball_point, workers=-1, all within r, no cap", m))
+                cases.append((op, "scipy_ckdtree", n, nearest_within, f"{shown}: query(k=K, distance_upper_bound=r), workers=-1", m))
             if o3c is not None:
                 def hybrid(q=q_pts, p=p_pts, radii=radii, caps=caps):
                     index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p))
@@ -558,15 +564,15 @@ def _sampling_cases(args, device, shape: str = "uniform"):
     query, ref = made["query"], made["ref"]
     radius = float(pcops.knn(query, ref, k).dists[:, -1].median())
     dq, dref = query.to(device), ref.to(device)
-    cases.append(("ball_query", "pcops", n, lambda: pcops.ball_query(dq, dref, radius, k, validate=False), f"K={k}"))
+    cases.append(("ball_query", "pcops", n, lambda k=k: pcops.ball_query(dq, dref, radius, k, validate=False), f"K={k}"))
     if ckdtree is not None:
         tree_pts, q_pts = ref.numpy(), query.numpy()
         cases.append(("ball_query", "scipy_ckdtree", n,
-                      lambda: ckdtree(tree_pts).query(q_pts, k, distance_upper_bound=radius, workers=-1), "K nearest within r, no counts"))
+                      lambda k=k: ckdtree(tree_pts).query(q_pts, k, distance_upper_bound=radius, workers=-1), "K nearest within r, no counts"))
     if o3c is None:
         cases.append(("ball_query", "open3d", n, None, "pip install open3d-cpu to compare"))
     else:
-        def o3d_hybrid():
+        def o3d_hybrid(k=k):
             index = o3c.nns.NearestNeighborSearch(o3c.Tensor(ref.numpy()))
             index.hybrid_index(radius)
             return index.hybrid_search(o3c.Tensor(query.numpy()), radius, k)
@@ -590,10 +596,11 @@ def _sampling_cases(args, device, shape: str = "uniform"):
         def scipy_radius_graph():
             lists = ckdtree(pts).query_ball_point(pts, r16, workers=-1, return_sorted=True)
             sizes = np.fromiter(map(len, lists), dtype=np.int64, count=n)
-            return np.stack([np.concatenate(lists), np.repeat(np.arange(n), sizes)])
+            e = np.stack([np.concatenate(lists), np.repeat(np.arange(n), sizes)])
+            return e[:, e[0] != e[1]]  # (no self edges, as pcops' loop=False)
 
         cases.append(("knn_graph", "scipy_ckdtree", n, scipy_knn_graph, "query k+1, workers=-1"))
-        cases.append(("radius_graph", "scipy_ckdtree", n, scipy_radius_graph, "query_ball_point, by index, keeps self"))
+        cases.append(("radius_graph", "scipy_ckdtree", n, scipy_radius_graph, "query_ball_point, by index, self edges dropped"))
     if o3c is not None:
         def o3d_knn_graph():
             index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
@@ -605,10 +612,11 @@ def _sampling_cases(args, device, shape: str = "uniform"):
             index = o3c.nns.NearestNeighborSearch(o3c.Tensor(cloud.numpy()))
             index.fixed_radius_index(r16)
             idx, _, splits = index.fixed_radius_search(o3c.Tensor(cloud.numpy()), r16, sort=True)
-            return np.stack([idx.numpy(), np.repeat(np.arange(n), np.diff(splits.numpy()))])
+            e = np.stack([idx.numpy(), np.repeat(np.arange(n), np.diff(splits.numpy()))])
+            return e[:, e[0] != e[1]]  # (no self edges, as pcops' loop=False)
 
         cases.append(("knn_graph", "open3d", n, o3d_knn_graph, "knn_search k+1"))
-        cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), keeps self"))
+        cases.append(("radius_graph", "open3d", n, o3d_radius_graph, "fixed_radius_search sorted (d < r), self edges dropped"))
 
     # voxel pooling: about 8 points per voxel were the cloud uniform in its box, 16 feature channels
     size = (8 * float((cloud.amax(0) - cloud.amin(0)).prod()) / n) ** (1 / 3)
@@ -625,8 +633,9 @@ def _sampling_cases(args, device, shape: str = "uniform"):
     cases.append(("voxel_pool", "torch_scatter", n, torch_scatter_pool, "unique(dim=0) + index_add"))
     o3d = _optional("open3d")
     if o3d is not None:
-        legacy = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(cloud.double().numpy()))
-        cases.append(("voxel_pool", "open3d", n, lambda: legacy.voxel_down_sample(size), "voxel_down_sample, points only"))
+        tcloud = o3d.t.geometry.PointCloud(o3d.core.Tensor(cloud.numpy()))
+        tcloud.point["features"] = o3d.core.Tensor(feats.numpy())  # (means of the features too, on the grid from the origin: pcops')
+        cases.append(("voxel_pool", "open3d", n, lambda: tcloud.voxel_down_sample(size), "t.geometry voxel_down_sample, points and F=16"))
     return cases
 
 

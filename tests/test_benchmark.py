@@ -311,3 +311,62 @@ def test_the_small_clouds_peers_compute_the_ops_answers(monkeypatch):
         for name, fn in cases[op].items():
             if name != "pcops":
                 assert np.allclose(np.asarray(fn(), dtype=np.float64), want[0].astype(np.float64), rtol=1e-3, atol=1e-4), (op, name)
+
+
+def test_the_sampling_peers_compute_the_ops_answers(monkeypatch):
+    """The sampling section's installed peers return pcops' answers on its quick inputs: FPS
+    picks with their points (fpsample's bucket FPS from its own first pick), the ball query's K
+    nearest within r, the graphs' edges (no self edges, as pcops' loop=False), the voxel means
+    of the points and features, and the radius-search rows' K nearest within each radius."""
+    import types
+
+    bench = _script("benchmark")
+    monkeypatch.setattr(bench, "_physicsnemo_radius_search", lambda *a, **k: (None, "not run here"))
+    args = types.SimpleNamespace(quick=True, sweep=False, iters=1)
+    rows = bench._sampling_cases(args, torch.device("cpu"), "uniform")
+    by_op = {}
+    for op, variant, n, fn, *_ in rows:
+        if callable(fn) and variant != "pcops_calls":  # (not PhysicsNeMo's rows: timed in a process of their own)
+            by_op.setdefault((op, n, *_[1:]), {})[variant] = fn
+
+    def found(idx, n_ref):  # cKDTree marks a missing neighbour by n_ref, Open3D by -1: pcops' -1
+        idx = np.asarray(idx).astype(np.int64)
+        return np.where(idx == n_ref, -1, idx)
+
+    def same_rows(a, b):  # (a peer may order two neighbours at equal float32 distances the other way)
+        return a.shape == b.shape and (a == b).all(1).mean() > 0.99
+
+    checked = 0
+    for (op, *_), fns in by_op.items():
+        want = fns.pop("pcops")()
+        for variant, fn in fns.items():
+            got = fn()
+            if op == "farthest_point_sample":
+                points, idx = (np.asarray(t) for t in got)
+                cloud = torch.as_tensor(np.asarray(fn.__defaults__[0]))
+                again = bench.pcops.farthest_point_sample(cloud, len(idx), start_idx=int(idx[0]))  # (fpsample's bucket FPS: its own start)
+                assert np.array_equal(idx.astype(np.int64), again.idx.numpy()) and np.array_equal(points, again.points.numpy()), variant
+            elif op.startswith("farthest_point_sample_batch"):
+                assert len(got) == len(want.idx) and all(len(g) == 2 for g in got), variant  # (each cloud's points and indices)
+            elif op == "ball_query":
+                idx = np.where(np.isinf(got[0]), -1, got[1]) if variant == "scipy_ckdtree" else got[0].numpy()
+                assert same_rows(idx.astype(np.int64), want.idx.numpy()), variant
+            elif op in ("knn_graph", "radius_graph"):
+                theirs = set(map(tuple, np.asarray(got).T.tolist()))
+                ours = set(map(tuple, want.numpy().T.tolist()))
+                assert len(theirs ^ ours) <= 4, (op, variant, len(theirs ^ ours))  # (Open3D keeps d < r: a pair at r)
+            elif op == "voxel_pool":
+                if variant == "open3d":
+                    got = (got.point.positions.numpy(), got.point["features"].numpy())
+                pts, feats = (np.asarray(t) for t in got)
+                a, b = np.lexsort(pts.T[::-1]), np.lexsort(want.points.numpy().T[::-1])
+                assert np.allclose(pts[a], want.points.numpy()[b], atol=1e-5), variant
+                assert np.allclose(feats[a], want.features.numpy()[b], atol=1e-5), variant
+            else:  # the radius-search rows: one ball or GeoTransolver's six
+                wants = [want] if op.startswith("ball_query:") else list(want)
+                n_ref = len(fn.__defaults__[1])
+                for g, w in zip(got, wants, strict=True):
+                    idx = found(g[1], n_ref) if variant == "scipy_ckdtree" else g[0].numpy()
+                    assert same_rows(idx, w.idx.numpy()), (op, variant)
+            checked += 1
+    assert checked >= 3  # (the torch FPS loop and voxel rows at least, with no optional peer installed)
