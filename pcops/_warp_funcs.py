@@ -5,6 +5,8 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 
 * :func:`sorted_insert` -- keep a row's k best (distance, index) pairs sorted by insertion
   (ball query, in a range of columns per radius; the kd-tree search on squared distances);
+* :func:`heap_insert` -- the same row, appended while not full, then kept as a max-heap, and
+  sorted at the end (the ball query's rows of many columns);
 * :func:`bounds` -- the box of a range of points (the kd-tree's nodes, the CPU query order);
 * :func:`finite_bounds` -- the box of the finite points of a range (FPS's trees, the cell
   list's bounding box on the CPU);
@@ -93,6 +95,87 @@ def sorted_insert(dtype: torch.dtype, squared: bool = False, columns: bool = Fal
         return insert_in(dists, idx, i, 0, dists.shape[1], n, d, j)
 
     return insert_in if columns else insert
+
+
+@kernels
+def heap_insert(dtype: torch.dtype):
+    """``(push, finish)``: :func:`sorted_insert`'s row of k pairs (the k best by distance, then
+    index) made for rows that may meet many more than k points. ``push(dists, idx, i, first,
+    k, n, d, j) -> n`` appends (d, j) to the k columns ``first ..`` of row i while fewer than k
+    are held (n of them, unsorted); the first pair past a full row turns the row into a max-heap
+    (its root the worst pair held; n becomes k + 1), and from then on a pair better than the
+    root replaces it (log k moves, where a sorted row shifts up to k). ``finish(dists, idx, i,
+    first, n)`` sorts the row at the end: a heap sort of a heap, an insertion sort of the
+    appended pairs (the shifts a sorted insertion would have made as they came). The row then
+    holds exactly what the sorted insertion would: the k best pairs of a strict order (no two
+    pairs share an index), ascending."""
+    s = scalar(dtype)
+
+    @wp.func(module="unique")
+    def before(a: s, ja: wp.int64, b: s, jb: wp.int64):
+        return a < b or (a == b and ja < jb)
+
+    @wp.func(module="unique")
+    def down(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, first: int, n: int, at: int, d: s, j: wp.int64):
+        """Put (d, j) at position ``at`` of the heap of n pairs and sift it down."""
+        pos = at
+        while True:
+            c = 2 * pos + 1
+            if c >= n:
+                break
+            if c + 1 < n and before(dists[i, first + c], idx[i, first + c], dists[i, first + c + 1], idx[i, first + c + 1]):
+                c = c + 1  # the later child
+            if not before(d, j, dists[i, first + c], idx[i, first + c]):
+                break
+            dists[i, first + pos] = dists[i, first + c]
+            idx[i, first + pos] = idx[i, first + c]
+            pos = c
+        dists[i, first + pos] = d
+        idx[i, first + pos] = j
+
+    @wp.func(module="unique")
+    def push(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, first: int, k: int, n: int, d: s, j: wp.int64):
+        if n < k:
+            dists[i, first + n] = d
+            idx[i, first + n] = j
+            return n + 1
+        if n == k:  # a full row meets one more: heapify it (once)
+            at = k // 2 - 1
+            while at >= 0:
+                down(dists, idx, i, first, k, at, s(dists[i, first + at]), wp.int64(idx[i, first + at]))
+                at = at - 1
+        if before(d, j, dists[i, first], idx[i, first]):  # (better than the worst held: it goes)
+            down(dists, idx, i, first, k, 0, d, j)
+        return k + 1
+
+    @wp.func(module="unique")
+    def finish(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, first: int, k: int, n: int):
+        if n > k:  # a heap: sorted by taking its root to the end, k times
+            end = k - 1
+            while end > 0:
+                d = s(dists[i, first + end])  # (copies, one a statement: read as a tuple, the pair was the slot, overwritten below)
+                j = wp.int64(idx[i, first + end])
+                dists[i, first + end] = dists[i, first]
+                idx[i, first + end] = idx[i, first]
+                down(dists, idx, i, first, end, 0, d, j)
+                end = end - 1
+        else:  # appended: an insertion sort
+            c = int(1)
+            while c < n:
+                d = s(dists[i, first + c])
+                j = wp.int64(idx[i, first + c])
+                pos = c
+                while pos > 0:
+                    if before(dists[i, first + pos - 1], idx[i, first + pos - 1], d, j):
+                        break
+                    dists[i, first + pos] = dists[i, first + pos - 1]
+                    idx[i, first + pos] = idx[i, first + pos - 1]
+                    pos = pos - 1
+                dists[i, first + pos] = d
+                idx[i, first + pos] = j
+                c = c + 1
+
+    return push, finish
 
 
 @kernels

@@ -60,12 +60,14 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
     insert = _warp_funcs.sorted_insert(dtype)
     insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
+    push, finish = _warp_funcs.heap_insert(dtype)  # (rows of HEAP_FROM columns or more)
     flag = _warp_funcs.flag_not_finite(dtype)
     radii = max(len(columns), 1)
     Radii = wp.types.vector(radii, s)
     Ints = wp.types.vector(radii, int)
     first = Ints(*(c[0] for c in columns)) if columns else Ints()
     width = Ints(*(c[1] for c in columns)) if columns else Ints()
+    heaps = Ints(*(int(c[1] >= HEAP_FROM) for c in columns)) if columns else Ints()  # (each radius' row a heap or sorted)
     last = radii - 1
 
     @wp.func(module="unique")
@@ -105,6 +107,9 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
                     bad[0] = 1
         n = Ints()  # per radius: pairs held, points within it
         total = Ints()
+        at, cols, heaped = first, width, heaps  # (the constants as locals here: read in both arms of an if below, Warp would keep one arm's copy for later reads)
+        k = idx.shape[1]
+        heap = not wp.static(by_index) and k >= HEAP_FROM  # (one radius in all the columns: a row of k, kept as a heap from HEAP_FROM)
         reach = radius[wp.static(last)]
         lo, hi = window(cells, i, q, reach)  # (dense: every point, for a finite query)
         if wp.static(by_index):
@@ -125,11 +130,23 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
                                 if d <= radius[g]:
                                     total[g] = total[g] + 1
                                     if wp.static(len(columns) > 0):
-                                        n[g] = insert_in(dists, idx, i, first[g], width[g], n[g], d, cells.order[j])
+                                        if heaped[g] != 0:
+                                            n[g] = push(dists, idx, i, at[g], cols[g], n[g], d, cells.order[j])
+                                        else:
+                                            n[g] = insert_in(dists, idx, i, at[g], cols[g], n[g], d, cells.order[j])
+                                    elif heap:
+                                        n[g] = push(dists, idx, i, 0, k, n[g], d, cells.order[j])
                                     else:
                                         n[g] = insert(dists, idx, i, n[g], d, cells.order[j])
         for g in range(wp.static(radii)):
             counts[i, slot[g]] = wp.int64(total[g])
+            if wp.static(len(columns) > 0):
+                if heaped[g] != 0:
+                    finish(dists, idx, i, at[g], cols[g], n[g])
+                    n[g] = wp.min(n[g], cols[g])
+            elif heap:
+                finish(dists, idx, i, 0, k, n[g])
+                n[g] = wp.min(n[g], k)
         if wp.static(dense):  # the row whole past its neighbours (-1, inf): a dense launch's outputs need no fill
             if wp.static(len(columns) > 0):
                 for g in range(wp.static(radii)):
@@ -145,6 +162,11 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     return search, Radii, Ints
 
 
+# A row of this many columns or more (a radius' K) appends its pairs while not full, then keeps
+# them in a max-heap, and sorts them at the end, instead of a sorted row: a ball holding many more
+# points than K costs log K moves a point instead of up to K, a ball of fewer points the same
+# shifts (the same row: docs/benchmarks.md, design choices)
+HEAP_FROM = 64
 # Radii of one ball_queries call share a cell list and a scan while the largest of a group is at
 # most this many times its smallest. A shared scan measures each point of the largest radius'
 # cells once for all the radii of the group, but tests each of them against every radius: for a

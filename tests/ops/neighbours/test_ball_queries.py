@@ -206,3 +206,41 @@ def test_wide_rows_are_the_rows_of_the_reference(monkeypatch, dtype, scan):
         want = reference.ball_query(q.double(), p.double(), radius, k)
         assert torch.equal(idx, want[1]) and torch.equal(counts, want[2]), (radius, k)
         torch.testing.assert_close(dists.double(), want[0])
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["every_pair", "cell_list"])
+def test_rows_of_many_columns_keep_the_closest_of_crowded_balls(gen, dense):
+    """K about and above the heap rows' threshold (a row appended, then kept as a max-heap and
+    sorted at the end: ``_ball_search.HEAP_FROM``), balls that hold the whole cloud, many more
+    points than K, and fewer than K, repeated points (ties by the smaller index), every pair
+    measured and through the cell list: the float64 reference's rows, counts and distances,
+    ball_query equal to each of ball_queries' columns; float32 equal to the reference but where
+    two of its distances tie in float32."""
+    from pcops.ops.neighbours import _ball_search
+
+    m, n = (60, 300) if dense else (300, 1200)
+    assert (m * n <= _ball_search.SCAN_PAIRS) == dense
+    k0 = _ball_search.HEAP_FROM
+    caps = [4, k0 - 1, k0, k0 + 1, 2 * k0, 4 * k0]
+    for dtype in (torch.float64, torch.float32):
+        p = torch.rand(n, 3, generator=gen, dtype=F64)
+        p[n // 2: n // 2 + n // 6] = p[: n // 6]  # (repeated points: ties)
+        q = torch.cat([p[:10], torch.rand(m - 10, 3, generator=gen, dtype=F64)])
+        radii = [reference.safe_radius(q, p, r, gap=1e-6) for r in (0.1, 0.2, 0.35, 0.6, 1.0, 2.0)]  # (2.0: the whole unit cube)
+        qd, pd = q.to(dtype), p.to(dtype)
+        out = pcops.ball_queries(qd, pd, radii, caps)
+        for g, (r, k) in enumerate(zip(radii, caps)):
+            want_d, want_i, want_c = reference.ball_query(qd.double(), pd.double(), r, k)
+            got = out[g]
+            one = pcops.ball_query(qd, pd, r, k)
+            assert torch.equal(one.idx, got.idx) and torch.equal(one.dists, got.dists) and torch.equal(one.counts, got.counts)
+            assert torch.equal(got.counts, want_c)
+            assert torch.allclose(got.dists.double(), want_d, rtol=1e-6, atol=0) or dtype == F64 and torch.equal(got.dists, want_d)
+            if dtype == F64:
+                assert torch.equal(got.idx, want_i), (r, k)
+            else:  # where the float64 order differs, the two points' float32 distances tie
+                differ = got.idx != want_i
+                d32 = torch.linalg.norm(qd[:, None] - pd[None], dim=-1)
+                rows = differ.nonzero()[:, 0]
+                assert torch.equal(d32[rows].gather(1, got.idx[differ].view(-1, 1)).view(-1), d32[rows].gather(1, want_i[differ].view(-1, 1)).view(-1))
+            assert bool((got.counts >= k).any()) or k <= 4 or r < 0.6  # (crowded balls are met)
