@@ -105,7 +105,7 @@ def heap_insert(dtype: torch.dtype):
     are held (n of them, unsorted); the first pair past a full row turns the row into a max-heap
     (its root the worst pair held; n becomes k + 1), and from then on a pair better than the
     root replaces it (log k moves, where a sorted row shifts up to k). ``finish(dists, idx, i,
-    first, n)`` sorts the row at the end: a heap sort of a heap, an insertion sort of the
+    first, k, n)`` sorts the row at the end: a heap sort of a heap, an insertion sort of the
     appended pairs (the shifts a sorted insertion would have made as they came). The row then
     holds exactly what the sorted insertion would: the k best pairs of a strict order (no two
     pairs share an index), ascending."""
