@@ -110,6 +110,7 @@ def heap_insert(dtype: torch.dtype):
     holds exactly what the sorted insertion would: the k best pairs of a strict order (no two
     pairs share an index), ascending."""
     s = scalar(dtype)
+    insert_in = sorted_insert(dtype, False, True)
 
     @wp.func(module="unique")
     def before(a: s, ja: wp.int64, b: s, jb: wp.int64):
@@ -159,20 +160,10 @@ def heap_insert(dtype: torch.dtype):
                 idx[i, first + end] = idx[i, first]
                 down(dists, idx, i, first, end, 0, d, j)
                 end = end - 1
-        else:  # appended: an insertion sort
+        else:  # appended: an insertion sort, each pair into the sorted ones before it
             c = int(1)
             while c < n:
-                d = s(dists[i, first + c])
-                j = wp.int64(idx[i, first + c])
-                pos = c
-                while pos > 0:
-                    if before(dists[i, first + pos - 1], idx[i, first + pos - 1], d, j):
-                        break
-                    dists[i, first + pos] = dists[i, first + pos - 1]
-                    idx[i, first + pos] = idx[i, first + pos - 1]
-                    pos = pos - 1
-                dists[i, first + pos] = d
-                idx[i, first + pos] = j
+                insert_in(dists, idx, i, first, c + 1, c, s(dists[i, first + c]), wp.int64(idx[i, first + c]))
                 c = c + 1
 
     return push, finish
