@@ -208,16 +208,18 @@ def test_wide_rows_are_the_rows_of_the_reference(monkeypatch, dtype, scan):
         torch.testing.assert_close(dists.double(), want[0])
 
 
-@pytest.mark.parametrize("dense", [True, False], ids=["every_pair", "cell_list"])
-def test_rows_of_many_columns_keep_the_closest_of_crowded_balls(gen, dense):
+@pytest.mark.parametrize("path", ["every_pair", "cell_list", "kd_tree"])
+def test_rows_of_many_columns_keep_the_closest_of_crowded_balls(gen, path, monkeypatch):
     """K about and above the heap rows' threshold (a row appended, then kept as a max-heap and
     sorted at the end: ``_ball_search.HEAP_FROM``), balls that hold the whole cloud, many more
     points than K, and fewer than K, repeated points (ties by the smaller index), every pair
-    measured and through the cell list: the float64 reference's rows, counts and distances,
-    ball_query equal to each of ball_queries' columns; float32 equal to the reference but where
-    two of its distances tie in float32."""
-    from pcops.ops.neighbours import _ball_search
+    measured, through the cell list and on the kd-tree (``_ball_tree``, every radius): the
+    float64 reference's rows, counts and distances, ball_query equal to each of ball_queries'
+    columns; float32 equal to the reference but where two of its distances tie in float32."""
+    from pcops.ops.neighbours import _ball_search, _ball_tree
 
+    dense = path == "every_pair"
+    monkeypatch.setattr(_ball_tree, "crowded", lambda *args: path == "kd_tree")
     m, n = (60, 300) if dense else (300, 1200)
     assert (m * n <= _ball_search.SCAN_PAIRS) == dense
     k0 = _ball_search.HEAP_FROM
@@ -244,3 +246,83 @@ def test_rows_of_many_columns_keep_the_closest_of_crowded_balls(gen, dense):
                 rows = differ.nonzero()[:, 0]
                 assert torch.equal(d32[rows].gather(1, got.idx[differ].view(-1, 1)).view(-1), d32[rows].gather(1, want_i[differ].view(-1, 1)).view(-1))
             assert bool((got.counts >= k).any()) or k <= 4 or r < 0.6  # (crowded balls are met)
+
+
+def _tree_calls(monkeypatch) -> list:
+    """The radii that :func:`_ball_tree.search` is called for, recorded as it runs."""
+    from pcops.ops.neighbours import _ball_tree
+
+    calls, search = [], _ball_tree.search
+
+    def recorded(query, ref, rows, heap_from):
+        calls.extend(float(row[0]) for row in rows)
+        return search(query, ref, rows, heap_from)
+
+    monkeypatch.setattr(_ball_tree, "search", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("cloud", ["uniform", "lattice", "flat", "far", "clusters", "duplicates"])
+def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatch):
+    """Every radius on the kd-tree (``_ball_tree``) against every radius through the cell list,
+    ball_queries, ball_query and radius_graph in both dtypes: the same rows, counts and
+    distances, bit for bit, on clouds with float32 ties (a lattice, a duplicated cloud), a flat
+    one, one far from the origin (coordinates about 10^4 times the radii), clusters, and points
+    placed at exactly a radius from a query; and the float64 reference's counts and rows (but
+    the lattice's, whose tied distances the reference rounds otherwise)."""
+    from pcops.ops.neighbours import _ball_tree
+
+    n, m = 1500, 400
+    p = torch.rand(n, 3, generator=gen, dtype=F64)
+    if cloud == "lattice":
+        p = (p * 6).round() / 6
+    elif cloud == "flat":
+        p[:, 2] = 0.25
+    elif cloud == "far":
+        p = p + 1e4
+    elif cloud == "clusters":
+        p = (torch.rand(8, 3, generator=gen, dtype=F64)[torch.randint(0, 8, (n,), generator=gen)] + 0.05 * p)
+    elif cloud == "duplicates":
+        p[n // 2:] = p[: n - n // 2]
+    q = torch.cat([p[:m // 2], torch.rand(m - m // 2, 3, generator=gen, dtype=F64) + (1e4 if cloud == "far" else 0)])
+    radii, caps = [0.08, 0.3, 0.6, 2.0], [8, 32, 64, 256]
+    # points at exactly 0.3 (float32-exact offsets) from the first queries: the boundary counted alike
+    p[-8:] = q[:8] + torch.tensor([0.3, 0.0, 0.0], dtype=F64)
+    for dtype in (torch.float32, F64):
+        qd, pd = q.to(dtype), p.to(dtype)
+        got = {}
+        for path in ("cell_list", "kd_tree"):
+            monkeypatch.setattr(_ball_tree, "crowded", lambda *args, path=path: path == "kd_tree")
+            calls = _tree_calls(monkeypatch)
+            got[path] = (pcops.ball_queries(qd, pd, radii, caps), [pcops.ball_query(qd, pd, r, k) for r, k in zip(radii, caps)],
+                         pcops.radius_graph(pd, 0.3, max_neighbors=32))
+            assert sorted(set(calls)) == (sorted(radii) if path == "kd_tree" else []), calls
+        for a, b in zip(_flat(got["cell_list"][0]) + _flat(got["cell_list"][1]) + tuple(got["cell_list"][2]),
+                        _flat(got["kd_tree"][0]) + _flat(got["kd_tree"][1]) + tuple(got["kd_tree"][2]), strict=True):
+            assert torch.equal(a, b)
+        for (dists, idx, counts), r, k in zip(got["kd_tree"][0], radii, caps, strict=True):
+            want = reference.ball_query(qd.double(), pd.double(), r, k)
+            assert torch.equal(counts, want[2]) or dtype != F64, (cloud, r)
+            assert torch.equal(idx, want[1]) or dtype != F64 or cloud == "lattice", (cloud, r)  # (the lattice's ties: the reference's rounding)
+            if dtype == F64:
+                torch.testing.assert_close(dists, want[0], rtol=1e-14, atol=0)
+
+
+def test_crowded_radii_take_the_kd_tree(monkeypatch):
+    """The default choice (``_ball_tree.crowded``): of GeoTransolver's six radii over a unit
+    cube of 4,096 points, those whose balls hold 128 points or more and their K take the tree
+    (0.25 and up), the others the cell list; a batch, a by-index search and a small cloud
+    (every pair measured) never do."""
+    gen = torch.Generator().manual_seed(3)
+    p, q = torch.rand(4096, 3, generator=gen), torch.rand(2048, 3, generator=gen)
+    radii, caps = [0.01, 0.05, 0.25, 1.0, 2.5, 5.0], [4, 8, 16, 64, 128, 256]
+    calls = _tree_calls(monkeypatch)
+    pcops.ball_queries(q, p, radii, caps)
+    assert sorted(calls) == [0.25, 1.0, 2.5, 5.0]
+    calls.clear()
+    pcops.ball_queries(q.view(2, 1024, 3), p.view(2, 2048, 3), radii, caps)  # (padded: a batch)
+    pcops.ball_queries(q[:100], p[:500], radii, caps)  # (every pair)
+    from pcops.compat import torch_cluster
+
+    torch_cluster.radius(p, q, 0.25, max_num_neighbors=16)  # (the first K by index)
+    assert calls == []

@@ -1,0 +1,169 @@
+"""Crowded balls on the kNN's kd-tree: the ball search of one CPU cloud for radii whose balls
+hold many more points than their K (``pcops.ops.neighbours._ball_search``: the same rows and
+counts as its cell list's).
+
+The cell list measures every point of its cells, so a ball of the whole cloud costs the whole
+cloud per query. Here each query walks the kd-tree of :mod:`.nearest._kdtree` (its build, its
+query order) as its kNN search does, nearer child first, so its row of the K best (distance,
+index) pairs within the radius fills with near points early; a node is then
+
+* skipped when its box is beyond the radius (no point of it is within);
+* counted whole, unmeasured, when its box is farther than the row's K-th distance (no point of
+  it enters the row) and lies inside the ball (its farthest corner within the radius, with a
+  margin for rounding: every point of it is within);
+* walked otherwise, its leaves' points measured: counted when ``|q - p| <= r`` (the cell list's
+  test: the same root, compared the same way) and inserted by their squares, whose order is
+  their roots' (``sorted_insert``'s squared rows, roots taken at the end).
+
+So a ball of the whole cloud costs about a kNN search of K, and a ball cut by the cloud the
+leaves its sphere crosses. :func:`crowded` picks the radii that take it (docs/ops/ball_query.md).
+"""
+
+import math
+
+import torch
+import warp as wp
+
+from ... import _warp, _warp_funcs
+from .nearest import _kdtree
+
+# A radius takes the tree when its ball holds about this many points or more, and at least its
+# K (an estimate from the clouds' boxes): from there the cell list's measuring of the ball's cells
+# costs more than the walk (K = 8 to 128, 1,024 to 32,768 points: docs/benchmarks.md, design choices).
+CROWDED = 128.0
+
+
+@_warp.kernels
+def kernel(dtype: torch.dtype, heap: bool = False):
+    """``ball(start, depth, radius, slot, rows, query, points, order, lo, hi, axis, split, dists,
+    idx, counts)``: a thread per query (``query`` in the tree's query order, ``rows`` their
+    rows), its K best pairs within ``radius`` into its row of ``dists`` / ``idx`` (every column
+    written: -1 / inf past them) and the number of points within it into ``counts[i, slot]``.
+    ``heap``: the row kept as the cell list's rows of many columns are (``heap_insert``), by
+    distance (a root per pair that enters), else sorted by squares (a root per column at the end)."""
+    s = _warp.scalar(dtype)
+    v = _warp.vec3(dtype)
+    insert = _warp_funcs.sorted_insert(dtype, True)  # (squares, in the order of their roots)
+    push, finish = _warp_funcs.heap_insert(dtype)
+    eps = torch.finfo(dtype).eps
+    slack = s((1.0 + 64.0 * eps) ** 2)  # as the kNN walk's: rounding never hides a point from a bound widened by it
+    sure = s(1.0 - 8.0 * eps)  # a square below r^2 times this has a root <= r (no root taken)
+    _nodes = wp.types.vector(length=_kdtree._STACK, dtype=wp.int32)
+    _bounds = wp.types.vector(length=_kdtree._STACK, dtype=s)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def ball(start: int, depth: int, radius: s, slot: int, rows: wp.array(dtype=wp.int64), query: wp.array(dtype=v),
+             points: wp.array(dtype=v), order: wp.array(dtype=wp.int64), lo: wp.array(dtype=v), hi: wp.array(dtype=v),
+             axis: wp.array(dtype=wp.int32), split: wp.array(dtype=s), dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64),
+             counts: wp.array2d(dtype=wp.int64)):
+        t = wp.tid() + start
+        i = int(rows[t])
+        q = query[t]
+        k = dists.shape[1]
+        npts = wp.int64(points.shape[0])
+        rr = radius * radius
+        reach = rr * slack  # squares beyond it: not within the radius
+        inside = rr / (slack * slack)  # a box whose farthest corner's square is below it: every point within
+        below = rr * sure
+        bound = reach  # squares beyond it cannot enter the row (its K-th's, widened, once full)
+        n = int(0)
+        total = wp.int64(0)
+        zero = v(s(0.0), s(0.0), s(0.0))
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        stack_bound = _bounds()
+        top = int(1)  # the root: entry 0, depth 0, bound 0
+        while top > 0:
+            top = top - 1
+            b = stack_node[top]
+            d = stack_depth[top]
+            if stack_bound[top] > reach:
+                continue
+            while True:  # down to the leaf on the query's side, pushing the farther children
+                gap = wp.max(wp.max(lo[b] - q, q - hi[b]), zero)
+                near = wp.dot(gap, gap)
+                if near > reach:
+                    break
+                if near > bound:  # nothing of it enters the full row: counted whole if inside the ball
+                    far = wp.max(wp.abs(q - lo[b]), wp.abs(q - hi[b]))
+                    if wp.dot(far, far) <= inside:
+                        node = b + 1 - (1 << d)
+                        total = total + wp.int64(_warp_funcs.part(node + 1, npts, d) - _warp_funcs.part(node, npts, d))
+                        break
+                if d == depth:  # a leaf: measure its points
+                    node = b + 1 - (1 << d)
+                    j = _warp_funcs.part(node, npts, d)
+                    j1 = _warp_funcs.part(node + 1, npts, d)
+                    while j < j1:
+                        diff = q - points[j]
+                        d2 = wp.dot(diff, diff)
+                        if d2 <= reach:
+                            if d2 <= below or wp.length(diff) <= radius:
+                                total = total + wp.int64(1)
+                                if d2 <= bound:
+                                    if wp.static(heap):
+                                        n = push(dists, idx, i, 0, k, n, wp.length(diff), order[j])
+                                        if n > k:  # a heap: its root the worst held
+                                            bound = wp.min(bound, dists[i, 0] * dists[i, 0] * slack)
+                                    else:
+                                        n = insert(dists, idx, i, n, d2, order[j])
+                                        if n == k:
+                                            bound = wp.min(bound, dists[i, k - 1] * slack)
+                        j += 1
+                    break
+                a = int(axis[b])
+                side = int(0)
+                floor = s(0.0)
+                if a >= 3:  # a split stopped early: no plane between the halves
+                    side = int(q[a - 3] >= split[b])
+                elif a >= 0:
+                    off = q[a] - split[b]
+                    side = int(off >= s(0.0))
+                    floor = off * off
+                stack_node[top] = 2 * b + 2 - side
+                stack_depth[top] = d + 1
+                stack_bound[top] = floor
+                top = top + int(floor <= reach)
+                b = 2 * b + 1 + side
+                d = d + 1
+        counts[i, slot] = total
+        if wp.static(heap):
+            finish(dists, idx, i, 0, k, n)
+            n = wp.min(n, k)
+        else:
+            for c in range(n):
+                dists[i, c] = wp.sqrt(dists[i, c])
+        while n < k:
+            dists[i, n] = s(wp.inf)
+            idx[i, n] = wp.int64(-1)
+            n += 1
+
+    return ball
+
+
+def crowded(radius: float, k: int, n: int, host: list) -> bool:
+    """Whether a ball of ``radius`` holds about ``CROWDED`` of the ``n`` reference points or
+    more, and at least ``k``, from their box (``host[0:6]``, :func:`._cells.extent_of`'s): all
+    of them where the radius spans the box's diagonal, else the share of each side the ball's
+    diameter spans times a ball's share of its cube."""
+    sides = [hi - lo for lo, hi in zip(host[0:3], host[3:6])]
+    share = 1.0
+    if radius * radius < sum(x * x for x in sides):
+        share = math.pi / 6.0
+        for side in sides:
+            share *= min(1.0, 2.0 * radius / side) if side > 0 else 1.0
+    return n * share >= max(CROWDED, k)
+
+
+def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -> None:
+    """The balls of ``rows`` (radius, slot, dists (M, K) view, idx (M, K) view, counts) of
+    finite CPU clouds on one kd-tree of ``ref``: their rows and ``counts[:, slot]`` written,
+    rows of ``heap_from`` columns or more kept as heaps."""
+    m = query.shape[0]
+    beside, order_rows, ordered = _kdtree._cpu_query_order(query)
+    points, order, _, lo, hi, _, _, axis, split, depth = _kdtree._tree(ref, None, beside, m)
+    vec = lambda x: _warp.array(x, dtype=_warp.vec3(query.dtype))  # noqa: E731
+    shared = [order_rows, vec(ordered), vec(points), order, vec(lo), vec(hi), axis, split]
+    for radius, slot, dists, idx, counts in rows:
+        ball = kernel(query.dtype, dists.shape[1] >= heap_from)
+        _warp.launch(ball, m, [depth, float(radius), slot, *shared, dists, idx, counts], like=query, min_chunk=_warp.QUERY_CHUNK)
