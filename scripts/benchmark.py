@@ -508,7 +508,8 @@ def _radius_search_cases(args, device, ckdtree, o3c):
     first only with --quick): ``ball_query:physicsnemo`` (r = 0.1, K = 32) and
     ``ball_queries:geotransolver`` (six radii 0.01-5.0, caps 4-256) against separate ball_query
     calls, cKDTree's query (k = K, distance_upper_bound = r, workers=-1: the K nearest within r
-    and their distances, as a ball query returns them), Open3D's hybrid_search (the K nearest
+    and their distances, as a ball query returns them; ``scipy_ckdtree_counts``: and each ball's
+    count, ``query_ball_point(return_length=True)``, the rest of a ball query's answer), Open3D's hybrid_search (the K nearest
     within r, d < r), each peer's index built in the call, and (``ball_query:physicsnemo``
     on the CPU) PhysicsNeMo's own ``radius_search`` (:class:`Timed`, in its own process)."""
     cases = []
@@ -531,6 +532,15 @@ def _radius_search_cases(args, device, ckdtree, o3c):
                     return [tree.query(q, k, distance_upper_bound=r, workers=-1) for r, k in zip(radii, caps)]
 
                 cases.append((op, "scipy_ckdtree", n, nearest_within, f"{shown}: query(k=K, distance_upper_bound=r), workers=-1", m))
+
+                def counted(q=q_pts, p=p_pts, radii=radii, caps=caps):
+                    tree = ckdtree(p)
+                    return [(tree.query(q, k, distance_upper_bound=r, workers=-1), tree.query_ball_point(q, r, return_length=True, workers=-1))
+                            for r, k in zip(radii, caps)]
+
+                cases.append((op, "scipy_ckdtree_counts", n, counted,
+                              f"{shown}: query(k=K, distance_upper_bound=r) and query_ball_point(r, return_length=True), workers=-1: "
+                              "the counts too, as a ball query returns them", m))
             if o3c is not None:
                 def hybrid(q=q_pts, p=p_pts, radii=radii, caps=caps):
                     index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p))

@@ -317,7 +317,8 @@ def test_the_sampling_peers_compute_the_ops_answers(monkeypatch):
     """The sampling section's installed peers return pcops' answers on its quick inputs: FPS
     picks with their points (fpsample's bucket FPS from its own first pick), the ball query's K
     nearest within r, the graphs' edges (no self edges, as pcops' loop=False), the voxel means
-    of the points and features, and the radius-search rows' K nearest within each radius."""
+    of the points and features, and the radius-search rows' K nearest within each radius (and
+    their counts, where a peer returns them)."""
     import types
 
     bench = _script("benchmark")
@@ -366,7 +367,10 @@ def test_the_sampling_peers_compute_the_ops_answers(monkeypatch):
                 wants = [want] if op.startswith("ball_query:") else list(want)
                 n_ref = len(fn.__defaults__[1])
                 for g, w in zip(got, wants, strict=True):
-                    idx = found(g[1], n_ref) if variant == "scipy_ckdtree" else g[0].numpy()
+                    if variant == "scipy_ckdtree_counts":  # (the K nearest within r, and the counts)
+                        g, counts = g
+                        assert np.array_equal(np.asarray(counts).astype(np.int64), w.counts.numpy()), (op, variant)
+                    idx = found(g[1], n_ref) if variant.startswith("scipy_ckdtree") else g[0].numpy()
                     assert same_rows(idx, w.idx.numpy()), (op, variant)
             checked += 1
     assert checked >= 3  # (the torch FPS loop and voxel rows at least, with no optional peer installed)
