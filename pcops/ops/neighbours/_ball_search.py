@@ -233,7 +233,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     tree = not dense and not by_index and query_group is None and query.is_cpu  # (crowded balls may take the kd-tree)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 or tree else None  # one host read for all
     if tree:
-        crowd = [g for g in range(len(radii)) if _ball_tree.crowded(radii[g], max_neighbors[g], n, extent[1])]
+        crowd = [g for g in range(len(radii)) if _ball_tree.in_range(radii[g], query.dtype) and _ball_tree.crowded(radii[g], max_neighbors[g], n, extent[1])]
         if crowd and (validate or bool(torch.isfinite(query).all() and torch.isfinite(ref).all())):
             _ball_tree.search(query, ref, [(radii[g], g, dists[:, first[g]:first[g] + max_neighbors[g]],
                                             idx[:, first[g]:first[g] + max_neighbors[g]], counts) for g in crowd], HEAP_FROM)

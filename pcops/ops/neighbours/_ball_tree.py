@@ -141,6 +141,14 @@ def kernel(dtype: torch.dtype, heap: bool = False):
     return ball
 
 
+def in_range(radius: float, dtype: torch.dtype) -> bool:
+    """Whether the square of ``radius`` is a normal number of ``dtype`` by a wide margin (2^30
+    both ways), so that the walk's relative margins on it hold (a square among the subnormal
+    numbers keeps too few digits for them, one that overflows none): others keep the cell list."""
+    info = torch.finfo(dtype)
+    return info.tiny * 2.0**30 <= radius * radius <= info.max / 2.0**30
+
+
 def crowded(radius: float, k: int, n: int, host: list) -> bool:
     """Whether a ball of ``radius`` holds about ``CROWDED`` of the ``n`` reference points or
     more, and at least ``k``, from their box (``host[0:6]``, :func:`._cells.extent_of`'s): all

@@ -262,14 +262,17 @@ def _tree_calls(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("cloud", ["uniform", "lattice", "flat", "far", "clusters", "duplicates"])
+@pytest.mark.parametrize("cloud", ["uniform", "lattice", "flat", "far", "clusters", "duplicates", "specks", "tiny", "huge"])
 def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatch):
     """Every radius on the kd-tree (``_ball_tree``) against every radius through the cell list,
     ball_queries, ball_query and radius_graph in both dtypes: the same rows, counts and
     distances, bit for bit, on clouds with float32 ties (a lattice, a duplicated cloud), a flat
-    one, one far from the origin (coordinates about 10^4 times the radii), clusters, and points
-    placed at exactly a radius from a query; and the float64 reference's counts and rows (but
-    the lattice's, whose tied distances the reference rounds otherwise)."""
+    one, one far from the origin (coordinates about 10^4 times the radii), clusters, half the
+    points within 1e-20 of the origin (float32 squares among the subnormal numbers: rows of ties
+    there), and points placed at exactly a radius from a query; float32 clouds whose radii's
+    squares are subnormal or overflow keep the cell list (``_ball_tree.in_range``), float64 ones
+    take the tree; and the float64 reference's counts and rows (but the lattice's, whose tied
+    distances the reference rounds otherwise)."""
     from pcops.ops.neighbours import _ball_tree
 
     n, m = 1500, 400
@@ -284,10 +287,14 @@ def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatc
         p = (torch.rand(8, 3, generator=gen, dtype=F64)[torch.randint(0, 8, (n,), generator=gen)] + 0.05 * p)
     elif cloud == "duplicates":
         p[n // 2:] = p[: n - n // 2]
+    elif cloud == "specks":  # half the points within 1e-20 of the origin: float32 squares among the subnormal numbers
+        p[: n // 2] *= 1e-20
     q = torch.cat([p[:m // 2], torch.rand(m - m // 2, 3, generator=gen, dtype=F64) + (1e4 if cloud == "far" else 0)])
     radii, caps = [0.08, 0.3, 0.6, 2.0], [8, 32, 64, 256]
     # points at exactly 0.3 (float32-exact offsets) from the first queries: the boundary counted alike
     p[-8:] = q[:8] + torch.tensor([0.3, 0.0, 0.0], dtype=F64)
+    scale = {"tiny": 1e-21, "huge": 1e17}.get(cloud, 1.0)  # (float32 squares of the radii subnormal / past the largest float)
+    p, q, radii = p * scale, q * scale, [r * scale for r in radii]
     for dtype in (torch.float32, F64):
         qd, pd = q.to(dtype), p.to(dtype)
         got = {}
@@ -295,8 +302,10 @@ def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatc
             monkeypatch.setattr(_ball_tree, "crowded", lambda *args, path=path: path == "kd_tree")
             calls = _tree_calls(monkeypatch)
             got[path] = (pcops.ball_queries(qd, pd, radii, caps), [pcops.ball_query(qd, pd, r, k) for r, k in zip(radii, caps)],
-                         pcops.radius_graph(pd, 0.3, max_neighbors=32))
-            assert sorted(set(calls)) == (sorted(radii) if path == "kd_tree" else []), calls
+                         pcops.radius_graph(pd, 0.3 * scale, max_neighbors=32))
+            taken = [r for r in radii if _ball_tree.in_range(r, dtype)] if path == "kd_tree" else []  # (the others: the cell list)
+            assert sorted(set(calls)) == sorted(taken), calls
+            assert len(taken) == (0 if path == "cell_list" else 4 if dtype == F64 or scale == 1.0 else 0)
         for a, b in zip(_flat(got["cell_list"][0]) + _flat(got["cell_list"][1]) + tuple(got["cell_list"][2]),
                         _flat(got["kd_tree"][0]) + _flat(got["kd_tree"][1]) + tuple(got["kd_tree"][2]), strict=True):
             assert torch.equal(a, b)
