@@ -230,14 +230,12 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, n, SCAN_COST))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
-    tree = not dense and not by_index and query_group is None and query.is_cpu  # (crowded balls may take the kd-tree)
+    tree = not dense and not by_index and query.is_cpu  # (crowded balls may take the kd-tree)
     extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 or tree else None  # one host read for all
     if tree:
-        crowd = [g for g in range(len(radii)) if _ball_tree.in_range(radii[g], query.dtype) and _ball_tree.crowded(radii[g], max_neighbors[g], n, extent[1])]
-        if crowd and (validate or bool(torch.isfinite(query).all() and torch.isfinite(ref).all())):
-            _ball_tree.search(query, ref, [(radii[g], g, dists[:, first[g]:first[g] + max_neighbors[g]],
-                                            idx[:, first[g]:first[g] + max_neighbors[g]], counts) for g in crowd], HEAP_FROM)
-            grouped = [left for left in ([g for g in group if g not in crowd] for group in grouped) if left]
+        crowd = _ball_tree.take(query, ref, query_group, ref_group, radii, max_neighbors, first, dists, idx, counts, extent[1],
+                                validate, HEAP_FROM)
+        grouped = [left for left in ([g for g in group if g not in crowd] for group in grouped) if left]
     for group in grouped:
         columns, rows = _columns(group, first, max_neighbors, dists, idx)
         search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, dense)

@@ -20,6 +20,7 @@ leaves its sphere crosses. :func:`crowded` picks the radii that take it (docs/op
 """
 
 import math
+from typing import Optional
 
 import torch
 import warp as wp
@@ -149,18 +150,48 @@ def in_range(radius: float, dtype: torch.dtype) -> bool:
     return info.tiny * 2.0**30 <= radius * radius <= info.max / 2.0**30
 
 
-def crowded(radius: float, k: int, n: int, host: list) -> bool:
+def crowded(radius: float, k: int, n: float, host: list, queries: Optional[float] = None) -> bool:
     """Whether a ball of ``radius`` holds about ``CROWDED`` of the ``n`` reference points or
     more, and at least ``k``, from their box (``host[0:6]``, :func:`._cells.extent_of`'s): all
     of them where the radius spans the box's diagonal, else the share of each side the ball's
-    diameter spans times a ball's share of its cube."""
+    diameter spans times a ball's share of its cube. ``queries``: a batch's queries a sample
+    (``n`` its points a sample), whose balls must also hold ``SAMPLE_WORK`` points together."""
     sides = [hi - lo for lo, hi in zip(host[0:3], host[3:6])]
     share = 1.0
     if radius * radius < sum(x * x for x in sides):
         share = math.pi / 6.0
         for side in sides:
             share *= min(1.0, 2.0 * radius / side) if side > 0 else 1.0
-    return n * share >= max(CROWDED, k)
+    held = n * share
+    return held >= max(CROWDED, k) and (queries is None or queries * held >= SAMPLE_WORK)
+
+
+# A batch's crowded balls take the tree, a sample at a time, where a sample's balls hold this many
+# points together at least (its queries times a ball's points): below, a sample's own launches,
+# gathers and scatters cost more than the walk saves on the batch's one cell-list launch
+# (docs/benchmarks.md, design choices).
+SAMPLE_WORK = 1 << 18
+
+
+def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list, dists, idx, counts, host: list, validate: bool,
+         heap_from: int) -> list:
+    """The radii of a CPU ball search (:func:`._ball_search.search`: its outputs, columns
+    ``first[g] ..`` of radius g, and extent ``host``) that are crowded (:func:`crowded`, in range:
+    :func:`in_range`), searched on kd-trees (one cloud: :func:`search`; a batch: a tree a sample,
+    :func:`search_groups`) into their columns and counts; none where the points are not all
+    finite (``validate`` False: checked here)."""
+    samples = 1 if query_group is None else int(host[12]) + 1  # (an estimate: the largest sample id; pads' ids included)
+    m, n = query.shape[0] / samples, ref.shape[0] / samples
+    crowd = [g for g in range(len(radii))
+             if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m)]
+    if not crowd or not (validate or bool(torch.isfinite(query).all() and torch.isfinite(ref).all())):
+        return []
+    rows = [(radii[g], g, dists[:, first[g]:first[g] + ks[g]], idx[:, first[g]:first[g] + ks[g]], counts) for g in crowd]
+    if query_group is None:
+        search(query, ref, rows, heap_from)
+    else:
+        search_groups(query, ref, query_group, ref_group, rows, heap_from)
+    return crowd
 
 
 def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -> None:
@@ -175,3 +206,35 @@ def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -
     for radius, slot, dists, idx, counts in rows:
         ball = kernel(query.dtype, dists.shape[1] >= heap_from)
         _warp.launch(ball, m, [depth, float(radius), slot, *shared, dists, idx, counts], like=query, min_chunk=_warp.QUERY_CHUNK)
+
+
+def search_groups(query, ref, query_group, ref_group, rows: list, heap_from: int) -> None:
+    """:func:`search` of a batch (sample ids ``query_group``, ``ref_group``): each sample's
+    queries and points gathered (in their order: the same ties), searched on a tree of their own,
+    and their rows written back with the batch's indices; queries of a sample without points
+    (and padding, whose ids differ) keep their empty rows."""
+    q_ids, q_order = torch.sort(query_group, stable=True)
+    r_ids, r_order = torch.sort(ref_group, stable=True)
+    q_runs, r_runs = (torch.unique_consecutive(ids, return_counts=True) for ids in (q_ids, r_ids))
+    q_runs, r_runs = ([t.tolist() for t in runs] for runs in (q_runs, r_runs))  # (the host reads)
+    points = {}
+    at = 0
+    for sample, count in zip(*r_runs):
+        points[sample] = (at, count)
+        at += count
+    sorted_query, sorted_ref = query.index_select(0, q_order), ref.index_select(0, r_order)
+    at = 0
+    for sample, count in zip(*q_runs):
+        start, at = at, at + count
+        if sample not in points:
+            continue
+        p0, n = points[sample]
+        q_rows, r_rows = q_order[start:at], r_order[p0:p0 + n]
+        mine = torch.zeros((count, rows[0][4].shape[1]), dtype=torch.int64)
+        outs = [(radius, slot, dists.new_empty((count, dists.shape[1])), torch.empty((count, dists.shape[1]), dtype=torch.int64), mine)
+                for radius, slot, dists, _, _ in rows]
+        search(sorted_query[start:at], sorted_ref[p0:p0 + n], outs, heap_from)
+        for (_, slot, dists, idx, counts), (_, _, found, local, _) in zip(rows, outs):
+            dists[q_rows] = found
+            idx[q_rows] = torch.where(local >= 0, r_rows[local.clamp(min=0)], -1)
+            counts[q_rows, slot] = mine[:, slot]

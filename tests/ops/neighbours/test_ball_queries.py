@@ -320,8 +320,9 @@ def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatc
 def test_crowded_radii_take_the_kd_tree(monkeypatch):
     """The default choice (``_ball_tree.crowded``): of GeoTransolver's six radii over a unit
     cube of 4,096 points, those whose balls hold 128 points or more and their K take the tree
-    (0.25 and up), the others the cell list; a batch, a by-index search and a small cloud
-    (every pair measured) never do."""
+    (0.25 and up), the others the cell list; the same cube as a batch of two halves 1.0 and up,
+    a tree a sample (0.25's 1,024 balls a sample hold too few points together for a batch's
+    threshold, ``SAMPLE_WORK``); a by-index search and a small cloud (every pair measured) never do."""
     gen = torch.Generator().manual_seed(3)
     p, q = torch.rand(4096, 3, generator=gen), torch.rand(2048, 3, generator=gen)
     radii, caps = [0.01, 0.05, 0.25, 1.0, 2.5, 5.0], [4, 8, 16, 64, 128, 256]
@@ -330,8 +331,53 @@ def test_crowded_radii_take_the_kd_tree(monkeypatch):
     assert sorted(calls) == [0.25, 1.0, 2.5, 5.0]
     calls.clear()
     pcops.ball_queries(q.view(2, 1024, 3), p.view(2, 2048, 3), radii, caps)  # (padded: a batch)
+    assert sorted(set(calls)) == [1.0, 2.5, 5.0] and len(calls) == 6  # (a tree a sample)
+    calls.clear()
     pcops.ball_queries(q[:100], p[:500], radii, caps)  # (every pair)
     from pcops.compat import torch_cluster
 
     torch_cluster.radius(p, q, 0.25, max_num_neighbors=16)  # (the first K by index)
     assert calls == []
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_crowded_balls_of_a_batch_on_kd_trees_equal_the_cell_list(gen, layout, monkeypatch):
+    """A batch's crowded balls, a kd-tree a sample (``_ball_tree.search_groups``), against the
+    cell list and against a loop over the samples: padded clouds with lengths (padding rows
+    amid the points, never neighbours), packed clouds in shuffled order with a sample without points and one
+    without queries; ball_queries and ball_query, both dtypes, the same rows, counts and
+    distances bit for bit."""
+    from pcops.ops.neighbours import _ball_tree
+
+    sizes = [(500, 700), (300, 900), (650, 500)]  # (queries, points) a sample
+    clouds = [(torch.rand(m, 3, generator=gen, dtype=F64), torch.rand(n, 3, generator=gen, dtype=F64)) for m, n in sizes]
+    clouds[1][1][: 300] = clouds[1][1][300: 600]  # (duplicated points: ties)
+    radii, caps = [0.1, 0.4, 0.9, 3.0], [8, 32, 64, 200]
+    for dtype in (torch.float32, F64):
+        if layout == "padded":
+            q = torch.full((3, 650, 3), 0.5, dtype=dtype)  # (padding amid the points: never neighbours)
+            p = torch.full((3, 900, 3), 0.5, dtype=dtype)
+            for b, (cq, cp) in enumerate(clouds):
+                q[b, : len(cq)], p[b, : len(cp)] = cq, cp
+            kwargs = dict(query_lengths=torch.tensor([m for m, _ in sizes]), ref_lengths=torch.tensor([n for _, n in sizes]))
+        else:
+            q = torch.cat([c[0] for c in clouds] + [torch.rand(40, 3, generator=gen, dtype=F64)]).to(dtype)  # (sample 3: no points)
+            p = torch.cat([c[1] for c in clouds] + [torch.rand(60, 3, generator=gen, dtype=F64)]).to(dtype)  # (sample 4: no queries)
+            qb = torch.cat([torch.full((m,), b) for b, (m, _) in enumerate(sizes)] + [torch.full((40,), 3)])
+            rb = torch.cat([torch.full((n,), b) for b, (_, n) in enumerate(sizes)] + [torch.full((60,), 4)])
+            qs, rs = torch.randperm(len(qb), generator=gen), torch.randperm(len(rb), generator=gen)
+            q, p, qb, rb = q[qs], p[rs], qb[qs], rb[rs]
+            kwargs = dict(query_batch=qb, ref_batch=rb)
+        got = {}
+        for path in ("cell_list", "kd_tree"):
+            monkeypatch.setattr(_ball_tree, "crowded", lambda *args, path=path: path == "kd_tree")
+            calls = _tree_calls(monkeypatch)
+            got[path] = _flat(pcops.ball_queries(q, p, radii, caps, **kwargs)) + _flat([pcops.ball_query(q, p, 0.9, 64, **kwargs)])
+            assert bool(calls) == (path == "kd_tree")
+        for a, b in zip(got["cell_list"], got["kd_tree"], strict=True):
+            assert torch.equal(a, b)
+        if layout == "padded":  # (and each sample alone)
+            for b, (m, n) in enumerate(sizes):
+                alone = _flat(pcops.ball_queries(q[b, :m], p[b, :n], radii, caps))
+                for whole, one in zip(got["kd_tree"][: len(alone)], alone, strict=True):
+                    assert torch.equal(whole[b, :m], one)
