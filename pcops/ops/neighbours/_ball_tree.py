@@ -198,6 +198,7 @@ def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -
     """The balls of ``rows`` (radius, slot, dists (M, K) view, idx (M, K) view, counts) of
     finite CPU clouds on one kd-tree of ``ref``: their rows and ``counts[:, slot]`` written,
     rows of ``heap_from`` columns or more kept as heaps."""
+    query, ref = query.contiguous(), ref.contiguous()  # (the tree's arrays: rows of three; the cell list takes strides)
     m = query.shape[0]
     beside, order_rows, ordered = _kdtree._cpu_query_order(query)
     points, order, _, lo, hi, _, _, axis, split, depth = _kdtree._tree(ref, None, beside, m)

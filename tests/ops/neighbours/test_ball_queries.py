@@ -381,3 +381,25 @@ def test_crowded_balls_of_a_batch_on_kd_trees_equal_the_cell_list(gen, layout, m
                 alone = _flat(pcops.ball_queries(q[b, :m], p[b, :n], radii, caps))
                 for whole, one in zip(got["kd_tree"][: len(alone)], alone, strict=True):
                     assert torch.equal(whole[b, :m], one)
+
+
+def test_crowded_balls_of_strided_clouds(gen, monkeypatch):
+    """Column-major and column-strided clouds (views that are not rows of three) take the
+    kd-tree as contiguous ones do: the same results as the cell list's and as their contiguous
+    copies', ball_query, ball_queries and radius_graph."""
+    from pcops.ops.neighbours import _ball_tree
+
+    q = torch.rand(3, 600, generator=gen).t()  # (column-major)
+    p = torch.rand(800, 6, generator=gen)[:, ::2]  # (every other column)
+    assert not q.is_contiguous() and not p.is_contiguous()
+    calls = _tree_calls(monkeypatch)
+    got = (_flat(pcops.ball_queries(q, p, [0.1, 0.5], [8, 64])) + tuple(pcops.ball_query(q, p, 0.5, 32))
+           + tuple(pcops.radius_graph(q, 0.5, max_neighbors=40)))
+    assert sorted(set(calls)) == [0.5]
+    want = (_flat(pcops.ball_queries(q.contiguous(), p.contiguous(), [0.1, 0.5], [8, 64])) + tuple(pcops.ball_query(q.contiguous(), p.contiguous(), 0.5, 32))
+            + tuple(pcops.radius_graph(q.contiguous(), 0.5, max_neighbors=40)))
+    monkeypatch.setattr(_ball_tree, "crowded", lambda *args: False)
+    cells = (_flat(pcops.ball_queries(q, p, [0.1, 0.5], [8, 64])) + tuple(pcops.ball_query(q, p, 0.5, 32))
+             + tuple(pcops.radius_graph(q, 0.5, max_neighbors=40)))
+    for a, b, c in zip(got, want, cells, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
