@@ -180,7 +180,7 @@ def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list,
     :func:`in_range`), searched on kd-trees (one cloud: :func:`search`; a batch: a tree a sample,
     :func:`search_groups`) into their columns and counts; none where the points are not all
     finite (``validate`` False: checked here)."""
-    samples = 1 if query_group is None else int(host[12]) + 1  # (an estimate: the largest sample id; pads' ids included)
+    samples = 1 if query_group is None else max(int(host[12]) + 1, 1)  # (an estimate: the largest sample id, pads' included; unchecked ids may be negative)
     m, n = query.shape[0] / samples, ref.shape[0] / samples
     crowd = [g for g in range(len(radii))
              if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m)]

@@ -403,3 +403,22 @@ def test_crowded_balls_of_strided_clouds(gen, monkeypatch):
              + tuple(pcops.radius_graph(q, 0.5, max_neighbors=40)))
     for a, b, c in zip(got, want, cells, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_batches_of_negative_sample_ids_unchecked(gen, monkeypatch):
+    """Packed sample ids that ``validate=False`` leaves unchecked, all negative (the largest
+    -1 or below): no error from the crowded balls' estimate of the samples, the cell list's
+    rows either way (the tree's where it is taken), and one id the whole cloud's."""
+    from pcops.ops.neighbours import _ball_tree
+
+    q, p = torch.rand(300, 3, generator=gen), torch.rand(700, 3, generator=gen)
+    for ids in ([-1], [-1, -5], [-2]):
+        qb = torch.tensor(ids)[torch.randint(0, len(ids), (300,), generator=gen)]
+        rb = torch.tensor(ids)[torch.randint(0, len(ids), (700,), generator=gen)]
+        got = pcops.ball_query(q, p, 0.6, 64, query_batch=qb, ref_batch=rb, validate=False)
+        with monkeypatch.context() as patch:
+            patch.setattr(_ball_tree, "crowded", lambda *args: False)
+            cells = pcops.ball_query(q, p, 0.6, 64, query_batch=qb, ref_batch=rb, validate=False)
+        assert all(torch.equal(a, b) for a, b in zip(got, cells))
+        if len(ids) == 1:
+            assert all(torch.equal(a, b) for a, b in zip(got, pcops.ball_query(q, p, 0.6, 64)))
