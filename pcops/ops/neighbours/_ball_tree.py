@@ -178,20 +178,39 @@ def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list,
     """The radii of a CPU ball search (:func:`._ball_search.search`: its outputs, columns
     ``first[g] ..`` of radius g, and extent ``host``) that are crowded (:func:`crowded`, in range:
     :func:`in_range`), searched on kd-trees (one cloud: :func:`search`; a batch: a tree a sample,
-    :func:`search_groups`) into their columns and counts; none where the points are not all
-    finite (``validate`` False: checked here)."""
-    samples = 1 if query_group is None else max(int(host[12]) + 1, 1)  # (an estimate: the largest sample id, pads' included; unchecked ids may be negative)
-    m, n = query.shape[0] / samples, ref.shape[0] / samples
-    crowd = [g for g in range(len(radii))
-             if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m)]
-    if not crowd or not (validate or bool(torch.isfinite(query).all() and torch.isfinite(ref).all())):
+    :func:`search_groups`, judged by its samples' mean numbers of queries and points, once one
+    sample of them all might be) into their columns and counts; none where the points are not
+    all finite (``validate`` False: checked here)."""
+    def crowd(m: float, n: float) -> list:
+        return [g for g in range(len(radii))
+                if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m)]
+
+    chosen = crowd(query.shape[0], ref.shape[0])
+    samples = None
+    if chosen and query_group is not None:
+        samples = _samples(query_group, ref_group)
+        points = dict(zip(*samples[1][1]))  # (each sample's points)
+        shared = [(c, points[i]) for i, c in zip(*samples[0][1]) if i in points]  # (queries, points) of the samples with both
+        chosen = crowd(sum(c for c, _ in shared) / len(shared), sum(c for _, c in shared) / len(shared)) if shared else []
+    if not chosen or not (validate or bool(torch.isfinite(query).all() and torch.isfinite(ref).all())):
         return []
-    rows = [(radii[g], g, dists[:, first[g]:first[g] + ks[g]], idx[:, first[g]:first[g] + ks[g]], counts) for g in crowd]
+    rows = [(radii[g], g, dists[:, first[g]:first[g] + ks[g]], idx[:, first[g]:first[g] + ks[g]], counts) for g in chosen]
     if query_group is None:
         search(query, ref, rows, heap_from)
     else:
-        search_groups(query, ref, query_group, ref_group, rows, heap_from)
-    return crowd
+        search_groups(query, ref, samples, rows, heap_from)
+    return chosen
+
+
+def _samples(query_group: torch.Tensor, ref_group: torch.Tensor) -> tuple:
+    """((order, (ids, counts)), (order, (ids, counts))) of the queries and the points of a batch:
+    their stable sort by sample id and each id's run in it, on the host."""
+    out = []
+    for group in (query_group, ref_group):
+        ids, order = torch.sort(group, stable=True)
+        runs = [t.tolist() for t in torch.unique_consecutive(ids, return_counts=True)]  # (a host read)
+        out.append((order, runs))
+    return tuple(out)
 
 
 def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -> None:
@@ -209,15 +228,12 @@ def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -
         _warp.launch(ball, m, [depth, float(radius), slot, *shared, dists, idx, counts], like=query, min_chunk=_warp.QUERY_CHUNK)
 
 
-def search_groups(query, ref, query_group, ref_group, rows: list, heap_from: int) -> None:
-    """:func:`search` of a batch (sample ids ``query_group``, ``ref_group``): each sample's
+def search_groups(query, ref, samples: tuple, rows: list, heap_from: int) -> None:
+    """:func:`search` of a batch (``samples``: :func:`_samples` of its sample ids): each sample's
     queries and points gathered (in their order: the same ties), searched on a tree of their own,
     and their rows written back with the batch's indices; queries of a sample without points
     (and padding, whose ids differ) keep their empty rows."""
-    q_ids, q_order = torch.sort(query_group, stable=True)
-    r_ids, r_order = torch.sort(ref_group, stable=True)
-    q_runs, r_runs = (torch.unique_consecutive(ids, return_counts=True) for ids in (q_ids, r_ids))
-    q_runs, r_runs = ([t.tolist() for t in runs] for runs in (q_runs, r_runs))  # (the host reads)
+    (q_order, q_runs), (r_order, r_runs) = samples
     points = {}
     at = 0
     for sample, count in zip(*r_runs):

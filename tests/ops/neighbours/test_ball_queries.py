@@ -322,7 +322,7 @@ def test_crowded_radii_take_the_kd_tree(monkeypatch):
     cube of 4,096 points, those whose balls hold 128 points or more and their K take the tree
     (0.25 and up), the others the cell list; the same cube as a batch of two halves 1.0 and up,
     a tree a sample (0.25's 1,024 balls a sample hold too few points together for a batch's
-    threshold, ``SAMPLE_WORK``); a by-index search and a small cloud (every pair measured) never do."""
+    threshold, ``SAMPLE_WORK``), padded or packed with sparse ids; a by-index search and a small cloud (every pair measured) never do."""
     gen = torch.Generator().manual_seed(3)
     p, q = torch.rand(4096, 3, generator=gen), torch.rand(2048, 3, generator=gen)
     radii, caps = [0.01, 0.05, 0.25, 1.0, 2.5, 5.0], [4, 8, 16, 64, 128, 256]
@@ -332,6 +332,11 @@ def test_crowded_radii_take_the_kd_tree(monkeypatch):
     calls.clear()
     pcops.ball_queries(q.view(2, 1024, 3), p.view(2, 2048, 3), radii, caps)  # (padded: a batch)
     assert sorted(set(calls)) == [1.0, 2.5, 5.0] and len(calls) == 6  # (a tree a sample)
+    for ids in ((0, 1000), (2**40, 2**40 + 1)):  # (packed, sparse ids and ids past int32: the samples counted, not the largest id)
+        calls.clear()
+        qb, rb = torch.tensor(ids).repeat_interleave(1024), torch.tensor(ids).repeat_interleave(2048)
+        pcops.ball_queries(q, p, radii, caps, query_batch=qb, ref_batch=rb)
+        assert sorted(set(calls)) == [1.0, 2.5, 5.0] and len(calls) == 6, ids
     calls.clear()
     pcops.ball_queries(q[:100], p[:500], radii, caps)  # (every pair)
     from pcops.compat import torch_cluster
