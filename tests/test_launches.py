@@ -26,6 +26,7 @@ import torch
 import pcops
 from pcops import _warp
 from pcops.ops.mesh import _kept_tree, _tree
+from pcops.ops.neighbours import _ball_tree
 from pcops.ops.neighbours.nearest import _kdtree
 from pcops.ops.sampling import fps
 from tests import op_table
@@ -134,6 +135,24 @@ def threaded(monkeypatch):
     monkeypatch.setattr(_kept_tree, "KEEP_FACES", 0)
 
 
+@pytest.fixture(autouse=True)
+def one_ball_path(monkeypatch):
+    """The ball searches on their cell lists at both sizes: a fixed radius's balls hold four times
+    the points at the larger size, where crowded ones take the kd-tree (``_ball_tree``), another
+    path, not growth (:func:`test_crowded_balls_launches_do_not_grow_with_the_size` counts it)."""
+    monkeypatch.setattr(_ball_tree, "crowded", lambda *args: False)
+
+
+BALLS = [op for op in op_table.OPS if op.name in ("ball_query", "ball_queries", "radius_graph")]
+
+
+@pytest.mark.parametrize("op", BALLS, ids=lambda op: op.name)
+def test_crowded_balls_launches_do_not_grow_with_the_size(op, monkeypatch):
+    """The ball searches with every radius on the kd-tree (``_ball_tree``), at both sizes."""
+    monkeypatch.setattr(_ball_tree, "crowded", lambda *args: True)
+    assert grown(op) == {} and (not op.grad or grown(op, "backward") == {})
+
+
 FORMS = [(op, "static") for op in op_table.OPS] + [(op, "dynamic") for op in op_table.OPS if op.static is not None] + [
     (op, "backward") for op in op_table.OPS if op.grad]
 
@@ -151,6 +170,7 @@ def gpu_paths(monkeypatch):
     monkeypatch.setattr(_tree, "PER_LEVEL", [True])
     monkeypatch.setattr(_tree.nearest, "split_order", lambda points, group, *rest: _tree.morton_order(points, group))  # (GPUs' faces)
     monkeypatch.setattr(fps, "_per_pick", lambda device: True)
+    monkeypatch.setattr(_ball_tree, "crowded", lambda *args: False)  # (GPUs keep the ball searches' cell lists)
 
 
 @pytest.mark.parametrize("op", op_table.OPS, ids=lambda op: op.name)
