@@ -1,6 +1,6 @@
-"""Crowded balls on the kNN's kd-tree: the ball search of one CPU cloud for radii whose balls
-hold many more points than their K (``pcops.ops.neighbours._ball_search``: the same rows and
-counts as its cell list's).
+"""Crowded balls on the kNN's kd-tree: the ball search of CPU clouds (one, or a batch a sample
+at a time) for radii whose balls hold many more points than their K
+(``pcops.ops.neighbours._ball_search``: the same rows and counts as its cell list's).
 
 The cell list measures every point of its cells, so a ball of the whole cloud costs the whole
 cloud per query. Here each query walks the kd-tree of :mod:`.nearest._kdtree` (its build, its
@@ -12,11 +12,15 @@ index) pairs within the radius fills with near points early; a node is then
   it enters the row) and lies inside the ball (its farthest corner within the radius, with a
   margin for rounding: every point of it is within);
 * walked otherwise, its leaves' points measured: counted when ``|q - p| <= r`` (the cell list's
-  test: the same root, compared the same way) and inserted by their squares, whose order is
-  their roots' (``sorted_insert``'s squared rows, roots taken at the end).
+  test: the same root, compared the same way) and inserted as the cell list inserts them (by
+  their squares, whose order is their roots', or into a heap of distances from the cell list's
+  ``HEAP_FROM`` columns).
 
-So a ball of the whole cloud costs about a kNN search of K, and a ball cut by the cloud the
-leaves its sphere crosses. :func:`crowded` picks the radii that take it (docs/ops/ball_query.md).
+Before its row fills, a query's bound on the row is the K-th distance of the query before it
+on the same CPU thread plus the step between them (the queries go in the tree's Morton order),
+as the kNN walk's: its K nearest are that near. So a ball of the whole cloud costs about a kNN
+search of K, and a ball cut by the cloud the leaves its sphere crosses. :func:`take` picks the
+radii that take it (docs/ops/ball_query.md).
 """
 
 import math
@@ -37,7 +41,7 @@ CROWDED = 128.0
 @_warp.kernels
 def kernel(dtype: torch.dtype, heap: bool = False):
     """``ball(start, depth, radius, slot, rows, query, points, order, lo, hi, axis, split, dists,
-    idx, counts)``: a thread per query (``query`` in the tree's query order, ``rows`` their
+    idx, counts, chain)``: a thread per query (``query`` in the tree's query order, ``rows`` their
     rows), its K best pairs within ``radius`` into its row of ``dists`` / ``idx`` (every column
     written: -1 / inf past them) and the number of points within it into ``counts[i, slot]``.
     ``heap``: the row kept as the cell list's rows of many columns are (``heap_insert``), by
@@ -49,6 +53,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
     eps = torch.finfo(dtype).eps
     slack = s((1.0 + 64.0 * eps) ** 2)  # as the kNN walk's: rounding never hides a point from a bound widened by it
     sure = s(1.0 - 8.0 * eps)  # a square below r^2 times this has a root <= r (no root taken)
+    widen, reach0 = s(1.0 + 16.0 * eps), s(16.0 * math.sqrt(torch.finfo(dtype).tiny))  # (the kNN walk's chained bound)
     _nodes = wp.types.vector(length=_kdtree._STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_kdtree._STACK, dtype=s)
 
@@ -56,7 +61,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
     def ball(start: int, depth: int, radius: s, slot: int, rows: wp.array(dtype=wp.int64), query: wp.array(dtype=v),
              points: wp.array(dtype=v), order: wp.array(dtype=wp.int64), lo: wp.array(dtype=v), hi: wp.array(dtype=v),
              axis: wp.array(dtype=wp.int32), split: wp.array(dtype=s), dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64),
-             counts: wp.array2d(dtype=wp.int64)):
+             counts: wp.array2d(dtype=wp.int64), chain: int):
         t = wp.tid() + start
         i = int(rows[t])
         q = query[t]
@@ -67,6 +72,12 @@ def kernel(dtype: torch.dtype, heap: bool = False):
         inside = rr / (slack * slack)  # a box whose farthest corner's square is below it: every point within
         below = rr * sure
         bound = reach  # squares beyond it cannot enter the row (its K-th's, widened, once full)
+        if chain != 0 and wp.tid() > 0:  # the query before ran on this CPU thread: its K nearest bound this one's
+            r = dists[int(rows[t - 1]), k - 1]  # (inf: it found fewer than K within the radius)
+            if r < s(wp.inf):
+                dq = q - query[t - 1]
+                near_k = (r + wp.sqrt(wp.dot(dq, dq))) * widen + reach0
+                bound = wp.min(bound, near_k * near_k * slack)
         n = int(0)
         total = wp.int64(0)
         zero = v(s(0.0), s(0.0), s(0.0))
@@ -171,6 +182,9 @@ def crowded(radius: float, k: int, n: float, host: list, queries: Optional[float
 # gathers and scatters cost more than the walk saves on the batch's one cell-list launch
 # (docs/benchmarks.md, design choices).
 SAMPLE_WORK = 1 << 18
+# Each query's first bound from the query before it on its CPU thread (its K-th distance plus the
+# step between the two, widened as the kNN walk's): the K nearest are that near (tests turn it off)
+CHAIN = [1]
 
 
 def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list, dists, idx, counts, host: list, validate: bool,
@@ -225,7 +239,7 @@ def search(query: torch.Tensor, ref: torch.Tensor, rows: list, heap_from: int) -
     shared = [order_rows, vec(ordered), vec(points), order, vec(lo), vec(hi), axis, split]
     for radius, slot, dists, idx, counts in rows:
         ball = kernel(query.dtype, dists.shape[1] >= heap_from)
-        _warp.launch(ball, m, [depth, float(radius), slot, *shared, dists, idx, counts], like=query, min_chunk=_warp.QUERY_CHUNK)
+        _warp.launch(ball, m, [depth, float(radius), slot, *shared, dists, idx, counts, CHAIN[0]], like=query, min_chunk=_warp.QUERY_CHUNK)
 
 
 def search_groups(query, ref, samples: tuple, rows: list, heap_from: int) -> None:

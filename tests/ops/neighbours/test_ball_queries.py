@@ -298,17 +298,19 @@ def test_crowded_balls_on_the_kd_tree_equal_the_cell_list(gen, cloud, monkeypatc
     for dtype in (torch.float32, F64):
         qd, pd = q.to(dtype), p.to(dtype)
         got = {}
-        for path in ("cell_list", "kd_tree"):
-            monkeypatch.setattr(_ball_tree, "crowded", lambda *args, path=path: path == "kd_tree")
+        for path in ("cell_list", "kd_tree", "unchained"):  # ("unchained": each query's walk from the radius, not the query before's bound)
+            monkeypatch.setattr(_ball_tree, "crowded", lambda *args, path=path: path != "cell_list")
+            monkeypatch.setattr(_ball_tree, "CHAIN", [int(path != "unchained")])
             calls = _tree_calls(monkeypatch)
             got[path] = (pcops.ball_queries(qd, pd, radii, caps), [pcops.ball_query(qd, pd, r, k) for r, k in zip(radii, caps)],
                          pcops.radius_graph(pd, 0.3 * scale, max_neighbors=32))
-            taken = [r for r in radii if _ball_tree.in_range(r, dtype)] if path == "kd_tree" else []  # (the others: the cell list)
+            taken = [r for r in radii if _ball_tree.in_range(r, dtype)] if path != "cell_list" else []  # (the others: the cell list)
             assert sorted(set(calls)) == sorted(taken), calls
             assert len(taken) == (0 if path == "cell_list" else 4 if dtype == F64 or scale == 1.0 else 0)
-        for a, b in zip(_flat(got["cell_list"][0]) + _flat(got["cell_list"][1]) + tuple(got["cell_list"][2]),
-                        _flat(got["kd_tree"][0]) + _flat(got["kd_tree"][1]) + tuple(got["kd_tree"][2]), strict=True):
-            assert torch.equal(a, b)
+        for path in ("kd_tree", "unchained"):
+            for a, b in zip(_flat(got["cell_list"][0]) + _flat(got["cell_list"][1]) + tuple(got["cell_list"][2]),
+                            _flat(got[path][0]) + _flat(got[path][1]) + tuple(got[path][2]), strict=True):
+                assert torch.equal(a, b), path
         for (dists, idx, counts), r, k in zip(got["kd_tree"][0], radii, caps, strict=True):
             want = reference.ball_query(qd.double(), pd.double(), r, k)
             assert torch.equal(counts, want[2]) or dtype != F64, (cloud, r)
