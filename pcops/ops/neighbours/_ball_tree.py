@@ -53,7 +53,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
     eps = torch.finfo(dtype).eps
     slack = s((1.0 + 64.0 * eps) ** 2)  # as the kNN walk's: rounding never hides a point from a bound widened by it
     sure = s(1.0 - 8.0 * eps)  # a square below r^2 times this has a root <= r (no root taken)
-    widen, reach0 = s(1.0 + 16.0 * eps), s(16.0 * math.sqrt(torch.finfo(dtype).tiny))  # (the kNN walk's chained bound)
+    chained = _kdtree.chain_func(dtype)  # (the kNN walk's first bound, from the query before)
     _nodes = wp.types.vector(length=_kdtree._STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_kdtree._STACK, dtype=s)
 
@@ -75,9 +75,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
         if chain != 0 and wp.tid() > 0:  # the query before ran on this CPU thread: its K nearest bound this one's
             r = dists[int(rows[t - 1]), k - 1]  # (inf: it found fewer than K within the radius)
             if r < s(wp.inf):
-                dq = q - query[t - 1]
-                near_k = (r + wp.sqrt(wp.dot(dq, dq))) * widen + reach0
-                bound = wp.min(bound, near_k * near_k * slack)
+                bound = wp.min(bound, chained(r, q - query[t - 1]))
         n = int(0)
         total = wp.int64(0)
         zero = v(s(0.0), s(0.0), s(0.0))

@@ -147,6 +147,26 @@ def _funcs(dtype: torch.dtype):
 
 
 @_warp.kernels
+def chain_func(dtype: torch.dtype):
+    """``chained(r, dq)``: the squared bound a CPU query's walk starts from, given the query
+    before it on the same thread (its k-th distance r, inf where it found fewer than k, and the
+    step dq between the two): its k neighbours are within r + |dq|, widened by relative rounding
+    (16 eps), by an absolute term for squares below the smallest normal number, and by the walk's
+    slack ((1 + 64 eps)^2): the kNN search's and the crowded balls' walk (``_ball_tree``)."""
+    s, v = _warp.scalar(dtype), _warp.vec3(dtype)
+    eps = torch.finfo(dtype).eps
+    slack = s((1.0 + 64.0 * eps) ** 2)
+    widen, reach0 = s(1.0 + 16.0 * eps), s(16.0 * math.sqrt(torch.finfo(dtype).tiny))
+
+    @wp.func(module="unique")
+    def chained(r: s, dq: v):
+        reach = (r + wp.sqrt(wp.dot(dq, dq))) * widen + reach0
+        return reach * reach * slack
+
+    return chained
+
+
+@_warp.kernels
 def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
     """``search``: a thread per query (see the module docs). ``forest``: a batch of per-sample
     trees (:func:`_forest_kernel`): ``query_group`` holds each query's tree (-1: none), which
@@ -162,9 +182,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
     # square whose root equals the k-th's (a tie) is still compared.
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)
     # The previous query's k-th distance r and the step dq between the two queries bound this
-    # query's k-th distance by r + dq (its k neighbours are that near), widened by relative
-    # rounding (16 eps) and by an absolute term for squares below the smallest normal number.
-    widen, reach0 = s(1.0 + 16.0 * torch.finfo(dtype).eps), s(16.0 * math.sqrt(torch.finfo(dtype).tiny))
+    # query's k-th distance by r + dq (its k neighbours are that near), widened (:func:`chain_func`).
+    chained = chain_func(dtype)
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_STACK, dtype=s)
 
@@ -228,9 +247,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
                 same = int(query_group[prev]) == g
             r = dists[prev, k - 1]  # a root: inf when that query found fewer than k (or was not finite)
             if same and r < s(wp.inf):
-                dq = q - query[t - 1]
-                reach = (r + wp.sqrt(wp.dot(dq, dq))) * widen + reach0
-                bound = reach * reach * slack
+                bound = chained(r, q - query[t - 1])
         # The farther children not yet visited: node entry b (node ``node`` at depth d is entry
         # (1 << d) - 1 + node of the node arrays), depth (+ _PURE when it holds points of the
         # query's group only), and a lower bound of the squared distance to its points.
