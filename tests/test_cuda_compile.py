@@ -32,6 +32,7 @@ FACTORIES = [
     *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],
     *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"ball tree {d} heap={h}", importlib.import_module("pcops.ops.neighbours._ball_tree").kernel, (d, h)) for d in (F32, F64) for h in (False, True)],
+    *[(f"ball tree sample {d}", importlib.import_module("pcops.ops.neighbours._ball_tree")._tally_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius graph {d}", importlib.import_module("pcops.ops.neighbours.graph")._within_kernel, (d,)) for d in (F32, F64)],
     *[(f"radius {w} {d}", radius._kernels, (d, w)) for d in (F32, F64) for w in ("softmax", "inverse_distance", "uniform")],
     *[(f"radius dense {w} {d}", radius._kernels, (d, w, True)) for d in (F32, F64) for w in ("softmax", "uniform")],

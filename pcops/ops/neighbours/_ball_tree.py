@@ -159,20 +159,76 @@ def in_range(radius: float, dtype: torch.dtype) -> bool:
     return info.tiny * 2.0**30 <= radius * radius <= info.max / 2.0**30
 
 
-def crowded(radius: float, k: int, n: float, host: list, queries: Optional[float] = None) -> bool:
+def crowded(radius: float, k: int, n: float, host: list, queries: Optional[float] = None, held: Optional[float] = None) -> bool:
     """Whether a ball of ``radius`` holds about ``CROWDED`` of the ``n`` reference points or
     more, and at least ``k``, from their box (``host[0:6]``, :func:`._cells.extent_of`'s): all
     of them where the radius spans the box's diagonal, else the share of each side the ball's
-    diameter spans times a ball's share of its cube. ``queries``: a batch's queries a sample
-    (``n`` its points a sample), whose balls must also hold ``SAMPLE_WORK`` points together."""
+    diameter spans times a ball's share of its cube; or from ``held``, the points a ball holds
+    in a sample (:func:`sampled`), where that is more (the box's share assumes points spread
+    over it). ``queries``: a batch's queries a sample (``n`` its points a sample), whose balls
+    must also hold ``SAMPLE_WORK`` points together."""
     sides = [hi - lo for lo, hi in zip(host[0:3], host[3:6])]
     share = 1.0
     if radius * radius < sum(x * x for x in sides):
         share = math.pi / 6.0
         for side in sides:
             share *= min(1.0, 2.0 * radius / side) if side > 0 else 1.0
-    held = n * share
+    held = max(n * share, held or 0.0)
     return held >= max(CROWDED, k) and (queries is None or queries * held >= SAMPLE_WORK)
+
+
+# A search of this many (query, reference point) pairs or more also counts the balls of a sample
+# (:func:`sampled`: about n / 4 pairs and a fixed cost, about 1% of such a search's time at most),
+# whose points may crowd where their box says they spread (clusters, scans of varying density:
+# docs/benchmarks.md, design choices)
+SAMPLE_PAIRS = 1 << 27
+SAMPLE_QUERIES = 32
+
+
+@_warp.kernels
+def _tally_kernel(dtype: torch.dtype):
+    """``tally``: sampled query i counts, for each squared radius c, the sampled points of its
+    own sample id within it into ``counts[i, c]`` (zeroed before)."""
+    v = _warp.vec3(dtype)
+    s = _warp.scalar(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def tally(start: int, query: wp.array(dtype=v), ref: wp.array(dtype=v), query_group: wp.array(dtype=wp.int64),
+              ref_group: wp.array(dtype=wp.int64), squares: wp.array(dtype=s), counts: wp.array2d(dtype=wp.int64)):
+        i = wp.tid() + start
+        q = query[i]
+        g = query_group[i]
+        j = int(0)
+        while j < ref.shape[0]:
+            if ref_group[j] == g:
+                e = q - ref[j]
+                d2 = wp.dot(e, e)
+                for c in range(squares.shape[0]):
+                    if d2 <= squares[c]:
+                        counts[i, c] = counts[i, c] + wp.int64(1)
+            j += 1
+
+    return tally
+
+
+def sampled(query, ref, query_group, ref_group, radii: list) -> list[float]:
+    """The mean number of reference points (of its own sample) a query's ball of each radius
+    holds, estimated from ``SAMPLE_QUERIES`` queries and about a 128th of the points (at least
+    128), each taken at a fixed stride: a ball of c points finds about c / 4 of them among
+    the sampled points of all the sampled queries together. A guide for speed only: the tree
+    and the cell list return the same rows."""
+    m, n = query.shape[0], ref.shape[0]
+    qs = query[:: max(1, m // SAMPLE_QUERIES)][:SAMPLE_QUERIES]
+    step = max(1, n // max(128, n // 128))
+    rs = ref[::step]
+    ids = [torch.zeros(t.shape[0], dtype=torch.int64) if group is None else group[::stride][: t.shape[0]].to(torch.int64).contiguous()
+           for t, group, stride in ((qs, query_group, max(1, m // SAMPLE_QUERIES)), (rs, ref_group, step))]
+    squares = torch.tensor([r * r for r in radii], dtype=query.dtype)
+    counts = torch.zeros((qs.shape[0], len(radii)), dtype=torch.int64)
+    vec = _warp.vec3(query.dtype)
+    _warp.launch(_tally_kernel(query.dtype), qs.shape[0], [_warp.array(qs.contiguous(), dtype=vec), _warp.array(rs.contiguous(), dtype=vec), *ids,
+                                                             squares, counts], like=query, work=qs.shape[0] * rs.shape[0])
+    return (counts.sum(0).double() * (n / rs.shape[0] / qs.shape[0])).tolist()
 
 
 # A batch's crowded balls take the tree, a sample at a time, where a sample's balls hold this many
@@ -193,9 +249,13 @@ def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list,
     :func:`search_groups`, judged by its samples' mean numbers of queries and points, once one
     sample of them all might be) into their columns and counts; none where the points are not
     all finite (``validate`` False: checked here)."""
+    held = [None] * len(radii)
+    if query.shape[0] * ref.shape[0] >= SAMPLE_PAIRS and any(in_range(r, query.dtype) for r in radii):
+        held = sampled(query, ref, query_group, ref_group, radii)
+
     def crowd(m: float, n: float) -> list:
         return [g for g in range(len(radii))
-                if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m)]
+                if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m, held[g])]
 
     chosen = crowd(query.shape[0], ref.shape[0])
     samples = None

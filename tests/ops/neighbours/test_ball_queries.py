@@ -347,6 +347,40 @@ def test_crowded_radii_take_the_kd_tree(monkeypatch):
     assert calls == []
 
 
+def test_clustered_balls_take_the_kd_tree_by_a_sample(monkeypatch):
+    """Balls crowded in clusters whose box says they spread (``_ball_tree.sampled``, searches of
+    ``SAMPLE_PAIRS`` pairs or more): 32,768 points in 16 tight clusters, 4,096 queries among
+    them, a radius whose ball would hold 30 points of the box spread evenly but holds hundreds:
+    it takes the tree, one cloud or a batch of two, and the same cloud spread evenly keeps the
+    cell list; every result equal to the cell list's."""
+    from pcops.ops.neighbours import _ball_tree
+
+    gen = torch.Generator().manual_seed(9)
+    n, m, r, k = 32768, 4096, 0.06, 32
+    assert m * n >= _ball_tree.SAMPLE_PAIRS
+    centres = torch.rand(16, 3, generator=gen)
+    clustered = centres[torch.randint(0, 16, (n,), generator=gen)] + 0.02 * torch.randn(n, 3, generator=gen)
+    spread = torch.rand(n, 3, generator=gen)
+    crowded = _ball_tree.crowded
+    for cloud, taken in ((clustered, True), (spread, False)):
+        q = cloud[torch.randperm(n, generator=gen)[:m]] + 0.001
+        box = (cloud.amax(0) - cloud.amin(0)).prod()
+        assert n * 4.19 * r**3 / box < _ball_tree.CROWDED  # (the box alone: not crowded)
+        held = _ball_tree.sampled(q, cloud, None, None, [r])[0]
+        true = float(pcops.ball_query(q, cloud, r, 1).counts.double().mean())
+        assert 0.5 * true <= held <= 2.0 * true, (held, true)
+        for layout in ("one", "batch"):
+            args = (q, cloud) if layout == "one" else (q.view(2, m // 2, 3), cloud.view(2, n // 2, 3))
+            calls = _tree_calls(monkeypatch)
+            got = pcops.ball_query(*args, r, k)
+            assert bool(calls) == taken, (layout, held)
+            monkeypatch.setattr(_ball_tree, "crowded", lambda *a: False)
+            want = pcops.ball_query(*args, r, k)
+            monkeypatch.setattr(_ball_tree, "crowded", crowded)
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), layout
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_crowded_balls_of_a_batch_on_kd_trees_equal_the_cell_list(gen, layout, monkeypatch):
     """A batch's crowded balls, a kd-tree a sample (``_ball_tree.search_groups``), against the
