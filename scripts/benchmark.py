@@ -511,13 +511,14 @@ def _radius_search_cases(args, device, ckdtree, o3c):
     and their distances, as a ball query returns them; ``scipy_ckdtree_counts``: and each ball's
     count, ``query_ball_point(return_length=True)``, the rest of a ball query's answer), Open3D's hybrid_search (the K nearest
     within r, d < r), each peer's index built in the call, and (``ball_query:physicsnemo``
-    on the CPU) PhysicsNeMo's own ``radius_search`` (:class:`Timed`, in its own process)."""
+    on the CPU) PhysicsNeMo's own ``radius_search`` (:class:`Timed`, in its own process); and
+    ``ball_query:clusters`` (:data:`CLUSTERS`), balls crowded where the points' box says
+    they spread, against the same peers."""
     cases = []
     for n, m in RADIUS_SEARCH_SIZES[:1] if args.quick else RADIUS_SEARCH_SIZES:
         made = op_inputs("ball_query", 20, n, "cpu", None, n_query=m, channels=1)  # the table's unit cube: torch.rand
         query, ref = made["query"], made["ref"]
         dq, dref = query.to(device), ref.to(device)
-        q_pts, p_pts = query.numpy(), ref.numpy()
         for op, (radii, caps) in (("ball_query:physicsnemo", ([0.1], [32])), ("ball_queries:geotransolver", GEOTRANSOLVER)):
             shown = f"{m:,} queries, r={radii[0]}, K={caps[0]}" if len(radii) == 1 else f"{m:,} queries, radii 0.01-5.0, K 4-256"
             if len(radii) == 1:
@@ -526,31 +527,55 @@ def _radius_search_cases(args, device, ckdtree, o3c):
                 cases.append((op, "pcops", n, lambda q=dq, p=dref: pcops.ball_queries(q, p, *GEOTRANSOLVER, validate=False), shown, m))
                 cases.append((op, "pcops_calls", n, lambda q=dq, p=dref: [pcops.ball_query(q, p, r, k, validate=False) for r, k in zip(*GEOTRANSOLVER)],
                               f"{shown}: one ball_query call per radius", m))
-            if ckdtree is not None:
-                def nearest_within(q=q_pts, p=p_pts, radii=radii, caps=caps):
-                    tree = ckdtree(p)
-                    return [tree.query(q, k, distance_upper_bound=r, workers=-1) for r, k in zip(radii, caps)]
-
-                cases.append((op, "scipy_ckdtree", n, nearest_within, f"{shown}: query(k=K, distance_upper_bound=r), workers=-1", m))
-
-                def counted(q=q_pts, p=p_pts, radii=radii, caps=caps):
-                    tree = ckdtree(p)
-                    return [(tree.query(q, k, distance_upper_bound=r, workers=-1), tree.query_ball_point(q, r, return_length=True, workers=-1))
-                            for r, k in zip(radii, caps)]
-
-                cases.append((op, "scipy_ckdtree_counts", n, counted,
-                              f"{shown}: query(k=K, distance_upper_bound=r) and query_ball_point(r, return_length=True), workers=-1: "
-                              "the counts too, as a ball query returns them", m))
-            if o3c is not None:
-                def hybrid(q=q_pts, p=p_pts, radii=radii, caps=caps):
-                    index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p))
-                    index.hybrid_index(max(radii))
-                    return [index.hybrid_search(o3c.Tensor(q), r, k) for r, k in zip(radii, caps)]
-
-                cases.append((op, "open3d", n, hybrid, f"{shown}: hybrid_search (d < r)", m))
+            cases += _ball_peer_cases(op, n, m, query, ref, radii, caps, shown, ckdtree, o3c)
             if len(radii) == 1 and device.type == "cpu":
                 ms, note = _physicsnemo_radius_search(ref, query, radii[0], caps[0], args.iters)
                 cases.append((op, "physicsnemo", n, Timed(ms), f"{shown}: {note}", m))
+    n, m, clusters, sigma, r, k = (20_000, 2_000) + CLUSTERS[2:] if args.quick else CLUSTERS
+    gen = torch.Generator().manual_seed(9)
+    centres = torch.rand(clusters, 3, generator=gen) * 2 - 1
+    ref = centres[torch.randint(0, clusters, (n,), generator=gen)] + sigma * torch.randn(n, 3, generator=gen)
+    query = (ref[torch.randperm(n, generator=gen)[:m]] + 0.001).contiguous()
+    dq, dref = query.to(device), ref.to(device)
+    shown = f"{m:,} queries among {n:,} points in {clusters} clusters (sigma {sigma}), r={r}, K={k}"
+    cases.append(("ball_query:clusters", "pcops", n, lambda: pcops.ball_query(dq, dref, r, k, validate=False), shown, m))
+    cases += _ball_peer_cases("ball_query:clusters", n, m, query, ref, [r], [k], shown, ckdtree, o3c)
+    return cases
+
+
+# Balls crowded where the points' box says they spread (docs/benchmarks.md, design choices):
+# (points, queries among them, clusters, their sigma, radius, K), the clusters' centres in [-1, 1]^3
+CLUSTERS = (100_000, 10_000, 64, 0.02, 0.04, 32)
+
+
+def _ball_peer_cases(op: str, n: int, m: int, query, ref, radii: list, caps: list, shown: str, ckdtree, o3c) -> list:
+    """The peers' rows of a radius-search row (:func:`_radius_search_cases`) on CPU points
+    ``query`` and ``ref``: cKDTree's K nearest within each radius, with and without the counts,
+    and Open3D's hybrid_search, each index built in the call."""
+    cases = []
+    q_pts, p_pts = query.numpy(), ref.numpy()
+    if ckdtree is not None:
+        def nearest_within(q=q_pts, p=p_pts, radii=radii, caps=caps):
+            tree = ckdtree(p)
+            return [tree.query(q, k, distance_upper_bound=r, workers=-1) for r, k in zip(radii, caps)]
+
+        cases.append((op, "scipy_ckdtree", n, nearest_within, f"{shown}: query(k=K, distance_upper_bound=r), workers=-1", m))
+
+        def counted(q=q_pts, p=p_pts, radii=radii, caps=caps):
+            tree = ckdtree(p)
+            return [(tree.query(q, k, distance_upper_bound=r, workers=-1), tree.query_ball_point(q, r, return_length=True, workers=-1))
+                    for r, k in zip(radii, caps)]
+
+        cases.append((op, "scipy_ckdtree_counts", n, counted,
+                      f"{shown}: query(k=K, distance_upper_bound=r) and query_ball_point(r, return_length=True), workers=-1: "
+                      "the counts too, as a ball query returns them", m))
+    if o3c is not None:
+        def hybrid(q=q_pts, p=p_pts, radii=radii, caps=caps):
+            index = o3c.nns.NearestNeighborSearch(o3c.Tensor(p))
+            index.hybrid_index(max(radii))
+            return [index.hybrid_search(o3c.Tensor(q), r, k) for r, k in zip(radii, caps)]
+
+        cases.append((op, "open3d", n, hybrid, f"{shown}: hybrid_search (d < r)", m))
     return cases
 
 
