@@ -50,9 +50,9 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     shift, a fifth less CPU time for the op (16 x 8192 points, about 30 neighbours each).
     ``dense`` (one cloud, no groups): the thread scans every reference point, ``cells.points``
     in the order ``cells.order`` (small clouds, where building the cell list costs more than
-    the pairs: the same tests and insertions, so the same result, in one launch), then fills
-    its row past the neighbours found (-1, inf): every row is a thread's, so a dense launch's
-    outputs need no fill before it. Given a flag ``bad`` (one element; empty: no check), a
+    the pairs: the same tests and insertions, so the same result, in one launch). Every thread
+    fills its row past the neighbours found (-1, inf) and writes its counts: every row is a
+    thread's, so the outputs need no fill before a launch. Given a flag ``bad`` (one element; empty: no check), a
     dense launch also sets it to 1 where a value of the query or reference points is NaN or
     inf (a plain call's values check; the search goes on).
     ``Radii``, ``Ints``: the vector types of the radius and slot arguments."""
@@ -147,17 +147,17 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
             elif heap:
                 finish(dists, idx, i, 0, k, n[g])
                 n[g] = wp.min(n[g], k)
-        if wp.static(dense):  # the row whole past its neighbours (-1, inf): a dense launch's outputs need no fill
-            if wp.static(len(columns) > 0):
-                for g in range(wp.static(radii)):
-                    for c in range(n[g], width[g]):
-                        idx[i, first[g] + c] = wp.int64(-1)
-                        dists[i, first[g] + c] = s(wp.inf)
-            else:
-                for c in range(n[0], idx.shape[1]):
-                    idx[i, c] = wp.int64(-1)
-                    if wp.static(not by_index):
-                        dists[i, c] = s(wp.inf)
+        # the row whole past its neighbours (-1, inf): the outputs need no fill before a launch
+        if wp.static(len(columns) > 0):
+            for g in range(wp.static(radii)):
+                for c in range(n[g], width[g]):
+                    idx[i, first[g] + c] = wp.int64(-1)
+                    dists[i, first[g] + c] = s(wp.inf)
+        else:
+            for c in range(n[0], idx.shape[1]):
+                idx[i, c] = wp.int64(-1)
+                if wp.static(not by_index):
+                    dists[i, c] = s(wp.inf)
 
     return search, Radii, Ints
 
@@ -221,11 +221,12 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
             return idx, counts, dists
     if validate:
         _validate.finite(query=query, ref=ref)
-    idx = torch.full((m, width), -1, dtype=torch.int64, device=query.device)
-    counts = torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device)
-    dists = query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf"))
     if m == 0 or n == 0:
-        return idx, counts, dists
+        return (torch.full((m, width), -1, dtype=torch.int64, device=query.device), torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device),
+                query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf")))
+    # (every row and count is written by a launch: each radius' kernel thread fills its row past its neighbours)
+    idx, counts = torch.empty((m, width), dtype=torch.int64, device=query.device), torch.empty((m, len(radii)), dtype=torch.int64, device=query.device)
+    dists = query.new_empty((m, 0 if by_index else width))
     _warp.init()
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, n, SCAN_COST))

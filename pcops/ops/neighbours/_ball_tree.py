@@ -304,7 +304,7 @@ def search_groups(query, ref, samples: tuple, rows: list, heap_from: int) -> Non
     """:func:`search` of a batch (``samples``: :func:`_samples` of its sample ids): each sample's
     queries and points gathered (in their order: the same ties), searched on a tree of their own,
     and their rows written back with the batch's indices; queries of a sample without points
-    (and padding, whose ids differ) keep their empty rows."""
+    (and padding, whose ids differ) get empty rows (-1, inf, counts 0)."""
     (q_order, q_runs), (r_order, r_runs) = samples
     points = {}
     at = 0
@@ -315,7 +315,11 @@ def search_groups(query, ref, samples: tuple, rows: list, heap_from: int) -> Non
     at = 0
     for sample, count in zip(*q_runs):
         start, at = at, at + count
-        if sample not in points:
+        if sample not in points:  # (rows the search's outputs leave unwritten: every row is written here or by a kernel)
+            for _, slot, dists, idx, counts in rows:
+                dists[q_order[start:at]] = float("inf")
+                idx[q_order[start:at]] = -1
+                counts[q_order[start:at], slot] = 0
             continue
         p0, n = points[sample]
         q_rows, r_rows = q_order[start:at], r_order[p0:p0 + n]
