@@ -24,7 +24,7 @@ from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _ball_search, _cells
 from .ball_query import _ball_query
-from .nearest import _found, complete_rows, plain_knn
+from .nearest import _found, plain_knn
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -93,11 +93,11 @@ def _rows_kernel():
     """One thread per point of a sorted neighbour table (M, K) (its valid entries first, -1
     after them): its first ``k`` valid neighbours other than itself (itself too with ``loop``),
     in row order, as edges (neighbour, centre): what ``_edges(idx, _without_self(idx, k))`` (or
-    ``idx >= 0`` with ``loop``) gives. Without ``ends`` (empty): complete rows, into the columns
+    ``idx >= 0`` with ``loop``) gives. Without ``ends`` (empty): k edges a row, into the columns
     from ``i k`` on. With ``ends`` (each row's end among the edges, a cumulative sum of counts
-    made before the table was read): into the row's columns only, ``bad[0] = 1`` where a row
-    holds another number of edges than its columns (the counts were wrong: the caller drops the
-    edges)."""
+    made before the table was read): into the row's columns only. Either way ``bad[0] = 1``
+    (given a flag) where a row holds another number of edges than its columns (a row cut short,
+    or counts that were wrong: the caller drops the edges)."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def edge_rows(start: int, idx: wp.array2d(dtype=wp.int64), ends: wp.array(dtype=wp.int64), k: int, loop: int,
@@ -262,34 +262,39 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     Plain: a plain kNN search (:func:`pcops.ops.neighbours.nearest.plain_knn`: one (N, 3) CPU
     tensor, float32 or float64, nothing to differentiate, ``k`` a Python int >= 1), ``loop`` a
     bool, N > k (N >= k with ``loop``), no ``max_edges``, and every point's row of k (+ 1)
-    neighbours complete (read back: a NaN or infinite point with ``validate=False``, or finite
-    points whose squared distances overflow, cut rows short): then a point's edges are its first
-    k neighbours other than itself, written by one kernel (:func:`_rows_kernel`) instead of
-    the general path's masks; the same edges in the same order, E = N k."""
+    neighbours give k edges (a NaN or infinite point with ``validate=False``, or finite points
+    whose squared distances overflow, cut rows short: the kernel flags a row of fewer, read back
+    from its flag, and the general path's masks take the call): then a point's edges are its
+    first k neighbours other than itself, written by one kernel (:func:`_rows_kernel`) instead
+    of the general path's masks; the same edges in the same order, E = N k."""
     if max_edges is not None or type(k) is not int or k < 1 or type(loop) is not bool:
         return None
     found = plain_knn(points, points, k + (0 if loop else 1), "auto", validate)  # None unless plain (and N >= k (+ 1))
     if found is None:
         return None
     n, rows = points.shape[0], found[1]
-    if not complete_rows(rows):  # a row cut short: the general path's masks
-        return None
     edges = torch.empty((2, n * k), dtype=torch.int64)
-    args = [rows, _NO_ENDS, k, int(loop), edges, _NO_FLAG]
-    launch = _warp.ranged(("edges", rows.shape[1], k, loop), lambda: _warp.prepare(_rows_kernel(), n, args, work=rows.numel(), min_chunk=_warp.MIN_CHUNK),
-                          _EDGE_GROUPS, (n, n * k, n * k * 8), n, rows.numel(), _warp.MIN_CHUNK)
+
+    def make():
+        flag = _warp.values_flag()
+        return _warp.prepare(_rows_kernel(), n, [rows, _NO_ENDS, k, int(loop), edges, flag[0]], work=rows.numel(), min_chunk=_warp.MIN_CHUNK,
+                             keep=flag)
+
+    launch = _warp.ranged(("edges", rows.shape[1], k, loop), make, _EDGE_GROUPS, (n, n * k, n * k * 8), n, rows.numel(), _warp.MIN_CHUNK)
     if launch is not None:  # the calling thread's packed launch of clouds cut into as many chunks
+        view = launch.keep[1]
+        view[0] = 0
         launch.run(idx=rows, edges=edges)
     else:
-        _warp.launch(_rows_kernel(), n, args, like=points, work=rows.numel())
-    return edges
+        flag, view = _warp.values_flag()
+        _warp.launch(_rows_kernel(), n, [rows, _NO_ENDS, k, int(loop), edges, flag], like=points, work=rows.numel())
+    return None if view[0] else edges  # a row of fewer than k edges: the general path's masks
 
 
 # The lengths a call of the edge rows sets (:func:`pcops._warp.ranged`): its points', its edges' and their rows' byte stride
 _EDGE_GROUPS = (("idx",), (("edges", 1),), (("edges", 0, "strides"),))
 _ENDS_GROUPS = (("idx", "ends"), (("edges", 1),), (("edges", 0, "strides"),))  # (the same, with each row's end)
 _NO_ENDS = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
-_NO_FLAG = torch.empty(0, dtype=torch.int32)  # (nothing to check)
 
 
 def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges) -> Optional[torch.Tensor]:
