@@ -26,6 +26,7 @@ radii that take it (docs/ops/ball_query.md).
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import warp as wp
 
@@ -224,11 +225,11 @@ def sampled(query, ref, query_group, ref_group, radii: list) -> list[float]:
     ids = [torch.zeros(t.shape[0], dtype=torch.int64) if group is None else group[::stride][: t.shape[0]].to(torch.int64).contiguous()
            for t, group, stride in ((qs, query_group, max(1, m // SAMPLE_QUERIES)), (rs, ref_group, step))]
     squares = torch.tensor([r * r for r in radii], dtype=query.dtype)
-    counts = torch.zeros((qs.shape[0], len(radii)), dtype=torch.int64)
+    counts = np.zeros((qs.shape[0], len(radii)), dtype=np.int64)  # (NumPy's memory, torch's view of it: read without a torch read)
     vec = _warp.vec3(query.dtype)
     _warp.launch(_tally_kernel(query.dtype), qs.shape[0], [_warp.array(qs.contiguous(), dtype=vec), _warp.array(rs.contiguous(), dtype=vec), *ids,
-                                                             squares, counts], like=query, work=qs.shape[0] * rs.shape[0])
-    return (counts.sum(0).double() * (n / rs.shape[0] / qs.shape[0])).tolist()
+                                                             squares, torch.from_numpy(counts)], like=query, work=qs.shape[0] * rs.shape[0])
+    return [float(c) * (n / rs.shape[0] / qs.shape[0]) for c in counts.sum(0)]
 
 
 # A batch's crowded balls take the tree, a sample at a time, where a sample's balls hold this many
@@ -250,14 +251,16 @@ def take(query, ref, query_group, ref_group, radii: list, ks: list, first: list,
     sample of them all might be) into their columns and counts; none where the points are not
     all finite (``validate`` False: checked here)."""
     held = [None] * len(radii)
-    if query.shape[0] * ref.shape[0] >= SAMPLE_PAIRS and any(in_range(r, query.dtype) for r in radii):
-        held = sampled(query, ref, query_group, ref_group, radii)
 
     def crowd(m: float, n: float) -> list:
         return [g for g in range(len(radii))
                 if in_range(radii[g], query.dtype) and crowded(radii[g], ks[g], n, host, None if query_group is None else m, held[g])]
 
     chosen = crowd(query.shape[0], ref.shape[0])
+    # the sample where it may add radii: one cloud's radii that the box left, or a batch's (judged again by its samples below)
+    if query.shape[0] * ref.shape[0] >= SAMPLE_PAIRS and (query_group is not None or len(chosen) < sum(in_range(r, query.dtype) for r in radii)):
+        held = sampled(query, ref, query_group, ref_group, radii)
+        chosen = crowd(query.shape[0], ref.shape[0])
     samples = None
     if chosen and query_group is not None:
         samples = _samples(query_group, ref_group)
@@ -316,10 +319,11 @@ def search_groups(query, ref, samples: tuple, rows: list, heap_from: int) -> Non
     for sample, count in zip(*q_runs):
         start, at = at, at + count
         if sample not in points:  # (rows the search's outputs leave unwritten: every row is written here or by a kernel)
+            empty = q_order[start:at]
             for _, slot, dists, idx, counts in rows:
-                dists[q_order[start:at]] = float("inf")
-                idx[q_order[start:at]] = -1
-                counts[q_order[start:at], slot] = 0
+                dists[empty] = float("inf")
+                idx[empty] = -1
+                counts[empty, slot] = 0
             continue
         p0, n = points[sample]
         q_rows, r_rows = q_order[start:at], r_order[p0:p0 + n]

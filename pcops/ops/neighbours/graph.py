@@ -272,23 +272,35 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     found = plain_knn(points, points, k + (0 if loop else 1), "auto", validate)  # None unless plain (and N >= k (+ 1))
     if found is None:
         return None
-    n, rows = points.shape[0], found[1]
+    n = points.shape[0]
     edges = torch.empty((2, n * k), dtype=torch.int64)
+    return edges if _edge_rows(found[1], None, k, loop, edges) else None  # (a row of fewer than k edges: the general path's masks)
+
+
+def _edge_rows(idx: torch.Tensor, ends: Optional[torch.Tensor], k: int, loop: bool, edges: torch.Tensor) -> bool:
+    """Whether every row of the CPU neighbour table ``idx`` (N, K) gave its edges, written into
+    ``edges`` (2, E) by :func:`_rows_kernel` (``ends``: each row's end among them, None: k a row):
+    the calling thread's packed launch of tables cut into as many chunks where it has one, its
+    flag read back from a NumPy view (no torch read)."""
+    n, e = idx.shape[0], edges.shape[1]
+    named = {"idx": idx, "edges": edges} if ends is None else {"idx": idx, "ends": ends, "edges": edges}
+    given = _NO_ENDS if ends is None else ends  # (the kernel's ends argument)
 
     def make():
         flag = _warp.values_flag()
-        return _warp.prepare(_rows_kernel(), n, [rows, _NO_ENDS, k, int(loop), edges, flag[0]], work=rows.numel(), min_chunk=_warp.MIN_CHUNK,
-                             keep=flag)
+        return _warp.prepare(_rows_kernel(), n, [idx, given, k, int(loop), edges, flag[0]], work=idx.numel(),
+                             min_chunk=_warp.MIN_CHUNK, keep=flag)
 
-    launch = _warp.ranged(("edges", rows.shape[1], k, loop), make, _EDGE_GROUPS, (n, n * k, n * k * 8), n, rows.numel(), _warp.MIN_CHUNK)
-    if launch is not None:  # the calling thread's packed launch of clouds cut into as many chunks
+    key = ("edges", idx.shape[1], k, loop) if ends is None else ("edges", idx.shape[1], k, loop, "ends")
+    launch = _warp.ranged(key, make, _EDGE_GROUPS if ends is None else _ENDS_GROUPS, (n, e, 8 * e), n, idx.numel(), _warp.MIN_CHUNK)
+    if launch is not None:
         view = launch.keep[1]
         view[0] = 0
-        launch.run(idx=rows, edges=edges)
+        launch.run(**named)
     else:
         flag, view = _warp.values_flag()
-        _warp.launch(_rows_kernel(), n, [rows, _NO_ENDS, k, int(loop), edges, flag], like=points, work=rows.numel())
-    return None if view[0] else edges  # a row of fewer than k edges: the general path's masks
+        _warp.launch(_rows_kernel(), n, [idx, given, k, int(loop), edges, flag], like=idx, work=idx.numel())
+    return not view[0]
 
 
 # The lengths a call of the edge rows sets (:func:`pcops._warp.ranged`): its points', its edges' and their rows' byte stride
@@ -330,22 +342,8 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     cap = max(1, min(cap, n - own))  # (no row holds more than the cloud)
     idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
     ends = torch.cumsum((counts - own).clamp_(0, cap), 0)
-    e = int(ends[-1])
-    edges = torch.empty((2, e), dtype=torch.int64)
-
-    def make():
-        flag = _warp.values_flag()
-        return _warp.prepare(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag[0]], work=idx.numel(), min_chunk=_warp.MIN_CHUNK, keep=flag)
-
-    launch = _warp.ranged(("edges", idx.shape[1], cap, loop, "ends"), make, _ENDS_GROUPS, (n, e, 8 * e), n, idx.numel(), _warp.MIN_CHUNK)
-    if launch is not None:  # the calling thread's packed launch of clouds cut into as many chunks
-        view = launch.keep[1]
-        view[0] = 0
-        launch.run(idx=idx, ends=ends, edges=edges)
-    else:
-        flag, view = _warp.values_flag()
-        _warp.launch(_rows_kernel(), n, [idx, ends, cap, int(loop), edges, flag], like=points, work=idx.numel())
-    return None if view[0] else edges  # a row without its own point: the general path's masks
+    edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
+    return edges if _edge_rows(idx, ends, cap, loop, edges) else None  # (a row without its own point: the general path's masks)
 
 
 @_threads.limits
