@@ -179,9 +179,9 @@ def crowded(radius: float, k: int, n: float, host: list, queries: Optional[float
 
 
 # A search of this many (query, reference point) pairs or more also counts the balls of a sample
-# (:func:`sampled`: about n / 4 pairs and a fixed cost, about 1% of such a search's time at most),
-# whose points may crowd where their box says they spread (clusters, scans of varying density:
-# docs/benchmarks.md, design choices)
+# (:func:`sampled`: about n / 4 pairs and a fixed cost, small against such a search: its cost
+# measured in docs/benchmarks.md, design choices), whose points may crowd where their box says
+# they spread (clusters, scans of varying density)
 SAMPLE_PAIRS = 1 << 27
 SAMPLE_QUERIES = 32
 
