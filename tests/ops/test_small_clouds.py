@@ -617,6 +617,51 @@ def test_plain_knn_graph_calls_equal_the_general_path(gen, monkeypatch, kind, dt
             assert torch.equal(plain, general)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_knn_graph_edges_written_by_the_kept_search(gen, monkeypatch, kind, dtype):
+    """Once a plain knn_graph's search is the calling thread's kept small tree, the search writes
+    the edges itself (pcops.ops.neighbours.nearest._kdtree.graph_edges, a third call of one
+    shape): the same edges as the general path, and float64 clouds the float64 brute force's,
+    duplicates and loops included; the tree's own knn calls after it write no edges and find the
+    same neighbours; a cloud with a NaN point (validate=False) or with squares that overflow
+    (rows cut short) is flagged and left to the general path."""
+    _, p, _ = cloud(kind, gen, n=200)
+    p = p.to(dtype)
+    n = p.shape[0]
+    kept = []
+    real = _kdtree.graph_edges
+    monkeypatch.setattr(_kdtree, "graph_edges", lambda *a: (kept.append(real(*a)), kept[-1])[1])
+    bad = p.clone()
+    bad[[2, 5]] = float("nan")
+    huge = p.clone()
+    huge[:20] *= 1e30 if dtype == torch.float32 else 1e300  # (their squares overflow: rows cut short)
+    for pairs in PATHS.values():  # (the default crossovers, and trees at every size: k = 1 too)
+        monkeypatch.setattr(_kdtree, "SCAN_PAIRS", pairs)
+        for points, k, loop, validate in ((p, 6, False, True), (p, 5, True, True), (p, 1, False, True), (p, 60, False, True),
+                                          (p[::2].contiguous(), 4, False, True), (bad, 3, False, False), (huge, 4, True, True)):
+            def call(points=points, k=k, loop=loop, validate=validate):
+                return pcops.knn_graph(points, k, loop=loop, validate=validate)
+            plain, general = plain_and_general(monkeypatch, call, "pcops.ops.neighbours.graph")
+            del kept[:]
+            monkeypatch.setattr(importlib.import_module("pcops.ops.neighbours.graph"), "PLAIN", [True])
+            third = call()
+            assert torch.equal(third, general) and torch.equal(plain, general), (pairs, k, loop)
+            flagged = points is bad or points is huge
+            if not _kdtree._scans(points.shape[0], points.shape[0], k + (not loop)):
+                assert len(kept) == 1 and kept[0] is not None and kept[0][1] == flagged, (pairs, k, loop)  # (the kept search ran)
+            if dtype == F64 and not flagged:
+                assert torch.equal(third, reference.graph(points, loop=loop, k=k))
+            plan = _kdtree._kept_plan(points, points, k + (not loop))
+            if isinstance(plan, _kdtree._SmallTree):  # (its search's edge count put back: its knn calls write none)
+                assert all(args.edge_k == 0 for args in plan.launches[3]._args)
+            d, i = pcops.knn(points, points, k + 1, validate=validate)  # (the same kept tree, writing no edges)
+            if dtype == F64 and not flagged:
+                assert torch.equal(i, reference.knn(points, points, k + 1)[1])
+            assert not flagged or torch.equal(i, pcops.knn(points, points, k + 1, validate=validate, backend="torch").idx)
+    assert n * 60 <= _kdtree.GRAPH_EDGES
+
+
 def test_plain_knn_graph_calls_skip_the_masks_and_others_do_not(gen, monkeypatch):
     graph = importlib.import_module("pcops.ops.neighbours.graph")
     ops = []

@@ -24,7 +24,7 @@ from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from .. import _bound
 from . import _ball_search, _cells
 from .ball_query import _ball_query
-from .nearest import _found, plain_knn
+from .nearest import _found, _kdtree, plain_knn, plain_warp
 
 
 def _edges(idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -265,15 +265,22 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     neighbours give k edges (a NaN or infinite point with ``validate=False``, or finite points
     whose squared distances overflow, cut rows short: the kernel flags a row of fewer, read back
     from its flag, and the general path's masks take the call): then a point's edges are its
-    first k neighbours other than itself, written by one kernel (:func:`_rows_kernel`) instead
-    of the general path's masks; the same edges in the same order, E = N k."""
+    first k neighbours other than itself, written by the search itself where it is the calling
+    thread's kept small tree (:func:`pcops.ops.neighbours.nearest._kdtree.graph_edges`: up to
+    ``GRAPH_EDGES`` edges), else by one kernel after it (:func:`_rows_kernel`), instead of the
+    general path's masks; the same edges in the same order, E = N k."""
     if max_edges is not None or type(k) is not int or k < 1 or type(loop) is not bool:
         return None
-    found = plain_knn(points, points, k + (0 if loop else 1), "auto", validate)  # None unless plain (and N >= k (+ 1))
+    search = k + (0 if loop else 1)
+    if not plain_warp(points, points, search, "auto", False):  # (plain, and N >= k (+ 1))
+        return None
+    kept = _kdtree.graph_edges(points, k, loop)  # where the search is a kept small tree, it writes the edges itself
+    if kept is not None:
+        return None if kept[1] else kept[0]  # (a value not finite or a row cut short: the general path decides)
+    found = plain_knn(points, points, search, "auto", validate, plain=True)
     if found is None:
         return None
-    n = points.shape[0]
-    edges = torch.empty((2, n * k), dtype=torch.int64)
+    edges = torch.empty((2, points.shape[0] * k), dtype=torch.int64)
     return edges if _edge_rows(found[1], None, k, loop, edges) else None  # (a row of fewer than k edges: the general path's masks)
 
 

@@ -188,7 +188,7 @@ def _any_dim_backend(backend: str) -> str:
 PLAIN = [True]
 
 
-def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False):
+def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False, plain: bool = False):
     """(dists, idx) of a plain eager CPU :func:`knn` call, from the Warp search's function called
     directly (no layout layer, no custom op: most of a small call's time); None for any other call.
 
@@ -201,14 +201,15 @@ def plain_knn(query, ref, k, backend: str, validate: bool, detach: bool = False)
     and return its distances (no gradient asked for) and indices as they are; anything else (a
     sum that is not finite included) takes that path, which decides and names what fails.
     ``detach``: the points may require grad (the caller differentiates what it computes from the
-    indices, as the general path's search does: ``chamfer_distance``).
+    indices, as the general path's search does: ``chamfer_distance``). ``plain``: the caller found
+    :func:`plain_warp` true of these arguments already (``knn_graph``).
     """
     if detach:
         if type(query) is not torch.Tensor or type(ref) is not torch.Tensor:
             return None
         same, query = ref is query, query.detach()
         ref = query if same else ref.detach()
-    if not plain_warp(query, ref, k, backend, False):
+    if not plain and not plain_warp(query, ref, k, backend, False):
         return None
     if validate:  # the values: in the search where it is a kept small one, else the layout's sums first
         found = _kdtree.search_checked(query, ref, k)

@@ -45,6 +45,8 @@ Small CPU searches (every pair measured in one slice, or a tree of at most ``_KE
 points and queries) are kept by the calling thread (:func:`_kept_plan`), a plan for a range of
 sizes (:func:`_plan_key`): a call that finds its plan has nothing to decide, and a self-query
 (``ref is query``) walks the tree's own points in the tree's order (no query order to compute).
+A kept tree's self-query also serves ``knn_graph``: its search then writes the graph's edges
+from each row as the row is done (:func:`graph_edges`).
 
 The loops over points (a leaf, a scan, a partition, the query order) are while loops: on the CPU, Warp's
 ``for j in range(a, b)`` costs more per step (docs/benchmarks.md, design choices).
@@ -171,7 +173,11 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
     """``search``: a thread per query (see the module docs). ``forest``: a batch of per-sample
     trees (:func:`_forest_kernel`): ``query_group`` holds each query's tree (-1: none), which
     holds points ``tree_first[t] .. tree_first[t + 1] - 1`` and nodes from ``tree_node[t]`` on,
-    its leaves at ``tree_depth[t]``; each query walks its own tree as an ungrouped search does."""
+    its leaves at ``tree_depth[t]``; each query walks its own tree as an ungrouped search does.
+    ``edge_k`` > 0 (a self-query's knn_graph through a kept tree, :func:`graph_edges`): query i
+    also writes its row's first ``edge_k`` neighbours but itself (itself too with ``loop``) as
+    edges (neighbour, i) into columns ``i edge_k ..`` of ``edges``, and sets ``cut[0]`` where it
+    has fewer (what :func:`pcops.ops.neighbours.graph._rows_kernel` writes from the rows)."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
@@ -211,6 +217,10 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
         dists: wp.array2d(dtype=s),
         idx: wp.array2d(dtype=wp.int64),
         chain: int,
+        edges: wp.array2d(dtype=wp.int64),
+        edge_k: int,
+        loop: int,
+        cut: wp.array(dtype=wp.int32),
     ):
         t = wp.tid() + start
         i = int(rows[t])
@@ -228,6 +238,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
                 dists[i, n] = s(wp.inf)
                 idx[i, n] = wp.int64(-1)
                 n += 1
+            if edge_k > 0:  # (its edges: none)
+                cut[0] = 1
             return
         npts = wp.int64(points.shape[0])
         p0 = int(0)  # the query's tree: its first point, first node and leaves' depth
@@ -310,6 +322,19 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
                 d = d + 1
         for c in range(n):
             dists[i, c] = wp.sqrt(dists[i, c])
+        if edge_k > 0:  # knn_graph's edges: the row's first edge_k neighbours but the query itself (unless loop)
+            base = wp.int64(i) * wp.int64(edge_k)
+            e = wp.int64(0)
+            c = int(0)
+            while c < n and e < wp.int64(edge_k):
+                o = idx[i, c]
+                if loop != 0 or o != wp.int64(i):
+                    edges[0, base + e] = o
+                    edges[1, base + e] = wp.int64(i)
+                    e = e + wp.int64(1)
+                c += 1
+            if e < wp.int64(edge_k):  # a row cut short (a point not finite, squares that overflow): the caller's general path
+                cut[0] = 1
         while n < k:  # inf / -1 where fewer than k were found
             dists[i, n] = s(wp.inf)
             idx[i, n] = wp.int64(-1)
@@ -975,7 +1000,7 @@ class _SmallTree:
     (:meth:`pcops._warp.Prepared.resize`): a stream of clouds of sizes never seen before meets
     kept plans (docs/benchmarks.md, small clouds)."""
 
-    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "rows", "keep", "lengths", "sizes")
+    __slots__ = ("state", "same", "k", "launches", "fields", "flag", "dists", "idx", "rows", "keep", "lengths", "sizes", "edges")
 
     @classmethod
     def make(cls, query, ref, k: int, pair: bool = False):
@@ -1011,7 +1036,8 @@ class _SmallTree:
             if order_launch is None:
                 return None
         search = [depth, rows, _warp.array(ordered, dtype=vec), dummy, _warp.array(points, dtype=vec), order, dummy,
-                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN)]
+                  _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN),
+                  _no_edges(query.device)[1], 0, 0, self.flag[0]]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
                          _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if self.launches[0] is None or self.launches[3] is None:
@@ -1026,6 +1052,7 @@ class _SmallTree:
                         *(field for build in builds for field in build.lengths(("points", "order"))),
                         *self.launches[3].lengths(("points", "order"), ("rows", "query", "dists", "idx")))
         self.sizes = (n, m)
+        self.edges = None  # (fields, lengths) of the search's edges arguments (:meth:`run_edges`), found at its first run
         return self
 
     def held(self) -> int:
@@ -1040,6 +1067,29 @@ class _SmallTree:
         for build in self.launches[2]:
             build.run_at(())
         self.launches[3].run_at(self.fields[3], dists, idx)
+        return flag
+
+    def run_edges(self, points, dists, idx, edges, k: int, loop: bool):
+        """:meth:`run` of a self-query (n points, this plan's k neighbours each) that also writes
+        knn_graph's edges: each point's first ``k`` neighbours but itself (itself too with
+        ``loop``) into ``edges`` (2, n k), from the search's own rows (no launch after it); the
+        values flag: 1 where a value is NaN or inf or a row gave fewer than k edges (the edges
+        are then not the op's). The search's edge count is put back to 0 after it."""
+        n = points.shape[0]
+        flag = self.load(points, points, (n, n))
+        for build in self.launches[2]:
+            build.run_at(())
+        search = self.launches[3]
+        if self.edges is None:
+            self.edges = (search.fields("dists", "idx", "edges"), search.lengths((("edges", 1),), (("edges", 0, "strides"),)))
+        fields, lengths = self.edges
+        search.resize(lengths, n * k, 8 * n * k)
+        search.put("edge_k", k)
+        search.put("loop", int(loop))
+        try:
+            search.run_at(fields, dists, idx, edges)
+        finally:
+            search.put("edge_k", 0)  # (the plan's plain searches write no edges)
         return flag
 
     def load(self, query, ref, sizes: tuple):
@@ -1101,6 +1151,14 @@ def _no_group(device: torch.device):
     device, kept alive here and converted once."""
     zeros = torch.zeros(1, dtype=torch.int32, device=device)
     return zeros, _warp.array(zeros)
+
+
+@functools.cache
+def _no_edges(device: torch.device) -> tuple:
+    """(tensor, its Warp view): the edges argument of a search that writes none (its ``edge_k``
+    0: never read; :func:`graph_edges` writes knn_graph's), one per device, converted once."""
+    empty = torch.empty((2, 0), dtype=torch.int64, device=device)
+    return empty, _warp.array(empty)
 
 
 class _Scan:
@@ -1276,6 +1334,38 @@ def find_both(x, y, k: int):
     return out[0][1], out[1][1], bool(bad)
 
 
+# knn_graph's edges at most that a kept tree's search writes itself (:func:`graph_edges`): it
+# writes each point's row where its query ends, in the tree's order, scattered over the table;
+# beyond a table of about an L2 cache a launch of its own, writing rows in order, costs less
+# (docs/benchmarks.md, design choices)
+GRAPH_EDGES = 1 << 14
+# ... and from this many points on: smaller clouds are mostly searched by a scan (k + 1 up to 9 at
+# 64 points), and the edges' own launch after the search costs about as much as telling which
+GRAPH_FROM = 64
+
+
+def graph_edges(points, k: int, loop: bool):
+    """(edge_index (2, N k), whether to drop it) of a plain ``knn_graph`` of a plain CPU cloud
+    (N, 3) whose search of k (+ 1 unless ``loop``) neighbours a point is the calling
+    thread's kept small tree, for more than :data:`GRAPH_FROM` points and at most
+    :data:`GRAPH_EDGES` edges: the search writes them
+    itself (:meth:`_SmallTree.run_edges`: no launch after it, no rows read back);
+    dropped where a value is NaN or inf or a row gave fewer than k edges (the caller's general
+    path decides). None where the search is not such a kept tree (nothing ran: the caller
+    searches and writes the edges as before)."""
+    n, search = points.shape[0], k + (0 if loop else 1)
+    if n <= GRAPH_FROM or n * k > GRAPH_EDGES or _scans(n, n, search):  # (a small scan: no edges of its own)
+        return None
+    points = points.contiguous()
+    plan = _kept_plan(points, points, search)
+    if not isinstance(plan, _SmallTree):
+        return None
+    edges = torch.empty((2, n * k), dtype=torch.int64)
+    # the search's rows are scratch here: the plan's output templates where they have these rows
+    dists, idx = (plan.dists, plan.idx) if plan.rows == n else _plan_outputs(plan, n)
+    return edges, bool(plan.run_edges(points, dists, idx, edges, k, loop)[0])
+
+
 def _plan_outputs(plan, m: int) -> tuple:
     """New (dists, idx) outputs of a kept plan's search of m queries: like its kept templates
     (``torch.empty_like`` checks less than a new shape does), by shape for another size than
@@ -1348,7 +1438,7 @@ def _forest(query, ref, k: int, query_group, ref_group):
     dists, idx = _outputs(query, k)
     dummy = _no_group(query.device)[1]
     args = [0, rows, ordered, tree, points_w, order, dummy, lo_w, hi_w, dummy, dummy, axis, split, first, node, depth, dists, idx,
-            int(_CHAIN)]
+            int(_CHAIN), _no_edges(query.device)[1], 0, 0, _warp.no_flag(query.device)[1]]
     _warp.launch(_search_kernel(query.dtype, False, True), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
@@ -1411,7 +1501,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     dummy = _no_group(query.device)[1]
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
             point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dummy, dummy, dummy, dists, idx,
-            int(_CHAIN and query.device.type == "cpu")]
+            int(_CHAIN and query.device.type == "cpu"), _no_edges(query.device)[1], 0, 0, _warp.no_flag(query.device)[1]]
     _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
