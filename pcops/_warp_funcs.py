@@ -20,6 +20,9 @@ arguments and created under the build lock (:func:`pcops._warp.kernels`):
 * :func:`part` -- the first row of a node of the implicit trees (the kd-tree, the mesh
   hierarchy, FPS's trees), which split n sorted items at the middle index: node k of depth d
   holds rows ``part(k, n, d) .. part(k + 1, n, d) - 1``. A function, created once, at import;
+* :func:`edge_row` -- a point's edges (neighbour, point) from its row of a sorted neighbour
+  table: ``knn_graph`` / ``radius_graph``'s edge rows, and the kd-tree search that writes a
+  kept graph's edges itself. A function, created once, at import;
 * :func:`cells` -- ``cell`` (a coordinate, in cells from a low corner, as a clamped cell index)
   and ``morton`` (the Morton code of a point's cell, from a table of :func:`spread`): the
   kd-tree's Morton order of queries;
@@ -388,6 +391,28 @@ def part(k: int, n: wp.int64, d: int):
     """The first of the n sorted items held by node k of depth d of an implicit tree (each node
     split at its middle index): floor(k n / 2^d)."""
     return int((n * wp.int64(k)) >> wp.int64(d))
+
+
+@wp.func(module="unique")
+def edge_row(idx: wp.array2d(dtype=wp.int64), i: int, width: int, k: int, loop: int, edges: wp.array2d(dtype=wp.int64),
+             base: wp.int64, room: wp.int64):
+    """Point i's first ``k`` valid neighbours among the first ``width`` entries of its row of the
+    sorted table ``idx`` (its valid entries first, -1 after them) but itself (itself too where
+    ``loop`` != 0), in row order, as edges (neighbour, i) into columns ``base ..`` of ``edges``,
+    at most ``room`` of them; returns how many it had (a caller compares them with ``room``)."""
+    n = wp.int64(0)
+    c = int(0)
+    while c < width and n < wp.int64(k):
+        o = idx[i, c]
+        if o < wp.int64(0):
+            break
+        if loop != 0 or o != wp.int64(i):
+            if n < room:
+                edges[0, base + n] = o
+                edges[1, base + n] = wp.int64(i)
+            n = n + wp.int64(1)
+        c = c + 1
+    return n
 
 
 @kernels

@@ -103,7 +103,6 @@ def _rows_kernel():
     def edge_rows(start: int, idx: wp.array2d(dtype=wp.int64), ends: wp.array(dtype=wp.int64), k: int, loop: int,
              edges: wp.array2d(dtype=wp.int64), bad: wp.array(dtype=wp.int32)):
         i = wp.tid() + start
-        centre = wp.int64(i)
         base = wp.int64(i) * wp.int64(k)
         room = wp.int64(k)
         if ends.shape[0] > 0:
@@ -111,18 +110,7 @@ def _rows_kernel():
             if i > 0:
                 base = ends[i - 1]
             room = ends[i] - base
-        n = wp.int64(0)
-        c = int(0)
-        while c < idx.shape[1] and n < wp.int64(k):
-            o = idx[i, c]
-            if o < wp.int64(0):
-                break
-            if loop != 0 or o != centre:
-                if n < room:
-                    edges[0, base + n] = o
-                    edges[1, base + n] = centre
-                n = n + wp.int64(1)
-            c = c + 1
+        n = _warp_funcs.edge_row(idx, i, idx.shape[1], k, loop, edges, base, room)
         if n != room and bad.shape[0] > 0:
             bad[0] = 1
 

@@ -323,18 +323,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
         for c in range(n):
             dists[i, c] = wp.sqrt(dists[i, c])
         if edge_k > 0:  # knn_graph's edges: the row's first edge_k neighbours but the query itself (unless loop)
-            base = wp.int64(i) * wp.int64(edge_k)
-            e = wp.int64(0)
-            c = int(0)
-            while c < n and e < wp.int64(edge_k):
-                o = idx[i, c]
-                if loop != 0 or o != wp.int64(i):
-                    edges[0, base + e] = o
-                    edges[1, base + e] = wp.int64(i)
-                    e = e + wp.int64(1)
-                c += 1
-            if e < wp.int64(edge_k):  # a row cut short (a point not finite, squares that overflow): the caller's general path
-                cut[0] = 1
+            if _warp_funcs.edge_row(idx, i, n, edge_k, loop, edges, wp.int64(i) * wp.int64(edge_k), wp.int64(edge_k)) < wp.int64(edge_k):
+                cut[0] = 1  # a row cut short (a point not finite, squares that overflow): the caller's general path
         while n < k:  # inf / -1 where fewer than k were found
             dists[i, n] = s(wp.inf)
             idx[i, n] = wp.int64(-1)
@@ -1063,10 +1053,15 @@ class _SmallTree:
     def run(self, query, ref, dists, idx, sizes: tuple):
         """Search ``query`` in ``ref`` (``sizes``: their lengths, n and m) into ``dists``, ``idx``;
         the values flag (a NumPy view of one int32): 1 where a value of either is NaN or inf."""
+        flag = self.built(query, ref, sizes)
+        self.launches[3].run_at(self.fields[3], dists, idx)
+        return flag
+
+    def built(self, query, ref, sizes: tuple):
+        """:meth:`load`, then the tree's build: what comes before the search; the flag."""
         flag = self.load(query, ref, sizes)
         for build in self.launches[2]:
             build.run_at(())
-        self.launches[3].run_at(self.fields[3], dists, idx)
         return flag
 
     def run_edges(self, points, dists, idx, edges, k: int, loop: bool):
@@ -1076,9 +1071,7 @@ class _SmallTree:
         values flag: 1 where a value is NaN or inf or a row gave fewer than k edges (the edges
         are then not the op's). The search's edge count is put back to 0 after it."""
         n = points.shape[0]
-        flag = self.load(points, points, (n, n))
-        for build in self.launches[2]:
-            build.run_at(())
+        flag = self.built(points, points, (n, n))
         search = self.launches[3]
         if self.edges is None:
             self.edges = (search.fields("dists", "idx", "edges"), search.lengths((("edges", 1),), (("edges", 0, "strides"),)))
