@@ -9,6 +9,21 @@ def distances(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return (q[:, None, :] - p[None, :, :]).pow(2).sum(-1).sqrt()
 
 
+def first(d: torch.Tensor, k: int) -> torch.Tensor:
+    """``d.argsort(dim=1, stable=True)[:, :k]``: each row's k smallest entries, ties by the
+    smaller index; for a few of many finite entries, from the entries up to each row's k-th
+    smallest value (``topk``) ordered by (value, index), not from whole sorted rows."""
+    n = d.shape[1] if d.dim() == 2 else 0
+    if not 0 < 8 * k <= n or not bool(torch.isfinite(d).all()):
+        return d.argsort(dim=1, stable=True)[:, :k]
+    within = d <= d.topk(k, dim=1, largest=False).values[:, -1:]  # every entry up to the k-th smallest value
+    count = int(within.sum(1).max())  # (at least k a row; more where values tie with the k-th)
+    if 8 * count > n:
+        return d.argsort(dim=1, stable=True)[:, :k]
+    found = torch.where(within, d, torch.inf).topk(count, dim=1, largest=False).indices.sort(dim=1).values
+    return found.gather(1, d.gather(1, found).argsort(dim=1, stable=True)[:, :k])  # (others: above the k-th value)
+
+
 def softmax_mean(d: torch.Tensor, mask: torch.Tensor, f: torch.Tensor, sigma: float) -> torch.Tensor:
     """sum_j w_ij f_j / sum_j w_ij with w_ij = exp(-d_ij / sigma) over mask, 0 for an empty row."""
     inf = torch.tensor(float("inf"), dtype=d.dtype)
@@ -72,7 +87,7 @@ CLOUDS = ["uniform", "far_negative", "clustered", "duplicates", "isolated", "hug
 def knn(q, p, k):
     """Dense float64 kNN: (dists, idx) sorted by distance, ties by the smaller index."""
     d = distances(q, p)
-    order = d.argsort(dim=1, stable=True)[:, :k]
+    order = first(d, k)
     return d.gather(1, order), order
 
 
