@@ -59,8 +59,8 @@ HINT = "run with --help for every option, or add --print_config to see the resol
 
 
 class ConfigError(ValueError):
-    """A config this run cannot use. Run as a script, train.py prints ``error: <message>`` (no
-    traceback) and exits with status 2; called as ``main(args)`` it raises."""
+    """A config this run cannot use. Run as a script (:func:`run`), train.py prints ``error:
+    <message>`` (no traceback) and exits with status 2; called as ``main(args)`` it raises."""
 
 
 class TrainParser(LightningArgumentParser):
@@ -403,9 +403,16 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":
+def run(args=None) -> int:
+    """The command line: :func:`main`, a :class:`ConfigError` printed as ``error: <message>`` (no
+    traceback) with exit status 2; 0 after a run (the parser's own errors exit as argparse does)."""
     try:
-        main()
+        main(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

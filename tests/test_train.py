@@ -5,6 +5,8 @@ import math
 import pathlib
 import subprocess
 import sys
+import traceback
+import types
 
 import pytest
 import torch
@@ -135,8 +137,32 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert (tmp_path / "runs/sdf/version_0/checkpoints/last.ckpt").exists()
 
 
-def _run_cli(tmp_path, *args):
+def _run_script(tmp_path, *args):
+    """``python scripts/train.py ARGS`` in ``tmp_path``: a process of its own (the entry point itself)."""
     return subprocess.run([sys.executable, str(ROOT / "scripts/train.py"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def run_cli(tmp_path, monkeypatch, capsys):
+    """The command line of scripts/train.py with ARGS in ``tmp_path``, run in this process
+    (``train.run``, as its ``__main__`` runs it, without a new interpreter's start): its exit
+    status, stdout and stderr, as ``subprocess.run`` gives them (an uncaught exception: its
+    traceback and status 1, as the interpreter ends)."""
+
+    def call(*args):
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        try:
+            code = train.run(list(args))
+        except SystemExit as exit:  # (the parser's errors, --print_config)
+            code = exit.code or 0
+        except Exception:  # noqa: BLE001 (uncaught: the interpreter prints the traceback, status 1)
+            traceback.print_exc()
+            code = 1
+        out = capsys.readouterr()
+        return types.SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return call
 
 
 @pytest.mark.parametrize(
@@ -149,16 +175,16 @@ def _run_cli(tmp_path, *args):
         (["--config", "configs/sdf.yaml", "--ckpt_path", "missing.ckpt"], "no checkpoint at missing.ckpt"),
     ],
 )
-def test_bad_config_fails_before_any_work(tmp_path, args, message):
+def test_bad_config_fails_before_any_work(tmp_path, run_cli, args, message):
     args = [str(ROOT / a) if a.startswith("configs/") else a for a in args]
-    result = _run_cli(tmp_path, *args)
+    result = run_cli(*args)
     assert result.returncode != 0
     assert message in result.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_config_typo_is_one_error_line_and_a_hint_not_the_usage(tmp_path):
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--trainer.max_epohs", "3")
+    result = _run_script(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--trainer.max_epohs", "3")
     lines = result.stderr.splitlines()
     assert result.returncode == 2
     assert lines[0] == "error: unknown option --trainer.max_epohs; did you mean --trainer.max_epochs?", result.stderr
@@ -201,7 +227,7 @@ def test_config_errors_lead_with_the_useful_line(tmp_path, monkeypatch, capsys, 
 def test_a_gpu_config_without_a_gpu_says_how_to_run_it_on_the_cpu(tmp_path, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible")
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf_gpu.yaml"))
+    result = _run_script(tmp_path, "--config", str(ROOT / "configs/sdf_gpu.yaml"))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     error = result.stderr[result.stderr.index("error: "):]
     assert len(error.splitlines()) <= 3, error
@@ -219,24 +245,24 @@ def test_a_gpu_config_without_a_gpu_says_how_to_run_it_on_the_cpu(tmp_path, monk
 
 
 @pytest.mark.parametrize("corrupt", ["empty", "truncated", "text"])
-def test_a_corrupt_checkpoint_fails_before_any_work_naming_the_file(tmp_path, corrupt):
+def test_a_corrupt_checkpoint_fails_before_any_work_naming_the_file(tmp_path, run_cli, corrupt):
     path = tmp_path / f"{corrupt}.ckpt"
     if corrupt == "truncated":
         torch.save({"state_dict": {"w": torch.zeros(1000)}, "epoch": 1}, path)
         path.write_bytes(path.read_bytes()[:700])
     else:
         path.write_text("" if corrupt == "empty" else "not a checkpoint\n")
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false")
+    result = run_cli("--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false")
     assert result.returncode != 0
     assert f"ckpt_path: {path} is not a readable checkpoint" in result.stderr
     assert not (tmp_path / "runs").exists()
     assert "Epoch" not in result.stdout + result.stderr  # no data generated, no training started
 
 
-def test_another_models_checkpoint_fails_before_any_work_naming_the_file(tmp_path):
+def test_another_models_checkpoint_fails_before_any_work_naming_the_file(tmp_path, run_cli):
     path = tmp_path / "other.ckpt"
     torch.save({"state_dict": {"net.other.weight": torch.zeros(4, 3)}, "epoch": 1}, path)  # loads, but is not SDFModel's
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false",
+    result = run_cli("--config", str(ROOT / "configs/sdf.yaml"), "--ckpt_path", str(path), "--figure", "false",
                       *TINY_SHAPES)
     assert result.returncode != 0
     assert f"ckpt_path: {path} holds another model's weights" in result.stderr
@@ -244,12 +270,12 @@ def test_another_models_checkpoint_fails_before_any_work_naming_the_file(tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_malformed_data_file_fails_before_any_work_naming_it(tmp_path):
+def test_a_malformed_data_file_fails_before_any_work_naming_it(tmp_path, run_cli):
     import numpy as np
 
     bad = tmp_path / "one_point.npy"
     np.save(bad, np.zeros((1, 3)))  # one point: must not train "successfully"
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf_files.yaml"), "--data.init_args.paths", f"[{bad}]")
+    result = run_cli("--config", str(ROOT / "configs/sdf_files.yaml"), "--data.init_args.paths", f"[{bad}]")
     assert result.returncode != 0
     assert f"data.paths: {bad}: 1 distinct point(s)" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -265,8 +291,8 @@ def test_an_existing_run_directory_is_not_overwritten(tmp_path, monkeypatch):
     assert (run / "config.yaml").read_text() == before
 
 
-def test_print_config_prints_the_resolved_config(tmp_path):
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--print_config")
+def test_print_config_prints_the_resolved_config(tmp_path, run_cli):
+    result = run_cli("--config", str(ROOT / "configs/sdf.yaml"), "--print_config")
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
     assert printed["model"]["class_path"] == "models.SDFModel" and printed["trainer"]["max_epochs"] == 12
@@ -292,7 +318,7 @@ def test_rmm_pool_flag_sets_up_the_pool_before_the_model(tmp_path, monkeypatch):
     assert order[:2] == ["pool", "model"]
 
 
-def test_rmm_pool_flag_without_cuda_fails_before_any_work(tmp_path):
-    result = _run_cli(tmp_path, "--config", str(ROOT / "configs/sdf.yaml"), "--rmm_pool", "true")
+def test_rmm_pool_flag_without_cuda_fails_before_any_work(tmp_path, run_cli):
+    result = run_cli("--config", str(ROOT / "configs/sdf.yaml"), "--rmm_pool", "true")
     assert result.returncode != 0 and "needs a CUDA GPU" in result.stderr
     assert not (tmp_path / "runs").exists()
