@@ -1,12 +1,25 @@
 """Independent references for the tests: dense float64 computations with direct differences."""
 
+import numpy as np
 import torch
 
 
 def distances(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """(M, N) Euclidean distances in float64 from direct differences (never cdist's matmul form)."""
+    """(M, N) Euclidean distances in float64 from direct differences (never cdist's matmul form),
+    each the IEEE root of its square (:func:`root`)."""
     q, p = q.double(), p.double()
-    return (q[:, None, :] - p[None, :, :]).pow(2).sum(-1).sqrt()
+    return root((q[:, None, :] - p[None, :, :]).pow(2).sum(-1))
+
+
+def root(sq: torch.Tensor) -> torch.Tensor:
+    """The square roots of ``sq``, each the nearest float (IEEE 754's, by numpy: torch's CPU sqrt
+    is within an ulp of it, not always the nearest, and two squares an ulp apart then tie or not
+    by chance), differentiable as ``sqrt``."""
+    approx = sq.sqrt()
+    with np.errstate(invalid="ignore"):
+        exact = torch.from_numpy(np.sqrt(sq.detach().cpu().numpy())).to(sq.device)
+    # (within an ulp of each other, their difference and the sum are exact: the nearest root's value)
+    return torch.where(torch.isfinite(approx), approx + (exact - approx).detach(), approx)
 
 
 def first(d: torch.Tensor, k: int) -> torch.Tensor:

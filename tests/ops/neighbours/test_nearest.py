@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -72,6 +73,35 @@ def test_ties_are_broken_by_the_smaller_index(backend):
     tied = (reference.distances(q, p)[0] == 1).nonzero().flatten()
     assert idx[0].tolist() == tied[:5].tolist()
     assert torch.all(dists == 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("backend", ["torch", "scipy"])
+def test_lattice_clouds_rank_equal_distances_by_index_on_every_backend(backend, dtype):
+    """Points on lattices of 1/3, 1/5 and 1/10 (voxelised scans): many pairs at the same real
+    distance, whose rounded squares differ by an ulp and often share their rounded root. Every
+    backend ranks by the returned distances (IEEE roots), ties by the smaller index: the Warp
+    search's neighbours and distances (the kd-tree and the every-pair scan), which are those of
+    the float64 reference in float64. (scipy measures float32 points in float64: float64 only;
+    its distances are torch's recomputed ones, within an ulp of the roots.)"""
+    same_distances = torch.equal if backend == "torch" else functools.partial(torch.testing.assert_close, rtol=2.3e-16, atol=0)
+    if backend == "scipy" and dtype == torch.float32:
+        pytest.skip("cKDTree measures float32 points in float64 (docs/ops/knn.md)")
+    gen = torch.Generator().manual_seed(3)
+    for step, n, m, k in ((3, 150, 120, 15), (5, 240, 180, 39), (10, 355, 187, 33), (5, 60, 60, 59)):
+        p = ((torch.rand(n, 3, generator=gen, dtype=F64) * step).round() / step).to(dtype)
+        q = ((torch.rand(m, 3, generator=gen, dtype=F64) * step).round() / step).to(dtype)
+        got = pcops.knn(q, p, k, backend=backend)
+        for scan in (0, 1 << 30):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(_kdtree, "SCAN_PAIRS", scan)
+                want = pcops.knn(q, p, k, backend="warp")
+            assert torch.equal(got.idx, want.idx)
+            same_distances(got.dists, want.dists)
+        if dtype == F64:
+            ref_d, ref_idx = reference.knn(q, p, k)
+            assert torch.equal(got.idx, ref_idx)
+            same_distances(got.dists, ref_d)
 
 
 @pytest.mark.parametrize("backend", ["warp", "torch", "warp-scan", "scipy"])

@@ -65,6 +65,20 @@ def test_rerank_orders_by_exact_distance_then_index():
     assert i.tolist() == [[1, 2, 3]] and d.tolist() == [[1.0, 1.0, 2.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_rerank_of_lattice_points_ties_equal_roots_as_the_warp_search(dtype):
+    """On a lattice many squares lie an ulp apart with one root: the re-ranking ranks by the
+    roots (ties by index), so every candidate given, it returns the Warp search's neighbours and
+    distances."""
+    gen = torch.Generator().manual_seed(5)
+    p = ((torch.rand(240, 3, generator=gen, dtype=torch.float64) * 5).round() / 5).to(dtype)
+    q = ((torch.rand(180, 3, generator=gen, dtype=torch.float64) * 5).round() / 5).to(dtype)
+    cand = torch.randperm(240, generator=gen).repeat(180, 1)  # every point, in no order
+    d, i = _cuml.rerank(q, p, cand, 39)
+    want = pcops.knn(q, p, 39, backend="warp")
+    assert torch.equal(i, want.idx) and torch.equal(d, want.dists)
+
+
 def test_groups_are_searched_separately_with_one_sort(gen):
     q, p = _far_cloud(gen, m=200, n=300)
     qg = torch.randint(0, 5, (200,), generator=gen, dtype=torch.int32)

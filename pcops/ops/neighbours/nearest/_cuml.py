@@ -8,9 +8,9 @@ not follow the other backends. So this backend:
 1. centres each searched block (the whole cloud, or one sample) on the centre of its
    reference points' bounding box, in torch, before converting to float32;
 2. asks cuML for ``k + margin`` candidates (``margin = max(k, 8)``, at most all points);
-3. recomputes the candidates' squared distances exactly in the input dtype (direct
-   differences of the original coordinates) and keeps the k smallest, ties by the smaller
-   index, as every pcops backend does.
+3. recomputes the candidates' distances exactly in the input dtype (direct differences of the
+   original coordinates, the squares' IEEE roots) and keeps the k smallest, ties by the
+   smaller index, as every pcops backend does.
 
 Residual inexactness: a true neighbour is missed only if cuML's float32 error on the centred
 points pushes it below ``k + margin`` candidates, i.e. the error exceeds the gap between the
@@ -43,7 +43,7 @@ from typing import Callable
 
 import torch
 
-from .... import memory
+from .... import _vml, memory
 from ._registry import backend
 
 _workers: dict = {}  # CUDA device index -> single-thread executor running that device's cuML calls
@@ -114,9 +114,9 @@ def rerank(query: torch.Tensor, ref: torch.Tensor, cand: torch.Tensor, k: int) -
     """The k candidates with the smallest exact distance, ascending, ties by the smaller index."""
     cand = cand.sort(dim=1).values  # ascending index, so a stable sort by distance breaks ties by index
     diff = query[:, None, :] - ref[cand]
-    sq = diff[..., 0].square() + diff[..., 1].square() + diff[..., 2].square()
-    order = sq.argsort(dim=1, stable=True)[:, :k]
-    return sq.gather(1, order).sqrt(), cand.gather(1, order)
+    d = _vml.sqrt(diff[..., 0].square() + diff[..., 1].square() + diff[..., 2].square())
+    order = d.argsort(dim=1, stable=True)[:, :k]  # by the distances (IEEE roots: squares an ulp apart may tie), as the Warp search
+    return d.gather(1, order), cand.gather(1, order)
 
 
 def _group_slices(query_group: torch.Tensor, ref_group: torch.Tensor):

@@ -2,13 +2,15 @@
 
 Distances use direct coordinate differences (never the matmul form of ``torch.cdist``), in
 query chunks that bound memory to about ``_ENTRIES`` distances at a time; no (M, N, 3) tensor.
-Ties are broken by the smaller index, exactly. Groups mask other samples' points to +inf.
+Points are ranked by their distances (the squares' IEEE roots, :func:`pcops._vml.sqrt`), ties by
+the smaller index, exactly as the Warp search ranks them. Groups mask other samples' points to +inf.
 """
 
 import math
 
 import torch
 
+from .... import _vml
 from . import _features
 from ._registry import backend
 
@@ -45,8 +47,9 @@ def search(query, ref, k, query_group, ref_group):
         d2.masked_fill_(d2.isnan(), float("inf"))  # a NaN/inf point is never a neighbour (validate=False)
         if query_group is not None:
             d2.masked_fill_(query_group[s : s + chunk, None] != ref_group[None, :], float("inf"))
-        sq, idx[s : s + chunk] = _smallest(d2, k)
-        dists[s : s + chunk] = sq.sqrt()
+        # ranked by the distances themselves (IEEE roots, as the Warp search's: two squares an ulp
+        # apart often have one root, and those points tie by their indices)
+        dists[s : s + chunk], idx[s : s + chunk] = _smallest(_vml.sqrt(d2), k)
     return dists, idx
 
 
