@@ -82,11 +82,11 @@ def test_lattice_clouds_rank_equal_distances_by_index_on_every_backend(backend, 
     distance, whose rounded squares differ by an ulp and often share their rounded root. Every
     backend ranks by the returned distances (IEEE roots), ties by the smaller index: the Warp
     search's neighbours and distances (the kd-tree and the every-pair scan), which are those of
-    the float64 reference in float64. (scipy measures float32 points in float64: float64 only;
-    its distances are torch's recomputed ones, within an ulp of the roots.)"""
-    same_distances = torch.equal if backend == "torch" else functools.partial(torch.testing.assert_close, rtol=2.3e-16, atol=0)
-    if backend == "scipy" and dtype == torch.float32:
-        pytest.skip("cKDTree measures float32 points in float64 (docs/ops/knn.md)")
+    the float64 reference in float64. (scipy's cKDTree measures in float64: its float32 points
+    are ranked by their float32 distances; its distances are torch's recomputed ones, within an
+    ulp of the roots.)"""
+    ulp = torch.finfo(dtype).eps
+    same_distances = torch.equal if backend == "torch" else functools.partial(torch.testing.assert_close, rtol=ulp, atol=0)
     gen = torch.Generator().manual_seed(3)
     for step, n, m, k in ((3, 150, 120, 15), (5, 240, 180, 39), (10, 355, 187, 33), (5, 60, 60, 59)):
         p = ((torch.rand(n, 3, generator=gen, dtype=F64) * step).round() / step).to(dtype)
@@ -110,8 +110,8 @@ def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monke
     """Two clusters of finite points so far apart that their squared distances overflow the
     dtype (validation accepts them): each point's neighbours are those of its own cluster, the
     missing columns -1 / inf, and knn_graph has only the edges within a cluster (as documented;
-    the scipy backend measures in float64: it finds float32 points that far apart, and float64
-    ones it cannot square are missing too, not cKDTree's index N)."""
+    the scipy backend ranks float32 points by their float32 distances, and float64 ones it
+    cannot square are missing too, not cKDTree's index N)."""
     if backend == "warp-scan":  # the every-pair scan, instead of the tree the fixture forces
         monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 1 << 30)
     far = 1e20 if dtype == torch.float32 else 1e155
@@ -119,9 +119,6 @@ def test_points_whose_squared_distances_overflow_are_never_neighbours(gen, monke
     p = torch.cat([near, near[:3] * 0.5 + far]).to(dtype)[torch.tensor([5, 0, 1, 6, 2, 7, 3, 4])]
     k = 6
     dists, idx = pcops.knn(p, p, k, backend=backend.removesuffix("-scan"))
-    if backend == "scipy" and dtype == torch.float32:
-        assert (idx >= 0).all()  # (found, their distances inf in float32)
-        return
     d2 = ((p[:, None].double() - p[None].double()) ** 2).to(dtype).sum(-1)  # each square in the dtype, as the search
     assert torch.isinf(d2).any()
     for i in range(p.shape[0]):
