@@ -15,14 +15,22 @@ import torch
 from ._registry import backend
 
 
-def _fix_boundary_ties(tree, q, ref, k, dist, idx, rows):
-    """Rows whose k-th distance is shared with an unreturned point: take all at that distance."""
-    balls = tree.query_ball_point(q[rows], dist[rows, k - 1] * (1 + 1e-9), workers=-1)  # margin: rounding
+def _retake(tree, q, rows, radii, measure, k, dist, idx):
+    """Rows ``rows`` of the sorted (dist, idx) (M, >= k) from every point within ``radii`` of
+    their queries (``q``, as the tree holds them): their k best by ``measure(row, cand)``'s
+    distances, then index (a point beyond a row's candidates could tie or beat its k-th)."""
+    balls = tree.query_ball_point(q[rows], radii, workers=-1)
     for row, cand in zip(rows, balls):
         cand = np.asarray(cand, dtype=np.int64)
-        d = np.sqrt(((ref[cand] - q[row]) ** 2).sum(1))
-        order = np.lexsort((cand, d))[:k]
-        dist[row, :k], idx[row, :k] = d[order], cand[order]
+        d = measure(row, cand)
+        pick = np.lexsort((cand, d))[:k]
+        dist[row, : pick.size], idx[row, : pick.size] = d[pick], cand[pick]
+
+
+def _fix_boundary_ties(tree, q, ref, k, dist, idx, rows):
+    """Rows whose k-th distance is shared with an unreturned point: take all at that distance."""
+    _retake(tree, q, rows, dist[rows, k - 1] * (1 + 1e-9), lambda row, cand: np.sqrt(((ref[cand] - q[row]) ** 2).sum(1)),  # margin: rounding
+            k, dist, idx)
 
 
 def _separate(q, p, query_group, ref_group):
@@ -117,12 +125,8 @@ def _in_float32(tree, q, q32, p32, k, dist, idx, groups):
         kth = d32[:, k - 1].astype(np.float64)
         doubt = np.flatnonzero(np.isfinite(kth) & (dist[:, k] * (1 - _DOUBT32) <= kth))
         if doubt.size:
-            balls = tree.query_ball_point(q[doubt], kth[doubt] / (1 - _DOUBT32) * (1 + 1e-12), workers=-1)
-            for row, cand in zip(doubt, balls):
-                cand = np.asarray(cand, dtype=np.int64)[None, :]
-                d = _measured32(q32, p32, np.array([row]), cand, groups)[0]
-                pick = np.lexsort((cand[0], d))[:k]
-                d32[row, : pick.size], idx[row, : pick.size] = d[pick], cand[0, pick]
+            _retake(tree, q, doubt, kth[doubt] / (1 - _DOUBT32) * (1 + 1e-12),
+                    lambda row, cand: _measured32(q32, p32, np.array([row]), cand[None, :], groups)[0], k, d32, idx)
     d32, idx = np.ascontiguousarray(d32[:, :k]), np.ascontiguousarray(idx[:, :k])
     idx[np.isinf(d32)] = -1
     return d32, idx
