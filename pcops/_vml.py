@@ -20,6 +20,8 @@ by their indices), :func:`sqrt` gives IEEE's on every device.
 import numpy as np
 import torch
 
+from . import _threads
+
 # The functions that ATen/cpu/vml.h sends to MKL (torch 2.13's list), by their torch names.
 FUNCTIONS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt", "tan", "tanh", "trunc")
 
@@ -41,3 +43,19 @@ def sqrt(x: torch.Tensor) -> torch.Tensor:
         return x.sqrt()
     with np.errstate(invalid="ignore"):  # (a negative value's root: NaN, as torch's)
         return torch.from_numpy(np.sqrt(x.detach().contiguous().numpy()))
+
+
+def root(x: torch.Tensor) -> torch.Tensor:
+    """``x.sqrt()``, differentiable as it is, with IEEE's values (:func:`sqrt`) where a call can
+    read them: CPU tensors in eager mode, under no dispatch or function mode, torch.func transform
+    or torch.jit trace (under torch.compile, inductor's code computes IEEE's roots; elsewhere
+    torch's, within an ulp of them)."""
+    out = x.sqrt()
+    if (out.device.type != "cpu" or type(out) is not torch.Tensor or x.dtype not in (torch.float32, torch.float64)
+            or _threads._compiling() or _threads._dispatch_modes() or _threads._function_modes()
+            or _threads._transforms() is not None or _threads._jit_tracing() is not None):
+        return out
+    exact = sqrt(x)
+    if not out.requires_grad and _threads._forward_ad._current_level < 0:
+        return exact
+    return out + (exact - out).detach()  # (two floats an ulp apart: their difference, and the sum, are exact)

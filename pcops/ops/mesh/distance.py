@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ... import _threads, _validate
+from ... import _threads, _validate, _vml
 from ... import _layout
 from . import _search, _sides, _tree, _triangle
 
@@ -230,7 +230,7 @@ def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
     near = _triangle._closest_torch(p, a, b, c)  # (only called where a derivative may be asked for)
     diff = p - near.point
     wide = _triangle.PLANE  # (a thin face's normal, see _triangle)
-    normal = near.normal / torch.linalg.vector_norm(near.normal, dim=-1, keepdim=True).clamp_min(torch.finfo(wide).tiny)
+    normal = near.normal / _vml.root(near.normal.square().sum(-1, keepdim=True)).clamp_min(torch.finfo(wide).tiny)
     # A closest point inside a face (every weight > 0): the distance is the height over its plane,
     # whose gradient is the unit normal however close the point (p - near is rounding noise
     # there). Exactly on the surface: measured along the normal (by the vertex order): value 0,
@@ -239,7 +239,7 @@ def _measured(p: torch.Tensor, bvh: MeshBVH, face: torch.Tensor, dtype):
     height = ((p.to(wide) - a.to(wide)) * normal).sum(-1).to(dtype)
     planar = (near.bary > 0).all(-1)
     dists = torch.where(planar, height * torch.where(height >= 0, 1.0, -1.0),
-                        torch.linalg.vector_norm(torch.where(on[:, None], 1.0, diff), dim=-1))
+                        _vml.root(torch.where(on[:, None], 1.0, diff).square().sum(-1)))  # (IEEE's roots, as the kernel's)
     return dists, on, near.point, near.bary, (diff.to(wide) * normal).sum(-1).to(dtype)
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from ... import _vml
 from . import _weighting
 
 
@@ -39,7 +40,7 @@ def aggregate(query, ref, features, sigma, pairs, shift: torch.Tensor, weights: 
     sq = (diff * diff).sum(1)
     m = shift.detach().index_select(0, i)
     if weights == "softmax":  # d's gradient at d = 0 taken as 0, as in the Warp kernels
-        d = torch.where(sq > 0, sq.clamp_min(torch.finfo(sq.dtype).tiny).sqrt(), 0)
+        d = torch.where(sq > 0, _vml.root(sq.clamp_min(torch.finfo(sq.dtype).tiny)), 0)  # (IEEE's roots, as the kernels')
         w = torch.exp((m - d) / sigma)
     elif weights == "inverse_distance":
         w = m / sq.clamp_min(_weighting.MIN_SQUARED_DISTANCE)

@@ -2,7 +2,6 @@
 
 import contextlib
 import dataclasses
-import functools
 import math
 import warnings
 
@@ -83,10 +82,9 @@ def test_lattice_clouds_rank_equal_distances_by_index_on_every_backend(backend, 
     backend ranks by the returned distances (IEEE roots), ties by the smaller index: the Warp
     search's neighbours and distances (the kd-tree and the every-pair scan), which are those of
     the float64 reference in float64. (scipy's cKDTree measures in float64: its float32 points
-    are ranked by their float32 distances; its distances are torch's recomputed ones, within an
-    ulp of the roots.)"""
-    ulp = torch.finfo(dtype).eps
-    same_distances = torch.equal if backend == "torch" else functools.partial(torch.testing.assert_close, rtol=ulp, atol=0)
+    are ranked by their float32 distances; its distances are recomputed in torch, as IEEE's
+    roots too: the same values.)"""
+    same_distances = torch.equal
     gen = torch.Generator().manual_seed(3)
     for step, n, m, k in ((3, 150, 120, 15), (5, 240, 180, 39), (10, 355, 187, 33), (5, 60, 60, 59)):
         p = ((torch.rand(n, 3, generator=gen, dtype=F64) * step).round() / step).to(dtype)

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .... import _layout, _threads, _validate
+from .... import _layout, _threads, _validate, _vml
 from .. import _weighting
 from . import _costs, _cuml, _kdtree, _mean, _scipy, _torch  # noqa: F401  (registers the backends; _kdtree.find: plain calls)
 from ._registry import BACKENDS
@@ -164,7 +164,7 @@ def _distances(query: torch.Tensor, neighbours: torch.Tensor, valid: torch.Tenso
     else:
         sq = neighbours.sub_(query[:, None, :]).square_().sum(-1).masked_fill_(~valid, 0)  # (an invalid row's sum, whatever it is, then 0)
     positive = sq > 0
-    return torch.where(positive, torch.where(positive, sq, 1).sqrt(), 0)
+    return torch.where(positive, _vml.root(torch.where(positive, sq, 1)), 0)
 
 
 def _points_grad(query: torch.Tensor, ref: torch.Tensor) -> bool:
