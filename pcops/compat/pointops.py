@@ -48,7 +48,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 import pcops
 
-from .. import _validate
+from .. import _validate, _vml
 from . import _WIDEN, check_count, check_tensor, compute_dtype, is_compiling, squared
 
 __all__ = [
@@ -172,7 +172,7 @@ def _distance(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch.Te
     """|a - b| where valid (a gradient of 0 at distance 0), the padding distance elsewhere."""
     d2 = squared(a - b)
     pos = valid & (d2 > 0)
-    d = torch.where(pos, d2, torch.ones((), dtype=d2.dtype, device=d2.device)).sqrt()
+    d = _vml.root(torch.where(pos, d2, torch.ones((), dtype=d2.dtype, device=d2.device)))  # (IEEE's roots: eager = compiled)
     d = torch.where(pos, d, torch.zeros((), dtype=d.dtype, device=d.device))
     return torch.where(valid, d, torch.full((), _PAD_DIST, dtype=d.dtype, device=d.device))
 

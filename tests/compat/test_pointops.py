@@ -191,6 +191,26 @@ def test_ball_query_float32_matches_reference_away_from_the_radius(gen):
     torch.testing.assert_close(dist.double(), rdist, rtol=1e-6, atol=1e-6)
 
 
+def test_ball_query_distances_compiled_equal_eager_and_the_float32_roots():
+    """The distances are each pair's float32 squared distance's IEEE root, eagerly and compiled
+    (torch's CPU sqrt is not always the nearest float: on a lattice cloud thousands of them
+    were an ulp off inductor's, with or without a gradient)."""
+    g = torch.Generator().manual_seed(0)
+    xyz = (torch.randint(-9, 9, (1500, 3), generator=g).double() / 7).float()
+    offset = torch.tensor([1500], dtype=torch.int32)
+    torch._dynamo.reset()
+    compiled = torch.compile(po.ball_query)
+    for points in (xyz, xyz.clone().requires_grad_(True)):
+        idx, dist = po.ball_query(16, 0.5, 0.0, points, offset)
+        again, dist_c = compiled(16, 0.5, 0.0, points, offset)
+        assert torch.equal(again, idx) and torch.equal(dist_c.detach(), dist.detach())
+    valid = idx >= 0
+    diff = xyz[:, None, :] - xyz[idx.long().clamp_min(0)]
+    d2 = diff[..., 0] * diff[..., 0] + diff[..., 1] * diff[..., 1] + diff[..., 2] * diff[..., 2]
+    want = torch.from_numpy(np.sqrt(d2.numpy()))  # (numpy's roots: IEEE's)
+    assert torch.equal(dist.detach()[valid], want[valid])
+
+
 def test_random_ball_query_returns_a_random_subset_of_the_candidates(gen):
     xyz, offset = _cloud(gen, [80, 50], torch.float64)
     nsample, max_r, min_r = 5, 0.4, 0.1
