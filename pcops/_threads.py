@@ -209,6 +209,18 @@ def plain_eager() -> bool:
                 or _jit_tracing() is not None or _forward_ad._current_level >= 0)
 
 
+def values_readable() -> bool:
+    """Whether a call may read tensors' values outside torch (NumPy views of CPU tensors): eager
+    mode, under no dispatch or function mode, functorch transform or torch.jit trace (forward-mode
+    AD and the profiler allowed)."""
+    return not (_compiling() or _dispatch_modes() or _function_modes() or _transforms() is not None or _jit_tracing() is not None)
+
+
+def forward_mode() -> bool:
+    """Whether forward-mode AD (``torch.autograd.forward_ad``'s dual level) is on."""
+    return _forward_ad._current_level >= 0
+
+
 def plain_device(args, kwargs, read_only: bool = False):
     """The device type of a plain eager call's tensors ("cpu" or "cuda"; None for any other call);
     ``read_only``: for a call that only reads their values (a tensor may require grad)."""

@@ -51,11 +51,12 @@ def root(x: torch.Tensor) -> torch.Tensor:
     or torch.jit trace (under torch.compile, inductor's code computes IEEE's roots; elsewhere
     torch's, within an ulp of them)."""
     out = x.sqrt()
-    if (out.device.type != "cpu" or type(out) is not torch.Tensor or x.dtype not in (torch.float32, torch.float64)
-            or _threads._compiling() or _threads._dispatch_modes() or _threads._function_modes()
-            or _threads._transforms() is not None or _threads._jit_tracing() is not None):
-        return out
-    exact = sqrt(x)
-    if not out.requires_grad and _threads._forward_ad._current_level < 0:
-        return exact
-    return out + (exact - out).detach()  # (two floats an ulp apart: their difference, and the sum, are exact)
+    if out.is_cpu and type(out) is torch.Tensor and x.dtype in _IEEE and _threads.values_readable():
+        # IEEE's roots written over torch's in the result's own memory: the result autograd keeps
+        # for sqrt's derivative (0.5 / root) is then IEEE's too, and no node is added
+        with np.errstate(invalid="ignore"):  # (a negative value's root: NaN, as torch's)
+            np.sqrt(x.detach().numpy(), out=out.detach().numpy())
+    return out
+
+
+_IEEE = (torch.float32, torch.float64)  # the dtypes whose roots NumPy computes (:func:`root`)
