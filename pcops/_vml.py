@@ -22,6 +22,8 @@ import torch
 
 from . import _threads
 
+_IEEE = (torch.float32, torch.float64)  # the dtypes whose roots NumPy computes (:func:`sqrt`, :func:`root`)
+
 # The functions that ATen/cpu/vml.h sends to MKL (torch 2.13's list), by their torch names.
 FUNCTIONS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt", "tan", "tanh", "trunc")
 
@@ -39,7 +41,7 @@ def warm_up() -> None:
 def sqrt(x: torch.Tensor) -> torch.Tensor:
     """The square roots of ``x``'s values, each the nearest float (IEEE 754's): torch's own on
     CUDA, numpy's on the CPU (see the module docs). Not differentiable: values only."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+    if x.device.type != "cpu" or x.dtype not in _IEEE:
         return x.sqrt()
     with np.errstate(invalid="ignore"):  # (a negative value's root: NaN, as torch's)
         return torch.from_numpy(np.sqrt(x.detach().contiguous().numpy()))
@@ -50,13 +52,13 @@ def root(x: torch.Tensor) -> torch.Tensor:
     read them: CPU tensors in eager mode, under no dispatch or function mode, torch.func transform
     or torch.jit trace (under torch.compile, inductor's code computes IEEE's roots; elsewhere
     torch's, within an ulp of them)."""
+    if not (x.is_cpu and type(x) is torch.Tensor and x.dtype in _IEEE and _threads.values_readable()):
+        return x.sqrt()
+    if not (torch.is_grad_enabled() and x.requires_grad) and not _threads.forward_mode():
+        return sqrt(x)  # (nothing to differentiate: the values alone)
     out = x.sqrt()
-    if out.is_cpu and type(out) is torch.Tensor and x.dtype in _IEEE and _threads.values_readable():
-        # IEEE's roots written over torch's in the result's own memory: the result autograd keeps
-        # for sqrt's derivative (0.5 / root) is then IEEE's too, and no node is added
-        with np.errstate(invalid="ignore"):  # (a negative value's root: NaN, as torch's)
-            np.sqrt(x.detach().numpy(), out=out.detach().numpy())
+    # IEEE's roots written over torch's in the result's own memory: the result autograd keeps for
+    # sqrt's derivative (0.5 / root) is then IEEE's too, and no node is added
+    with np.errstate(invalid="ignore"):  # (a negative value's root: NaN, as torch's)
+        np.sqrt(x.detach().numpy(), out=out.detach().numpy())
     return out
-
-
-_IEEE = (torch.float32, torch.float64)  # the dtypes whose roots NumPy computes (:func:`root`)
