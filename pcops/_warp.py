@@ -669,7 +669,7 @@ def launch_chunks(kernel, bounds: list[int], values: list) -> None:
 
 
 def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, ...] = (), min_chunk: int = MIN_CHUNK, beside=None,
-           work: typing.Optional[int] = None) -> None:
+           work: typing.Optional[int] = None, kept: bool = False) -> None:
     """Launch ``kernel`` over threads ``0 .. n-1`` on the device of ``like``.
 
     The kernel's first parameter is the index of its first thread (``start``), followed by
@@ -687,12 +687,18 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     one as one more chunk (on the CPU by a thread of the same team, e.g. one this launch's chunks
     leave idle): two small independent launches in one fork-join.
 
+    ``kept``: on the CPU, the launch is kept (:func:`kept_launch`): a call that repeats its
+    kernel with arguments of the same kinds points the kept launch at its tensors and runs it,
+    without converting or packing them.
+
     ``work``: the caller's estimate of the launch's elementary steps (points touched, beside's
     included). Below :data:`SERIAL_WORK` the CPU runs everything on the calling thread, one
     launch after the other: a fork-join costs more than such work, and on a shared machine a
     helper thread that is not scheduled holds the join up for a time slice.
     """
     if n <= 0:
+        return
+    if kept and beside is None and not scatter and like.is_cpu and kept_launch(kernel, n, args, min_chunk, work):
         return
     side_threads = 0 if beside is None else beside[2] if len(beside) > 2 else 1
     if side_threads <= 0:
@@ -737,6 +743,71 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
     for extra in extras:
         for i, t in extra.items():
             (args[i].tensor if isinstance(t, Typed) else args[i]).add_(t.tensor if isinstance(t, Typed) else t)
+
+
+def kept_launch(kernel, n: int, args: list, min_chunk: int = MIN_CHUNK, work: typing.Optional[int] = None) -> bool:
+    """:func:`launch` of a loaded CPU ``kernel`` through a :class:`Prepared` launch the calling
+    thread keeps (:func:`ranged`) for arguments of these kinds: each tensor's dtype, Warp dtype
+    and sizes past the first (every tensor contiguous, on the CPU), every other argument's
+    value (ints, floats and bools only), and the launch's chunks. A run points every array
+    argument at this call's tensor and sets its length and the launch's threads: the packed
+    arguments a conversion would give, without converting or packing (most of a small call's
+    cost); the kept launch holds no tensor. False, having run nothing, where it is not kept
+    (yet): other arguments, the kernel not loaded, or the key's first miss."""
+    if not PREPARED[0] or (kernel, "cpu") not in _loaded:
+        return False
+    arrays = _array_params(kernel, len(args))
+    if arrays is None:
+        return False
+    key, tensors = [kernel, min_chunk], []
+    for a, is_array in zip(args, arrays[2]):
+        kind = type(a)
+        if kind is torch.Tensor or kind is Typed:
+            t = a if kind is torch.Tensor else a.tensor
+            if not is_array or type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
+                return False
+            key.append(t.dtype)
+            key.append(t.shape[1:] if kind is torch.Tensor else (t.shape[1:], a.dtype))
+            tensors.append(t)
+        elif not is_array and kind in _SCALARS:
+            key.append(kind)
+            key.append(a)
+        else:
+            return False
+
+    def make():  # (strides as a contiguous tensor's, which later calls' tensors have where they matter)
+        return prepare(kernel, n, args, work, min_chunk) if all(t.stride() == _contiguous_strides(t.shape) for t in tensors) else None
+
+    launch = ranged(tuple(key), make, arrays[1], tuple(t.shape[0] if t.dim() else 0 for t in tensors), n, work, min_chunk)  # (a 0-d tensor's: 0, as packed)
+    if launch is None:
+        return False
+    launch.run_at(launch.fields(*arrays[0]), *tensors)
+    return True
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+_SCALARS = (int, float, bool)
+_params: dict = {}  # (kernel, argument count) -> :func:`_array_params`
+
+
+def _array_params(kernel, count: int):
+    """(names, groups, which) of the parameters of ``kernel`` after ``start``: the names of its
+    array parameters in order, each as a group of its own (:meth:`Prepared.lengths`), and
+    whether each parameter is an array; None where it has not ``count`` of them."""
+    found = _params.get((kernel, count), False)
+    if found is False:
+        params = kernel.adj.args[1:]
+        which = tuple(wp.types.is_array(a.type) for a in params)
+        labels = tuple(a.label for a, is_array in zip(params, which) if is_array)
+        found = _params[(kernel, count)] = (labels, tuple((label,) for label in labels), which) if len(params) == count else None
+    return found
 
 
 def _serial(kernel, n: int, values: list) -> None:

@@ -55,9 +55,15 @@ def launches(call) -> collections.Counter:
     counts = collections.Counter()
     saved = {name: getattr(_warp, name) for name in ("launch", "launch_chunks", "recorded")}
 
+    inside = []  # a launch running: its kept launch (``kept=True``) is that one launch
+
     def counted(kernel, *args, **kwargs):
         counts["warp:" + getattr(kernel, "key", repr(kernel))] += 1
-        return saved["launch"](kernel, *args, **kwargs)
+        inside.append(kernel)
+        try:
+            return saved["launch"](kernel, *args, **kwargs)
+        finally:
+            inside.pop()
 
     def counted_chunks(kernel, *args, **kwargs):
         counts["warp:" + getattr(kernel, "key", repr(kernel))] += 1
@@ -74,7 +80,8 @@ def launches(call) -> collections.Counter:
     prepared_run = _warp.Prepared.run_at
 
     def counted_prepared(self, *args):
-        counts["warp:" + self.kernel.key] += 1
+        if not inside or inside[-1] is not self.kernel:
+            counts["warp:" + self.kernel.key] += 1
         return prepared_run(self, *args)
 
     _warp.launch, _warp.launch_chunks, _warp.recorded = counted, counted_chunks, counted_recorded

@@ -350,7 +350,7 @@ def _mesh_capped(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, v
     args = [_tree.depth(ta.shape[0]), query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(),
             known.contiguous(), ta, tb, tc, group, lo, hi, glo, ghi, center, normal, _warp.Typed(moment, m33), radius, area,
             gap, far, rho2, scale.reshape(1), out]
-    _warp.launch(_capped_kernel(query.dtype), m, args, like=query, min_chunk=64)
+    _warp.launch(_capped_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     return out
 
 

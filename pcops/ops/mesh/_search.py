@@ -690,7 +690,7 @@ def _mesh_closest(
     chain = int(qa.device.type == "cpu" and CHAIN)
     args = [_tree.depth(ta.shape[0]), rows, qa, qb, qc, query_group, ta, tb, tc, group, order, lo, hi, glo, ghi,
             scale, max_d2, shape if shape is not None else torch.zeros(1, dtype=torch.float64, device=qa.device), chain, slot, found, rival]
-    _warp.launch(_closest_kernel(qa.dtype, faces_to_points, rivals), m, args, like=qa, min_chunk=64)
+    _warp.launch(_closest_kernel(qa.dtype, faces_to_points, rivals), m, args, like=qa, min_chunk=64, kept=True)
     return [found, rows, rival]
 
 
@@ -735,7 +735,7 @@ def _mesh_winding(
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
     args = [_tree.depth(ta.shape[0]), rows, query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius,
             reach, closed, shape, scale.reshape(1), known, head, out]
-    _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64)
+    _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     walked = torch.cummax(torch.where(head, torch.arange(m, device=query.device), 0), 0).values  # each query's last walked one
     return out.index_copy_(0, rows, out.index_select(0, rows.index_select(0, walked)))
 

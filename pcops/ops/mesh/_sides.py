@@ -515,7 +515,7 @@ def _mesh_sides(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, ve
         return out
     _warp.init()
     args = [simple, query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(), twin, parent, wout, out]
-    _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64)
+    _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     return out
 
 

@@ -246,7 +246,7 @@ def _mesh_measure(p: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, 
     dists, point, bary = p.new_empty(p.shape[0]), torch.empty_like(p), torch.empty_like(p)
     if p.shape[0]:
         _warp.init()
-        _warp.launch(_closest_kernel(p.dtype, True), p.shape[0], [p, vertices, faces, face, dists, point, bary], like=p)
+        _warp.launch(_closest_kernel(p.dtype, True), p.shape[0], [p, vertices, faces, face, dists, point, bary], like=p, kept=True)
     return dists, point, bary
 
 

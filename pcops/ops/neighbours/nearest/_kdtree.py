@@ -819,7 +819,7 @@ def _cpu_query_order(query: torch.Tensor, capacity: Optional[int] = None):
     scratch = [torch.empty(room, dtype=torch.int32)[:m], torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
     vec = _warp.vec3(query.dtype)
     spread = _morton.spread_table(bits, query.device)
-    args = [_warp.array(query, dtype=vec), spread, *scratch, rows, _warp.array(ordered, dtype=vec)]
+    args = [_warp.Typed(query, vec), spread, *scratch, rows, _warp.Typed(ordered, vec)]
     return (_build_kernels(query.dtype)[2], args), rows, ordered
 
 
@@ -829,7 +829,7 @@ def cpu_query_rows(query: torch.Tensor) -> torch.Tensor:
     same queries (the mesh searches')."""
     (kernel, args), rows, _ = _cpu_query_order(query.contiguous())
     if query.shape[0]:
-        _warp.launch(kernel, 1, args, like=query)
+        _warp.launch(kernel, 1, args, like=query, kept=True)
     return rows
 
 
