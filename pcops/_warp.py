@@ -747,8 +747,8 @@ def launch(kernel, n: int, args: list, like: torch.Tensor, scatter: tuple[int, .
 
 def kept_launch(kernel, n: int, args: list, min_chunk: int = MIN_CHUNK, work: typing.Optional[int] = None) -> bool:
     """:func:`launch` of a loaded CPU ``kernel`` through a :class:`Prepared` launch the calling
-    thread keeps (:func:`ranged`) for arguments of these kinds: each tensor's dtype, Warp dtype
-    and sizes past the first (every tensor contiguous, on the CPU), every other argument's
+    thread keeps (:func:`ranged`) for arguments of these kinds: each tensor's dtype, Warp dtype,
+    dimensions and sizes past the first (every tensor contiguous, on the CPU), every other argument's
     value (ints, floats and bools only), and the launch's chunks. A run points every array
     argument at this call's tensor and sets its length and the launch's threads: the packed
     arguments a conversion would give, without converting or packing (most of a small call's
@@ -767,6 +767,7 @@ def kept_launch(kernel, n: int, args: list, min_chunk: int = MIN_CHUNK, work: ty
             if not is_array or type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
                 return False
             key.append(t.dtype)
+            key.append(t.dim())  # (a 0-d tensor's array has no strides: a 1-d one's would be read with them)
             key.append(t.shape[1:] if kind is torch.Tensor else (t.shape[1:], a.dtype))
             tensors.append(t)
         elif not is_array and kind in _SCALARS:

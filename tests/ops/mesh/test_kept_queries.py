@@ -115,3 +115,19 @@ def test_a_kept_launch_points_its_arrays_and_takes_only_what_it_can_point(gen, m
     assert ref() is None  # (no tensor of a call held by the kept launch)
     assert not _warp.kept_launch(_axpy, 4, [1.0, _warp.array(torch.zeros(4, 3), dtype=wp.vec3), torch.zeros(4, 3), torch.ones(()),
                                             torch.zeros(4, 3)], 4)  # (a converted array: not pointed, launched as usual)
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def _copy(start: int, x: wp.array(dtype=wp.float32), out: wp.array(dtype=wp.float32)):
+    i = wp.tid() + start
+    out[i] = x[i]
+
+
+def test_a_0d_tensor_and_a_1d_one_are_kept_apart(monkeypatch):
+    """A launch kept for a 0-d tensor (an array without strides) does not serve a 1-d tensor of
+    the same dtype, whose elements it would read all at the first."""
+    monkeypatch.setattr(_warp, "KEPT", _warp.Kept(_warp.KEEP_PREPARED, _warp.KEEP_BYTES))
+    for x in [torch.tensor(3.0)] * 3 + [torch.arange(5.0)] * 3:
+        out = torch.empty(x.numel())
+        _warp.launch(_copy, x.numel(), [x, out], like=x, work=0, kept=True)  # (one chunk whatever the size: one key)
+        assert torch.equal(out, x.reshape(-1))
