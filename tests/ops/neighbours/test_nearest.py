@@ -84,7 +84,6 @@ def test_lattice_clouds_rank_equal_distances_by_index_on_every_backend(backend, 
     the float64 reference in float64. (scipy's cKDTree measures in float64: its float32 points
     are ranked by their float32 distances; its distances are recomputed in torch, as IEEE's
     roots too: the same values.)"""
-    same_distances = torch.equal
     gen = torch.Generator().manual_seed(3)
     for step, n, m, k in ((3, 150, 120, 15), (5, 240, 180, 39), (10, 355, 187, 33), (5, 60, 60, 59)):
         p = ((torch.rand(n, 3, generator=gen, dtype=F64) * step).round() / step).to(dtype)
@@ -95,11 +94,11 @@ def test_lattice_clouds_rank_equal_distances_by_index_on_every_backend(backend, 
                 patch.setattr(_kdtree, "SCAN_PAIRS", scan)
                 want = pcops.knn(q, p, k, backend="warp")
             assert torch.equal(got.idx, want.idx)
-            same_distances(got.dists, want.dists)
+            assert torch.equal(got.dists, want.dists)
         if dtype == F64:
             ref_d, ref_idx = reference.knn(q, p, k)
             assert torch.equal(got.idx, ref_idx)
-            same_distances(got.dists, ref_d)
+            assert torch.equal(got.dists, ref_d)
 
 
 @pytest.mark.parametrize("backend", ["warp", "torch", "warp-scan", "scipy"])
