@@ -777,7 +777,7 @@ def kept_launch(kernel, n: int, args: list, min_chunk: int = MIN_CHUNK, work: ty
             return False
 
     def make():  # (strides as a contiguous tensor's, which later calls' tensors have where they matter)
-        return prepare(kernel, n, args, work, min_chunk) if all(t.stride() == _contiguous_strides(t.shape) for t in tensors) else None
+        return prepare(kernel, n, args, work, min_chunk) if all(t.stride() == contiguous_strides(t.shape) for t in tensors) else None
 
     launch = ranged(tuple(key), make, arrays[1], tuple(t.shape[0] if t.dim() else 0 for t in tensors), n, work, min_chunk)  # (a 0-d tensor's: 0, as packed)
     if launch is None:
@@ -786,11 +786,13 @@ def kept_launch(kernel, n: int, args: list, min_chunk: int = MIN_CHUNK, work: ty
     return True
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
+    """The strides (in elements) torch gives a contiguous tensor of ``shape`` (an empty
+    dimension counts as 1)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
-        step *= size
+        step *= max(int(size), 1)
     return tuple(reversed(strides))
 
 

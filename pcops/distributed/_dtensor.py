@@ -9,19 +9,13 @@ import functools
 
 import torch
 
+from .. import _warp
+
 
 def _types():
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     return DTensor, Replicate, Shard
-
-
-def _contiguous_stride(shape) -> tuple:
-    stride, out = 1, []
-    for size in reversed(shape):
-        out.append(stride)
-        stride *= max(int(size), 1)
-    return tuple(reversed(out))
 
 
 class _Local(torch.autograd.Function):
@@ -82,7 +76,7 @@ def accepts_dtensors(per_query: bool):
                     return t
                 if per_query:
                     shape = (rows, *t.shape[1:])
-                    return DTensor.from_local(t, mesh, [Shard(0)], run_check=False, shape=shape, stride=_contiguous_stride(shape))
+                    return DTensor.from_local(t, mesh, [Shard(0)], run_check=False, shape=shape, stride=_warp.contiguous_strides(shape))
                 return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
 
             return type(out)(*map(back, out)) if isinstance(out, tuple) else back(out)
