@@ -152,6 +152,41 @@ def test_the_split_scan_equals_one_scan_on_batches_and_non_finite_points(gen, mo
     assert bool((found[0].idx == -1).any()) and bool(torch.isinf(found[0].dists).any())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_the_scans_rows_on_vectors_equal_the_tree_and_the_reference(gen, monkeypatch, dtype):
+    """The CPU scan's rows on vectors (:mod:`pcops.ops.neighbours.nearest._scan_rows`: a pass
+    of distances and each lane's smallest, a bound from them, then the insertions): ranges
+    that end inside a vector (every remainder of 8 and 4 lanes) and past one or several tiles
+    of 256 points, k from 1 to past what the lanes' bound covers (64 float32 or 32 float64
+    distances), k above the points (inf / -1 padding), lattice ties and duplicates, NaN and
+    infinite points, squares that overflow and squares below the smallest normal number: the
+    tree's neighbours and distances, and, finite in float64, the reference's."""
+    from pcops.ops.neighbours.nearest import _scan_rows
+
+    cases = [(n, 5) for n in range(1, 18)] + [(255, 9), (256, 7), (257, 3), (511, 5), (700, 4)]
+    for (n, m), k in itertools.product(cases, (1, 3, 8, 9, 16, 33, 65)):
+        for kind in ("uniform", "lattice", "duplicates", "non-finite", "overflow", "tiny"):
+            p = torch.rand(n, 3, generator=gen, dtype=F64)
+            q = torch.rand(m, 3, generator=gen, dtype=F64)
+            if kind == "lattice":
+                p, q = (p * 3).round() / 3, (q * 3).round() / 3
+            elif kind == "duplicates":
+                p[1::2] = p[::2][: n // 2]
+            elif kind == "overflow":  # (squares of the far half overflow: never neighbours of the near half)
+                p[::2] += 1e20 if dtype == torch.float32 else 1e155
+            elif kind == "tiny":  # (squares in the subnormal range and zero: ties)
+                p, q = p * 1e-22, q * 1e-22
+            p, q = p.to(dtype), q.to(dtype)
+            if kind == "non-finite":
+                p[::5, 1], p[2::7, 0], q[0, 2] = float("nan"), float("inf"), float("nan")
+            scan, tree = both_paths(monkeypatch, lambda: _kdtree.find(q, p, k))  # (the search itself: k may pass n)
+            assert_identical(scan, tree)
+            if dtype == F64 and kind in ("uniform", "lattice", "duplicates") and k <= n:
+                ref_d, ref_idx = reference.knn(q, p, k)
+                assert torch.equal(scan[1], ref_idx) and torch.equal(scan[0], ref_d)
+    assert _scan_rows.TILE == 256 and _scan_rows.LEVELS * 8 == 64  # (the sizes above straddle them)
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_non_finite_points_are_identical_across_the_switch(gen, monkeypatch, value):
     q, p = torch.rand(20, 3, generator=gen), torch.rand(30, 3, generator=gen)
@@ -330,7 +365,7 @@ def test_warp_array_descriptors_equal_warps_own_conversion():
         assert bytes(_warp.span(flat, at, count, width)) == bytes(wp.from_torch(view, dtype=dtype, requires_grad=False, return_ctype=True))
 
 
-@pytest.mark.parametrize("k", [1, 11, 12, 16, 32])
+@pytest.mark.parametrize("k", [1, 11, 12, 16, 17, 32])
 def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     """At the largest every-pair size for k and one query more, each search takes its path, and
     (on a lattice: ties everywhere) both give the other path's neighbours and distances."""
@@ -338,7 +373,7 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     n = 64
     lattice = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(n, 3)
     limit = _kdtree.scan_pairs(pairs // n, n, k, False)  # (a prepared small tree's, for these sizes)
-    assert limit == (pairs >> 3) // max(1, k >> 1)
+    assert limit == (pairs if k <= 16 else (pairs >> 3) // max(1, k >> 1))  # (the scan's rows on vectors up to k = 16)
     for m in (limit // n, limit // n + 1):
         query = lattice[torch.arange(m) % n] + 0.5
         launches = []
@@ -1659,7 +1694,7 @@ def test_one_kept_tree_serves_a_range_of_sizes(gen, monkeypatch, dtype, threads)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        k = 8
+        k = 17  # (a tree: the scan takes these sizes up to k = 16)
         sizes = [256, 129, 200, 255, 130, 256, 180, 231, 140]  # (trees of depth 4: 129-256 points)
         plans = {True: set(), False: set()}
         for turn, n in enumerate(sizes):

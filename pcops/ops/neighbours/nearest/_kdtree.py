@@ -61,6 +61,7 @@ import torch
 import warp as wp
 
 from .... import _morton, _threads, _warp, _warp_funcs
+from . import _scan_rows
 from ._registry import backend
 
 # Points per leaf at most (more than LEAF / 2): with the stack walk, faster than 32 or 8
@@ -102,10 +103,11 @@ def _scans(m: int, n: int, k: int, cpu: bool = True, grouped: bool = False) -> b
 def scan_pairs(m: int, n: int, k: int, grouped: bool) -> int:
     """The most pairs a CPU search measures one by one: SCAN_PAIRS / (k^2 / 128) against a tree
     built and searched per call; against a prepared small tree (ungrouped, :func:`_small_tree`),
-    which starts faster, SCAN_PAIRS / 8 / (k / 2) (the crossovers measured in docs/benchmarks.md,
-    design choices: between an AMD EPYC's and an Intel Xeon's)."""
+    which starts faster, SCAN_PAIRS for k up to 16 (the scan's rows on vectors,
+    :mod:`._scan_rows`) and SCAN_PAIRS / 8 / (k / 2) above (the crossovers measured in
+    docs/benchmarks.md, design choices)."""
     if not grouped and not _GPU_BUILD and _warp.PREPARED[0] and _small_tree(m, n):
-        return (SCAN_PAIRS >> 3) // max(1, k >> 1)
+        return SCAN_PAIRS if k <= 16 else (SCAN_PAIRS >> 3) // max(1, k >> 1)
     return SCAN_PAIRS // max(1, (k * k) >> 7)
 
 
@@ -345,10 +347,17 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
+    eps = torch.finfo(dtype).eps
+    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)  # (the insertion's band: :func:`pcops._warp_funcs.sorted_insert`)
+    native = _scan_rows.native_row(dtype)
 
     @wp.func(module="unique")
     def row(q: v, qg: wp.int32, points: wp.array(dtype=v), point_group: wp.array(dtype=wp.int32), first: int, last: int,
             dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), t: int):
+        if wp.static(not grouped):  # the CPU's row on vectors (-1 in CUDA code)
+            held = native(q, points, first, last, dists, idx, t, below, above, slack, s(wp.inf))
+            if held >= 0:
+                return held
         k = dists.shape[1]
         for c in range(k):
             dists[t, c] = s(wp.inf)
