@@ -46,6 +46,13 @@ import warp as wp
 from ._warp import kernels, scalar, vec3
 
 
+def root_band(dtype: torch.dtype) -> tuple:
+    """(below, above) in ``dtype``: a square a less than b * below, or more than b * above, has
+    a root less, or more, than b's; between them the roots decide (they may be equal)."""
+    s, eps = scalar(dtype), torch.finfo(dtype).eps
+    return s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)
+
+
 @kernels
 def sorted_insert(dtype: torch.dtype, squared: bool = False, columns: bool = False):
     """``insert(dists, idx, i, n, d, j) -> n``: put (d, j) into row i of (M, k) arrays that hold
@@ -62,8 +69,7 @@ def sorted_insert(dtype: torch.dtype, squared: bool = False, columns: bool = Fal
     square roots instead of one per insertion).
     """
     s = scalar(dtype)
-    eps = torch.finfo(dtype).eps
-    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)  # outside these, the roots differ too
+    below, above = root_band(dtype)
 
     @wp.func(module="unique")
     def before(a: s, ja: wp.int64, b: s, jb: wp.int64):

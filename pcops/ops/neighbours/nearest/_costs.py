@@ -75,8 +75,7 @@ def _kernels(dtype: torch.dtype):
     flag = _warp_funcs.flag_not_finite(dtype)
     finite_box = _warp_funcs.finite_bounds(dtype)
     widest = _warp_funcs.widest_axis(dtype)
-    eps = torch.finfo(dtype).eps
-    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)
+    below, above = _warp_funcs.root_band(dtype)
 
     @wp.func(module="unique")
     def cost(a: v, b: v):

@@ -347,8 +347,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
     slack = s((1.0 + 64.0 * torch.finfo(dtype).eps) ** 2)  # as the tree search's: ties still compared
-    eps = torch.finfo(dtype).eps
-    below, above = s(1.0 - 8.0 * eps), s(1.0 + 8.0 * eps)  # (the insertion's band: :func:`pcops._warp_funcs.sorted_insert`)
+    below, above = _warp_funcs.root_band(dtype)  # (the insertion's)
     native = _scan_rows.native_row(dtype)
 
     @wp.func(module="unique")
