@@ -2,8 +2,8 @@
 
 The scan (:func:`._kdtree.scan_row`) measures every point of a range from one query and keeps
 the k best in a sorted row. Measured one by one in Warp's scalar code, and inserted in the
-points' order, a point costs a few nanoseconds and a 256-point row about 35 insertions at k = 8
-(most of the time). Here the points go 32 bytes at a time (8 float32 or 4 float64 lanes, read as
+points' order, a row spends most of its time in insertions of points that a later one pushes
+out again. Here the points go 32 bytes at a time (8 float32 or 4 float64 lanes, read as
 they lie, x y z after x y z, and regrouped by coordinate with shuffles) in two passes over tiles
 of :data:`TILE` points:
 
@@ -13,7 +13,8 @@ of :data:`TILE` points:
    best are no farther, up to the root ties the tree's slack covers) bounds the row, and only
    the buffer's distances within the bound are inserted, with the tree search's insertion.
 
-Insertions fall to about 9 a query at k = 8 (16 at k = 16), and the result is the scalar row's:
+Few more than k points are inserted (the counts and times: docs/benchmarks.md, design
+choices), and the result is the scalar row's:
 the same k best pairs in the same total order (by root, ties by the smaller index), whatever
 order they were inserted in; NaN and infinite distances are never neighbours. In CUDA code
 (compiled, not run) the function returns -1 and the Warp row runs as before.
