@@ -227,13 +227,14 @@ def _any_is(t, items) -> bool:
     return False
 
 
-def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = None) -> bool:
+def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = None, dims: int = 2) -> bool:
     """Whether the clouds of an eager call are plain, for the ops that then call their kernels
     directly (``knn``, ``ball_query``, ``farthest_point_sample``, ``radius_aggregate``): each a
     (P, 3) CPU tensor, all of one dtype, float32 or float64, with nothing to differentiate and no
     mode, transform or tracer active (:func:`pcops._threads.plain_device`), and with ``validate``
     each one's sum finite (a cloud given twice is summed once); ``features`` too, if given, (R, F)
     of any F. Every layout check passes on such clouds, and nothing is to flatten or convert.
+    ``dims=3``: each cloud one padded sample (1, P, 3) instead (chamfer's call as PyTorch3D's).
     False sends the call through the layout layer, which decides."""
     if type(clouds[0]) is not torch.Tensor or not _threads.plain_eager():  # (not a tensor, traced: the layout layer's checks)
         return False
@@ -245,8 +246,8 @@ def plain_clouds(validate: bool, *clouds, features: Optional[torch.Tensor] = Non
     for t in clouds:  # (:func:`pcops._threads.plain_device`'s tests, inline: a float tensor is never conjugated)
         if t is last:  # (a cloud searched in itself: tested once)
             continue
-        if (type(t) is not torch.Tensor or t.dim() != 2 or t.shape[1] != 3 or t.dtype is not dtype or not t.is_cpu
-                or (grad and t.requires_grad) or t.is_neg()):
+        if (type(t) is not torch.Tensor or t.dim() != dims or t.shape[-1] != 3 or (dims != 2 and t.shape[0] != 1) or t.dtype is not dtype
+                or not t.is_cpu or (grad and t.requires_grad) or t.is_neg()):
             return False
         last = t
     if features is not None:

@@ -1288,6 +1288,43 @@ def test_chamfer_costs_launch_cut_into_chunks_equals_the_torch_formula(gen, monk
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_chamfer_costs_kept_plans_equal_the_pass_for_sizes_in_turn(gen, monkeypatch, dtype):
+    """A chamfer call's kept plan (the grids' or the pass's launch, its sizes, its index work
+    arrays) runs the same launch as a call that decides anew: sizes of one launch's range in
+    turn (each call sets its own sizes), one direction or both, one padded sample (1, P, 3) or
+    (P, 3), views at an offset, give the pass's costs bit for bit; NaN and inf still flagged
+    where checked; and once kept, no call decides anew."""
+    from pcops.ops.geometry import chamfer
+    from pcops.ops.neighbours.nearest import _costs
+
+    sizes = [(256, 250), (200, 256), (7, 9), (40, 33)]  # (the grids' range twice, the pass's twice)
+    clouds = {mn: [torch.rand(k + 1, 3, generator=gen, dtype=dtype)[1:] for k in mn] for mn in sizes}  # (views at an offset)
+    for turn in range(4):
+        for (m, n), (x, y) in clouds.items():
+            for both in (True, False):
+                for one in (False, True):
+                    got = _costs.costs(x[None] if one else x, y[None] if one else y, both, True)
+                    monkeypatch.setattr(_costs, "GRID_FROM", 1 << 40)
+                    want = _costs.pairs(x, y, both)[2:]
+                    monkeypatch.undo()
+                    assert torch.equal(got[0], want[0]) and (got[1] is None) == (not both)
+                    if both:
+                        assert torch.equal(got[1], want[1])
+                    if turn == 3:
+                        bad = y.clone()
+                        bad[n // 2, 1] = float("nan")
+                        assert _costs.costs(x, bad, both, True) is None
+                        assert torch.equal(_costs.costs(x, bad, both, False)[0], _costs.pairs(x, bad, both)[2])
+        if turn == 1:  # every plan kept by now: nothing decided anew from here
+            kept = [key for key in _warp.KEPT.keys() if key[0] == "chamfer_costs"]
+            assert len(kept) == 2 * len(sizes)  # (a plan a direction count of each size: the one-padded calls share it)
+            monkeypatch.setattr(_costs, "pairs", lambda *a, **k: pytest.fail("decided anew"))
+            for (x, y) in clouds.values():
+                chamfer.chamfer_distance(x[None], y[None])
+            monkeypatch.undo()
+
+
 def test_plain_chamfer_calls_and_others(gen, monkeypatch):
     """Which chamfer calls are plain (the layout layer never runs for them), and bad values still
     raise the general path's errors."""

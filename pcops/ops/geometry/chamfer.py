@@ -221,14 +221,14 @@ PLAIN = [True]
 KERNEL = [True]
 
 
-def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
+def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool, dims: int):
     """[cx, cy] (or [cx]) of :func:`_plain`'s call from :func:`pcops.ops.neighbours.nearest._costs.costs`, or None
     unless both clouds are non-empty and plain with nothing to differentiate
     (:func:`pcops.ops.neighbours.nearest.plain_warp`), their values finite where ``validate``
     asks (checked by the costs' launch: a NaN or inf gives None, and the general path names it)
     and the search is Warp's: the values of the torch formula on the plain kNN search's
-    indices."""
-    if not KERNEL[0] or not plain_warp(x, y, 1, backend, False) or x.shape[0] == 0:  # (y: 1 <= N)
+    indices. ``dims``: the clouds' dimensions (3: one padded sample each, (1, P, 3))."""
+    if not KERNEL[0] or not plain_warp(x, y, 1, backend, False, dims) or x.shape[-2] == 0:  # (y: 1 <= N)
         return None
     found = nearest_costs(x, y, not single_directional, validate)
     if found is None:
@@ -236,7 +236,7 @@ def _kernel_costs(x, y, single_directional: bool, backend: str, validate: bool):
     return [found[0]] if single_directional else list(found)
 
 
-def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool):
+def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, backend: str, validate: bool, dims: int = 2):
     """:func:`chamfer_distance` (norm 2, no batch keywords) of two plain clouds, or None for any
     other call: each cloud non-empty, both plain but for gradients (the points detached, x's and
     y's values checked once), each point's nearest point of the other cloud from chamfer's pass
@@ -244,9 +244,12 @@ def _plain(x, y, single_directional: bool, point_reduction, batch_reduction, bac
     function called directly), the same points either way. The costs and reductions are the
     general path's operations on the same values (one cloud each), so the same loss and
     gradients. With nothing to differentiate, the costs come from one Warp launch
-    (:func:`_kernel_costs`: the same values)."""
-    costs = _kernel_costs(x, y, single_directional, backend, validate)
+    (:func:`_kernel_costs`: the same values). ``dims=3``: x and y are one padded sample each, (1,
+    P, 3), given as they are to that launch (their points alone elsewhere): per-point costs (P,)."""
+    costs = _kernel_costs(x, y, single_directional, backend, validate, dims)
     if costs is None:
+        if dims == 3:
+            x, y = x[0], y[0]
         nearest = plain_nearest(x, y, not single_directional, backend, validate)
         if nearest is None:
             found = plain_knn(x, y, 1, backend, validate, detach=True)
@@ -340,7 +343,7 @@ def chamfer_distance(
     _check_options(norm, single_directional, point_reduction, batch_reduction)
     if PLAIN[0] and norm == 2 and x_lengths is None and y_lengths is None and x_batch is None and y_batch is None and batch_size is None:
         if _one_padded(x) and _one_padded(y):  # (1, P, 3) without lengths (PyTorch3D's call): one cloud each
-            loss = _plain(x[0], y[0], single_directional, point_reduction, batch_reduction, backend, validate)
+            loss = _plain(x, y, single_directional, point_reduction, batch_reduction, backend, validate, 3)
             if loss is not None and point_reduction is None:  # per-point costs in the padded layout, (1, P)
                 return tuple(c[None] for c in loss) if isinstance(loss, tuple) else loss[None]
             if loss is not None:  # a per-sample loss (1,), or the batch's

@@ -248,14 +248,14 @@ def plain_find(query, ref, k):
     return _kdtree.find(query, ref, k)
 
 
-def plain_warp(query, ref, k, backend: str, validate: bool) -> bool:
+def plain_warp(query, ref, k, backend: str, validate: bool, dims: int = 2) -> bool:
     """Whether a search of ``k`` neighbours of ``query`` in ``ref`` is plain and Warp's: plain
-    clouds (:func:`pcops._layout.plain_clouds`, their sums finite where ``validate`` asks), ``k``
-    an int in 1..N and ``backend`` "auto" or "warp" meaning Warp (:func:`plain_knn`, and
-    chamfer's costs of plain clouds)."""
-    if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref):
+    clouds (:func:`pcops._layout.plain_clouds`, their sums finite where ``validate`` asks; of
+    ``dims`` dimensions), ``k`` an int in 1..N and ``backend`` "auto" or "warp" meaning Warp
+    (:func:`plain_knn`, and chamfer's costs of plain clouds)."""
+    if backend not in ("auto", "warp") or type(k) is not int or not _layout.plain_clouds(validate, query, ref, dims=dims):
         return False
-    return 1 <= k <= ref.shape[0] and _cpu_warp(backend)
+    return 1 <= k <= ref.shape[-2] and _cpu_warp(backend)
 
 
 def _cpu_warp(backend: str) -> bool:

@@ -522,13 +522,15 @@ def _native_block(dtype: torch.dtype):
     return block
 
 
-def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int], lengths: tuple) -> tuple:
+def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int], lengths: tuple, kept=None) -> tuple:
     """``kernel`` over ``threads`` threads: the calling thread's prepared launch for ``key``,
     which serves every size it names (:func:`pcops._warp.ranged`; ``lengths``: (groups of array
     names, their lengths in this call)), with ``arrays`` (its named tensors) pointed at this
     call's, or, before the kernel has run once, a launch of the arguments ``make_args()``
     returns (args, keep: the arrays the prepared launch keeps, room for every size of ``key``);
-    returns the kept arrays (of the prepared launch, or of this launch)."""
+    returns the kept arrays (of the prepared launch, or of this launch). ``kept``: the key of
+    :func:`costs`' plan for these sizes (:class:`_Plan`), kept from this prepared launch on its
+    key's second sighting."""
 
     def prepare():
         args, keep = make_args()
@@ -542,19 +544,60 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int]
     if launch.keep:
         launch.keep[1][0] = 0  # (the scan's flag, reset)
     launch.run(**arrays)
+    if kept is not None and _warp.KEPT.admit(kept):
+        plan = _Plan(launch, *lengths, threads, arrays)
+        _warp.KEPT.put(kept, plan, plan.held())
     return launch.keep
 
 
-def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
+class _Plan:
+    """What a :func:`costs` call of the pass in one launch or of the grids decides for its sizes,
+    kept by the calling thread (:data:`pcops._warp.KEPT`, by :func:`_plan_key`): the prepared
+    launch (which serves a range of sizes: each run sets this plan's), its array fields, and the
+    nearest points' indices as work arrays (costs() returns the costs alone), so that a call
+    only points the launch at its clouds and new costs."""
+
+    __slots__ = ("launch", "groups", "sizes", "threads", "fields", "ix", "iy", "m", "n")
+
+    def __init__(self, launch, groups: tuple, sizes: tuple, threads: int, arrays: dict) -> None:
+        self.launch, self.groups, self.sizes, self.threads = launch, groups, sizes, threads
+        self.fields = launch.fields("x", "y", "ix", "cx", "iy", "cy")
+        self.ix, self.iy = torch.empty_like(arrays["ix"]), torch.empty_like(arrays["iy"])
+        self.m, self.n = arrays["cx"].shape[0], arrays["cy"].shape[0]
+
+    def held(self) -> int:
+        """The bytes it holds besides its launch (kept on its own): its index arrays."""
+        return 8 * (self.m + self.n)
+
+    def costs(self, x: torch.Tensor, y: torch.Tensor, check: bool):
+        """:func:`costs` of contiguous clouds of its sizes and dtype: (cx, cy or None), None where ``check`` finds a value NaN or inf."""
+        launch = self.launch
+        launch.size(self.groups, self.sizes, self.threads)
+        cx, cy = x.new_empty(self.m), x.new_empty(self.n)
+        flag = launch.keep[1]
+        flag[0] = 0
+        launch.run_at(self.fields, x, y, self.ix, cx, self.iy, cy)
+        if check and flag[0]:
+            return None
+        return cx, cy if self.n else None
+
+
+def _plan_key(m: int, n: int, dtype: torch.dtype, both: bool) -> tuple:
+    """The key of :func:`costs`' kept plan (:class:`_Plan`) for these sizes: with the thread count
+    and the crossovers it was decided under."""
+    return ("chamfer_costs", m, n, dtype, both, _threads.requested(), GRID_FROM, GRID_POINTS, BLOCKS, _warp.SERIAL_WORK)
+
+
+def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kept=None):
     """(ix (M,), iy (N,) or None, cx (M,), cy (N,) or None) from one pass over every pair of two
     plain CPU clouds (M, 3) and (N, 3) of one dtype (float32 or float64, M and N > 0), or from
     their grids from :data:`GRID_FROM` pairs: each point's nearest point of the other cloud as
     the kNN search finds it (int64, -1 where none) and its cost (the module docs); ``iy``,
     ``cy`` where ``both``. ``check``: None where a value is NaN or inf (both ways look at every
-    point)."""
+    point). ``kept``: the key of :func:`costs`' plan for these sizes (:func:`_run`)."""
     m, n = x.shape[0], y.shape[0]
     if m * n >= GRID_FROM:
-        return _grid_nearest(x, y, both, check)
+        return _grid_nearest(x, y, both, check, kept)
     work = m * n * (2 if both else 1)
     blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS, _threads.requested())  # (one block: the calling thread's launch, columns included)
     rows, columns, _, _ = _kernels(x.dtype)
@@ -573,7 +616,7 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
                  y_flat[: blocks * 3 * n]], (*flag, col_d, col_i, y_flat))
 
     keep = _run(rows, ("chamfer_rows", x.dtype, room, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work,
-                (_ROWS_GROUPS, (m, n, n if both else 0, columns_n, blocks * 3 * n)))
+                (_ROWS_GROUPS, (m, n, n if both else 0, columns_n, blocks * 3 * n)), kept if blocks == 1 else None)
     if check and keep[1][0]:
         return None
     if not both:
@@ -618,7 +661,7 @@ _GRID_GROUPS = (("y_order",), ("y_pts",), ("y_begin",), ("y_cursor",), ("y_ext",
                 ("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
-def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
+def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool, kept=None):
     """:func:`pairs` from the grids (the kernel ``grid_nearest``): a thread a direction."""
     m, n = x.shape[0], y.shape[0]
     kernel = _kernels(x.dtype)[3]
@@ -636,7 +679,7 @@ def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool):
 
     lengths = (*_grid_lengths(n), *_grid_lengths(m if both else 0), m, n, n if both else 0)
     keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None,
-                (_GRID_GROUPS, lengths))
+                (_GRID_GROUPS, lengths), kept)
     if check and keep[1][0]:
         return None
     return ix, iy if both else None, cx, cy if both else None
@@ -646,12 +689,18 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     """(cx (M,), cy (N,) or None) of two plain CPU clouds (M, 3) and (N, 3) of one dtype
     (float32 or float64, M and N > 0): see the module docs. ``check``: their values too (the
     pass and the grids look at every point; past them the sums are read first): None where
-    one is NaN or inf."""
+    one is NaN or inf. The clouds may be one padded sample each, (1, M, 3) and (1, N, 3)."""
     _warp.init()
-    m, n = x.shape[0], y.shape[0]
+    m, n = x.shape[-2], y.shape[-2]
     x, y = x.contiguous(), y.contiguous()
-    if by_pairs(m, n, both):
-        found = pairs(x, y, both, check)
+    key = _plan_key(m, n, x.dtype, both) if by_pairs(m, n, both) else None
+    plan = _warp.KEPT.get(key) if key is not None and _warp.PREPARED[0] else None
+    if plan is not None:  # (kept: nothing to decide; the points' memory is all it reads)
+        return plan.costs(x, y, check)
+    if x.dim() == 3:
+        x, y = x[0], y[0]
+    if key is not None:
+        found = pairs(x, y, both, check, key)
         return None if found is None else found[2:]
     found = _kdtree.find_both(x, y, 1) if both else None  # (small trees: their builds side by side, the values checked)
     if found is not None:
