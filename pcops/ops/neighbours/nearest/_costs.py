@@ -566,7 +566,8 @@ class _Plan:
         self.m, self.n = arrays["cx"].shape[0], arrays["cy"].shape[0]
 
     def held(self) -> int:
-        """The bytes it holds besides its launch (kept on its own): its index arrays."""
+        """The bytes it holds besides its launch (counted under the launch's own key, which may drop
+        it first: the plan then keeps it alive until the plan is dropped): its index arrays."""
         return 8 * (self.m + self.n)
 
     def costs(self, x: torch.Tensor, y: torch.Tensor, check: bool):
