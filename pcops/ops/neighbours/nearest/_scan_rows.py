@@ -17,7 +17,8 @@ Few more than k points are inserted (the counts and times: docs/benchmarks.md, d
 choices), and the result is the scalar row's:
 the same k best pairs in the same total order (by root, ties by the smaller index), whatever
 order they were inserted in; NaN and infinite distances are never neighbours. In CUDA code
-(compiled, not run) the function returns -1 and the Warp row runs as before.
+(compiled, not run), and for points not laid one after another (every caller's are: the search
+makes them contiguous), the function returns -1 and the Warp row runs as before.
 """
 
 import torch
@@ -32,6 +33,8 @@ _ROW_SNIPPET = r"""
 #if defined(__CUDA_ARCH__)
 return -1;
 #else
+if (points.strides[0] != 3 * (long long)sizeof(real))  // (points not one after another: the Warp row)
+    return -1;
 const int k = dists.shape[1];
 real* D = wp::address(dists, t, 0);
 wp::int64* I = wp::address(idx, t, 0);
@@ -184,7 +187,7 @@ def native_row(dtype: torch.dtype):
     row (:func:`._kdtree.scan_row`, ungrouped) of query q over ``points[first:last]`` into row t
     of ``dists`` / ``idx`` (squared distances, inf / -1 past the n it holds), on vectors (the
     module docs); ``below`` / ``above``: the band of squares compared by their roots, ``slack``
-    the tree's. -1 in CUDA code (the caller's Warp row then runs)."""
+    the tree's. -1 in CUDA code and for strided points (the caller's Warp row then runs)."""
     s = _warp.scalar(dtype)
     body = _ROW_SNIPPET.replace("REGROUP", _REGROUP[dtype]).replace("TILE", str(TILE)).replace("LEVELS", str(LEVELS))
 
