@@ -74,7 +74,7 @@ FACTORIES = [
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
                   "pcops.ops.mesh._search.walk_func", "pcops.ops.mesh._caps._check_func", "pcops.ops.mesh._caps._descent_func", "pcops.ops.sampling.fps._native_lower",
-                  "pcops.ops.neighbours.nearest._costs._native_block", "pcops.ops.neighbours.nearest._scan_rows.native_row", "pcops.ops.neighbours.nearest._kdtree._split_func", "pcops.ops.neighbours.nearest._kdtree.chain_func"} | {
+                  "pcops.ops.neighbours.nearest._costs._native_block", "pcops.ops.neighbours.nearest._scan_rows.native_row", "pcops.ops.neighbours.nearest._scan_rows.native_leaf", "pcops.ops.neighbours.nearest._kdtree._split_func", "pcops.ops.neighbours.nearest._kdtree.chain_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "_cells_struct", "by_coordinate", "cell_offset", "cells", "finite_bounds", "flag_not_finite", "heap_insert", "plane_normal", "sorted_insert", "widest_axis")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's and radius_graph's edge rows, knn_aggregate's weighted means) and

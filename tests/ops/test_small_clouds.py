@@ -152,6 +152,27 @@ def test_the_split_scan_equals_one_scan_on_batches_and_non_finite_points(gen, mo
     assert bool((found[0].idx == -1).any()) and bool(torch.isinf(found[0].dists).any())
 
 
+SEARCH_KINDS = ("uniform", "lattice", "duplicates", "non-finite", "overflow", "tiny")
+
+
+def _search_clouds(gen, n: int, m: int, kind: str, dtype):
+    """n points and m queries in the unit cube of one of :data:`SEARCH_KINDS`."""
+    p = torch.rand(n, 3, generator=gen, dtype=F64)
+    q = torch.rand(m, 3, generator=gen, dtype=F64)
+    if kind == "lattice":
+        p, q = (p * 3).round() / 3, (q * 3).round() / 3
+    elif kind == "duplicates":
+        p[1::2] = p[::2][: n // 2]
+    elif kind == "overflow":  # (squares of the far half overflow: never neighbours of the near half)
+        p[::2] += 1e20 if dtype == torch.float32 else 1e155
+    elif kind == "tiny":  # (squares in the subnormal range and zero: ties)
+        p, q = p * 1e-22, q * 1e-22
+    p, q = p.to(dtype), q.to(dtype)
+    if kind == "non-finite":
+        p[::5, 1], p[2::7, 0], q[0, 2] = float("nan"), float("inf"), float("nan")
+    return p, q
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 def test_the_scans_rows_on_vectors_equal_the_tree_and_the_reference(gen, monkeypatch, dtype):
     """The CPU scan's rows on vectors (:mod:`pcops.ops.neighbours.nearest._scan_rows`: a pass
@@ -165,26 +186,42 @@ def test_the_scans_rows_on_vectors_equal_the_tree_and_the_reference(gen, monkeyp
 
     cases = [(n, 5) for n in range(1, 18)] + [(255, 9), (256, 7), (257, 3), (511, 5), (700, 4)]
     for (n, m), k in itertools.product(cases, (1, 3, 8, 9, 16, 33, 65)):
-        for kind in ("uniform", "lattice", "duplicates", "non-finite", "overflow", "tiny"):
-            p = torch.rand(n, 3, generator=gen, dtype=F64)
-            q = torch.rand(m, 3, generator=gen, dtype=F64)
-            if kind == "lattice":
-                p, q = (p * 3).round() / 3, (q * 3).round() / 3
-            elif kind == "duplicates":
-                p[1::2] = p[::2][: n // 2]
-            elif kind == "overflow":  # (squares of the far half overflow: never neighbours of the near half)
-                p[::2] += 1e20 if dtype == torch.float32 else 1e155
-            elif kind == "tiny":  # (squares in the subnormal range and zero: ties)
-                p, q = p * 1e-22, q * 1e-22
-            p, q = p.to(dtype), q.to(dtype)
-            if kind == "non-finite":
-                p[::5, 1], p[2::7, 0], q[0, 2] = float("nan"), float("inf"), float("nan")
+        for kind in SEARCH_KINDS:
+            p, q = _search_clouds(gen, n, m, kind, dtype)
             scan, tree = both_paths(monkeypatch, lambda: _kdtree.find(q, p, k))  # (the search itself: k may pass n)
             assert_identical(scan, tree)
             if dtype == F64 and kind in ("uniform", "lattice", "duplicates") and k <= n:
                 ref_d, ref_idx = reference.knn(q, p, k)
                 assert torch.equal(scan[1], ref_idx) and torch.equal(scan[0], ref_d)
     assert _scan_rows.TILE == 256 and _scan_rows.LEVELS * 8 == 64  # (the sizes above straddle them)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_the_trees_leaves_on_vectors_equal_the_warp_loop_and_the_reference(gen, monkeypatch, dtype):
+    """The tree search's leaves on vectors (:func:`pcops.ops.neighbours.nearest._scan_rows.native_leaf`)
+    against its Warp loop (``_VECTOR_LEAVES`` off), every search through a tree: clouds of fewer
+    points than a vector (the loop runs), leaves that end inside a vector and straddle two
+    (every remainder of 8 and 4 lanes), k from 1 to past the points, self-queries (kept trees,
+    and knn_graph's edges written by the search), queries elsewhere, a batch of clouds (one
+    tree each), lattice ties, duplicates, NaN and infinite points, squares that overflow or lie
+    below the smallest normal number: the same neighbours and distances bit for bit, and,
+    finite in float64, the reference's."""
+    monkeypatch.setattr(_kdtree, "SCAN_PAIRS", 0)  # (every search through a tree)
+    cases = [(n, 7) for n in (1, 3, 7, 8, 9, 15, 16, 17, 23, 31, 33, 40)] + [(130, 61), (517, 300), (1500, 700)]
+    for (n, m), k in itertools.product(cases, (1, 3, 8, 16, 33)):
+        for kind in SEARCH_KINDS:
+            p, q = _search_clouds(gen, n, m, kind, dtype)
+            groups = torch.arange(n) * 3 // n, torch.arange(m) * 3 // m
+            runs = []
+            for vectors in (True, False):
+                monkeypatch.setattr(_kdtree, "_VECTOR_LEAVES", vectors)
+                runs.append((*_kdtree.find(q, p, k), *_kdtree.find(p, p, k), *pcops.knn(p, p, min(k, n), validate=False),
+                             *_kdtree.find(q, p, k, groups[1], groups[0]),
+                             *(pcops.knn_graph(p, min(k, n - 1), validate=False) if n > 1 and kind != "non-finite" else ())))
+            assert_identical(*runs)
+            if dtype == F64 and kind in ("uniform", "lattice", "duplicates") and k <= n:
+                ref_d, ref_idx = reference.knn(q, p, k)
+                assert torch.equal(runs[0][1], ref_idx) and torch.equal(runs[0][0], ref_d)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])

@@ -33,7 +33,9 @@ even hold a tie. The roots are taken once, at the end (not a root per
 insertion). On the CPU, where one thread runs a range of queries in order, a query starts from a
 bound instead of infinity: the k-th distance of the query before it plus the step between the
 two (its k neighbours are that near), widened for rounding and underflow (``_CHAIN``;
-most useful on grid queries and surfaces (docs/benchmarks.md, design choices)).
+most useful on grid queries and surfaces (docs/benchmarks.md, design choices)). There a leaf's
+points are measured on vectors in native code (``_VECTOR_LEAVES``, :func:`._scan_rows.native_leaf`;
+batches of one tree per sample too), those within the bound inserted as the Warp loop would.
 Memory is O(N + M).
 
 A query with a non-finite coordinate finds nothing (idx -1, dist inf); a NaN or inf reference
@@ -74,6 +76,8 @@ _CPU_BITS = 5  # at most, of the CPU's counting sort of ungrouped queries
 _STACK = 32  # entries of a query's stack: one per depth at most (depth < 32 up to 2^35 points)
 _PURE = 64  # added to a stack entry's depth: the node holds points of the query's group only
 _CHAIN = True  # CPU: each query's first bound from the previous query's (tests compare with False)
+# CPU: a leaf's points measured on vectors (:func:`._scan_rows.native_leaf`; tests compare with False)
+_VECTOR_LEAVES = True
 _SORT_QUERIES_ABOVE = 1 << 16  # reference points (per sample) above which grouped CPU queries go in Morton order
 # Grouped CPU searches over a forest, a tree per sample (:func:`_forest`), unless each sample is
 # a node of the batch's one tree; False: that tree always, split between samples where a node
@@ -171,7 +175,7 @@ def chain_func(dtype: torch.dtype):
 
 
 @_warp.kernels
-def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
+def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vectors: bool = True):
     """``search``: a thread per query (see the module docs). ``forest``: a batch of per-sample
     trees (:func:`_forest_kernel`): ``query_group`` holds each query's tree (-1: none), which
     holds points ``tree_first[t] .. tree_first[t + 1] - 1`` and nodes from ``tree_node[t]`` on,
@@ -192,6 +196,8 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
     # The previous query's k-th distance r and the step dq between the two queries bound this
     # query's k-th distance by r + dq (its k neighbours are that near), widened (:func:`chain_func`).
     chained = chain_func(dtype)
+    native_leaf = _scan_rows.native_leaf(dtype)
+    below, above = _warp_funcs.root_band(dtype)  # (the insertion's)
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_STACK, dtype=s)
 
@@ -293,6 +299,13 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False):
                     node = b + 1 - (1 << d)
                     j0, j1 = p0 + _warp_funcs.part(node, npts, leaf), p0 + _warp_funcs.part(node + 1, npts, leaf)
                     j = j0
+                    if wp.static(vectors and not grouped):  # the CPU's leaf on vectors (-1 in CUDA code)
+                        held = native_leaf(q, points, order, j0, j1, dists, idx, i, n, bound, below, above, slack, s(wp.inf))
+                        if held >= 0:
+                            j = j1
+                            n = held
+                            if n == k:
+                                bound = wp.min(bound, dists[i, k - 1] * slack)
                     while j < j1:
                         diff = q - points[j]
                         d2 = wp.dot(diff, diff)
@@ -1037,7 +1050,7 @@ class _SmallTree:
                   _warp.array(lo, dtype=vec), _warp.array(hi, dtype=vec), glo, ghi, axis, split, dummy, dummy, dummy, *_outputs(query, k), int(_CHAIN),
                   _no_edges(query.device)[1], 0, 0, self.flag[0]]
         self.launches = (_warp.prepare(load, 1, load_args, work=0), order_launch, builds,
-                         _warp.prepare(_search_kernel(query.dtype, False), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
+                         _warp.prepare(_search_kernel(query.dtype, False, False, _VECTOR_LEAVES), m, search, work=None, min_chunk=_warp.QUERY_CHUNK))
         if self.launches[0] is None or self.launches[3] is None:
             return None
         self.keep = (points, order, rows, ordered, lo, hi, glo, ghi, axis, split, order_args if order_launch else None)
@@ -1207,7 +1220,7 @@ class _Scan:
 def _plan_state() -> tuple:
     """What decides a search's path, chunks and launches besides its shapes: the caller's thread
     count and the module's switches (which tests change)."""
-    return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK, _CHAIN, _ROUNDS, _CPU_BITS)
+    return (_threads.requested(), SCAN_PAIRS, _CPU_SLICES, _GPU_BUILD, LEAF, _warp.SERIAL_WORK, _CHAIN, _ROUNDS, _CPU_BITS, _VECTOR_LEAVES)
 
 
 def _kept_plan(query, ref, k: int, slot: int = 0):
@@ -1440,7 +1453,7 @@ def _forest(query, ref, k: int, query_group, ref_group):
     dummy = _no_group(query.device)[1]
     args = [0, rows, ordered, tree, points_w, order, dummy, lo_w, hi_w, dummy, dummy, axis, split, first, node, depth, dists, idx,
             int(_CHAIN), _no_edges(query.device)[1], 0, 0, _warp.no_flag(query.device)[1]]
-    _warp.launch(_search_kernel(query.dtype, False, True), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
+    _warp.launch(_search_kernel(query.dtype, False, True, _VECTOR_LEAVES), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
 
@@ -1503,7 +1516,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     args = [depth, rows, vec(ordered), query_group.contiguous() if grouped else dummy, vec(points), order,
             point_group if grouped else dummy, vec(lo), vec(hi), glo, ghi, axis, split, dummy, dummy, dummy, dists, idx,
             int(_CHAIN and query.device.type == "cpu"), _no_edges(query.device)[1], 0, 0, _warp.no_flag(query.device)[1]]
-    _warp.launch(_search_kernel(query.dtype, grouped), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
+    _warp.launch(_search_kernel(query.dtype, grouped, False, _VECTOR_LEAVES), m, args, like=query, min_chunk=_warp.QUERY_CHUNK)
     return dists, idx
 
 

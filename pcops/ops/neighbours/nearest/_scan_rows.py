@@ -1,4 +1,5 @@
-"""The kNN scan's row on the CPU in native code on vectors (:func:`native_row`).
+"""The kNN scan's row (:func:`native_row`) and the tree search's leaf (:func:`native_leaf`) on
+the CPU in native code on vectors.
 
 The scan (:func:`._kdtree.scan_row`) measures every point of a range from one query and keeps
 the k best in a sorted row. Measured one by one in Warp's scalar code, and inserted in the
@@ -19,6 +20,11 @@ the same k best pairs in the same total order (by root, ties by the smaller inde
 order they were inserted in; NaN and infinite distances are never neighbours. In CUDA code
 (compiled, not run), and for points not laid one after another (every caller's are: the search
 makes them contiguous), the function returns -1 and the Warp row runs as before.
+
+A leaf of the tree search holds at most :data:`._kdtree.LEAF` points: they go a vector at a time
+(the last vector ending at the leaf's last point, its lanes before the vector's first dropped),
+and those within the search's bound are inserted in the points' order, the bound tightened as
+the Warp loop tightens it: the row after the leaf is the loop's, pair for pair.
 """
 
 import torch
@@ -45,35 +51,9 @@ for (int c = 0; c < k; ++c) {
 }
 if (!(wp::isfinite(q[0]) && wp::isfinite(q[1]) && wp::isfinite(q[2])))
     return 0;
-// (a, ja) before (b, jb): by root (squares outside a band around b decide), then index
-auto before = [&](real a, wp::int64 ja, real b, wp::int64 jb) -> bool {
-    if (a < b * below)
-        return true;
-    if (a > b * above)
-        return false;
-    a = wp::sqrt(a);
-    b = wp::sqrt(b);
-    return a < b || (a == b && ja < jb);
-};
 int n = 0;
 real bound = inf;
-auto insert = [&](real d, wp::int64 j) {
-    const int last = n < k - 1 ? n : k - 1;
-    if (n < k || before(d, j, D[last * ds], I[last * is])) {
-        int pos = last;
-        while (pos > 0 && !before(D[(pos - 1) * ds], I[(pos - 1) * is], d, j)) {
-            D[pos * ds] = D[(pos - 1) * ds];
-            I[pos * is] = I[(pos - 1) * is];
-            --pos;
-        }
-        D[pos * ds] = d;
-        I[pos * is] = j;
-        if (n < k)
-            ++n;
-        if (n == k && D[(k - 1) * ds] * slack < bound)
-            bound = D[(k - 1) * ds] * slack;
-    }
-};
+INSERT
 const real* P = (const real*)wp::address(points, 0);
 const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], far = (lanes){} + inf;
 mask bit;
@@ -102,13 +82,7 @@ auto passes = [&](auto* size) {
                     tail[e] = e < 3 * (count - v * L) ? src[e] : inf;
                 src = tail;
             }
-            lanes a, b, c, px, py, pz;
-            __builtin_memcpy(&a, src, sizeof a);
-            __builtin_memcpy(&b, src + L, sizeof b);
-            __builtin_memcpy(&c, src + 2 * L, sizeof c);
-            REGROUP
-            const lanes gx = qx - px, gy = qy - py, gz = qz - pz;
-            const lanes d = (gx * gx + gy * gy) + gz * gz;
+            DISTANCES  // d: the squared distances of the L points at src from q
             __builtin_memcpy(buf + v * L, &d, sizeof d);
             lanes x = d;  // each lane's smallest, in order (NaN and inf never enter)
             for (int c = 0; c < LV && tops; ++c) {
@@ -162,6 +136,89 @@ return n;
 #endif
 """
 
+# The row's insertion (the tree search's, :func:`pcops._warp_funcs.sorted_insert`) into row D / I
+# (strides ds / is) holding n pairs, tightening ``bound`` to the slack times a full row's last
+_INSERT = r"""
+// (a, ja) before (b, jb): by root (squares outside a band around b decide), then index
+auto before = [&](real a, wp::int64 ja, real b, wp::int64 jb) -> bool {
+    if (a < b * below)
+        return true;
+    if (a > b * above)
+        return false;
+    a = wp::sqrt(a);
+    b = wp::sqrt(b);
+    return a < b || (a == b && ja < jb);
+};
+auto insert = [&](real d, wp::int64 j) {
+    const int last = n < k - 1 ? n : k - 1;
+    if (n < k || before(d, j, D[last * ds], I[last * is])) {
+        int pos = last;
+        while (pos > 0 && !before(D[(pos - 1) * ds], I[(pos - 1) * is], d, j)) {
+            D[pos * ds] = D[(pos - 1) * ds];
+            I[pos * is] = I[(pos - 1) * is];
+            --pos;
+        }
+        D[pos * ds] = d;
+        I[pos * is] = j;
+        if (n < k)
+            ++n;
+        if (n == k && D[(k - 1) * ds] * slack < bound)
+            bound = D[(k - 1) * ds] * slack;
+    }
+};
+"""
+
+# A leaf of the tree search (:func:`._kdtree._search_kernel`): points first .. last - 1 (at most
+# a few vectors) measured on vectors, those within the bound inserted in the points' order with
+# their indices ``order[j]``, as the search's scalar loop inserts them: the same row after it.
+_LEAF_SNIPPET = r"""
+#if defined(__CUDA_ARCH__)
+return -1;
+#else
+if (points.strides[0] != 3 * (long long)sizeof(real) || order.strides[0] != (long long)sizeof(wp::int64) || points.shape[0] < L)
+    return -1;
+const int k = dists.shape[1];
+real* D = wp::address(dists, i, 0);
+wp::int64* I = wp::address(idx, i, 0);
+const long long ds = dists.strides[1] / (long long)sizeof(real), is = idx.strides[1] / (long long)sizeof(wp::int64);
+INSERT
+const real* P = (const real*)wp::address(points, 0);
+const wp::int64* O = (const wp::int64*)wp::address(order, 0);
+const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], far = (lanes){} + inf;
+mask bit;
+for (int l = 0; l < L; ++l)
+    bit[l] = 1 << l;
+for (int j = first; j < last; j += L) {
+    // the vector of L points from j, or the last L up to ``last`` (lanes before j dropped)
+    const int base = j + L <= last ? j : last >= L ? last - L : 0;
+    const real* src = P + 3 * (long long)base;
+    DISTANCES  // d: the squared distances of the L points at src from q
+    const mask m = (d <= (lanes){} + bound) & (d < far);
+    unsigned bits = (unsigned)__builtin_reduce_or(m & bit) & (~0u << (j - base));
+    if (last - base < L)
+        bits &= (1u << (last - base)) - 1;
+    while (bits) {
+        const int l = __builtin_ctz(bits);
+        bits &= bits - 1;
+        if (d[l] <= bound)
+            insert(d[l], O[base + l]);
+    }
+}
+return n;
+#endif
+"""
+
+# the squared distances d of the L points at src (x y z after x y z) from q (qx, qy, qz)
+_DISTANCES = """
+lanes a, b, c, px, py, pz;
+__builtin_memcpy(&a, src, sizeof a);
+__builtin_memcpy(&b, src + L, sizeof b);
+__builtin_memcpy(&c, src + 2 * L, sizeof c);
+REGROUP
+const lanes gx = qx - px, gy = qy - py, gz = qz - pz;
+const lanes d = (gx * gx + gy * gy) + gz * gz;
+"""
+
 # points' coordinates from three vectors of x y z triples (8 float32 points, 4 float64)
 _REGROUP = {
     torch.float32: """
@@ -189,10 +246,30 @@ def native_row(dtype: torch.dtype):
     module docs); ``below`` / ``above``: the band of squares compared by their roots, ``slack``
     the tree's. -1 in CUDA code and for strided points (the caller's Warp row then runs)."""
     s = _warp.scalar(dtype)
-    body = _ROW_SNIPPET.replace("REGROUP", _REGROUP[dtype]).replace("TILE", str(TILE)).replace("LEVELS", str(LEVELS))
+    body = _ROW_SNIPPET.replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype]).replace("TILE", str(TILE)).replace("LEVELS", str(LEVELS))
 
     @_warp_funcs.lanes.func_native(body, dtype, "knn_scan_row")
     def row(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), first: int, last: int, dists: wp.array2d(dtype=s),
             idx: wp.array2d(dtype=wp.int64), t: int, below: s, above: s, slack: s, inf: s) -> int: ...
 
     return row
+
+
+@_warp.kernels
+def native_leaf(dtype: torch.dtype):
+    """``leaf(q, points, order, first, last, dists, idx, i, n, bound, below, above, slack, inf)
+    -> n``: the tree search's leaf (:func:`._kdtree._search_kernel`, ungrouped) of points
+    ``first .. last - 1`` into row i of ``dists`` / ``idx`` holding n pairs, bounded by
+    ``bound`` (squared): each point within the bound inserted with its index ``order[j]``, in
+    the points' order, the bound tightened by the slack times a full row's last, on vectors;
+    the new count. -1 in CUDA code, for strided points or indices and for fewer than a vector's
+    points in all (the caller's Warp loop then runs)."""
+    s = _warp.scalar(dtype)
+    body = _LEAF_SNIPPET.replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
+
+    @_warp_funcs.lanes.func_native(body, dtype, "knn_tree_leaf")
+    def leaf(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), order: wp.array(dtype=wp.int64), first: int, last: int,
+             dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, bound: s, below: s, above: s, slack: s,
+             inf: s) -> int: ...
+
+    return leaf
