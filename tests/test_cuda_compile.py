@@ -24,12 +24,12 @@ F32, F64 = torch.float32, torch.float64
 FACTORIES = [
     *[(f"knn search {d} grouped={g}", nearest._search_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
     *[(f"knn scan {d} grouped={g}", nearest._scan_kernel, (d, g)) for d in (F32, F64) for g in (False, True)],
-    *[(f"ball query dense {d}", ball_search.kernel, (d, (), False, True)) for d in (F32, F64)],
+    *[(f"ball query dense {d} runs={r}", ball_search.kernel, (d, (), False, True, r)) for d in (F32, F64) for r in (False, True)],
     *[(f"knn build {d}", nearest._build_kernels, (d,)) for d in (F32, F64)],
     *[(f"chamfer costs {d}", costs._kernels, (d,)) for d in (F32, F64)],
     *[(f"knn ordered build {d}", nearest._ordered_kernels, (d,)) for d in (F32, F64)],
     *[(f"farthest point sample {d}", sampling._kernels, (d, sampling.PLAIN_PAIRS)) for d in (F32, F64)],
-    *[(f"ball query {d}", ball_search.kernel, (d,)) for d in (F32, F64)],
+    *[(f"ball query {d} runs={r}", ball_search.kernel, (d, (), False, False, r)) for d in (F32, F64) for r in (False, True)],
     *[(f"ball queries {d}", ball_search.kernel, (d, ((0, 4), (4, 8), (12, 16)))) for d in (F32, F64)],  # three radii, static columns
     *[(f"ball tree {d} heap={h}", importlib.import_module("pcops.ops.neighbours._ball_tree").kernel, (d, h)) for d in (F32, F64) for h in (False, True)],
     *[(f"ball tree sample {d}", importlib.import_module("pcops.ops.neighbours._ball_tree")._tally_kernel, (d,)) for d in (F32, F64)],
@@ -74,7 +74,7 @@ FACTORIES = [
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
                   "pcops.ops.mesh._search.walk_func", "pcops.ops.mesh._caps._check_func", "pcops.ops.mesh._caps._descent_func", "pcops.ops.sampling.fps._native_lower",
-                  "pcops.ops.neighbours.nearest._costs._native_block", "pcops.ops.neighbours.nearest._scan_rows.native_row", "pcops.ops.neighbours.nearest._scan_rows.native_leaf", "pcops.ops.neighbours.nearest._kdtree._split_func", "pcops.ops.neighbours.nearest._kdtree.chain_func"} | {
+                  "pcops.ops.neighbours.nearest._costs._native_block", "pcops.ops.neighbours.nearest._scan_rows.native_row", "pcops.ops.neighbours.nearest._scan_rows.native_leaf", "pcops.ops.neighbours.nearest._scan_rows.native_ball", "pcops.ops.neighbours.nearest._kdtree._split_func", "pcops.ops.neighbours.nearest._kdtree.chain_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "_cells_struct", "by_coordinate", "cell_offset", "cells", "finite_bounds", "flag_not_finite", "heap_insert", "plane_normal", "sorted_insert", "widest_axis")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch); plain eager calls (knn_graph's and radius_graph's edge rows, knn_aggregate's weighted means) and

@@ -224,6 +224,36 @@ def test_the_trees_leaves_on_vectors_equal_the_warp_loop_and_the_reference(gen, 
                 assert torch.equal(runs[0][1], ref_idx) and torch.equal(runs[0][0], ref_d)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_the_ball_searchs_runs_on_vectors_equal_the_warp_loop_and_the_reference(gen, monkeypatch, dtype):
+    """The ball search's runs on vectors (one radius' sorted row:
+    :func:`pcops.ops.neighbours.nearest._scan_rows.native_ball`) against its Warp loop
+    (``VECTOR_RUNS`` off), through every pair and through cell lists: clouds of fewer points
+    than a vector (the loop runs), runs that end inside a vector, radii from none within to
+    all, K from 1 to a row that turns into a heap (the loop's), a radius too small for the
+    runs' margin, radii at which points lie (their squares may round past the radius'), the
+    adversarial clouds: the same rows, counts and distances bit for bit, and the counts of
+    the kernels' own distances."""
+    cases = [(n, 7) for n in (1, 3, 7, 8, 9, 15, 17, 31, 40)] + [(130, 61), (517, 300)]
+    for (n, m), kind in itertools.product(cases, SEARCH_KINDS):
+        p, q = _search_clouds(gen, n, m, kind, dtype)
+        scale = 1e-22 if kind == "tiny" else 1.0
+        with np.errstate(all="ignore"):  # (the kernels' distances, each operation rounded: NumPy's; torch's float32 roots may be 1 ulp off)
+            e = q.numpy()[:, None] - p.numpy()[None]
+            d = torch.from_numpy(np.sqrt((e[..., 0] * e[..., 0] + e[..., 1] * e[..., 1]) + e[..., 2] * e[..., 2]))
+        on = [float(x) for x in d[0, :6] if 0 < x < float("inf")]  # (radii at which a point lies: its square may exceed r r)
+        for r, K in itertools.product((0.05 * scale, 0.3 * scale, 2.0 * scale, 1e-30, *on), (1, 5, 32, 64)):
+            runs = []
+            for vectors, pairs in itertools.product((True, False), (0, 1 << 40)):
+                monkeypatch.setattr(ball_search, "VECTOR_RUNS", vectors)
+                monkeypatch.setattr(ball_search, "SCAN_PAIRS", pairs)
+                found = pcops.ball_query(q, p, r, K, validate=False)
+                runs.append((found.idx, found.counts, found.dists))
+            for run in runs[1:]:
+                assert_identical(run, runs[0])
+            assert torch.equal(runs[0][1], (d <= r).sum(1))
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_non_finite_points_are_identical_across_the_switch(gen, monkeypatch, value):
     q, p = torch.rand(20, 3, generator=gen), torch.rand(30, 3, generator=gen)

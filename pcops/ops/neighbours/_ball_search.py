@@ -21,7 +21,7 @@ import warp as wp
 
 from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from . import _ball_tree, _cells
-from .nearest import _distances
+from .nearest import _distances, _scan_rows
 
 
 class BallQuery(NamedTuple):
@@ -33,7 +33,7 @@ class BallQuery(NamedTuple):
 
 
 @_warp.kernels
-def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dense: bool = False):
+def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dense: bool = False, runs: bool = False):
     """(kernel, Radii, Ints): one thread per query (in cell order) scans the cells that meet
     [q - r, q + r] for the largest of G radii r_0 <= ... <= r_{G-1} (the cell list's), and for
     each radius g keeps the K_g best (distance, original index) pairs of the points within r_g
@@ -43,7 +43,9 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     ``columns``: the (first, K) columns of each radius, compile-time constants (offsets passed
     at run time make the insertion slower on the CPU, in register pressure); () for one
     radius in all the columns of ``dists`` and ``idx`` (which may be a view of some columns of
-    a wider buffer). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
+    a wider buffer). ``runs`` (one radius, ``columns`` (), not ``by_index``, a sorted row): on
+    the CPU each run of points goes through :func:`.nearest._scan_rows.native_ball`, on vectors
+    (the same counts and rows). ``by_index`` (one radius, ``columns`` ()): a row keeps the K smallest
     indices within the radius, ascending, in ``idx`` alone (``dists`` is not read or written),
     and the test is the squared one, ``|q - p|^2 <= r^2`` (the "first K" of
     ``pcops::ball_query_by_index``): no square root per point and no distance column to
@@ -69,6 +71,8 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     width = Ints(*(c[1] for c in columns)) if columns else Ints()
     heaps = Ints(*(int(c[1] >= HEAP_FROM) for c in columns)) if columns else Ints()  # (each radius' row a heap or sorted)
     last = radii - 1
+    vectors = runs and not columns and not by_index
+    native = _scan_rows.native_ball(dtype)
 
     @wp.func(module="unique")
     def insert_index(idx: wp.array2d(dtype=wp.int64), i: int, n: int, j: wp.int64):
@@ -117,6 +121,13 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 first_j, last_j = run(cells, lo, hi, y, z)
+                if wp.static(vectors):  # one radius' sorted row: the CPU's run on vectors (-1 in CUDA code)
+                    if not heap:
+                        got = native(q, cells.points, cells.order, first_j, last_j, dists, idx, i, n[0], reach, s(wp.inf))
+                        if got >= 0:
+                            total[0] = total[0] + got
+                            n[0] = wp.min(n[0] + got, k)
+                            last_j = first_j
                 for j in range(first_j, last_j):
                     if wp.static(by_index):  # squared, against reach^2; idx alone
                         e = q - cells.points[j]
@@ -162,6 +173,9 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     return search, Radii, Ints
 
 
+# CPU: one radius' runs of points measured on vectors (:func:`.nearest._scan_rows.native_ball`;
+# tests compare with False)
+VECTOR_RUNS = True
 # A row of this many columns or more (a radius' K) appends its pairs while not full, then keeps
 # them in a max-heap, and sorts them at the end, instead of a sorted row: a ball holding many more
 # points than K costs log K moves a point instead of up to K, a ball of fewer points the same
@@ -175,8 +189,9 @@ HEAP_FROM = 64
 GROUP_RATIO = 2.0
 # One cloud on the CPU with at most this many (query, reference point) pairs: every pair is
 # measured (``dense`` kernels), all radii in one scan, instead of building cell lists: the same
-# result in one launch (docs/ops/ball_query.md).
-SCAN_PAIRS = 1 << 18
+# result in one launch (docs/ops/ball_query.md; the crossover, with one radius' runs on vectors:
+# docs/benchmarks.md, design choices).
+SCAN_PAIRS = 1 << 19
 # The cost of a pair in CUDA's every-pair scan (one thread per query) against the cell list's
 # few launches: the scan is taken up to 2^27 pairs, about 11,600^2 (the cell list won from
 # 16,384^2 on an H200, the scan up to 8,192^2: docs/benchmarks.md, GPU).
@@ -207,7 +222,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         # the calling thread's packed launch of clouds up to a capacity, any radii in this order: its rows come whole
         capacity = _warp.capacity(max(m, n))  # (one launch serves every size up to it, cut into as many chunks)
         order = (0,) if len(radii) == 1 else tuple(sorted(range(len(radii)), key=lambda g: radii[g]))  # (the radii's order sets the columns: in the key; their values are put)
-        launch = _warp.ranged(("ball", query.dtype, capacity, order, tuple(max_neighbors), by_index),
+        launch = _warp.ranged(("ball", query.dtype, capacity, order, tuple(max_neighbors), by_index, VECTOR_RUNS),
                               lambda: _dense(query, ref, radii, max_neighbors, by_index, capacity), _DENSE_GROUPS, (m, n), m, pairs,
                               values=(("radius", (float(radii[0]),) if len(radii) == 1 else tuple(float(radii[g]) for g in order)),))
         if launch is not None:
@@ -239,7 +254,7 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         grouped = [left for left in ([g for g in group if g not in crowd] for group in grouped) if left]
     for group in grouped:
         columns, rows = _columns(group, first, max_neighbors, dists, idx)
-        search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, dense)
+        search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, dense, VECTOR_RUNS)
         if dense:  # small: every pair, no cell list
             scan = _cells.every_point(query, ref)
         else:
@@ -275,7 +290,7 @@ def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, capacit
     idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
     dists = query.new_empty((m, 0 if by_index else width))
     columns, rows = _columns(group, first, max_neighbors, dists, idx)
-    search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True)
+    search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True, VECTOR_RUNS)
     scan = _cells.every_point(query, ref, capacity)
     flag = _warp.values_flag()
     return _warp.prepare(search_kernel, query.shape[0], [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, flag[0]],

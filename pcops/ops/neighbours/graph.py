@@ -304,6 +304,10 @@ _ENDS_GROUPS = (("idx", "ends"), (("edges", 1),), (("edges", 0, "strides"),))  #
 _NO_ENDS = torch.empty(0, dtype=torch.int64)  # _rows_kernel's rows from i k (complete rows)
 
 
+# An uncapped plain radius_graph of at most this many pairs searches with K = N - 1 (rows whole)
+UNCAPPED_PAIRS = 1 << 18
+
+
 def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges) -> Optional[torch.Tensor]:
     """edge_index of a plain eager CPU :func:`radius_graph` call, or None for any other call.
 
@@ -317,9 +321,9 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     K) with ``loop``), the same edges in the same order. The kernel checks each row against that
     count: a row without its own point (the cell list's rows once, at radii hundreds of orders
     of magnitude above the cloud's extent) gives None: the general path. Without a cap: the
-    same with K = N - 1 (N) while the ball search scans every pair (its ``SCAN_PAIRS``; the
-    same edges as the general path's cell-list pass), the general path's cell-list pass above
-    (no custom op)."""
+    same with K = N - 1 (N) up to ``UNCAPPED_PAIRS`` pairs, where the ball search scans every
+    pair (the same edges as the general path's cell-list pass), the general path's cell-list
+    pass above (no custom op)."""
     if max_edges is not None or validate is not True or type(loop) is not bool:
         return None
     if type(radius) not in (int, float) or not 0 < radius <= _validate.FLOAT_MAX:
@@ -331,7 +335,7 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     n, own = points.shape[0], 0 if loop else 1
     cap = max_neighbors
     if cap is None:
-        if n * n > _ball_search.SCAN_PAIRS:
+        if n * n > UNCAPPED_PAIRS:
             return _all_within(points, float(radius), loop, None)
         cap = n - own  # every point's row holds the whole cloud: a ball search of every pair
     cap = max(1, min(cap, n - own))  # (no row holds more than the cloud)

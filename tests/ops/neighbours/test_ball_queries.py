@@ -220,7 +220,7 @@ def test_rows_of_many_columns_keep_the_closest_of_crowded_balls(gen, path, monke
 
     dense = path == "every_pair"
     monkeypatch.setattr(_ball_tree, "crowded", lambda *args: path == "kd_tree")
-    m, n = (60, 300) if dense else (300, 1200)
+    m, n = (60, 300) if dense else (300, 2000)
     assert (m * n <= _ball_search.SCAN_PAIRS) == dense
     k0 = _ball_search.HEAP_FROM
     caps = [4, k0 - 1, k0, k0 + 1, 2 * k0, 4 * k0]
@@ -428,11 +428,11 @@ def test_crowded_balls_of_strided_clouds(gen, monkeypatch):
     """Column-major and column-strided clouds (views that are not rows of three) take the
     kd-tree as contiguous ones do: the same results as the cell list's and as their contiguous
     copies', ball_query, ball_queries and radius_graph."""
-    from pcops.ops.neighbours import _ball_tree
+    from pcops.ops.neighbours import _ball_search, _ball_tree
 
-    q = torch.rand(3, 600, generator=gen).t()  # (column-major)
-    p = torch.rand(800, 6, generator=gen)[:, ::2]  # (every other column)
-    assert not q.is_contiguous() and not p.is_contiguous()
+    q = torch.rand(3, 800, generator=gen).t()  # (column-major)
+    p = torch.rand(1000, 6, generator=gen)[:, ::2]  # (every other column)
+    assert not q.is_contiguous() and not p.is_contiguous() and 800 * 1000 > _ball_search.SCAN_PAIRS  # (past the every-pair scan)
     calls = _tree_calls(monkeypatch)
     got = (_flat(pcops.ball_queries(q, p, [0.1, 0.5], [8, 64])) + tuple(pcops.ball_query(q, p, 0.5, 32))
            + tuple(pcops.radius_graph(q, 0.5, max_neighbors=40)))

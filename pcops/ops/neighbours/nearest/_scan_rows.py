@@ -1,5 +1,5 @@
-"""The kNN scan's row (:func:`native_row`) and the tree search's leaf (:func:`native_leaf`) on
-the CPU in native code on vectors.
+"""The kNN scan's row (:func:`native_row`), the tree search's leaf (:func:`native_leaf`) and a
+run of the ball search (:func:`native_ball`) on the CPU in native code on vectors.
 
 The scan (:func:`._kdtree.scan_row`) measures every point of a range from one query and keeps
 the k best in a sorted row. Measured one by one in Warp's scalar code, and inserted in the
@@ -273,3 +273,73 @@ def native_leaf(dtype: torch.dtype):
              inf: s) -> int: ...
 
     return leaf
+
+
+# A run of the ball search (:mod:`pcops.ops.neighbours._ball_search`, one radius, a sorted row):
+# points first .. last - 1 measured on vectors, each within the radius counted and inserted in
+# the points' order with its index ``order[j]`` (distances, not squares: the band is 1), as the
+# search's Warp loop inserts them. A square is let through to the root's test where it is at
+# most the radius' square widened past rounding; a radius whose square may fall below the
+# normal numbers takes the Warp loop.
+_BALL_SNIPPET = r"""
+#if defined(__CUDA_ARCH__)
+return -1;
+#else
+if (points.strides[0] != 3 * (long long)sizeof(real) || order.strides[0] != (long long)sizeof(wp::int64) || points.shape[0] < L
+    || !(reach >= least))
+    return -1;
+const int k = dists.shape[1];
+real* D = wp::address(dists, i, 0);
+wp::int64* I = wp::address(idx, i, 0);
+const long long ds = dists.strides[1] / (long long)sizeof(real), is = idx.strides[1] / (long long)sizeof(wp::int64);
+const real below = 1, above = 1, slack = 1;
+real bound = inf;  // (the insertion's: unused here)
+INSERT
+const real* P = (const real*)wp::address(points, 0);
+const wp::int64* O = (const wp::int64*)wp::address(order, 0);
+const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], wide = (lanes){} + (real)(reach * reach * widen);
+mask bit;
+for (int l = 0; l < L; ++l)
+    bit[l] = 1 << l;
+int total = 0;
+for (int j = first; j < last; j += L) {
+    const int base = j + L <= last ? j : last >= L ? last - L : 0;
+    const real* src = P + 3 * (long long)base;
+    DISTANCES  // d: the squared distances of the L points at src from q
+    unsigned bits = (unsigned)__builtin_reduce_or((d <= wide) & bit) & (~0u << (j - base));
+    if (last - base < L)
+        bits &= (1u << (last - base)) - 1;
+    while (bits) {
+        const int l = __builtin_ctz(bits);
+        bits &= bits - 1;
+        const real r = wp::sqrt(d[l]);
+        if (r <= reach) {
+            ++total;
+            insert(r, O[base + l]);
+        }
+    }
+}
+return total;
+#endif
+"""
+
+
+@_warp.kernels
+def native_ball(dtype: torch.dtype):
+    """``run(q, points, order, first, last, dists, idx, i, n, reach, inf) -> count``: a run of
+    the ball search (one radius ``reach``, row i of ``dists`` / ``idx`` sorted by distance,
+    holding n pairs): the points ``first .. last - 1`` within the radius counted and inserted
+    with their indices ``order[j]`` in the points' order, on vectors; the count (the row then
+    holds min(n + count, K)). -1 in CUDA code, for strided points or indices, fewer than a
+    vector's points in all, or a radius below the square root of the smallest normal number
+    times 2^13 (the caller's Warp loop then runs)."""
+    s = _warp.scalar(dtype)
+    eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+    body = (_BALL_SNIPPET.replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
+            .replace("least", repr(float(tiny**0.5 * 2.0**13))).replace("widen", repr(1.0 + 16.0 * eps)))
+
+    @_warp_funcs.lanes.func_native(body, dtype, "ball_run")
+    def run(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), order: wp.array(dtype=wp.int64), first: int, last: int,
+            dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, reach: s, inf: s) -> int: ...
+
+    return run
