@@ -185,28 +185,39 @@ INSERT
 const real* P = (const real*)wp::address(points, 0);
 const wp::int64* O = (const wp::int64*)wp::address(order, 0);
 const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], far = (lanes){} + inf;
+LANES
+return n;
+#endif
+"""
+
+# The leaf's and the ball run's loop over points first .. last - 1 (``P`` their coordinates) a
+# vector at a time: the vector of L points from j, or the last L up to ``last`` (its lanes before
+# j dropped); DISTANCES gives their squares d, and for each lane l, in order, whose square passes
+# the mask PASSES, the statements EACH run (the point's row: ``base + l``).
+_EACH_LANE = r"""
 mask bit;
 for (int l = 0; l < L; ++l)
     bit[l] = 1 << l;
 for (int j = first; j < last; j += L) {
-    // the vector of L points from j, or the last L up to ``last`` (lanes before j dropped)
     const int base = j + L <= last ? j : last >= L ? last - L : 0;
     const real* src = P + 3 * (long long)base;
     DISTANCES  // d: the squared distances of the L points at src from q
-    const mask m = (d <= (lanes){} + bound) & (d < far);
-    unsigned bits = (unsigned)__builtin_reduce_or(m & bit) & (~0u << (j - base));
+    unsigned bits = (unsigned)__builtin_reduce_or((PASSES) & bit) & (~0u << (j - base));
     if (last - base < L)
         bits &= (1u << (last - base)) - 1;
     while (bits) {
         const int l = __builtin_ctz(bits);
         bits &= bits - 1;
-        if (d[l] <= bound)
-            insert(d[l], O[base + l]);
+        EACH
     }
 }
-return n;
-#endif
 """
+
+
+def _each_lane(passes: str, each: str) -> str:
+    """:data:`_EACH_LANE` with its mask and statements."""
+    return _EACH_LANE.replace("PASSES", passes).replace("EACH", each)
+
 
 # the squared distances d of the L points at src (x y z after x y z) from q (qx, qy, qz)
 _DISTANCES = """
@@ -265,7 +276,9 @@ def native_leaf(dtype: torch.dtype):
     the new count. -1 in CUDA code, for strided points or indices and for fewer than a vector's
     points in all (the caller's Warp loop then runs)."""
     s = _warp.scalar(dtype)
-    body = _LEAF_SNIPPET.replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
+    lanes = _each_lane("(d <= (lanes){} + bound) & (d < far)", """if (d[l] <= bound)
+            insert(d[l], O[base + l]);""")
+    body = _LEAF_SNIPPET.replace("LANES", lanes).replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
 
     @_warp_funcs.lanes.func_native(body, dtype, "knn_tree_leaf")
     def leaf(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), order: wp.array(dtype=wp.int64), first: int, last: int,
@@ -298,27 +311,8 @@ INSERT
 const real* P = (const real*)wp::address(points, 0);
 const wp::int64* O = (const wp::int64*)wp::address(order, 0);
 const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], wide = (lanes){} + (real)(reach * reach * widen);
-mask bit;
-for (int l = 0; l < L; ++l)
-    bit[l] = 1 << l;
 int total = 0;
-for (int j = first; j < last; j += L) {
-    const int base = j + L <= last ? j : last >= L ? last - L : 0;
-    const real* src = P + 3 * (long long)base;
-    DISTANCES  // d: the squared distances of the L points at src from q
-    unsigned bits = (unsigned)__builtin_reduce_or((d <= wide) & bit) & (~0u << (j - base));
-    if (last - base < L)
-        bits &= (1u << (last - base)) - 1;
-    while (bits) {
-        const int l = __builtin_ctz(bits);
-        bits &= bits - 1;
-        const real r = wp::sqrt(d[l]);
-        if (r <= reach) {
-            ++total;
-            insert(r, O[base + l]);
-        }
-    }
-}
+LANES
 return total;
 #endif
 """
@@ -335,7 +329,12 @@ def native_ball(dtype: torch.dtype):
     times 2^13 (the caller's Warp loop then runs)."""
     s = _warp.scalar(dtype)
     eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
-    body = (_BALL_SNIPPET.replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
+    lanes = _each_lane("d <= wide", """const real r = wp::sqrt(d[l]);
+        if (r <= reach) {
+            ++total;
+            insert(r, O[base + l]);
+        }""")
+    body = (_BALL_SNIPPET.replace("LANES", lanes).replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
             .replace("least", repr(float(tiny**0.5 * 2.0**13))).replace("widen", repr(1.0 + 16.0 * eps)))
 
     @_warp_funcs.lanes.func_native(body, dtype, "ball_run")
