@@ -10,13 +10,24 @@ between a piece's faces and the space next to them. So a query whose closest poi
 lies inside such a face, or inside an edge of two of them, has the winding number of that
 side: the outer one of its piece, plus one when it lies behind the face's plane (behind the
 plane through the edge whose normal is the sum of the two faces' unit normals, for an edge:
-Baerentzen and Aanaes 2005), decided in float64 from the exact coordinates. Queries closest to
-a corner, to a face of poor shape (height under ``SOUND`` times its longest edge), to a knife
-edge (faces folded onto each other) or to a face that crosses, touches or folds onto another
-are walked as before (:mod:`._search`), as are all queries of a mesh that is not closed
-(but a kept one, closed first by caps: :mod:`._caps`). (On a
-simple mesh, whose faces meet only along their shared edges and corners, every face is in a
-piece: the connected pieces of the surface.)
+Baerentzen and Aanaes 2005), decided in float64 from the exact coordinates.
+
+Queries closest to a corner, to a face of poor shape (height under ``SOUND`` times its longest
+edge), to a knife edge (faces folded onto each other), tied with several faces, or closest to a
+face that crosses, touches or folds onto another are counted from a reference instead: the
+winding number is constant off the faces and changes by one across each (up going from a face's
+front to its back), so for any face f (the one the search found) it is the winding number just
+off f's centroid on the query's side (the piece's, or for a face in no piece one walk at its
+centroid with f left out, once per analysis) plus the signed count of the faces the segment
+from that centroid to the query crosses (f itself it never crosses: both ends lie on the
+query's side of f's plane). Each crossing is decided by float64 orientation determinants
+(``_orient``: the segment's ends against the face's plane, the segment's line against its
+edges); a determinant within ``ORIENT`` times its permanent of zero (the segment through an
+edge, a corner or along the plane, to rounding), a query on f's plane, or a centroid's walk not
+within 1/4 of an integer plus 1/2 (a face through the centroid) leaves the query walked
+(:mod:`._search`), as are all queries of a mesh that is not closed (but a kept one, closed
+first by caps: :mod:`._caps`). (On a simple mesh, whose faces meet only along their shared
+edges and corners, every face is in a piece: the connected pieces of the surface.)
 
 ``pcops::mesh_simple`` analyses a mesh (one mesh or a batch), once per kept ``MeshBVH`` in eager
 mode (:func:`analysis`):
@@ -37,14 +48,18 @@ mode (:func:`analysis`):
 * ``outside`` (a thread per piece): the winding number on its outer side, from one walk at the
   centroid of its best-shaped face with that face left out (an integer plus 1/2 there: the face
   itself adds -1/2 on its outer side); a value not within 1/4 of that (a walk's error) makes
-  every query walked.
+  every query walked. The same walk at the centroid of each face in no piece gives its own
+  reference (inf where not within 1/4), where such faces are at most a share of the mesh's or
+  a count (``CROSSED``; more, as in a soup of faces through each other: their queries walked,
+  cheaper than a walk per face).
 
 ``pcops::mesh_sides`` (``sides``, a thread per query) gives the winding number of its closest
-face's side, inf where it must be walked. The search's face may only tie with the truly nearest
-(float32 rounding, larger for thin faces' planes): the search reports the other face within
-that band, widened by the mesh's worst shape factor (:func:`._search.closest`), the two are
-compared in float64 (``feature``) and the nearer decides; a query with two or more others in
-the band is walked.
+face's side, else from the faces crossed (``crossed``: down the boxes of the mesh's hierarchy
+that meet the segment's box), inf where it must be walked. The search's face may only tie with
+the truly nearest (float32 rounding, larger for thin faces' planes): the search reports the
+other face within that band, widened by the mesh's worst shape factor
+(:func:`._search.closest`), the two are compared in float64 (``feature``) and the nearer
+decides; a query with two or more others in the band counts its crossings.
 
 GPUs walk every query (the pieces are found by one thread here), and so does a call with fewer
 queries than faces on a hierarchy built in the call (the analysis would cost more than their
@@ -63,8 +78,39 @@ from . import _caps, _search, _tree
 SOUND = 1e-4  # a face whose height is under this times its longest edge: its queries are walked
 MARGIN = 1e-9  # times the mesh's size (and lengths): what faces must be apart by to count as apart
 KNIFE = 1e-6  # two faces of an edge whose unit normals sum to less than this (folded): walked
+CROSSED = (0.25, 4096)  # faces in no piece at most this share of a mesh's, or this many: each walked once for its reference (more: their queries walked)
+PAD = 2.0**-20  # times the mesh's size: the segment's box widened by this against the tree's boxes
+ORIENT = 1e-14  # times the permanent of a float64 orientation determinant: a smaller one's sign is unclear
 _STACK = 64
 _V = wp.vec3d
+
+
+@wp.func(module="unique")
+def _centroid(a: _V, b: _V, c: _V):
+    """The centroid of a face in float64: the reference point of its crossings (one formula
+    for the walk that measures it and the queries that use it)."""
+    return (a + b + c) / wp.float64(3.0)
+
+
+@wp.func(module="unique")
+def _orient(p: _V, a: _V, b: _V, c: _V):
+    """The sign of det[a - p, b - p, c - p], which is -(p - a).((b - a) x (c - a)): 1 with p
+    behind the plane of abc (opposite its normal), -1 in front; 0 where the determinant is
+    within ``ORIENT`` times its permanent (rounding may decide it; Shewchuk's bound for
+    float64 is under 1e-15), or not finite."""
+    ax, ay, az = a[0] - p[0], a[1] - p[1], a[2] - p[2]
+    bx, by, bz = b[0] - p[0], b[1] - p[1], b[2] - p[2]
+    cx, cy, cz = c[0] - p[0], c[1] - p[1], c[2] - p[2]
+    det = ax * (by * cz - bz * cy) + bx * (cy * az - cz * ay) + cx * (ay * bz - az * by)
+    perm = (wp.abs(ax) * (wp.abs(by * cz) + wp.abs(bz * cy)) + wp.abs(bx) * (wp.abs(cy * az) + wp.abs(cz * ay))
+            + wp.abs(cx) * (wp.abs(ay * bz) + wp.abs(az * by)))
+    bound = wp.float64(ORIENT) * perm
+    out = int(0)
+    if det > bound:
+        out = 1
+    elif det < -bound:
+        out = -1
+    return out
 
 
 @_warp.kernels
@@ -331,23 +377,40 @@ def _analysis_kernels():
 
 @_warp.kernels
 def _outside_kernel():
-    """The pieces' walks, in float64 whatever the tree's dtype (its arrays widened: a float32
-    centroid may lie off its face's plane by more than ``MARGIN``, on the far side of a face
-    that close, and its walk's winding number be one off)."""
+    """The pieces' walks and the crossed faces' reference walks, in float64 whatever the
+    tree's dtype (its arrays widened: a float32 centroid may lie off its face's plane by more
+    than ``MARGIN``, on the far side of a face that close, and its walk's winding number be one
+    off)."""
     s, v, m = wp.float64, wp.vec3d, wp.mat33d
     walk = _search.walk_func(torch.float64)
     fine2 = s(_search.BETA * _search.BETA)
 
     @wp.kernel(enable_backward=False, module="unique")
     def outside(start: int, depth: int, ok: wp.array(dtype=wp.int32), bad: wp.array(dtype=wp.int32), rep: wp.array(dtype=wp.int64),
+                parent: wp.array(dtype=wp.int64), references: int, padding: wp.int64, vertices: wp.array(dtype=v), faces: wp.array2d(dtype=wp.int64),
                 row_of: wp.array(dtype=wp.int64), ta: wp.array(dtype=v), tb: wp.array(dtype=v), tc: wp.array(dtype=v),
                 group: wp.array(dtype=wp.int64), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
                 center: wp.array(dtype=v), normal: wp.array(dtype=v), moment: wp.array(dtype=m), radius: wp.array(dtype=s),
                 wout: wp.array(dtype=wp.float64)):
         """Root face f: the winding number on the outer side of its piece (``bad[0]`` = 1 if a
-        walk's value is not near an integer there)."""
+        walk's value is not near an integer there). A face that meets another (no piece): the
+        winding number just in front of its centroid (inf if its walk's value is not near an
+        integer plus 1/2: another face through or next to the centroid; with ``references`` 0
+        none: inf)."""
         f = wp.tid() + start
-        if ok[0] == 0 or bad[0] != 0 or rep[f] < wp.int64(0):
+        if ok[0] == 0 or bad[0] != 0:
+            return
+        if parent[f] < wp.int64(0):
+            wout[f] = wp.float64(wp.inf)
+            row = int(row_of[f])
+            if references == 0 or group[row] == padding:
+                return
+            c = _centroid(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
+            w = wp.float64(walk(c, group[row], fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, row)) - wp.float64(0.5)
+            k = wp.round(w)
+            wout[f] = wp.where(wp.abs(w - k) <= wp.float64(0.25), k, wp.float64(wp.inf))
+            return
+        if rep[f] < wp.int64(0):
             return
         row = int(row_of[int(rep[f])])
         c = (ta[row] + tb[row] + tc[row]) / s(3.0)
@@ -364,6 +427,8 @@ def _outside_kernel():
 def _sides_kernel(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     sound2, knife, zero = wp.float64(SOUND * SOUND), wp.float64(KNIFE - 1.0), wp.float64(0.0)
+    zero3 = _V(0.0, 0.0, 0.0)
+    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
 
     @wp.func(module="unique")
     def feature(q: _V, a: _V, b: _V, c: _V):
@@ -408,53 +473,131 @@ def _sides_kernel(dtype: torch.dtype):
             d2 = h * (h / nn)  # (h h / nn: size^6, which overflows)
         return kind, d2
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def sides(start: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v), face: wp.array(dtype=wp.int64),
-              rival: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
-              twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
-              out: wp.array(dtype=s)):
-        """Query i: the winding number on its side of its closest face or edge; inf: walk it. Of
-        the face found and the other face the search tied with it (within its rounding), the
-        nearer in float64; a query tied with more faces is walked."""
-        i = wp.tid() + start
-        out[i] = s(wp.inf)
-        f = int(face[i])
-        r = int(rival[i])
-        if ok[0] == 0 or f < 0 or r < -1:
-            return
-        p = query[i]
-        q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
+    @wp.func(module="unique")
+    def side(q: _V, f: int, r: int, vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64), twin: wp.array2d(dtype=wp.int64),
+             parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64)):
+        """(the winding number on q's side of its closest face or edge, inf where that does not
+        decide it; the nearer of the face found and its rival r)."""
+        inf = wp.float64(wp.inf)
         kind, d2 = feature(q, vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
         if r >= 0:
             kind_r, d2_r = feature(q, vertices[int(faces[r, 0])], vertices[int(faces[r, 1])], vertices[int(faces[r, 2])])
             if kind_r == 4:
-                return
+                return inf, f
             if d2_r < d2:
                 f = r
                 kind = kind_r
-        if kind > 2 or parent[f] < wp.int64(0):  # a corner, a face of poor shape, or one that meets another: walked
-            return
+        if r < -1 or kind > 2 or parent[f] < wp.int64(0):  # tied with several, a corner, a face of poor shape, or one that meets another
+            return inf, f
         a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
         n = wp.cross(b - a, c - a)
         side = wp.dot(q - a, n)
         if kind >= 0:
             g = int(twin[f, kind])
             if g < 0 or parent[g] < wp.int64(0):
-                return
+                return inf, f
             ga, gb, gc = vertices[int(faces[g, 0])], vertices[int(faces[g, 1])], vertices[int(faces[g, 2])]
             m = wp.cross(gb - ga, gc - ga)
             mm = wp.dot(m, m)
             glong = wp.max(wp.length_sq(gb - ga), wp.max(wp.length_sq(gc - gb), wp.length_sq(ga - gc)))
             if not (mm > sound2 * glong * glong):
-                return
+                return inf, f
             nf, ng = wp.normalize(n), m / wp.sqrt(mm)
             if wp.dot(nf, ng) < knife:
-                return
+                return inf, f
             side = wp.dot(q - vertices[int(faces[f, kind])], nf + ng)
         w = wout[int(parent[f])]
         if side < zero:
             w = w + wp.float64(1.0)
-        out[i] = s(w)
+        return w, f
+
+    @wp.func(module="unique")
+    def crossed(p: _V, c0: _V, f: int, g: wp.int64, depth: int, vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
+                order: wp.array(dtype=wp.int64), group: wp.array(dtype=wp.int64), lo: wp.array(dtype=v), hi: wp.array(dtype=v),
+                glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64), pad: wp.float64):
+        """(the faces of sample g but f crossed on the way from c0 to p, each +1 from its
+        front to its back and -1 the other way; 1 if a face's crossing is unclear: the segment
+        through or along its edges or plane, to rounding), down the boxes that meet the
+        segment's box."""
+        n = wp.int64(order.shape[0])
+        single = glo[0] == ghi[0] and glo[0] == g
+        wide = _V(pad, pad, pad)
+        slo, shi = wp.min(p, c0) - wide, wp.max(p, c0) + wide
+        count = int(0)
+        stack_node = _nodes()
+        stack_depth = _nodes()
+        top = int(1)
+        stack_node[0] = 0
+        stack_depth[0] = 0
+        while top > 0:
+            top = top - 1
+            node = stack_node[top]
+            d = stack_depth[top]
+            if not single and (g < glo[node] or g > ghi[node]):
+                continue
+            e = wp.max(wp.max(_V(lo[node]) - shi, slo - _V(hi[node])), zero3)
+            if wp.dot(e, e) > zero:
+                continue
+            if d < depth:
+                stack_node[top] = 2 * node + 1
+                stack_depth[top] = d + 1
+                stack_node[top + 1] = 2 * node + 2
+                stack_depth[top + 1] = d + 1
+                top = top + 2
+                continue
+            k = node + 1 - (1 << d)
+            for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
+                row = int(order[j])
+                if row == f or (not single and group[j] != g):
+                    continue
+                a, b, c = vertices[int(faces[row, 0])], vertices[int(faces[row, 1])], vertices[int(faces[row, 2])]
+                e = wp.max(wp.max(wp.min(a, wp.min(b, c)) - shi, slo - wp.max(a, wp.max(b, c))), zero3)
+                if wp.dot(e, e) > zero:
+                    continue
+                sp, sc = _orient(p, a, b, c), _orient(c0, a, b, c)
+                if sp != 0 and sp == sc:  # both ends on one side of its plane
+                    continue
+                e1, e2, e3 = _orient(p, c0, a, b), _orient(p, c0, b, c), _orient(p, c0, c, a)
+                if wp.max(e1, wp.max(e2, e3)) > 0 and wp.min(e1, wp.min(e2, e3)) < 0:  # the line passes beside it
+                    continue
+                if sp == 0 or sc == 0 or e1 == 0 or e2 == 0 or e3 == 0:
+                    return count, 1
+                count += sp
+        return count, 0
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sides(start: int, depth: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v), face: wp.array(dtype=wp.int64),
+              rival: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
+              twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
+              face_group: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64), group: wp.array(dtype=wp.int64),
+              lo: wp.array(dtype=v), hi: wp.array(dtype=v), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
+              scale: wp.array(dtype=s), out: wp.array(dtype=s)):
+        """Query i: the winding number on its side of its closest face or edge, else the
+        winding number just off its face's centroid on its side plus the faces crossed on the
+        way from there; inf: walk it. Of the face found and the other face the search tied
+        with it (within its rounding), the nearer in float64."""
+        i = wp.tid() + start
+        out[i] = s(wp.inf)
+        f = int(face[i])
+        if ok[0] == 0 or f < 0:
+            return
+        p = query[i]
+        q = _V(wp.float64(p[0]), wp.float64(p[1]), wp.float64(p[2]))
+        w, f = side(q, f, int(rival[i]), vertices, faces, twin, parent, wout)
+        if w < wp.float64(wp.inf):
+            out[i] = s(w)
+            return
+        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
+        behind = _orient(q, a, b, c)
+        ref = wout[f]
+        if parent[f] >= wp.int64(0):
+            ref = wout[int(parent[f])]
+        if behind == 0 or not (wp.abs(ref) < wp.float64(wp.inf)):
+            return
+        count, unclear = crossed(q, _centroid(a, b, c), f, face_group[f], depth, vertices, faces, order, group, lo, hi, glo, ghi,
+                                 wp.float64(PAD) * wp.float64(scale[0]))
+        if unclear == 0:
+            out[i] = s(ref + wp.float64(wp.max(behind, 0) + count))
 
     return sides
 
@@ -488,8 +631,9 @@ def _mesh_simple(
     _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, crossed, parent, best, rep, ok],
                  like=faces, work=0)
     row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
+    references = int(((parent < 0) & (face_group != padding)).sum()) <= max(CROSSED[0] * nf, CROSSED[1])  # (a host read, once per analysis)
     wide = [x.to(torch.float64).contiguous() for x in (ta, tb, tc, center, normal, moment, radius)]  # (float32 values: exact)
-    _warp.launch(_outside_kernel(), nf, [depth, ok, bad, rep, row_of, *wide[:3], group, glo, ghi, wide[3], wide[4],
+    _warp.launch(_outside_kernel(), nf, [depth, ok, bad, rep, parent, int(references), padding, v64, faces, row_of, *wide[:3], group, glo, ghi, wide[3], wide[4],
                                          _warp.Typed(wide[5], wp.mat33d), wide[6], wout], like=faces, min_chunk=64)
     return [ok * (1 - bad), parent, wout]
 
@@ -503,24 +647,29 @@ def _(vertices, faces, face_group, padded, padding, queries, closed, twin, order
 
 @_threads.custom_op("pcops::mesh_sides", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def _mesh_sides(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, twin: torch.Tensor,
-                simple: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor) -> torch.Tensor:
+                simple: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor, face_group: torch.Tensor, order: torch.Tensor,
+                group: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor,
+                scale: torch.Tensor) -> torch.Tensor:
     """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none) and rival
     (M,) the face the search tied with it (-1: none, -2: several; :func:`._search.closest`), the mesh
-    (vertices, faces), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and ``wout``
-    from :func:`_mesh_simple` -> (M,) the winding number of each query found from its closest
-    face's side, inf where it must be walked (every query of a mesh that is not closed)."""
+    (vertices, faces, face_group), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and
+    ``wout`` from :func:`_mesh_simple`, the mesh's tree (its order, sorted groups, boxes, sample
+    ranges and scale) -> (M,) the winding number of each query found from its closest face's side
+    or the faces crossed from its centroid, inf where it must be walked (every query of a mesh
+    that is not closed)."""
     m = query.shape[0]
     out = query.new_full((m,), float("inf"))
     if m == 0 or faces.shape[0] == 0 or query.device.type != "cpu":
         return out
     _warp.init()
-    args = [simple, query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(), twin, parent, wout, out]
+    args = [_tree.depth(faces.shape[0]), simple, query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(),
+            twin, parent, wout, face_group.contiguous(), order, group, lo, hi, glo, ghi, scale.reshape(1), out]
     _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     return out
 
 
 @_mesh_sides.register_fake
-def _(query, face, rival, vertices, faces, twin, simple, parent, wout):
+def _(query, face, rival, vertices, faces, twin, simple, parent, wout, face_group, order, group, lo, hi, glo, ghi, scale):
     return query.new_empty((query.shape[0],))
 
 
@@ -552,6 +701,7 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
         simple = _mesh_simple(vertices, faces, face_group, padding is not None, -1 if padding is None else padding,
                               max(faces.shape[0], 1) if kept else queries, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group,
                               t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
+        simple = [*simple, face_group, t.order, t.group, t.lo, t.hi, t.glo, t.ghi, t.scale]
     else:
         whole = capped.faces
         group = torch.zeros(whole.shape[0], dtype=torch.int64)
@@ -559,6 +709,7 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
         shut = _search.closed(searched, whole, group, None)
         simple = _mesh_simple(vertices, whole, group, False, -1, whole.shape[0], shut[0], shut[2], tc.order, tc.a, tc.b, tc.c, tc.group,
                               tc.lo, tc.hi, tc.glo, tc.ghi, tc.center, tc.normal, tc.moment, tc.radius, tc.scale)
+        simple = [*simple, group, tc.order, tc.group, tc.lo, tc.hi, tc.glo, tc.ghi, tc.scale]
         closed = [closed[0], closed[1], shut[2]]
     if cache:
         key = (id(t.a), one)

@@ -20,7 +20,8 @@ points and the vertices, to any order (eikonal losses take gradients of gradient
 with no gradient to keep (``torch.no_grad()``, or inputs that do not require grad) computes the
 closest point and weights with the same formula in one Warp kernel instead. The
 winding number is the hierarchical fast winding number (Barill et al. 2018), or on closed
-meshes, next to faces no other face crosses, the side of the closest face (:mod:`._sides`),
+meshes the side of the closest face where no other face crosses it, else the faces crossed
+from a face's centroid (:mod:`._sides`),
 and on an open mesh kept as a :class:`MeshBVH`, the side on the mesh closed by caps over its
 holes less the caps' own winding number (:mod:`._caps`); the sign agrees with the exact
 winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
