@@ -25,9 +25,12 @@ queries are walked), and well-shaped caps leave fewer of those and a narrower ba
   of M was found by the usual search (and its rival within the rounding band, :mod:`._sides`),
   so W is the side of that face's only if no cap face is as near as the mesh: within ``1 +
   WIDE`` times that distance (plus ``WIDE`` times the mesh's size), measured in float64, such
-  a face sends the query to its walk (queries closest to a hole's rim among them: a cap shares
-  the rim's edges). A query nearer than the widening to its face, whose neighbourhood's caps
-  lie beyond that band and whose bound there is under ``BOUND``, takes W at once. For the
+  a face makes the side of the mesh's face unreliable (queries closest to a hole's rim among
+  them: a cap shares the rim's edges): W is then counted from that face's centroid through the
+  faces of M + C crossed on the way (:mod:`._crossings`; unclear crossings: the query walked),
+  and the caps' winding number walked, as below. A query nearer than the widening to its face,
+  whose neighbourhood's caps lie beyond that band and whose bound there is under ``BOUND``,
+  takes W at once. For the
   others, one pass down the caps' boxes looks for a cap face in the band and bounds |w_C| by
   the area of each face over 4 pi times its squared distance (a solid angle is at most that),
   or of each node far enough for its size (``OPEN``, ``SHARE``) over its box's: under
@@ -49,7 +52,7 @@ import torch
 import warp as wp
 
 from ... import _threads, _warp, _warp_funcs
-from . import _search, _tree
+from . import _crossings, _search, _tree
 
 EDGES = 1 << 12  # unmatched edge uses at most (the caps are clipped in Python, once per kept mesh)
 WIDE = 1e-6  # a cap face this much nearer than the mesh's closest face, relatively, counts as as near
@@ -281,6 +284,7 @@ def _capped_kernel(dtype: torch.dtype):
     m = wp.mat33f if dtype == torch.float32 else wp.mat33d
     walk = _search.walk_func(dtype)
     check = _check_func(dtype)
+    reference = _crossings.reference_func(dtype)
     triangle_d2, _ = _search._funcs(torch.float64)
     coarse2, fine2, margin = s(_search.COARSE**2), s(_search.BETA**2), s(_search.MARGIN)
     wide, slack = wp.float64(WIDE), wp.float64(1.0 + 1e-12)
@@ -297,9 +301,14 @@ def _capped_kernel(dtype: torch.dtype):
                lo: wp.array(dtype=v), hi: wp.array(dtype=v), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
                center: wp.array(dtype=v), normal: wp.array(dtype=v), moment: wp.array(dtype=m), radius: wp.array(dtype=s),
                area: wp.array(dtype=wp.float64), gap: wp.array(dtype=wp.float64), far: wp.array(dtype=wp.float64),
-               rho2: wp.array(dtype=wp.float64), scale: wp.array(dtype=s), out: wp.array(dtype=s)):
+               rho2: wp.array(dtype=wp.float64), scale: wp.array(dtype=s), wdepth: int, whole: wp.array2d(dtype=wp.int64),
+               parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64), wgroup: wp.array(dtype=wp.int64),
+               worder: wp.array(dtype=wp.int64), wsorted: wp.array(dtype=wp.int64), wlo: wp.array(dtype=v), whi: wp.array(dtype=v),
+               wglo: wp.array(dtype=wp.int64), wghi: wp.array(dtype=wp.int64), wscale: wp.array(dtype=s), out: wp.array(dtype=s)):
         """Query i whose closest face's side on the capped mesh gave ``known`` W: W less the
-        caps' winding number, or inf (walk it) where a cap face is as near as the mesh."""
+        caps' winding number; where a cap face is as near as the mesh, W from the faces of the
+        capped mesh crossed from its face's centroid (:mod:`._crossings`) less the caps'
+        walked winding number; inf (walk it) where that is unclear."""
         i = wp.tid() + start
         big = known[i]
         out[i] = s(wp.inf)
@@ -318,9 +327,11 @@ def _capped_kernel(dtype: torch.dtype):
             out[i] = big
             return
         hit, bound = check(q64, band, depth, ca, cb, cc, lo, hi, area)
-        if hit:
-            return  # a cap face as near as the mesh: walked
-        if bound < budget:  # |w_C| < BOUND: W's side of 1/2
+        if hit:  # a cap face as near as the mesh: the side of the mesh's face may not be W's
+            big = s(reference(q64, f, wdepth, vertices, whole, parent, wout, wgroup, worder, wsorted, wlo, whi, wglo, wghi, wscale))
+            if not (big < s(wp.inf)):
+                return
+        elif bound < budget:  # |w_C| < BOUND: W's side of 1/2
             out[i] = big
             return
         w = big - walk(q, wp.int64(0), coarse2, depth, ca, cb, cc, group, glo, ghi, center, normal, moment, radius, -1)
@@ -336,11 +347,15 @@ def _mesh_capped(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, v
                  known: torch.Tensor, ta: torch.Tensor, tb: torch.Tensor, tc: torch.Tensor, group: torch.Tensor, lo: torch.Tensor,
                  hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor, center: torch.Tensor, normal: torch.Tensor, moment: torch.Tensor,
                  radius: torch.Tensor, area: torch.Tensor, gap: torch.Tensor, far: torch.Tensor, rho2: torch.Tensor,
-                 scale: torch.Tensor) -> torch.Tensor:
+                 scale: torch.Tensor, whole: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor, wgroup: torch.Tensor,
+                 worder: torch.Tensor, wsorted: torch.Tensor, wlo: torch.Tensor, whi: torch.Tensor, wglo: torch.Tensor, wghi: torch.Tensor,
+                 wscale: torch.Tensor) -> torch.Tensor:
     """query (M, 3) in the caps' tree's dtype, face and rival (M,) from :func:`._search.closest` on
     the open mesh (vertices, faces), ``known`` (M,) the capped mesh's winding number from the
-    side of each query's closest face (inf: none), the caps' tree -> (M,) the open mesh's
-    winding number, inf where the query must be walked (see the module docs)."""
+    side of each query's closest face (inf: none), the caps' tree, the capped mesh (``whole``
+    faces) with its analysis (``parent``, ``wout``: :func:`._sides._mesh_simple`) and tree
+    (``wgroup`` by face, order, sorted groups, boxes, sample ranges, scale) -> (M,) the open
+    mesh's winding number, inf where the query must be walked (see the module docs)."""
     m = query.shape[0]
     out = query.new_full((m,), float("inf"))
     if m == 0 or ta.shape[0] == 0 or query.device.type != "cpu":
@@ -349,25 +364,27 @@ def _mesh_capped(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, v
     m33 = wp.mat33f if query.dtype == torch.float32 else wp.mat33d
     args = [_tree.depth(ta.shape[0]), query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(),
             known.contiguous(), ta, tb, tc, group, lo, hi, glo, ghi, center, normal, _warp.Typed(moment, m33), radius, area,
-            gap, far, rho2, scale.reshape(1), out]
+            gap, far, rho2, scale.reshape(1), _tree.depth(whole.shape[0]), whole.contiguous(), parent, wout, wgroup, worder, wsorted, wlo, whi,
+            wglo, wghi, wscale.reshape(1), out]
     _warp.launch(_capped_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     return out
 
 
 @_mesh_capped.register_fake
 def _(query, face, rival, vertices, faces, known, ta, tb, tc, group, lo, hi, glo, ghi, center, normal, moment, radius, area, gap, far, rho2,
-      scale):
+      scale, whole, parent, wout, wgroup, worder, wsorted, wlo, whi, wglo, wghi, wscale):
     return query.new_empty((query.shape[0],))
 
 
 def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor,
-          sides: torch.Tensor, capped: Caps, scale: torch.Tensor) -> torch.Tensor:
+          sides: torch.Tensor, capped: Caps, scale: torch.Tensor, simple: list) -> torch.Tensor:
     """(M,) the open mesh's winding numbers found without its walk (inf elsewhere): ``sides`` the
-    capped mesh's from :func:`._sides.known`, ``faces`` the open mesh's, ``scale`` its tree's."""
+    capped mesh's from :func:`._sides.known`, ``faces`` the open mesh's, ``scale`` its tree's,
+    ``simple`` the capped mesh's analysis and tree (:func:`._sides.analysis`)."""
     t = capped.tree
     return _mesh_capped(query.detach().contiguous(), face, rival, vertices.detach(), faces, sides.to(query.dtype), t.a, t.b, t.c, t.group,
                         t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, capped.area, capped.gap, capped.far,
-                        capped.rho2, scale)
+                        capped.rho2, scale, capped.faces, *simple[1:])
 
 
 def capped(vertices: torch.Tensor, faces: torch.Tensor, dtype: torch.dtype) -> Optional[Caps]:

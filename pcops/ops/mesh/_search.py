@@ -489,6 +489,24 @@ def _winding_kernel(dtype: torch.dtype):
 
 
 @_warp.kernels
+def _follow_kernel(dtype: torch.dtype):
+    s = _warp.scalar(dtype)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def follow(start: int, rows: wp.array(dtype=wp.int64), head: wp.array(dtype=wp.bool), out: wp.array(dtype=s)):
+        """One thread: each query not walked (``head`` False, never the first) takes the winding
+        number of the last one walked before it in the walking order ``rows``."""
+        last = int(0)
+        for t in range(rows.shape[0]):
+            if head[t]:
+                last = t
+            else:
+                out[int(rows[t])] = out[int(rows[last])]
+
+    return follow
+
+
+@_warp.kernels
 def _closed_kernel(flat: float):
     """One thread (the CPU): ``out[0]`` = 1 if every edge of the faces (a padded batch's padding
     faces, sample id ``padding``, left out) is used as often from each end within its sample (the
@@ -736,6 +754,9 @@ def _mesh_winding(
     args = [_tree.depth(ta.shape[0]), rows, query, query_group, ta, tb, tc, group, glo, ghi, center, normal, _warp.Typed(moment, m33), radius,
             reach, closed, shape, scale.reshape(1), known, head, out]
     _warp.launch(_winding_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
+    if query.device.type == "cpu":  # each query not walked takes the last walked one's, in walking order: one pass
+        _warp.launch(_follow_kernel(query.dtype), 1, [rows, head, out], like=query, work=0, kept=True)
+        return out
     walked = torch.cummax(torch.where(head, torch.arange(m, device=query.device), 0), 0).values  # each query's last walked one
     return out.index_copy_(0, rows, out.index_select(0, rows.index_select(0, walked)))
 

@@ -14,20 +14,12 @@ Baerentzen and Aanaes 2005), decided in float64 from the exact coordinates.
 
 Queries closest to a corner, to a face of poor shape (height under ``SOUND`` times its longest
 edge), to a knife edge (faces folded onto each other), tied with several faces, or closest to a
-face that crosses, touches or folds onto another are counted from a reference instead: the
-winding number is constant off the faces and changes by one across each (up going from a face's
-front to its back), so for any face f (the one the search found) it is the winding number just
-off f's centroid on the query's side (the piece's, or for a face in no piece one walk at its
-centroid with f left out, once per analysis) plus the signed count of the faces the segment
-from that centroid to the query crosses (f itself it never crosses: both ends lie on the
-query's side of f's plane). Each crossing is decided by float64 orientation determinants
-(``_orient``: the segment's ends against the face's plane, the segment's line against its
-edges); a determinant within ``ORIENT`` times its permanent of zero (the segment through an
-edge, a corner or along the plane, to rounding), a query on f's plane, or a centroid's walk not
-within 1/4 of an integer plus 1/2 (a face through the centroid) leaves the query walked
-(:mod:`._search`), as are all queries of a mesh that is not closed (but a kept one, closed
-first by caps: :mod:`._caps`). (On a simple mesh, whose faces meet only along their shared
-edges and corners, every face is in a piece: the connected pieces of the surface.)
+face that crosses, touches or folds onto another take the winding number just off the centroid
+of the face found plus the faces crossed on the way from there (:mod:`._crossings`); where a
+crossing is unclear, or the face's reference unknown, they are walked (:mod:`._search`), as
+are all queries of a mesh that is not closed (but a kept one, closed first by caps:
+:mod:`._caps`). (On a simple mesh, whose faces meet only along their shared edges and
+corners, every face is in a piece: the connected pieces of the surface.)
 
 ``pcops::mesh_simple`` analyses a mesh (one mesh or a batch), once per kept ``MeshBVH`` in eager
 mode (:func:`analysis`):
@@ -54,8 +46,8 @@ mode (:func:`analysis`):
   cheaper than a walk per face).
 
 ``pcops::mesh_sides`` (``sides``, a thread per query) gives the winding number of its closest
-face's side, else from the faces crossed (``crossed``: down the boxes of the mesh's hierarchy
-that meet the segment's box), inf where it must be walked. The search's face may only tie with
+face's side, else from the faces crossed (:mod:`._crossings`, down the mesh's hierarchy: the
+search's, or the capped mesh's own), inf where it must be walked. The search's face may only tie with
 the truly nearest (float32 rounding, larger for thin faces' planes): the search reports the
 other face within that band, widened by the mesh's worst shape factor
 (:func:`._search.closest`), the two are compared in float64 (``feature``) and the nearer
@@ -73,44 +65,14 @@ import torch
 import warp as wp
 
 from ... import _threads, _warp, _warp_funcs
-from . import _caps, _search, _tree
+from . import _caps, _crossings, _search, _tree
 
 SOUND = 1e-4  # a face whose height is under this times its longest edge: its queries are walked
 MARGIN = 1e-9  # times the mesh's size (and lengths): what faces must be apart by to count as apart
 KNIFE = 1e-6  # two faces of an edge whose unit normals sum to less than this (folded): walked
 CROSSED = (0.25, 4096)  # faces in no piece at most this share of a mesh's, or this many: each walked once for its reference (more: their queries walked)
-PAD = 2.0**-20  # times the mesh's size: the segment's box widened by this against the tree's boxes
-ORIENT = 1e-14  # times the permanent of a float64 orientation determinant: a smaller one's sign is unclear
 _STACK = 64
 _V = wp.vec3d
-
-
-@wp.func(module="unique")
-def _centroid(a: _V, b: _V, c: _V):
-    """The centroid of a face in float64: the reference point of its crossings (one formula
-    for the walk that measures it and the queries that use it)."""
-    return (a + b + c) / wp.float64(3.0)
-
-
-@wp.func(module="unique")
-def _orient(p: _V, a: _V, b: _V, c: _V):
-    """The sign of det[a - p, b - p, c - p], which is -(p - a).((b - a) x (c - a)): 1 with p
-    behind the plane of abc (opposite its normal), -1 in front; 0 where the determinant is
-    within ``ORIENT`` times its permanent (rounding may decide it; Shewchuk's bound for
-    float64 is under 1e-15), or not finite."""
-    ax, ay, az = a[0] - p[0], a[1] - p[1], a[2] - p[2]
-    bx, by, bz = b[0] - p[0], b[1] - p[1], b[2] - p[2]
-    cx, cy, cz = c[0] - p[0], c[1] - p[1], c[2] - p[2]
-    det = ax * (by * cz - bz * cy) + bx * (cy * az - cz * ay) + cx * (ay * bz - az * by)
-    perm = (wp.abs(ax) * (wp.abs(by * cz) + wp.abs(bz * cy)) + wp.abs(bx) * (wp.abs(cy * az) + wp.abs(cz * ay))
-            + wp.abs(cx) * (wp.abs(ay * bz) + wp.abs(az * by)))
-    bound = wp.float64(ORIENT) * perm
-    out = int(0)
-    if det > bound:
-        out = 1
-    elif det < -bound:
-        out = -1
-    return out
 
 
 @_warp.kernels
@@ -387,7 +349,7 @@ def _outside_kernel():
 
     @wp.kernel(enable_backward=False, module="unique")
     def outside(start: int, depth: int, ok: wp.array(dtype=wp.int32), bad: wp.array(dtype=wp.int32), rep: wp.array(dtype=wp.int64),
-                parent: wp.array(dtype=wp.int64), references: int, padding: wp.int64, vertices: wp.array(dtype=v), faces: wp.array2d(dtype=wp.int64),
+                parent: wp.array(dtype=wp.int64), references: wp.array(dtype=wp.int32), padding: wp.int64, vertices: wp.array(dtype=v), faces: wp.array2d(dtype=wp.int64),
                 row_of: wp.array(dtype=wp.int64), ta: wp.array(dtype=v), tb: wp.array(dtype=v), tc: wp.array(dtype=v),
                 group: wp.array(dtype=wp.int64), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
                 center: wp.array(dtype=v), normal: wp.array(dtype=v), moment: wp.array(dtype=m), radius: wp.array(dtype=s),
@@ -395,7 +357,7 @@ def _outside_kernel():
         """Root face f: the winding number on the outer side of its piece (``bad[0]`` = 1 if a
         walk's value is not near an integer there). A face that meets another (no piece): the
         winding number just in front of its centroid (inf if its walk's value is not near an
-        integer plus 1/2: another face through or next to the centroid; with ``references`` 0
+        integer plus 1/2: another face through or next to the centroid; with ``references[0]`` 0
         none: inf)."""
         f = wp.tid() + start
         if ok[0] == 0 or bad[0] != 0:
@@ -403,9 +365,9 @@ def _outside_kernel():
         if parent[f] < wp.int64(0):
             wout[f] = wp.float64(wp.inf)
             row = int(row_of[f])
-            if references == 0 or group[row] == padding:
+            if references[0] == 0 or group[row] == padding:
                 return
-            c = _centroid(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
+            c = _crossings.centroid(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
             w = wp.float64(walk(c, group[row], fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, row)) - wp.float64(0.5)
             k = wp.round(w)
             wout[f] = wp.where(wp.abs(w - k) <= wp.float64(0.25), k, wp.float64(wp.inf))
@@ -427,8 +389,7 @@ def _outside_kernel():
 def _sides_kernel(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     sound2, knife, zero = wp.float64(SOUND * SOUND), wp.float64(KNIFE - 1.0), wp.float64(0.0)
-    zero3 = _V(0.0, 0.0, 0.0)
-    _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
+    reference = _crossings.reference_func(dtype)
 
     @wp.func(module="unique")
     def feature(q: _V, a: _V, b: _V, c: _V):
@@ -511,60 +472,6 @@ def _sides_kernel(dtype: torch.dtype):
             w = w + wp.float64(1.0)
         return w, f
 
-    @wp.func(module="unique")
-    def crossed(p: _V, c0: _V, f: int, g: wp.int64, depth: int, vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
-                order: wp.array(dtype=wp.int64), group: wp.array(dtype=wp.int64), lo: wp.array(dtype=v), hi: wp.array(dtype=v),
-                glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64), pad: wp.float64):
-        """(the faces of sample g but f crossed on the way from c0 to p, each +1 from its
-        front to its back and -1 the other way; 1 if a face's crossing is unclear: the segment
-        through or along its edges or plane, to rounding), down the boxes that meet the
-        segment's box."""
-        n = wp.int64(order.shape[0])
-        single = glo[0] == ghi[0] and glo[0] == g
-        wide = _V(pad, pad, pad)
-        slo, shi = wp.min(p, c0) - wide, wp.max(p, c0) + wide
-        count = int(0)
-        stack_node = _nodes()
-        stack_depth = _nodes()
-        top = int(1)
-        stack_node[0] = 0
-        stack_depth[0] = 0
-        while top > 0:
-            top = top - 1
-            node = stack_node[top]
-            d = stack_depth[top]
-            if not single and (g < glo[node] or g > ghi[node]):
-                continue
-            e = wp.max(wp.max(_V(lo[node]) - shi, slo - _V(hi[node])), zero3)
-            if wp.dot(e, e) > zero:
-                continue
-            if d < depth:
-                stack_node[top] = 2 * node + 1
-                stack_depth[top] = d + 1
-                stack_node[top + 1] = 2 * node + 2
-                stack_depth[top + 1] = d + 1
-                top = top + 2
-                continue
-            k = node + 1 - (1 << d)
-            for j in range(_warp_funcs.part(k, n, depth), _warp_funcs.part(k + 1, n, depth)):
-                row = int(order[j])
-                if row == f or (not single and group[j] != g):
-                    continue
-                a, b, c = vertices[int(faces[row, 0])], vertices[int(faces[row, 1])], vertices[int(faces[row, 2])]
-                e = wp.max(wp.max(wp.min(a, wp.min(b, c)) - shi, slo - wp.max(a, wp.max(b, c))), zero3)
-                if wp.dot(e, e) > zero:
-                    continue
-                sp, sc = _orient(p, a, b, c), _orient(c0, a, b, c)
-                if sp != 0 and sp == sc:  # both ends on one side of its plane
-                    continue
-                e1, e2, e3 = _orient(p, c0, a, b), _orient(p, c0, b, c), _orient(p, c0, c, a)
-                if wp.max(e1, wp.max(e2, e3)) > 0 and wp.min(e1, wp.min(e2, e3)) < 0:  # the line passes beside it
-                    continue
-                if sp == 0 or sc == 0 or e1 == 0 or e2 == 0 or e3 == 0:
-                    return count, 1
-                count += sp
-        return count, 0
-
     @wp.kernel(enable_backward=False, module="unique")
     def sides(start: int, depth: int, ok: wp.array(dtype=wp.int32), query: wp.array(dtype=v), face: wp.array(dtype=wp.int64),
               rival: wp.array(dtype=wp.int64), vertices: wp.array(dtype=_V), faces: wp.array2d(dtype=wp.int64),
@@ -587,17 +494,7 @@ def _sides_kernel(dtype: torch.dtype):
         if w < wp.float64(wp.inf):
             out[i] = s(w)
             return
-        a, b, c = vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])]
-        behind = _orient(q, a, b, c)
-        ref = wout[f]
-        if parent[f] >= wp.int64(0):
-            ref = wout[int(parent[f])]
-        if behind == 0 or not (wp.abs(ref) < wp.float64(wp.inf)):
-            return
-        count, unclear = crossed(q, _centroid(a, b, c), f, face_group[f], depth, vertices, faces, order, group, lo, hi, glo, ghi,
-                                 wp.float64(PAD) * wp.float64(scale[0]))
-        if unclear == 0:
-            out[i] = s(ref + wp.float64(wp.max(behind, 0) + count))
+        out[i] = s(reference(q, f, depth, vertices, faces, parent, wout, face_group, order, group, lo, hi, glo, ghi, scale))
 
     return sides
 
@@ -631,9 +528,9 @@ def _mesh_simple(
     _warp.launch(components, 1, [v64, faces, face_group.contiguous(), int(padded), padding, closed, twin, crossed, parent, best, rep, ok],
                  like=faces, work=0)
     row_of = torch.empty_like(order).index_copy_(0, order, torch.arange(nf))
-    references = int(((parent < 0) & (face_group != padding)).sum()) <= max(CROSSED[0] * nf, CROSSED[1])  # (a host read, once per analysis)
+    references = (((parent < 0) & (face_group != padding)).sum() <= max(CROSSED[0] * nf, CROSSED[1])).to(torch.int32).reshape(1)
     wide = [x.to(torch.float64).contiguous() for x in (ta, tb, tc, center, normal, moment, radius)]  # (float32 values: exact)
-    _warp.launch(_outside_kernel(), nf, [depth, ok, bad, rep, parent, int(references), padding, v64, faces, row_of, *wide[:3], group, glo, ghi, wide[3], wide[4],
+    _warp.launch(_outside_kernel(), nf, [depth, ok, bad, rep, parent, references, padding, v64, faces, row_of, *wide[:3], group, glo, ghi, wide[3], wide[4],
                                          _warp.Typed(wide[5], wp.mat33d), wide[6], wout], like=faces, min_chunk=64)
     return [ok * (1 - bad), parent, wout]
 
@@ -725,4 +622,4 @@ def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices
     capped mesh's side less the caps' winding number, :mod:`._caps`; ``scale`` its tree's)."""
     whole = faces if capped is None else capped.faces
     sides = _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), whole, closed[2], *simple)
-    return sides if capped is None else _caps.known(query, face, rival, vertices, faces, sides, capped, scale)
+    return sides if capped is None else _caps.known(query, face, rival, vertices, faces, sides, capped, scale, simple)

@@ -190,6 +190,23 @@ def test_a_kept_open_mesh_is_signed_by_its_caps_as_the_exact_winding_number(name
         assert share > 0.5, share
 
 
+def test_queries_with_a_cap_nearer_than_the_mesh_count_the_capped_mesh_s_crossings():
+    """Above a cup's opening the bottom is the nearest face and the cap lies between: the side of
+    the bottom is not the capped mesh's winding number there; the faces crossed from the
+    bottom's centroid give it, less the caps' walked winding number (no walk of the mesh)."""
+    v, f = MESHES["cup"]
+    xy = torch.stack(torch.meshgrid(torch.linspace(-0.4, 0.4, 9, dtype=F64), torch.linspace(-0.4, 0.4, 9, dtype=F64), indexing="ij"), -1)
+    q = torch.cat([xy.reshape(-1, 2), torch.full((81, 1), 0.7, dtype=F64)], 1)
+    for dtype in (torch.float32, F64):
+        bvh = pcops.mesh_bvh(v.to(dtype), f)
+        capped, known = _decided(q.to(dtype), bvh)
+        w = reference.winding_number(q, v, f)
+        assert ((w - 0.5).abs() > 0.1).all() and torch.isfinite(known).all()
+        assert ((known.double() - w).abs() < 0.1).all()
+        signed = pcops.mesh_distance(q.to(dtype), bvh, signed=True).dists
+        assert torch.equal(signed < 0, w >= 0.5)
+
+
 def test_rows_out_of_range_make_no_caps():
     v, f = MESHES["holes"]
     for bad in (-1, v.shape[0]):
@@ -221,7 +238,7 @@ def test_the_capped_op_has_an_exact_fake(dtype):
     face, rival, sides = _sided(q, bvh, closed, simple, capped)
     t = capped.tree
     args = (q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius,
-            capped.area, capped.gap, capped.far, capped.rho2, bvh.tree.scale)
+            capped.area, capped.gap, capped.far, capped.rho2, bvh.tree.scale, capped.faces, *simple[1:])
     torch.library.opcheck(torch.ops.pcops.mesh_capped.default, args)
     assert torch.isfinite(torch.ops.pcops.mesh_capped.default(*args)).any()
 
@@ -268,7 +285,8 @@ def test_a_face_s_neighbourhood_decides_only_its_own_queries_where_its_data_allo
     def run(gap, far):
         full = lambda x: torch.full_like(capped.gap, x)  # noqa: E731
         return torch.ops.pcops.mesh_capped.default(q, face, rival, v, f, sides, t.a, t.b, t.c, t.group, t.lo, t.hi, t.glo, t.ghi, t.center,
-                                                   t.normal, t.moment, t.radius, capped.area, full(gap), full(far), capped.rho2, bvh.tree.scale)
+                                                   t.normal, t.moment, t.radius, capped.area, full(gap), full(far), capped.rho2, bvh.tree.scale,
+                                                   capped.faces, *simple[1:])
 
     alone = run(0.0, float("inf"))  # the per-query check everywhere
     corners = v[f[face]]
