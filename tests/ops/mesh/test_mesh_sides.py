@@ -224,6 +224,27 @@ def test_the_faces_crossed_from_a_centroid_give_the_exact_winding_number_on_rand
     assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
 
 
+def test_a_padded_batch_of_crossing_meshes_counts_each_sample_s_crossings_alone(monkeypatch):
+    """Three crossing meshes padded into one batch, in one place: each query counts the faces of
+    its own sample only (the batch's other meshes overlap it), as the per-sample calls do."""
+    meshes = [_random_crossing(seed) for seed in (1, 2, 3)]
+    for k, (v, f) in enumerate(meshes):  # (one place: the others' faces lie across each segment)
+        meshes[k] = (v / v.abs().max(), f)
+    vs = torch.nn.utils.rnn.pad_sequence([v for v, _ in meshes], batch_first=True)
+    fs = torch.nn.utils.rnn.pad_sequence([f for _, f in meshes], batch_first=True)
+    q = torch.stack([_queries(v, f, torch.Generator().manual_seed(k), 300) for k, (v, f) in enumerate(meshes)])
+    shares = []
+    sides = _sides._mesh_sides
+    monkeypatch.setattr(_sides, "_mesh_sides", lambda *a: (lambda out: shares.append(torch.isfinite(out).double().mean()) or out)(sides(*a)))
+    out = pcops.mesh_distance(q, vs, fs, signed=True, vertices_lengths=torch.tensor([v.shape[0] for v, _ in meshes]),
+                              faces_lengths=torch.tensor([f.shape[0] for _, f in meshes])).dists
+    assert len(shares) == 1 and shares[0] > 0.9
+    for k, (v, f) in enumerate(meshes):
+        assert torch.equal(out[k], pcops.mesh_distance(q[k], v, f, signed=True).dists)
+        w = reference.winding_number(q[k], v, f)
+        assert torch.equal((out[k] < 0)[out[k] != 0], (w.round() >= 1)[out[k] != 0])
+
+
 def test_past_the_share_of_crossed_faces_their_queries_are_walked(monkeypatch):
     """More faces in no piece than ``CROSSED`` allows (a soup of faces through each other): no
     reference walk per face, their queries walked, the same signs."""
