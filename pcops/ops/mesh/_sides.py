@@ -362,25 +362,27 @@ def _outside_kernel():
         f = wp.tid() + start
         if ok[0] == 0 or bad[0] != 0:
             return
-        if parent[f] < wp.int64(0):
+        own = parent[f] < wp.int64(0)  # a face in no piece: its own reference
+        if own:
             wout[f] = wp.float64(wp.inf)
-            row = int(row_of[f])
-            if references[0] == 0 or group[row] == padding:
+            if references[0] == 0 or group[int(row_of[f])] == padding:
                 return
-            c = _crossings.centroid(vertices[int(faces[f, 0])], vertices[int(faces[f, 1])], vertices[int(faces[f, 2])])
-            w = wp.float64(walk(c, group[row], fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, row)) - wp.float64(0.5)
-            k = wp.round(w)
-            wout[f] = wp.where(wp.abs(w - k) <= wp.float64(0.25), k, wp.float64(wp.inf))
+        elif rep[f] < wp.int64(0):
             return
-        if rep[f] < wp.int64(0):
-            return
-        row = int(row_of[int(rep[f])])
-        c = (ta[row] + tb[row] + tc[row]) / s(3.0)
+        g = f
+        if not own:
+            g = int(rep[f])
+        row = int(row_of[g])
+        c = _crossings.centroid(vertices[int(faces[g, 0])], vertices[int(faces[g, 1])], vertices[int(faces[g, 2])])
         w = wp.float64(walk(c, group[row], fine2, depth, ta, tb, tc, group, glo, ghi, center, normal, moment, radius, row)) - wp.float64(0.5)
         k = wp.round(w)
-        if wp.abs(w - k) > wp.float64(0.25):
-            bad[0] = 1
-        wout[f] = k
+        near = wp.abs(w - k) <= wp.float64(0.25)
+        if own:
+            wout[f] = wp.where(near, k, wp.float64(wp.inf))
+        else:
+            if not near:
+                bad[0] = 1
+            wout[f] = k
 
     return outside
 
@@ -510,7 +512,8 @@ def _mesh_simple(
     ``closed`` (1,) and ``twin`` (F, 3) from :func:`._search.closed` and the tree's tensors ->
     [(1,) int32: 1 if the mesh was analysed (closed; see the module docs), (F,) int64: the root
     face of each face's piece (-1: a face that crosses, touches or folds onto another), (F,)
-    float64: at each root, the outer winding number of its piece]. Nothing analysed on a GPU, or
+    float64: at each root, the outer winding number of its piece, and at each face in no piece
+    the winding number just in front of its centroid (inf: unknown)]. Nothing analysed on a GPU, or
     for a call of fewer ``queries`` than faces (their walks cost less than the analysis)."""
     nf, dev = faces.shape[0], faces.device
     ok, parent, wout = (torch.zeros(size, dtype=dtype, device=dev) for size, dtype in ((1, torch.int32), (nf, torch.int64), (nf, torch.float64)))
@@ -582,7 +585,9 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     number of queries, once: in eager mode the result is kept as long as its tree lives; an
     open kept CPU mesh (``one``) is analysed capped (:mod:`._caps`): ``closed`` holds its own
     closedness and worst shape factor with the capped mesh's twins, ``simple`` the capped mesh's
-    analysis and ``caps`` the :class:`._caps.Caps` (else None)."""
+    analysis and ``caps`` the :class:`._caps.Caps` (else None). ``simple``: :func:`_mesh_simple`'s
+    three tensors, then the analysed mesh's face groups and its tree's order, sorted groups,
+    boxes, sample ranges and scale (the crossings' walk, :mod:`._crossings`)."""
     cache = kept and not torch.compiler.is_compiling()
     if cache:
         hit = _ANALYSED.get((id(t.a), one))
@@ -595,19 +600,17 @@ def analysis(vertices: torch.Tensor, faces: torch.Tensor, face_group: torch.Tens
     if cache and one and faces.device.type == "cpu" and faces.shape[0] > 0 and not bool(closed[0]):  # (a host read, once per kept mesh)
         capped = _caps.capped(vertices, faces, t.a.dtype)
     if capped is None:
-        simple = _mesh_simple(vertices, faces, face_group, padding is not None, -1 if padding is None else padding,
-                              max(faces.shape[0], 1) if kept else queries, closed[0], closed[2], t.order, t.a, t.b, t.c, t.group,
-                              t.lo, t.hi, t.glo, t.ghi, t.center, t.normal, t.moment, t.radius, t.scale)
-        simple = [*simple, face_group, t.order, t.group, t.lo, t.hi, t.glo, t.ghi, t.scale]
-    else:
+        whole, group, tree, shut = faces, face_group, t, closed
+        padded, pad, count = padding is not None, -1 if padding is None else padding, max(faces.shape[0], 1) if kept else queries
+    else:  # the capped mesh, on a hierarchy of its own (not one: the thread's kept builds of the user's meshes stay)
         whole = capped.faces
         group = torch.zeros(whole.shape[0], dtype=torch.int64)
-        tc = _search.tree(searched, whole, group)  # (not one: the thread's kept builds of the user's meshes stay)
-        shut = _search.closed(searched, whole, group, None)
-        simple = _mesh_simple(vertices, whole, group, False, -1, whole.shape[0], shut[0], shut[2], tc.order, tc.a, tc.b, tc.c, tc.group,
-                              tc.lo, tc.hi, tc.glo, tc.ghi, tc.center, tc.normal, tc.moment, tc.radius, tc.scale)
-        simple = [*simple, group, tc.order, tc.group, tc.lo, tc.hi, tc.glo, tc.ghi, tc.scale]
+        tree, shut = _search.tree(searched, whole, group), _search.closed(searched, whole, group, None)
+        padded, pad, count = False, -1, whole.shape[0]
         closed = [closed[0], closed[1], shut[2]]
+    simple = _mesh_simple(vertices, whole, group, padded, pad, count, shut[0], shut[2], tree.order, tree.a, tree.b, tree.c, tree.group,
+                          tree.lo, tree.hi, tree.glo, tree.ghi, tree.center, tree.normal, tree.moment, tree.radius, tree.scale)
+    simple = [*simple, group, tree.order, tree.group, tree.lo, tree.hi, tree.glo, tree.ghi, tree.scale]  # (and the tree its crossings walk)
     if cache:
         key = (id(t.a), one)
         _ANALYSED[key] = (weakref.ref(t.a, lambda _, key=key: _ANALYSED.pop(key, None)), closed, simple, capped)

@@ -115,6 +115,17 @@ def _known(q, v, f):
     return _analysed(q, v, f)[3]
 
 
+def _agree(q, v, f, k, w):
+    """The winding numbers found (``k`` finite) are the exact ones (``w`` rounded: closed meshes),
+    and so are the signs of ``mesh_distance`` (a float32 query that rounds onto the surface:
+    either sign)."""
+    found = k < float("inf")
+    assert torch.equal(k[found].double(), w.round()[found])
+    signed = pcops.mesh_distance(q, v, f, signed=True).dists
+    off = signed != 0
+    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("name", ["sphere", "torus", "grid_cube", "nested", "hollow", "apart", "corner"])
 def test_the_side_of_the_closest_face_is_the_exact_winding_number(name, dtype):
@@ -127,10 +138,7 @@ def test_the_side_of_the_closest_face_is_the_exact_winding_number(name, dtype):
     assert ((w - w.round()).abs() < 1e-6).all()  # closed meshes: integers (no query on the surface)
     found = k < float("inf")
     assert found.float().mean() > 0.5, "most queries take the side of their closest face"
-    assert torch.equal(k[found].double(), w.round()[found])
-    signed = pcops.mesh_distance(q, v, f, signed=True).dists
-    off = signed != 0  # (a float32 query that rounds onto the surface: either sign)
-    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+    _agree(q, v, f, k, w)
 
 
 def _pushed_through():
@@ -185,12 +193,9 @@ def test_faces_that_meet_no_other_face_take_their_side_where_others_cross(name, 
     assert 0 < crossed.sum() < f.shape[0] // 2, "some faces, not most, meet another"
     assert found[crossed[face]].float().mean() > 0.7, "most queries closest to a face that meets another count the faces crossed"
     assert found.float().mean() > 0.9
-    assert torch.equal(k[found].double(), w.round()[found])
+    _agree(q, v, f, k, w)
     if name in ("overlapping", "chain"):  # outer sides inside another sphere: w = 1 (and 2) there
         assert (k[found] >= 1).any()
-    signed = pcops.mesh_distance(q, v, f, signed=True).dists
-    off = signed != 0
-    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
 
 
 def _random_crossing(seed):
@@ -218,10 +223,7 @@ def test_the_faces_crossed_from_a_centroid_give_the_exact_winding_number_on_rand
     w = reference.winding_number(q, v, f)
     found = k < float("inf")
     assert found.float().mean() > 0.9
-    assert torch.equal(k[found].double(), w.round()[found])
-    signed = pcops.mesh_distance(q, v, f, signed=True).dists
-    off = signed != 0
-    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+    _agree(q, v, f, k, w)
 
 
 def test_a_padded_batch_of_crossing_meshes_counts_each_sample_s_crossings_alone(monkeypatch):
@@ -255,11 +257,7 @@ def test_past_the_share_of_crossed_faces_their_queries_are_walked(monkeypatch):
     crossed = simple[1] < 0
     assert crossed[face].any() and not (k < float("inf"))[crossed[face]].any()
     w = reference.winding_number(q, v, f)
-    found = k < float("inf")
-    assert torch.equal(k[found].double(), w.round()[found])
-    signed = pcops.mesh_distance(q, v, f, signed=True).dists
-    off = signed != 0
-    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+    _agree(q, v, f, k, w)
 
 
 @pytest.mark.parametrize("name", ["shared_edge", "open"])
@@ -317,10 +315,7 @@ def test_faces_at_an_edge_shared_by_more_than_two_walk_and_the_others_take_their
     found = k < float("inf")
     assert found[twinless[face]].float().mean() > 0.9, "queries closest to a face of a shared edge count the faces crossed"
     assert found.float().mean() > 0.9
-    assert torch.equal(k[found].double(), w.round()[found])
-    signed = pcops.mesh_distance(q, v, f, signed=True).dists
-    off = signed != 0
-    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
+    _agree(q, v, f, k, w)
 
 
 def test_a_kept_hierarchy_is_analysed_once_whatever_the_number_of_queries(monkeypatch):
