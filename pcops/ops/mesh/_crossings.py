@@ -13,8 +13,10 @@ Each face's crossing is decided by orientation determinants in float64 (:func:`o
 segment's ends on either side of the face's plane, and the segment's line through the face
 (the three determinants of the line with the face's edges of one sign) or beside it (of both
 signs). A determinant within ``ORIENT`` times its permanent of zero leaves it unclear (the
-segment through an edge, a corner or along the plane, to rounding), and so does q on f's plane
-or an unknown reference: the query is then walked. The faces tested are those whose boxes, down
+segment through an edge, a corner or along the plane, to rounding), and so does q on f's plane,
+an unknown reference, or a segment longer than ``REACH`` times f's longest edge (a query far
+from the mesh: its segment would meet many boxes, and the walk shares such queries' walks):
+the query is then walked. The faces tested are those whose boxes, down
 the mesh's hierarchy (:mod:`._tree`), meet the segment's box widened by ``PAD`` times the
 mesh's size.
 """
@@ -24,6 +26,7 @@ import warp as wp
 
 from ... import _warp, _warp_funcs
 
+REACH = 2.0  # a segment longer than this times its face's longest edge: the query walked (far queries share walks)
 PAD = 2.0**-20  # times the mesh's size: the segment's box widened by this against the tree's boxes
 ORIENT = 1e-14  # times the permanent of a float64 orientation determinant: a smaller one's sign is unclear
 _STACK = 64
@@ -66,7 +69,7 @@ def reference_func(dtype: torch.dtype):
     inf where unclear (see the module docs); ``parent`` and ``wout`` from
     :func:`._sides._mesh_simple`, the boxes in ``dtype``."""
     v, s = _warp.vec3(dtype), _warp.scalar(dtype)
-    zero, zero3 = wp.float64(0.0), _V(0.0, 0.0, 0.0)
+    zero, zero3, reach2 = wp.float64(0.0), _V(0.0, 0.0, 0.0), wp.float64(REACH * REACH)
     _nodes = wp.types.vector(length=_STACK, dtype=wp.int32)
 
     @wp.func(module="unique")
@@ -132,8 +135,10 @@ def reference_func(dtype: torch.dtype):
         if parent[f] >= wp.int64(0):
             ref = wout[int(parent[f])]
         out = wp.float64(wp.inf)
-        if behind != 0 and wp.abs(ref) < wp.float64(wp.inf):
-            count, unclear = crossed(q, centroid(a, b, c), f, face_group[f], depth, vertices, faces, order, group, lo, hi, glo, ghi,
+        c0 = centroid(a, b, c)
+        longest = wp.max(wp.length_sq(b - a), wp.max(wp.length_sq(c - b), wp.length_sq(a - c)))
+        if behind != 0 and wp.abs(ref) < wp.float64(wp.inf) and wp.length_sq(q - c0) <= reach2 * longest:
+            count, unclear = crossed(q, c0, f, face_group[f], depth, vertices, faces, order, group, lo, hi, glo, ghi,
                                      wp.float64(PAD) * wp.float64(scale[0]))
             if unclear == 0:
                 out = ref + wp.float64(wp.max(behind, 0) + count)

@@ -195,7 +195,7 @@ def test_queries_with_a_cap_nearer_than_the_mesh_count_the_capped_mesh_s_crossin
     the bottom is not the capped mesh's winding number there; the faces crossed from the
     bottom's centroid give it, less the caps' walked winding number (no walk of the mesh)."""
     v, f = MESHES["cup"]
-    xy = torch.stack(torch.meshgrid(torch.linspace(-0.4, 0.4, 9, dtype=F64), torch.linspace(-0.4, 0.4, 9, dtype=F64), indexing="ij"), -1)
+    xy = torch.stack(torch.meshgrid(torch.linspace(-0.2, 0.2, 9, dtype=F64), torch.linspace(-0.2, 0.2, 9, dtype=F64), indexing="ij"), -1)
     q = torch.cat([xy.reshape(-1, 2), torch.full((81, 1), 0.7, dtype=F64)], 1)
     for dtype in (torch.float32, F64):
         bvh = pcops.mesh_bvh(v.to(dtype), f)

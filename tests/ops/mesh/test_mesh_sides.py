@@ -247,6 +247,21 @@ def test_a_padded_batch_of_crossing_meshes_counts_each_sample_s_crossings_alone(
         assert torch.equal((out[k] < 0)[out[k] != 0], (w.round() >= 1)[out[k] != 0])
 
 
+def test_queries_far_from_their_face_are_walked_not_counted():
+    """A segment longer than ``REACH`` times its face's longest edge (a query far from the mesh)
+    is not walked down the boxes: the query is walked (far queries share walks); the same signs."""
+    v, f = _crossing("overlapping")
+    gen = torch.Generator().manual_seed(8)
+    near = _queries(v, f, gen, 300)[:600]
+    far = 20 * torch.nn.functional.normalize(torch.randn(300, 3, generator=gen, dtype=F64), dim=1)
+    q = torch.cat([near, far])
+    closed, simple, face, k = _analysed(q, v, f)
+    crossed = simple[1] < 0
+    counted = torch.isfinite(k) & crossed[face]
+    assert counted[:600].any() and not counted[600:].any()
+    _agree(q, v, f, k, reference.winding_number(q, v, f))
+
+
 def test_past_the_share_of_crossed_faces_their_queries_are_walked(monkeypatch):
     """More faces in no piece than ``CROSSED`` allows (a soup of faces through each other): no
     reference walk per face, their queries walked, the same signs."""
