@@ -75,7 +75,32 @@ def _open_meshes():
     }
 
 
-MESHES = _open_meshes()
+def _more_open_meshes():
+    """Open meshes whose boundaries and faces the caps' chaining and the capped mesh's analysis
+    must take as they are: holes meeting at one vertex (loops through it more than once), an
+    open sheet through a closed sphere, a third face on an edge (a fin) and faces given twice,
+    once the same way and once reversed."""
+    gen = torch.Generator().manual_seed(21)
+    v, f = _bumpy(gen)
+    mid = v[f].mean(1)
+    around = torch.nonzero((f == 7).any(1)).squeeze(1)
+    rims = f[~torch.isin(torch.arange(f.shape[0]), around[::2])]  # every other face about vertex 7 taken out
+    sheet_v, sheet_f = _grid(6)
+    sheet_v = sheet_v * 1.4
+    sheet_v[:, 2] = 0.1 * torch.sin(3 * sheet_v[:, 0]) + 0.05
+    half = f[mid[:, 0] < 0.7]
+    e = half[0]
+    fin_v = torch.cat([v, 0.8 * (v[e[0]] + v[e[1]])[None]])
+    holes = f[torch.rand(f.shape[0], generator=gen) > 0.1]
+    return {
+        "rims_meeting_at_a_vertex": (v, rims),
+        "sheet_through_a_sphere": (torch.cat([v, sheet_v]), torch.cat([f, sheet_f + v.shape[0]])),
+        "fin_on_an_open_mesh": (fin_v, torch.cat([half, torch.tensor([[int(e[0]), int(e[1]), v.shape[0]]])])),
+        "faces_twice_and_reversed": (v, torch.cat([holes, holes[:3], holes[3:6].flip(1)])),
+    }
+
+
+MESHES = {**_open_meshes(), **_more_open_meshes()}
 
 
 def _directed(faces):
