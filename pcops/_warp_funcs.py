@@ -302,7 +302,10 @@ class lanes:  # noqa: N801 (read as ``@lanes.func_native(...)``, like ``@wp.func
         CPU ``lanes`` a vector of 32 bytes of them (8 float32 or 4 float64; GCC's vector
         extensions, since Warp's CPU loops are not vectorised), ``mask`` the integer vector of
         its comparisons, ``ints`` int32 lanes, ``L`` the lanes; no product and sum fused into a
-        multiply-add (Warp's CPU code rounds each: the same values). Vector code must sit in
+        multiply-add (Warp's CPU code rounds each: the same values). ``OPAQUE(v)`` hides a
+        vector's value from the optimiser (an empty asm with AVX): a blend of a loaded vector
+        stored back to the same place then stays a whole store, where clang would make it a
+        masked store (``vmaskmovps``), microcoded and several times slower on AMD's Zen 2 and 3. Vector code must sit in
         ``#if !defined(__CUDA_ARCH__)`` (the kernels compile for CUDA too). Used as a
         decorator named ``func_native``, as Warp reads a native function's return type only then."""
         real, index = ("float", "int") if dtype == torch.float32 else ("double", "long long")
@@ -316,6 +319,11 @@ typedef real lanes __attribute__((vector_size(32)));
 typedef {index} mask __attribute__((vector_size(32)));
 const int L = (int)(sizeof(lanes) / sizeof(real));
 typedef int ints __attribute__((vector_size(sizeof(int) * sizeof(lanes) / sizeof(real))));
+#endif
+#if defined(__AVX__) && !defined(__CUDA_ARCH__)
+#define OPAQUE(v) __asm__("" : "+x"(v))
+#else
+#define OPAQUE(v) (void)0
 #endif
 """
 

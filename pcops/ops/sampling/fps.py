@@ -632,6 +632,7 @@ if (hi - lo >= L) {
         const lanes s = ax * ax + ay * ay + az * az;
         const mask keep = (d < s) | ~(d >= 0);  // picked (-1) and NaN distances stay
         d = (lanes)((keep & (mask)d) | (~keep & (mask)s));
+        OPAQUE(d);  // (a whole store, not a masked one)
         __builtin_memcpy(D + j, &d, sizeof d);
         const mask far = d > lane_top;  // a lane's first farthest
         lane_top = (lanes)((far & (mask)d) | (~far & (mask)lane_top));
