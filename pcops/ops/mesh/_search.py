@@ -151,6 +151,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
     distance from the face), every face in it measured."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     triangle_d2, _ = _funcs(dtype)
+    _, finite_point = _warp_funcs.finite(dtype)
     eps = torch.finfo(dtype).eps
     slack = s((1.0 + 64.0 * eps) ** 2)  # a box is skipped only when farther than this times the bound (rounding)
     tie = s(TIE * eps)
@@ -200,7 +201,7 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
         found[i] = wp.int64(-1)
         slot[i] = wp.int64(-1)
         rival[i] = wp.int64(-1)
-        if not (wp.isfinite(qlo) and wp.isfinite(qhi)):
+        if not (finite_point(qlo) and finite_point(qhi)):
             return
         g = query_group[i]
         single = glo[0] == ghi[0] and glo[0] == g  # one mesh (or one sample of points), the query's: no sample ranges to test

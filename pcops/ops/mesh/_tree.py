@@ -118,6 +118,7 @@ def _keys_kernel(dtype: torch.dtype):
     clamped to 0 .. 1023)."""
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     _, morton = _warp_funcs.cells(dtype)
+    finite_value, _ = _warp_funcs.finite(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def keys(start: int, points: wp.array(dtype=v), low: wp.array(dtype=s), high: wp.array(dtype=s), spread: wp.array(dtype=wp.int32),
@@ -126,7 +127,7 @@ def _keys_kernel(dtype: torch.dtype):
         p = points[i]
         x = v()
         for c in range(3):
-            if wp.isfinite(p[c]):
+            if finite_value(p[c]):
                 x[c] = (p[c] - low[c]) / wp.max(high[c] - low[c], s(1e-300)) * s(1023.0)
         out[i] = morton(spread, x, s(1023.0))
 

@@ -64,6 +64,7 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     insert_in = _warp_funcs.sorted_insert(dtype, False, True)  # (not squared; in a range of columns)
     push, finish = _warp_funcs.heap_insert(dtype)  # (rows of HEAP_FROM columns or more)
     flag = _warp_funcs.flag_not_finite(dtype)
+    _, finite_point = _warp_funcs.finite(dtype)
     radii = max(len(columns), 1)
     Radii = wp.types.vector(radii, s)
     Ints = wp.types.vector(radii, int)
@@ -107,7 +108,7 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
         if wp.static(dense):
             if bad.shape[0] > 0:  # the values check: its query, and every m-th point from its own number
                 flag(cells.points, wp.tid() + start, cells.points.shape[0], cells.query.shape[0], bad)
-                if not wp.isfinite(q):
+                if not finite_point(q):
                     bad[0] = 1
         n = Ints()  # per radius: pairs held, points within it
         total = Ints()

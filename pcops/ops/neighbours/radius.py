@@ -461,6 +461,7 @@ _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
 def _max_kernel(dtype: torch.dtype, dense: bool = False):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it
     (``dense``: over every point, as :func:`_kernels`)."""
+    _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
 
@@ -476,7 +477,7 @@ def _max_kernel(dtype: torch.dtype, dense: bool = False):
     ):
         i = int(cells.rows[wp.tid() + start])
         q = cells.query[i]
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+        if not finite_point(q):
             return  # as the scan would (an empty window), sooner
         nf = feats.shape[1]
         count = int(0)

@@ -86,6 +86,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
     finite_box = _warp_funcs.finite_bounds(dtype)
     widest = _warp_funcs.widest_axis(dtype)
     flag = _warp_funcs.flag_not_finite(dtype)
+    _, finite_point = _warp_funcs.finite(dtype)
     eps = float(torch.finfo(dtype).eps)
     # A skipped node must not hold a point whose computed distance to the pick is below its
     # node_max: the box distance is computed by the same kind of operations on coordinate gaps
@@ -230,7 +231,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
         while j < end:
             p = points[j]
             code = int(0x3FFFFFFF)  # NaN/inf (validate=False): last
-            if wp.isfinite(p):
+            if finite_point(p):
                 q = wp.cw_mul(p - bl, scale)
                 qx = int(wp.clamp(q[0], s(0.0), s(1023.0)))
                 qy = int(wp.clamp(q[1], s(0.0), s(1023.0)))
@@ -345,7 +346,7 @@ def _kernels(dtype: torch.dtype, plain_pairs: int):
                 p = pts[j]
                 bl = wp.min(bl, p)
                 bh = wp.max(bh, p)
-                finite = finite and wp.isfinite(p)
+                finite = finite and finite_point(p)
                 j += 1
             arg = wp.where(lo < hi, order[wp.min(lo, end - 1)], -1)
             node = root + leaf0 + leaf

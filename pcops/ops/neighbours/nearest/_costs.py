@@ -74,6 +74,7 @@ def _kernels(dtype: torch.dtype):
     s, v = _warp.scalar(dtype), _warp.vec3(dtype)
     flag = _warp_funcs.flag_not_finite(dtype)
     finite_box = _warp_funcs.finite_bounds(dtype)
+    _, finite_point = _warp_funcs.finite(dtype)
     widest = _warp_funcs.widest_axis(dtype)
     below, above = _warp_funcs.root_band(dtype)
 
@@ -94,7 +95,7 @@ def _kernels(dtype: torch.dtype):
         """The cost of a point that found no neighbour (the other cloud is not empty): inf if it
         is finite (every squared distance overflowed, or no point of the other cloud is finite), else 0."""
         c = s(0.0)
-        if wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2]):
+        if finite_point(q):
             c = s(wp.inf)
         return c
 
@@ -255,7 +256,7 @@ def _kernels(dtype: torch.dtype):
         j = int(0)
         while j < n:
             p = r[j]
-            if wp.isfinite(p):
+            if finite_point(p):
                 i1, i2 = place(p, a1, a2, low1, low2, w1, w2, last1, last2)
                 begin[i1 * g2 + i2 + 1] = begin[i1 * g2 + i2 + 1] + 1
             else:
@@ -267,7 +268,7 @@ def _kernels(dtype: torch.dtype):
         j = int(0)
         while j < n:
             p = r[j]
-            if wp.isfinite(p):
+            if finite_point(p):
                 u1 = p[a1]
                 u2 = p[a2]
                 i1, i2 = place(p, a1, a2, low1, low2, w1, w2, last1, last2)
@@ -333,7 +334,7 @@ def _kernels(dtype: torch.dtype):
         while r < x.shape[0]:
             q = x[r]
             near = int(-1)
-            if wp.isfinite(q):
+            if finite_point(q):
                 q1 = q[a1]
                 q2 = q[a2]
                 ci, cj = place(q, a1, a2, low1, low2, w1, w2, last1, last2)

@@ -184,6 +184,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vect
     also writes its row's first ``edge_k`` neighbours but itself (itself too with ``loop``) as
     edges (neighbour, i) into columns ``i edge_k ..`` of ``edges``, and sets ``cut[0]`` where it
     has fewer (what :func:`pcops.ops.neighbours.graph._rows_kernel` writes from the rows)."""
+    _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
@@ -241,7 +242,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vect
             g = int(query_group[i])
         if wp.static(forest):
             alone = g < 0
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])) or alone:
+        if not finite_point(q) or alone:
             while n < k:  # (every row is written whole: the outputs need no fill)
                 dists[i, n] = s(wp.inf)
                 idx[i, n] = wp.int64(-1)
@@ -356,6 +357,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     (squared distances; the row first set to inf / -1, and left so for a query that is not
     finite); returns how many it holds: the scan's (:func:`_scan_kernel`). (Chamfer's pass,
     :mod:`._costs`, keeps k = 1 with the same order: the same point.)"""
+    _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -375,7 +377,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
             dists[t, c] = s(wp.inf)
             idx[t, c] = wp.int64(-1)
         n = int(0)
-        if not (wp.isfinite(q[0]) and wp.isfinite(q[1]) and wp.isfinite(q[2])):
+        if not finite_point(q):
             return n
         bound = s(wp.inf)
         j = first
@@ -409,6 +411,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     with several squared distances, which ``merge`` (thread i: the rows of query i, in any
     order, since the insertion's order is total) turns into query i's row. Several slices
     spread a few queries over many GPU threads (:func:`_slices`)."""
+    _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -441,7 +444,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
             for c in range(n):
                 dists[t, c] = wp.sqrt(dists[t, c])
         if bad.shape[0] > 0:  # the values' check (a flag, not empty): thread t looks at its query and every rows-th point from t
-            if piece == wp.int64(0) and not wp.isfinite(query[i]):
+            if piece == wp.int64(0) and not finite_point(query[i]):
                 bad[0] = 1
             flag(points, t, points.shape[0], dists.shape[0], bad)
 
@@ -1139,6 +1142,7 @@ def _load_kernel(dtype: torch.dtype):
     """``load``: one thread copies ``ref`` into ``points`` and 0..n-1 into ``order`` (the arrays a
     small tree's build permutes) and sets ``bad[0]`` to 1 where a value of ``ref`` or ``query`` is
     NaN or inf (a plain call's values check)."""
+    _, finite_point = _warp_funcs.finite(dtype)
     v = _warp.vec3(dtype)
     flag = _warp_funcs.flag_not_finite(dtype)
 
@@ -1151,7 +1155,7 @@ def _load_kernel(dtype: torch.dtype):
             p = ref[j]
             points[j] = p
             order[j] = wp.int64(j)
-            if not wp.isfinite(p):
+            if not finite_point(p):
                 bad[0] = 1
             j += 1
         flag(query, 0, query.shape[0], 1, bad)
