@@ -229,8 +229,8 @@ def widest_axis(dtype: torch.dtype):
 def finite(dtype: torch.dtype):
     """``(value, point)``: whether a scalar, or every coordinate of a point, is neither NaN nor
     inf: its absolute value below inf (false for NaN), compared inline. Warp's ``isfinite``
-    calls out to its runtime on the CPU (a conversion to double and a call a coordinate: a loop
-    over points that checks them took 2.8x the time)."""
+    calls out to its runtime on the CPU: a conversion to double and a call a coordinate
+    (docs/benchmarks.md, design choices)."""
     s, v = scalar(dtype), vec3(dtype)
     inf = s(math.inf)
 
@@ -329,7 +329,7 @@ class lanes:  # noqa: N801 (read as ``@lanes.func_native(...)``, like ``@wp.func
         multiply-add (Warp's CPU code rounds each: the same values). ``OPAQUE(v)`` hides a
         vector's value from the optimiser (an empty asm with AVX): a blend of a loaded vector
         stored back to the same place then stays a whole store, where clang would make it a
-        masked store (``vmaskmovps``), microcoded and several times slower on AMD's Zen 2 and 3. Vector code must sit in
+        masked store (``vmaskmovps``), microcoded on AMD's Zen 2 and 3 (docs/benchmarks.md, design choices). Vector code must sit in
         ``#if !defined(__CUDA_ARCH__)`` (the kernels compile for CUDA too). Used as a
         decorator named ``func_native``, as Warp reads a native function's return type only then."""
         real, index = ("float", "int") if dtype == torch.float32 else ("double", "long long")
