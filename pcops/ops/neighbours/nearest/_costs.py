@@ -463,6 +463,8 @@ for (int r = i; r < end; ++r) {
                 __builtin_memcpy(&ci, CI + j, sizeof ci);
                 cd = (lanes)((get & (mask)d) | (~get & (mask)cd));
                 ci = __builtin_convertvector((get & (lane * 0 + r)) | (~get & __builtin_convertvector(ci, mask)), ints);
+                OPAQUE(cd);  // (whole stores, not masked ones)
+                OPAQUE(ci);
                 __builtin_memcpy(CD + j, &cd, sizeof cd);
                 __builtin_memcpy(CI + j, &ci, sizeof ci);
             }

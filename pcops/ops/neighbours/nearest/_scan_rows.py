@@ -49,7 +49,7 @@ for (int c = 0; c < k; ++c) {
     D[c * ds] = inf;
     I[c * is] = -1;
 }
-if (!(wp::isfinite(q[0]) && wp::isfinite(q[1]) && wp::isfinite(q[2])))
+if (!(q[0] < inf && q[0] > -inf && q[1] < inf && q[1] > -inf && q[2] < inf && q[2] > -inf))  // (NaN fails both; inline, where wp::isfinite calls out)
     return 0;
 int n = 0;
 real bound = inf;
