@@ -245,6 +245,38 @@ def finite(dtype: torch.dtype):
     return value, point
 
 
+# The fill of :func:`fill_row` (the same C++ for the CPU and CUDA)
+_FILL_SNIPPET = r"""
+if (first >= last)
+    return;
+wp::int64* I = wp::address(idx, i, 0);
+const long long is = idx.strides[1] / (long long)sizeof(wp::int64);
+for (int c = first; c < last; ++c)
+    I[c * is] = -1;
+if (dists.shape[1] > 0) {
+    auto* D = wp::address(dists, i, 0);
+    const long long ds = dists.strides[1] / (long long)sizeof(*D);
+    for (int c = first; c < last; ++c)
+        D[c * ds] = inf;
+}
+"""
+
+
+@kernels
+def fill_row(dtype: torch.dtype):
+    """``fill(dists, idx, i, first, last, inf)``: columns ``first .. last - 1`` of row i past a
+    search's neighbours: -1 in ``idx``, ``inf`` in ``dists`` where it has columns (a search by
+    index keeps none). Stores through the row's pointer in native code: Warp's indexed stores
+    test every index for a negative one (Python's wrapping) and cost several times as much,
+    a row's fill most of a small ball query's search (docs/benchmarks.md, design choices)."""
+    s = scalar(dtype)
+
+    @wp.func_native(_FILL_SNIPPET)
+    def fill(dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, first: int, last: int, inf: s): ...
+
+    return fill
+
+
 @kernels
 def finite_bounds(dtype: torch.dtype):
     """``box(points, first, last) -> (lo, hi)``: the box of the finite points of
@@ -329,7 +361,10 @@ class lanes:  # noqa: N801 (read as ``@lanes.func_native(...)``, like ``@wp.func
         multiply-add (Warp's CPU code rounds each: the same values). ``OPAQUE(v)`` hides a
         vector's value from the optimiser (an empty asm with AVX): a blend of a loaded vector
         stored back to the same place then stays a whole store, where clang would make it a
-        masked store (``vmaskmovps``), microcoded on AMD's Zen 2 and 3 (docs/benchmarks.md, design choices). Vector code must sit in
+        masked store (``vmaskmovps``), microcoded on AMD's Zen 2 and 3 (docs/benchmarks.md, design choices).
+        ``BITS(m)``: a comparison's lanes as the low bits of an unsigned (one ``vmovmskps`` /
+        ``vmovmskpd`` with AVX, where clang reduced the lanes' bits through a chain of shuffles;
+        else that reduction). Vector code must sit in
         ``#if !defined(__CUDA_ARCH__)`` (the kernels compile for CUDA too). Used as a
         decorator named ``func_native``, as Warp reads a native function's return type only then."""
         real, index = ("float", "int") if dtype == torch.float32 else ("double", "long long")
@@ -346,8 +381,10 @@ typedef int ints __attribute__((vector_size(sizeof(int) * sizeof(lanes) / sizeof
 #endif
 #if defined(__AVX__) && !defined(__CUDA_ARCH__)
 #define OPAQUE(v) __asm__("" : "+x"(v))
+#define BITS(m) ((unsigned)__builtin_ia32_movmskp{"s" if dtype == torch.float32 else "d"}256((lanes)(m)))
 #else
 #define OPAQUE(v) (void)0
+#define BITS(m) ((unsigned)__builtin_reduce_or((m) & (mask){{{", ".join(str(1 << l) for l in range(8 if dtype == torch.float32 else 4))}}}))
 #endif
 """
 

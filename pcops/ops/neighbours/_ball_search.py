@@ -65,6 +65,7 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
     push, finish = _warp_funcs.heap_insert(dtype)  # (rows of HEAP_FROM columns or more)
     flag = _warp_funcs.flag_not_finite(dtype)
     _, finite_point = _warp_funcs.finite(dtype)
+    fill = _warp_funcs.fill_row(dtype)
     radii = max(len(columns), 1)
     Radii = wp.types.vector(radii, s)
     Ints = wp.types.vector(radii, int)
@@ -162,14 +163,9 @@ def kernel(dtype: torch.dtype, columns: tuple = (), by_index: bool = False, dens
         # the row whole past its neighbours (-1, inf): the outputs need no fill before a launch
         if wp.static(len(columns) > 0):
             for g in range(wp.static(radii)):
-                for c in range(n[g], width[g]):
-                    idx[i, first[g] + c] = wp.int64(-1)
-                    dists[i, first[g] + c] = s(wp.inf)
+                fill(dists, idx, i, first[g] + n[g], first[g] + width[g], s(wp.inf))
         else:
-            for c in range(n[0], idx.shape[1]):
-                idx[i, c] = wp.int64(-1)
-                if wp.static(not by_index):
-                    dists[i, c] = s(wp.inf)
+            fill(dists, idx, i, n[0], idx.shape[1], s(wp.inf))  # (by index: dists has no columns)
 
     return search, Radii, Ints
 

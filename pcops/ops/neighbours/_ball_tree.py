@@ -55,6 +55,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
     slack = s((1.0 + 64.0 * eps) ** 2)  # as the kNN walk's: rounding never hides a point from a bound widened by it
     sure = s(1.0 - 8.0 * eps)  # a square below r^2 times this has a root <= r (no root taken)
     chained = _kdtree.chain_func(dtype)  # (the kNN walk's first bound, from the query before)
+    fill = _warp_funcs.fill_row(dtype)
     _nodes = wp.types.vector(length=_kdtree._STACK, dtype=wp.int32)
     _bounds = wp.types.vector(length=_kdtree._STACK, dtype=s)
 
@@ -144,10 +145,7 @@ def kernel(dtype: torch.dtype, heap: bool = False):
         else:
             for c in range(n):
                 dists[i, c] = wp.sqrt(dists[i, c])
-        while n < k:
-            dists[i, n] = s(wp.inf)
-            idx[i, n] = wp.int64(-1)
-            n += 1
+        fill(dists, idx, i, n, k, s(wp.inf))
 
     return ball
 

@@ -56,9 +56,6 @@ real bound = inf;
 INSERT
 const real* P = (const real*)wp::address(points, 0);
 const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], far = (lanes){} + inf;
-mask bit;
-for (int l = 0; l < L; ++l)
-    bit[l] = 1 << l;
 int levels = (2 * k + L - 1) / L;  // about 2 k lanes' distances: the bound near the k-th
 if (levels > LEVELS)
     levels = LEVELS;
@@ -114,7 +111,7 @@ auto passes = [&](auto* size) {
             lanes d;
             __builtin_memcpy(&d, buf + v * L, sizeof d);
             const mask m = (d <= (lanes){} + bound) & (d < far);
-            unsigned bits = (unsigned)__builtin_reduce_or(m & bit);
+            unsigned bits = BITS(m);
             while (bits) {
                 const int l = __builtin_ctz(bits);
                 bits &= bits - 1;
@@ -193,18 +190,19 @@ return n;
 # The leaf's and the ball run's loop over points first .. last - 1 (``P`` their coordinates) a
 # vector at a time: the vector of L points from j, or the last L up to ``last`` (its lanes before
 # j dropped); DISTANCES gives their squares d, and for each lane l, in order, whose square passes
-# the mask PASSES, the statements EACH run (the point's row: ``base + l``).
+# the mask PASSES, the statements EACH run (the point's row: ``base + l``), after VECTOR's, run
+# once for a vector with such lanes (the ball run's roots: one vector square root, not one a lane).
 _EACH_LANE = r"""
-mask bit;
-for (int l = 0; l < L; ++l)
-    bit[l] = 1 << l;
 for (int j = first; j < last; j += L) {
     const int base = j + L <= last ? j : last >= L ? last - L : 0;
     const real* src = P + 3 * (long long)base;
     DISTANCES  // d: the squared distances of the L points at src from q
-    unsigned bits = (unsigned)__builtin_reduce_or((PASSES) & bit) & (~0u << (j - base));
+    unsigned bits = BITS(PASSES) & (~0u << (j - base));
     if (last - base < L)
         bits &= (1u << (last - base)) - 1;
+    if (!bits)
+        continue;
+    VECTOR
     while (bits) {
         const int l = __builtin_ctz(bits);
         bits &= bits - 1;
@@ -214,9 +212,10 @@ for (int j = first; j < last; j += L) {
 """
 
 
-def _each_lane(passes: str, each: str) -> str:
-    """:data:`_EACH_LANE` with its mask and statements."""
-    return _EACH_LANE.replace("PASSES", passes).replace("EACH", each)
+def _each_lane(passes: str, each: str, vector: str = "") -> str:
+    """:data:`_EACH_LANE` with its mask, its statements a lane and ``vector``'s once a vector
+    that has such lanes (before theirs)."""
+    return _EACH_LANE.replace("PASSES", passes).replace("EACH", each).replace("VECTOR", vector)
 
 
 # the squared distances d of the L points at src (x y z after x y z) from q (qx, qy, qz)
@@ -329,11 +328,11 @@ def native_ball(dtype: torch.dtype):
     times 2^13 (the caller's Warp loop then runs)."""
     s = _warp.scalar(dtype)
     eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
-    lanes = _each_lane("d <= wide", """const real r = wp::sqrt(d[l]);
+    lanes = _each_lane("d <= wide", """const real r = root[l];
         if (r <= reach) {
             ++total;
             insert(r, O[base + l]);
-        }""")
+        }""", "const lanes root = __builtin_elementwise_sqrt(d);  // (each lane's correctly rounded root, as wp::sqrt's)")
     body = (_BALL_SNIPPET.replace("LANES", lanes).replace("INSERT", _INSERT).replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
             .replace("least", repr(float(tiny**0.5 * 2.0**13))).replace("widen", repr(1.0 + 16.0 * eps)))
 
