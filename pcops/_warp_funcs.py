@@ -267,8 +267,8 @@ def fill_row(dtype: torch.dtype):
     """``fill(dists, idx, i, first, last, inf)``: columns ``first .. last - 1`` of row i past a
     search's neighbours: -1 in ``idx``, ``inf`` in ``dists`` where it has columns (a search by
     index keeps none). Stores through the row's pointer in native code: Warp's indexed stores
-    test every index for a negative one (Python's wrapping) and cost several times as much,
-    a row's fill most of a small ball query's search (docs/benchmarks.md, design choices)."""
+    test every index for a negative one (Python's wrapping) and cost several times as much
+    (docs/benchmarks.md, design choices)."""
     s = scalar(dtype)
 
     @wp.func_native(_FILL_SNIPPET)
