@@ -185,6 +185,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vect
     edges (neighbour, i) into columns ``i edge_k ..`` of ``edges``, and sets ``cut[0]`` where it
     has fewer (what :func:`pcops.ops.neighbours.graph._rows_kernel` writes from the rows)."""
     _, finite_point = _warp_funcs.finite(dtype)
+    fill = _warp_funcs.fill_row(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)  # rows of squared distances (roots taken at the end)
@@ -243,10 +244,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vect
         if wp.static(forest):
             alone = g < 0
         if not finite_point(q) or alone:
-            while n < k:  # (every row is written whole: the outputs need no fill)
-                dists[i, n] = s(wp.inf)
-                idx[i, n] = wp.int64(-1)
-                n += 1
+            fill(dists, idx, i, 0, k, s(wp.inf))  # (every row is written whole: the outputs need no fill)
             if edge_k > 0:  # (its edges: none)
                 cut[0] = 1
             return
@@ -341,10 +339,7 @@ def _search_kernel(dtype: torch.dtype, grouped: bool, forest: bool = False, vect
         if edge_k > 0:  # knn_graph's edges: the row's first edge_k neighbours but the query itself (unless loop)
             if _warp_funcs.edge_row(idx, i, n, edge_k, loop, edges, wp.int64(i) * wp.int64(edge_k), wp.int64(edge_k)) < wp.int64(edge_k):
                 cut[0] = 1  # a row cut short (a point not finite, squares that overflow): the caller's general path
-        while n < k:  # inf / -1 where fewer than k were found
-            dists[i, n] = s(wp.inf)
-            idx[i, n] = wp.int64(-1)
-            n += 1
+        fill(dists, idx, i, n, k, s(wp.inf))  # inf / -1 where fewer than k were found
 
     return search
 
@@ -358,6 +353,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
     finite); returns how many it holds: the scan's (:func:`_scan_kernel`). (Chamfer's pass,
     :mod:`._costs`, keeps k = 1 with the same order: the same point.)"""
     _, finite_point = _warp_funcs.finite(dtype)
+    fill = _warp_funcs.fill_row(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -373,9 +369,7 @@ def scan_row(dtype: torch.dtype, grouped: bool):
             if held >= 0:
                 return held
         k = dists.shape[1]
-        for c in range(k):
-            dists[t, c] = s(wp.inf)
-            idx[t, c] = wp.int64(-1)
+        fill(dists, idx, t, 0, k, s(wp.inf))
         n = int(0)
         if not finite_point(q):
             return n
@@ -412,6 +406,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     order, since the insertion's order is total) turns into query i's row. Several slices
     spread a few queries over many GPU threads (:func:`_slices`)."""
     _, finite_point = _warp_funcs.finite(dtype)
+    fill = _warp_funcs.fill_row(dtype)
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     insert = _warp_funcs.sorted_insert(dtype, True)
@@ -459,9 +454,7 @@ def _scan_kernel(dtype: torch.dtype, grouped: bool):
     ):
         i = wp.tid() + start
         k = dists.shape[1]
-        for c in range(k):
-            dists[i, c] = s(wp.inf)
-            idx[i, c] = wp.int64(-1)
+        fill(dists, idx, i, 0, k, s(wp.inf))
         n = int(0)
         bound = s(wp.inf)
         for piece in range(slices):
