@@ -217,17 +217,21 @@ def sampled(query, ref, query_group, ref_group, radii: list) -> list[float]:
     the sampled points of all the sampled queries together. A guide for speed only: the tree
     and the cell list return the same rows."""
     m, n = query.shape[0], ref.shape[0]
-    qs = query[:: max(1, m // SAMPLE_QUERIES)][:SAMPLE_QUERIES]
-    step = max(1, n // max(128, n // 128))
-    rs = ref[::step]
-    ids = [torch.zeros(t.shape[0], dtype=torch.int64) if group is None else group[::stride][: t.shape[0]].to(torch.int64).contiguous()
-           for t, group, stride in ((qs, query_group, max(1, m // SAMPLE_QUERIES)), (rs, ref_group, step))]
+    stride, step = max(1, m // SAMPLE_QUERIES), max(1, n // max(128, n // 128))
+    qs, rs = query[::stride][:SAMPLE_QUERIES], ref[::step]
+    # queries that are the points themselves (ball_query(p, p)): each ball holds its own point, once;
+    # a sampled query that is a sampled point finds itself, which scaled as a share would add
+    # n / len(rs) to every estimate
+    same = query.data_ptr() == ref.data_ptr() and query.shape == ref.shape and query.stride() == ref.stride()
+    selves = sum(1 for i in range(qs.shape[0]) if i * stride % step == 0 and i * stride // step < rs.shape[0]) if same else 0
+    ids = [torch.zeros(t.shape[0], dtype=torch.int64) if group is None else group[::every][: t.shape[0]].to(torch.int64).contiguous()
+           for t, group, every in ((qs, query_group, stride), (rs, ref_group, step))]
     squares = torch.tensor([r * r for r in radii], dtype=query.dtype)
     counts = np.zeros((qs.shape[0], len(radii)), dtype=np.int64)  # (NumPy's memory, torch's view of it: read without a torch read)
     vec = _warp.vec3(query.dtype)
     _warp.launch(_tally_kernel(query.dtype), qs.shape[0], [_warp.array(qs.contiguous(), dtype=vec), _warp.array(rs.contiguous(), dtype=vec), *ids,
                                                              squares, torch.from_numpy(counts)], like=query, work=qs.shape[0] * rs.shape[0])
-    return [float(c) * (n / rs.shape[0] / qs.shape[0]) for c in counts.sum(0)]
+    return [float(c - selves) * (n / rs.shape[0] / qs.shape[0]) + float(same) for c in counts.sum(0)]
 
 
 # A batch's crowded balls take the tree, a sample at a time, where a sample's balls hold this many

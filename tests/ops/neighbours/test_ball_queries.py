@@ -1,6 +1,8 @@
 """pcops.ball_queries against a dense float64 reference (the shared op suite, plus equality with
 ball_query at each radius and the grouping of radii)."""
 
+import math
+
 import pytest
 import torch
 
@@ -379,6 +381,31 @@ def test_clustered_balls_take_the_kd_tree_by_a_sample(monkeypatch):
             monkeypatch.setattr(_ball_tree, "crowded", crowded)
             for a, b in zip(got, want, strict=True):
                 assert torch.equal(a, b), layout
+
+
+def test_the_sample_of_a_cloud_queried_in_itself_counts_each_point_once(monkeypatch):
+    """``ball_query(p, p)`` of ``SAMPLE_PAIRS`` pairs or more: a sampled query that is also a sampled
+    point finds itself, which counts once (not as a share of the ball): the estimate of a tiny
+    radius is 1 point, of a radius holding about 16 within 2x of the true mean, and such balls
+    keep the cell list (no tree), their rows equal to the reference's."""
+    from pcops.ops.neighbours import _ball_search, _ball_tree
+
+    monkeypatch.setattr(_ball_search, "KEPT_LISTS", [False])  # (the general path's choice)
+    gen = torch.Generator().manual_seed(3)
+    for n in (11600, 16384, 20000):
+        p = torch.rand(n, 3, generator=gen, dtype=torch.float64)
+        assert n * n >= _ball_tree.SAMPLE_PAIRS
+        r = (16 * 3 / (4 * math.pi * n)) ** (1 / 3)  # (a ball of about 16 points of the unit cube)
+        tiny, held = _ball_tree.sampled(p, p, None, None, [1e-9, r])
+        assert tiny == 1.0
+        got = pcops.ball_query(p, p, r, 32)
+        true = float(got.counts.double().mean())
+        assert 0.5 * true <= held <= 2.0 * true, (n, held, true)
+        calls = _tree_calls(monkeypatch)
+        again = pcops.ball_query(p, p, r, 32)
+        assert not calls
+        idx = torch.cdist(p[::97], p).le(r)
+        assert torch.equal(again.counts[::97], idx.sum(1)) and torch.equal(again.idx, got.idx)
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
