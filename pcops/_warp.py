@@ -959,12 +959,16 @@ class Prepared:
     def put(self, name: str, value) -> None:
         """Set the scalar argument ``name`` to ``value`` (a number; a vector argument's: a tuple of
         them) in every chunk's packed arguments, converted as they were packed (by ctypes: not
-        a float16 scalar, packed as its bits, which no caller puts)."""
+        a float16 scalar, packed as its bits, which no caller puts); a field of a struct
+        argument: ``struct__field``."""
+        *outer, field = name.split("__")
         for args in self._args:
+            for part in outer:
+                args = getattr(args, part)
             if isinstance(value, tuple):
-                getattr(args, name)[:] = value
+                getattr(args, field)[:] = value
             else:
-                setattr(args, name, value)
+                setattr(args, field, value)
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""

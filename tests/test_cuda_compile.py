@@ -72,16 +72,17 @@ FACTORIES = [
       for g in (F32, F64) for d in (F32, F64)],
 ]
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
-FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.mesh._search._funcs",
+FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.neighbours._cells._key_func", "pcops.ops.neighbours._cells._counting_sort_func", "pcops.ops.mesh._search._funcs",
                   "pcops.ops.mesh._search.walk_func", "pcops.ops.mesh._caps._check_func", "pcops.ops.mesh._caps._descent_func", "pcops.ops.mesh._crossings.reference_func", "pcops.ops.sampling.fps._native_lower",
                   "pcops.ops.neighbours.nearest._costs._native_block", "pcops.ops.neighbours.nearest._scan_rows.native_row", "pcops.ops.neighbours.nearest._scan_rows.native_leaf", "pcops.ops.neighbours.nearest._scan_rows.native_ball", "pcops.ops.neighbours.nearest._kdtree._split_func", "pcops.ops.neighbours.nearest._kdtree.chain_func"} | {
     f"pcops._warp_funcs.{name}" for name in ("bounds", "cell_range", "cell_scan", "_cells_struct", "by_coordinate", "cell_offset", "cells", "fill_row", "finite", "finite_bounds", "flag_not_finite", "heap_insert", "plane_normal", "sorted_insert", "widest_axis")}
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch; the winding op's shared walks by torch's cummax, not _follow_kernel); plain eager calls (knn_graph's and radius_graph's edge rows, knn_aggregate's weighted means) and
-# the small trees kept per thread (their points' load) and the batches' forests of kd-trees (their per-sample build) are CPU calls
+# the small trees kept per thread (their points' load), the batches' forests of kd-trees (their per-sample build) and the kept cell lists of small
+# clouds (their one-thread build) are CPU calls
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.mesh._search._follow_kernel", "pcops.ops.neighbours.graph._rows_kernel",
             "pcops.ops.neighbours.nearest._mean._kernel", "pcops.ops.neighbours.nearest._kdtree._load_kernel",
-            "pcops.ops.neighbours.nearest._kdtree._forest_kernel"}
+            "pcops.ops.neighbours.nearest._kdtree._forest_kernel", "pcops.ops.neighbours._kept_cells._build_kernel"}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

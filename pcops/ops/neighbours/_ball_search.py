@@ -20,7 +20,7 @@ import torch
 import warp as wp
 
 from ... import _layout, _threads, _validate, _warp, _warp_funcs
-from . import _ball_tree, _cells
+from . import _ball_tree, _cells, _kept_cells
 from .nearest import _distances, _scan_rows
 
 
@@ -231,6 +231,10 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
             if validate and flag[0]:  # (the launch's values check found NaN or inf: raises, naming them)
                 _validate.finite(query=query, ref=ref)
             return idx, counts, dists
+    if m and n and query_group is None and query.is_cpu and pairs > SCAN_PAIRS and max(m, n) <= _kept_cells.LARGEST and KEPT_LISTS[0]:
+        found = _listed(query.contiguous(), ref.contiguous(), radii, max_neighbors, validate, by_index)
+        if found is not None:
+            return found
     if validate:
         _validate.finite(query=query, ref=ref)
     if m == 0 or n == 0:
@@ -260,6 +264,45 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         args = [scan, Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, _warp.no_flag(query.device)[1]]
         _warp.launch(search_kernel, m, args, like=query, min_chunk=1 if dense else _warp.QUERY_CHUNK, work=pairs if dense else None)
     return idx, counts, dists
+
+
+# One small CPU cloud above SCAN_PAIRS scans a cell list built into kept buffers (tests compare with False)
+KEPT_LISTS = [True]
+
+
+def _listed(query, ref, radii: list, max_neighbors: list, validate: bool, by_index: bool):
+    """:func:`search` of one small CPU cloud (contiguous) on the calling thread's kept cell list
+    (:mod:`._kept_cells`: the same list as a :class:`._cells.CellList`'s, so the same rows and
+    counts) and its kept scan launches (:func:`pcops._warp.ranged`); None where none is kept
+    (yet) or a radius takes the kd-tree (crowded balls: the general path)."""
+    m, n, width = query.shape[0], ref.shape[0], sum(max_neighbors)
+    plan = _kept_cells.plan(query.dtype, max(m, n))
+    if plan is None:
+        return None
+    host = plan.extent(query, ref)
+    if not by_index and any(_ball_tree.in_range(r, query.dtype) and _ball_tree.crowded(r, k, n, host) for r, k in zip(radii, max_neighbors)):
+        return None
+    first = [sum(max_neighbors[:g]) for g in range(len(radii))]
+    idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
+    dists = query.new_empty((m, 0 if by_index else width))
+    for group in groups(radii):
+        if plan.build(query, ref, radii[group[-1]], host) and validate:
+            _validate.finite(query=query, ref=ref)  # (the build found NaN or inf: raises, naming them)
+        columns, rows = _columns(group, first, max_neighbors, dists, idx)
+        search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, False, VECTOR_RUNS)
+        args = lambda: [plan.scan(query, n), Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, _warp.no_flag(query.device)[1]]  # noqa: E731
+        launch = _warp.ranged(("ball list", query.dtype, plan.capacity, tuple(group), columns, width, by_index, VECTOR_RUNS),
+                              lambda: _warp.prepare(search_kernel, m, args(), None, _warp.QUERY_CHUNK), _LISTED_GROUPS, (m, n), m, None,
+                              _warp.QUERY_CHUNK, values=(("radius", tuple(float(radii[g]) for g in group)), ("cells__dims", plan.dims)))
+        if launch is None:
+            _warp.launch(search_kernel, m, args(), like=query, min_chunk=_warp.QUERY_CHUNK)
+        else:
+            launch.run_at(launch.fields(*_kept_cells.FIELDS, "dists", "idx", "counts"), *plan.fields(), query, *rows, counts)
+    return idx, counts, dists
+
+
+# The lengths a kept list's scan sets: its queries', its points'
+_LISTED_GROUPS = (_kept_cells.LENGTHS[0] + ("dists", "idx", "counts"), _kept_cells.LENGTHS[1])
 
 
 def _columns(group: list, first: list, max_neighbors: list, dists: torch.Tensor, idx: torch.Tensor) -> tuple:

@@ -108,15 +108,41 @@ def permute(x: torch.Tensor, order: torch.Tensor, inverse: bool = False, width: 
 
 
 @_warp.kernels
-def _key_kernel(dtype: torch.dtype):
-    """Linear (sample, z, y, x) cell index of each point. With ``dropped`` >= 0 (the number of
-    cells of all samples), a point more than half a cell outside the grid (NaN and inf included)
-    gets that key (past every cell: never scanned); with -1, coordinates outside the grid (inf
-    included) fall in its border cells and NaN in cell 0 of its axis."""
+def _key_func(dtype: torch.dtype):
+    """``key(p, group, frame, dims, dropped)``: the linear (sample, z, y, x) cell index of a point
+    of sample ``group``. With ``dropped`` >= 0 (the number of cells of all samples), a point more
+    than half a cell outside the grid (NaN and inf included) gets that key (past every cell: never
+    scanned); with -1, coordinates outside the grid (inf included) fall in its border cells and
+    NaN in cell 0 of its axis."""
     s = _warp.scalar(dtype)
     v = _warp.vec3(dtype)
     cell, _ = _warp_funcs.cells(dtype)
     offset = _warp_funcs.cell_offset(dtype)
+
+    @wp.func(module="unique")
+    def key(p: v, group: int, frame: wp.array(dtype=s), dims: wp.vec3i, dropped: wp.int64) -> wp.int64:
+        c = wp.vec3i(0, 0, 0)
+        cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
+        outside = False
+        for a in range(3):
+            x = offset(p[a], frame[a], frame[3 + a])
+            if not (x >= s(-0.5) and x < s(dims[a]) + s(0.5)):
+                outside = True
+            c[a] = cell(x, s(dims[a] - 1))
+        found = dropped
+        if not outside or dropped < wp.int64(0):
+            found = wp.int64(group) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
+        return found
+
+    return key
+
+
+@_warp.kernels
+def _key_kernel(dtype: torch.dtype):
+    """Linear (sample, z, y, x) cell index of each point (:func:`_key_func`)."""
+    v = _warp.vec3(dtype)
+    s = _warp.scalar(dtype)
+    key_of = _key_func(dtype)
 
     @wp.kernel(enable_backward=False, module="unique")
     def cell_keys(
@@ -129,31 +155,20 @@ def _key_kernel(dtype: torch.dtype):
         key: wp.array(dtype=wp.int64),
     ):
         i = wp.tid() + start
-        p = points[i]
-        c = wp.vec3i(0, 0, 0)
-        cells = wp.int64(dims[0]) * wp.int64(dims[1]) * wp.int64(dims[2])
-        outside = False
-        for a in range(3):
-            x = offset(p[a], frame[a], frame[3 + a])
-            if not (x >= s(-0.5) and x < s(dims[a]) + s(0.5)):
-                outside = True
-            c[a] = cell(x, s(dims[a] - 1))
-        if outside and dropped >= wp.int64(0):
-            key[i] = dropped
-        else:
-            key[i] = wp.int64(groups[i]) * cells + (wp.int64(c[2]) * wp.int64(dims[1]) + wp.int64(c[1])) * wp.int64(dims[0]) + wp.int64(c[0])
+        key[i] = key_of(points[i], int(groups[i]), frame, dims, dropped)
 
     return cell_keys
 
 
 @_warp.kernels
-def _counting_sort_kernel():
-    """One thread (the CPU): ``order`` the indices of ``keys`` (in 0 .. total, ``total`` being
-    the dropped points) stably sorted by key, and ``starts[c]`` the first position of key c, for
-    c = 0 .. total. Linear in points + cells, against n log n for a comparison sort."""
+def _counting_sort_func():
+    """``counting_sort(keys, total, starts, order)``: ``order`` the indices of ``keys`` (in 0 ..
+    total, ``total`` being the dropped points) stably sorted by key, and ``starts[c]`` the first
+    position of key c, for c = 0 .. total, on one thread. Linear in points + cells, against
+    n log n for a comparison sort."""
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def counting_sort(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64)):
+    @wp.func(module="unique")
+    def counting_sort(keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64)):
         n = keys.shape[0]
         for c in range(total + 1):
             starts[c] = wp.int64(0)
@@ -179,6 +194,18 @@ def _counting_sort_kernel():
         for c in range(total, 0, -1):  # shift back by one cell
             starts[c] = starts[c - 1]
         starts[0] = wp.int64(0)
+
+    return counting_sort
+
+
+@_warp.kernels
+def _counting_sort_kernel():
+    """One thread (the CPU): :func:`_counting_sort_func`."""
+    sort = _counting_sort_func()
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def counting_sort(start: int, keys: wp.array(dtype=wp.int64), total: int, starts: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64)):
+        sort(keys, total, starts, order)
 
     return counting_sort
 
@@ -251,18 +278,25 @@ def extent_of(query: torch.Tensor, ref: torch.Tensor, query_group, ref_group) ->
     corners (the same values, without the torch operations that combine its parts)."""
     samples = 0.0  # the largest sample id
     if ref.device.type == "cpu" and ref.shape[0] < _SPLIT_BOX:
-        (ref_lo, ref_hi), (query_lo, query_hi) = _corners(ref, query).cpu().tolist()  # (the one read)
+        corners = _corners(ref, query).cpu().tolist()  # (the one read)
         if ref_group is not None and ref_group.numel():
             samples = float(torch.maximum(ref_group.amax(), query_group.amax()))
-        host = []
-        for lo, hi in ((ref_lo, ref_hi), (query_lo, query_hi)):
-            host += [x if x <= y else 0.0 for x, y in zip(lo, hi)] + [y if x <= y else 0.0 for x, y in zip(lo, hi)]
-        return None, host + [samples]
+        return None, host_extent(corners, samples)
     boxes = _boxes(ref, query)  # (ref / query, low / high, 3)
     samples = torch.zeros(1, dtype=torch.float64, device=ref.device)
     if ref_group is not None and ref_group.numel():
         samples = torch.maximum(ref_group.amax(), query_group.amax()).double()[None]
     return boxes, torch.cat([boxes.flatten().double(), samples]).cpu().tolist()
+
+
+def host_extent(corners: list, samples: float) -> list:
+    """:func:`extent_of`'s host numbers from the corners of the reference and the query points
+    (``[[ref_low, ref_high], [query_low, query_high]]``, +inf to -inf where no point is finite:
+    a box at 0) and the largest sample id."""
+    host = []
+    for lo, hi in corners:
+        host += [x if x <= y else 0.0 for x, y in zip(lo, hi)] + [y if x <= y else 0.0 for x, y in zip(lo, hi)]
+    return host + [samples]
 
 
 def _starts(ordered: torch.Tensor, total: int, out: torch.Tensor) -> None:
@@ -312,6 +346,38 @@ def _sort(ref_keys: torch.Tensor, query_keys: torch.Tensor, total: int) -> tuple
     return results[0][0], results[0][1], results[1][0]
 
 
+def grid(host: list, radius: float, n: int, dtype: torch.dtype) -> tuple[list, list, list, int, float]:
+    """(low, widths, dims, groups, reach): the grid of a :class:`CellList` of ``radius`` over ``n``
+    reference points of ``dtype`` whose extent is ``host`` (:func:`extent_of`'s): its low corner,
+    cell widths and cells a side (x, y, z), its samples, and the reach past which no point can
+    be a neighbour (the radius, at least :func:`pcops._warp_funcs.reach_floor`, and a margin)."""
+    radius = max(radius, _warp_funcs.reach_floor(dtype))  # (subnormal squares)
+    reach = radius * 1.01  # beyond it no point can be a neighbour, rounding included
+    low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
+    high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
+    groups = max(int(host[12]) + 1, 1)
+    half = [max(h * 0.5 - lo * 0.5, 0.0) for lo, h in zip(low, high)]  # (halves: finite where a side overflows)
+    # in units of the larger of the box and the radius (products of three widths neither over- nor
+    # underflow), each width at least 2^-20 of its side and 2^-60 (at most 2^20 cells a side)
+    unit = max(*half, radius * 0.5)
+    side = [x / unit for x in half]
+    widths = [max(c * (radius * 0.5 / unit), x / (1 << 20), 2.0**-60) for c, x in zip(CELL, side)]
+    volume = max(side[0] * side[1] * side[2], 1e-300)
+    widen = (volume * groups / (CELLS_PER_POINT * max(n, 1) * widths[0] * widths[1] * widths[2])) ** (1.0 / 3.0)
+    widths = [w * max(widen, 1.0) for w in widths]
+    dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
+    while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
+        widths = [w * 1.25 for w in widths]  # a flat or thin cloud: the volume bound above was too generous
+        dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
+    widths = [w * unit * 2.0 for w in widths]
+    # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0;
+    # the side itself, not its share of the unit: a radius 1e300 over points 1e-100 apart makes that share 0); no
+    # width past the dtype's largest number (an inverse of 0 makes the windows NaN; two such cells span every extent)
+    info = torch.finfo(dtype)
+    widths = [min(w if d > 1 else max(4.0 * x, info.tiny ** 0.5), info.max) for w, d, x in zip(widths, dims, half)]
+    return low, widths, dims, groups, reach
+
+
 class CellList:
     """Reference points sorted into a dense grid of cells (one grid per sample).
 
@@ -339,30 +405,7 @@ class CellList:
             self._empty(m, ref)
             return
         boxes, host = extent if extent is not None else extent_of(query, ref, query_group, ref_group)
-        radius = max(radius, _warp_funcs.reach_floor(ref.dtype))  # (subnormal squares)
-        reach = radius * 1.01  # beyond it no point can be a neighbour, rounding included
-        low = [max(p, q - reach) for p, q in zip(host[0:3], host[6:9])]
-        high = [min(p, q + reach) for p, q in zip(host[3:6], host[9:12])]
-        groups = max(int(host[12]) + 1, 1)
-        half = [max(h * 0.5 - lo * 0.5, 0.0) for lo, h in zip(low, high)]  # (halves: finite where a side overflows)
-        # in units of the larger of the box and the radius (products of three widths neither over- nor
-        # underflow), each width at least 2^-20 of its side and 2^-60 (at most 2^20 cells a side)
-        unit = max(*half, radius * 0.5)
-        side = [x / unit for x in half]
-        widths = [max(c * (radius * 0.5 / unit), x / (1 << 20), 2.0**-60) for c, x in zip(CELL, side)]
-        volume = max(side[0] * side[1] * side[2], 1e-300)
-        widen = (volume * groups / (CELLS_PER_POINT * max(n, 1) * widths[0] * widths[1] * widths[2])) ** (1.0 / 3.0)
-        widths = [w * max(widen, 1.0) for w in widths]
-        dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
-        while dims[0] * dims[1] * dims[2] * groups > CELLS_PER_POINT * n + 64 and max(dims) > 1:
-            widths = [w * 1.25 for w in widths]  # a flat or thin cloud: the volume bound above was too generous
-            dims = [max(1, min(int(x / w) + 1, 1 << 20)) for x, w in zip(side, widths)]
-        widths = [w * unit * 2.0 for w in widths]
-        # one cell along an axis: twice its side (an inverse the dtype holds, not 1 / a huge radius's cell rounded to 0;
-        # the side itself, not its share of the unit: a radius 1e300 over points 1e-100 apart makes that share 0); no
-        # width past the dtype's largest number (an inverse of 0 makes the windows NaN; two such cells span every extent)
-        info = torch.finfo(ref.dtype)
-        widths = [min(w if d > 1 else max(4.0 * x, info.tiny ** 0.5), info.max) for w, d, x in zip(widths, dims, half)]
+        low, widths, dims, groups, reach = grid(host, radius, n, ref.dtype)
         if dev.type == "cpu":  # (low corner, 1 / widths)
             frame = torch.tensor([*low, *(1.0 / w for w in widths)], dtype=ref.dtype)
         else:  # on the device: fills, not a blocking copy from the host
@@ -428,14 +471,8 @@ class CellList:
         """The launch argument of a kernel that scans this list (the struct of
         :func:`pcops._warp_funcs.cell_scan`): the list's arrays, the queries (M, 3) and their
         sample ids, and ``points`` (N, 3), the reference points in the list's order."""
-        scan = _scan_type(query.dtype)()
-        vec = _warp.vec3(query.dtype)
-        scan.tensors = (self.rows, self.starts, self.frame, query.contiguous(), groups_of(query_group, query), points.contiguous(),
-                        self.order)
-        for name, t in zip(("rows", "starts", "frame", "query", "groups", "points", "order"), scan.tensors):
-            setattr(scan, name, _warp.array(t, dtype=vec if t.dim() == 2 else None))
-        scan.dims = self.dims
-        return scan
+        return scan_of((self.rows, self.starts, self.frame, query.contiguous(), groups_of(query_group, query), points.contiguous(), self.order),
+                       self.dims)
 
     def _keys(self, ref, ref_group, dropped: int, query, query_group) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear (sample, z, y, x) cell index of each point of ``ref`` and of ``query`` (one
@@ -451,6 +488,19 @@ class CellList:
         _warp.launch(kernel, ref.shape[0], ref_args, like=ref, min_chunk=_MIN_CHUNK, beside=(kernel, query_args, query.shape[0]),
                      work=ref.shape[0] + query.shape[0])
         return ref_keys, query_keys
+
+
+def scan_of(tensors: tuple, dims) -> object:
+    """The scan struct of a cell list (:meth:`CellList.scan`) from its tensors ``(rows, starts,
+    frame, query, groups, points, order)`` (contiguous) and ``dims``; it keeps them alive."""
+    dtype = tensors[2].dtype
+    scan = _scan_type(dtype)()
+    vec = _warp.vec3(dtype)
+    scan.tensors = tensors
+    for name, t in zip(("rows", "starts", "frame", "query", "groups", "points", "order"), tensors):
+        setattr(scan, name, _warp.array(t, dtype=vec if t.dim() == 2 else None))
+    scan.dims = dims
+    return scan
 
 
 @_warp.kernels  # cached under the build lock: one type per dtype for every thread
