@@ -129,3 +129,26 @@ def test_non_finite_points_raise_or_equal_the_general_path(gen, monkeypatch, val
         _, ref_idx, ref_counts = reference.ball_query(q.double(), p.double(), 0.1, 16)
         got = pcops.ball_query(q, p, 0.1, 16)
         assert torch.equal(got.counts, ref_counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_kept_lists_at_extreme_scales_and_radii_equal_the_general_path(gen, monkeypatch, dtype):
+    """Clouds at scales of 1e-30 to 1e30 with radii from the dtype's smallest normal numbers to its
+    largest (the by-index search takes every radius on a kept list: it never walks the tree),
+    points on a line and all at one place: the general path's rows and counts."""
+    info = torch.finfo(dtype)
+    for scale in (1e-30, 1.0, 1e30):
+        p = (torch.rand(900, 3, generator=gen, dtype=dtype) * 2 - 1) * scale
+        q = (torch.rand(800, 3, generator=gen, dtype=dtype) * 2 - 1) * scale
+        for r in (info.tiny, 1e-3 * scale, 0.1 * scale, 3.0 * scale, info.max):
+            for _ in range(2):
+                assert_kept_equals_general(monkeypatch, lambda: torch.ops.pcops.ball_query_by_index(q, p, float(r), 8, False, None, None))
+                assert_kept_equals_general(monkeypatch, lambda: pcops.ball_query(q, p, float(r), 8, validate=False))
+    line = torch.zeros(900, 3, dtype=dtype)
+    line[:, 0] = torch.linspace(0, 1, 900, dtype=dtype)
+    one = torch.ones(900, 3, dtype=dtype)
+    for _ in range(2):
+        got = assert_kept_equals_general(monkeypatch, lambda: pcops.ball_query(line, line, 0.01, 8))
+        assert torch.equal(got.counts, reference.ball_query(line.double(), line.double(), 0.01, 8)[2])
+        got = assert_kept_equals_general(monkeypatch, lambda: torch.ops.pcops.ball_query_by_index(one, one, 0.5, 8, False, None, None))
+        assert torch.equal(got[1], torch.full((900,), 900))
