@@ -291,7 +291,7 @@ def _listed(query, ref, radii: list, max_neighbors: list, validate: bool, by_ind
         columns, rows = _columns(group, first, max_neighbors, dists, idx)
         search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, False, VECTOR_RUNS)
         args = lambda: [plan.scan(query, n), Radii(*(radii[g] for g in group)), Ints(*group), *rows, counts, _warp.no_flag(query.device)[1]]  # noqa: E731
-        launch = _warp.ranged(("ball list", query.dtype, plan.capacity, tuple(group), columns, width, by_index, VECTOR_RUNS),
+        launch = _warp.ranged(("ball list", query.dtype, plan.capacity, tuple(group), tuple(max_neighbors), by_index, VECTOR_RUNS),
                               lambda: _warp.prepare(search_kernel, m, args(), None, _warp.QUERY_CHUNK), _LISTED_GROUPS, (m, n), m, None,
                               _warp.QUERY_CHUNK, values=(("radius", tuple(float(radii[g]) for g in group)), ("cells__dims", plan.dims)))
         if launch is None:

@@ -152,3 +152,16 @@ def test_kept_lists_at_extreme_scales_and_radii_equal_the_general_path(gen, monk
         assert torch.equal(got.counts, reference.ball_query(line.double(), line.double(), 0.01, 8)[2])
         got = assert_kept_equals_general(monkeypatch, lambda: torch.ops.pcops.ball_query_by_index(one, one, 0.5, 8, False, None, None))
         assert torch.equal(got[1], torch.full((900,), 900))
+
+
+def test_kept_scans_of_radii_groups_with_other_caps_of_one_width(gen, monkeypatch):
+    """Two groups of radii whose caps differ but sum to the same width (4 + 12, 8 + 8, 12 + 4), each
+    called in turn on kept lists: each radius' columns and counts are the general path's and
+    the reference's (a kept scan serves only the caps it was made for)."""
+    q, p = torch.rand(800, 3, generator=gen) * 2 - 1, torch.rand(900, 3, generator=gen) * 2 - 1
+    for _ in range(3):
+        for caps in ((4, 12), (8, 8), (12, 4)):
+            got = assert_kept_equals_general(monkeypatch, lambda: pcops.ball_queries(q, p, (0.03, 0.12), caps))
+            for g, (r, k) in enumerate(zip((0.03, 0.12), caps)):
+                _, ref_idx, ref_counts = reference.ball_query(q.double(), p.double(), r, k)
+                assert torch.equal(got[g].counts, ref_counts) and torch.equal(got[g].idx, ref_idx)
