@@ -6,7 +6,8 @@ The cell list of the radius ops (``pcops.ops.neighbours._cells``: the reference 
 cells of the grid) yields the candidates; each query keeps its K best (distance, index) pairs
 sorted in its output row by insertion, so the result does not depend on the traversal order.
 Small clouds (on the CPU at most ``SCAN_PAIRS`` pairs; on CUDA :func:`pcops._warp.cuda_scans`)
-skip the cell list: the same kernel scans every pair. Several radii (ball_queries) are searched per group of close radii
+skip the cell list: the same kernel scans every pair; one CPU cloud past that and of at most
+``_kept_cells.LARGEST`` points builds its list into kept buffers (:func:`_listed`). Several radii (ball_queries) are searched per group of close radii
 (``GROUP_RATIO``): one cell list and one scan that tests each point against every radius of
 the group. Every search calls :func:`search` and its one kernel (:func:`kernel`); a group of
 several radii compiles a kernel for its caps (their columns are constants of the kernel), once
