@@ -232,8 +232,9 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
             if validate and flag[0]:  # (the launch's values check found NaN or inf: raises, naming them)
                 _validate.finite(query=query, ref=ref)
             return idx, counts, dists
+    extent = None  # (the clouds' extent, where a kept list read it)
     if m and n and query_group is None and query.is_cpu and pairs > SCAN_PAIRS and max(m, n) <= _kept_cells.LARGEST and KEPT_LISTS[0]:
-        found = _listed(query.contiguous(), ref.contiguous(), radii, max_neighbors, validate, by_index)
+        found, extent = _listed(query.contiguous(), ref.contiguous(), radii, max_neighbors, validate, by_index)
         if found is not None:
             return found
     if validate:
@@ -249,7 +250,8 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
     dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, n, SCAN_COST))
     grouped = [sorted(range(len(radii)), key=lambda g: radii[g])] if dense else groups(radii)
     tree = not dense and not by_index and query.is_cpu  # (crowded balls may take the kd-tree)
-    extent = _cells.extent_of(query, ref, query_group, ref_group) if len(grouped) > 1 or tree else None  # one host read for all
+    if extent is None and (len(grouped) > 1 or tree):
+        extent = _cells.extent_of(query, ref, query_group, ref_group)  # one host read for all
     if tree:
         crowd = _ball_tree.take(query, ref, query_group, ref_group, radii, max_neighbors, first, dists, idx, counts, extent[1],
                                 validate, HEAP_FROM)
@@ -272,17 +274,18 @@ KEPT_LISTS = [True]
 
 
 def _listed(query, ref, radii: list, max_neighbors: list, validate: bool, by_index: bool):
-    """:func:`search` of one small CPU cloud (contiguous) on the calling thread's kept cell list
-    (:mod:`._kept_cells`: the same list as a :class:`._cells.CellList`'s, so the same rows and
-    counts) and its kept scan launches (:func:`pcops._warp.ranged`); None where none is kept
-    (yet) or a radius takes the kd-tree (crowded balls: the general path)."""
+    """(result, extent): :func:`search`'s result for one small CPU cloud (contiguous) on the calling
+    thread's kept cell list (:mod:`._kept_cells`: the same list as a :class:`._cells.CellList`'s,
+    so the same rows and counts) and its kept scan launches (:func:`pcops._warp.ranged`); the
+    result None where none is kept (yet), or where a radius takes the kd-tree (crowded balls:
+    the general path, given the clouds' extent as :func:`._cells.extent_of` gives it)."""
     m, n, width = query.shape[0], ref.shape[0], sum(max_neighbors)
     plan = _kept_cells.plan(query.dtype, max(m, n))
     if plan is None:
-        return None
+        return None, None
     host = plan.extent(query, ref)
     if not by_index and any(_ball_tree.in_range(r, query.dtype) and _ball_tree.crowded(r, k, n, host) for r, k in zip(radii, max_neighbors)):
-        return None
+        return None, (None, host)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
     dists = query.new_empty((m, 0 if by_index else width))
@@ -299,7 +302,7 @@ def _listed(query, ref, radii: list, max_neighbors: list, validate: bool, by_ind
             _warp.launch(search_kernel, m, args(), like=query, min_chunk=_warp.QUERY_CHUNK)
         else:
             launch.run_at(launch.fields(*_kept_cells.FIELDS, "dists", "idx", "counts"), *plan.fields(), query, *rows, counts)
-    return idx, counts, dists
+    return (idx, counts, dists), None
 
 
 # The lengths a kept list's scan sets: its queries', its points'
