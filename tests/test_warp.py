@@ -232,6 +232,9 @@ _FORK = """
     for _ in range(2):  # >= 2048 queries on 2 threads, after the first (build) launch: the threads exist now
         expected = pcops.radius_aggregate(q, p, f, 0.05, 0.1)
     edges = pcops.radius_graph(p, 0.05)  # the cell list's two-pass kernel, no cap
+    small = p[:1000]
+    for _ in range(3):  # past the every-pair scan: a kept cell list, made on the second call and run by the third
+        balls = pcops.ball_query(small, small, 0.08, 16)
     assert bool(pcops._warp._pool_state) == (threads == "pool")
     time.sleep(0.5)  # the threads are idle when the workers fork (as between epochs)
 
@@ -245,7 +248,7 @@ _FORK = """
             # Nor does the parent's OpenMP team: the child's chunks go to the pool.
             assert pcops._warp._openmp() is None
             torch.set_num_threads(2)  # pcops' chunks on two threads (its torch ops here are too small to go parallel)
-            return pcops.radius_aggregate(q, p, f, 0.05, 0.1), pcops.radius_graph(p, 0.05)
+            return pcops.radius_aggregate(q, p, f, 0.05, 0.1), pcops.radius_graph(p, 0.05), pcops.ball_query(small, small, 0.08, 16)
 
     # Workers keep torch's one thread in a forked child: torch's own OpenMP parallel regions are
     # not fork-safe (a plain torch op with 2 threads hangs there too, pcops or not).
@@ -255,6 +258,7 @@ _FORK = """
     for batch in loader:
         torch.testing.assert_close(batch[0][0], expected, rtol=0, atol=0)
         assert torch.equal(batch[1][0], edges)
+        assert all(torch.equal(a[0], b) for a, b in zip(batch[2], balls))
     print("ok")
 """
 

@@ -165,3 +165,28 @@ def test_kept_scans_of_radii_groups_with_other_caps_of_one_width(gen, monkeypatc
             for g, (r, k) in enumerate(zip((0.03, 0.12), caps)):
                 _, ref_idx, ref_counts = reference.ball_query(q.double(), p.double(), r, k)
                 assert torch.equal(got[g].counts, ref_counts) and torch.equal(got[g].idx, ref_idx)
+
+
+def test_threads_keep_lists_of_their_own(gen):
+    """Four threads calling on clouds of sizes in turn at once (each thread's plans and scans kept
+    for it): every result equals the same call's on the main thread."""
+    import threading
+
+    clouds = [torch.rand(n, 3, generator=gen) * 2 - 1 for n in (800, 1000, 1500, 2000)]
+    want = [pcops.ball_query(p, p, 0.1, 16) for p in clouds]
+    errors = []
+
+    def worker(t):
+        try:
+            for turn in range(12):
+                c = (t + turn) % len(clouds)
+                got = pcops.ball_query(clouds[c], clouds[c], 0.1, 16)
+                if not all(torch.equal(a, b) for a, b in zip(got, want[c])):
+                    errors.append((t, turn))
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
