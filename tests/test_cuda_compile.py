@@ -67,9 +67,6 @@ FACTORIES = [
     *[(f"distributed fps update {d}", importlib.import_module("pcops.distributed._fps")._update_kernel, (d,)) for d in (F32, F64)],
     *[(f"sinkhorn p={p} {d}", importlib.import_module("pcops.ops.transport.sinkhorn")._kernels, (d, p)) for d in (F32, F64) for p in (1, 2)],
     *[(f"mesh sample {d} from_seeds={h}", importlib.import_module("pcops.ops.mesh.sample")._draw_kernel, (d, h)) for d in (F32, F64) for h in (False, True)],
-    # (launched by the CPU's path only, GPUs keeping torch's topk: compiled here as every kernel is)
-    *[(f"knn features rank {g} points {d}", importlib.import_module("pcops.ops.neighbours.nearest._features")._kernel, (g, d))
-      for g in (F32, F64) for d in (F32, F64)],
 ]
 # factories of Warp functions (and of the cell scan's launch type), compiled with the kernels that call them
 FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neighbours.nearest._kdtree.scan_row", "pcops.ops.neighbours._cells._scan_type", "pcops.ops.neighbours._cells._key_func", "pcops.ops.neighbours._cells._counting_sort_func", "pcops.ops.mesh._search._funcs",
@@ -79,10 +76,11 @@ FUNCTIONS_ONLY = {"pcops.ops.neighbours.nearest._kdtree._funcs", "pcops.ops.neig
 # CPU-only kernels (native snippets calling the CPU's OpenMP runtime): never launched on a GPU
 # GPUs: the torch form (_closed_torch; the winding op's shared walks by torch's cummax, not _follow_kernel); plain eager calls (knn_graph's and radius_graph's edge rows, knn_aggregate's weighted means) and
 # the small trees kept per thread (their points' load), the batches' forests of kd-trees (their per-sample build) and the kept cell lists of small
-# clouds (their one-thread build) are CPU calls
+# clouds (their one-thread build) are CPU calls; the feature-space kNN ranks its candidates in native vector code on the CPU (GPUs: torch's topk)
 CPU_ONLY = {"pcops._warp._fork_kernel", "pcops.ops.mesh._search._closed_kernel", "pcops.ops.mesh._search._follow_kernel", "pcops.ops.neighbours.graph._rows_kernel",
             "pcops.ops.neighbours.nearest._mean._kernel", "pcops.ops.neighbours.nearest._kdtree._load_kernel",
-            "pcops.ops.neighbours.nearest._kdtree._forest_kernel", "pcops.ops.neighbours._kept_cells._build_kernel"}
+            "pcops.ops.neighbours.nearest._kdtree._forest_kernel", "pcops.ops.neighbours._kept_cells._build_kernel",
+            "pcops.ops.neighbours.nearest._features._kernel"}
 
 
 def test_every_kernel_factory_of_pcops_is_compiled_here():

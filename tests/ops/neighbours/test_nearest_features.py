@@ -190,40 +190,46 @@ def test_feature_search_in_many_chunks_equals_one_chunk(gen, dtype, monkeypatch)
         assert torch.equal(chunked_padded.idx[b], brute_force(padded[b], padded[b], 9)[1])
 
 
-def test_rank_keeps_the_width_smallest_gram_values(gen, monkeypatch):
+@pytest.mark.parametrize("gram, points_dtype", [(F64, F64), (torch.float32, torch.float32), (F64, torch.float32)])
+def test_rank_keeps_the_width_smallest_gram_values(gen, monkeypatch, gram, points_dtype):
     """The kernel's candidates are the rows of the width smallest values of its row (each value
     here the Gram formula's with |q|^2 = |p|^2 = 0), whatever the row's length and the ties, and
-    ``last`` is the width-th smallest (inf where the row has fewer finite values); the queries
-    split into 1 to 7 ranges, one buffer each; rows just below and at the length where the scan
-    changes its way of storing values."""
+    ``last`` is the width-th smallest (inf where the row has fewer finite values, NaN where one is
+    NaN); the queries split into 1 to 7 ranges, one buffer each; rows of one tile and of several
+    (the first tile's bound from each lane's smallest values, then the buffer's), widths within
+    and past what the lanes bound (8 float32 or 4 float64 lanes, 8 values each)."""
     from pcops.ops.neighbours.nearest import _features
 
-    # random rows, then rows on both sides of the kernel's switch to its branch-free scan (n < 16 width)
-    crossover = [(16 * w + d, w) for w in (2, 9, 28) for d in (-1, 0)]
-    for trial in range(120 + len(crossover)):
+    # random rows, then rows about a tile's length and widths about what the lanes bound
+    edges = [(_features.TILE + d, w) for d in (-1, 0, 1, 9) for w in (1, 31, 32, 33, 64)]
+    for trial in range(120 + len(edges)):
         if trial < 120:
-            n = int(torch.randint(1, 400, (1,), generator=gen))
+            n = int(torch.randint(1, 3 * _features.TILE, (1,), generator=gen))
             width = int(torch.randint(1, min(n, _features.MAX_WIDTH) + 1, (1,), generator=gen))
         else:
-            n, width = crossover[trial - 120]
-        values = torch.randn(2, 3, n, generator=gen, dtype=F64)
+            n, width = edges[trial - 120]
+        values = torch.randn(2, 3, n, generator=gen, dtype=F64).to(gram)
         if trial % 3 == 0:
             values = values.round()  # many equal values
         if trial % 5 == 0:
             values[:, :, n // 2 :] = float("inf")  # fewer finite values than width, at times
+        if trial % 7 == 0:
+            values[1, 2, n // 3] = float("nan")  # (that row's last: NaN, its candidates any)
         products = (-values / 2).contiguous()
-        zeros = torch.zeros(2, 3, dtype=F64), torch.zeros(2, n, dtype=F64)
+        zeros = torch.zeros(2, 3, dtype=gram), torch.zeros(2, n, dtype=gram)
         rows = torch.arange(n).expand(2, n).contiguous()
-        points = torch.zeros(2, 3, 1, dtype=F64), values.new_zeros(2, n, 1)  # every distance 0: ties by row
+        points = torch.zeros(2, 3, 1, dtype=points_dtype), torch.zeros(2, n, 1, dtype=points_dtype)  # every distance 0: ties by row
         with monkeypatch.context() as m:  # the queries in 1 to 7 ranges, each through one buffer
             m.setattr(_features._threads, "requested", lambda: 1 + trial % 7)
             dist, cand, last = _features.rank(products, *zeros, *points, rows, width, width)
         smallest = values.sort(-1).values
-        assert torch.equal(last, smallest[..., width - 1]), trial
+        nan = values.isnan().any(-1)
+        assert torch.equal(last.isnan(), nan), trial
+        assert torch.equal(last[~nan], smallest[..., width - 1][~nan]), trial
         finite = cand >= 0
-        assert torch.equal(finite, torch.isfinite(smallest[..., :width])), trial
+        assert torch.equal(finite[~nan], torch.isfinite(smallest[..., :width])[~nan]), trial
         kept = torch.where(finite, values.gather(2, cand.clamp_min(0)), float("inf")).sort(-1).values
-        assert torch.equal(kept, smallest[..., :width]), trial
+        assert torch.equal(kept[~nan], smallest[..., :width][~nan]), trial
         assert bool((cand[..., 1:][finite[..., 1:]] > cand[..., :-1][finite[..., 1:]]).all()), trial  # equal distances: by row
 
 

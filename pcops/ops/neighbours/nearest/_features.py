@@ -1,5 +1,6 @@
 """The candidates of the feature-space kNN on the CPU (:func:`._torch._search_features`) in one
-Warp launch per chunk of queries, instead of torch's ``topk``, gathers and sorts.
+Warp launch per chunk of queries (a native function on vectors), instead of torch's ``topk``,
+gathers and sorts.
 
 A thread per range of query rows (one range per torch thread) takes each row's Gram form matrix
 products (``products``: q.p of the centred points, from a batched matrix product) and keeps the
@@ -13,199 +14,303 @@ the candidates by (distance, row of ref) and writes the first ``take``: distance
 neighbour). The same neighbours as the torch form of the same steps: which of several equal Gram
 values it keeps at its edge never matters, since the caller checks ``last`` against the k-th
 distance (see :func:`._torch._search_features`).
-
-(A Warp trap met here: ``a, b = x[i], y[i]`` binds the array elements, not their values; a
-store to ``x[i]`` before ``a`` is read changes ``a``. Elements read into names that outlive a
-store to them are read one statement each.)
 """
 
 import torch
 import warp as wp
 
-from .... import _threads, _warp
+from .... import _threads, _warp, _warp_funcs
 
 _LAST_ROW = 2**62  # the row an empty candidate sorts by (after every row of ref)
 MAX_WIDTH = 64  # candidates a query at most (k + 8; more: the torch form)
-_SAMPLES = 64  # values of a row at most in the sample that sets its first threshold
+TILE = 256  # values of a row a tile (a multiple of 8): the first one's buffered on the stack
 _VEC4 = {torch.float32: wp.vec4f, torch.float64: wp.vec4d}
+
+
+# One query row of :func:`_kernel` in native code (CPU; see its docs): the row's values made
+# and compared a vector of lanes at a time (``real``: the Gram form's dtype, the formula's
+# operations in its order, none fused), the candidates' differences four float64 lanes at a time
+# from ``point`` coordinates, each candidate's place in (distance, row) order counted four
+# distances at a time.
+_ROW_SNIPPET = r"""
+#if defined(__CUDA_ARCH__)
+return -1;
+#else
+typedef POINT point;
+typedef double d4 __attribute__((vector_size(32)));
+typedef point p4 __attribute__((vector_size(4 * sizeof(point))));
+struct Pair { double value, slot; };  // a buffer entry (16 bytes: moved whole)
+const int g = t / rows, i = t - g * rows;
+const int n = products.shape[2];
+const real* X = (const real*)((const char*)products.data + g * products.strides[0] + i * products.strides[1]);
+const real* RS = (const real*)((const char*)r_sq.data + g * r_sq.strides[0]);
+const real qs = *(const real*)((const char*)q_sq.data + g * q_sq.strides[0] + i * q_sq.strides[1]);
+Pair* B = (Pair*)((char*)buf.data + lane * buf.strides[0]);
+const real inf = __builtin_inf();
+const int capacity = 2 * MAX_WIDTH;
+// entry ``target`` of the first ``count`` made the value of that rank, the smaller before it, the
+// others after (a quickselect, the middle of three as the pivot, every pair swapped: no branch on
+// the values; the pivot put between the halves and left out of the next pass)
+auto nth = [&](int count, int target) -> real {
+    int lo = 0, hi = count;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        const double ka = B[lo].value, kb = B[mid].value, kc = B[hi - 1].value;
+        int at = mid;
+        if (ka < kb) {
+            if (kc < kb)
+                at = ka < kc ? hi - 1 : lo;
+        } else if (ka < kc)
+            at = lo;
+        else if (kb < kc)
+            at = hi - 1;
+        const Pair chosen = B[at];
+        B[at] = B[hi - 1];
+        int fence = lo;
+        for (int j = lo; j < hi - 1; ++j) {
+            const Pair x = B[j];
+            B[j] = B[fence];
+            B[fence] = x;
+            fence += x.value < chosen.value;
+        }
+        B[hi - 1] = B[fence];
+        B[fence] = chosen;
+        if (target < fence)
+            hi = fence;
+        else if (target > fence)
+            lo = fence + 1;
+        else
+            lo = hi;
+    }
+    return (real)B[target].value;
+};
+// every value of the row into the buffer that can be among its width smallest, in the row's order:
+// in the first tile, each lane's ``levels`` smallest values (distinct values of the row: NaN and
+// inf never enter) bound it, the largest of them no smaller than width of the row's values; each
+// value at most the bound joins the buffer, which is cut back to its width smallest when full
+// (a quickselect), lowering the bound
+real top = inf;  // values below it join, and equal ones while ``inclusive`` (the lanes' bound, before a cut)
+bool inclusive = false;
+int count = 0, nans = 0;
+const lanes qv = (lanes){} + qs, two = (lanes){} + (real)2, far = (lanes){} + inf;
+auto cut = [&]() {  // (the buffer full: back to its width smallest)
+    top = nth(count, width - 1);
+    inclusive = false;
+    count = width;
+};
+auto keep = [&](real x, int j) {  // one value
+    if (x < top || (inclusive && x == top)) {
+        B[count] = Pair{(double)x, (double)j};
+        if (++count >= capacity)
+            cut();
+    }
+};
+auto keep_lanes = [&](lanes x, int j) {  // a vector's values from j: every lane written, those that join counted (no branch on each)
+    const unsigned bits = BITS(x < (lanes){} + top) | (inclusive ? BITS(x == (lanes){} + top) : 0u);
+    if (!bits)
+        return;
+    for (int l = 0; l < L; ++l) {
+        B[count] = Pair{(double)x[l], (double)(j + l)};
+        count += (bits >> l) & 1u;
+    }
+    if (count >= capacity)  // (the buffer holds L - 1 entries past its capacity)
+        cut();
+};
+int levels = (width + L - 1) / L;
+levels = levels <= 1 ? 1 : levels <= 2 ? 2 : levels <= 4 ? 4 : levels <= 8 ? 8 : 0;  // (0: no bound, every value a candidate)
+auto tiles = [&](auto* size) {
+    constexpr int LV = (int)sizeof(*size);
+    for (int j0 = 0; j0 < n; j0 += TILE) {
+        const int end = n - j0 < TILE ? n : j0 + TILE;
+        const bool tops = j0 == 0 && levels > 0;
+        real xb[TILE];
+        lanes low[LV];
+        for (int c = 0; c < LV; ++c)
+            low[c] = far;
+        int j = j0;
+        for (; j + L <= end; j += L) {
+            lanes p, rs;
+            __builtin_memcpy(&p, X + j, sizeof p);
+            __builtin_memcpy(&rs, RS + j, sizeof rs);
+            const lanes x = (qv + rs) - two * p;
+            const mask number = x == x;
+            nans += L - __builtin_popcount(BITS(number));
+            if (tops) {
+                __builtin_memcpy(xb + (j - j0), &x, sizeof x);
+                lanes y = (lanes)((number & (mask)x) | (~number & (mask)far));  // each lane's smallest, in order (NaN as inf)
+                for (int c = 0; c < LV; ++c) {
+                    const lanes less = __builtin_elementwise_min(y, low[c]);
+                    y = __builtin_elementwise_max(y, low[c]);
+                    low[c] = less;
+                }
+            } else
+                keep_lanes(x, j);
+        }
+        for (; j < end; ++j) {  // (the tile's last values, fewer than a vector)
+            const real x = (qs + RS[j]) - (real)2 * X[j];
+            nans += x != x;
+            if (tops)
+                xb[j - j0] = x;
+            else
+                keep(x, j);
+        }
+        if (tops) {
+            real bound = low[LV - 1][0];
+            for (int l = 1; l < L; ++l)
+                bound = low[LV - 1][l] > bound ? low[LV - 1][l] : bound;
+            top = bound;  // (inf: every finite value joins)
+            inclusive = bound < inf;
+            const int vectors = (end - j0) / L;
+            for (int v = 0; v < vectors; ++v) {
+                lanes x;
+                __builtin_memcpy(&x, xb + v * L, sizeof x);
+                keep_lanes(x, j0 + v * L);
+            }
+            for (int e = vectors * L; e < end - j0; ++e)
+                keep(xb[e], j0 + e);
+            if (end < n && count > width)  // (more tiles: the width smallest so far bound them)
+                cut();
+        }
+    }
+};
+if (levels <= 1)
+    tiles((char(*)[1])nullptr);
+else if (levels == 2)
+    tiles((char(*)[2])nullptr);
+else if (levels == 4)
+    tiles((char(*)[4])nullptr);
+else
+    tiles((char(*)[8])nullptr);
+if (count > width) {
+    top = nth(count, width - 1);
+    count = width;
+} else if (count == width) {
+    top = (real)B[0].value;
+    for (int e = 1; e < width; ++e)
+        top = top > (real)B[e].value ? top : (real)B[e].value;
+}
+if (nans > 0)
+    top = __builtin_nan("");
+*(real*)((char*)last.data + g * last.strides[0] + i * last.strides[1]) = top;
+// each candidate's direct distance: four float64 sums (dimension c in sum c mod 4, added in one
+// order), four candidates at a time (their sums independent), NaN as inf (never a neighbour; an
+// empty slot's Gram value is inf, never kept); the slots past ``count``: inf, row ``none``
+const int dims = q.shape[2];
+const point* Q = (const point*)((const char*)q.data + g * q.strides[0] + i * q.strides[1]);
+double dist[MAX_WIDTH];
+long long ids[MAX_WIDTH];
+for (int e0 = 0; e0 < count; e0 += 4) {
+    const point* R[4];
+    for (int u = 0; u < 4; ++u) {
+        const int jj = (int)B[e0 + u < count ? e0 + u : e0].slot;
+        R[u] = (const point*)((const char*)r.data + g * r.strides[0] + jj * r.strides[1]);
+    }
+    d4 sums[4] = {};
+    for (int c = 0; c < dims; ++c) {
+        p4 a;
+        __builtin_memcpy(&a, Q + 4 * c, sizeof a);
+        const d4 x = __builtin_convertvector(a, d4);
+        for (int u = 0; u < 4; ++u) {
+            p4 b;
+            __builtin_memcpy(&b, R[u] + 4 * c, sizeof b);
+            const d4 diff = x - __builtin_convertvector(b, d4);
+            const d4 square = diff * diff;
+            sums[u] = sums[u] + square;
+        }
+    }
+    for (int u = 0; u < 4 && e0 + u < count; ++u) {
+        const double acc = (sums[u][0] + sums[u][1]) + (sums[u][2] + sums[u][3]);
+        const int jj = (int)B[e0 + u].slot;
+        const long long row = *(const long long*)((const char*)r_rows.data + g * r_rows.strides[0] + jj * r_rows.strides[1]);
+        dist[e0 + u] = acc == acc ? acc : __builtin_inf();
+        ids[e0 + u] = row < 0 ? none : row;
+    }
+}
+for (int e = count; e < width; ++e) {
+    dist[e] = __builtin_inf();
+    ids[e] = none;
+}
+// each candidate's place in (distance, row) order: how many are before it (equal pairs by their
+// slot), counted four distances at a time; ties of distance resolved one by one
+typedef long long l4 __attribute__((vector_size(32)));
+auto count4 = [](l4 m) -> int {  // (a comparison's true lanes)
+#if defined(__AVX__)
+    return __builtin_popcount((unsigned)__builtin_ia32_movmskpd256((d4)m));
+#else
+    return (int)__builtin_reduce_add(m & (l4){1, 1, 1, 1});
+#endif
+};
+const int take = values.shape[2];
+const int padded = (width + 3) & ~3;
+for (int e = width; e < padded; ++e)
+    dist[e] = __builtin_nan("");  // (never smaller, never equal)
+double* V = (double*)((char*)values.data + g * values.strides[0] + i * values.strides[1]);
+long long* C = (long long*)((char*)cand.data + g * cand.strides[0] + i * cand.strides[1]);
+const long long vs = values.strides[2] / (long long)sizeof(double), cs = cand.strides[2] / (long long)sizeof(long long);
+for (int e = 0; e < width; ++e) {
+    const double d = dist[e];
+    const d4 dv = (d4){} + d;
+    int less = 0, equal = 0;
+    for (int f = 0; f < padded; f += 4) {
+        d4 o;
+        __builtin_memcpy(&o, dist + f, sizeof o);
+        less += count4((l4)(o < dv));
+        equal += count4((l4)(o == dv));
+    }
+    int at = less;
+    if (equal > 1)
+        for (int f = 0; f < width; ++f)
+            at += dist[f] == d && (ids[f] < ids[e] || (ids[f] == ids[e] && f < e));
+    if (at < take) {
+        V[at * vs] = d;
+        C[at * cs] = d < __builtin_inf() ? ids[e] : -1;
+    }
+}
+return 0;
+#endif
+"""
 
 
 @_warp.kernels
 def _kernel(dtype: torch.dtype, point_dtype: torch.dtype):
     """Thread ``lane``: the lane-th of ``lanes`` ranges of the chunk's queries, through row ``lane``
     of the buffer (pairs of a value and its slot, one 16-byte entry to move in a swap); query t: row
-    t % rows of group t // rows (see the module docs). The candidates go through a buffer of 2
-    MAX_WIDTH values: first a threshold from a sample of the row (its values every ceil(n /
-    _SAMPLES) columns; the one whose rank there puts about 2 width of the row below it), then every
-    value below the threshold joins the buffer; a full buffer is cut back to its width smallest,
-    lowering the threshold; at the end the buffer's width smallest are the candidates. A sample's
-    threshold that lets fewer than width values through is dropped and the row scanned again without
-    one. Where a fair share of the row passes (n < 16 width: about one value in 8 or more), every
-    value is stored and kept or overwritten by the count, with no branch on it (a branch there
-    mispredicts often). (A heap sifts for every value that joins it, about width ln(n / width) times
-    a row, each a mispredicted branch or more: several times slower.) The points come as rows of
-    4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D / 4)), their differences and squares taken a
-    4-vector at a time."""
+    t % rows of group t // rows (see the module docs). The row's values go by tiles of
+    :data:`TILE`. In the first, each of the L lanes (8 float32 or 4 float64 values a vector) keeps
+    its ``levels`` smallest (ceil(width / L), rounded up to 1, 2, 4 or 8; none past 8): the largest
+    of those L levels values, of distinct points, bounds the width smallest of the row. Every value
+    at most the bound joins a buffer of 2 MAX_WIDTH, in the row's order (each lane of a vector
+    written, those that join counted: no branch a value); a full buffer, and the first tile's of a
+    longer row, is cut back to its width smallest (a quickselect), lowering the bound to the
+    width-th value (then only smaller values join). At the end the buffer's width smallest are the
+    candidates. (A heap sifts for every value that joins it, about width ln(n / width) times a row,
+    each a mispredicted branch or more: several times slower.) The candidates' points come as rows
+    of 4-vectors (``q`` (G, S, D / 4), ``r`` (G, R, D / 4)), their differences and squares taken a
+    4-vector at a time, four candidates at once. All of it in a native function
+    (:data:`_ROW_SNIPPET`; Warp's CPU loops are not vectorised): CPU only (the CUDA path ranks in
+    torch), in CUDA code the function does nothing. The arrays' last dimensions are contiguous
+    (:func:`rank`)."""
     s, pt = _warp.scalar(dtype), _warp.scalar(point_dtype)
-    f64 = wp.float64
-    capacity = 2 * MAX_WIDTH
-    ranked = wp.types.vector(length=MAX_WIDTH, dtype=f64)
-    ranked_ids = wp.types.vector(length=MAX_WIDTH, dtype=wp.int64)
-    v4, p4 = wp.vec4d, wp.types.vector(length=4, dtype=pt)
-    pair = wp.vec2d  # a buffer entry: (value, slot), the value exact in float64, the slot too (below 2^53)
+    p4 = wp.types.vector(length=4, dtype=pt)
+    body = (_ROW_SNIPPET.replace("POINT", "float" if point_dtype == torch.float32 else "double")
+            .replace("MAX_WIDTH", str(MAX_WIDTH)).replace("TILE", str(TILE)))
 
-    @wp.func(module="unique")
-    def nth(buf: wp.array2d(dtype=pair), t: int, count: int, target: int):
-        """Row t's first count (value, slot) pairs reordered so that entry ``target`` holds the
-        value of that rank, the smaller ones before it, the others after: a quickselect, the
-        middle of three as the pivot, each pass swapping every pair (no branch on the values)
-        and the pivot put between the halves (each pass leaves it out: duplicates cannot stall
-        it)."""
-        lo = int(0)
-        hi = count
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ka = buf[t, lo][0]
-            kb = buf[t, mid][0]
-            kc = buf[t, hi - 1][0]
-            at = mid  # the middle of the three
-            if ka < kb:
-                if kc < kb:
-                    at = wp.where(ka < kc, hi - 1, lo)
-            elif ka < kc:
-                at = lo
-            elif kb < kc:
-                at = hi - 1
-            chosen = buf[t, at]
-            pivot = chosen[0]
-            buf[t, at] = buf[t, hi - 1]
-            fence = lo
-            j = lo
-            while j < hi - 1:
-                x = buf[t, j]
-                buf[t, j] = buf[t, fence]
-                buf[t, fence] = x
-                fence = fence + int(x[0] < pivot)
-                j += 1
-            buf[t, hi - 1] = buf[t, fence]
-            buf[t, fence] = chosen
-            if target < fence:
-                hi = fence
-            elif target > fence:
-                lo = fence + 1
-            else:
-                lo = hi
-        return s(buf[t, target][0])
-
-    @wp.func(module="unique")
-    def one(t: int, lane: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
+    @_warp_funcs.lanes.func_native(body, dtype, f"features_rank_row_{'f' if point_dtype == torch.float32 else 'd'}")
+    def row(t: int, lane: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s), r_sq: wp.array2d(dtype=s),
             q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64), none: wp.int64,
-            buf: wp.array2d(dtype=pair), values: wp.array3d(dtype=f64),
-            cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
-        """Query row t (of the chunk's G S), through the buffer's row ``lane``."""
-        g = t // rows
-        i = t - g * rows
-        n = products.shape[2]
-        qs = q_sq[g, i]
-        # the sample's threshold
-        top = s(wp.inf)
-        step = wp.max((n + _SAMPLES - 1) // _SAMPLES, 1)
-        samples = (n + step - 1) // step
-        m = 2 * width * samples // n + 1
-        if m < samples:
-            count = int(0)
-            j = int(0)
-            while j < n:
-                x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                buf[lane, count] = pair(f64(x), f64(0.0))
-                count += int(x == x)
-                j += step
-            if m < count:
-                top = nth(buf, lane, count, m - 1)
-        count = int(0)
-        nans = int(0)
-        dense = n < 16 * width
-        scan = bool(True)
-        while scan:
-            j = int(0)
-            if dense:  # many values pass: every value stored, kept by the count (no branch on it)
-                while j < n:
-                    x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                    buf[lane, count] = pair(f64(x), f64(j))
-                    count += int(x < top)
-                    nans += int(x != x)
-                    if count == capacity:  # full: keep the width smallest
-                        top = nth(buf, lane, count, width - 1)
-                        count = width
-                    j += 1
-            while j < n:
-                x = (qs + r_sq[g, j]) - s(2.0) * products[g, i, j]
-                if x < top:
-                    buf[lane, count] = pair(f64(x), f64(j))
-                    count += 1
-                    if count == capacity:  # full: keep the width smallest
-                        top = nth(buf, lane, count, width - 1)
-                        count = width
-                elif x != x:
-                    nans += 1
-                j += 1
-            scan = count < width and top < s(wp.inf)
-            if scan:  # the sample's threshold let too few through: again without it
-                top = s(wp.inf)
-                count = 0
-                nans = 0
-        if count > width:
-            top = nth(buf, lane, count, width - 1)
-            count = width
-        elif count == width:
-            top = s(buf[lane, 0][0])
-            for e in range(1, width):
-                top = wp.max(top, s(buf[lane, e][0]))
-        if nans > 0:
-            top = s(wp.nan)
-        last[g, i] = top
-        dist = ranked()
-        ids = ranked_ids()
-        dims = q.shape[2]
-        for e in range(width):  # each candidate's direct distance, inserted in (distance, row) order
-            d = f64(wp.inf)
-            row = none
-            if e < count:
-                jj = int(buf[lane, e][1])
-                # four sums (dimensions c mod 4: the vectors' lanes), added in one order: equal points, equal distances
-                sums = v4()
-                c = int(0)
-                while c < dims:
-                    diff = v4(q[g, i, c]) - v4(r[g, jj, c])
-                    sums = sums + wp.cw_mul(diff, diff)
-                    c += 1
-                acc = (sums[0] + sums[1]) + (sums[2] + sums[3])
-                if acc == acc:  # (NaN: never a neighbour; an empty slot's Gram value is inf, never kept)
-                    d = acc
-                row = r_rows[g, jj]
-                if row < wp.int64(0):
-                    row = none
-            p = e
-            while p > 0 and (dist[p - 1] > d or (dist[p - 1] == d and ids[p - 1] > row)):
-                dist[p] = dist[p - 1]
-                ids[p] = ids[p - 1]
-                p = p - 1
-            dist[p] = d
-            ids[p] = row
-        for e in range(values.shape[2]):
-            values[g, i, e] = dist[e]
-            cand[g, i, e] = wp.where(dist[e] < f64(wp.inf), ids[e], wp.int64(-1))
+            buf: wp.array2d(dtype=wp.vec2d), values: wp.array3d(dtype=wp.float64),
+            cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)) -> int: ...
 
     @wp.kernel(enable_backward=False, module="unique")
     def rank(start: int, lanes: int, total: int, rows: int, width: int, products: wp.array3d(dtype=s), q_sq: wp.array2d(dtype=s),
              r_sq: wp.array2d(dtype=s), q: wp.array3d(dtype=p4), r: wp.array3d(dtype=p4), r_rows: wp.array2d(dtype=wp.int64),
-             none: wp.int64, buf: wp.array2d(dtype=pair), values: wp.array3d(dtype=f64),
+             none: wp.int64, buf: wp.array2d(dtype=wp.vec2d), values: wp.array3d(dtype=wp.float64),
              cand: wp.array3d(dtype=wp.int64), last: wp.array2d(dtype=s)):
         lane = wp.tid() + start
         t = total * lane // lanes
         end = total * (lane + 1) // lanes
         while t < end:
-            one(t, lane, rows, width, products, q_sq, r_sq, q, r, r_rows, none, buf, values, cand, last)
+            row(t, lane, rows, width, products, q_sq, r_sq, q, r, r_rows, none, buf, values, cand, last)
             t += 1
 
     return rank
@@ -221,11 +326,12 @@ def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torc
     :data:`MAX_WIDTH`. The queries run in a range per torch thread, each range's candidates
     through one buffer (a few kilobytes a call, not a buffer a query)."""
     g, rows, n = products.shape
+    products, r_sq = products.contiguous(), r_sq.contiguous()  # (the kernel's rows: contiguous)
     values = torch.empty((g, rows, take), dtype=torch.float64)
     cand = torch.empty((g, rows, take), dtype=torch.int64)
     last = products.new_empty((g, rows))
     lanes = min(g * rows, _threads.requested())
-    buf = _warp.Typed(torch.empty((lanes, 2 * MAX_WIDTH, 2), dtype=torch.float64), wp.vec2d)
+    buf = _warp.Typed(torch.empty((lanes, 2 * MAX_WIDTH + 8, 2), dtype=torch.float64), wp.vec2d)  # (a vector's lanes past the capacity)
     dims = q.shape[2]
     # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums)
     q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x).view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
