@@ -40,12 +40,12 @@ typedef POINT point;
 typedef double d4 __attribute__((vector_size(32)));
 typedef point p4 __attribute__((vector_size(4 * sizeof(point))));
 struct Pair { double value, slot; };  // a buffer entry (16 bytes: moved whole)
-const int g = t / rows, i = t - g * rows;
+const long long g = t / rows, i = t - g * rows;  // (64-bit: the byte offsets below may pass 2^31)
 const int n = products.shape[2];
 const real* X = (const real*)((const char*)products.data + g * products.strides[0] + i * products.strides[1]);
 const real* RS = (const real*)((const char*)r_sq.data + g * r_sq.strides[0]);
 const real qs = *(const real*)((const char*)q_sq.data + g * q_sq.strides[0] + i * q_sq.strides[1]);
-Pair* B = (Pair*)((char*)buf.data + lane * buf.strides[0]);
+Pair* B = (Pair*)((char*)buf.data + (long long)lane * buf.strides[0]);
 const real inf = __builtin_inf();
 const int capacity = 2 * MAX_WIDTH;
 // entry ``target`` of the first ``count`` made the value of that rank, the smaller before it, the
@@ -202,7 +202,7 @@ long long ids[MAX_WIDTH];
 for (int e0 = 0; e0 < count; e0 += 4) {
     const point* R[4];
     for (int u = 0; u < 4; ++u) {
-        const int jj = (int)B[e0 + u < count ? e0 + u : e0].slot;
+        const long long jj = (long long)B[e0 + u < count ? e0 + u : e0].slot;
         R[u] = (const point*)((const char*)r.data + g * r.strides[0] + jj * r.strides[1]);
     }
     d4 sums[4] = {};
@@ -220,7 +220,7 @@ for (int e0 = 0; e0 < count; e0 += 4) {
     }
     for (int u = 0; u < 4 && e0 + u < count; ++u) {
         const double acc = (sums[u][0] + sums[u][1]) + (sums[u][2] + sums[u][3]);
-        const int jj = (int)B[e0 + u].slot;
+        const long long jj = (long long)B[e0 + u].slot;
         const long long row = *(const long long*)((const char*)r_rows.data + g * r_rows.strides[0] + jj * r_rows.strides[1]);
         dist[e0 + u] = acc == acc ? acc : __builtin_inf();
         ids[e0 + u] = row < 0 ? none : row;
