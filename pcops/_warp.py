@@ -1086,6 +1086,12 @@ def prepared(key, make):
     return _kept((key, _threads.requested()), make)
 
 
+def kept(key):
+    """:func:`prepared`'s object for ``key`` where one is kept, else None (nothing is made or
+    counted as a miss): the lookup of a call's fast path, which takes the full path on None."""
+    return KEPT.get((key, _threads.requested())) if PREPARED[0] else None
+
+
 def _kept(key, make):
     """:func:`prepared` of a key that holds the thread count."""
     found = KEPT.get(key)

@@ -556,6 +556,37 @@ def test_plain_fps_calls_equal_the_general_path(gen, monkeypatch, kind, dtype):
     assert (pcops.farthest_point_sample(bad, 40, validate=False).idx[-2:] == -1).all()  # (the case the calls above reach)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_the_common_fps_call_runs_its_kept_plan(gen, monkeypatch, dtype):
+    """n picks from the default start or one index, on a size whose plan is kept, run the plan
+    without the full lookup: the general path's picks and points, at several sizes of one plan and
+    both ends of the start range; a NaN point still raises with validation (and the next call is
+    right), and is picked past without it as the general path does."""
+    from pcops.ops.sampling import fps
+
+    p = torch.rand(100, 3, generator=gen, dtype=F64).to(dtype)
+    for _ in range(2):  # (a plan is made on its key's second miss)
+        pcops.farthest_point_sample(p, 10)
+    assert _warp.kept(("fps", dtype, 128, 1, fps.PLAIN_PAIRS)) is not None
+    bad = p.clone()
+    bad[[4, 60]] = float("nan")
+    calls = [lambda: pcops.farthest_point_sample(p, 10), lambda: pcops.farthest_point_sample(p, 100, start_idx=99),
+             lambda: pcops.farthest_point_sample(p[:70], 5, start_idx=0), lambda: pcops.farthest_point_sample(p[:65], 200),
+             lambda: pcops.farthest_point_sample(bad, 99, start_idx=3, validate=False)]
+    full = _warp.prepared
+    monkeypatch.setattr(_warp, "prepared", lambda *a: pytest.fail("the common call looked its plan up in full"))
+    plain = [call() for call in calls]
+    with pytest.raises(ValueError, match="points contains NaN or inf"):
+        pcops.farthest_point_sample(bad, 10)
+    again = pcops.farthest_point_sample(p, 10)
+    monkeypatch.setattr(_warp, "prepared", full)
+    monkeypatch.setattr(fps, "PLAIN", [False])
+    for got, call in zip(plain + [again], calls + calls[:1]):
+        assert_identical(got, call())
+    assert (plain[-1].idx[98:] == -1).all() and (plain[-1].idx[:98] >= 0).all()  # (98 finite points)
+    assert (plain[3].idx[65:] == -1).all() and torch.equal(plain[3].idx[:65].sort().values, torch.arange(65))
+
+
 def test_plain_fps_calls_skip_the_op_and_others_do_not(gen, monkeypatch):
     from pcops.ops.sampling import fps
 

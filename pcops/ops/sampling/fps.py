@@ -971,8 +971,9 @@ class _Bucket:
         """The bytes this plan holds (:meth:`pcops._warp.Kept.put`)."""
         return self.launch.held() + _warp.held_bytes(self.idx, self.picked)
 
-    def run(self, points: torch.Tensor, n_samples: int, starts: tuple) -> tuple:
-        """(idx, picked): the picks of the contiguous ``points`` (N, 3) from ``starts``."""
+    def picks(self, points: torch.Tensor, n_samples: int, starts: tuple, checked: bool) -> Optional[FPS]:
+        """The picks of the contiguous ``points`` (N, 3) from ``starts``; None where ``checked``
+        (the launch checked the values) and a value is NaN or inf (the general path names it)."""
         n = points.shape[0]
         if self.last != (n, n_samples):
             self.last = (n, n_samples)
@@ -985,7 +986,11 @@ class _Bucket:
         else:
             idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty((n_samples, 3))
         self.launch.run_at(self.fields, points, idx, picked)
-        return idx, picked
+        if self.flag[0]:  # (the flag left 0 for the next call)
+            self.flag[0] = 0
+            if checked:
+                return None
+        return FPS(picked, idx)
 
 
 # A plain call of up to this many points has its values checked by its launch (a pass over its
@@ -1009,14 +1014,28 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
     ``n_samples``, a start set of Python ints (checked by the general path's function). Every
     check of the general path passes on such a call, and it would run the same kernel on the same
     arrays (one sample of N points, the same start indices) and gather the same rows; anything
-    else takes that path.
+    else takes that path. The common call (``n_samples`` picks from the default start or one
+    index, a plan kept for its size: :func:`pcops._warp.kept`) runs its checks and the plan,
+    nothing more.
     """
+    plain = False
+    if ratio is None and random_start is False and type(n_samples) is int and (start_idx is None or type(start_idx) is int):
+        # the common call (n picks from the default start or one index, its plan kept): only its checks
+        plain = _layout.plain_clouds(False, points)
+        if not plain:
+            return None
+        n, start = points.shape[0], start_idx or 0
+        if (0 <= start < n <= (CHECK_IN_LAUNCH if validate else KEEP_SCRATCH) and 1 <= n_samples <= _validate.INT64_MAX
+                and points.is_contiguous()):
+            plan = _warp.kept(("fps", points.dtype, _warp.capacity(n), 1, PLAIN_PAIRS))
+            if plan is not None:
+                return plan.picks(points, n_samples, (start,), validate)
     if ratio is not None:
         if n_samples is not None or start_idx is not None or type(ratio) is not float or not 0 < ratio <= 1:
             return None
     elif type(n_samples) is not int or not 1 <= n_samples <= _validate.INT64_MAX:
         return None
-    if type(random_start) is not bool or (random_start and start_idx is not None) or not _layout.plain_clouds(False, points):
+    if type(random_start) is not bool or (random_start and start_idx is not None) or not (plain or _layout.plain_clouds(False, points)):
         return None
     n = points.shape[0]
     if n == 0:
@@ -1043,17 +1062,13 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
                           lambda: _Bucket.make(points.dtype, capacity, n_samples, len(starts))) if capacity <= KEEP_SCRATCH else None
     # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
     if plan is not None:
-        idx, picked = plan.run(points, n_samples, starts)
-        if plan.flag[0]:  # (a NaN or inf: the general path names it; the flag left 0 for the next call)
-            plan.flag[0] = 0
-            if in_kernel:
-                return None
+        return plan.picks(points, n_samples, starts, in_kernel)
     else:
         if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
             return None
         idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
         _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.tensor([starts]), idx[None], picked)
-    return FPS(picked, idx)
+        return FPS(picked, idx)
 
 
 @_threads.limits
