@@ -30,6 +30,29 @@ def test_knn_in_d_dimensions_matches_float64_brute_force(gen, dim, backend):
         torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+@pytest.mark.parametrize("dim", [6, 32, 64])
+def test_transposed_feature_maps_are_searched_as_their_copies(gen, dim, dtype):
+    """Features stored channels first ((B, D, N), DGCNN's layout) and searched as (B, N, D)
+    through a transpose (a point's coordinates not contiguous): the neighbours and distances of
+    float64 brute force (in float64) and of the contiguous copy, one cloud and a padded batch."""
+    maps = torch.randn(3, dim, 300, generator=gen, dtype=F64)
+    x = maps.transpose(1, 2).to(dtype)
+    assert x.stride(-1) != 1
+    dists, idx = pcops.knn(x[0], x[0], 12)
+    want = pcops.knn(x[0].contiguous(), x[0].contiguous(), 12)
+    torch.testing.assert_close(idx, want.idx, rtol=0, atol=0)
+    torch.testing.assert_close(dists, want.dists, rtol=0, atol=0)
+    if dtype == F64:
+        ref_d, ref_idx = brute_force(x[0], x[0], 12)
+        torch.testing.assert_close(idx, ref_idx, rtol=0, atol=0)
+        torch.testing.assert_close(dists, ref_d, rtol=1e-12, atol=1e-12)
+    batch = pcops.knn(x, x, 12)
+    again = pcops.knn(x.contiguous(), x.contiguous(), 12)
+    torch.testing.assert_close(batch.idx, again.idx, rtol=0, atol=0)
+    torch.testing.assert_close(batch.dists, again.dists, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dim", [8, 64])
 def test_float32_features_agree_with_float64(gen, dim):
     q, p = torch.randn(200, dim, generator=gen), torch.randn(300, dim, generator=gen)

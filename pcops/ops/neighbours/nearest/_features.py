@@ -333,8 +333,10 @@ def rank(products: torch.Tensor, q_sq: torch.Tensor, r_sq: torch.Tensor, q: torc
     lanes = min(g * rows, _threads.requested())
     buf = _warp.Typed(torch.empty((lanes, 2 * MAX_WIDTH + 8, 2), dtype=torch.float64), wp.vec2d)  # (a vector's lanes past the capacity)
     dims = q.shape[2]
-    # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums)
-    q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x).view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
+    # the points as rows of 4-vectors (zeros added up to a multiple of 4: exact in the sums; a
+    # point's coordinates contiguous, as the vectors need: a transposed feature map is copied)
+    q, r = (_warp.Typed((torch.nn.functional.pad(x, (0, -dims % 4)) if dims % 4 else x if x.stride(-1) == 1 else x.contiguous())
+                        .view(*x.shape[:2], -1, 4), _VEC4[x.dtype]) for x in (q, r))
     args = [lanes, g * rows, rows, width, products, q_sq, r_sq, q, r, r_rows, _LAST_ROW, buf, values, cand, last]
     _warp.launch(_kernel(products.dtype, q.tensor.dtype), lanes, args, like=products, min_chunk=1, work=g * rows * (n + width * dims))
     return values, cand, last
