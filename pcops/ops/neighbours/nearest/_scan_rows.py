@@ -5,7 +5,8 @@ The scan (:func:`._kdtree.scan_row`) measures every point of a range from one qu
 the k best in a sorted row. Measured one by one in Warp's scalar code, and inserted in the
 points' order, a row spends most of its time in insertions of points that a later one pushes
 out again. Here the points go 32 bytes at a time (8 float32 or 4 float64 lanes, read as
-they lie, x y z after x y z, and regrouped by coordinate with shuffles) in two passes over tiles
+they lie, x y z after x y z, and regrouped by coordinate with shuffles: float32 points read in
+16-byte halves, so that the shuffles stay within the halves) in two passes over tiles
 of :data:`TILE` points:
 
 1. each point's squared distance, kept in a buffer of the tile, while each lane keeps its
@@ -220,25 +221,40 @@ def _each_lane(passes: str, each: str, vector: str = "") -> str:
 
 # the squared distances d of the L points at src (x y z after x y z) from q (qx, qy, qz)
 _DISTANCES = """
-lanes a, b, c, px, py, pz;
-__builtin_memcpy(&a, src, sizeof a);
-__builtin_memcpy(&b, src + L, sizeof b);
-__builtin_memcpy(&c, src + 2 * L, sizeof c);
+lanes px, py, pz;
 REGROUP
 const lanes gx = qx - px, gy = qy - py, gz = qz - pz;
 const lanes d = (gx * gx + gy * gy) + gz * gz;
 """
 
-# points' coordinates from three vectors of x y z triples (8 float32 points, 4 float64)
+# the coordinates px, py, pz of the L points at src (8 float32 points, 4 float64). float32: read in
+# 16-byte halves, points 0-3 in the vectors' low halves and 4-7 in their high halves, so that
+# five shuffles within the halves regroup them (none across them: faster than the float64 way
+# for float32); float64: three vectors of x y z triples regrouped across them (the halves' way
+# measured no faster for float64)
 _REGROUP = {
     torch.float32: """
-        const lanes abx = __builtin_shufflevector(a, b, 0, 3, 6, 9, 12, 15, -1, -1);
-        const lanes aby = __builtin_shufflevector(a, b, 1, 4, 7, 10, 13, -1, -1, -1);
-        const lanes abz = __builtin_shufflevector(a, b, 2, 5, 8, 11, 14, -1, -1, -1);
-        px = __builtin_shufflevector(abx, c, 0, 1, 2, 3, 4, 5, 10, 13);
-        py = __builtin_shufflevector(aby, c, 0, 1, 2, 3, 4, 8, 11, 14);
-        pz = __builtin_shufflevector(abz, c, 0, 1, 2, 3, 4, 9, 12, 15);""",
+        typedef real quad __attribute__((vector_size(16)));  // (4 float32)
+        quad h0, h1, h2, h3, h4, h5;
+        __builtin_memcpy(&h0, src, sizeof h0);  // 0x 0y 0z 1x
+        __builtin_memcpy(&h1, src + 4, sizeof h1);  // 1y 1z 2x 2y
+        __builtin_memcpy(&h2, src + 8, sizeof h2);  // 2z 3x 3y 3z
+        __builtin_memcpy(&h3, src + 12, sizeof h3);  // 4x 4y 4z 5x
+        __builtin_memcpy(&h4, src + 16, sizeof h4);  // 5y 5z 6x 6y
+        __builtin_memcpy(&h5, src + 20, sizeof h5);  // 6z 7x 7y 7z
+        const lanes m03 = __builtin_shufflevector(h0, h3, 0, 1, 2, 3, 4, 5, 6, 7);
+        const lanes m14 = __builtin_shufflevector(h1, h4, 0, 1, 2, 3, 4, 5, 6, 7);
+        const lanes m25 = __builtin_shufflevector(h2, h5, 0, 1, 2, 3, 4, 5, 6, 7);
+        const lanes xy = __builtin_shufflevector(m14, m25, 2, 3, 9, 10, 6, 7, 13, 14);  // 2x 2y 3x 3y | 6x 6y 7x 7y
+        const lanes yz = __builtin_shufflevector(m03, m14, 1, 2, 8, 9, 5, 6, 12, 13);  // 0y 0z 1y 1z | 4y 4z 5y 5z
+        px = __builtin_shufflevector(m03, xy, 0, 3, 8, 10, 4, 7, 12, 14);
+        py = __builtin_shufflevector(yz, xy, 0, 2, 9, 11, 4, 6, 13, 15);
+        pz = __builtin_shufflevector(yz, m25, 1, 3, 8, 11, 5, 7, 12, 15);""",
     torch.float64: """
+        lanes a, b, c;
+        __builtin_memcpy(&a, src, sizeof a);
+        __builtin_memcpy(&b, src + L, sizeof b);
+        __builtin_memcpy(&c, src + 2 * L, sizeof c);
         const lanes abx = __builtin_shufflevector(a, b, 0, 3, 6, -1);
         const lanes aby = __builtin_shufflevector(a, b, 1, 4, 7, -1);
         const lanes abz = __builtin_shufflevector(a, b, 2, 5, -1, -1);
