@@ -567,7 +567,7 @@ def test_the_common_fps_call_runs_its_kept_plan(gen, monkeypatch, dtype):
     p = torch.rand(100, 3, generator=gen, dtype=F64).to(dtype)
     for _ in range(2):  # (a plan is made on its key's second miss)
         pcops.farthest_point_sample(p, 10)
-    assert _warp.kept(("fps", dtype, 128, 1, fps.PLAIN_PAIRS)) is not None
+    assert _warp.kept(fps._plan_key(dtype, 128, 1)) is not None
     bad = p.clone()
     bad[[4, 60]] = float("nan")
     calls = [lambda: pcops.farthest_point_sample(p, 10), lambda: pcops.farthest_point_sample(p, 100, start_idx=99),
@@ -1892,7 +1892,7 @@ def test_one_kept_fps_plan_serves_a_range_of_sizes(gen, monkeypatch, dtype):
         if turn % 4 == 3:
             p[[2, 9]] = float("nan")
         got = pcops.farthest_point_sample(p, picks, start_idx=starts, validate=False)
-        key = (("fps", dtype, 256, len(starts), fps.PLAIN_PAIRS), torch.get_num_threads())
+        key = (fps._plan_key(dtype, 256, len(starts)), torch.get_num_threads())
         if turn >= 2:
             plan = _warp.KEPT.get(key)
             assert isinstance(plan, fps._Bucket) and plan.last == (n, picks)

@@ -1027,7 +1027,7 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
         n, start = points.shape[0], start_idx or 0
         if (0 <= start < n <= (CHECK_IN_LAUNCH if validate else KEEP_SCRATCH) and 1 <= n_samples <= _validate.INT64_MAX
                 and points.is_contiguous()):
-            plan = _warp.kept(("fps", points.dtype, _warp.capacity(n), 1, PLAIN_PAIRS))
+            plan = _warp.kept(_plan_key(points.dtype, _warp.capacity(n), 1))
             if plan is not None:
                 return plan.picks(points, n_samples, (start,), validate)
     if ratio is not None:
@@ -1058,17 +1058,22 @@ def _plain_fps(points, n_samples, ratio, start_idx, random_start, generator, val
         return None
     points = points.contiguous()
     capacity = _warp.capacity(n)  # (one plan serves every size up to its capacity)
-    plan = _warp.prepared(("fps", points.dtype, capacity, len(starts), PLAIN_PAIRS),
+    plan = _warp.prepared(_plan_key(points.dtype, capacity, len(starts)),
                           lambda: _Bucket.make(points.dtype, capacity, n_samples, len(starts))) if capacity <= KEEP_SCRATCH else None
     # the kernel writes every index (-1 past the picks made) and the picked points (zeros there)
     if plan is not None:
         return plan.picks(points, n_samples, starts, in_kernel)
-    else:
-        if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
-            return None
-        idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
-        _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.tensor([starts]), idx[None], picked)
-        return FPS(picked, idx)
+    if in_kernel and not _layout.plain_clouds(True, points):  # (the kernel's first run: the sums)
+        return None
+    idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
+    _bucket(points[None], torch.tensor([n], dtype=torch.int32), torch.tensor([min(n, n_samples)]), torch.tensor([starts]), idx[None], picked)
+    return FPS(picked, idx)
+
+
+def _plan_key(dtype: torch.dtype, capacity: int, starts: int) -> tuple:
+    """The key of the kept :class:`_Bucket` of plain calls of up to ``capacity`` points of
+    ``dtype`` from ``starts`` start indices (:func:`pcops._warp.prepared`, :func:`pcops._warp.kept`)."""
+    return ("fps", dtype, capacity, starts, PLAIN_PAIRS)
 
 
 @_threads.limits

@@ -6,7 +6,7 @@ the k best in a sorted row. Measured one by one in Warp's scalar code, and inser
 points' order, a row spends most of its time in insertions of points that a later one pushes
 out again. Here the points go 32 bytes at a time (8 float32 or 4 float64 lanes, read as
 they lie, x y z after x y z, and regrouped by coordinate with shuffles: float32 points read in
-16-byte halves, so that the shuffles stay within the halves) in two passes over tiles
+16-byte pieces, so that the shuffles stay within the vectors' halves) in two passes over tiles
 of :data:`TILE` points:
 
 1. each point's squared distance, kept in a buffer of the tile, while each lane keeps its
