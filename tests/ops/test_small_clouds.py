@@ -440,7 +440,7 @@ def test_the_knn_crossover_by_k_is_exact_at_its_limit(k, monkeypatch):
     n = 64
     lattice = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(n, 3)
     limit = _kdtree.scan_pairs(pairs // n, n, k, False)  # (a prepared small tree's, for these sizes)
-    assert limit == (pairs >> 1 if k <= 16 else (pairs >> 3) // max(1, k >> 1))  # (the scan's rows on vectors up to k = 16)
+    assert limit == ((pairs >> 1) + (pairs >> 3) if k <= 16 else (pairs >> 3) // max(1, k >> 1))  # (the scan's rows on vectors up to k = 16)
     for m in (limit // n, limit // n + 1):
         query = lattice[torch.arange(m) % n] + 0.5
         launches = []

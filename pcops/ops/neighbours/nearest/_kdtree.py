@@ -107,11 +107,11 @@ def _scans(m: int, n: int, k: int, cpu: bool = True, grouped: bool = False) -> b
 def scan_pairs(m: int, n: int, k: int, grouped: bool) -> int:
     """The most pairs a CPU search measures one by one: SCAN_PAIRS / (k^2 / 128) against a tree
     built and searched per call; against a prepared small tree (ungrouped, :func:`_small_tree`),
-    which starts faster, SCAN_PAIRS / 2 for k up to 16 (the scan's rows on vectors,
-    :mod:`._scan_rows`) and SCAN_PAIRS / 8 / (k / 2) above (the crossovers measured in
-    docs/benchmarks.md, design choices)."""
+    which starts faster, SCAN_PAIRS * 5 / 8 for k up to 16 (the scan's rows on vectors,
+    :mod:`._scan_rows`; 286 x 286 points) and SCAN_PAIRS / 8 / (k / 2) above (the crossovers
+    measured in docs/benchmarks.md, design choices)."""
     if not grouped and not _GPU_BUILD and _warp.PREPARED[0] and _small_tree(m, n):
-        return SCAN_PAIRS >> 1 if k <= 16 else (SCAN_PAIRS >> 3) // max(1, k >> 1)
+        return (SCAN_PAIRS >> 1) + (SCAN_PAIRS >> 3) if k <= 16 else (SCAN_PAIRS >> 3) // max(1, k >> 1)
     return SCAN_PAIRS // max(1, (k * k) >> 7)
 
 
