@@ -1388,8 +1388,8 @@ def test_chamfer_costs_launch_cut_into_chunks_equals_the_torch_formula(gen, monk
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
 def test_chamfer_costs_kept_plans_equal_the_pass_for_sizes_in_turn(gen, monkeypatch, dtype):
-    """A chamfer call's kept plan (the grids' or the pass's launch, its sizes, its index work
-    arrays) runs the same launch as a call that decides anew: sizes of one launch's range in
+    """A chamfer call's kept plan (the grids' or the pass's launch, its index work arrays, kept
+    for a range of sizes) runs the same launch as a call that decides anew: sizes of one range in
     turn (each call sets its own sizes), one direction or both, one padded sample (1, P, 3) or
     (P, 3), views at an offset, give the pass's costs bit for bit; NaN and inf still flagged
     where checked; and once kept, no call decides anew."""
@@ -1416,7 +1416,8 @@ def test_chamfer_costs_kept_plans_equal_the_pass_for_sizes_in_turn(gen, monkeypa
                         assert torch.equal(_costs.costs(x, bad, both, False)[0], _costs.pairs(x, bad, both)[2])
         if turn == 1:  # every plan kept by now: nothing decided anew from here
             kept = [key for key in _warp.KEPT.keys() if key[0] == "chamfer_costs"]
-            assert len(kept) == 2 * len(sizes)  # (a plan a direction count of each size: the one-padded calls share it)
+            ranges = {_costs._plan_key(m, n, dtype, both) for m, n in sizes for both in (True, False)}
+            assert set(kept) == ranges and len(ranges) == 6  # (a plan a range of sizes and direction count: (256, 250) and (200, 256) share one; the one-padded calls too)
             monkeypatch.setattr(_costs, "pairs", lambda *a, **k: pytest.fail("decided anew"))
             for (x, y) in clouds.values():
                 chamfer.chamfer_distance(x[None], y[None])

@@ -531,9 +531,9 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int]
     names, their lengths in this call)), with ``arrays`` (its named tensors) pointed at this
     call's, or, before the kernel has run once, a launch of the arguments ``make_args()``
     returns (args, keep: the arrays the prepared launch keeps, room for every size of ``key``);
-    returns the kept arrays (of the prepared launch, or of this launch). ``kept``: the key of
-    :func:`costs`' plan for these sizes (:class:`_Plan`), kept from this prepared launch on its
-    key's second sighting."""
+    returns the kept arrays (of the prepared launch, or of this launch). ``kept``: (the key of
+    :func:`costs`' plan for these sizes, a function making that plan (:class:`_Plan`) of the
+    prepared launch), the plan kept on its key's second sighting."""
 
     def prepare():
         args, keep = make_args()
@@ -547,49 +547,71 @@ def _run(kernel, key, threads: int, make_args, arrays: dict, work: Optional[int]
     if launch.keep:
         launch.keep[1][0] = 0  # (the scan's flag, reset)
     launch.run(**arrays)
-    if kept is not None and _warp.KEPT.admit(kept):
-        plan = _Plan(launch, *lengths, threads, arrays)
-        _warp.KEPT.put(kept, plan, plan.held())
+    if kept is not None and _warp.KEPT.admit(kept[0]):
+        plan = kept[1](launch)
+        _warp.KEPT.put(kept[0], plan, plan.held())
     return launch.keep
 
 
 class _Plan:
-    """What a :func:`costs` call of the pass in one launch or of the grids decides for its sizes,
-    kept by the calling thread (:data:`pcops._warp.KEPT`, by :func:`_plan_key`): the prepared
-    launch (which serves a range of sizes: each run sets this plan's), its array fields, and the
-    nearest points' indices as work arrays (costs() returns the costs alone), so that a call
-    only points the launch at its clouds and new costs."""
+    """What a :func:`costs` call of the pass in one launch or of the grids decides for a range of
+    sizes (each cloud's up to a power of two: :func:`_plan_key`), kept by the calling thread
+    (:data:`pcops._warp.KEPT`): the prepared launch (which serves the range: each run sets its
+    sizes), its array fields, the lengths its arrays take for a call's sizes (``sizes(m, n,
+    both)``), and the nearest points' indices as work arrays of the range's largest sizes
+    (costs() returns the costs alone), so that a call only points the launch at its clouds and
+    new costs."""
 
-    __slots__ = ("launch", "groups", "sizes", "threads", "fields", "ix", "iy", "m", "n")
+    __slots__ = ("launch", "groups", "sizes", "threads", "both", "fields", "ix", "iy")
 
-    def __init__(self, launch, groups: tuple, sizes: tuple, threads: int, arrays: dict) -> None:
-        self.launch, self.groups, self.sizes, self.threads = launch, groups, sizes, threads
+    def __init__(self, launch, groups: tuple, sizes, threads: int, rooms: tuple, both: bool) -> None:
+        self.launch, self.groups, self.sizes, self.threads, self.both = launch, groups, sizes, threads, both
         self.fields = launch.fields("x", "y", "ix", "cx", "iy", "cy")
-        self.ix, self.iy = torch.empty_like(arrays["ix"]), torch.empty_like(arrays["iy"])
-        self.m, self.n = arrays["cx"].shape[0], arrays["cy"].shape[0]
+        self.ix, self.iy = torch.empty(rooms[0], dtype=torch.int64), torch.empty(rooms[1] if both else 0, dtype=torch.int64)
 
     def held(self) -> int:
         """The bytes it holds besides its launch (counted under the launch's own key, which may drop
         it first: the plan then keeps it alive until the plan is dropped): its index arrays."""
-        return 8 * (self.m + self.n)
+        return 8 * (self.ix.shape[0] + self.iy.shape[0])
 
     def costs(self, x: torch.Tensor, y: torch.Tensor, check: bool):
-        """:func:`costs` of contiguous clouds of its sizes and dtype: (cx, cy or None), None where ``check`` finds a value NaN or inf."""
+        """:func:`costs` of contiguous clouds of its range and dtype: (cx, cy or None), None where ``check`` finds a value NaN or inf."""
+        m, n, both = x.shape[-2], y.shape[-2], self.both
         launch = self.launch
-        launch.size(self.groups, self.sizes, self.threads)
-        cx, cy = x.new_empty(self.m), x.new_empty(self.n)
+        launch.size(self.groups, self.sizes(m, n, both), self.threads)
+        cx, cy = x.new_empty(m), x.new_empty(n if both else 0)
         flag = launch.keep[1]
         flag[0] = 0
         launch.run_at(self.fields, x, y, self.ix, cx, self.iy, cy)
         if check and flag[0]:
             return None
-        return cx, cy if self.n else None
+        return cx, cy if both else None
 
 
-def _plan_key(m: int, n: int, dtype: torch.dtype, both: bool) -> tuple:
-    """The key of :func:`costs`' kept plan (:class:`_Plan`) for these sizes: with the thread count
-    and the crossovers it was decided under."""
-    return ("chamfer_costs", m, n, dtype, both, _threads.requested(), GRID_FROM, GRID_POINTS, BLOCKS, _warp.SERIAL_WORK)
+def _blocks(m: int, n: int, both: bool) -> int:
+    """The blocks of x's points the pass over every pair cuts m x n pairs into (:data:`BLOCKS`):
+    one below :data:`pcops._warp.SERIAL_WORK` steps (the calling thread's launch, columns included)."""
+    return 1 if m * n * (2 if both else 1) < _warp.SERIAL_WORK else min(m, BLOCKS, _threads.requested())
+
+
+def _plan_key(m: int, n: int, dtype: torch.dtype, both: bool) -> Optional[tuple]:
+    """The key of :func:`costs`' kept plan (:class:`_Plan`) for clouds of m and n points (for which
+    :func:`by_pairs` holds): the grids or the pass in one launch, each cloud's size rounded up to
+    a power of two (the range of sizes one plan serves), with the thread count and the
+    crossovers it was decided under; None for the pass in blocks (two launches: not kept)."""
+    if m * n >= GRID_FROM:
+        path = "grid"
+    elif _blocks(m, n, both) == 1:
+        path = "rows"
+    else:
+        return None
+    return ("chamfer_costs", path, _warp.capacity(m), _warp.capacity(n), dtype, both, _threads.requested(), GRID_FROM, GRID_POINTS, BLOCKS,
+            _warp.SERIAL_WORK)
+
+
+def _kept(key: Optional[tuple], groups: tuple, sizes, threads: int, rooms: tuple, both: bool):
+    """:func:`_run`'s ``kept`` for the plan of ``key`` (None: none)."""
+    return None if key is None else (key, lambda launch: _Plan(launch, groups, sizes, threads, rooms, both))
 
 
 def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kept=None):
@@ -598,12 +620,12 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kep
     their grids from :data:`GRID_FROM` pairs: each point's nearest point of the other cloud as
     the kNN search finds it (int64, -1 where none) and its cost (the module docs); ``iy``,
     ``cy`` where ``both``. ``check``: None where a value is NaN or inf (both ways look at every
-    point). ``kept``: the key of :func:`costs`' plan for these sizes (:func:`_run`)."""
+    point). ``kept``: the key of :func:`costs`' plan for these sizes (:func:`_plan_key`; None: none)."""
     m, n = x.shape[0], y.shape[0]
     if m * n >= GRID_FROM:
         return _grid_nearest(x, y, both, check, kept)
     work = m * n * (2 if both else 1)
-    blocks = 1 if work < _warp.SERIAL_WORK else min(m, BLOCKS, _threads.requested())  # (one block: the calling thread's launch, columns included)
+    blocks = _blocks(m, n, both)
     rows, columns, _, _ = _kernels(x.dtype)
     vec = _warp.vec3(x.dtype)
     ix, cx = torch.empty(m, dtype=torch.int64), x.new_empty(m)
@@ -620,7 +642,7 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kep
                  y_flat[: blocks * 3 * n]], (*flag, col_d, col_i, y_flat))
 
     keep = _run(rows, ("chamfer_rows", x.dtype, room, both, blocks), blocks, rows_args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work,
-                (_ROWS_GROUPS, (m, n, n if both else 0, columns_n, blocks * 3 * n)), kept if blocks == 1 else None)
+                (_ROWS_GROUPS, _rows_sizes(m, n, both, blocks)), _kept(kept, _ROWS_GROUPS, _rows_sizes, 1, (_warp.capacity(m), room), both))
     if check and keep[1][0]:
         return None
     if not both:
@@ -635,6 +657,11 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kep
 
 # The lengths a call of the pass (its rows, then its columns) and of the costs sets (:func:`_run`)
 _ROWS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"), ("col_d", "col_i"), ("y_flat",))
+
+
+def _rows_sizes(m: int, n: int, both: bool, blocks: int = 1) -> tuple:
+    """The lengths of the pass's arrays (:data:`_ROWS_GROUPS`) for m x n points in ``blocks`` blocks."""
+    return m, n, n if both else 0, blocks * n if both else 0, blocks * 3 * n
 _COLUMNS_GROUPS = (("x",), ("y", "iy", "cy"), ("col_d", "col_i"))
 _COSTS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
@@ -665,6 +692,11 @@ _GRID_GROUPS = (("y_order",), ("y_pts",), ("y_begin",), ("y_cursor",), ("y_ext",
                 ("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
+def _grid_sizes(m: int, n: int, both: bool) -> tuple:
+    """The lengths of the grid kernel's arrays (:data:`_GRID_GROUPS`) for m x n points."""
+    return (*_grid_lengths(n), *_grid_lengths(m if both else 0), m, n, n if both else 0)
+
+
 def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool, kept=None):
     """:func:`pairs` from the grids (the kernel ``grid_nearest``): a thread a direction."""
     m, n = x.shape[0], y.shape[0]
@@ -681,9 +713,9 @@ def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool, kep
         grids = [_warp.array(t, dtype=vec) if t.dim() == 2 else t for t in work]
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), *grids, ix, cx, iy, cy, flag[0]], (*flag, work)
 
-    lengths = (*_grid_lengths(n), *_grid_lengths(m if both else 0), m, n, n if both else 0)
-    keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), 2 if both else 1, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None,
-                (_GRID_GROUPS, lengths), kept)
+    threads = 2 if both else 1
+    keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), threads, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None,
+                (_GRID_GROUPS, _grid_sizes(m, n, both)), _kept(kept, _GRID_GROUPS, _grid_sizes, threads, rooms, both))
     if check and keep[1][0]:
         return None
     return ix, iy if both else None, cx, cy if both else None
@@ -697,13 +729,14 @@ def costs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False):
     _warp.init()
     m, n = x.shape[-2], y.shape[-2]
     x, y = x.contiguous(), y.contiguous()
-    key = _plan_key(m, n, x.dtype, both) if by_pairs(m, n, both) else None
+    small = by_pairs(m, n, both)
+    key = _plan_key(m, n, x.dtype, both) if small else None
     plan = _warp.KEPT.get(key) if key is not None and _warp.PREPARED[0] else None
     if plan is not None:  # (kept: nothing to decide; the points' memory is all it reads)
         return plan.costs(x, y, check)
     if x.dim() == 3:
         x, y = x[0], y[0]
-    if key is not None:
+    if small:
         found = pairs(x, y, both, check, key)
         return None if found is None else found[2:]
     found = _kdtree.find_both(x, y, 1) if both else None  # (small trees: their builds side by side, the values checked)
