@@ -452,8 +452,7 @@ def run_chunks(run, first: int, chunks: int) -> None:
         for c in range(first, chunks):
             run(c)
         return
-    entries = getattr(run, "entries", None)
-    if entries is not None and _fork(entries[first:chunks], workers):
+    if getattr(run, "entries", None) is not None and _fork(run, first, chunks, workers):
         return
     todo, lock, errors = iter(range(first, chunks)), threading.Lock(), []
 
@@ -633,25 +632,39 @@ Chunks work = {(void**)table, chunks, 0};
 """
 
 
-def _fork(entries: list, workers: int) -> bool:
-    """Run the packed chunks ``entries`` (see :func:`_runner`) on ``workers`` threads of the
-    OpenMP team in native code (:func:`_fork_kernel`); False, having run nothing, where torch's
-    OpenMP runtime was not found (the caller then runs them itself)."""
+def _fork(run, first: int, chunks: int, workers: int) -> bool:
+    """Run the packed chunks ``first .. chunks - 1`` of ``run`` (its ``entries``: see
+    :func:`_runner`) on ``workers`` threads of the OpenMP team in native code
+    (:func:`_fork_kernel`); False, having run nothing, where torch's OpenMP runtime was not found
+    (the caller then runs them itself). The chunks' table and the fork kernel's packed arguments
+    are made once for each (first, chunks, workers) and kept on ``run``: a prepared launch's
+    chunks stay where they are between calls."""
     parallel = _openmp()
     if parallel is None or not NATIVE_FORK[0]:
         return False
-    table = (ctypes.c_void_p * (3 * len(entries)))()
-    for c, (entry, dim, args) in enumerate(entries):
-        table[3 * c : 3 * c + 3] = entry, ctypes.addressof(dim), ctypes.addressof(args)
-    values = [ctypes.cast(parallel, ctypes.c_void_p).value, ctypes.addressof(table), len(entries), workers]
-    try:
-        kernel = _fork_kernel()
-        if first_load(kernel, "cpu", lambda: wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu")):
+    forks = run.__dict__.setdefault("forks", {})
+    call = forks.get((first, chunks, workers))
+    if call is None:
+        entries = run.entries[first:chunks]
+        table = (ctypes.c_void_p * (3 * len(entries)))()
+        for c, (entry, dim, args) in enumerate(entries):
+            table[3 * c : 3 * c + 3] = entry, ctypes.addressof(dim), ctypes.addressof(args)
+        values = [ctypes.cast(parallel, ctypes.c_void_p).value, ctypes.addressof(table), len(entries), workers]
+        try:
+            kernel = _fork_kernel()
+            if first_load(kernel, "cpu", lambda: wp.launch(kernel, dim=1, inputs=[0, *values], device="cpu")):
+                return True
+        except Exception:  # noqa: BLE001 (a toolchain that cannot build it: the Python fork-join from now on)
+            NATIVE_FORK[0] = False
+            return False
+        native = _native(kernel, values)
+        if native is None:
+            _serial(kernel, 1, values)
             return True
-    except Exception:  # noqa: BLE001 (a toolchain that cannot build it: the Python fork-join from now on)
-        NATIVE_FORK[0] = False
-        return False
-    _serial(kernel, 1, values)
+        forward, args_type, bounds_type = native
+        packed = args_type(0, *values)
+        call = forks[first, chunks, workers] = (forward, ctypes.byref(_bounds(bounds_type, 1)), ctypes.byref(packed), packed, table)
+    call[0](call[1], call[2])
     return True
 
 

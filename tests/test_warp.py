@@ -408,7 +408,7 @@ def test_every_chunk_runs_once_in_the_native_fork_join_and_the_python_one(chunk_
     monkeypatch.setattr(_warp, "NATIVE_FORK", [native])
     forks = []
     fork = _warp._fork
-    monkeypatch.setattr(_warp, "_fork", lambda entries, workers: forks.append((len(entries), workers)) or fork(entries, workers))
+    monkeypatch.setattr(_warp, "_fork", lambda run, first, chunks, workers: forks.append((chunks - first, workers)) or fork(run, first, chunks, workers))
     bounds = [0, 1, 2, 40, 41, 300, 301, 302, 900, 1001]
     for launch in range(3):  # the first loads the module on the calling thread
         out, first = torch.zeros(1001, dtype=torch.int32), torch.full((1001,), -1, dtype=torch.int32)
@@ -417,6 +417,27 @@ def test_every_chunk_runs_once_in_the_native_fork_join_and_the_python_one(chunk_
         expected = torch.repeat_interleave(torch.tensor(bounds[:-1]), torch.tensor(bounds).diff()).to(torch.int32)
         assert torch.equal(first, expected)
     assert forks[-2:] == [(9, 2), (9, 2)]  # asked of the native fork-join each time once loaded (False: it declines)
+
+
+def test_a_prepared_launch_forks_from_the_table_it_made_once(chunk_threads):
+    # the native fork-join's table of chunks and its packed arguments are made at a prepared
+    # launch's first forked run and kept: later runs, pointed at other tensors, write them all
+    # once each, chunk by chunk, from that same table
+    bounds = [0, 3, 500, 1001]
+    kernel = _count_kernel()
+    _warp.launch_chunks(kernel, bounds, [_warp.array(torch.zeros(1001, dtype=torch.int32)), _warp.array(torch.zeros(1001, dtype=torch.int32))])
+    launch = _warp.Prepared(kernel, bounds, [_warp.array(torch.zeros(1001, dtype=torch.int32)), _warp.array(torch.zeros(1001, dtype=torch.int32))])
+    expected = torch.repeat_interleave(torch.tensor(bounds[:-1]), torch.tensor(bounds).diff()).to(torch.int32)
+    tables = []
+    for _ in range(3):
+        out, first = torch.zeros(1001, dtype=torch.int32), torch.full((1001,), -1, dtype=torch.int32)
+        launch.run(out=out, first=first)
+        assert bool((out == 1).all()) and torch.equal(first, expected)
+        tables.append(dict(getattr(launch._run, "forks", {})))
+    if chunk_threads == "openmp":
+        assert len(tables[0]) == 1 and all(t == tables[0] for t in tables)  # (one table, the same objects, every run)
+    else:
+        assert tables == [{}, {}, {}]  # (no OpenMP team: the Python fork-join, nothing kept)
 
 
 def test_chunks_run_in_python_where_the_native_fork_join_cannot_be_built(chunk_threads, monkeypatch):
