@@ -662,13 +662,13 @@ def pairs(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool = False, kep
 
 # The lengths a call of the pass (its rows, then its columns) and of the costs sets (:func:`_run`)
 _ROWS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"), ("col_d", "col_i"), ("y_flat",))
+_COLUMNS_GROUPS = (("x",), ("y", "iy", "cy"), ("col_d", "col_i"))
+_COSTS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
 def _rows_sizes(m: int, n: int, both: bool, blocks: int = 1) -> tuple:
     """The lengths of the pass's arrays (:data:`_ROWS_GROUPS`) for m x n points in ``blocks`` blocks."""
     return m, n, n if both else 0, blocks * n if both else 0, blocks * 3 * n
-_COLUMNS_GROUPS = (("x",), ("y", "iy", "cy"), ("col_d", "col_i"))
-_COSTS_GROUPS = (("x", "ix", "cx"), ("y",), ("iy", "cy"))
 
 
 def by_pairs(m: int, n: int, both: bool) -> bool:
