@@ -1910,17 +1910,15 @@ def test_one_kept_fps_plan_serves_a_range_of_sizes(gen, monkeypatch, dtype):
     assert len(plans) == 2 and None not in plans  # (one plan a start count)
 
 
-@pytest.mark.parametrize("serial", [0, 1 << 40], ids=["threads", "one thread"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
-def test_one_kept_chamfer_grid_serves_a_range_of_sizes(gen, monkeypatch, dtype, serial):
+def test_one_kept_chamfer_grid_serves_a_range_of_sizes(gen, monkeypatch, dtype):
     """A kept launch of chamfer's grids serves every pair of clouds up to its capacities (powers
     of two): clouds of sizes never seen before, growing and shrinking in turn, one direction or
     both, NaN and inf points among them, find the launch the first sizes made, and give the
     pass's nearest points and costs bit for bit (the kNN search's points), the values flagged
-    where checked; a direction a thread or both on the calling thread (``GRID_SERIAL``)."""
+    where checked."""
     from pcops.ops.neighbours.nearest import _costs
 
-    monkeypatch.setattr(_costs, "GRID_SERIAL", serial)
     sizes = [(256, 512), (129, 300), (200, 511), (255, 257), (130, 512), (256, 400), (140, 260)]
     launches = set()
     for turn, (m, n) in enumerate(sizes):

@@ -22,9 +22,8 @@ in a row of its own; the rows are merged in block order (one block: by the same 
 second launch).
 
 From :data:`GRID_FROM` pairs the points go in grids instead, one launch of a thread a
-direction (both on the calling thread in turn below :data:`GRID_SERIAL` pairs): the thread
-builds the other cloud's grid (columns of cells over the two widest axes of its box, about
-:data:`GRID_POINTS` points a column, a counting sort), then takes each
+direction: the thread builds the other cloud's grid (columns of cells over the two widest axes
+of its box, about :data:`GRID_POINTS` points a column, a counting sort), then takes each
 point's own column and the rings of columns about it, and stops where a ring lies farther
 along one axis than the nearest so far; a column whose box lies farther along an axis is
 skipped. Each bound is one coordinate's gap, squared: at most any squared distance of a point
@@ -55,10 +54,6 @@ GRID_FROM = 1 << 14
 GRID_PAIRS = 1 << 24
 GRID_KEPT = 1 << 13
 GRID_POINTS = 6
-# Below this many pairs (m n, 256 x 256 points) the grids' two directions run on the calling
-# thread in turn: a fork-join costs more than the second thread saves there (the crossover in
-# docs/benchmarks.md, design choices)
-GRID_SERIAL = 1 << 16
 
 # The pass cuts x's points into this many blocks at most, and no more than torch's threads (one
 # below SERIAL_WORK steps), a thread of its launch each, keeping its points' nearest of each of
@@ -605,13 +600,13 @@ def _plan_key(m: int, n: int, dtype: torch.dtype, both: bool) -> Optional[tuple]
     a power of two (the range of sizes one plan serves), with the thread count and the
     crossovers it was decided under; None for the pass in blocks (two launches: not kept)."""
     if m * n >= GRID_FROM:
-        path = "grid" if m * n >= GRID_SERIAL else "grid, one thread"
+        path = "grid"
     elif _blocks(m, n, both) == 1:
         path = "rows"
     else:
         return None
-    return ("chamfer_costs", path, _warp.capacity(m), _warp.capacity(n), dtype, both, _threads.requested(), GRID_FROM, GRID_SERIAL, GRID_POINTS,
-            BLOCKS, _warp.SERIAL_WORK)
+    return ("chamfer_costs", path, _warp.capacity(m), _warp.capacity(n), dtype, both, _threads.requested(), GRID_FROM, GRID_POINTS, BLOCKS,
+            _warp.SERIAL_WORK)
 
 
 def _kept(key: Optional[tuple], groups: tuple, sizes, threads: int, rooms: tuple, both: bool):
@@ -703,8 +698,7 @@ def _grid_sizes(m: int, n: int, both: bool) -> tuple:
 
 
 def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool, kept=None):
-    """:func:`pairs` from the grids (the kernel ``grid_nearest``): a thread a direction (below
-    :data:`GRID_SERIAL` pairs both on the calling thread)."""
+    """:func:`pairs` from the grids (the kernel ``grid_nearest``): a thread a direction."""
     m, n = x.shape[0], y.shape[0]
     kernel = _kernels(x.dtype)[3]
     vec = _warp.vec3(x.dtype)
@@ -720,8 +714,7 @@ def _grid_nearest(x: torch.Tensor, y: torch.Tensor, both: bool, check: bool, kep
         return [_warp.array(x, dtype=vec), _warp.array(y, dtype=vec), *grids, ix, cx, iy, cy, flag[0]], (*flag, work)
 
     threads = 2 if both else 1
-    work = 0 if m * n < GRID_SERIAL else None  # (0: one chunk, on the calling thread)
-    keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), threads, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), work,
+    keep = _run(kernel, ("chamfer_grid", x.dtype, *rooms, both, GRID_POINTS), threads, args, dict(x=x, y=y, ix=ix, cx=cx, iy=iy, cy=cy), None,
                 (_GRID_GROUPS, _grid_sizes(m, n, both)), _kept(kept, _GRID_GROUPS, _grid_sizes, threads, rooms, both))
     if check and keep[1][0]:
         return None
