@@ -151,13 +151,24 @@ class _Fewer:
         self.n, self.wanted = n, wanted
 
     def __enter__(self) -> None:
-        self.outer = _local.requested
-        _local.requested = self.outer or self.wanted
-        torch.set_num_threads(self.n)
+        self.outer = _fewer(self.n, self.wanted)
 
     def __exit__(self, *exc) -> None:
-        torch.set_num_threads(self.wanted)
-        _local.requested = self.outer
+        _restore(self.wanted, self.outer)
+
+
+def _fewer(n: int, wanted: int):
+    """Enter a block on ``n`` threads of the caller's ``wanted``: the thread's requested count before it."""
+    outer = _local.requested
+    _local.requested = outer or wanted
+    torch.set_num_threads(n)
+    return outer
+
+
+def _restore(wanted: int, outer) -> None:
+    """Leave the block :func:`_fewer` entered."""
+    torch.set_num_threads(wanted)
+    _local.requested = outer
 
 
 def custom_op(name: str, fn=None, /, **kwargs):
@@ -293,16 +304,17 @@ def limits(fn):
             routed = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, types))
             if routed and (_compiling() or torch._C._is_torch_function_enabled()):
                 return _protocol(call, routed, args, kwargs)
-        if _compiling():
-            return fn(*args, **kwargs)
-        if _all_free():
+        if _compiling() or _all_free():
             return fn(*args, **kwargs)
         wanted = torch.get_num_threads()
         n = available()
         if n >= wanted:  # (:func:`limited` without its context)
             return fn(*args, **kwargs)
-        with _Fewer(n, wanted):
+        outer = _fewer(n, wanted)  # (:class:`_Fewer`'s block without a context object: a small call's time)
+        try:
             return fn(*args, **kwargs)
+        finally:
+            _restore(wanted, outer)
 
     return call
 

@@ -171,6 +171,25 @@ def test_custom_ops_and_public_functions_run_limited(monkeypatch):
     assert compiled(x).tolist() == [2.0] * 3  # traced as the function (no graph break); the op's kernel limited
 
 
+def test_a_public_function_that_raises_on_a_busy_machine_restores_the_counts(monkeypatch):
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread: nothing to limit")
+    monkeypatch.setattr(_threads, "available", lambda: 1)
+    monkeypatch.setattr(_threads, "_all_free", lambda: False)
+    seen = []
+
+    @_threads.limits
+    def failing():
+        seen.append((torch.get_num_threads(), _threads.requested()))
+        raise ValueError("restored on an error")
+
+    with pytest.raises(ValueError, match="restored on an error"):
+        failing()
+    assert seen == [(1, before)]  # on the free core, its chunks still the caller's count
+    assert torch.get_num_threads() == before and _threads.requested() == before and _threads._local.requested is None
+
+
 def test_public_functions_keep_their_names_and_signatures():
     import inspect
 
