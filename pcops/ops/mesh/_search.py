@@ -195,9 +195,12 @@ def _closest_kernel(dtype: torch.dtype, faces_to_points: bool, rivals: bool = Fa
         rival: wp.array(dtype=wp.int64),
     ):
         i = int(rows[wp.tid() + start])
-        a, b, c = qa[i], qb[i], qc[i]
-        qlo = wp.min(a, wp.min(b, c))
-        qhi = wp.max(a, wp.max(b, c))
+        a = v(qa[i])
+        b, c, qlo, qhi = a, a, a, a  # point queries (qa, qb and qc the same points)
+        if wp.static(faces_to_points):
+            b, c = v(qb[i]), v(qc[i])
+            qlo = wp.min(a, wp.min(b, c))
+            qhi = wp.max(a, wp.max(b, c))
         found[i] = wp.int64(-1)
         slot[i] = wp.int64(-1)
         rival[i] = wp.int64(-1)
@@ -689,7 +692,7 @@ def _mesh_closest(
     max_dist: float, faces_to_points: bool, validate: bool, rivals: bool = False, shape: Optional[torch.Tensor] = None,
     one: bool = False,
 ) -> list[torch.Tensor]:
-    """Queries (M, 3) as triangles qa, qb, qc (points: three times the same) -> [(M,) int64 the
+    """Queries (M, 3) as triangles qa, qb, qc (``faces_to_points``; else points qa, qb and qc unread) -> [(M,) int64 the
     nearest item's row (-1: none within max_dist), (M,) int64 the order the queries were walked
     in (:func:`._tree.query_order`), (M,) int64 with ``rivals`` the other item within the band
     of that one widened by ``shape`` (1,) float64, the mesh's worst shape factor (-1: none, -2:

@@ -207,8 +207,8 @@ def _distance(query: _layout.FlatPoints, bvh: MeshBVH, signed: bool, max_dist: f
         on, normal_part = None, None
     sign = torch.ones_like(dists)
     if signed:
-        known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
         reach = torch.where(found if on is None else found & ~on, dists, 0)  # the distances to the mesh known so far
+        known = _sides.known(search, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale, reach, bvh.tree.radius)
         sign = torch.where(_search.winding(search, query.group, bvh.tree, rows, reach, closed, known) >= 0.5, -1.0, 1.0).to(dtype)
         dists = dists * sign
     if on is not None:

@@ -232,6 +232,30 @@ def test_queries_with_a_cap_nearer_than_the_mesh_count_the_capped_mesh_s_crossin
         assert torch.equal(signed < 0, w >= 0.5)
 
 
+@pytest.mark.parametrize("name", ["holes", "wavy_bowl", "tube", "cup"])
+def test_queries_far_from_a_kept_open_mesh_are_walked_without_the_caps_check(name):
+    """From ``FAR`` times its radius away from a kept open mesh a query is walked (the caps' check
+    costs more than the walk there): nearer queries are decided as without the cut, the far ones
+    the caps decided are left to the walk, and every clear sign is the exact winding number's."""
+    v, f = MESHES[name]
+    q = _queries(v, f, torch.Generator().manual_seed(13), 1500)
+    far_away = 1.5 * v.abs().max() * torch.nn.functional.normalize(torch.randn(300, 3, generator=torch.Generator().manual_seed(14), dtype=F64), dim=1)
+    q = torch.cat([q, far_away])
+    bvh = pcops.mesh_bvh(v, f)
+    closed, simple, capped = _analysed(bvh)
+    face, rival = _closest(q, bvh, closed, simple)
+    dist = pcops.mesh_distance(q, bvh).dists
+    whole = _sides.known(q, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale)
+    cut = _sides.known(q, face, rival, bvh.vertices, bvh.faces, closed, simple, capped, bvh.tree.scale, dist, bvh.tree.radius)
+    far = dist >= _sides.FAR * bvh.tree.radius[0]
+    assert (~far).any() and torch.isfinite(whole[far]).any()
+    assert torch.equal(cut[~far], whole[~far]) and not torch.isfinite(cut[far]).any()
+    w = reference.winding_number(q, v, f)
+    clear = (w - 0.5).abs() >= 0.1
+    signed = pcops.mesh_distance(q, bvh, signed=True).dists
+    assert torch.equal((signed < 0)[clear], (w >= 0.5)[clear])
+
+
 def test_rows_out_of_range_make_no_caps():
     v, f = MESHES["holes"]
     for bad in (-1, v.shape[0]):

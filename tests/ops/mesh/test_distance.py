@@ -147,8 +147,9 @@ class TestMeshDistance(OpSuite):
                 cases.append((torch.ops.pcops.mesh_simple.default, analysis))
             simple = torch.ops.pcops.mesh_simple.default(*analysis)
             rival = torch.ops.pcops.mesh_closest.default(q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, float("inf"), False, False, True, torch.tensor([3.0], dtype=F64))[2]
-            cases.append((torch.ops.pcops.mesh_sides.default, (q, face, rival, v, f, twin, *simple, group, tree.order, tree.group, tree.lo, tree.hi,
-                                                                tree.glo, tree.ghi, tree.scale)))
+            sides = (q, face, rival, v, f, twin, *simple, group, tree.order, tree.group, tree.lo, tree.hi, tree.glo, tree.ghi, tree.scale)
+            cases.append((torch.ops.pcops.mesh_sides.default, sides))
+            cases.append((torch.ops.pcops.mesh_sides.default, (*sides, reach, tree.radius)))  # (far queries: no crossings counted)
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]

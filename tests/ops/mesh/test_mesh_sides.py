@@ -236,6 +236,7 @@ def test_a_padded_batch_of_crossing_meshes_counts_each_sample_s_crossings_alone(
     fs = torch.nn.utils.rnn.pad_sequence([f for _, f in meshes], batch_first=True)
     q = torch.stack([_queries(v, f, torch.Generator().manual_seed(k), 300) for k, (v, f) in enumerate(meshes)])
     shares = []
+    monkeypatch.setattr(_sides, "FAR", float("inf"))  # (every query's crossings counted, far ones too)
     sides = _sides._mesh_sides
     monkeypatch.setattr(_sides, "_mesh_sides", lambda *a: (lambda out: shares.append(torch.isfinite(out).double().mean()) or out)(sides(*a)))
     out = pcops.mesh_distance(q, vs, fs, signed=True, vertices_lengths=torch.tensor([v.shape[0] for v, _ in meshes]),
@@ -260,6 +261,31 @@ def test_queries_far_from_their_face_are_walked_not_counted():
     counted = torch.isfinite(k) & crossed[face]
     assert counted[:600].any() and not counted[600:].any()
     _agree(q, v, f, k, reference.winding_number(q, v, f))
+
+
+@pytest.mark.parametrize("name", ["sphere", "torus", "nested"])
+def test_far_queries_count_no_crossings_and_keep_their_signs(name):
+    """From ``FAR`` times the mesh's radius away a query whose closest face's side does not decide
+    its winding number is walked, not counted through the faces crossed: nearer queries and the
+    sides found are as without the cut, and every sign is still the exact winding number's."""
+    v, f = _simple(name)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.cat([_queries(v, f, gen, 1000), 1.4 * v.abs().max() * torch.nn.functional.normalize(torch.randn(500, 3, generator=gen, dtype=F64), dim=1)])
+    bvh = pcops.mesh_bvh(v, f)
+    closed, simple, _ = _sides.analysis(v, f, bvh.face_group, None, bvh.tree, q.shape[0], False)
+    face, _, rival = _search.closest(q, torch.zeros(q.shape[0], dtype=torch.int64), bvh.tree, float("inf"), False, shape=closed[1])
+    whole = _sides.known(q, face, rival, v, f, closed, simple)
+    dist = pcops.mesh_distance(q, bvh).dists
+    cut = _sides.known(q, face, rival, v, f, closed, simple, reach=dist, radius=bvh.tree.radius)
+    far = dist >= _sides.FAR * bvh.tree.radius[0]
+    assert torch.equal(cut[~far], whole[~far])
+    kept = torch.isfinite(cut) & far
+    assert torch.equal(cut[kept], whole[kept]) and kept.any()  # (the sides of far queries' faces still count)
+    assert (torch.isfinite(whole) & far & ~kept).any()  # far queries the crossings found: walked now
+    w = reference.winding_number(q, v, f)
+    signed = pcops.mesh_distance(q, bvh, signed=True).dists
+    off = signed != 0
+    assert torch.equal((signed < 0)[off], (w.round() >= 1)[off])
 
 
 def test_past_the_share_of_crossed_faces_their_queries_are_walked(monkeypatch):
