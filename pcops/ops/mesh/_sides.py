@@ -47,7 +47,8 @@ mode (:func:`analysis`):
 
 ``pcops::mesh_sides`` (``sides``, a thread per query) gives the winding number of its closest
 face's side, else from the faces crossed (:mod:`._crossings`, down the mesh's hierarchy: the
-search's, or the capped mesh's own), inf where it must be walked. The search's face may only tie with
+search's, or the capped mesh's own; not for a query ``FAR`` times the mesh's radius or more from
+the mesh, whose walk costs less), inf where it must be walked. The search's face may only tie with
 the truly nearest (float32 rounding, larger for thin faces' planes): the search reports the
 other face within that band, widened by the mesh's worst shape factor
 (:func:`._search.closest`), the two are compared in float64 (``feature``) and the nearer

@@ -23,7 +23,8 @@ winding number is the hierarchical fast winding number (Barill et al. 2018), or 
 meshes the side of the closest face where no other face crosses it, else the faces crossed
 from a face's centroid (:mod:`._sides`),
 and on an open mesh kept as a :class:`MeshBVH`, the side on the mesh closed by caps over its
-holes less the caps' own winding number (:mod:`._caps`); the sign agrees with the exact
+holes less the caps' own winding number (:mod:`._caps`), for queries nearer the mesh than a
+tenth of its radius (farther ones are walked where their face's side does not decide); the sign agrees with the exact
 winding number wherever |w - 1/2| >= 0.1. Degenerate faces (zero area, repeated
 corners) are measured by their edges, exactly, without a repair step.
 """
