@@ -486,11 +486,10 @@ def _sides_kernel(dtype: torch.dtype):
               twin: wp.array2d(dtype=wp.int64), parent: wp.array(dtype=wp.int64), wout: wp.array(dtype=wp.float64),
               face_group: wp.array(dtype=wp.int64), order: wp.array(dtype=wp.int64), group: wp.array(dtype=wp.int64),
               lo: wp.array(dtype=v), hi: wp.array(dtype=v), glo: wp.array(dtype=wp.int64), ghi: wp.array(dtype=wp.int64),
-              scale: wp.array(dtype=s), far: s, reach: wp.array(dtype=s), radius: wp.array(dtype=s), out: wp.array(dtype=s)):
+              scale: wp.array(dtype=s), cut: int, near: wp.array(dtype=wp.bool), out: wp.array(dtype=s)):
         """Query i: the winding number on its side of its closest face or edge, else the
         winding number just off its face's centroid on its side plus the faces crossed on the
-        way from there (with ``far`` > 0, only where its distance ``reach`` is under ``far`` times
-        the root's radius); inf: walk it. Of the face found and the other face the search tied
+        way from there (with ``cut``, only where ``near``); inf: walk it. Of the face found and the other face the search tied
         with it (within its rounding), the nearer in float64."""
         i = wp.tid() + start
         out[i] = s(wp.inf)
@@ -503,7 +502,7 @@ def _sides_kernel(dtype: torch.dtype):
         if w < wp.float64(wp.inf):
             out[i] = s(w)
             return
-        if far > s(0.0) and not (reach[i] < far * radius[0]):  # far from the mesh: its walk costs less than the crossings
+        if cut != 0 and not near[i]:  # far from the mesh: its walk costs less than the crossings
             return
         out[i] = s(reference(q, f, depth, vertices, faces, parent, wout, face_group, order, group, lo, hi, glo, ghi, scale))
 
@@ -558,32 +557,30 @@ def _(vertices, faces, face_group, padded, padding, queries, closed, twin, order
 def _mesh_sides(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices: torch.Tensor, faces: torch.Tensor, twin: torch.Tensor,
                 simple: torch.Tensor, parent: torch.Tensor, wout: torch.Tensor, face_group: torch.Tensor, order: torch.Tensor,
                 group: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, glo: torch.Tensor, ghi: torch.Tensor,
-                scale: torch.Tensor, reach: Optional[torch.Tensor] = None, radius: Optional[torch.Tensor] = None) -> torch.Tensor:
+                scale: torch.Tensor, near: Optional[torch.Tensor] = None) -> torch.Tensor:
     """query (M, 3) in the tree's dtype, face (M,) each query's closest face (-1: none) and rival
     (M,) the face the search tied with it (-1: none, -2: several; :func:`._search.closest`), the mesh
     (vertices, faces, face_group), ``twin`` from :func:`._search.closed`, ``simple``, ``parent`` and
     ``wout`` from :func:`_mesh_simple`, the mesh's tree (its order, sorted groups, boxes, sample
     ranges and scale) -> (M,) the winding number of each query found from its closest face's side
     or the faces crossed from its centroid, inf where it must be walked (every query of a mesh
-    that is not closed); given ``reach`` (M,), each query's distance to the mesh, and the tree's
-    ``radius``, no faces crossed are counted for a query ``FAR`` or more times the root's radius
-    from the mesh (walked: see :data:`FAR`)."""
+    that is not closed); given ``near`` (M,) bool, no faces crossed are counted for the queries
+    where it is False (far from the mesh, walked: see :data:`FAR`)."""
     m = query.shape[0]
     out = query.new_full((m,), float("inf"))
     if m == 0 or faces.shape[0] == 0 or query.device.type != "cpu":
         return out
     _warp.init()
-    cut = int(reach is not None and radius is not None and radius.numel() > 0)
+    cut = int(near is not None)
     args = [_tree.depth(faces.shape[0]), simple, query.contiguous(), face, rival, vertices.to(torch.float64).contiguous(), faces.contiguous(),
-            twin, parent, wout, face_group.contiguous(), order, group, lo, hi, glo, ghi, scale.reshape(1), FAR if cut else 0.0,
-            reach.to(query.dtype).contiguous() if cut else out, radius if cut else out, out]
+            twin, parent, wout, face_group.contiguous(), order, group, lo, hi, glo, ghi, scale.reshape(1), cut,
+            near.contiguous() if cut else face.new_empty(0, dtype=torch.bool), out]
     _warp.launch(_sides_kernel(query.dtype), m, args, like=query, min_chunk=64, kept=True)
     return out
 
 
 @_mesh_sides.register_fake
-def _(query, face, rival, vertices, faces, twin, simple, parent, wout, face_group, order, group, lo, hi, glo, ghi, scale, reach=None,
-      radius=None):
+def _(query, face, rival, vertices, faces, twin, simple, parent, wout, face_group, order, group, lo, hi, glo, ghi, scale, near=None):
     return query.new_empty((query.shape[0],))
 
 
@@ -641,9 +638,11 @@ def known(query: torch.Tensor, face: torch.Tensor, rival: torch.Tensor, vertices
     Given ``reach`` (M,), each query's distance to its mesh, and ``radius``, the tree's node
     radii, the queries ``FAR`` or more times the root's radius from the mesh are left to the walk:
     on an open mesh all of them, on a closed one those its closest face's side does not decide."""
-    if capped is not None and reach is not None and radius is not None and radius.numel():
-        face = torch.where(reach < FAR * radius[0], face, -1)  # (the caps' check costs more than their walks)
+    near = None
+    if reach is not None and radius is not None and radius.numel():
+        near = reach.detach() < FAR * radius[0]
+        if capped is not None:  # (the caps' check costs more than their walks)
+            face = torch.where(near, face, -1)
     whole = faces if capped is None else capped.faces
-    reach = None if reach is None else reach.detach()
-    sides = _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), whole, closed[2], *simple, reach, radius)
+    sides = _mesh_sides(query.detach().contiguous(), face, rival, vertices.detach(), whole, closed[2], *simple, near)
     return sides if capped is None else _caps.known(query, face, rival, vertices, faces, sides, capped, scale, simple)

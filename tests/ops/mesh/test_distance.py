@@ -149,7 +149,7 @@ class TestMeshDistance(OpSuite):
             rival = torch.ops.pcops.mesh_closest.default(q, q, q, qg, *tree[1:5], tree.order, *tree[5:9], tree.scale, float("inf"), False, False, True, torch.tensor([3.0], dtype=F64))[2]
             sides = (q, face, rival, v, f, twin, *simple, group, tree.order, tree.group, tree.lo, tree.hi, tree.glo, tree.ghi, tree.scale)
             cases.append((torch.ops.pcops.mesh_sides.default, sides))
-            cases.append((torch.ops.pcops.mesh_sides.default, (*sides, reach, tree.radius)))  # (far queries: no crossings counted)
+            cases.append((torch.ops.pcops.mesh_sides.default, (*sides, reach < 0.5)))  # (far queries: no crossings counted)
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, False, -1)))
             cases.append((torch.ops.pcops.mesh_closed.default, (v, f, group, True, 0)))
             corners = v[f[torch.randint(0, f.shape[0], (20,), generator=gen)]]
