@@ -332,6 +332,29 @@ def mul_rounded(x: wp.float64, y: wp.float64) -> wp.float64:
     ...
 
 
+@wp.func_native("""
+#if defined(__CUDA_ARCH__)
+return __ffsll((long long)bits) - 1;
+#else
+return __builtin_ctzll(bits);
+#endif
+""")
+def lowest(bits: wp.uint64) -> int:
+    """The position of the lowest set bit of ``bits`` (not 0): with ``bits & (bits - 1)``, which
+    clears it, a loop over the set bits in increasing order."""
+    ...
+
+
+@wp.func(module="unique")
+def every_bit(block: int, last: int):
+    """The bits of the points block .. min(last, block + 64) - 1 of a run ending at ``last`` (bit
+    l: point block + l; the blocks of :func:`pcops.ops.neighbours.nearest._scan_rows.native_near`)."""
+    n = last - block
+    if n >= 64:
+        return ~wp.uint64(0)
+    return (wp.uint64(1) << wp.uint64(n)) - wp.uint64(1)
+
+
 @kernels
 def by_coordinate(dtype: torch.dtype):
     """``put(flat, first, n, j, p)``: point j of n points in ``flat`` by coordinate (the layout

@@ -545,7 +545,7 @@ def test_unwritable_kernel_cache_says_to_set_warp_cache_path():
 _CORRUPT = """
     import torch, pcops
     gen = torch.Generator().manual_seed(0)
-    q, p, f = torch.rand(600, 3, generator=gen), torch.rand(600, 3, generator=gen), torch.rand(600, 2, generator=gen)
+    q, p, f = torch.rand(800, 3, generator=gen), torch.rand(800, 3, generator=gen), torch.rand(800, 2, generator=gen)
     # (above the small clouds' crossovers: the cell list's kernels, several modules)
     print(pcops.radius_aggregate(q, p, f, 0.1, 0.1).sum().item(), pcops.ball_query(q, p, 0.1, 4).counts.sum().item())
 """

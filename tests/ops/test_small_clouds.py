@@ -2,6 +2,7 @@
 changes a result: the same neighbours, ties by the smaller index, padding, counts and gradients
 on both sides of it, and both sides equal the float64 reference."""
 
+import functools
 import importlib
 import itertools
 
@@ -252,6 +253,48 @@ def test_the_ball_searchs_runs_on_vectors_equal_the_warp_loop_and_the_reference(
             for run in runs[1:]:
                 assert_identical(run, runs[0])
             assert torch.equal(runs[0][1], (d <= r).sum(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=str)
+def test_radius_aggregates_blocks_on_vectors_equal_the_warp_loop(gen, monkeypatch, dtype):
+    """``radius_aggregate``'s kernels with each block of up to 64 points first narrowed to those
+    that may lie within the radius on vectors (:func:`pcops.ops.neighbours.nearest._scan_rows.native_near`)
+    against the same kernels measuring every point (``NEAR_BITS`` off), through every pair and
+    through cell lists: clouds of fewer points than a vector (every bit kept), runs that end
+    inside a vector and past one or several blocks of 64, radii with none within, a few and
+    all, a radius too small for the vectors' margin, radii at which points lie (their squares
+    may round past the radius'), the adversarial clouds; each weighting's output and gradients
+    (query, reference points, features) and ``reduce="max"``'s values and rows bit for bit,
+    and the neighbour counts of the kernels' own distances."""
+    cases = [(n, 7) for n in (1, 3, 7, 8, 9, 17, 63, 64, 65, 130)] + [(517, 300)]
+    for (n, m), kind in itertools.product(cases, SEARCH_KINDS):
+        p, q = _search_clouds(gen, n, m, kind, dtype)
+        f = torch.randn(n, 5, generator=gen, dtype=F64).to(dtype)
+        scale = 1e-22 if kind == "tiny" else 1.0
+        with np.errstate(all="ignore"):  # (the kernels' distances, each operation rounded)
+            e = q.numpy()[:, None] - p.numpy()[None]
+            d = torch.from_numpy(np.sqrt((e[..., 0] * e[..., 0] + e[..., 1] * e[..., 1]) + e[..., 2] * e[..., 2]))
+        on = [float(x) for x in d[0, :4] if 0 < x < float("inf")]
+        for r in (0.05 * scale, 0.3 * scale, 2.0 * scale, 1e-30, *on):
+            runs = []
+            for vectors, pairs in itertools.product((True, False), (1 << 40, 0)):
+                monkeypatch.setattr(radius, "NEAR_BITS", vectors)
+                monkeypatch.setattr(radius, "SCAN_PAIRS", pairs)
+                run = []
+                for weights, sigma in (("uniform", None), ("softmax", 0.1 * scale), ("inverse_distance", None)):
+                    qg, pg, fg = (t.clone().requires_grad_() for t in (q, p, f))
+                    out = pcops.radius_aggregate(qg, pg, fg, r, sigma, weights=weights, validate=False)
+                    out.backward(torch.ones_like(out))
+                    run += [out.detach(), qg.grad, pg.grad, fg.grad]
+                top = pcops.radius_aggregate(q, p, f, r, reduce="max", validate=False)
+                run += [top, *radius._radius_max(q, p, f, r, False, None, None)]
+                runs.append(run)
+            same = functools.partial(torch.testing.assert_close, rtol=0, atol=0, equal_nan=True)  # (NaN gradients in place)
+            same(runs[0], runs[2])  # every pair: on vectors, and the loop
+            same(runs[1], runs[3])  # cell lists (their sums in the cells' order)
+            for run in runs[1:]:  # the max and its rows: whatever the order
+                same(run[-3:], runs[0][-3:])
+            assert torch.equal(runs[0][-1] >= 0, (d <= r).any(1)[:, None].expand(m, 5))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])

@@ -33,6 +33,7 @@ import warp as wp
 
 from ... import _layout, _threads, _validate, _warp, _warp_funcs
 from . import _cells, _weighting
+from .nearest import _scan_rows
 
 
 # Features are handled in blocks of this many columns (Warp vectors; rows padded with zeros):
@@ -128,7 +129,37 @@ def _weight_funcs(dtype: torch.dtype, weights: str):
 
 
 @_warp.kernels
-def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False):
+def _point_blocks(dtype: torch.dtype, near_bits: bool):
+    """``(block_bits, take)``: a run of points ``first .. last - 1`` visited in blocks of 64::
+
+        block = first
+        while block < last:
+            bits = block_bits(q, points, block, last, reach)  # the block's points that may be within reach
+            while bits != wp.uint64(0):
+                j, bits = take(block, bits)                  # the next such point, in order
+                ...                                          # measured as before
+            block += 64
+
+    ``near_bits``: the bits from :func:`.nearest._scan_rows.native_near` (on vectors, on the
+    CPU), else every point of the block."""
+    v, s = _warp.vec3(dtype), _warp.scalar(dtype)
+    near = _scan_rows.native_near(dtype)
+
+    @wp.func(module="unique")
+    def block_bits(q: v, points: wp.array(dtype=v), block: int, last: int, reach: s):
+        if wp.static(near_bits):
+            return near(q, points, block, last, reach)
+        return _warp_funcs.every_bit(block, last)
+
+    @wp.func(module="unique")
+    def take(block: int, bits: wp.uint64):
+        return block + _warp_funcs.lowest(bits), bits & (bits - wp.uint64(1))
+
+    return block_bits, take
+
+
+@_warp.kernels
+def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False, near_bits: bool = True):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample).
 
     Features, the output gradient and the forward's sums are (rows, blocks) arrays of
@@ -136,8 +167,12 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False):
     gradient a plain (N, blocks * BLOCK) one. ``dense``: a thread visits every reference point
     (``cells.points`` in their order, no window): the kernels of a list of one cell
     (:func:`_one_cell`), which visit its points in the same order as the window would.
+    ``near_bits``: each run of points goes in blocks of 64, the points of a block that may lie
+    within the radius found on vectors (:func:`.nearest._scan_rows.native_near`: on the CPU) and
+    measured one by one in order as before; else every point of a block is measured (:data:`NEAR_BITS`).
     """
     s = _warp.scalar(dtype)
+    block_bits, take = _point_blocks(dtype, near_bits)
     v = _warp.vec3(dtype)
     vb = _vector(dtype)
     Cells, scope, span = _warp_funcs.cell_scan(dtype, dense)
@@ -170,24 +205,29 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False):
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 first, last = span(cells, lo, hi, y, z)
-                for j in range(first, last):
-                    diff = q - cells.points[j]
-                    sq = wp.dot(diff, diff)
-                    if sq <= reach:
-                        d = wp.sqrt(sq)
-                        if d <= radius:
-                            k = key(d, sq)
-                            if online:
-                                if k < m:  # a new nearest neighbour: shift what was accumulated so far
-                                    scale = relative(m, k, sig)  # 0 for the first one (m = inf)
-                                    w_total = w_total * scale
-                                    for b in range(nb):
-                                        acc[i, b] = acc[i, b] * scale
-                                    m = k
-                            w = relative(k, m, sig)
-                            w_total = w_total + w
-                            for b in range(nb):
-                                acc[i, b] = acc[i, b] + w * feats[j, b]
+                block = first
+                while block < last:  # blocks of 64 points: those that may lie within reach as bits, then each in order
+                    bits = block_bits(q, cells.points, block, last, reach)
+                    while bits != wp.uint64(0):
+                        j, bits = take(block, bits)
+                        diff = q - cells.points[j]
+                        sq = wp.dot(diff, diff)
+                        if sq <= reach:
+                            d = wp.sqrt(sq)
+                            if d <= radius:
+                                k = key(d, sq)
+                                if online:
+                                    if k < m:  # a new nearest neighbour: shift what was accumulated so far
+                                        scale = relative(m, k, sig)  # 0 for the first one (m = inf)
+                                        w_total = w_total * scale
+                                        for b in range(nb):
+                                            acc[i, b] = acc[i, b] * scale
+                                        m = k
+                                w = relative(k, m, sig)
+                                w_total = w_total + w
+                                for b in range(nb):
+                                    acc[i, b] = acc[i, b] + w * feats[j, b]
+                    block += 64
         den = s(1.0)  # no neighbour: acc is 0, so 0 / 1
         if w_total > s(0.0):
             den = w_total
@@ -237,28 +277,33 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False):
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 first, last = span(cells, lo, hi, y, z)
-                for j in range(first, last):
-                    diff = q - cells.points[j]
-                    sq = wp.dot(diff, diff)
-                    if sq <= reach:
-                        d = wp.sqrt(sq)
-                        if d <= radius:
-                            w = relative(key(d, sq), m, sig) * inv_w
-                            g_fv = vb()  # g_i * f_j by component: one horizontal sum per neighbour, not one per block
-                            for b in range(nb):
-                                g = grad_out[i, b]
-                                g_fv = g_fv + wp.cw_mul(g, feats[j, b])
-                                if need_feats != 0:  # a plain add on the CPU (pcops._warp.launch's private copies)
-                                    wp.atomic_add(grad_feats, j, b, w * g)
-                            g_f = wp.dot(g_fv, ones)  # g_i . f_j
-                            a = w * (g_f - g_out)  # dL / d log w_ij
-                            g_s = g_s + a * sigma_term(d, m)
-                            g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
-                            g_q = g_q + g_d
-                            if need_ref != 0:
-                                wp.atomic_add(grad_ref, j, 0, -g_d[0])
-                                wp.atomic_add(grad_ref, j, 1, -g_d[1])
-                                wp.atomic_add(grad_ref, j, 2, -g_d[2])
+                block = first
+                while block < last:  # blocks of 64 points: those that may lie within reach as bits, then each in order
+                    bits = block_bits(q, cells.points, block, last, reach)
+                    while bits != wp.uint64(0):
+                        j, bits = take(block, bits)
+                        diff = q - cells.points[j]
+                        sq = wp.dot(diff, diff)
+                        if sq <= reach:
+                            d = wp.sqrt(sq)
+                            if d <= radius:
+                                w = relative(key(d, sq), m, sig) * inv_w
+                                g_fv = vb()  # g_i * f_j by component: one horizontal sum per neighbour, not one per block
+                                for b in range(nb):
+                                    g = grad_out[i, b]
+                                    g_fv = g_fv + wp.cw_mul(g, feats[j, b])
+                                    if need_feats != 0:  # a plain add on the CPU (pcops._warp.launch's private copies)
+                                        wp.atomic_add(grad_feats, j, b, w * g)
+                                g_f = wp.dot(g_fv, ones)  # g_i . f_j
+                                a = w * (g_f - g_out)  # dL / d log w_ij
+                                g_s = g_s + a * sigma_term(d, m)
+                                g_d = a * log_weight_dq(diff, d, sq, inv_s)  # dL/dq_i through this neighbour
+                                g_q = g_q + g_d
+                                if need_ref != 0:
+                                    wp.atomic_add(grad_ref, j, 0, -g_d[0])
+                                    wp.atomic_add(grad_ref, j, 1, -g_d[1])
+                                    wp.atomic_add(grad_ref, j, 2, -g_d[2])
+                    block += 64
         grad_query[i, 0] = g_q[0]
         grad_query[i, 1] = g_q[1]
         grad_query[i, 2] = g_q[2]
@@ -284,7 +329,11 @@ def _launch(kernel, scan, feats, sigma, radius, tail: list, scatter=(), dense: b
 
 # One CPU cloud with at most this many (query, reference point) pairs: every pair is measured,
 # no cell list is built (a list of one cell, in the points' order: see _kernels' dense) (docs/ops/radius_aggregate.md).
-SCAN_PAIRS = 1 << 18
+SCAN_PAIRS = 1 << 19
+
+# The kernels' runs of points in blocks whose points within the radius are found on vectors first
+# (:func:`_kernels`' ``near_bits``; tests compare with False)
+NEAR_BITS = True
 
 
 def _dense(query: torch.Tensor, group: Optional[torch.Tensor], n: int) -> bool:
@@ -300,7 +349,7 @@ def _dense_forward(query, points, feats, sigma, radius: float, weights: str, acc
     """The forward kernel over every pair of one CPU cloud; a prepared launch
     (:class:`pcops._warp.Prepared`, the calling thread's for clouds of up to a power of two
     points: :func:`pcops._warp.ranged`) once it is loaded."""
-    kernel = _kernels(query.dtype, weights, True)[0]
+    kernel = _kernels(query.dtype, weights, True, NEAR_BITS)[0]
     m, n = query.shape[0], points.shape[0]
     query, sigma = query.contiguous(), sigma.reshape(1).contiguous()
     capacity = _warp.capacity(max(m, n))
@@ -310,7 +359,7 @@ def _dense_forward(query, points, feats, sigma, radius: float, weights: str, acc
         return _warp.prepare(kernel, m, [scan, _blocks(feats), sigma, radius, _blocks(acc), out, wsum, dmin], work=m * n,
                              keep=(scan.tensors[2],))  # (the indices; not this call's tensors)
 
-    launch = _warp.ranged(("radius", query.dtype, weights, capacity, feats.shape[1], out.shape[1]), make, _DENSE_GROUPS, (m, n), m, m * n,
+    launch = _warp.ranged(("radius", query.dtype, weights, capacity, feats.shape[1], out.shape[1], NEAR_BITS), make, _DENSE_GROUPS, (m, n), m, m * n,
                           values=(("radius", float(radius)),))
     if launch is None:
         _launch(kernel, _cells.every_point(query, points), _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=True)
@@ -357,7 +406,7 @@ def _radius_aggregate(
         _dense_forward(query, points, feats, sigma, radius, weights, acc, out, wsum, dmin)
     else:
         cells = _cells.CellList(query, ref, radius, query_group, ref_group)
-        forward, _ = _kernels(query.dtype, weights, cells.total == 1)
+        forward, _ = _kernels(query.dtype, weights, cells.total == 1, NEAR_BITS)
         points, feats = _cells.permute(ref, cells.order), _cells.permute(features, cells.order, width=width)
         scan = cells.scan(query, query_group, points)
         _launch(forward, scan, _blocks(feats), sigma, radius, [_blocks(acc), out, wsum, dmin], dense=cells.total == 1)
@@ -408,7 +457,7 @@ def _radius_aggregate_backward(
         grad_ref, grad_feats = torch.zeros_like(points), points.new_zeros((n, f))
     else:
         cells = _cells.CellList.of(order, keys, rows, frame, shape, starts)
-        _, backward = _kernels(query.dtype, weights, cells.total == 1)
+        _, backward = _kernels(query.dtype, weights, cells.total == 1, NEAR_BITS)
         width = feats.shape[1]
         grad_out = grad_out.contiguous()
         if width != f:  # rows padded to whole blocks
@@ -458,12 +507,13 @@ _radius_aggregate.register_autograd(_backward, setup_context=_setup_context)
 
 
 @_warp.kernels
-def _max_kernel(dtype: torch.dtype, dense: bool = False):
+def _max_kernel(dtype: torch.dtype, dense: bool = False, near_bits: bool = True):
     """Feature-wise max over the neighbours within the radius, and the reference row holding it
-    (``dense``: over every point, as :func:`_kernels`)."""
+    (``dense``: over every point, ``near_bits``: blocks of points, as :func:`_kernels`)."""
     _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
+    block_bits, take = _point_blocks(dtype, near_bits)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(
@@ -481,21 +531,27 @@ def _max_kernel(dtype: torch.dtype, dense: bool = False):
             return  # as the scan would (an empty window), sooner
         nf = feats.shape[1]
         count = int(0)
+        reach = radius * radius * s(1.0001)  # (a square past it: no distance within the radius)
         lo, hi = window(cells, i, q, radius)
         for z in range(lo[2], hi[2] + 1):
             for y in range(lo[1], hi[1] + 1):
                 first, last = run(cells, lo, hi, y, z)
-                for j in range(first, last):
-                    if wp.length(q - cells.points[j]) <= radius:
-                        original = cells.order[j]
-                        for c in range(nf):
-                            f = feats[j, c]
-                            best = out[i, c]
-                            # ties go to the smaller original index, whatever order the cells are visited in
-                            if count == 0 or f > best or (f == best and original < arg[i, c]):
-                                out[i, c] = f
-                                arg[i, c] = original
-                        count = count + 1
+                block = first
+                while block < last:
+                    bits = block_bits(q, cells.points, block, last, reach)
+                    while bits != wp.uint64(0):
+                        j, bits = take(block, bits)
+                        if wp.length(q - cells.points[j]) <= radius:
+                            original = cells.order[j]
+                            for c in range(nf):
+                                f = feats[j, c]
+                                best = out[i, c]
+                                # ties go to the smaller original index, whatever order the cells are visited in
+                                if count == 0 or f > best or (f == best and original < arg[i, c]):
+                                    out[i, c] = f
+                                    arg[i, c] = original
+                            count = count + 1
+                    block += 64
 
     return forward_max
 
@@ -527,7 +583,7 @@ def _radius_max(
         cells = _cells.CellList(query, ref, radius, query_group, ref_group)
         points, feats, dense = ref[cells.order].contiguous(), features[cells.order].contiguous(), cells.total == 1
         scan = cells.scan(query, query_group, points)
-    _launch(_max_kernel(query.dtype, dense), scan, feats, unit, radius, [out, arg], dense=dense)
+    _launch(_max_kernel(query.dtype, dense, NEAR_BITS), scan, feats, unit, radius, [out, arg], dense=dense)
     return out, arg
 
 

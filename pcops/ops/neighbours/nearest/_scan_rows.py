@@ -357,3 +357,52 @@ def native_ball(dtype: torch.dtype):
             dists: wp.array2d(dtype=s), idx: wp.array2d(dtype=wp.int64), i: int, n: int, reach: s, inf: s) -> int: ...
 
     return run
+
+
+# A block of up to 64 points of a run (points first .. min(last, first + 64) - 1) measured on
+# vectors: bit l set where point first + l lies within ``wide`` (a squared distance, widened past
+# rounding). Its caller measures each such point again in its own code, so the bits only need to
+# hold every point that code keeps: all of the block's bits in CUDA code, for strided points,
+# fewer than a vector's points in all, or a bound whose square may fall below the normal numbers.
+_NEAR_SNIPPET = r"""
+const long long end = last - first < 64 ? last : (long long)first + 64;
+const unsigned long long all = end - first >= 64 ? ~0ull : (1ull << (end - first)) - 1;
+#if defined(__CUDA_ARCH__)
+return all;
+#else
+if (points.strides[0] != 3 * (long long)sizeof(real) || points.shape[0] < L || !(wide >= least))
+    return all;
+const real* P = (const real*)wp::address(points, 0);
+const lanes qx = (lanes){} + q[0], qy = (lanes){} + q[1], qz = (lanes){} + q[2], bound = (lanes){} + (real)(wide * widen);
+unsigned long long out = 0;
+for (long long j = first; j < end; j += L) {
+    const long long base = j + L <= end ? j : end >= L ? end - L : 0;
+    const real* src = P + 3 * base;
+    DISTANCES
+    unsigned bits = BITS(d <= bound) & (~0u << (j - base));
+    if (end - base < L)
+        bits &= (1u << (end - base)) - 1;
+    const long long shift = base - first;  // (negative only for a block shorter than a vector: its low lanes dropped)
+    out |= shift >= 0 ? (unsigned long long)bits << shift : (unsigned long long)bits >> -shift;
+}
+return out;
+#endif
+"""
+
+
+@_warp.kernels
+def native_near(dtype: torch.dtype):
+    """``near(q, points, first, last, wide) -> bits``: the points of ``first ..
+    min(last, first + 64) - 1`` whose squared distance from q may be at most ``wide``, as the
+    bits of a uint64 (bit l: point first + l), on vectors; every bit of the block in CUDA code
+    and where the vectors cannot be used (see above): a superset of the points within ``wide``
+    that the caller measures again, one by one, in the points' order (:func:`pcops._warp_funcs.lowest`)."""
+    s = _warp.scalar(dtype)
+    eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+    body = (_NEAR_SNIPPET.replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
+            .replace("least", repr(float(tiny * 2.0**26))).replace("widen", repr(1.0 + 16.0 * eps)))
+
+    @_warp_funcs.lanes.func_native(body, dtype, "near_bits")
+    def near(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), first: int, last: int, wide: s) -> wp.uint64: ...
+
+    return near
