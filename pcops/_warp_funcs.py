@@ -345,16 +345,6 @@ def lowest(bits: wp.uint64) -> int:
     ...
 
 
-@wp.func(module="unique")
-def every_bit(block: int, last: int):
-    """The bits of the points block .. min(last, block + 64) - 1 of a run ending at ``last`` (bit
-    l: point block + l; the blocks of :func:`pcops.ops.neighbours.nearest._scan_rows.native_near`)."""
-    n = last - block
-    if n >= 64:
-        return ~wp.uint64(0)
-    return (wp.uint64(1) << wp.uint64(n)) - wp.uint64(1)
-
-
 @kernels
 def by_coordinate(dtype: torch.dtype):
     """``put(flat, first, n, j, p)``: point j of n points in ``flat`` by coordinate (the layout

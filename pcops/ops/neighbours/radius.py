@@ -129,36 +129,6 @@ def _weight_funcs(dtype: torch.dtype, weights: str):
 
 
 @_warp.kernels
-def _point_blocks(dtype: torch.dtype, near_bits: bool):
-    """``(block_bits, take)``: a run of points ``first .. last - 1`` visited in blocks of 64::
-
-        block = first
-        while block < last:
-            bits = block_bits(q, points, block, last, reach)  # the block's points that may be within reach
-            while bits != wp.uint64(0):
-                j, bits = take(block, bits)                  # the next such point, in order
-                ...                                          # measured as before
-            block += 64
-
-    ``near_bits``: the bits from :func:`.nearest._scan_rows.native_near` (on vectors, on the
-    CPU), else every point of the block."""
-    v, s = _warp.vec3(dtype), _warp.scalar(dtype)
-    near = _scan_rows.native_near(dtype)
-
-    @wp.func(module="unique")
-    def block_bits(q: v, points: wp.array(dtype=v), block: int, last: int, reach: s):
-        if wp.static(near_bits):
-            return near(q, points, block, last, reach)
-        return _warp_funcs.every_bit(block, last)
-
-    @wp.func(module="unique")
-    def take(block: int, bits: wp.uint64):
-        return block + _warp_funcs.lowest(bits), bits & (bits - wp.uint64(1))
-
-    return block_bits, take
-
-
-@_warp.kernels
 def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False, near_bits: bool = True):
     """Forward and backward kernels for one float dtype and weighting (batches: one cell list per sample).
 
@@ -168,12 +138,12 @@ def _kernels(dtype: torch.dtype, weights: str = "softmax", dense: bool = False, 
     (``cells.points`` in their order, no window): the kernels of a list of one cell
     (:func:`_one_cell`), which visit its points in the same order as the window would.
     ``near_bits``: each run of points goes in blocks of 64, the points of a block that may lie
-    within the radius found on vectors (:func:`.nearest._scan_rows.native_near`: on the CPU) and
+    within the radius found on vectors (:func:`.nearest._scan_rows.point_blocks`: on the CPU) and
     measured one by one in order as before; else every point of a block is measured (:data:`NEAR_BITS`).
     """
     s = _warp.scalar(dtype)
-    block_bits, take = _point_blocks(dtype, near_bits)
     v = _warp.vec3(dtype)
+    block_bits, take = _scan_rows.point_blocks(dtype, near_bits)
     vb = _vector(dtype)
     Cells, scope, span = _warp_funcs.cell_scan(dtype, dense)
     key, relative, fixed, log_weight_dq, sigma_term = _weight_funcs(dtype, weights)
@@ -513,7 +483,7 @@ def _max_kernel(dtype: torch.dtype, dense: bool = False, near_bits: bool = True)
     _, finite_point = _warp_funcs.finite(dtype)
     s = _warp.scalar(dtype)
     Cells, window, run = _warp_funcs.cell_scan(dtype, dense)
-    block_bits, take = _point_blocks(dtype, near_bits)
+    block_bits, take = _scan_rows.point_blocks(dtype, near_bits)
 
     @wp.kernel(enable_backward=False, module="unique")
     def forward_max(

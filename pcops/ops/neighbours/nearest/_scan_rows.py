@@ -1,5 +1,6 @@
-"""The kNN scan's row (:func:`native_row`), the tree search's leaf (:func:`native_leaf`) and a
-run of the ball search (:func:`native_ball`) on the CPU in native code on vectors.
+"""The kNN scan's row (:func:`native_row`), the tree search's leaf (:func:`native_leaf`), a
+run of the ball search (:func:`native_ball`) and the blocks of a run that ``radius_aggregate``'s
+kernels visit (:func:`native_near`, :func:`point_blocks`) on the CPU in native code on vectors.
 
 The scan (:func:`._kdtree.scan_row`) measures every point of a range from one query and keeps
 the k best in a sorted row. Measured one by one in Warp's scalar code, and inserted in the
@@ -396,7 +397,7 @@ def native_near(dtype: torch.dtype):
     min(last, first + 64) - 1`` whose squared distance from q may be at most ``wide``, as the
     bits of a uint64 (bit l: point first + l), on vectors; every bit of the block in CUDA code
     and where the vectors cannot be used (see above): a superset of the points within ``wide``
-    that the caller measures again, one by one, in the points' order (:func:`pcops._warp_funcs.lowest`)."""
+    that the caller measures again, one by one, in the points' order (:func:`point_blocks`)."""
     s = _warp.scalar(dtype)
     eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
     body = (_NEAR_SNIPPET.replace("DISTANCES", _DISTANCES).replace("REGROUP", _REGROUP[dtype])
@@ -406,3 +407,41 @@ def native_near(dtype: torch.dtype):
     def near(q: _warp.vec3(dtype), points: wp.array(dtype=_warp.vec3(dtype)), first: int, last: int, wide: s) -> wp.uint64: ...
 
     return near
+
+
+@_warp.kernels
+def point_blocks(dtype: torch.dtype, near_bits: bool):
+    """``(block_bits, take)``: a run of points ``first .. last - 1`` visited in blocks of 64::
+
+        block = first
+        while block < last:
+            bits = block_bits(q, points, block, last, reach)  # the block's points that may be within reach
+            while bits != wp.uint64(0):
+                j, bits = take(block, bits)                  # the next such point, in order
+                ...                                          # measured as before
+            block += 64
+
+    ``near_bits``: the bits from :func:`native_near` (on vectors, on the CPU), else every point
+    of the block."""
+    v, s = _warp.vec3(dtype), _warp.scalar(dtype)
+    near = native_near(dtype)
+
+    @wp.func(module="unique")
+    def every_bit(block: int, last: int):
+        """The bits of the points block .. min(last, block + 64) - 1 (bit l: point block + l)."""
+        n = last - block
+        if n >= 64:
+            return ~wp.uint64(0)
+        return (wp.uint64(1) << wp.uint64(n)) - wp.uint64(1)
+
+    @wp.func(module="unique")
+    def block_bits(q: v, points: wp.array(dtype=v), block: int, last: int, reach: s):
+        if wp.static(near_bits):
+            return near(q, points, block, last, reach)
+        return every_bit(block, last)
+
+    @wp.func(module="unique")
+    def take(block: int, bits: wp.uint64):
+        return block + _warp_funcs.lowest(bits), bits & (bits - wp.uint64(1))
+
+    return block_bits, take
