@@ -45,6 +45,13 @@ COUNTED = 1 << 15
 # docs/benchmarks.md, meshes); the kd-tree of the kNN search keeps pcops._warp.SERIAL_WORK
 SPLIT_WORK = 1 << 12
 RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kernel`); False: CUDA's launch (tests)
+# The CPU launches' work (:func:`pcops._warp.launch`'s steps, about a nanosecond each on one
+# thread: the threshold of their threads) per face of the leaves' launch (with or without the
+# winding number's data), per node of the nodes' data (with it; 4 without), and per face of the
+# radii's walks: their one-thread times on the meshes of the benchmark (docs/benchmarks.md, meshes)
+LEAF_STEPS = (40, 32)
+NODE_STEPS = 16
+RADIUS_STEPS = 64
 
 
 class Tree(NamedTuple):
@@ -159,7 +166,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     glo, ghi = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     scale = v64.new_empty((leaves,))
     _warp.launch(_leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
-                                                lo, hi, glo, ghi, sums, scale], like=v64, work=3 * n)
+                                                lo, hi, glo, ghi, sums, scale], like=v64, min_chunk=16, work=leaf_work(n, winding))
     # every node above the leaves from its two children, up to the root (one thread, in one launch)
     if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
         _warp.launch(_parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], like=corners, work=nodes)
@@ -173,12 +180,28 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     center_out, normal = (v64.new_empty((rows, 3), dtype=dtype) for _ in range(2))
     moment = v64.new_empty((rows, 9), dtype=dtype)
     _warp.launch(_finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
-                 like=v64, work=4 * size)
+                 like=v64, min_chunk=64, work=node_work(size, winding))
     radius = v64.new_zeros((rows,))
     if winding:
         _radii(corners, n, d, lo, hi, center, radius)
     return Tree(order, ta, tb, tc, sorted_group, lo_out, hi_out, glo, ghi, center_out, normal, moment.view(rows, 3, 3),
                 radius.to(dtype), scale.amax().to(dtype))
+
+
+def leaf_work(n: int, winding: bool) -> int:
+    """The leaves' launch's work for n faces (:data:`LEAF_STEPS`)."""
+    return LEAF_STEPS[0 if winding else 1] * n
+
+
+def node_work(size: int, winding: bool) -> int:
+    """The nodes' data's launch's work for ``size`` node rows (:data:`NODE_STEPS`)."""
+    return (NODE_STEPS if winding else 4) * size
+
+
+def radius_walks(n: int) -> int:
+    """The threads of the CPU radii's launch of n faces (:func:`_radius_kernel`): one per chunk,
+    as :func:`pcops._warp.launch` cuts its work (:data:`RADIUS_STEPS`)."""
+    return _warp.chunk_count(node_count(n), RADIUS_STEPS * n, 1)
 
 
 def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
@@ -189,7 +212,8 @@ def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
     farthest corner from each ancestor's center (one launch for every depth and leaf), into the
     node's radius by an atomic max: the same value."""
     if corners.is_cpu and RADIUS_WALK[0]:
-        _warp.launch(_radius_kernel(), (2 << d) - 1, [corners, n, d, lo, hi, center, radius], like=corners, min_chunk=16, work=3 * n * 4)
+        walks = radius_walks(n)
+        _warp.launch(_radius_kernel(), walks, [corners, n, d, lo, hi, center, radius, walks], like=corners, min_chunk=1, work=RADIUS_STEPS * n)
     else:
         leaves, args = 1 << d, [corners, n, d, center]
         levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
@@ -372,53 +396,59 @@ def _parents_kernel():
 
 @_warp.kernels
 def _radius_kernel():
-    """Thread e: node e's radius, the distance from its center to the farthest corner of its
-    faces at a finite distance (0 if none), by a walk down its subtree, the farther child first,
-    that skips a child whose box's farthest point from the center (computed as a corner's
-    distance is, widened by 8 float64 eps: never below the distance computed for a corner in
-    it) is within the farthest corner found: the value of :func:`_reach_kernel`'s launch, with
-    fewer corners measured."""
+    """Thread t of ``walks``: the radii of part t of ``walks`` of every depth's nodes (each depth's
+    walks cost about alike: the upper nodes' are the longer, and fewer), each the
+    distance from the node's center to the farthest corner of its faces at a finite distance (0
+    if none), by a walk down its subtree, the farther child first, that skips a child whose
+    box's farthest point from the center (computed as a corner's distance is, widened by 8
+    float64 eps: never below the distance computed for a corner in it) is within the farthest
+    corner found: the value of :func:`_reach_kernel`'s launch, with fewer corners measured."""
     widen = wp.float64(1.0 + 8.0 * torch.finfo(torch.float64).eps)
     _stack = wp.types.vector(length=64, dtype=wp.int32)
 
     @wp.kernel(enable_backward=False, module="unique")
     def radius_walk(start: int, corners: wp.array(dtype=wp.vec3d), n: int, depth: int, lo: wp.array(dtype=wp.vec3d),
-                    hi: wp.array(dtype=wp.vec3d), center: wp.array(dtype=wp.vec3d), radius: wp.array(dtype=wp.float64)):
-        e = wp.tid() + start
-        c = center[e]
+                    hi: wp.array(dtype=wp.vec3d), center: wp.array(dtype=wp.vec3d), radius: wp.array(dtype=wp.float64), walks: int):
         leaf0 = (1 << depth) - 1
-        best = wp.float64(0.0)  # the largest squared distance: one root at the end (a root is monotonic)
-        stack = _stack()
-        stack[0] = e
-        top = int(1)
-        while top > 0:
-            top -= 1
-            k = stack[top]
-            if k >= leaf0:  # a leaf: its corners
-                j = k - leaf0
-                first = _warp_funcs.part(j, wp.int64(n), depth)
-                last = _warp_funcs.part(j + 1, wp.int64(n), depth)
-                for q in range(3 * first, 3 * last):
-                    x = corners[q] - c
-                    d2 = wp.dot(x, x)
-                    if d2 < wp.float64(wp.inf):  # NaN and inf (and overflowing) distances do not count
-                        best = wp.max(best, d2)
-                continue
-            a = 2 * k + 1
-            ga = wp.max(wp.abs(lo[a] - c), wp.abs(hi[a] - c))
-            gb = wp.max(wp.abs(lo[a + 1] - c), wp.abs(hi[a + 1] - c))
-            ba = wp.dot(ga, ga) * widen
-            bb = wp.dot(gb, gb) * widen
-            near, far, bn, bf = a, a + 1, ba, bb
-            if ba > bb:
-                near, far, bn, bf = a + 1, a, bb, ba
-            if not (bn <= best):  # (NaN boxes are walked)
-                stack[top] = near
-                top += 1
-            if not (bf <= best):  # popped first: the farther box
-                stack[top] = far
-                top += 1
-        radius[e] = wp.sqrt(best)
+        t = wp.tid() + start
+        for level in range(depth + 1):
+            width = wp.int64(1 << level)  # (its part's bounds in int64: thread count times width)
+            begin = int(width * wp.int64(t) // wp.int64(walks))
+            end = int(width * wp.int64(t + 1) // wp.int64(walks))
+            for e in range(int(width) - 1 + begin, int(width) - 1 + end):
+                c = center[e]
+                best = wp.float64(0.0)  # the largest squared distance: one root at the end (a root is monotonic)
+                stack = _stack()
+                stack[0] = e
+                top = int(1)
+                while top > 0:
+                    top -= 1
+                    k = stack[top]
+                    if k >= leaf0:  # a leaf: its corners
+                        j = k - leaf0
+                        first = _warp_funcs.part(j, wp.int64(n), depth)
+                        last = _warp_funcs.part(j + 1, wp.int64(n), depth)
+                        for q in range(3 * first, 3 * last):
+                            x = corners[q] - c
+                            d2 = wp.dot(x, x)
+                            if d2 < wp.float64(wp.inf):  # NaN and inf (and overflowing) distances do not count
+                                best = wp.max(best, d2)
+                        continue
+                    a = 2 * k + 1
+                    ga = wp.max(wp.abs(lo[a] - c), wp.abs(hi[a] - c))
+                    gb = wp.max(wp.abs(lo[a + 1] - c), wp.abs(hi[a + 1] - c))
+                    ba = wp.dot(ga, ga) * widen
+                    bb = wp.dot(gb, gb) * widen
+                    near, far, bn, bf = a, a + 1, ba, bb
+                    if ba > bb:
+                        near, far, bn, bf = a + 1, a, bb, ba
+                    if not (bn <= best):  # (NaN boxes are walked)
+                        stack[top] = near
+                        top += 1
+                    if not (bf <= best):  # popped first: the farther box
+                        stack[top] = far
+                        top += 1
+                radius[e] = wp.sqrt(best)
 
     return radius_walk
 

@@ -698,20 +698,24 @@ def test_the_cpu_s_radius_walk_equals_the_all_leaves_launch(kind, monkeypatch):
     """The CPU's node radii (a walk per node skipping boxes within the farthest corner found)
     equal the launch over every (depth, leaf) pair, bit for bit: every tensor of the hierarchy,
     both dtypes, one mesh and sorted, adversarial meshes (a NaN vertex and an infinite one: their
-    corners never count)."""
+    corners never count), the walks shared by the threads as the build shares them and by 1, 2,
+    3 and 7 threads (each a part of every depth's nodes)."""
     tree = importlib.import_module("pcops.ops.mesh._tree")
     gen = torch.Generator().manual_seed(23)
     v, f = hierarchy_mesh(kind, gen)
     group = torch.zeros(f.shape[0], dtype=torch.int64)
+    shared = tree.radius_walks
     for dtype in (torch.float32, F64):
         for one in (False, True):
-            monkeypatch.setattr(tree, "RADIUS_WALK", [True])
-            walk = tree.build(v, f, group, dtype, one)
             monkeypatch.setattr(tree, "RADIUS_WALK", [False])
             launch = tree.build(v, f, group, dtype, one)
-            for name, a, b in zip(tree.Tree._fields, walk, launch):
-                assert torch.equal(a, b) or (name != "radius" and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)), name
-            assert torch.equal(walk.radius, launch.radius)
+            monkeypatch.setattr(tree, "RADIUS_WALK", [True])
+            for walks in (None, 1, 2, 3, 7):
+                monkeypatch.setattr(tree, "radius_walks", shared if walks is None else (lambda n, walks=walks: walks))
+                walk = tree.build(v, f, group, dtype, one)
+                for name, a, b in zip(tree.Tree._fields, walk, launch):
+                    assert torch.equal(a, b) or (name != "radius" and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)), name
+                assert torch.equal(walk.radius, launch.radius), walks
 
 
 @pytest.mark.parametrize("grad", [False, True])
