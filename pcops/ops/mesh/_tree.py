@@ -48,7 +48,7 @@ RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kerne
 # The CPU launches' work (:func:`pcops._warp.launch`'s steps, about a nanosecond each on one
 # thread: the threshold of their threads) per face of the leaves' launch (with or without the
 # winding number's data), per node of the nodes' data (with it; 4 without), and per face of the
-# radii's walks: their one-thread times on the meshes of the benchmark (docs/benchmarks.md, meshes)
+# radii's walks: their one-thread times on the benchmark's meshes (docs/benchmarks.md, design choices)
 LEAF_STEPS = (40, 32)
 NODE_STEPS = 16
 RADIUS_STEPS = 64
