@@ -82,17 +82,17 @@ class _Build:
         launches += [(launch, ("order",)) for launch in split[0]]
         launches.append((_warp.prepare(_tree._leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group, corners, ta, tb, tc,
                                                                                       sorted_group, lo, hi, glo, ghi, sums, scale],
-                                        work=_tree.leaf_work(n, winding), min_chunk=16),
+                                        **_tree.leaf_cut(n, winding)),
                          ("vertices", "faces", "order", "group", "ta", "tb", "tc", "sorted_group", "glo", "ghi")))
         launches.append((_warp.prepare(_tree._parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], work=nodes), ("glo", "ghi")))
         launches.append((_warp.prepare(_tree._finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out,
                                                                                     center_out, normal, moment],
-                                        work=_tree.node_work(size, winding), min_chunk=64),
+                                        **_tree.node_cut(size, winding)),
                          ("glo", "ghi", "lo_out", "hi_out", "center_out", "normal", "moment")))
         if winding:
             walks = _tree.radius_walks(n)
             launches.append((_warp.prepare(_tree._radius_kernel(), walks, [corners, n, d, lo, hi, center, radius, walks],
-                                           work=_tree.RADIUS_STEPS * n, min_chunk=1), ()))
+                                           **_tree.radius_cut(n)), ()))
         if any(launch is None for launch, _ in launches):
             return None
         self.launches = [(launch, launch.fields(*used), used) for launch, used in launches]

@@ -46,11 +46,11 @@ COUNTED = 1 << 15
 SPLIT_WORK = 1 << 12
 RADIUS_WALK = [True]  # the CPU's radii by a walk per node (:func:`_radius_kernel`); False: CUDA's launch (tests)
 # The CPU launches' work (:func:`pcops._warp.launch`'s steps, about a nanosecond each on one
-# thread: the threshold of their threads) per face of the leaves' launch (with or without the
-# winding number's data), per node of the nodes' data (with it; 4 without), and per face of the
-# radii's walks: their one-thread times on the benchmark's meshes (docs/benchmarks.md, design choices)
+# thread: the threshold of their threads) per face of the leaves' launch and per node of the
+# nodes' data (each with and without the winding number's data), and per face of the radii's
+# walks: their one-thread times on the benchmark's meshes (docs/benchmarks.md, design choices)
 LEAF_STEPS = (40, 32)
-NODE_STEPS = 16
+NODE_STEPS = (16, 4)
 RADIUS_STEPS = 64
 
 
@@ -166,7 +166,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     glo, ghi = (torch.empty(size, dtype=torch.int64, device=device) for _ in range(2))
     scale = v64.new_empty((leaves,))
     _warp.launch(_leaves_kernel(dtype, winding), leaves, [d, v64, faces, order, group.contiguous(), corners, ta, tb, tc, sorted_group,
-                                                lo, hi, glo, ghi, sums, scale], like=v64, min_chunk=16, work=leaf_work(n, winding))
+                                                lo, hi, glo, ghi, sums, scale], like=v64, **leaf_cut(n, winding))
     # every node above the leaves from its two children, up to the root (one thread, in one launch)
     if device.type == "cpu" and not PER_LEVEL[0]:  # one thread, every level
         _warp.launch(_parents_kernel(), 1, [d, -1, lo, hi, glo, ghi, sums], like=corners, work=nodes)
@@ -180,7 +180,7 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
     center_out, normal = (v64.new_empty((rows, 3), dtype=dtype) for _ in range(2))
     moment = v64.new_empty((rows, 9), dtype=dtype)
     _warp.launch(_finish_kernel(dtype, winding), size, [nodes, lo, hi, glo, ghi, sums, center, lo_out, hi_out, center_out, normal, moment],
-                 like=v64, min_chunk=64, work=node_work(size, winding))
+                 like=v64, **node_cut(size, winding))
     radius = v64.new_zeros((rows,))
     if winding:
         _radii(corners, n, d, lo, hi, center, radius)
@@ -188,20 +188,29 @@ def build(vertices: torch.Tensor, faces: torch.Tensor, group: torch.Tensor, dtyp
                 radius.to(dtype), scale.amax().to(dtype))
 
 
-def leaf_work(n: int, winding: bool) -> int:
-    """The leaves' launch's work for n faces (:data:`LEAF_STEPS`)."""
-    return LEAF_STEPS[0 if winding else 1] * n
+# (How the CPU cuts the build's launches into chunks, as the keywords of pcops._warp.launch and
+# pcops._warp.prepare: the build and its kept form (:mod:`._kept_tree`) cut them alike.)
 
 
-def node_work(size: int, winding: bool) -> int:
-    """The nodes' data's launch's work for ``size`` node rows (:data:`NODE_STEPS`)."""
-    return (NODE_STEPS if winding else 4) * size
+def leaf_cut(n: int, winding: bool) -> dict:
+    """The leaves' launch's cut for n faces (:data:`LEAF_STEPS`)."""
+    return dict(work=LEAF_STEPS[0 if winding else 1] * n, min_chunk=16)
+
+
+def node_cut(size: int, winding: bool) -> dict:
+    """The nodes' data's launch's cut for ``size`` node rows (:data:`NODE_STEPS`)."""
+    return dict(work=NODE_STEPS[0 if winding else 1] * size, min_chunk=64)
+
+
+def radius_cut(n: int) -> dict:
+    """The CPU radii's launch's cut for n faces (:data:`RADIUS_STEPS`): a thread per chunk."""
+    return dict(work=RADIUS_STEPS * n, min_chunk=1)
 
 
 def radius_walks(n: int) -> int:
     """The threads of the CPU radii's launch of n faces (:func:`_radius_kernel`): one per chunk,
-    as :func:`pcops._warp.launch` cuts its work (:data:`RADIUS_STEPS`)."""
-    return _warp.chunk_count(node_count(n), RADIUS_STEPS * n, 1)
+    as :func:`pcops._warp.launch` cuts its work (:func:`radius_cut`)."""
+    return _warp.chunk_count(node_count(n), radius_cut(n)["work"], 1)
 
 
 def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
@@ -213,7 +222,7 @@ def _radii(corners, n: int, d: int, lo, hi, center, radius) -> None:
     node's radius by an atomic max: the same value."""
     if corners.is_cpu and RADIUS_WALK[0]:
         walks = radius_walks(n)
-        _warp.launch(_radius_kernel(), walks, [corners, n, d, lo, hi, center, radius, walks], like=corners, min_chunk=1, work=RADIUS_STEPS * n)
+        _warp.launch(_radius_kernel(), walks, [corners, n, d, lo, hi, center, radius, walks], like=corners, **radius_cut(n))
     else:
         leaves, args = 1 << d, [corners, n, d, center]
         levels = [(0, d + 1)] if (d + 1) * leaves <= THREADS else [(level, 1) for level in range(d + 1)]
