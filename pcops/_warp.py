@@ -872,7 +872,7 @@ class Prepared:
     must be named in each run: the packed structs hold addresses, not tensors, and only the
     tensors of ``keep`` are kept alive with them (work buffers the launch owns)."""
 
-    __slots__ = ("kernel", "_run", "_chunks", "_args", "_dims", "_pointers", "_fields", "_sizes", "keep")
+    __slots__ = ("kernel", "_run", "_chunks", "_args", "_dims", "_pointers", "_fields", "_puts", "_bounds", "_sizes", "keep")
 
     def __init__(self, kernel, bounds: list[int], values: list, keep: tuple = ()) -> None:
         self.kernel = kernel
@@ -882,6 +882,8 @@ class Prepared:
         self._dims = [dim for _, dim, _ in self._run.entries]
         self._pointers: dict = {}
         self._fields: dict = {}
+        self._puts: dict = {}
+        self._bounds = None  # (:meth:`resize`'s views of each chunk's first thread and thread count, made at its first use)
         self._sizes = None
         self.keep = keep
 
@@ -949,39 +951,64 @@ class Prepared:
         for field, i in lengths:
             field.value = sizes[i]
         if threads is not None:
+            bounds = self._bounds
+            if bounds is None:
+                bounds = self._bounds = tuple((*self._views("start"), *(_view(dim, name) for dim in self._dims for name in ("shape", "size"))))
             chunks = self._chunks
-            for c, (args, dim) in enumerate(zip(self._args, self._dims)):
-                first, size = threads * c // chunks, threads * (c + 1) // chunks - threads * c // chunks
-                args.start = first
-                dim.shape[0] = dim.size = size
+            if chunks == 1:
+                bounds[1][0] = bounds[2].value = threads
+                return
+            for c in range(chunks):
+                first = threads * c // chunks
+                size = threads * (c + 1) // chunks - first
+                bounds[c].value = first
+                bounds[chunks + 2 * c][0] = bounds[chunks + 2 * c + 1].value = size
 
     def size(self, groups: tuple, sizes: tuple, threads: typing.Optional[int] = None, values: tuple = ()) -> None:
         """:meth:`resize` of the arrays named in ``groups`` (:meth:`lengths`, found once) to
-        ``sizes`` and of the launch to ``threads`` (None: as they are), and the scalar
-        arguments of ``values`` ((name, value) pairs, :meth:`put`) set, where any differs from
-        the last call's: a launch kept for a range of sizes (and of those values)."""
-        if (sizes, threads, values) != self._sizes:
+        ``sizes`` and of the launch to ``threads`` (None: as they are), where they differ from
+        the last call's, and the scalar arguments of ``values`` ((name, value) pairs,
+        :meth:`put`) set, where they differ from the last call's: a launch kept for a range of
+        sizes (and of those values)."""
+        last = self._sizes
+        if last is not None and (sizes, threads, values) == last:
+            return
+        if last is None or sizes != last[0] or threads != last[1]:
             lengths = self._fields.get(groups)
             if lengths is None:
                 lengths = self._fields[groups] = self.lengths(*groups)
             self.resize(lengths, *sizes, threads=threads)
+        if last is None or values != last[2]:
             for name, value in values:
                 self.put(name, value)
-            self._sizes = sizes, threads, values
+        self._sizes = sizes, threads, values
 
     def put(self, name: str, value) -> None:
         """Set the scalar argument ``name`` to ``value`` (a number; a vector argument's: a tuple of
         them) in every chunk's packed arguments, converted as they were packed (by ctypes: not
         a float16 scalar, packed as its bits, which no caller puts); a field of a struct
-        argument: ``struct__field``."""
+        argument: ``struct__field``. The fields are written through ctypes views of the packed
+        structs, made once (Warp's vector assignment checks each element in Python)."""
+        views = self._puts.get(name)
+        if views is None:
+            views = self._puts[name] = self._views(name)
+        if isinstance(value, tuple):
+            for view in views:
+                view[:] = value
+        else:
+            for view in views:
+                view.value = value
+
+    def _views(self, name: str) -> tuple:
+        """The field ``name`` (:meth:`put`) of every chunk's packed arguments as a ctypes view of
+        its struct: a scalar's own type, a vector's as a plain ctypes array of its scalars."""
         *outer, field = name.split("__")
+        found = []
         for args in self._args:
             for part in outer:
                 args = getattr(args, part)
-            if isinstance(value, tuple):
-                getattr(args, field)[:] = value
-            else:
-                setattr(args, field, value)
+            found.append(_view(args, field))
+        return tuple(found)
 
     def point(self, fields: tuple, *tensors: torch.Tensor) -> None:
         """Point the array arguments of ``fields`` at ``tensors`` without running (:func:`run_together`)."""
@@ -992,6 +1019,17 @@ class Prepared:
         """The bytes this launch holds (:meth:`Kept.put`): its packed structs and their views
         (:data:`LAUNCH_BYTES`) and its ``keep`` tensors."""
         return LAUNCH_BYTES + held_bytes(self.keep)
+
+
+def _view(struct: ctypes.Structure, field: str):
+    """The field ``field`` of a ctypes struct as a ctypes view of its memory (which keeps
+    ``struct`` alive): a scalar's own type, an array's a plain ctypes array of its scalars
+    (Warp's vectors check each element in Python on assignment; not its float16 vectors, packed
+    as bits, whose own view converts)."""
+    kind = dict(type(struct)._fields_)[field]
+    if issubclass(kind, ctypes.Array) and not getattr(kind, "_wp_is_bit_converted_", False):
+        kind = kind._type_ * kind._length_
+    return kind.from_buffer(struct, getattr(type(struct), field).offset)
 
 
 LAUNCH_BYTES = 16 << 10  # a kept launch's Python structs, counted at the top of what tracemalloc finds (docs/benchmarks.md, design choices)

@@ -440,6 +440,42 @@ def test_a_prepared_launch_forks_from_the_table_it_made_once(chunk_threads):
         assert tables == [{}, {}, {}]  # (no OpenMP team: the Python fork-join, nothing kept)
 
 
+@_warp.kernels
+def _sized_kernel():
+    @wp.kernel(enable_backward=False, module="unique")
+    def sized(start: int, a: float, shift: wp.vec3, x: wp.array(dtype=wp.vec3), out: wp.array(dtype=wp.vec3)):
+        i = wp.tid() + start
+        out[i] = a * x[i] + shift + wp.vec3(float(x.shape[0]), float(out.shape[0]), 0.0)
+
+    return sized
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_a_prepared_launch_sized_and_given_values_in_any_order_equals_a_launch_packed_anew(chunks):
+    # Prepared.size sets the arrays' lengths and the threads where the sizes differ from the last
+    # call's, and the scalars (a number and a vector, through views of the packed structs) where
+    # the values differ: each combination in turn writes what wp.launch writes with those
+    # arguments, its rows and no others (the outputs hold room for every size)
+    gen = torch.Generator().manual_seed(0)
+    kernel = _sized_kernel()
+    capacity = 64
+    x0 = torch.rand(capacity, 3, generator=gen)
+    args = [1.0, wp.vec3(0.0, 0.0, 0.0), _warp.Typed(x0, wp.vec3), _warp.Typed(torch.zeros(capacity, 3), wp.vec3)]
+    _warp.launch(kernel, capacity, args, like=x0)  # (its first launch loads it)
+    launch = _warp.Prepared(kernel, [capacity * c // chunks for c in range(chunks + 1)], [_warp.convert(a) for a in args])
+    groups = (("x",), ("out",))
+    steps = [(40, 2.0, (0.5, 0.0, -1.0)), (40, 2.0, (0.5, 0.0, -1.0)), (17, 2.0, (0.5, 0.0, -1.0)), (17, -3.0, (0.5, 0.0, -1.0)),
+             (17, -3.0, (1.0, 2.0, 3.0)), (64, 0.25, (1.0, 2.0, 3.0)), (5, 0.25, (0.0, 0.0, 0.0)), (40, 2.0, (0.5, 0.0, -1.0))]
+    for n, a, shift in steps:
+        x = torch.rand(capacity, 3, generator=gen)
+        out, want = torch.full((capacity, 3), float("nan")), torch.full((capacity, 3), float("nan"))
+        launch.size(groups, (n, capacity), n, (("a", a), ("shift", shift)))
+        launch.run(x=x, out=out)
+        wp.launch(kernel, dim=n, inputs=[0, a, wp.vec3(*shift), _warp.array(x[:n], dtype=wp.vec3), _warp.array(want, dtype=wp.vec3)], device="cpu")
+        assert bool(((out == want) | (out.isnan() & want.isnan())).all()), (n, a, shift)
+        assert bool(out[:n].isfinite().all() and out[n:].isnan().all())
+
+
 def test_chunks_run_in_python_where_the_native_fork_join_cannot_be_built(chunk_threads, monkeypatch):
     def unbuildable():
         raise RuntimeError("no C++ toolchain")
