@@ -224,8 +224,8 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
                               lambda: _dense(query, ref, radii, max_neighbors, by_index, capacity), _DENSE_GROUPS, (m, n), m, pairs,
                               values=(("radius", (float(radii[0]),) if len(radii) == 1 else tuple(float(radii[g]) for g in order)),))
         if launch is not None:
-            idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
-            dists = query.new_empty((m, 0 if by_index else width))
+            idx, counts = torch.empty(m, width, dtype=torch.int64), torch.empty(m, len(radii), dtype=torch.int64)
+            dists = query.new_empty(m, 0 if by_index else width)
             flag = launch.keep[-1][1]
             flag[0] = 0
             launch.run_at(launch.fields("cells__query", "cells__points", "dists", "idx", "counts"), query.contiguous(), ref.contiguous(), dists, idx, counts)
@@ -243,8 +243,8 @@ def search(query, ref, radii: list, max_neighbors: list, validate: bool, query_g
         return (torch.full((m, width), -1, dtype=torch.int64, device=query.device), torch.zeros((m, len(radii)), dtype=torch.int64, device=query.device),
                 query.new_empty((m, 0)) if by_index else query.new_full((m, width), float("inf")))
     # (every row and count is written by a launch: each radius' kernel thread fills its row past its neighbours)
-    idx, counts = torch.empty((m, width), dtype=torch.int64, device=query.device), torch.empty((m, len(radii)), dtype=torch.int64, device=query.device)
-    dists = query.new_empty((m, 0 if by_index else width))
+    idx, counts = torch.empty(m, width, dtype=torch.int64, device=query.device), torch.empty(m, len(radii), dtype=torch.int64, device=query.device)
+    dists = query.new_empty(m, 0 if by_index else width)
     _warp.init()
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     dense = query_group is None and (pairs <= SCAN_PAIRS if query.is_cpu else _warp.cuda_scans(m, n, SCAN_COST))
@@ -287,8 +287,8 @@ def _listed(query, ref, radii: list, max_neighbors: list, validate: bool, by_ind
     if not by_index and any(_ball_tree.in_range(r, query.dtype) and _ball_tree.crowded(r, k, n, host) for r, k in zip(radii, max_neighbors)):
         return None, (None, host)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
-    idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
-    dists = query.new_empty((m, 0 if by_index else width))
+    idx, counts = torch.empty(m, width, dtype=torch.int64), torch.empty(m, len(radii), dtype=torch.int64)
+    dists = query.new_empty(m, 0 if by_index else width)
     for group in groups(radii):
         if plan.build(query, ref, radii[group[-1]], host) and validate:
             _validate.finite(query=query, ref=ref)  # (the build found NaN or inf: raises, naming them)
@@ -331,8 +331,8 @@ def _dense(query, ref, radii: list, max_neighbors: list, by_index: bool, capacit
     m, width = query.shape[0], sum(max_neighbors)
     first = [sum(max_neighbors[:g]) for g in range(len(radii))]
     group = sorted(range(len(radii)), key=lambda g: radii[g])
-    idx, counts = torch.empty((m, width), dtype=torch.int64), torch.empty((m, len(radii)), dtype=torch.int64)
-    dists = query.new_empty((m, 0 if by_index else width))
+    idx, counts = torch.empty(m, width, dtype=torch.int64), torch.empty(m, len(radii), dtype=torch.int64)
+    dists = query.new_empty(m, 0 if by_index else width)
     columns, rows = _columns(group, first, max_neighbors, dists, idx)
     search_kernel, Radii, Ints = kernel(query.dtype, columns, by_index, True, VECTOR_RUNS)
     scan = _cells.every_point(query, ref, capacity)

@@ -239,7 +239,7 @@ def _corners(ref: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     or start an OpenMP team, which a forked DataLoader worker must not), the queries' beside the
     reference points'."""
     parts = 16 if ref.shape[0] >= _SPLIT_BOX else 1
-    corners = ref.new_empty((parts + 1, 2, 3))  # the reference points' parts, then the queries'
+    corners = ref.new_empty(parts + 1, 2, 3)  # the reference points' parts, then the queries'
     vec = _warp.vec3(ref.dtype)
     kernel = _box_kernel(ref.dtype)
     beside = (kernel, [_warp.array(query.contiguous(), dtype=vec), 1, _warp.array(corners[parts:], dtype=vec)])

@@ -185,7 +185,7 @@ def _all_within(points: torch.Tensor, radius: float, loop: bool, group: Optional
     kernel = _within_kernel(points.dtype)
     _warp.launch(kernel, n, [*args, 0, counts, counts, points.new_empty(0), torch.empty((2, 0), **long)], like=points, min_chunk=_warp.QUERY_CHUNK)
     ends = torch.cumsum(counts, 0)
-    edges = torch.empty((2, int(ends[-1])), **long)
+    edges = torch.empty(2, int(ends[-1]), **long)
     _warp.launch(kernel, n, [*args, 1, ends - counts, counts, points.new_empty(edges.shape[1]), edges], like=points, min_chunk=_warp.QUERY_CHUNK)
     return edges
 
@@ -268,7 +268,7 @@ def _plain_knn_graph(points, k, loop, validate: bool, max_edges) -> Optional[tor
     found = plain_knn(points, points, search, "auto", validate, plain=True)
     if found is None:
         return None
-    edges = torch.empty((2, points.shape[0] * k), dtype=torch.int64)
+    edges = torch.empty(2, points.shape[0] * k, dtype=torch.int64)
     return edges if _edge_rows(found[1], None, k, loop, edges) else None  # (a row of fewer than k edges: the general path's masks)
 
 
@@ -341,7 +341,7 @@ def _plain_radius_graph(points, radius, max_neighbors, loop, validate, max_edges
     cap = max(1, min(cap, n - own))  # (no row holds more than the cloud)
     idx, counts, _ = _ball_search.search_one(points, points, float(radius), cap + own, False, None, None)
     ends = torch.cumsum((counts - own).clamp_(0, cap), 0)
-    edges = torch.empty((2, int(ends[-1])), dtype=torch.int64)
+    edges = torch.empty(2, int(ends[-1]), dtype=torch.int64)
     return edges if _edge_rows(idx, ends, cap, loop, edges) else None  # (a row without its own point: the general path's masks)
 
 

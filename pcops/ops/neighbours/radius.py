@@ -366,9 +366,9 @@ def _radius_aggregate(
     if m == 0 or n == 0 or f == 0:
         return (query.new_zeros((m, f)), query.new_zeros((m,)), query.new_zeros((m,)), ref.new_zeros((n, 3)),
                 ref.new_zeros((n, width)), *_cells.CellList.empty(m, ref).tensors())
-    out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
+    out, wsum, dmin = query.new_empty(m, f), query.new_empty(m), query.new_empty(m)
     # the sums of the padded feature blocks: ``out`` itself when F is a whole number of blocks
-    acc = out if width == f else query.new_empty((m, width))
+    acc = out if width == f else query.new_empty(m, width)
     if _dense(query, query_group, n):  # every pair, in the points' order: a list of one cell
         cells = _cells.CellList.empty(m, ref)
         points = ref.contiguous().clone()
@@ -612,8 +612,8 @@ def _plain_radius_aggregate(query, ref, features, radius, sigma, weights: str, v
     else:
         return None
     m, width = query.shape[0], _padded(f)
-    out, wsum, dmin = query.new_empty((m, f)), query.new_empty((m,)), query.new_empty((m,))
-    acc = out if width == f else query.new_empty((m, width))
+    out, wsum, dmin = query.new_empty(m, f), query.new_empty(m), query.new_empty(m)
+    acc = out if width == f else query.new_empty(m, width)
     feats = features.contiguous() if width == f else torch.nn.functional.pad(features, (0, width - f))
     _dense_forward(query, ref.contiguous(), feats, sigma, float(radius), weights, acc, out, wsum, dmin)
     return out

@@ -984,7 +984,7 @@ class _Bucket:
         if n_samples == self.rows:
             idx, picked = torch.empty_like(self.idx), torch.empty_like(self.picked)
         else:
-            idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty((n_samples, 3))
+            idx, picked = torch.empty(n_samples, dtype=torch.int64), points.new_empty(n_samples, 3)
         self.launch.run_at(self.fields, points, idx, picked)
         if self.flag[0]:  # (the flag left 0 for the next call)
             self.flag[0] = 0

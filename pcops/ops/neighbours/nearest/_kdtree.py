@@ -832,7 +832,7 @@ def _cpu_query_order(query: torch.Tensor, capacity: Optional[int] = None):
     m = query.shape[0]
     bits = _query_bits(m)
     room = m if capacity is None else capacity
-    rows, ordered = torch.empty(room, dtype=torch.int64)[:m], query.new_empty((room, 3))[:m]
+    rows, ordered = torch.empty(room, dtype=torch.int64)[:m], query.new_empty(room, 3)[:m]
     scratch = [torch.empty(room, dtype=torch.int32)[:m], torch.empty((1 << 3 * bits) + 1, dtype=torch.int32)]
     vec = _warp.vec3(query.dtype)
     spread = _morton.spread_table(bits, query.device)
@@ -1127,7 +1127,7 @@ _KEEP_OUTPUTS = 1 << 15
 
 def _outputs(query, k: int) -> tuple:
     """New (dists, idx) outputs (M, k) of a search of ``query``."""
-    return query.new_empty((query.shape[0], k)), torch.empty((query.shape[0], k), dtype=torch.int64, device=query.device)
+    return query.new_empty(query.shape[0], k), torch.empty(query.shape[0], k, dtype=torch.int64, device=query.device)
 
 
 @_warp.kernels
@@ -1371,7 +1371,7 @@ def graph_edges(points, k: int, loop: bool):
     plan = _kept_plan(points, points, search)
     if not isinstance(plan, _SmallTree):
         return None
-    edges = torch.empty((2, n * k), dtype=torch.int64)
+    edges = torch.empty(2, n * k, dtype=torch.int64)
     # the search's rows are scratch here: the plan's output templates where they have these rows
     dists, idx = (plan.dists, plan.idx) if plan.rows == n else _plan_outputs(plan, n)
     return edges, bool(plan.run_edges(points, dists, idx, edges, k, loop)[0])
@@ -1383,7 +1383,7 @@ def _plan_outputs(plan, m: int) -> tuple:
     theirs (a plan serves a range of sizes; its templates are its first size's: ``plan.rows``)."""
     if plan.rows == m:
         return torch.empty_like(plan.dists), torch.empty_like(plan.idx)
-    return plan.dists.new_empty((m, plan.k)), torch.empty((m, plan.k), dtype=torch.int64)
+    return plan.dists.new_empty(m, plan.k), torch.empty(m, plan.k, dtype=torch.int64)
 
 
 def _run_kept(plan, query, ref):
@@ -1473,7 +1473,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
     if m and _scans(m, ref.shape[0], k, query.is_cpu, grouped):  # small: every pair, one launch (two when split)
         slices = _slices(m, ref.shape[0], k, query.is_cpu)
         rows = m * slices
-        dists, idx = query.new_empty((rows, k)), torch.empty((rows, k), dtype=torch.int64, device=query.device)
+        dists, idx = query.new_empty(rows, k), torch.empty(rows, k, dtype=torch.int64, device=query.device)
         groups = (query_group.contiguous(), ref_group.contiguous()) if grouped else (_no_group(query.device)[1],) * 2
         points = vec(query)
         args = [slices, points, groups[0], points if ref is query else vec(ref), groups[1], dists, idx, _warp.no_flag(query.device)[1]]
@@ -1481,7 +1481,7 @@ def find(query, ref, k, query_group=None, ref_group=None):
         _warp.launch(scan, rows, args, like=query, min_chunk=1, work=m * ref.shape[0])
         if slices == 1:
             return dists, idx
-        out, out_idx = query.new_empty((m, k)), torch.empty((m, k), dtype=torch.int64, device=query.device)
+        out, out_idx = query.new_empty(m, k), torch.empty(m, k, dtype=torch.int64, device=query.device)
         _warp.launch(merge, m, [slices, dists, idx, out, out_idx], like=query, min_chunk=1, work=rows * k)
         return out, out_idx
     if m and grouped and query.is_cpu and not _GPU_BUILD and FOREST[0]:

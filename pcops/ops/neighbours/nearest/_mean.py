@@ -87,7 +87,7 @@ def mean(dists: torch.Tensor, idx: torch.Tensor, features: torch.Tensor, inverse
     of the distances' dtype; None where a row was cut short (the general path's masks)."""
     m, k = idx.shape
     dists, idx, features = dists.contiguous(), idx.contiguous(), features.contiguous()
-    out = features.new_empty((m, features.shape[1]))
+    out = features.new_empty(m, features.shape[1])
     cut = torch.zeros(1, dtype=torch.int32)
     if m == 0:
         return out
