@@ -41,16 +41,23 @@ sizes): what a library keeps per shape must hold them all or cost nothing where 
 (:func:`_stream`), so that no size finds what was kept for it, as in a stream of scans of more
 distinct sizes than pcops keeps (thousands of them): the cost of a size seen once.
 
-``neighbour``: ``quiet``, or ``busy`` with one other process spinning a core for the whole row
-(a DataLoader worker, a second job): the row's ratio to its quiet twin is what a shared machine
-costs each library. Peers are imported lazily; a missing one leaves its column out.
+``neighbour``: ``quiet``, or ``busy`` with one other process spinning a core (a DataLoader
+worker, a second job), or ``quiet, paired``: the busy row's quiet twin from the same turns. The
+busy rows (uniform clouds and ``mesh_distance``) are each timed in ``PAIRED_TURNS`` turns of a
+quiet block and a busy block (the spinning process kept, stopped between its blocks, ``SETTLE``
+seconds after each switch: pcops reads the machine's load over a quarter of a second), in the
+order quiet, busy, then busy, quiet, so that a drift of the machine's speed falls on both
+alike; each figure is the mean of its blocks' medians. The ratio of a busy row to its paired
+quiet row is what a shared machine costs each library. Peers are imported lazily; a missing
+one leaves its column out.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import itertools
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -69,6 +76,8 @@ BALL_K = 32
 FEATURES = 32
 MESH_QUERIES = (1_000, 10_000)
 IN_TURN, IN_TURN_SIZES = 60, (256, 1024)  # clouds of 60 sizes in turn, about 256 and 1,024 points
+PAIRED_TURNS = 2  # turns of a quiet and a busy block per busy row
+SETTLE = 0.4  # seconds after the spinning process starts or stops, before a block (pcops._threads.WINDOW: 0.25)
 
 
 def _k(n: int) -> int:
@@ -82,19 +91,32 @@ def _lib(name: str):
         return None
 
 
-@contextlib.contextmanager
-def _neighbour(kind: str):
-    """A process spinning one core while the block runs (``busy``), or nothing (``quiet``)."""
-    if kind == "quiet":
-        yield
-        return
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    time.sleep(0.3)  # let it take its core
-    try:
-        yield
-    finally:
-        spin.kill()
-        spin.wait()
+class _Spinner:
+    """One other process spinning a core, stopped (SIGSTOP) except in the busy blocks."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def set(self, busy: bool) -> None:
+        self.proc.send_signal(signal.SIGCONT if busy else signal.SIGSTOP)
+        time.sleep(SETTLE)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _paired(fns: dict, spin: _Spinner, timer: dict) -> dict:
+    """{"quiet, paired": ms, "busy": ms}: ``fns`` timed in PAIRED_TURNS turns of a quiet and a busy
+    block (quiet first, then busy first), each figure the mean of its blocks' medians."""
+    blocks = {"quiet, paired": [], "busy": []}
+    for turn in range(PAIRED_TURNS):
+        for kind in ("quiet, paired", "busy") if turn % 2 == 0 else ("busy", "quiet, paired"):
+            spin.set(kind == "busy")
+            blocks[kind].append(median_ms(fns, **timer))
+    spin.set(False)
+    return {kind: {name: statistics.fmean(b[name] for b in got) for name in got[0]} for kind, got in blocks.items()}
 
 
 def _dense_knn(a: torch.Tensor, b: torch.Tensor, k: int):
@@ -358,28 +380,43 @@ def run(quick: bool = False) -> list[dict]:
     sizes = QUICK_SIZES if quick else SIZES
     timer = dict(repeats=2 if quick else 11, budget_s=0.5 if quick else 4.0, min_s=0.0 if quick else 0.3)
 
-    def record(op, cloud, n, neighbour, fns):
-        ms = median_ms(fns, **timer)
+    def record(op, cloud, n, neighbour, ms):
         rows.append({"bench": op, "cloud": cloud, "points": n, "neighbour": neighbour, "ms": ms})
-        print(f"small {op:22s} {cloud:14s} n={n:5d} {neighbour:5s} " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items()), flush=True)
+        print(f"small {op:22s} {cloud:14s} n={n:5d} {neighbour:13s} " + "  ".join(f"{k} {v:.3f}" for k, v in ms.items()), flush=True)
 
-    for neighbour in ("quiet",) if quick else ("quiet", "busy"):
-        with _neighbour(neighbour):
-            for cloud in ("uniform",) if quick or neighbour == "busy" else CLOUDS:
-                for n in sizes:
-                    gen = torch.Generator().manual_seed(n)
-                    p = bench_search.cloud(cloud, n, 0)
-                    for op, fns in _cases(p, n, _radius16(p), gen).items():
-                        record(op, cloud, n, neighbour, fns)
-            if neighbour == "quiet":
-                for n in IN_TURN_SIZES[:1] if quick else IN_TURN_SIZES:
-                    table = _in_turn(n, IN_TURN)
-                    for op, fns in table.items():
-                        record(op, f"uniform, {IN_TURN} sizes", n, neighbour, fns)
-                    for op, fns in table.items():
-                        record(op, "uniform, new sizes", n, neighbour, {**fns, "pcops": _stream(fns["pcops"])})
-            for queries in MESH_QUERIES[:1] if quick else MESH_QUERIES:
-                fns = _mesh_cases(queries, torch.Generator().manual_seed(queries))
-                if fns:
-                    record("mesh_distance", "mesh:airplane", queries, neighbour, fns)
+    def cases(cloud, n):
+        gen = torch.Generator().manual_seed(n)
+        p = bench_search.cloud(cloud, n, 0)
+        return _cases(p, n, _radius16(p), gen).items()
+
+    for cloud in ("uniform",) if quick else CLOUDS:
+        for n in sizes:
+            for op, fns in cases(cloud, n):
+                record(op, cloud, n, "quiet", median_ms(fns, **timer))
+    for n in IN_TURN_SIZES[:1] if quick else IN_TURN_SIZES:
+        table = _in_turn(n, IN_TURN)
+        for op, fns in table.items():
+            record(op, f"uniform, {IN_TURN} sizes", n, "quiet", median_ms(fns, **timer))
+        for op, fns in table.items():
+            record(op, "uniform, new sizes", n, "quiet", median_ms({**fns, "pcops": _stream(fns["pcops"])}, **timer))
+    for queries in MESH_QUERIES[:1] if quick else MESH_QUERIES:
+        fns = _mesh_cases(queries, torch.Generator().manual_seed(queries))
+        if fns:
+            record("mesh_distance", "mesh:airplane", queries, "quiet", median_ms(fns, **timer))
+    if quick:
+        return rows
+    spin = _Spinner()
+    try:
+        block = dict(timer, budget_s=timer["budget_s"] / 2)
+        for n in sizes:
+            for op, fns in cases("uniform", n):
+                for neighbour, ms in _paired(fns, spin, block).items():
+                    record(op, "uniform", n, neighbour, ms)
+        for queries in MESH_QUERIES:
+            fns = _mesh_cases(queries, torch.Generator().manual_seed(queries))
+            if fns:
+                for neighbour, ms in _paired(fns, spin, block).items():
+                    record("mesh_distance", "mesh:airplane", queries, neighbour, ms)
+    finally:
+        spin.close()
     return rows

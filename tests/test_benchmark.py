@@ -248,6 +248,34 @@ def test_the_gpu_check_runs_every_section_at_tiny_sizes(tmp_path):
     assert "chamfer_distance train step" in (tmp_path / "profile.txt").read_text()
 
 
+def test_the_small_clouds_busy_rows_time_quiet_and_busy_blocks_in_turns(monkeypatch):
+    """bench_small's busy rows: the spinning process runs in the busy blocks only (stopped in the
+    quiet ones), the blocks go quiet, busy, busy, quiet, and each figure is its blocks' mean."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    small = _script("bench_small")
+    monkeypatch.setattr(small, "SETTLE", 0.05)
+    blocks = []
+
+    def state():  # the spinning process's state letter (/proc/PID/stat: R running, T stopped)
+        return open(f"/proc/{spin.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+    def timer(fns, **kwargs):
+        for fn in fns.values():
+            fn()
+        blocks.append(state())
+        return {name: float(len(blocks)) for name in fns}
+
+    monkeypatch.setattr(small, "median_ms", timer)
+    spin = small._Spinner()
+    try:
+        out = small._paired({"pcops": lambda: None, "peer": lambda: None}, spin, {})
+        after = state()
+    finally:
+        spin.close()
+    assert blocks == ["T", "R", "R", "T"] and after == "T"
+    assert out == {"quiet, paired": {"pcops": 2.5, "peer": 2.5}, "busy": {"pcops": 2.5, "peer": 2.5}}
+
+
 def test_the_small_clouds_peers_compute_the_ops_answers(monkeypatch):
     """Each peer of bench_small's rows returns what pcops' call returns (the same neighbours,
     picks, means and losses), for the peers installed here: a ratio compares equal work."""
