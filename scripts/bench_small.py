@@ -47,13 +47,8 @@ busy rows (uniform clouds and ``mesh_distance``) are each timed in ``PAIRED_TURN
 quiet block and a busy block (the spinning process kept, stopped between its blocks, ``SETTLE``
 seconds after each switch: pcops reads the machine's load over a quarter of a second), in the
 order quiet, busy, then busy, quiet, so that a drift of the machine's speed falls on both
-alike; each figure is the mean of its blocks' medians. In these blocks each function's turn
-starts ``GAP`` seconds after the previous function's calls (``median_ms(gap_s=...)``): an
-OpenMP runtime's idle workers spin a core for a while after each parallel region, and
-pykdtree's wheel brings a runtime of its own beside torch's, so without the gap a call right
-after another library's shares the free core with that library's workers, a third load the
-issue's neighbour is not. The ratio of a busy row to its paired quiet row is what a shared
-machine costs each library. Peers are imported lazily; a missing
+alike; each figure is the mean of its blocks' medians. The ratio of a busy row to its paired
+quiet row is what a shared machine costs each library. Peers are imported lazily; a missing
 one leaves its column out.
 """
 
@@ -82,7 +77,6 @@ FEATURES = 32
 MESH_QUERIES = (1_000, 10_000)
 IN_TURN, IN_TURN_SIZES = 60, (256, 1024)  # clouds of 60 sizes in turn, about 256 and 1,024 points
 PAIRED_TURNS = 2  # turns of a quiet and a busy block per busy row
-GAP = 0.01  # seconds between one function's calls and the next's in the busy rows' blocks
 SETTLE = 0.4  # seconds after the spinning process starts or stops, before a block (pcops._threads.WINDOW: 0.25)
 
 
@@ -413,7 +407,7 @@ def run(quick: bool = False) -> list[dict]:
         return rows
     spin = _Spinner()
     try:
-        block = dict(timer, budget_s=timer["budget_s"] / 2, gap_s=GAP)
+        block = dict(timer, budget_s=timer["budget_s"] / 2)
         for n in sizes:
             for op, fns in cases("uniform", n):
                 for neighbour, ms in _paired(fns, spin, block).items():

@@ -11,11 +11,7 @@ How a figure is made:
 * with several functions, in its turn each runs twice and its second call is timed: a call right
   after another library's was slowed by that library's threads winding down (at 10^4 points,
   pcops.knn by 4-9% after open3d or cKDTree, pykdtree by 0-3%), and in a fixed order the same
-  function always followed the same other; with ``gap_s``, each turn starts that many seconds
-  (asleep) after the previous function's calls, once an OpenMP runtime's idle workers have
-  stopped spinning (libgomp's default wait policy spins a core for a while after each parallel
-  region: docs/benchmarks.md, small clouds), so that no library's call shares a core with
-  another's idle workers;
+  function always followed the same other;
 * ``repeats`` turns; more (up to 8x) while the turns took under ``min_s`` seconds in all (fast
   rows: the median of a few-millisecond row over 7 turns moved by up to 20% between runs);
   fewer once they took ``budget_s`` (at least two turns, one when ``repeats`` is 1);
@@ -41,7 +37,7 @@ def _sync(device) -> None:
 
 
 def median_ms(fns: Union[Callable, dict], *, repeats: int = 5, budget_s: float = 30.0, min_s: float = 0.0,
-              device=None, clock: Callable[[], float] = time.perf_counter, gap_s: float = 0.0) -> Union[float, dict]:
+              device=None, clock: Callable[[], float] = time.perf_counter) -> Union[float, dict]:
     """Median milliseconds of each function of ``fns`` ({name: function}: {name: ms}), or of one
     function (its ms), measured as the module docs say."""
     single = callable(fns)
@@ -57,8 +53,6 @@ def median_ms(fns: Union[Callable, dict], *, repeats: int = 5, budget_s: float =
     for turn in range(1, 8 * repeats + 1):
         for name, fn in table.items():
             if settle:
-                if gap_s:
-                    time.sleep(gap_s)
                 fn()
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

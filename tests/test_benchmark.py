@@ -7,7 +7,6 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -247,26 +246,6 @@ def test_the_gpu_check_runs_every_section_at_tiny_sizes(tmp_path):
     assert {("projectors", "knn_projector", "pcops_compiled"), ("large", "knn_k16", "pcops")} <= ops
     assert report["skipped"] == ["syncs: not a CUDA device"]
     assert "chamfer_distance train step" in (tmp_path / "profile.txt").read_text()
-
-
-def test_the_timer_starts_each_turn_a_gap_after_the_previous_functions_calls(monkeypatch):
-    """median_ms(gap_s=g): every call but the warm-up's that follows another function's call
-    begins at least g seconds after its end; the same calls are made with and without a gap."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    timer = _script("bench_timer")
-    for gap in (0.0, 0.02):
-        calls = []  # (name, start, end)
-
-        def fn(name):
-            def call():
-                start = time.perf_counter()
-                calls.append((name, start, time.perf_counter()))
-            return call
-
-        timer.median_ms({"a": fn("a"), "b": fn("b")}, repeats=3, gap_s=gap)
-        waits = [(b[1] - a[2]) for a, b in zip(calls[2:], calls[3:]) if a[0] != b[0]]
-        assert len(waits) == 5 and len(calls) == 2 + 2 * 2 * 3
-        assert min(waits) >= gap
 
 
 def test_the_small_clouds_busy_rows_time_quiet_and_busy_blocks_in_turns(monkeypatch):
