@@ -953,7 +953,7 @@ class Prepared:
         if threads is not None:
             bounds = self._bounds
             if bounds is None:
-                bounds = self._bounds = tuple((*self._views("start"), *(_view(dim, name) for dim in self._dims for name in ("shape", "size"))))
+                bounds = self._bounds = (*self._views("start"), *(_view(dim, name) for dim in self._dims for name in ("shape", "size")))
             chunks = self._chunks
             if chunks == 1:
                 bounds[1][0] = bounds[2].value = threads
